@@ -1,0 +1,1 @@
+"""Exactly-once delivery into Iceberg and file sinks, driven by Airflow."""

@@ -1,0 +1,419 @@
+"""The two-phase-commit coordinator: the whole life of one epoch, in the order it happens.
+
+    write (Spark) ──► persist ──► checkpoint COMPLETED? ──► decide commit ──► commit ──► mark Committed
+                          │                │
+                          │                └── FAILED (or given up) ──► mark Aborted ──► delete the write's files
+                          └── a later write for the same epoch: replaces a Pending one (the old files are
+                              cleaned), or is cleaned itself when the epoch is already decided or committed
+
+Every method is idempotent and safe to run concurrently with itself (a retry racing a zombie): each
+status change is a compare-and-swap in the store, and each sink commit is guarded by the marker in
+the sink. The one ordering rule that makes the pieces safe together is the *commit decision*: a
+commit first records, durably and by CAS, that this write will be committed (only once the
+checkpoint is COMPLETED); from then on no abort and no replacing write can win, and until then no
+byte of the write is visible. So abort and commit can never both act on one write, and a file is
+only ever deleted for a write that can no longer become visible (invariant 4).
+
+The coordinator alone decides what happens to an epoch; operators, the recovery DAG and the CLI only
+call these methods.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from airflow_provider_exactly_once.core.errors import (
+    AbortRefused,
+    CheckpointFailed,
+    CheckpointNotReady,
+    EpochAborted,
+    EpochNotFound,
+    ExactlyOnceError,
+    InvalidPreCommit,
+    InvalidSinkConfig,
+    MetaStoreUnavailable,
+    StateConflict,
+)
+from airflow_provider_exactly_once.core.faults import FaultHook, no_faults
+from airflow_provider_exactly_once.core.identifiers import check_epoch, check_sink_id
+from airflow_provider_exactly_once.core.ports import (
+    CheckpointSource,
+    EpochRecord,
+    SinkCommitter,
+    SinkStateStore,
+)
+from airflow_provider_exactly_once.core.precommit import PreCommit
+from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochStatus
+
+log = logging.getLogger(__name__)
+
+#: How often persist re-reads the row after losing a CAS race before it gives up.
+_PERSIST_RACE_ROUNDS = 5
+
+
+class PersistOutcome(StrEnum):
+    PERSISTED = "persisted"
+    ALREADY_PERSISTED = "already persisted"
+    REPLACED = "replaced an earlier write"
+    ALREADY_COMMITTED = "already committed"
+    COMMIT_DECIDED = "an earlier write is being committed"
+
+
+class CommitOutcome(StrEnum):
+    COMMITTED = "committed"
+    ALREADY_COMMITTED = "already committed"
+
+
+class AbortOutcome(StrEnum):
+    ABORTED = "aborted"
+    ALREADY_ABORTED = "already aborted"
+    ALREADY_COMMITTED = "already committed"
+    NOT_PERSISTED = "not persisted; the write's files were removed"
+    OTHER_WRITE_REMOVED = "the write was not the epoch's; its files were removed"
+    NOTHING_TO_ABORT = "nothing to abort"
+
+
+@dataclass(frozen=True)
+class PersistResult:
+    outcome: PersistOutcome
+    record: EpochRecord
+    #: The write whose data the epoch holds (or will): differs from the persisted write's id when
+    #: the epoch was already committed or decided with an earlier one.
+    write_id: str
+
+
+@dataclass(frozen=True)
+class CommitResult:
+    outcome: CommitOutcome
+    record: EpochRecord
+
+
+@dataclass(frozen=True)
+class AbortResult:
+    outcome: AbortOutcome
+    files_deleted: int
+    record: EpochRecord | None
+
+
+@dataclass
+class RecoveryReport:
+    sink_id: str
+    committed: list[int] = field(default_factory=list)
+    aborted: list[int] = field(default_factory=list)
+    waiting: list[int] = field(default_factory=list)
+    failed: dict[int, str] = field(default_factory=dict)
+    files_deleted: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed
+
+
+class TwoPhaseCommitCoordinator:
+    """Drives epochs of any number of sinks over one store and one checkpoint source.
+
+    ``committers`` maps each sink id to the committer of its sink (an Iceberg table set, a file
+    directory). ``allow_beyond_horizon`` lets commits of epochs older than the sink's snapshot
+    retention go ahead; it is for an operator who has checked by other means.
+    """
+
+    def __init__(
+        self,
+        store: SinkStateStore,
+        committers: Mapping[str, SinkCommitter],
+        checkpoints: CheckpointSource,
+        *,
+        allow_beyond_horizon: bool = False,
+        fault: FaultHook = no_faults,
+    ) -> None:
+        for sink_id in committers:
+            check_sink_id(sink_id)
+        self._store = store
+        self._committers = dict(committers)
+        self._checkpoints = checkpoints
+        self._allow_beyond_horizon = allow_beyond_horizon
+        self._fault = fault
+
+    # -- phase one: persist -----------------------------------------------------------------------
+
+    def persist(
+        self,
+        pre_commit: PreCommit | Mapping[str, object] | str,
+        *,
+        run_id: str | None = None,
+        try_number: int | None = None,
+    ) -> PersistResult:
+        """Write the Pending row for a write. From here on the epoch can always be finished.
+
+        Safe to repeat with the same write (a retried persist task). A different write for the same
+        epoch replaces a Pending one that is not yet decided, re-opens an Aborted one, and is itself
+        cleaned up when the epoch is already committed or its commit decided.
+        """
+        pre = PreCommit.parse(pre_commit)
+        committer = self._committer(pre.sink_id)
+        committer.validate(pre)  # refuse what can never be committed before it is made durable
+
+        for _ in range(_PERSIST_RACE_ROUNDS):
+            row = self._store.get(pre.sink_id, pre.epoch)
+            if (row is None or row.write_id != pre.write_id) and self._store.write_discarded(
+                pre.sink_id, pre.epoch, pre.write_id
+            ):
+                raise EpochAborted(
+                    f"{pre.describe()} was discarded (aborted or replaced) and its files removed; "
+                    "run the write again for a new write"
+                )
+            if row is None:
+                try:
+                    record = self._store.insert_pending(pre, run_id=run_id, try_number=try_number)
+                except StateConflict:
+                    continue  # another persist inserted first: decide against its row
+                self._fault("persist.inserted")
+                return PersistResult(PersistOutcome.PERSISTED, record, pre.write_id)
+
+            if row.write_id == pre.write_id:
+                if row.status is EpochStatus.ABORTED:
+                    raise EpochAborted(
+                        f"{pre.describe()} was aborted and its files removed; run the write again for a new write"
+                    )
+                outcome = (
+                    PersistOutcome.ALREADY_COMMITTED
+                    if row.status is EpochStatus.COMMITTED
+                    else PersistOutcome.ALREADY_PERSISTED
+                )
+                return PersistResult(outcome, row, row.write_id)
+
+            if row.status is EpochStatus.COMMITTED or row.commit_decided_at is not None:
+                # The epoch's data is (or will be) the earlier write's: this one must never be seen.
+                self._store.enqueue_cleanup(pre, reason=f"late write: epoch holds write {row.write_id}")
+                self._run_cleanups(pre.sink_id, pre.epoch)
+                outcome = (
+                    PersistOutcome.ALREADY_COMMITTED
+                    if row.status is EpochStatus.COMMITTED
+                    else PersistOutcome.COMMIT_DECIDED
+                )
+                log.info("%s: %s with write %s; the new write was removed", pre.describe(), outcome, row.write_id)
+                return PersistResult(outcome, row, row.write_id)
+
+            try:
+                record = self._store.replace_write(
+                    pre,
+                    expected_status=row.status,
+                    expected_write_id=row.write_id,
+                    run_id=run_id,
+                    try_number=try_number,
+                )
+            except StateConflict:
+                continue  # the row moved under us (commit decided, aborted, replaced): look again
+            self._fault("persist.replaced")
+            self._run_cleanups(pre.sink_id, pre.epoch)  # the replaced write's files
+            return PersistResult(PersistOutcome.REPLACED, record, pre.write_id)
+
+        raise StateConflict(
+            f"{pre.describe()}: the epoch kept changing under {_PERSIST_RACE_ROUNDS} attempts to persist"
+        )
+
+    # -- phase two: commit ------------------------------------------------------------------------
+
+    def commit(self, sink_id: str, epoch: int) -> CommitResult:
+        """Make the epoch's persisted write visible exactly once, after its checkpoint completed."""
+        committer = self._committer(sink_id)
+        row = self._require(sink_id, epoch)
+        if row.status is EpochStatus.COMMITTED:
+            return CommitResult(CommitOutcome.ALREADY_COMMITTED, row)
+        if row.status is EpochStatus.ABORTED:
+            raise EpochAborted(f"sink {sink_id!r} epoch {epoch} is Aborted: it cannot be committed")
+
+        if row.commit_decided_at is None:
+            checkpoint = self._checkpoints.status(sink_id, epoch)
+            if checkpoint is CheckpointStatus.FAILED:
+                raise CheckpointFailed(f"sink {sink_id!r} epoch {epoch}: checkpoint FAILED; the epoch must be aborted")
+            if checkpoint is CheckpointStatus.PENDING:
+                raise CheckpointNotReady(f"sink {sink_id!r} epoch {epoch}: checkpoint still PENDING")
+            try:
+                row = self._store.decide_commit(sink_id, epoch, write_id=row.write_id)
+            except StateConflict:
+                return self._settled_by_other(sink_id, epoch, row.write_id)
+            self._fault("commit.decided")
+
+        try:
+            committed = committer.commit(
+                row.pre_commit, row.created_at, allow_beyond_horizon=self._allow_beyond_horizon
+            )
+        except ExactlyOnceError as exc:
+            self._note_error(row, exc)
+            raise
+        self._fault("commit.visible")
+
+        try:
+            record = self._store.mark_committed(sink_id, epoch, write_id=row.write_id, committed=committed)
+        except StateConflict:
+            return self._settled_by_other(sink_id, epoch, row.write_id)
+        self._fault("commit.marked")
+        log.info("%s committed: %s", row.pre_commit.describe(), dict(committed))
+        return CommitResult(CommitOutcome.COMMITTED, record)
+
+    def _settled_by_other(self, sink_id: str, epoch: int, write_id: str) -> CommitResult:
+        """A CAS of ours lost: benign if a concurrent attempt committed the same write, loud otherwise."""
+        row = self._require(sink_id, epoch)
+        if row.status is EpochStatus.COMMITTED and row.write_id == write_id:
+            return CommitResult(CommitOutcome.ALREADY_COMMITTED, row)
+        raise StateConflict(
+            f"sink {sink_id!r} epoch {epoch}: expected Pending write {write_id}, "
+            f"found {row.status} write {row.write_id}; this attempt is stale and stops here"
+        )
+
+    # -- abort ------------------------------------------------------------------------------------
+
+    def abort(
+        self, sink_id: str, epoch: int, *, reason: str, write: PreCommit | None = None, force: bool = False
+    ) -> AbortResult:
+        """Give up on a write and delete its files, but never against a durable commit decision.
+
+        ``write`` names the write being given up (an abort task knows its own run's write); without it
+        the epoch's persisted write is meant. A write that is not the epoch's has only its own files
+        removed. Refused once the checkpoint COMPLETED, unless ``force`` (an operator deliberately
+        dropping an epoch's data), and always once a commit was decided.
+        """
+        self._committer(sink_id)  # an unknown sink is a configuration error, whatever the store holds
+        check_epoch(epoch)
+        if write is not None and (write.sink_id, write.epoch) != (sink_id, epoch):
+            raise InvalidPreCommit(f"abort of sink {sink_id!r} epoch {epoch} was given {write.describe()}")
+        row = self._store.get(sink_id, epoch)
+
+        if row is None:
+            if write is None:
+                return AbortResult(AbortOutcome.NOTHING_TO_ABORT, 0, None)
+            try:
+                # A tombstone row, so that a late persist of this write cannot resurrect deleted files.
+                record = self._store.insert_aborted(write, reason=reason)
+            except StateConflict:
+                return self.abort(sink_id, epoch, reason=reason, write=write, force=force)  # persist won
+            self._fault("abort.marked")
+            return AbortResult(AbortOutcome.NOT_PERSISTED, self._run_cleanups(sink_id, epoch), record)
+
+        if write is not None and write.write_id != row.write_id:
+            self._store.enqueue_cleanup(write, reason=f"abort: {reason}")
+            return AbortResult(AbortOutcome.OTHER_WRITE_REMOVED, self._run_cleanups(sink_id, epoch), row)
+
+        if row.status is EpochStatus.COMMITTED:
+            return AbortResult(AbortOutcome.ALREADY_COMMITTED, 0, row)
+        if row.status is EpochStatus.ABORTED:
+            return AbortResult(AbortOutcome.ALREADY_ABORTED, self._run_cleanups(sink_id, epoch), row)
+
+        if row.commit_decided_at is not None:
+            raise AbortRefused(
+                f"sink {sink_id!r} epoch {epoch}: the commit of write {row.write_id} was decided at "
+                f"{row.commit_decided_at.isoformat()}; it will be committed (commit task or recovery), not aborted"
+            )
+        if not force and self._checkpoints.status(sink_id, epoch) is CheckpointStatus.COMPLETED:
+            raise AbortRefused(
+                f"sink {sink_id!r} epoch {epoch}: checkpoint COMPLETED, so the epoch must be committed; "
+                "abort with force=True only to drop its data on purpose"
+            )
+        try:
+            record = self._store.mark_aborted(sink_id, epoch, write_id=row.write_id, reason=reason)
+        except StateConflict:
+            latest = self._require(sink_id, epoch)
+            if latest.status is EpochStatus.ABORTED and latest.write_id == row.write_id:
+                return AbortResult(AbortOutcome.ALREADY_ABORTED, self._run_cleanups(sink_id, epoch), latest)
+            raise AbortRefused(
+                f"sink {sink_id!r} epoch {epoch}: changed while aborting (now {latest.status}, write "
+                f"{latest.write_id}, commit decided: {latest.commit_decided_at is not None})"
+            ) from None
+        self._fault("abort.marked")
+        deleted = self._run_cleanups(sink_id, epoch)
+        self._fault("abort.cleaned")
+        log.info("%s aborted (%s); %d file(s) deleted", row.pre_commit.describe(), reason, deleted)
+        return AbortResult(AbortOutcome.ABORTED, deleted, record)
+
+    # -- recovery ---------------------------------------------------------------------------------
+
+    def recover(self, sink_id: str) -> RecoveryReport:
+        """Finish what crashes left half done for one sink; costs O(pending), not O(history).
+
+        Pending epochs whose commit was decided or whose checkpoint completed are committed; those
+        whose checkpoint failed are aborted; the rest keep waiting. Then every queued clean-up runs.
+        One epoch's failure is reported and does not stop the others.
+        """
+        self._committer(sink_id)
+        report = RecoveryReport(sink_id)
+        for row in sorted(self._store.epochs_with_status(sink_id, EpochStatus.PENDING), key=lambda r: r.epoch):
+            try:
+                if row.commit_decided_at is None:
+                    checkpoint = self._checkpoints.status(sink_id, row.epoch)
+                    if checkpoint is CheckpointStatus.PENDING:
+                        report.waiting.append(row.epoch)
+                        continue
+                    if checkpoint is CheckpointStatus.FAILED:
+                        aborted = self.abort(sink_id, row.epoch, reason="recovery: checkpoint FAILED")
+                        report.aborted.append(row.epoch)
+                        report.files_deleted += aborted.files_deleted
+                        continue
+                self.commit(sink_id, row.epoch)
+                report.committed.append(row.epoch)
+            except MetaStoreUnavailable:
+                raise  # nothing else can make progress either; the recovery task is retried whole
+            except ExactlyOnceError as exc:
+                log.warning("recovery of sink %r epoch %d failed: %s", sink_id, row.epoch, exc)
+                report.failed[row.epoch] = f"{type(exc).__name__}: {exc}"
+        report.files_deleted += self._run_cleanups(sink_id, None, report)
+        return report
+
+    # -- clean-up ---------------------------------------------------------------------------------
+
+    def _run_cleanups(self, sink_id: str, epoch: int | None, report: RecoveryReport | None = None) -> int:
+        """Delete the files of queued writes that can no longer become visible.
+
+        The committer re-checks the sink itself before deleting (invariant 4); here the store is
+        asked first, so a write that is (again) the epoch's live write is never touched.
+        """
+        deleted = 0
+        committer = self._committer(sink_id)
+        for task in self._store.cleanups(sink_id, epoch):
+            row = self._store.get(task.sink_id, task.epoch)
+            if row is not None and row.write_id == task.write_id and row.status is not EpochStatus.ABORTED:
+                if row.status is EpochStatus.COMMITTED:
+                    self._store.complete_cleanup(task.id)  # its files are the table's now
+                continue
+            since = min(row.created_at, task.created_at) if row is not None else task.created_at
+            try:
+                deleted += committer.delete_write(task.pre_commit, since)
+            except ExactlyOnceError as exc:
+                if report is None or isinstance(exc, MetaStoreUnavailable):
+                    raise
+                report.failed[task.epoch] = f"clean-up of write {task.write_id}: {type(exc).__name__}: {exc}"
+                continue
+            self._fault("cleanup.deleted")
+            self._store.complete_cleanup(task.id)
+        return deleted
+
+    # -- helpers ----------------------------------------------------------------------------------
+
+    def _committer(self, sink_id: str) -> SinkCommitter:
+        check_sink_id(sink_id)
+        try:
+            return self._committers[sink_id]
+        except KeyError:
+            raise InvalidSinkConfig(
+                f"no committer is configured for sink {sink_id!r} (known: {sorted(self._committers)})"
+            ) from None
+
+    def _require(self, sink_id: str, epoch: int) -> EpochRecord:
+        check_sink_id(sink_id)
+        check_epoch(epoch)
+        row = self._store.get(sink_id, epoch)
+        if row is None:
+            raise EpochNotFound(f"sink {sink_id!r} epoch {epoch} was never persisted")
+        return row
+
+    def _note_error(self, row: EpochRecord, exc: Exception) -> None:
+        """Keep the last failure on the row for operators; never let that hide the failure itself."""
+        try:
+            self._store.record_error(
+                row.sink_id, row.epoch, write_id=row.write_id, error=f"{type(exc).__name__}: {exc}"
+            )
+        except MetaStoreUnavailable:
+            log.warning("could not record the error on sink %r epoch %d", row.sink_id, row.epoch)

@@ -1,0 +1,119 @@
+"""Domain errors.
+
+Storage and catalog errors are translated into these at the layer that meets them, so operators
+can tell a retryable fault (the task should be retried) from a refusal (retrying cannot help and
+a person must look) without knowing SQLAlchemy or pyiceberg.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+class ExactlyOnceError(Exception):
+    """Base of every error this package raises on purpose."""
+
+    #: Whether running the same step again may succeed without anyone changing anything.
+    retryable: bool = False
+
+
+class InvalidPreCommit(ExactlyOnceError, ValueError):
+    """Pre-commit metadata, a sink id or an epoch that cannot be accepted as given."""
+
+
+class InvalidSinkConfig(ExactlyOnceError, ValueError):
+    """A sink, committer or checkpoint source configured with values that cannot work."""
+
+
+class MetaStoreUnavailable(ExactlyOnceError):
+    """The meta store could not be reached or timed out; nothing was half-written."""
+
+    retryable = True
+
+
+class StateConflict(ExactlyOnceError):
+    """A compare-and-swap on ``pending_sink_state`` matched no row.
+
+    Another attempt (a zombie, a concurrent retry, an operator) changed the epoch first. The late
+    attempt must stop here, loudly, rather than act on a state it no longer owns.
+    """
+
+
+class EpochNotFound(ExactlyOnceError):
+    """No row exists for the (sink, epoch): it was never persisted."""
+
+
+class EpochAborted(ExactlyOnceError):
+    """A commit was asked for an epoch that is already Aborted."""
+
+
+class CheckpointNotReady(ExactlyOnceError):
+    """The epoch's checkpoint is still PENDING: committing now would break invariant 2."""
+
+    retryable = True
+
+
+class CheckpointFailed(ExactlyOnceError):
+    """The epoch's checkpoint FAILED: the epoch can only be aborted."""
+
+
+class AbortRefused(ExactlyOnceError):
+    """An abort that would contradict a durable decision (checkpoint completed, commit decided)."""
+
+
+class MissingDataFiles(ExactlyOnceError):
+    """Data files listed in the pre-commit metadata are not in storage at commit time.
+
+    The commit is refused and the epoch stays Pending: the files may still appear (eventual
+    consistency, a restore), or an operator aborts it.
+    """
+
+    def __init__(self, sink_id: str, epoch: int, paths: Sequence[str]) -> None:
+        self.paths = list(paths)
+        shown = ", ".join(self.paths[:10]) + (f" (and {len(self.paths) - 10} more)" if len(self.paths) > 10 else "")
+        super().__init__(f"sink {sink_id!r} epoch {epoch}: {len(self.paths)} data file(s) missing: {shown}")
+
+
+class SchemaMismatch(ExactlyOnceError):
+    """The written schema cannot go into the table; refused before anything was committed."""
+
+
+class UnknownTable(ExactlyOnceError):
+    """The catalog has no such table (or no such catalog)."""
+
+
+class SinkUnavailable(ExactlyOnceError):
+    """The catalog or the file system could not be reached; nothing was made visible."""
+
+    retryable = True
+
+
+class CommitOutcomeUnknown(ExactlyOnceError):
+    """The catalog did not say whether the commit landed.
+
+    Never a reason to delete anything (invariant 4): the next attempt loads the table and looks for
+    the marker, which decides.
+    """
+
+    retryable = True
+
+
+class CommitConflictExhausted(ExactlyOnceError):
+    """Other writers kept winning the table's commit race for every bounded retry."""
+
+    retryable = True
+
+
+class ForeignWriteVisible(ExactlyOnceError):
+    """The table already shows this epoch committed by another write than the row's.
+
+    This cannot happen while the coordinator's commit decision fences writes; seeing it means
+    something outside this package committed with our marker, so nothing is changed automatically.
+    """
+
+
+class MarkerHorizonExceeded(ExactlyOnceError):
+    """The epoch is older than the table keeps snapshots: absence of its marker proves nothing.
+
+    Committing it again could duplicate data, so recovery refuses unless explicitly allowed.
+    """

@@ -1,0 +1,184 @@
+"""The three interfaces the coordinator runs over: meta store, sink committer, checkpoint source.
+
+They are protocols so that the coordinator stays free of SQLAlchemy, pyiceberg, fsspec, Airflow and
+Spark; ``store/``, ``sinks/`` and ``checkpoints/`` implement them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Protocol, runtime_checkable
+
+from airflow_provider_exactly_once.core.precommit import PreCommit
+from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochStatus
+
+#: Per table: the snapshot id that made the epoch visible, or ``EMPTY`` when there was nothing to add.
+CommittedTables = Mapping[str, str]
+EMPTY = "empty"
+
+
+@dataclass(frozen=True)
+class EpochRecord:
+    """One row of ``pending_sink_state``; times are the database's, timezone-aware UTC."""
+
+    sink_id: str
+    epoch: int
+    status: EpochStatus
+    write_id: str
+    pre_commit: PreCommit
+    run_id: str | None
+    try_number: int | None
+    created_at: datetime
+    updated_at: datetime
+    #: When the coordinator durably decided to commit this write; from then on abort is refused.
+    commit_decided_at: datetime | None
+    committed: CommittedTables | None
+    error: str | None
+
+
+@dataclass(frozen=True)
+class CleanupTask:
+    """A write whose files must go: aborted, replaced by a later write, or refused as a late duplicate."""
+
+    id: int
+    sink_id: str
+    epoch: int
+    write_id: str
+    pre_commit: PreCommit
+    reason: str
+    created_at: datetime
+
+
+class SinkStateStore(Protocol):
+    """``pending_sink_state`` and its companions. Every status change is a compare-and-swap.
+
+    A CAS that matches no row raises ``StateConflict``; an unreachable database raises
+    ``MetaStoreUnavailable`` with nothing half-written (each method is one transaction).
+    """
+
+    def now(self) -> datetime:
+        """The database's clock: the one ``created_at`` is written with."""
+        ...
+
+    def get(self, sink_id: str, epoch: int) -> EpochRecord | None: ...
+
+    def insert_pending(self, pre_commit: PreCommit, *, run_id: str | None, try_number: int | None) -> EpochRecord:
+        """``(none) -> Pending``; ``StateConflict`` if a row already exists."""
+        ...
+
+    def replace_write(
+        self,
+        pre_commit: PreCommit,
+        *,
+        expected_status: EpochStatus,
+        expected_write_id: str,
+        run_id: str | None,
+        try_number: int | None,
+    ) -> EpochRecord:
+        """``Pending -> Pending`` (a newer write, only while no commit is decided) or ``Aborted -> Pending``.
+
+        In the same transaction, a replaced Pending write is queued for cleanup (an Aborted one was
+        queued when it was aborted). ``created_at`` is kept: it bounds the marker walk from below.
+        """
+        ...
+
+    def insert_aborted(self, pre_commit: PreCommit, *, reason: str) -> EpochRecord:
+        """``(none) -> Aborted`` for a write aborted before it was ever persisted, queuing its cleanup.
+
+        The row is the tombstone that makes a late persist of the same write fail instead of
+        resurrecting deleted files; ``StateConflict`` if a row exists (persist won the race).
+        """
+        ...
+
+    def write_discarded(self, sink_id: str, epoch: int, write_id: str) -> bool:
+        """Whether this write was ever queued for cleanup (it must then never be persisted)."""
+        ...
+
+    def decide_commit(self, sink_id: str, epoch: int, *, write_id: str) -> EpochRecord:
+        """Set ``commit_decided_at`` on the Pending row of this write (idempotent once set)."""
+        ...
+
+    def mark_committed(self, sink_id: str, epoch: int, *, write_id: str, committed: CommittedTables) -> EpochRecord:
+        """``Pending -> Committed`` for this write; clears ``error``."""
+        ...
+
+    def mark_aborted(self, sink_id: str, epoch: int, *, write_id: str, reason: str) -> EpochRecord:
+        """``Pending -> Aborted`` for this write, only while no commit is decided; queues its cleanup."""
+        ...
+
+    def record_error(self, sink_id: str, epoch: int, *, write_id: str, error: str) -> None:
+        """Note the last failure on the row (no status change); a row of another write is left alone."""
+        ...
+
+    def enqueue_cleanup(self, pre_commit: PreCommit, *, reason: str) -> CleanupTask:
+        """Queue a write that never became (or no longer is) the row's write."""
+        ...
+
+    def cleanups(self, sink_id: str, epoch: int | None = None) -> Sequence[CleanupTask]:
+        """Queued clean-ups not yet done, oldest first."""
+        ...
+
+    def complete_cleanup(self, cleanup_id: int) -> None: ...
+
+    def epochs_with_status(self, sink_id: str, status: EpochStatus) -> Sequence[EpochRecord]:
+        """Served by the ``(sink_id, status)`` index: recovery costs O(pending), not O(history)."""
+        ...
+
+    def sink_ids(self) -> Sequence[str]: ...
+
+
+@dataclass(frozen=True)
+class VisibleEpoch:
+    """What a committer found of an epoch in its sink."""
+
+    #: Per table that shows the epoch: the snapshot id (or a file-sink token) that holds it.
+    tables: CommittedTables
+    #: The write id the sink's marker names, per table (``None`` where the sink keeps none).
+    write_ids: Mapping[str, str | None]
+
+
+@runtime_checkable
+class SinkCommitter(Protocol):
+    """Makes one epoch visible in one sink, idempotently (design.md sections 5 and 6).
+
+    ``since`` is the row's ``created_at``: nothing of the epoch can have become visible before it,
+    which bounds every look-back by what happened since the write, not by the sink's history.
+    """
+
+    def validate(self, pre_commit: PreCommit) -> None:
+        """Refuse, before persisting, what can never be committed (unknown table, paths outside the
+        table or sink location, incompatible schema). Raises ``InvalidPreCommit``, ``UnknownTable``,
+        ``SchemaMismatch``."""
+        ...
+
+    def find_committed(self, pre_commit: PreCommit, since: datetime) -> VisibleEpoch:
+        """Which tables already show (sink, epoch), by its marker, from a freshly loaded state."""
+        ...
+
+    def commit(self, pre_commit: PreCommit, since: datetime, *, allow_beyond_horizon: bool = False) -> CommittedTables:
+        """Make the write visible, once per table; return every table's snapshot id or ``EMPTY``.
+
+        Idempotent: a table already showing the epoch is skipped. ``MissingDataFiles``,
+        ``SchemaMismatch`` are refusals; ``CommitOutcomeUnknown``, ``SinkUnavailable`` and
+        ``CommitConflictExhausted`` are retryable and leave nothing to delete.
+        """
+        ...
+
+    def delete_write(self, pre_commit: PreCommit, since: datetime) -> int:
+        """Delete the write's files if, on a fresh look, none is visible (invariant 4).
+
+        Returns how many files were deleted; raises ``ForeignWriteVisible`` or
+        ``AbortRefused`` instead of deleting anything that is or may be referenced.
+        """
+        ...
+
+
+@runtime_checkable
+class CheckpointSource(Protocol):
+    """The upstream's word on an epoch (design.md section 7). ``COMPLETED``/``FAILED`` are final."""
+
+    def status(self, sink_id: str, epoch: int) -> CheckpointStatus: ...
+
+    async def astatus(self, sink_id: str, epoch: int) -> CheckpointStatus: ...

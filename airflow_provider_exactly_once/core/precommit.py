@@ -1,0 +1,241 @@
+"""Pre-commit metadata: everything a write hands to the commit, and nothing the commit must re-read.
+
+It travels from the Spark job through XCom into ``pending_sink_state.metadata``, so it is plain
+JSON, validated once where it enters (``PreCommit.from_json``) and immutable afterwards.
+
+Conventions that keep the commit path free of footer reads (design.md section 5, step 3):
+
+* column statistics are keyed by column *name* (dotted for nested fields), not field id, because the
+  writer may add columns whose ids only the commit's schema update assigns;
+* ``lower_bounds``/``upper_bounds`` hold Iceberg's single-value binary serialisation, base64-encoded;
+* partition values are Iceberg's internal representation, keyed by partition *field* name
+  (``day(ts)`` gives days since 1970-01-01 as an integer, an identity date gives days, a timestamp
+  microseconds), so no transform is re-applied at commit.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import zlib
+from collections.abc import Iterator
+from typing import Any, Literal, Self
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from airflow_provider_exactly_once.core.errors import InvalidPreCommit
+from airflow_provider_exactly_once.core.identifiers import check_epoch, check_sink_id, check_write_id
+
+PartitionValue = int | float | str | bool | None
+#: Marks the compressed text form of a pre-commit (``PreCommit.to_compressed``).
+COMPRESSED_PREFIX = "eo-precommit+zlib+b64:"
+#: Refuse to inflate more than this: real metadata is megabytes, a corrupt value could be anything.
+COMPRESSED_MAX_BYTES = 256 * 1024 * 1024
+PRE_COMMIT_VERSION: Literal[1] = 1
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=False)
+
+
+class DataFileDescriptor(_Frozen):
+    """One data file as the writer produced it, with the statistics Iceberg keeps per file."""
+
+    path: str = Field(min_length=1)
+    format: Literal["parquet", "orc", "avro"] = "parquet"
+    record_count: int = Field(ge=0)
+    file_size_in_bytes: int = Field(ge=0)
+    partition: dict[str, PartitionValue] = Field(default_factory=dict)
+    column_sizes: dict[str, int] = Field(default_factory=dict)
+    value_counts: dict[str, int] = Field(default_factory=dict)
+    null_value_counts: dict[str, int] = Field(default_factory=dict)
+    nan_value_counts: dict[str, int] = Field(default_factory=dict)
+    lower_bounds: dict[str, str] = Field(default_factory=dict)
+    upper_bounds: dict[str, str] = Field(default_factory=dict)
+    split_offsets: list[int] | None = None
+    #: Which writer (Spark task) produced the file; file sinks build final names from it.
+    writer: str | None = None
+
+    @field_validator("lower_bounds", "upper_bounds")
+    @classmethod
+    def _base64(cls, bounds: dict[str, str]) -> dict[str, str]:
+        for column, encoded in bounds.items():
+            try:
+                # binascii directly: base64.b64decode's checks cost ten times the decode itself, and
+                # this runs for every bound of every file each time metadata is parsed.
+                binascii.a2b_base64(encoded, strict_mode=True)
+            except (binascii.Error, ValueError):
+                raise ValueError(f"bound of column {column!r} is not base64") from None
+        return bounds
+
+    def bound_bytes(self, which: Literal["lower", "upper"]) -> dict[str, bytes]:
+        bounds = self.lower_bounds if which == "lower" else self.upper_bounds
+        return {column: binascii.a2b_base64(encoded) for column, encoded in bounds.items()}
+
+
+class WrittenColumn(_Frozen):
+    """A top-level column as written: Iceberg type name (``long``, ``timestamptz``, ``decimal(10, 2)``)."""
+
+    name: str = Field(min_length=1)
+    type: str = Field(min_length=1)
+    required: bool = False
+    doc: str | None = None
+
+
+class TableWrite(_Frozen):
+    """What one write produced for one target (an Iceberg table, or a file sink's directory)."""
+
+    #: Iceberg identifier (``namespace.table``) or, for a file sink, the sink root.
+    table: str = Field(min_length=1)
+    #: The location unique to this write; every data file lies below it (abort deletes below it).
+    location: str = Field(min_length=1)
+    data_files: list[DataFileDescriptor] = Field(default_factory=list)
+    #: Columns as written, in file order. Empty means "the table's schema as it was".
+    schema_written: list[WrittenColumn] = Field(default_factory=list)
+    #: Columns the writer asks the commit to add (schema evolution, optional columns only).
+    added_columns: list[WrittenColumn] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _files_inside_location(self) -> Self:
+        root = self.location.rstrip("/") + "/"
+        outside = [f.path for f in self.data_files if not f.path.startswith(root) or "/../" in f.path]
+        if outside:
+            raise ValueError(
+                f"table {self.table!r}: {len(outside)} data file(s) outside the write location {self.location!r}, "
+                f"first: {outside[0]!r}"
+            )
+        paths = [f.path for f in self.data_files]
+        if len(set(paths)) != len(paths):
+            raise ValueError(f"table {self.table!r}: a data file is listed twice")
+        required_added = [c.name for c in self.added_columns if c.required]
+        if required_added:
+            raise ValueError(f"table {self.table!r}: added columns must be optional, not {required_added}")
+        return self
+
+    @property
+    def record_count(self) -> int:
+        return sum(f.record_count for f in self.data_files)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.data_files
+
+
+class PreCommit(_Frozen):
+    """The first phase's result for one (sink, epoch): the unit the coordinator persists and commits."""
+
+    version: Literal[1] = PRE_COMMIT_VERSION
+    sink_id: str
+    epoch: int
+    write_id: str
+    tables: list[TableWrite] = Field(min_length=1)
+    #: Where the input stood when the write read it (offsets, file lists): kept, never interpreted.
+    source_positions: dict[str, Any] | None = None
+
+    @field_validator("sink_id", mode="plain")
+    @classmethod
+    def _sink_id(cls, value: object) -> str:
+        return check_sink_id(value)
+
+    @field_validator("epoch", mode="plain")
+    @classmethod
+    def _epoch(cls, value: object) -> int:
+        return check_epoch(value)
+
+    @field_validator("write_id", mode="plain")
+    @classmethod
+    def _write_id(cls, value: object) -> str:
+        return check_write_id(value)
+
+    @model_validator(mode="after")
+    def _unique_tables(self) -> Self:
+        names = [t.table for t in self.tables]
+        if len(set(names)) != len(names):
+            raise ValueError(f"a table is listed twice: {sorted(names)}")
+        return self
+
+    # -- construction and serialisation ---------------------------------------------------------
+
+    @classmethod
+    def parse(cls, data: object) -> PreCommit:
+        """Validate a dict (an XCom value) or JSON text, raising one ``InvalidPreCommit`` naming every fault."""
+        if isinstance(data, PreCommit):
+            return data
+        if isinstance(data, bytes) and data.startswith(COMPRESSED_PREFIX.encode("ascii")):
+            data = data.decode("ascii")
+        if isinstance(data, str) and data.startswith(COMPRESSED_PREFIX):
+            data = _decompress(data)
+        try:
+            if isinstance(data, str | bytes):
+                return cls.model_validate_json(data)
+            return cls.model_validate(data)
+        except InvalidPreCommit:
+            raise
+        except ValidationError as exc:
+            raise InvalidPreCommit(_describe(exc)) from None
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> PreCommit:
+        return cls.parse(text)
+
+    def to_json(self) -> str:
+        return self.model_dump_json(exclude_defaults=False)
+
+    def to_compressed(self) -> str:
+        """Compact JSON (defaults left out), zlib-deflated, base64, behind ``COMPRESSED_PREFIX``.
+
+        For XCom: an epoch of 10,000 files is megabytes of JSON with the same column names and
+        near-identical paths in every descriptor, which deflate shrinks many times over; ``parse``
+        accepts this form wherever it accepts JSON text.
+        """
+        packed = zlib.compress(self.model_dump_json(exclude_defaults=True).encode("utf-8"), 6)
+        return COMPRESSED_PREFIX + base64.b64encode(packed).decode("ascii")
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+    # -- reading ---------------------------------------------------------------------------------
+
+    @property
+    def is_empty(self) -> bool:
+        return all(t.is_empty for t in self.tables)
+
+    @property
+    def record_count(self) -> int:
+        return sum(t.record_count for t in self.tables)
+
+    def data_files(self) -> Iterator[tuple[TableWrite, DataFileDescriptor]]:
+        for table in self.tables:
+            for data_file in table.data_files:
+                yield table, data_file
+
+    def table(self, name: str) -> TableWrite:
+        for table in self.tables:
+            if table.table == name:
+                return table
+        raise KeyError(name)
+
+    def describe(self) -> str:
+        return f"sink {self.sink_id!r} epoch {self.epoch} write {self.write_id}"
+
+
+def _decompress(text: str) -> bytes:
+    try:
+        packed = base64.b64decode(text[len(COMPRESSED_PREFIX) :], validate=True)
+        inflater = zlib.decompressobj()
+        raw = inflater.decompress(packed, COMPRESSED_MAX_BYTES)
+    except (binascii.Error, ValueError, zlib.error) as exc:
+        raise InvalidPreCommit(f"invalid pre-commit metadata: compressed form cannot be decoded: {exc}") from None
+    if inflater.unconsumed_tail or not inflater.eof:
+        raise InvalidPreCommit(
+            f"invalid pre-commit metadata: compressed form is truncated or inflates past {COMPRESSED_MAX_BYTES} bytes"
+        )
+    return raw
+
+
+def _describe(exc: ValidationError) -> str:
+    faults = []
+    for error in exc.errors(include_url=False):
+        where = ".".join(str(p) for p in error["loc"]) or "pre-commit metadata"
+        faults.append(f"{where}: {error['msg']}")
+    return "invalid pre-commit metadata: " + "; ".join(faults)

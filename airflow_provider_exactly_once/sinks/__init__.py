@@ -1,0 +1,1 @@
+"""Sink committers behind one protocol (``core.ports.SinkCommitter``): Iceberg tables and file sinks."""

@@ -1,0 +1,406 @@
+"""The Iceberg side of the two-phase commit: one idempotent snapshot per table per epoch.
+
+design.md section 5 is the specification; the comments below say where pyiceberg's own behaviour
+has to be worked around to meet it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from pyiceberg.catalog import Catalog
+from pyiceberg.exceptions import CommitFailedException
+from pyiceberg.manifest import ManifestContent, ManifestEntryStatus
+from pyiceberg.table import Table, TableProperties
+from pyiceberg.table.snapshots import Snapshot
+from pyiceberg.utils.properties import property_as_int
+from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
+
+from airflow_provider_exactly_once.core.errors import (
+    AbortRefused,
+    CommitConflictExhausted,
+    CommitOutcomeUnknown,
+    ForeignWriteVisible,
+    InvalidPreCommit,
+    InvalidSinkConfig,
+    MarkerHorizonExceeded,
+    MissingDataFiles,
+    SinkUnavailable,
+)
+from airflow_provider_exactly_once.core.faults import FaultHook, no_faults
+from airflow_provider_exactly_once.core.ports import EMPTY, CommittedTables, VisibleEpoch
+from airflow_provider_exactly_once.core.precommit import PreCommit, TableWrite
+from airflow_provider_exactly_once.sinks.iceberg.catalog_access import UNREACHABLE, load_table
+from airflow_provider_exactly_once.sinks.iceberg.data_files import build_data_files
+from airflow_provider_exactly_once.sinks.iceberg.locations import parse_location
+from airflow_provider_exactly_once.sinks.iceberg.markers import (
+    EPOCH_KEY,
+    SINK_ID_KEY,
+    WRITE_ID_KEY,
+    find_marker,
+    marker_of,
+    marker_properties,
+    recent_snapshots,
+)
+from airflow_provider_exactly_once.sinks.iceberg.schema_check import ColumnToAdd
+from airflow_provider_exactly_once.sinks.iceberg.storage import delete_tree, missing_files
+from airflow_provider_exactly_once.sinks.iceberg.write_check import check_location, check_table_write
+
+#: Fault points, in the order one commit attempt passes them.
+FAULT_LOADED = "iceberg.loaded"
+FAULT_BEFORE_CATALOG_UPDATE = "iceberg.before_catalog_update"
+FAULT_AFTER_CATALOG_UPDATE = "iceberg.after_catalog_update"
+
+
+class _CommitConflict(Exception):
+    """The catalog refused the commit because the table moved on: nothing landed, try again."""
+
+
+@dataclass(frozen=True)
+class _TablePlan:
+    write: TableWrite
+    table: Table
+    to_add: list[ColumnToAdd]
+
+
+class IcebergSinkCommitter:
+    """``core.ports.SinkCommitter`` for Iceberg tables reached through one pyiceberg catalog.
+
+    Every table of a pre-commit gets its own snapshot with its own marker, so each is idempotent on
+    its own: a crash between two tables of a fan-out leaves the first committed, and the next
+    attempt finds its marker and commits only the rest.
+    """
+
+    def __init__(
+        self,
+        catalog: Catalog,
+        *,
+        branch: str = "main",
+        clock_skew: timedelta = timedelta(minutes=10),
+        max_attempts: int = 8,
+        backoff_initial_s: float = 0.05,
+        backoff_max_s: float = 5.0,
+        allow_schema_evolution: bool = False,
+        fault: FaultHook = no_faults,
+    ) -> None:
+        if not isinstance(catalog, Catalog):
+            raise InvalidSinkConfig(f"catalog must be a pyiceberg Catalog, got {type(catalog).__name__}")
+        if not isinstance(branch, str) or not branch.strip():
+            raise InvalidSinkConfig(f"branch must be a non-empty branch name, got {branch!r}")
+        if not isinstance(clock_skew, timedelta) or clock_skew < timedelta(0):
+            raise InvalidSinkConfig(f"clock_skew must be a non-negative timedelta, got {clock_skew!r}")
+        if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
+            raise InvalidSinkConfig(f"max_attempts must be an integer >= 1, got {max_attempts!r}")
+        for name, value in (("backoff_initial_s", backoff_initial_s), ("backoff_max_s", backoff_max_s)):
+            if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+                raise InvalidSinkConfig(f"{name} must be a non-negative number of seconds, got {value!r}")
+        if backoff_max_s < backoff_initial_s:
+            raise InvalidSinkConfig(
+                f"backoff_max_s ({backoff_max_s}) must not be smaller than backoff_initial_s ({backoff_initial_s})"
+            )
+        if not isinstance(allow_schema_evolution, bool):
+            raise InvalidSinkConfig(f"allow_schema_evolution must be a bool, got {allow_schema_evolution!r}")
+        if not callable(fault):
+            raise InvalidSinkConfig("fault must be callable")
+        self._catalog = catalog
+        self._branch = branch
+        self._clock_skew = clock_skew
+        self._max_attempts = max_attempts
+        self._backoff_initial_s = float(backoff_initial_s)
+        self._backoff_max_s = float(backoff_max_s)
+        self._allow_schema_evolution = allow_schema_evolution
+        self._fault: Callable[[str], None] = fault
+
+    # -- SinkCommitter --------------------------------------------------------------------------
+
+    def validate(self, pre_commit: PreCommit) -> None:
+        for write in pre_commit.tables:
+            table = self._load(write.table)
+            check_table_write(table.metadata, write, allow_schema_evolution=self._allow_schema_evolution)
+
+    def find_committed(self, pre_commit: PreCommit, since: datetime) -> VisibleEpoch:
+        not_before_ms = self._not_before_ms(since)
+        tables: dict[str, str] = {}
+        write_ids: dict[str, str | None] = {}
+        for write in pre_commit.tables:
+            table = self._load(write.table)
+            found = self._find_marker(table, pre_commit, not_before_ms)
+            if found is not None:
+                tables[write.table] = str(found[0])
+                write_ids[write.table] = found[1] or None
+        return VisibleEpoch(tables=tables, write_ids=write_ids)
+
+    def commit(self, pre_commit: PreCommit, since: datetime, *, allow_beyond_horizon: bool = False) -> CommittedTables:
+        not_before_ms = self._not_before_ms(since)
+        committed: dict[str, str] = {}
+        plans: list[_TablePlan] = []
+        # Every table is checked before any is changed: a refusal on the third table of a fan-out
+        # must not leave the first two committed with an epoch that can never complete.
+        for write in pre_commit.tables:
+            table = self._load(write.table)
+            found = self._marker_of_this_write(table, pre_commit, not_before_ms)
+            if found is not None:
+                committed[write.table] = str(found)
+                continue
+            if write.is_empty:
+                committed[write.table] = EMPTY
+                continue
+            if not allow_beyond_horizon:
+                self._check_horizon(table, pre_commit, write, since, not_before_ms)
+            to_add = check_table_write(table.metadata, write, allow_schema_evolution=self._allow_schema_evolution)
+            plans.append(_TablePlan(write, table, to_add))
+
+        self._check_files_exist(pre_commit, plans)
+        for plan in plans:
+            committed[plan.write.table] = self._commit_table(pre_commit, plan, not_before_ms)
+        return {write.table: committed[write.table] for write in pre_commit.tables}
+
+    def delete_write(self, pre_commit: PreCommit, since: datetime) -> int:
+        not_before_ms = self._not_before_ms(since)
+        loaded: list[tuple[TableWrite, Table]] = []
+        # All tables are cleared before anything is deleted, so a refusal leaves every file in place.
+        for write in pre_commit.tables:
+            table = self._load(write.table)
+            check_location(table.metadata, write)
+            self._refuse_if_referenced(table, pre_commit, write, since, not_before_ms)
+            loaded.append((write, table))
+        deleted = 0
+        for write, table in loaded:
+            try:
+                deleted += delete_tree(table.io, write.location)
+            except UNREACHABLE as exc:
+                raise SinkUnavailable(
+                    f"{pre_commit.describe()}: could not delete below {write.location!r}: {type(exc).__name__}: {exc}"
+                ) from exc
+        return deleted
+
+    # -- loading and markers --------------------------------------------------------------------
+
+    def _load(self, name: str) -> Table:
+        table = load_table(self._catalog, name)
+        self._fault(FAULT_LOADED)
+        return table
+
+    def _not_before_ms(self, since: datetime) -> int:
+        if not isinstance(since, datetime) or since.tzinfo is None or since.utcoffset() is None:
+            raise InvalidPreCommit(f"since must be a timezone-aware datetime, got {since!r}")
+        return int((since - self._clock_skew).timestamp() * 1000)
+
+    def _find_marker(self, table: Table, pre_commit: PreCommit, not_before_ms: int) -> tuple[int, str] | None:
+        return find_marker(
+            table.metadata,
+            pre_commit.sink_id,
+            pre_commit.epoch,
+            branch=self._branch,
+            not_before_ms=not_before_ms,
+        )
+
+    def _marker_of_this_write(self, table: Table, pre_commit: PreCommit, not_before_ms: int) -> int | None:
+        found = self._find_marker(table, pre_commit, not_before_ms)
+        if found is None:
+            return None
+        snapshot_id, write_id = found
+        if write_id != pre_commit.write_id:
+            raise ForeignWriteVisible(
+                f"{pre_commit.describe()}: table {table.name()!r} already shows this epoch in snapshot "
+                f"{snapshot_id}, committed by write {write_id!r}; nothing was changed"
+            )
+        return snapshot_id
+
+    def _check_horizon(
+        self, table: Table, pre_commit: PreCommit, write: TableWrite, since: datetime, not_before_ms: int
+    ) -> None:
+        """Refuse when snapshots as old as the write may already be expired (design.md section 5)."""
+        metadata = table.metadata
+        ref = metadata.refs.get(self._branch)
+        max_age_ms = ref.max_snapshot_age_ms if ref is not None and ref.max_snapshot_age_ms else None
+        if max_age_ms is None:
+            max_age_ms = property_as_int(
+                metadata.properties,
+                TableProperties.MAX_SNAPSHOT_AGE_MS,
+                TableProperties.MAX_SNAPSHOT_AGE_MS_DEFAULT,
+            )
+        assert max_age_ms is not None  # the default is not None
+        if not_before_ms < time.time() * 1000 - max_age_ms:
+            raise MarkerHorizonExceeded(
+                f"{pre_commit.describe()}: table {write.table!r} keeps snapshots for "
+                f"{timedelta(milliseconds=max_age_ms)} ({TableProperties.MAX_SNAPSHOT_AGE_MS}), but the "
+                f"write dates from {since.isoformat()} (minus {self._clock_skew} clock skew): its marker "
+                "may have expired, so its absence does not prove the epoch uncommitted. Check the "
+                "table's history, then commit with allow_beyond_horizon=True, or abort."
+            )
+
+    # -- committing -----------------------------------------------------------------------------
+
+    def _check_files_exist(self, pre_commit: PreCommit, plans: list[_TablePlan]) -> None:
+        """Once per commit call, not per conflict retry: the files do not go away while it runs."""
+        missing: list[str] = []
+        for plan in plans:
+            paths = [descriptor.path for descriptor in plan.write.data_files]
+            try:
+                missing.extend(missing_files(plan.table.io, paths))
+            except UNREACHABLE as exc:
+                raise SinkUnavailable(
+                    f"{pre_commit.describe()}: could not check the data files of table {plan.write.table!r}: "
+                    f"{type(exc).__name__}: {exc}"
+                ) from exc
+        if missing:
+            raise MissingDataFiles(pre_commit.sink_id, pre_commit.epoch, missing)
+
+    def _commit_table(self, pre_commit: PreCommit, plan: _TablePlan, not_before_ms: int) -> str:
+        """One table, with our own bounded retry: every attempt re-loads and re-checks the marker."""
+        write = plan.write
+        retrying = Retrying(
+            stop=stop_after_attempt(self._max_attempts),
+            wait=wait_random_exponential(multiplier=self._backoff_initial_s, max=self._backoff_max_s),
+            retry=retry_if_exception_type(_CommitConflict),
+            reraise=True,
+        )
+        try:
+            for attempt in retrying:
+                with attempt:
+                    table, to_add = plan.table, plan.to_add
+                    if attempt.retry_state.attempt_number > 1:
+                        table = self._load(write.table)
+                        found = self._marker_of_this_write(table, pre_commit, not_before_ms)
+                        if found is not None:
+                            return str(found)
+                        to_add = check_table_write(
+                            table.metadata, write, allow_schema_evolution=self._allow_schema_evolution
+                        )
+                    return str(self._append_once(pre_commit, write, table, to_add))
+        except _CommitConflict as exc:
+            raise CommitConflictExhausted(
+                f"{pre_commit.describe()}: table {write.table!r} changed under every one of "
+                f"{self._max_attempts} commit attempts: {exc}"
+            ) from exc
+        raise AssertionError("unreachable: tenacity either returned or raised")  # pragma: no cover
+
+    def _append_once(self, pre_commit: PreCommit, write: TableWrite, table: Table, to_add: list[ColumnToAdd]) -> int:
+        """Stage schema changes, name mapping and the marked append in one transaction; commit it once."""
+        try:
+            tx = table.transaction()
+            if to_add:
+                with tx.update_schema() as update:
+                    for column in to_add:
+                        update.add_column(column.name, column.type, doc=column.doc, required=False)
+            # Spark and pyarrow write Parquet without Iceberg field ids; readers resolve columns through
+            # the name mapping. update_schema keeps an existing mapping current (it is staged above),
+            # but does not create one, so a table without a mapping gets one from the final schema.
+            if tx.table_metadata.name_mapping() is None:
+                mapping = tx.table_metadata.schema().name_mapping.model_dump_json()
+                tx.set_properties({TableProperties.DEFAULT_NAME_MAPPING: mapping})
+            metadata = tx.table_metadata
+            schema, spec = metadata.schema(), metadata.spec()
+            data_files = build_data_files(
+                write.data_files,
+                schema=schema,
+                spec=spec,
+                spec_id=metadata.default_spec_id,
+                format_version=metadata.format_version,
+                table=write.table,
+            )
+            marker = marker_properties(pre_commit.sink_id, pre_commit.epoch, pre_commit.write_id)
+            append = tx.update_snapshot(snapshot_properties=marker, branch=self._branch).fast_append()
+            for data_file in data_files:
+                append.append_data_file(data_file)
+            # Writes the manifests; stages the snapshot and AssertRefSnapshotId(the head checked above).
+            append.commit()
+        except UNREACHABLE as exc:
+            raise SinkUnavailable(
+                f"{pre_commit.describe()}: could not prepare the commit of table {write.table!r}: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
+
+        # pyiceberg 0.12's Transaction.commit_transaction retries a CommitFailedException itself, by
+        # rebasing the registered snapshot producers onto the new head (commit.retry.* properties).
+        # That rebase does not look for our marker again, so a concurrent commit of the same epoch
+        # would be duplicated. Detaching the producers makes its loop re-raise at once, and the retry
+        # happens in _commit_table, which re-loads and re-checks. Private API: pinned by pyiceberg<0.13.
+        tx._snapshot_producers = []
+
+        self._fault(FAULT_BEFORE_CATALOG_UPDATE)
+        try:
+            tx.commit_transaction()
+        except CommitFailedException as exc:
+            # Certainly not committed: the manifests this attempt wrote are garbage. (pyiceberg would
+            # have cleaned them itself, had the producer still been registered.)
+            append._clean_all_uncommitted()
+            raise _CommitConflict(str(exc)) from exc
+        except Exception as exc:
+            # Anything else from the catalog commit (lost response, dropped connection mid-update) may
+            # or may not have landed: delete nothing, the next attempt's marker check decides.
+            raise CommitOutcomeUnknown(
+                f"{pre_commit.describe()}: the commit of table {write.table!r} "
+                f"(snapshot {append.snapshot_id}) has an unknown outcome: {type(exc).__name__}: {exc}"
+            ) from exc
+        self._fault(FAULT_AFTER_CATALOG_UPDATE)
+        return int(append.snapshot_id)
+
+    # -- deleting -------------------------------------------------------------------------------
+
+    def _refuse_if_referenced(
+        self, table: Table, pre_commit: PreCommit, write: TableWrite, since: datetime, not_before_ms: int
+    ) -> None:
+        """Invariant 4: delete only what is neither marked as ours nor referenced by the table."""
+        metadata = table.metadata
+        recent = recent_snapshots(metadata, not_before_ms)
+        for snapshot in recent.values():
+            props = marker_of(snapshot)
+            if (
+                props is not None
+                and props[SINK_ID_KEY] == pre_commit.sink_id
+                and props[EPOCH_KEY] == str(pre_commit.epoch)
+                and props.get(WRITE_ID_KEY) == pre_commit.write_id
+            ):
+                raise AbortRefused(
+                    f"{pre_commit.describe()}: table {write.table!r} shows this write committed in snapshot "
+                    f"{snapshot.snapshot_id}; its files are not deleted"
+                )
+        try:
+            self._check_horizon(table, pre_commit, write, since, not_before_ms)
+            # Our files can only have entered the table after the row was written: looking at what
+            # the recent snapshots added is enough, and costs what happened since, not history.
+            candidates: Iterator[str] = _files_added_by(table, recent.values())
+        except MarkerHorizonExceeded:
+            # Snapshots that may have added our files could be expired while the files stay live;
+            # only a full look at what every ref can still read proves them unreferenced.
+            candidates = _files_live_in_refs(table)
+        root = parse_location(write.location)
+        referenced = sorted({path for path in candidates if parse_location(path).is_inside(root)})
+        if referenced:
+            shown = ", ".join(referenced[:10]) + (f" (and {len(referenced) - 10} more)" if len(referenced) > 10 else "")
+            raise AbortRefused(
+                f"{pre_commit.describe()}: table {write.table!r} references {len(referenced)} file(s) "
+                f"below the write location {write.location!r}: {shown}; nothing is deleted"
+            )
+
+
+def _files_added_by(table: Table, snapshots: Iterable[Snapshot]) -> Iterator[str]:
+    """Paths of the data files each snapshot itself added (read from only the manifests it wrote)."""
+    for snapshot in snapshots:
+        for manifest in snapshot.manifests(table.io):
+            if manifest.content != ManifestContent.DATA or manifest.added_snapshot_id != snapshot.snapshot_id:
+                continue
+            for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
+                if entry.status == ManifestEntryStatus.ADDED:
+                    yield entry.data_file.file_path
+
+
+def _files_live_in_refs(table: Table) -> Iterator[str]:
+    """Every data file any branch or tag can still read: the full (rare, beyond-horizon) check."""
+    metadata = table.metadata
+    by_id = {snapshot.snapshot_id: snapshot for snapshot in metadata.snapshots}
+    heads = {ref.snapshot_id for ref in metadata.refs.values()}
+    for head in heads:
+        snapshot = by_id.get(head)
+        if snapshot is None:
+            continue
+        for manifest in snapshot.manifests(table.io):
+            if manifest.content != ManifestContent.DATA:
+                continue
+            for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
+                yield entry.data_file.file_path

@@ -1,0 +1,99 @@
+"""Everything that makes one table's write uncommittable, checked against the table's metadata.
+
+``validate`` runs these before the write is persisted, and ``commit`` runs them again on the freshly
+loaded table before changing anything (the table may have changed in between). The location checks
+matter beyond tidiness: an abort deletes everything below the write location, so a location that is
+the table itself, or contains its data or metadata root, must never get that far.
+"""
+
+from __future__ import annotations
+
+from pyiceberg.table.metadata import TableMetadata
+
+from airflow_provider_exactly_once.core.errors import InvalidPreCommit, SchemaMismatch
+from airflow_provider_exactly_once.core.precommit import TableWrite
+from airflow_provider_exactly_once.sinks.iceberg.data_files import partition_record
+from airflow_provider_exactly_once.sinks.iceberg.locations import parse_location
+from airflow_provider_exactly_once.sinks.iceberg.schema_check import (
+    ColumnToAdd,
+    check_columns,
+    column_names_after,
+)
+
+_EXTENSIONS = {".parquet": "parquet", ".orc": "orc", ".avro": "avro"}
+_WRITE_DATA_PATH = "write.data.path"
+_WRITE_METADATA_PATH = "write.metadata.path"
+
+
+def check_location(metadata: TableMetadata, write: TableWrite) -> None:
+    table_root = parse_location(metadata.location)
+    location = parse_location(write.location)
+    if not location.is_inside(table_root):
+        raise InvalidPreCommit(
+            f"table {write.table!r}: write location {write.location!r} is not inside the table location "
+            f"{metadata.location!r}"
+        )
+    protected = {
+        "data root": metadata.properties.get(_WRITE_DATA_PATH, metadata.location.rstrip("/") + "/data"),
+        "metadata root": metadata.properties.get(_WRITE_METADATA_PATH, metadata.location.rstrip("/") + "/metadata"),
+    }
+    for what, root in protected.items():
+        if location.is_at_or_above(parse_location(root)):
+            raise InvalidPreCommit(
+                f"table {write.table!r}: write location {write.location!r} is or contains the table's {what} "
+                f"{root!r}; it must be a directory unique to the write (an abort deletes everything below it)"
+            )
+
+
+def check_formats(write: TableWrite) -> None:
+    for descriptor in write.data_files:
+        name = descriptor.path.rsplit("/", 1)[-1].lower()
+        for extension, implied in _EXTENSIONS.items():
+            if name.endswith(extension) and implied != descriptor.format:
+                raise InvalidPreCommit(
+                    f"table {write.table!r}: data file {descriptor.path!r} is declared {descriptor.format!r} "
+                    f"but its name says {implied!r}"
+                )
+
+
+def check_stats_columns(write: TableWrite, known: set[str]) -> None:
+    named: set[str] = set()
+    for descriptor in write.data_files:
+        named.update(descriptor.column_sizes, descriptor.value_counts, descriptor.null_value_counts)
+        named.update(descriptor.nan_value_counts, descriptor.lower_bounds, descriptor.upper_bounds)
+    if known.issuperset(named):
+        return  # one set test for the whole write; the loop below only runs to name the culprit
+    for descriptor in write.data_files:
+        for what, stats in (
+            ("column sizes", descriptor.column_sizes),
+            ("value counts", descriptor.value_counts),
+            ("null counts", descriptor.null_value_counts),
+            ("NaN counts", descriptor.nan_value_counts),
+            ("lower bounds", descriptor.lower_bounds),
+            ("upper bounds", descriptor.upper_bounds),
+        ):
+            if known.issuperset(stats):
+                continue  # the common case, without building a set per file and statistic
+            unknown = sorted(set(stats) - known)
+            if unknown:
+                raise SchemaMismatch(
+                    f"table {write.table!r}: data file {descriptor.path!r} has {what} for column(s) "
+                    f"{unknown}, which the table does not have"
+                )
+
+
+def check_table_write(metadata: TableMetadata, write: TableWrite, *, allow_schema_evolution: bool) -> list[ColumnToAdd]:
+    """Refuse what cannot be committed into this table; return the columns the commit must add."""
+    check_location(metadata, write)
+    check_formats(write)
+    schema = metadata.schema()
+    spec = metadata.spec()
+    checked: set[tuple[tuple[str, object], ...]] = set()
+    for descriptor in write.data_files:
+        key = tuple(sorted(descriptor.partition.items()))
+        if key not in checked:  # an epoch's thousands of files share a handful of partitions
+            partition_record(descriptor, spec=spec, schema=schema, table=write.table)
+            checked.add(key)
+    to_add = check_columns(schema, write, allow_schema_evolution=allow_schema_evolution)
+    check_stats_columns(write, column_names_after(schema, to_add))
+    return to_add

@@ -1,0 +1,195 @@
+"""Typed SQLAlchemy models of the meta store (design.md section 4).
+
+The models describe the schema for queries and for comparison against the migrations; the schema
+itself is created only by the Alembic revisions in ``store/migrations`` so that an upgraded
+installation and a fresh one end up with the same tables.
+
+Every timestamp is written from the database's clock (``db_now()``), never the caller's: the row's
+``created_at`` bounds the Iceberg marker walk, and workers' clocks may disagree with each other.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    CheckConstraint,
+    DateTime,
+    Dialect,
+    Index,
+    Integer,
+    MetaData,
+    PrimaryKeyConstraint,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.sql.functions import FunctionElement
+from sqlalchemy.types import TypeDecorator
+
+from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochStatus
+
+#: The Alembic version table of this package; its own name so it can share a database with anything.
+VERSION_TABLE = "exactly_once_alembic_version"
+
+SINK_ID_LENGTH = 128
+RUN_ID_LENGTH = 250
+WRITE_ID_LENGTH = 36
+STATUS_LENGTH = 16
+CHECKPOINT_NAME_LENGTH = 128
+
+#: SQLite keeps timestamps as text; this gives millisecond precision in the ISO form Python parses.
+SQLITE_NOW = "strftime('%Y-%m-%d %H:%M:%f','now')"
+
+_NAMING = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+def _in(values: list[str]) -> str:
+    return ", ".join(f"'{v}'" for v in values)
+
+
+EPOCH_STATUS_CHECK = f"status IN ({_in([s.value for s in EpochStatus])})"
+CHECKPOINT_STATUS_CHECK = f"status IN ({_in([s.value for s in CheckpointStatus])})"
+
+
+class UtcDateTime(TypeDecorator[datetime]):
+    """A timestamp that always comes back timezone-aware in UTC.
+
+    SQLite has no time zones (it returns naive text that is UTC by construction, see ``db_now``)
+    while PostgreSQL returns the session's zone; callers compare these instants with Iceberg
+    snapshot times, so both are normalised here rather than at every use.
+    """
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError(f"naive datetime {value.isoformat()} given to the meta store; pass an aware one")
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if isinstance(value, str):  # a raw strftime() value that bypassed the DATETIME processor
+            value = datetime.fromisoformat(value)
+        if not isinstance(value, datetime):
+            raise TypeError(f"the meta store returned {value!r} where a timestamp was expected")
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+class db_now(FunctionElement[datetime]):
+    """The database's current time, rendered per dialect (see ``SQLITE_NOW``)."""
+
+    type = UtcDateTime()
+    inherit_cache = True
+    name = "db_now"
+
+
+@compiles(db_now)
+def _db_now_default(element: db_now, compiler: SQLCompiler, **kw: Any) -> str:
+    return "CURRENT_TIMESTAMP"
+
+
+@compiles(db_now, "sqlite")
+def _db_now_sqlite(element: db_now, compiler: SQLCompiler, **kw: Any) -> str:
+    return SQLITE_NOW
+
+
+@compiles(db_now, "postgresql")
+def _db_now_postgresql(element: db_now, compiler: SQLCompiler, **kw: Any) -> str:
+    # The transaction's start: every timestamp one method writes is the same instant.
+    return "now()"
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=_NAMING)
+
+
+class PendingSinkState(Base):
+    """One (sink, epoch): the seed's ``pending_sink_state`` plus what Airflow reruns need."""
+
+    __tablename__ = "pending_sink_state"
+    __table_args__ = (
+        PrimaryKeyConstraint("sink_id", "epoch"),
+        CheckConstraint(EPOCH_STATUS_CHECK, name="status"),
+        Index("ix_pending_sink_state_sink_id_status", "sink_id", "status"),
+    )
+
+    sink_id: Mapped[str] = mapped_column(String(SINK_ID_LENGTH))
+    epoch: Mapped[int] = mapped_column(BigInteger, autoincrement=False)
+    status: Mapped[str] = mapped_column(String(STATUS_LENGTH))
+    write_id: Mapped[str] = mapped_column(String(WRITE_ID_LENGTH))
+    #: The PreCommit JSON; ``metadata`` is reserved on declarative classes, hence the attribute name.
+    metadata_json: Mapped[str] = mapped_column("metadata", Text)
+    run_id: Mapped[str | None] = mapped_column(String(RUN_ID_LENGTH))
+    try_number: Mapped[int | None] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime())
+    updated_at: Mapped[datetime] = mapped_column(UtcDateTime())
+    commit_decided_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
+    #: JSON object: table -> snapshot id, or ``"empty"``.
+    committed: Mapped[str | None] = mapped_column(Text)
+    error: Mapped[str | None] = mapped_column(Text)
+
+
+class SinkCleanup(Base):
+    """A write whose files must be deleted once it is certain nothing references them."""
+
+    __tablename__ = "sink_cleanup"
+    __table_args__ = (
+        Index("ix_sink_cleanup_sink_id_done_at", "sink_id", "done_at"),
+        # persist asks whether a write was ever discarded: keep that O(1) as the log grows
+        Index("ix_sink_cleanup_sink_id_epoch_write_id", "sink_id", "epoch", "write_id"),
+    )
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    sink_id: Mapped[str] = mapped_column(String(SINK_ID_LENGTH))
+    epoch: Mapped[int] = mapped_column(BigInteger)
+    write_id: Mapped[str] = mapped_column(String(WRITE_ID_LENGTH))
+    metadata_json: Mapped[str] = mapped_column("metadata", Text)
+    reason: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime())
+    done_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
+
+
+class CheckpointState(Base):
+    """The built-in checkpoint source's table, written by the upstream (design.md section 7)."""
+
+    __tablename__ = "checkpoint_state"
+    __table_args__ = (
+        PrimaryKeyConstraint("name", "epoch"),
+        CheckConstraint(CHECKPOINT_STATUS_CHECK, name="status"),
+    )
+
+    name: Mapped[str] = mapped_column(String(CHECKPOINT_NAME_LENGTH))
+    epoch: Mapped[int] = mapped_column(BigInteger, autoincrement=False)
+    status: Mapped[str] = mapped_column(String(STATUS_LENGTH))
+    detail: Mapped[str | None] = mapped_column(Text)
+    updated_at: Mapped[datetime] = mapped_column(UtcDateTime())
+
+
+class EpochAllocation(Base):
+    """Epochs handed to DAG runs that have no data interval, one per (sink, run) forever."""
+
+    __tablename__ = "epoch_allocation"
+    __table_args__ = (
+        PrimaryKeyConstraint("sink_id", "run_id"),
+        UniqueConstraint("sink_id", "epoch"),
+    )
+
+    sink_id: Mapped[str] = mapped_column(String(SINK_ID_LENGTH))
+    run_id: Mapped[str] = mapped_column(String(RUN_ID_LENGTH))
+    epoch: Mapped[int] = mapped_column(BigInteger)

@@ -1,0 +1,84 @@
+"""Fixtures shared by every suite: the two meta-store/catalog backends and unique names.
+
+PostgreSQL is the one at 127.0.0.1:5432 (override with ``EO_TEST_PG_URL``). Each test session gets a
+fresh database on it, dropped at the end, so runs never see each other's rows. Where PostgreSQL
+cannot be reached the ``postgres`` parameter is skipped with the reason, except under CI
+(``CI=true``), where a missing PostgreSQL is a failure: the suite must not go green by skipping.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+PG_ADMIN_URL = os.environ.get("EO_TEST_PG_URL", "postgresql+psycopg2://postgres@127.0.0.1:5432/test")
+BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+
+
+def _pg_unreachable_reason() -> str | None:
+    try:
+        engine = sa.create_engine(PG_ADMIN_URL, connect_args={"connect_timeout": 3})
+        with engine.connect() as conn:
+            conn.execute(sa.text("select 1"))
+        engine.dispose()
+    except Exception as exc:  # any failure to connect means "not here"
+        return f"PostgreSQL not reachable at {PG_ADMIN_URL}: {type(exc).__name__}: {str(exc).splitlines()[0]}"
+    return None
+
+
+@pytest.fixture(scope="session")
+def pg_url() -> Iterator[str]:
+    """URL of a fresh PostgreSQL database for this test session."""
+    reason = _pg_unreachable_reason()
+    if reason:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI needs PostgreSQL: {reason}")
+        pytest.skip(reason)
+    name = f"eo_test_{uuid.uuid4().hex[:12]}"
+    admin = sa.create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    url = PG_ADMIN_URL.rsplit("/", 1)[0] + "/" + name
+    yield url
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    admin.dispose()
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def meta_url(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> str:
+    """SQLAlchemy URL of the meta store for this test (a SQLite file, or the session's PG database)."""
+    if backend == "postgres":
+        return str(request.getfixturevalue("pg_url"))
+    return f"sqlite:///{tmp_path / 'meta.db'}"
+
+
+@pytest.fixture
+def catalog_url(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> str:
+    """URL for a pyiceberg SQL catalog on the same backend as the meta store."""
+    if backend == "postgres":
+        return str(request.getfixturevalue("pg_url"))
+    return f"sqlite:///{tmp_path / 'catalog.db'}"
+
+
+@pytest.fixture
+def warehouse(tmp_path: Path) -> Path:
+    path = tmp_path / "warehouse"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture
+def sink_id() -> str:
+    """Unique per test, so tests sharing the session's PostgreSQL database never meet."""
+    return f"sink-{uuid.uuid4().hex[:10]}"

@@ -1,0 +1,184 @@
+"""Bad input and unreachable dependencies: a clear error that names the thing at fault, and nothing lost.
+
+Each refusal leaves the epoch finishable: no row half-written, nothing visible, files kept for a retry.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import uuid
+from pathlib import Path
+
+import pytest
+
+from airflow_provider_exactly_once.core.coordinator import CommitOutcome, PersistOutcome
+from airflow_provider_exactly_once.core.errors import (
+    InvalidPreCommit,
+    InvalidSinkConfig,
+    MetaStoreUnavailable,
+    MissingDataFiles,
+    SchemaMismatch,
+    UnknownTable,
+)
+from airflow_provider_exactly_once.core.precommit import PreCommit, TableWrite, WrittenColumn
+from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochStatus
+from airflow_provider_exactly_once.store import SqlSinkStateStore
+from tests.support.pipeline import Pipeline, as_tuples, expected_rows, local_path
+
+
+def test_malformed_metadata_is_refused_before_any_row(pipeline: Pipeline, sink_id: str) -> None:
+    pipeline.create_table("orders")
+    coordinator = pipeline.coordinator(sink_id, pipeline.iceberg_committer())
+    good = pipeline.write_iceberg(sink_id, 1, ["orders"]).to_dict()
+    del good["tables"][0]["data_files"][0]["record_count"]
+    with pytest.raises(InvalidPreCommit, match=r"record_count: Field required"):
+        coordinator.persist(good)
+    assert pipeline.store.get(sink_id, 1) is None
+
+
+def test_paths_outside_the_table_location_are_refused(pipeline: Pipeline, sink_id: str, tmp_path: Path) -> None:
+    pipeline.create_table("orders")
+    coordinator = pipeline.coordinator(sink_id, pipeline.iceberg_committer())
+    pre = pipeline.write_iceberg(sink_id, 1, ["orders"])
+    elsewhere = f"file://{tmp_path}/elsewhere"
+    moved = pre.tables[0].model_copy(
+        update={
+            "location": elsewhere,
+            "data_files": [f.model_copy(update={"path": f"{elsewhere}/x.parquet"}) for f in pre.tables[0].data_files],
+        }
+    )
+    with pytest.raises(InvalidPreCommit, match="elsewhere"):
+        coordinator.persist(pre.model_copy(update={"tables": [moved]}))
+    assert pipeline.store.get(sink_id, 1) is None
+
+
+def test_unknown_table_and_unknown_sink_are_named(pipeline: Pipeline, sink_id: str) -> None:
+    pipeline.create_table("orders")
+    coordinator = pipeline.coordinator(sink_id, pipeline.iceberg_committer())
+    pre = pipeline.write_iceberg(sink_id, 1, ["orders"])
+    ghost = pre.tables[0].model_copy(update={"table": f"{pipeline.namespace}.ghost"})
+    with pytest.raises(UnknownTable, match="ghost"):
+        coordinator.persist(pre.model_copy(update={"tables": [ghost]}))
+    with pytest.raises(InvalidSinkConfig, match="no committer is configured for sink 'other'"):
+        coordinator.commit("other", 1)
+
+
+def test_incompatible_schema_is_refused_before_anything_is_committed(pipeline: Pipeline, sink_id: str) -> None:
+    pipeline.create_table("orders")
+    coordinator = pipeline.coordinator(sink_id, pipeline.iceberg_committer())
+    pre = pipeline.write_iceberg(sink_id, 1, ["orders"])
+    wrong = pre.tables[0].model_copy(
+        update={"schema_written": [WrittenColumn(name="id", type="string", required=True)]}
+    )
+    with pytest.raises(SchemaMismatch, match="id"):
+        coordinator.persist(pre.model_copy(update={"tables": [wrong]}))
+    added = pre.tables[0].model_copy(update={"added_columns": [WrittenColumn(name="country", type="string")]})
+    with pytest.raises(SchemaMismatch, match="country"):
+        coordinator.persist(pre.model_copy(update={"tables": [added]}))  # evolution not enabled for this sink
+    assert pipeline.store.get(sink_id, 1) is None
+    assert pipeline.rows("orders") == []
+
+
+def test_missing_data_files_refuse_the_commit_and_keep_the_epoch_pending(pipeline: Pipeline, sink_id: str) -> None:
+    pipeline.create_table("orders")
+    coordinator = pipeline.coordinator(sink_id, pipeline.iceberg_committer())
+    pre = pipeline.write_iceberg(sink_id, 1, ["orders"], rows=4, files=2)
+    coordinator.persist(pre)
+    pipeline.checkpoint(sink_id, 1, CheckpointStatus.COMPLETED)
+    hidden = Path(local_path(pre.tables[0].data_files[1].path))
+    parked = hidden.with_suffix(".parked")
+    hidden.rename(parked)
+    with pytest.raises(MissingDataFiles, match=hidden.name):
+        coordinator.commit(sink_id, 1)
+    row = pipeline.store.get(sink_id, 1)
+    assert row is not None and row.status is EpochStatus.PENDING
+    assert row.error is not None and hidden.name in row.error
+    assert pipeline.rows("orders") == []
+    parked.rename(hidden)  # the file comes back (a restore, an eventually consistent store)
+    assert coordinator.commit(sink_id, 1).outcome is CommitOutcome.COMMITTED
+    assert as_tuples(pipeline.rows("orders")) == expected_rows([pre], f"{pipeline.namespace}.orders")
+
+
+def test_unreachable_meta_store_fails_retryably_with_its_address() -> None:
+    with pytest.raises(MetaStoreUnavailable, match=r"127\.0\.0\.1:1") as raised:
+        SqlSinkStateStore("postgresql+psycopg2://postgres:secret@127.0.0.1:1/meta", connect_timeout_s=2)
+    assert raised.value.retryable
+    assert "secret" not in str(raised.value)
+
+
+def test_a_locked_meta_store_fails_the_step_and_a_retry_finishes_it(tmp_path: Path, warehouse: Path) -> None:
+    """SQLite locked by another process's write transaction: persist and the Committed mark both fail
+    retryably with nothing half-written, and the retried steps finish the epoch exactly once."""
+    pipeline = Pipeline(
+        meta_url=f"sqlite:///{tmp_path / 'meta.db'}",
+        catalog_url=f"sqlite:///{tmp_path / 'catalog.db'}",
+        warehouse=warehouse,
+        catalog_name="locked",
+        namespace="ns",
+    )
+    impatient = SqlSinkStateStore(pipeline.meta_url, busy_timeout_s=0.2)
+    sink_id = "locked"
+    pipeline.create_table("orders")
+    committer = pipeline.iceberg_committer()
+    coordinator = pipeline.coordinator(sink_id, committer)
+    impatient_coordinator = type(coordinator)(impatient, {sink_id: committer}, pipeline.checkpoints)
+    pre = pipeline.write_iceberg(sink_id, 1, ["orders"])
+    blocker = sqlite3.connect(tmp_path / "meta.db", timeout=0)
+    try:
+        blocker.execute("BEGIN IMMEDIATE")
+        with pytest.raises(MetaStoreUnavailable, match="locked"):
+            impatient_coordinator.persist(pre)
+        blocker.rollback()
+        assert pipeline.store.get(sink_id, 1) is None  # nothing half-written
+        assert impatient_coordinator.persist(pre).outcome is PersistOutcome.PERSISTED
+        pipeline.checkpoint(sink_id, 1, CheckpointStatus.COMPLETED)
+        impatient.decide_commit(sink_id, 1, write_id=pre.write_id)
+        committer.commit(pre, impatient.get(sink_id, 1).created_at)  # type: ignore[union-attr]
+        blocker.execute("BEGIN IMMEDIATE")  # the table shows the epoch; the mark cannot be written
+        with pytest.raises(MetaStoreUnavailable):
+            impatient_coordinator.commit(sink_id, 1)
+        blocker.rollback()
+        assert impatient_coordinator.commit(sink_id, 1).outcome is CommitOutcome.COMMITTED
+        assert pipeline.marker_snapshots("orders", sink_id) == {1: [pre.write_id]}
+    finally:
+        blocker.close()
+        impatient.dispose()
+        pipeline.dispose()
+
+
+@pytest.mark.parametrize(
+    ("sink_id", "epoch", "named"),
+    [("", 1, "sink_id is empty"), ("a/b", 1, "unsafe in a path"), ("ok", -5, "epoch -5 is negative")],
+)
+def test_bad_keys_on_commit_and_abort_are_named(pipeline: Pipeline, sink_id: str, epoch: int, named: str) -> None:
+    coordinator = pipeline.coordinator("ok", pipeline.iceberg_committer())
+    if sink_id not in ("", "a/b"):
+        sink_id = "ok"
+    with pytest.raises(InvalidPreCommit, match=named):
+        coordinator.commit(sink_id, epoch)
+    with pytest.raises(InvalidPreCommit, match=named):
+        coordinator.abort(sink_id, epoch, reason="x")
+
+
+def test_an_abort_handed_another_epochs_write_is_refused(pipeline: Pipeline, sink_id: str) -> None:
+    pipeline.create_table("orders")
+    coordinator = pipeline.coordinator(sink_id, pipeline.iceberg_committer())
+    pre = pipeline.write_iceberg(sink_id, 1, ["orders"])
+    with pytest.raises(InvalidPreCommit, match="was given"):
+        coordinator.abort(sink_id, 2, reason="x", write=pre)
+
+
+def test_file_sink_write_outside_its_staging_is_refused(pipeline: Pipeline, sink_id: str, tmp_path: Path) -> None:
+    root = tmp_path / "sink"
+    root.mkdir()
+    coordinator = pipeline.coordinator(sink_id, pipeline.file_committer(root))
+    write_id = str(uuid.uuid4())
+    pre = PreCommit(
+        sink_id=sink_id,
+        epoch=1,
+        write_id=write_id,
+        tables=[TableWrite(table=str(root), location=f"{tmp_path}/other/{write_id}")],
+    )
+    with pytest.raises(InvalidPreCommit, match="_staging"):
+        coordinator.persist(pre)
+    assert pipeline.store.get(sink_id, 1) is None

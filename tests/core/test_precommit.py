@@ -1,0 +1,149 @@
+"""Pre-commit metadata: what a write may hand over, and the clear refusals of what it may not."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import UTC, datetime, timedelta, timezone
+
+import pytest
+
+from airflow_provider_exactly_once.core.epochs import epoch_from_interval_start, epoch_start
+from airflow_provider_exactly_once.core.errors import InvalidPreCommit
+from airflow_provider_exactly_once.core.identifiers import SINK_ID_MAX_LENGTH, check_epoch, check_sink_id
+from airflow_provider_exactly_once.core.precommit import PreCommit
+
+
+def _valid(**overrides: object) -> dict[str, object]:
+    data: dict[str, object] = {
+        "sink_id": "orders",
+        "epoch": 1_700_000_000_000,
+        "write_id": str(uuid.uuid4()),
+        "tables": [
+            {
+                "table": "db.orders",
+                "location": "file:///wh/db/orders/data/_eo/w1",
+                "data_files": [
+                    {
+                        "path": "file:///wh/db/orders/data/_eo/w1/part-0.parquet",
+                        "record_count": 3,
+                        "file_size_in_bytes": 1024,
+                        "partition": {"ts_day": 19700},
+                        "value_counts": {"id": 3},
+                        "lower_bounds": {"id": "AQAAAAAAAAA="},
+                        "upper_bounds": {"id": "AwAAAAAAAAA="},
+                    }
+                ],
+                "schema_written": [{"name": "id", "type": "long", "required": True}],
+            }
+        ],
+        "source_positions": {"files": ["a.json"]},
+    }
+    data.update(overrides)
+    return data
+
+
+def test_round_trips_through_json_and_dict() -> None:
+    pre = PreCommit.parse(_valid())
+    assert PreCommit.from_json(pre.to_json()) == pre
+    assert PreCommit.parse(json.loads(json.dumps(pre.to_dict()))) == pre
+    assert pre.record_count == 3
+    assert not pre.is_empty
+    data_file = pre.tables[0].data_files[0]
+    assert data_file.bound_bytes("lower") == {"id": (1).to_bytes(8, "little")}
+
+
+def test_an_epoch_with_no_files_is_valid_and_empty() -> None:
+    pre = PreCommit.parse(_valid(tables=[{"table": "db.orders", "location": "/wh/x"}]))
+    assert pre.is_empty
+    assert pre.record_count == 0
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"sink_id": ""}, "sink_id is empty"),
+        ({"sink_id": "x" * (SINK_ID_MAX_LENGTH + 1)}, "at most 128"),
+        ({"sink_id": "a/b"}, "unsafe in a path"),
+        ({"sink_id": "a..b"}, "unsafe in a path"),
+        ({"sink_id": "-lead"}, "unsafe in a path"),
+        ({"epoch": -1}, "epoch -1 is negative"),
+        ({"epoch": 2**63}, "does not fit in 64 bits"),
+        ({"epoch": "12"}, "epoch must be an integer"),
+        ({"epoch": True}, "epoch must be an integer"),
+        ({"write_id": "not-a-uuid"}, "is not a UUID"),
+        ({"tables": []}, "tables"),
+        ({"version": 2}, "version"),
+        ({"unexpected": 1}, "unexpected"),
+    ],
+)
+def test_bad_keys_are_refused_with_the_field_named(change: dict[str, object], named: str) -> None:
+    with pytest.raises(InvalidPreCommit, match=named):
+        PreCommit.parse(_valid(**change))
+
+
+def test_missing_field_and_wrong_type_are_named() -> None:
+    data = _valid()
+    del data["write_id"]
+    with pytest.raises(InvalidPreCommit, match=r"write_id: Field required"):
+        PreCommit.parse(data)
+    bad_file = _valid()
+    bad_file["tables"][0]["data_files"][0]["record_count"] = "three"  # type: ignore[index]
+    with pytest.raises(InvalidPreCommit, match=r"tables\.0\.data_files\.0\.record_count"):
+        PreCommit.parse(bad_file)
+
+
+def test_a_path_outside_the_write_location_is_refused() -> None:
+    data = _valid()
+    data["tables"][0]["data_files"][0]["path"] = "file:///etc/passwd"  # type: ignore[index]
+    with pytest.raises(InvalidPreCommit, match=r"outside the write location .*file:///etc/passwd"):
+        PreCommit.parse(data)
+    sneaky = _valid()
+    sneaky["tables"][0]["data_files"][0]["path"] = "file:///wh/db/orders/data/_eo/w1/../../x.parquet"  # type: ignore[index]
+    with pytest.raises(InvalidPreCommit, match="outside the write location"):
+        PreCommit.parse(sneaky)
+
+
+def test_duplicates_and_required_added_columns_are_refused() -> None:
+    twice = _valid()
+    files = twice["tables"][0]["data_files"]  # type: ignore[index]
+    files.append(dict(files[0]))
+    with pytest.raises(InvalidPreCommit, match="listed twice"):
+        PreCommit.parse(twice)
+    with pytest.raises(InvalidPreCommit, match="a table is listed twice"):
+        PreCommit.parse(_valid(tables=[{"table": "t", "location": "/a"}, {"table": "t", "location": "/b"}]))
+    added = _valid()
+    added["tables"][0]["added_columns"] = [{"name": "c", "type": "string", "required": True}]  # type: ignore[index]
+    with pytest.raises(InvalidPreCommit, match="added columns must be optional"):
+        PreCommit.parse(added)
+
+
+def test_bounds_must_be_base64() -> None:
+    data = _valid()
+    data["tables"][0]["data_files"][0]["lower_bounds"] = {"id": "***"}  # type: ignore[index]
+    with pytest.raises(InvalidPreCommit, match="bound of column 'id' is not base64"):
+        PreCommit.parse(data)
+
+
+def test_models_are_immutable() -> None:
+    pre = PreCommit.parse(_valid())
+    with pytest.raises(Exception, match="frozen"):
+        pre.epoch = 3  # type: ignore[misc]
+
+
+def test_epoch_is_the_interval_start_in_milliseconds() -> None:
+    start = datetime(2026, 11, 22, 10, 0, tzinfo=UTC)
+    epoch = epoch_from_interval_start(start)
+    assert epoch == int(start.timestamp() * 1000)
+    assert epoch_start(epoch) == start
+    same_instant = start.astimezone(timezone(timedelta(hours=5)))
+    assert epoch_from_interval_start(same_instant) == epoch
+    with pytest.raises(InvalidPreCommit, match="no time zone"):
+        epoch_from_interval_start(datetime(2026, 1, 1))
+    with pytest.raises(InvalidPreCommit, match="negative"):
+        epoch_from_interval_start(datetime(1969, 12, 31, tzinfo=UTC))
+
+
+def test_identifier_checks_accept_the_plain_cases() -> None:
+    assert check_sink_id("orders_v2.daily-1") == "orders_v2.daily-1"
+    assert check_epoch(0) == 0

@@ -1,0 +1,21 @@
+"""Fixtures of the Iceberg committer tests: a real pyiceberg SQL catalog on SQLite or PostgreSQL."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from pyiceberg.catalog.sql import SqlCatalog
+
+from .iceberg_helpers import NAMESPACE
+
+
+@pytest.fixture
+def catalog(catalog_url: str, warehouse: Path) -> Iterator[SqlCatalog]:
+    """A catalog of its own per test: tests sharing the session's PostgreSQL database never meet."""
+    catalog = SqlCatalog(f"cat_{uuid.uuid4().hex[:10]}", uri=catalog_url, warehouse=f"file://{warehouse}")
+    catalog.create_namespace(NAMESPACE)
+    yield catalog
+    catalog.engine.dispose()

@@ -1,0 +1,167 @@
+"""validate(): everything that can never be committed is refused before the write is persisted."""
+
+from __future__ import annotations
+
+import pytest
+from pyiceberg.catalog.sql import SqlCatalog
+from pyiceberg.partitioning import PartitionField, PartitionSpec
+from pyiceberg.schema import Schema
+from pyiceberg.transforms import IdentityTransform
+from pyiceberg.types import (
+    DecimalType,
+    DoubleType,
+    IntegerType,
+    ListType,
+    LongType,
+    NestedField,
+    StringType,
+)
+
+from airflow_provider_exactly_once.core.errors import InvalidPreCommit, SchemaMismatch
+from airflow_provider_exactly_once.core.precommit import PreCommit, WrittenColumn
+from airflow_provider_exactly_once.sinks.iceberg import IcebergSinkCommitter
+
+from .iceberg_helpers import SIMPLE_SCHEMA, create_table, simple_write
+
+TYPED = Schema(
+    NestedField(1, "id", LongType(), required=True),
+    NestedField(2, "ratio", DoubleType(), required=False),
+    NestedField(3, "amount", DecimalType(10, 2), required=False),
+    NestedField(4, "tags", ListType(5, StringType(), element_required=False), required=False),
+    NestedField(6, "note", StringType(), required=False),
+)
+
+
+def _with(pc: PreCommit, **changes: object) -> PreCommit:
+    return pc.model_copy(update={"tables": [pc.tables[0].model_copy(update=changes)]})
+
+
+def _columns(*spec: tuple[str, str, bool]) -> list[WrittenColumn]:
+    return [WrittenColumn(name=n, type=t, required=r) for n, t, r in spec]
+
+
+def test_valid_write_passes(catalog: SqlCatalog, sink_id: str) -> None:
+    table = create_table(catalog, "t")
+    IcebergSinkCommitter(catalog).validate(simple_write(table, sink_id))
+
+
+def test_location_outside_the_table(catalog: SqlCatalog, sink_id: str) -> None:
+    table = create_table(catalog, "t")
+    elsewhere = create_table(catalog, "u")
+    pc = simple_write(elsewhere, sink_id)
+    with pytest.raises(InvalidPreCommit, match=r"'ns.t'.*not inside the table location"):
+        IcebergSinkCommitter(catalog).validate(_with(pc, table="ns.t"))
+    assert table  # the target exists; only the location is wrong
+
+
+@pytest.mark.parametrize("suffix", ["", "/data", "/metadata"])
+def test_location_must_not_be_the_table_or_its_roots(catalog: SqlCatalog, sink_id: str, suffix: str) -> None:
+    table = create_table(catalog, "t")
+    pc = simple_write(table, sink_id)
+    location = table.location().rstrip("/") + suffix
+    descriptor = pc.tables[0].data_files[0].model_copy(update={"path": f"{location}/x.parquet"})
+    bad = _with(pc, location=location, data_files=[descriptor])
+    with pytest.raises(InvalidPreCommit, match="write location"):
+        IcebergSinkCommitter(catalog).validate(bad)
+
+
+def test_plain_path_and_file_uri_are_the_same_location(catalog: SqlCatalog, sink_id: str) -> None:
+    table = create_table(catalog, "t")
+    pc = simple_write(table, sink_id)
+    plain = pc.tables[0].location.removeprefix("file://")
+    files = [d.model_copy(update={"path": d.path.removeprefix("file://")}) for d in pc.tables[0].data_files]
+    IcebergSinkCommitter(catalog).validate(_with(pc, location=plain, data_files=files))
+
+
+def test_partition_keys_must_match_the_spec(catalog: SqlCatalog, sink_id: str) -> None:
+    schema = SIMPLE_SCHEMA
+    spec = PartitionSpec(PartitionField(source_id=2, field_id=1000, transform=IdentityTransform(), name="name"))
+    table = create_table(catalog, "p", schema, spec=spec)
+    pc = simple_write(table, sink_id)  # descriptors carry no partition
+    with pytest.raises(InvalidPreCommit, match=r"partition keys \[\].*\['name'\]"):
+        IcebergSinkCommitter(catalog).validate(pc)
+    wrong_type = [d.model_copy(update={"partition": {"name": 5}}) for d in pc.tables[0].data_files]
+    with pytest.raises(InvalidPreCommit, match="partition value 5"):
+        IcebergSinkCommitter(catalog).validate(_with(pc, data_files=wrong_type))
+    right = [d.model_copy(update={"partition": {"name": "n0"}}) for d in pc.tables[0].data_files]
+    IcebergSinkCommitter(catalog).validate(_with(pc, data_files=right))
+
+
+def test_declared_format_must_match_the_file(catalog: SqlCatalog, sink_id: str) -> None:
+    table = create_table(catalog, "t")
+    pc = simple_write(table, sink_id)
+    files = [d.model_copy(update={"format": "orc"}) for d in pc.tables[0].data_files]
+    with pytest.raises(InvalidPreCommit, match="declared 'orc'"):
+        IcebergSinkCommitter(catalog).validate(_with(pc, data_files=files))
+
+
+@pytest.mark.parametrize(
+    ("written", "match"),
+    [
+        (_columns(("id", "string", True)), r"id: written as string, the table has long"),
+        (_columns(("id", "long", False)), r"id: written as optional"),
+        (_columns(("ratio", "double", False)), r"required column\(s\) \['id'\]"),
+        (_columns(("id", "long", True), ("amount", "decimal(12, 2)", False)), r"amount.*decimal\(12, 2\)"),
+        (_columns(("id", "long", True), ("extra", "int", False)), r"'extra'.*not in the table"),
+        (
+            _columns(
+                ("id", "long", True),
+                (
+                    "tags",
+                    '{"type": "list", "element-id": 1, "element": "int", "element-required": false}',
+                    False,
+                ),
+            ),
+            r"tags.element: written as int, the table has string",
+        ),
+    ],
+)
+def test_schema_mismatches_name_table_and_column(
+    catalog: SqlCatalog, sink_id: str, written: list[WrittenColumn], match: str
+) -> None:
+    table = create_table(catalog, "typed", TYPED)
+    pc = simple_write(create_table(catalog, "t"), sink_id)
+    bad = _with(pc, table="ns.typed", location=f"{table.location()}/data/w", data_files=[], schema_written=written)
+    with pytest.raises(SchemaMismatch, match=r"'ns.typed'.*" + match):
+        IcebergSinkCommitter(catalog).validate(bad)
+
+
+def test_promotions_and_type_spelling_are_accepted(catalog: SqlCatalog, sink_id: str) -> None:
+    schema = Schema(
+        NestedField(1, "id", LongType(), required=True),
+        NestedField(2, "ratio", DoubleType(), required=False),
+        NestedField(3, "amount", DecimalType(10, 2), required=False),
+        NestedField(4, "n", IntegerType(), required=False),
+    )
+    table = create_table(catalog, "typed", schema)
+    written = _columns(("id", "int", True), ("ratio", "float", False), ("amount", "decimal(10,2)", False))
+    pc = simple_write(create_table(catalog, "t"), sink_id)
+    ok = _with(pc, table="ns.typed", location=f"{table.location()}/data/w", data_files=[], schema_written=written)
+    IcebergSinkCommitter(catalog).validate(ok)
+    narrowing = _with(ok, schema_written=_columns(("id", "long", True), ("n", "long", False)))
+    with pytest.raises(SchemaMismatch, match="n: written as long, the table has int"):
+        IcebergSinkCommitter(catalog).validate(narrowing)
+
+
+def test_unknown_type_name_is_invalid(catalog: SqlCatalog, sink_id: str) -> None:
+    table = create_table(catalog, "t")
+    pc = simple_write(table, sink_id, schema_written=_columns(("id", "bigint", False)))
+    with pytest.raises(InvalidPreCommit, match=r"'ns.t'.*'id'.*'bigint'"):
+        IcebergSinkCommitter(catalog).validate(pc)
+
+
+def test_stats_of_unknown_columns_are_a_mismatch(catalog: SqlCatalog, sink_id: str) -> None:
+    table = create_table(catalog, "t")
+    pc = simple_write(table, sink_id)
+    files = [d.model_copy(update={"value_counts": {**d.value_counts, "ghost": 3}}) for d in pc.tables[0].data_files]
+    with pytest.raises(SchemaMismatch, match=r"value counts.*\['ghost'\]"):
+        IcebergSinkCommitter(catalog).validate(_with(pc, data_files=files))
+
+
+def test_added_column_already_in_the_table(catalog: SqlCatalog, sink_id: str) -> None:
+    table = create_table(catalog, "t")
+    same = simple_write(table, sink_id, added_columns=_columns(("name", "string", False)))
+    IcebergSinkCommitter(catalog).validate(same)  # someone else added it: nothing left to add
+    clash = simple_write(table, sink_id, added_columns=_columns(("name", "long", False)))
+    with pytest.raises(SchemaMismatch, match="added column 'name' already exists"):
+        IcebergSinkCommitter(catalog, allow_schema_evolution=True).validate(clash)
