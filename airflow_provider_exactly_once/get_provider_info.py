@@ -1,8 +1,26 @@
-"""Airflow's provider registry reads this through the ``apache_airflow_provider`` entry point."""
+"""Airflow's provider registry reads this through the ``apache_airflow_provider`` entry point.
+
+It imports nothing: the registry calls it in every Airflow process, and Airflow 3.2+ builds the
+connection form from the declarative ``ui-field-behaviour`` here without importing the hook.
+"""
 
 from __future__ import annotations
 
 from typing import Any
+
+#: The meta-store connection form: one SQLAlchemy URL field (``host``), an optional password kept
+#: masked, extra for timeouts. Python-style keys, as ``BaseHook.get_ui_field_behaviour`` returns them.
+META_STORE_FIELD_BEHAVIOUR: dict[str, Any] = {
+    "hidden_fields": ["schema", "port", "login"],
+    "relabeling": {"host": "SQLAlchemy URL", "password": "Password (if not in the URL)"},
+    "placeholders": {
+        "host": "postgresql+psycopg2://user@db-host:5432/exactly_once  or  sqlite:////var/lib/airflow/meta.db",
+        "password": "kept masked; put into the URL when the URL has none",
+        "extra": '{"connect_timeout_s": 10, "busy_timeout_s": 30}',
+    },
+}
+
+_INTEGRATION = "Exactly-once sinks"
 
 
 def get_provider_info() -> dict[str, Any]:
@@ -11,4 +29,85 @@ def get_provider_info() -> dict[str, Any]:
         "name": "Exactly-once sinks",
         "description": "Exactly-once delivery from PySpark into Apache Iceberg tables and file sinks.",
         "versions": ["0.1.0"],
+        "integrations": [
+            {
+                "integration-name": _INTEGRATION,
+                "external-doc-url": "https://iceberg.apache.org/",
+                "tags": ["software"],
+            }
+        ],
+        "hooks": [
+            {"integration-name": _INTEGRATION, "python-modules": ["airflow_provider_exactly_once.hooks.meta_store"]}
+        ],
+        "operators": [
+            {
+                "integration-name": _INTEGRATION,
+                "python-modules": [
+                    "airflow_provider_exactly_once.operators.epoch",
+                    "airflow_provider_exactly_once.operators.checkpoint",
+                    "airflow_provider_exactly_once.operators.spark_precommit",
+                ],
+            }
+        ],
+        "sensors": [
+            {"integration-name": _INTEGRATION, "python-modules": ["airflow_provider_exactly_once.sensors.checkpoint"]}
+        ],
+        "triggers": [
+            {
+                "integration-name": _INTEGRATION,
+                "python-modules": ["airflow_provider_exactly_once.triggers.checkpoint"],
+            }
+        ],
+        "plugins": [
+            {"name": "exactly_once", "plugin-class": "airflow_provider_exactly_once.plugins.ExactlyOncePlugin"}
+        ],
+        "config": {
+            "exactly_once": {
+                "description": "The exactly-once provider's recovery DAG and its scheduler-start trigger.",
+                "options": {
+                    "recovery_schedule": {
+                        "description": "Schedule of the recovery DAG (cron or preset); 'none' leaves only the "
+                        "run queued when the scheduler starts.",
+                        "version_added": "0.1.0",
+                        "type": "string",
+                        "example": "*/5 * * * *",
+                        "default": "*/15 * * * *",
+                    },
+                    "recovery_orphan_grace_seconds": {
+                        "description": "How old every file of a write location no epoch or clean-up names must "
+                        "be before recovery removes it; longer than any write runs before it is persisted.",
+                        "version_added": "0.1.0",
+                        "type": "float",
+                        "example": "86400",
+                        "default": "21600",
+                    },
+                    "recovery_dag_id": {
+                        "description": "The recovery DAG the scheduler-start listener triggers.",
+                        "version_added": "0.1.0",
+                        "type": "string",
+                        "example": "exactly_once_recovery",
+                        "default": "exactly_once_recovery",
+                    },
+                    "trigger_recovery_on_scheduler_start": {
+                        "description": "Queue a recovery run when a scheduler starts (unless one is queued or running).",
+                        "version_added": "0.1.0",
+                        "type": "boolean",
+                        "example": "False",
+                        "default": "True",
+                    },
+                },
+            }
+        },
+        "connection-types": [
+            {
+                "hook-class-name": "airflow_provider_exactly_once.hooks.meta_store.ExactlyOnceMetaStoreHook",
+                "hook-name": "Exactly-once meta store",
+                "connection-type": "exactly_once_meta",
+                "ui-field-behaviour": {
+                    "hidden-fields": META_STORE_FIELD_BEHAVIOUR["hidden_fields"],
+                    "relabeling": META_STORE_FIELD_BEHAVIOUR["relabeling"],
+                    "placeholders": META_STORE_FIELD_BEHAVIOUR["placeholders"],
+                },
+            }
+        ],
     }

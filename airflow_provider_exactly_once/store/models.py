@@ -38,6 +38,7 @@ from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochSta
 VERSION_TABLE = "exactly_once_alembic_version"
 
 SINK_ID_LENGTH = 128
+LOCK_HOLDER_LENGTH = 250
 RUN_ID_LENGTH = 250
 WRITE_ID_LENGTH = 36
 STATUS_LENGTH = 16
@@ -127,6 +128,8 @@ class PendingSinkState(Base):
         PrimaryKeyConstraint("sink_id", "epoch"),
         CheckConstraint(EPOCH_STATUS_CHECK, name="status"),
         Index("ix_pending_sink_state_sink_id_status", "sink_id", "status"),
+        # the recovery DAG's orphan scan asks which of a sink's write ids the store knows
+        Index("ix_pending_sink_state_sink_id_write_id", "sink_id", "write_id"),
     )
 
     sink_id: Mapped[str] = mapped_column(String(SINK_ID_LENGTH))
@@ -193,3 +196,34 @@ class EpochAllocation(Base):
     sink_id: Mapped[str] = mapped_column(String(SINK_ID_LENGTH))
     run_id: Mapped[str] = mapped_column(String(RUN_ID_LENGTH))
     epoch: Mapped[int] = mapped_column(BigInteger)
+
+
+class SinkRegistry(Base):
+    """Every sink the epoch operators have used, with the configs to rebuild its coordinator.
+
+    The recovery DAG reads this instead of importing user DAG files: it must finish a crashed
+    sink's epochs even when the DAG that wrote them was since changed, paused or deleted.
+    """
+
+    __tablename__ = "sink_registry"
+    __table_args__ = (PrimaryKeyConstraint("sink_id"),)
+
+    sink_id: Mapped[str] = mapped_column(String(SINK_ID_LENGTH))
+    #: ``SinkConfig.to_dict()`` as JSON.
+    sink_config: Mapped[str] = mapped_column(Text)
+    #: ``CheckpointConfig.to_dict()`` as JSON, or NULL: the meta-store checkpoint table stands in.
+    checkpoint_config: Mapped[str | None] = mapped_column(Text)
+    registered_at: Mapped[datetime] = mapped_column(UtcDateTime())
+    updated_at: Mapped[datetime] = mapped_column(UtcDateTime())
+
+
+class SinkLock(Base):
+    """Who is recovering a sink, until when: taken and stolen (once expired) by compare-and-swap."""
+
+    __tablename__ = "sink_lock"
+    __table_args__ = (PrimaryKeyConstraint("sink_id"),)
+
+    sink_id: Mapped[str] = mapped_column(String(SINK_ID_LENGTH))
+    holder: Mapped[str] = mapped_column(String(LOCK_HOLDER_LENGTH))
+    acquired_at: Mapped[datetime] = mapped_column(UtcDateTime())
+    expires_at: Mapped[datetime] = mapped_column(UtcDateTime())

@@ -18,7 +18,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, cast
 
@@ -56,18 +56,21 @@ from airflow_provider_exactly_once.core.errors import (
     MetaStoreUnavailable,
     StateConflict,
 )
-from airflow_provider_exactly_once.core.identifiers import check_epoch, check_sink_id, check_write_id
+from airflow_provider_exactly_once.core.identifiers import EPOCH_MAX, check_epoch, check_sink_id, check_write_id
 from airflow_provider_exactly_once.core.ports import CleanupTask, CommittedTables, EpochRecord
 from airflow_provider_exactly_once.core.precommit import PreCommit
 from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochStatus
 from airflow_provider_exactly_once.store import migrate
 from airflow_provider_exactly_once.store.models import (
     CHECKPOINT_NAME_LENGTH,
+    LOCK_HOLDER_LENGTH,
     RUN_ID_LENGTH,
     CheckpointState,
     EpochAllocation,
     PendingSinkState,
     SinkCleanup,
+    SinkLock,
+    SinkRegistry,
     db_now,
 )
 
@@ -76,6 +79,12 @@ _ALLOCATION_ATTEMPTS = 50
 _CHECKPOINT_ATTEMPTS = 5
 _FINAL_CHECKPOINTS = (CheckpointStatus.COMPLETED, CheckpointStatus.FAILED)
 _PASSWORD_IN_URL = re.compile(r"(://[^:/@]*):[^@/]*@")
+#: The epoch an orphaned write is queued under: nothing on storage says which epoch an abandoned,
+#: never-persisted write was for. ``write_discarded`` matches it for every epoch, so a very late
+#: persist of a write removed as an orphan fails instead of pointing at deleted files.
+ORPHAN_EPOCH = EPOCH_MAX
+#: Write ids asked about per query by ``known_writes`` (bind-parameter limits of the databases).
+_KNOWN_WRITES_CHUNK = 500
 
 
 class EpochRowMissing(StateConflict, EpochNotFound):
@@ -388,7 +397,11 @@ class SqlSinkStateStore:
         with self._transaction(f"looking up write {write_id} of sink {sink_id!r}", write=False) as session:
             found = session.scalar(
                 select(SinkCleanup.id)
-                .where(SinkCleanup.sink_id == sink_id, SinkCleanup.epoch == epoch, SinkCleanup.write_id == write_id)
+                .where(
+                    SinkCleanup.sink_id == sink_id,
+                    SinkCleanup.epoch.in_(sorted({epoch, ORPHAN_EPOCH})),
+                    SinkCleanup.write_id == write_id,
+                )
                 .limit(1)
             )
         return found is not None
@@ -577,6 +590,218 @@ class SqlSinkStateStore:
             )
             if _rowcount(session, statement) != 1 and session.get(SinkCleanup, cleanup_id) is None:
                 raise StateConflict(f"meta store {self._display}: there is no clean-up {cleanup_id}")
+
+    # -- the recovery DAG: sink registry, orphans, per-sink lock ----------------------------------
+
+    def register_sink(
+        self, sink_id: str, sink_config: Mapping[str, Any], checkpoint_config: Mapping[str, Any] | None
+    ) -> None:
+        """Record (or update) how to rebuild a sink's coordinator; idempotent.
+
+        Written by the epoch operators, so the registry follows the DAG's current configuration;
+        an unchanged registration writes nothing (no lock, no ``updated_at`` churn). A
+        ``checkpoint_config`` of ``None`` means "not known to this caller" (persist is not given the
+        checkpoint) and keeps a registered one: clearing it would make recovery consult the wrong
+        checkpoint source.
+        """
+        sink_id = check_sink_id(sink_id)
+        sink_json = _config_json(sink_config, f"sink {sink_id!r} configuration")
+        if sink_config.get("sink_id", sink_id) != sink_id:
+            raise InvalidSinkConfig(
+                f"sink {sink_id!r}: the configuration to register names sink {sink_config.get('sink_id')!r}"
+            )
+        checkpoint_json = (
+            None
+            if checkpoint_config is None
+            else _config_json(checkpoint_config, f"sink {sink_id!r} checkpoint configuration")
+        )
+        action = f"registering sink {sink_id!r}"
+        with self._transaction(action, write=False) as session:
+            current = session.get(SinkRegistry, sink_id)
+            if (
+                current is not None
+                and current.sink_config == sink_json
+                and checkpoint_json in (None, current.checkpoint_config)
+            ):
+                return
+        for attempt in range(2):
+            try:
+                with self._transaction(action, write=True) as session:
+                    statement = (
+                        update(SinkRegistry)
+                        .where(SinkRegistry.sink_id == sink_id)
+                        .values(
+                            sink_config=sink_json,
+                            updated_at=db_now(),
+                            **({} if checkpoint_json is None else {"checkpoint_config": checkpoint_json}),
+                        )
+                        .execution_options(synchronize_session=False)
+                    )
+                    if _rowcount(session, statement) == 0:
+                        now = db_now()
+                        session.execute(
+                            insert(SinkRegistry).values(
+                                sink_id=sink_id,
+                                sink_config=sink_json,
+                                checkpoint_config=checkpoint_json,
+                                registered_at=now,
+                                updated_at=now,
+                            )
+                        )
+                    return
+            except IntegrityError:
+                if attempt == 1:  # pragma: no cover - a second insert race on the same sink
+                    raise  # a concurrent registration inserted first: the update path now applies
+
+    def registered_sinks(self) -> list[tuple[str, dict[str, Any], dict[str, Any] | None]]:
+        """Every registered sink as ``(sink_id, sink_config, checkpoint_config)``, by sink id."""
+        with self._transaction("listing registered sinks", write=False) as session:
+            rows = session.scalars(select(SinkRegistry).order_by(SinkRegistry.sink_id)).all()
+            return [
+                (
+                    row.sink_id,
+                    json.loads(row.sink_config),
+                    None if row.checkpoint_config is None else json.loads(row.checkpoint_config),
+                )
+                for row in rows
+            ]
+
+    def registered_sink(self, sink_id: str) -> tuple[dict[str, Any], dict[str, Any] | None] | None:
+        """One sink's registered ``(sink_config, checkpoint_config)``, or ``None`` if never registered."""
+        sink_id = check_sink_id(sink_id)
+        with self._transaction(f"reading the registration of sink {sink_id!r}", write=False) as session:
+            row = session.get(SinkRegistry, sink_id)
+            if row is None:
+                return None
+            return json.loads(row.sink_config), (
+                None if row.checkpoint_config is None else json.loads(row.checkpoint_config)
+            )
+
+    def known_writes(self, sink_id: str, write_ids: Sequence[str]) -> set[str]:
+        """The given write ids the store still answers for: the row's write of a Pending or Committed
+        epoch, or a write queued for a clean-up not yet done. Any other write found on storage is
+        an orphan candidate (served by the ``(sink_id, write_id)`` indexes)."""
+        sink_id = check_sink_id(sink_id)
+        ids = sorted({check_write_id(w) for w in write_ids})
+        known: set[str] = set()
+        with self._transaction(f"looking up {len(ids)} write(s) of sink {sink_id!r}", write=False) as session:
+            for start in range(0, len(ids), _KNOWN_WRITES_CHUNK):
+                chunk = ids[start : start + _KNOWN_WRITES_CHUNK]
+                known.update(
+                    session.scalars(
+                        select(PendingSinkState.write_id).where(
+                            PendingSinkState.sink_id == sink_id,
+                            PendingSinkState.write_id.in_(chunk),
+                            PendingSinkState.status.in_([EpochStatus.PENDING.value, EpochStatus.COMMITTED.value]),
+                        )
+                    )
+                )
+                known.update(
+                    session.scalars(
+                        select(SinkCleanup.write_id).where(
+                            SinkCleanup.sink_id == sink_id,
+                            SinkCleanup.write_id.in_(chunk),
+                            SinkCleanup.done_at.is_(None),
+                        )
+                    )
+                )
+        return known
+
+    def enqueue_orphan_cleanup(self, pre_commit: PreCommit, *, reason: str, written_since: datetime) -> CleanupTask:
+        """Queue an orphaned write (epoch ``ORPHAN_EPOCH``) for the coordinator's clean-up path.
+
+        Its ``created_at`` is ``written_since`` (the oldest of its files) when that is earlier than
+        now: the coordinator hands ``created_at`` to the committer as the earliest moment the write
+        could have become visible, and the Iceberg committer looks for references from there on.
+        Refused when the write is not an orphan by the store's own records, in the same transaction.
+        """
+        pre_commit = PreCommit.parse(pre_commit)
+        if pre_commit.epoch != ORPHAN_EPOCH:
+            raise InvalidPreCommit(f"{pre_commit.describe()}: an orphan is queued under epoch {ORPHAN_EPOCH}")
+        if written_since.tzinfo is None:
+            raise InvalidPreCommit(f"written_since {written_since.isoformat()} must be timezone-aware")
+        reason = _text(reason, "clean-up reason")
+        sink_id, write_id = pre_commit.sink_id, pre_commit.write_id
+        with self._transaction(f"queuing orphaned write {write_id} of sink {sink_id!r}", write=True) as session:
+            owner = session.scalar(
+                select(PendingSinkState.epoch)
+                .where(
+                    PendingSinkState.sink_id == sink_id,
+                    PendingSinkState.write_id == write_id,
+                    PendingSinkState.status != EpochStatus.ABORTED.value,
+                )
+                .limit(1)
+            )
+            if owner is not None:
+                raise StateConflict(f"sink {sink_id!r}: write {write_id} is the write of epoch {owner}, not an orphan")
+            created_at = min(_scalar_datetime(session), written_since)
+            cleanup_id = session.execute(
+                insert(SinkCleanup)
+                .values(
+                    sink_id=sink_id,
+                    epoch=ORPHAN_EPOCH,
+                    write_id=write_id,
+                    metadata_json=_remembered_json(pre_commit),
+                    reason=reason,
+                    created_at=created_at,
+                )
+                .returning(SinkCleanup.id)
+            ).scalar_one()
+            return _cleanup(session.get_one(SinkCleanup, cleanup_id))
+
+    def acquire_sink_lock(self, sink_id: str, holder: str, *, ttl: timedelta) -> tuple[bool, str, datetime]:
+        """Take the sink's lock for ``ttl`` unless another holder has it unexpired (a CAS).
+
+        Returns ``(acquired, holder, expires_at)``: on refusal, who holds it and until when. The
+        same holder taking it again extends it. An expired lock is taken over, so a recovery task
+        killed while holding it delays the next one by at most ``ttl``.
+        """
+        sink_id = check_sink_id(sink_id)
+        holder = _lock_holder(holder)
+        if not isinstance(ttl, timedelta) or ttl <= timedelta(0):
+            raise InvalidSinkConfig(f"lock ttl must be a positive timedelta, got {ttl!r}")
+        action = f"locking sink {sink_id!r} for {holder!r}"
+        for _ in range(2):
+            try:
+                with self._transaction(action, write=True) as session:
+                    now = _scalar_datetime(session)
+                    expires = now + ttl
+                    statement = (
+                        update(SinkLock)
+                        .where(
+                            SinkLock.sink_id == sink_id,
+                            (SinkLock.expires_at <= now) | (SinkLock.holder == holder),
+                        )
+                        .values(holder=holder, acquired_at=now, expires_at=expires)
+                        .execution_options(synchronize_session=False)
+                    )
+                    if _rowcount(session, statement) == 1:
+                        return True, holder, expires
+                    current = session.scalars(
+                        select(SinkLock).where(SinkLock.sink_id == sink_id).execution_options(populate_existing=True)
+                    ).one_or_none()
+                    if current is not None:
+                        return False, current.holder, current.expires_at
+                    session.execute(
+                        insert(SinkLock).values(sink_id=sink_id, holder=holder, acquired_at=now, expires_at=expires)
+                    )
+                    return True, holder, expires
+            except IntegrityError:
+                continue  # a concurrent taker inserted the row first: look again at who holds it
+        raise MetaStoreUnavailable(f"meta store {self._display}: {action} kept racing; try again")
+
+    def release_sink_lock(self, sink_id: str, holder: str) -> bool:
+        """Give the lock back if ``holder`` still has it; ``False`` when it was taken over meanwhile."""
+        sink_id, holder = check_sink_id(sink_id), _lock_holder(holder)
+        with self._transaction(f"unlocking sink {sink_id!r} for {holder!r}", write=True) as session:
+            statement = (
+                update(SinkLock)
+                .where(SinkLock.sink_id == sink_id, SinkLock.holder == holder)
+                # bound, not db_now(): SQLite compares these as text, so all lock times share one form
+                .values(expires_at=_scalar_datetime(session))
+                .execution_options(synchronize_session=False)
+            )
+            return _rowcount(session, statement) == 1
 
     # -- checkpoints -----------------------------------------------------------------------------
 
@@ -813,6 +1038,23 @@ def _check_run(run_id: object, try_number: object) -> None:
         _run_id(run_id)
     if try_number is not None and (isinstance(try_number, bool) or not isinstance(try_number, int) or try_number < 0):
         raise InvalidPreCommit(f"try_number must be a non-negative integer or None, got {try_number!r}")
+
+
+def _config_json(config: Mapping[str, Any], what: str) -> str:
+    if not isinstance(config, Mapping):
+        raise InvalidSinkConfig(f"{what} must be a mapping (its to_dict() form), got {type(config).__name__}")
+    try:
+        return json.dumps(dict(config), sort_keys=True)
+    except (TypeError, ValueError) as exc:
+        raise InvalidSinkConfig(f"{what} is not JSON-serialisable: {exc}") from None
+
+
+def _lock_holder(holder: object) -> str:
+    if not isinstance(holder, str) or not holder or len(holder) > LOCK_HOLDER_LENGTH:
+        raise InvalidSinkConfig(
+            f"lock holder must be a non-empty string of at most {LOCK_HOLDER_LENGTH} characters, got {holder!r}"
+        )
+    return holder
 
 
 def _text(value: object, what: str) -> str:

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from pyiceberg.catalog import Catalog
-from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.manifest import ManifestContent, ManifestEntryStatus
 from pyiceberg.table import Table, TableProperties
 from pyiceberg.table.snapshots import Snapshot
@@ -47,16 +46,13 @@ from airflow_provider_exactly_once.sinks.iceberg.markers import (
 )
 from airflow_provider_exactly_once.sinks.iceberg.schema_check import ColumnToAdd
 from airflow_provider_exactly_once.sinks.iceberg.storage import delete_tree, missing_files
+from airflow_provider_exactly_once.sinks.iceberg.transaction import SinkCommitConflict, SinkTransaction
 from airflow_provider_exactly_once.sinks.iceberg.write_check import check_location, check_table_write
 
 #: Fault points, in the order one commit attempt passes them.
 FAULT_LOADED = "iceberg.loaded"
 FAULT_BEFORE_CATALOG_UPDATE = "iceberg.before_catalog_update"
 FAULT_AFTER_CATALOG_UPDATE = "iceberg.after_catalog_update"
-
-
-class _CommitConflict(Exception):
-    """The catalog refused the commit because the table moved on: nothing landed, try again."""
 
 
 @dataclass(frozen=True)
@@ -256,7 +252,7 @@ class IcebergSinkCommitter:
         retrying = Retrying(
             stop=stop_after_attempt(self._max_attempts),
             wait=wait_random_exponential(multiplier=self._backoff_initial_s, max=self._backoff_max_s),
-            retry=retry_if_exception_type(_CommitConflict),
+            retry=retry_if_exception_type(SinkCommitConflict),
             reraise=True,
         )
         try:
@@ -272,7 +268,7 @@ class IcebergSinkCommitter:
                             table.metadata, write, allow_schema_evolution=self._allow_schema_evolution
                         )
                     return str(self._append_once(pre_commit, write, table, to_add))
-        except _CommitConflict as exc:
+        except SinkCommitConflict as exc:
             raise CommitConflictExhausted(
                 f"{pre_commit.describe()}: table {write.table!r} changed under every one of "
                 f"{self._max_attempts} commit attempts: {exc}"
@@ -282,7 +278,7 @@ class IcebergSinkCommitter:
     def _append_once(self, pre_commit: PreCommit, write: TableWrite, table: Table, to_add: list[ColumnToAdd]) -> int:
         """Stage schema changes, name mapping and the marked append in one transaction; commit it once."""
         try:
-            tx = table.transaction()
+            tx = SinkTransaction(table)
             if to_add:
                 with tx.update_schema() as update:
                     for column in to_add:
@@ -315,21 +311,11 @@ class IcebergSinkCommitter:
                 f"{type(exc).__name__}: {exc}"
             ) from exc
 
-        # pyiceberg 0.12's Transaction.commit_transaction retries a CommitFailedException itself, by
-        # rebasing the registered snapshot producers onto the new head (commit.retry.* properties).
-        # That rebase does not look for our marker again, so a concurrent commit of the same epoch
-        # would be duplicated. Detaching the producers makes its loop re-raise at once, and the retry
-        # happens in _commit_table, which re-loads and re-checks. Private API: pinned by pyiceberg<0.13.
-        tx._snapshot_producers = []
-
         self._fault(FAULT_BEFORE_CATALOG_UPDATE)
         try:
-            tx.commit_transaction()
-        except CommitFailedException as exc:
-            # Certainly not committed: the manifests this attempt wrote are garbage. (pyiceberg would
-            # have cleaned them itself, had the producer still been registered.)
-            append._clean_all_uncommitted()
-            raise _CommitConflict(str(exc)) from exc
+            tx.commit_once()  # a conflict comes back here, not to pyiceberg's marker-blind rebase
+        except SinkCommitConflict:
+            raise
         except Exception as exc:
             # Anything else from the catalog commit (lost response, dropped connection mid-update) may
             # or may not have landed: delete nothing, the next attempt's marker check decides.

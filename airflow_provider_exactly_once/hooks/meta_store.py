@@ -1,0 +1,229 @@
+"""The meta store as an Airflow connection, and the coordinator of one sink built from connections.
+
+Tasks in Airflow 3 may not touch Airflow's own metadata database, so the meta store
+(``pending_sink_state`` and its companions) is reached through a connection of this package's own
+type, ``exactly_once_meta``: its *SQLAlchemy URL* field names a SQLite file or a PostgreSQL
+database. A deployment that never creates the default connection still works on one machine: the
+hook then falls back to an embedded SQLite file under ``$AIRFLOW_HOME`` and says so in the log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import BaseHook
+from airflow.sdk.exceptions import AirflowNotFoundException
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
+
+from airflow_provider_exactly_once.core.coordinator import TwoPhaseCommitCoordinator
+from airflow_provider_exactly_once.core.errors import InvalidSinkConfig
+from airflow_provider_exactly_once.core.faults import FaultHook, fault_hook_from_env, no_faults
+from airflow_provider_exactly_once.core.identifiers import check_sink_id
+from airflow_provider_exactly_once.get_provider_info import META_STORE_FIELD_BEHAVIOUR
+from airflow_provider_exactly_once.hooks.epochs import epoch_for_context, interval_epoch
+from airflow_provider_exactly_once.store import SqlSinkStateStore
+
+if TYPE_CHECKING:
+    from airflow_provider_exactly_once.checkpoints.config import CheckpointConfig
+    from airflow_provider_exactly_once.core.ports import SinkCommitter
+    from airflow_provider_exactly_once.sinks.config import SinkConfig
+
+DEFAULT_META_CONN_ID = "exactly_once_default"
+META_CONN_TYPE = "exactly_once_meta"
+#: Extra keys passed through to ``SqlSinkStateStore`` (seconds).
+_STORE_OPTIONS = ("connect_timeout_s", "busy_timeout_s")
+#: ``SqlSinkStateStore``'s own defaults, for a connection that sets only one of the two.
+_DEFAULT_CONNECT_TIMEOUT_S = 10.0
+_DEFAULT_BUSY_TIMEOUT_S = 30.0
+
+
+def embedded_meta_store_url() -> str:
+    """The SQLite file used when the default connection does not exist: ``$AIRFLOW_HOME/exactly_once/meta.db``.
+
+    Computed the way Airflow computes its home (``AIRFLOW_HOME``, else ``~/airflow``), so the
+    scheduler's recovery DAG, the workers and the triggerer of a one-machine deployment agree.
+    """
+    home = Path(os.path.expanduser(os.environ.get("AIRFLOW_HOME", "~/airflow")))
+    return f"sqlite:///{home / 'exactly_once' / 'meta.db'}"
+
+
+class ExactlyOnceMetaStoreHook(BaseHook):
+    """Resolves an ``exactly_once_meta`` connection to the package's meta store.
+
+    The connection's *SQLAlchemy URL* (the ``host`` field) is e.g. ``sqlite:////data/meta.db`` or
+    ``postgresql+psycopg2://airflow@db:5432/exactly_once``; a password kept in the connection's
+    password field (so it stays masked) is put into the URL when the URL carries none. Extra may hold
+    ``connect_timeout_s`` and ``busy_timeout_s``.
+
+    :param meta_conn_id: the connection id; when it is the default id and no such connection
+        exists, the embedded SQLite default is used (see ``embedded_meta_store_url``).
+    """
+
+    conn_name_attr = "meta_conn_id"
+    default_conn_name = DEFAULT_META_CONN_ID
+    conn_type = META_CONN_TYPE
+    hook_name = "Exactly-once meta store"
+
+    def __init__(self, meta_conn_id: str = DEFAULT_META_CONN_ID, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.meta_conn_id = meta_conn_id
+
+    @classmethod
+    def get_ui_field_behaviour(cls) -> dict[str, Any]:
+        """One URL field; the same definition the provider info declares for Airflow 3.2+ UIs."""
+        return copy.deepcopy(META_STORE_FIELD_BEHAVIOUR)
+
+    # -- the URL -----------------------------------------------------------------------------------
+
+    def get_url(self) -> tuple[str, dict[str, float]]:
+        """The meta store URL and store options this hook resolves to (connection or embedded default)."""
+        try:
+            conn = self.get_connection(self.meta_conn_id)
+        except AirflowNotFoundException:
+            return self._embedded()
+        return self._from_connection(conn)
+
+    async def aget_url(self) -> tuple[str, dict[str, float]]:
+        """``get_url`` for the triggerer's event loop (connections must be fetched asynchronously there)."""
+        try:
+            conn = await self.aget_connection(self.meta_conn_id)
+        except AirflowNotFoundException:
+            return self._embedded()
+        return self._from_connection(conn)
+
+    def _embedded(self) -> tuple[str, dict[str, float]]:
+        if self.meta_conn_id != DEFAULT_META_CONN_ID:
+            raise InvalidSinkConfig(
+                f"meta store connection {self.meta_conn_id!r} does not exist; create it (type "
+                f"{META_CONN_TYPE!r}) or use the default id {DEFAULT_META_CONN_ID!r} for the embedded SQLite store"
+            )
+        url = embedded_meta_store_url()
+        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+        self.log.info("No connection %r: using the embedded meta store %s", self.meta_conn_id, url)
+        return url, {}
+
+    def _from_connection(self, conn: Any) -> tuple[str, dict[str, float]]:
+        raw = (conn.host or "").strip()
+        if not raw:
+            raise InvalidSinkConfig(
+                f"meta store connection {self.meta_conn_id!r} has no SQLAlchemy URL (the host field), "
+                "e.g. sqlite:////path/meta.db or postgresql+psycopg2://user@host:5432/db"
+            )
+        try:
+            url = make_url(raw)
+        except ArgumentError:
+            raise InvalidSinkConfig(
+                f"meta store connection {self.meta_conn_id!r}: {raw.split('@')[-1]!r} is not a SQLAlchemy URL"
+            ) from None
+        if conn.password and url.password is None:
+            url = url.set(password=conn.password)
+        extra = conn.extra_dejson or {}
+        options: dict[str, float] = {}
+        for key in _STORE_OPTIONS:
+            if key in extra:
+                try:
+                    options[key] = float(extra[key])
+                except (TypeError, ValueError):
+                    raise InvalidSinkConfig(
+                        f"meta store connection {self.meta_conn_id!r}: extra {key}={extra[key]!r} is not a number"
+                    ) from None
+        self.log.info("Meta store of connection %r: %s", self.meta_conn_id, url.render_as_string(hide_password=True))
+        return url.render_as_string(hide_password=False), options
+
+    # -- the store ---------------------------------------------------------------------------------
+
+    def get_store(self) -> SqlSinkStateStore:
+        """A store on the connection's database (migrations applied on first use in this process)."""
+        url, options = self.get_url()
+        return _open_store(url, options)
+
+    async def aget_store(self) -> SqlSinkStateStore:
+        """``get_store`` without blocking the event loop (the first use may run migrations)."""
+        url, options = await self.aget_url()
+        return await asyncio.to_thread(_open_store, url, options)
+
+    def epoch_for_context(self, context: Mapping[str, Any], sink_id: str) -> int:
+        """The run's epoch (``hooks.epochs.epoch_for_context``), opening the store only when the run
+        has no data interval and its epoch must be allocated."""
+        epoch = interval_epoch(context)
+        if epoch is not None:
+            check_sink_id(sink_id)
+            return epoch
+        store = self.get_store()
+        try:
+            return epoch_for_context(context, sink_id, store)
+        finally:
+            store.dispose()
+
+    def get_conn(self) -> SqlSinkStateStore:
+        return self.get_store()
+
+    def test_connection(self) -> tuple[bool, str]:
+        """Open the store (which applies migrations) and read the database clock."""
+        try:
+            store = self.get_store()
+            try:
+                now = store.now()
+            finally:
+                store.dispose()
+        except Exception as exc:  # the UI shows the message; any failure is "not usable"
+            return False, f"{type(exc).__name__}: {exc}"
+        return True, f"Connected to {store.url_for_display}; database time {now.isoformat()}"
+
+
+def _open_store(url: str, options: Mapping[str, float]) -> SqlSinkStateStore:
+    store_kwargs: dict[str, float] = {key: options[key] for key in _STORE_OPTIONS if key in options}
+    if not store_kwargs:
+        return SqlSinkStateStore(url)
+    return SqlSinkStateStore(
+        url,
+        connect_timeout_s=store_kwargs.get("connect_timeout_s", _DEFAULT_CONNECT_TIMEOUT_S),
+        busy_timeout_s=store_kwargs.get("busy_timeout_s", _DEFAULT_BUSY_TIMEOUT_S),
+    )
+
+
+def sink_committer(sink: SinkConfig, *, fault: FaultHook = no_faults) -> SinkCommitter:
+    """The committer of a sink, its Iceberg catalog built from the sink's Iceberg connection.
+
+    ``fault`` is the fault-injection hook (``core.faults``); production passes none.
+    """
+    from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig
+
+    if isinstance(sink, IcebergSinkConfig):
+        from airflow.providers.apache.iceberg.hooks.iceberg import IcebergHook
+
+        return sink.committer(IcebergHook(sink.iceberg_conn_id).catalog, fault=fault)
+    return sink.committer(fault=fault)
+
+
+def coordinator_for(
+    sink: SinkConfig,
+    checkpoint: CheckpointConfig | None,
+    *,
+    meta_conn_id: str = DEFAULT_META_CONN_ID,
+    store: SqlSinkStateStore | None = None,
+    fault: FaultHook | None = None,
+) -> TwoPhaseCommitCoordinator:
+    """The coordinator of one sink: the meta store of ``meta_conn_id`` (or ``store``), the sink's
+    committer, and the checkpoint source (``None`` only for steps that never consult it, such as
+    persist; the meta-store checkpoint table then stands in).
+
+    ``fault`` defaults to ``fault_hook_from_env()``: a no-op unless ``EXACTLY_ONCE_FAULT`` is set,
+    which lets the demo and the fault-injection harness make a real task die at a named point
+    without touching the DAG. One hook serves the coordinator and the committer, so an occurrence
+    count (``commit.visible@2``) counts every place the point is reached in this task try.
+    """
+    from airflow_provider_exactly_once.checkpoints.config import MetaStoreCheckpoint
+
+    if fault is None:
+        fault = fault_hook_from_env()
+    if store is None:
+        store = ExactlyOnceMetaStoreHook(meta_conn_id).get_store()
+    source = (checkpoint or MetaStoreCheckpoint()).source(store)
+    return TwoPhaseCommitCoordinator(store, {sink.sink_id: sink_committer(sink, fault=fault)}, source, fault=fault)

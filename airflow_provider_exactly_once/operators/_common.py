@@ -1,0 +1,64 @@
+"""What every operator of the package does the same way: map errors, read the write, find the epoch."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+from airflow.sdk.exceptions import AirflowFailException
+
+from airflow_provider_exactly_once.checkpoints.config import CheckpointConfig, checkpoint_config_from_dict
+from airflow_provider_exactly_once.core.errors import ExactlyOnceError, InvalidSinkConfig
+from airflow_provider_exactly_once.core.precommit import PreCommit
+from airflow_provider_exactly_once.sinks.config import SinkConfig, sink_config_from_dict
+
+
+@contextmanager
+def airflow_errors() -> Iterator[None]:
+    """Turn a refusal into a failure Airflow does not retry, and let transient faults be retried.
+
+    ``ExactlyOnceError.retryable`` says whether running the same step again may succeed without
+    anyone changing anything; retrying a refusal (a conflict, an aborted epoch, a failed
+    checkpoint) only delays the failure a person has to look at.
+    """
+    try:
+        yield
+    except ExactlyOnceError as exc:
+        if exc.retryable:
+            raise
+        raise AirflowFailException(f"{type(exc).__name__}: {exc}") from exc
+
+
+def as_sink(sink: SinkConfig | Mapping[str, Any]) -> SinkConfig:
+    """Accept a sink config or its ``to_dict()`` form (what a DAG built from JSON has)."""
+    return sink if not isinstance(sink, Mapping) else sink_config_from_dict(sink)
+
+
+def as_checkpoint(checkpoint: CheckpointConfig | Mapping[str, Any]) -> CheckpointConfig:
+    return checkpoint if not isinstance(checkpoint, Mapping) else checkpoint_config_from_dict(checkpoint)
+
+
+def pull_pre_commit(context: Mapping[str, Any], write_task_id: str) -> object | None:
+    """The write task's return value in this run (dict, JSON or compressed text), or ``None``."""
+    value: object = context["ti"].xcom_pull(task_ids=write_task_id)
+    return value
+
+
+def check_write_matches(pre: PreCommit, sink_id: str, epoch: int, task_id: str) -> None:
+    """A write for another sink or epoch than the run's is a wiring bug: persisting it would file
+    data under the wrong epoch, which no later step could detect."""
+    if pre.sink_id != sink_id:
+        raise InvalidSinkConfig(
+            f"task {task_id}: the write is for sink {pre.sink_id!r}, this task's sink is {sink_id!r}"
+        )
+    if pre.epoch != epoch:
+        raise InvalidSinkConfig(
+            f"task {task_id}: the write is for epoch {pre.epoch}, but this run's epoch is {epoch}; "
+            "derive the write's epoch with epoch_for_context so every task of the run agrees"
+        )
+
+
+def try_number(context: Mapping[str, Any]) -> int | None:
+    number = getattr(context.get("ti"), "try_number", None)
+    return number if isinstance(number, int) else None

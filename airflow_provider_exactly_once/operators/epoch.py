@@ -1,0 +1,240 @@
+"""The protocol steps of one epoch as Airflow tasks: persist, commit, abort.
+
+Thin on purpose: each resolves the meta-store connection, the sink's catalog and the run's epoch,
+then calls one method of the coordinator, which alone decides the epoch's fate. What they add is
+the Airflow mapping: a refusal fails the task without retries, a transient fault is retried, and a
+small JSON summary goes to XCom so the run's outcome can be read in the UI.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowFailException
+
+from airflow_provider_exactly_once.checkpoints.config import CheckpointConfig
+from airflow_provider_exactly_once.core.coordinator import TwoPhaseCommitCoordinator
+from airflow_provider_exactly_once.core.errors import AbortRefused, ExactlyOnceError, InvalidPreCommit
+from airflow_provider_exactly_once.core.precommit import PreCommit
+from airflow_provider_exactly_once.hooks.epochs import epoch_for_context
+from airflow_provider_exactly_once.hooks.meta_store import (
+    DEFAULT_META_CONN_ID,
+    ExactlyOnceMetaStoreHook,
+    coordinator_for,
+)
+from airflow_provider_exactly_once.operators._common import (
+    airflow_errors,
+    as_checkpoint,
+    as_sink,
+    check_write_matches,
+    pull_pre_commit,
+    try_number,
+)
+from airflow_provider_exactly_once.sinks.config import SinkConfig
+from airflow_provider_exactly_once.store import SqlSinkStateStore
+
+
+@dataclass(frozen=True)
+class _Step:
+    store: SqlSinkStateStore
+    epoch: int
+    coordinator: TwoPhaseCommitCoordinator
+
+
+class _EpochOperator(BaseOperator):
+    """Shared by the three steps: the sink, its checkpoint and the meta-store connection."""
+
+    ui_color = "#e8f4ea"
+
+    def __init__(
+        self,
+        *,
+        sink: SinkConfig | Mapping[str, Any],
+        checkpoint: CheckpointConfig | Mapping[str, Any] | None = None,
+        meta_conn_id: str = DEFAULT_META_CONN_ID,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.sink = as_sink(sink)
+        self.checkpoint = None if checkpoint is None else as_checkpoint(checkpoint)
+        self.meta_conn_id = meta_conn_id
+
+    @contextmanager
+    def _step(self, context: Mapping[str, Any]) -> Iterator[_Step]:
+        """The store, the run's epoch and the coordinator; the store's connections are closed after.
+
+        The sink is registered first (idempotent, no write when unchanged): the recovery DAG finds
+        every sink through the registry, without importing this DAG, and a sink must be known
+        there before any of its epochs can be left half done.
+        """
+        store = ExactlyOnceMetaStoreHook(self.meta_conn_id).get_store()
+        try:
+            store.register_sink(
+                self.sink.sink_id,
+                self.sink.to_dict(),
+                None if self.checkpoint is None else self.checkpoint.to_dict(),
+            )
+            epoch = epoch_for_context(context, self.sink.sink_id, store)
+            yield _Step(store, epoch, coordinator_for(self.sink, self.checkpoint, store=store))
+        finally:
+            store.dispose()
+
+
+class PersistPendingOperator(_EpochOperator):
+    """Phase one: make the write task's pre-commit metadata durable as the epoch's Pending row.
+
+    From here on the epoch can always be finished, whatever crashes. A retried persist of the same
+    write is harmless; a new write (a retry or clear of the write task) replaces a Pending epoch,
+    re-opens an Aborted one, and is itself removed when the epoch is already committed.
+
+    :param sink: the sink the write belongs to (``IcebergSinkConfig``, ``FileSinkConfig`` or a dict).
+    :param write_task_id: the task whose return value is the pre-commit (dict, JSON or compressed).
+    :param meta_conn_id: the ``exactly_once_meta`` connection of the meta store.
+    :return: ``{"sink_id", "epoch", "outcome", "write_id", "persisted_write_id"}``; ``write_id`` is
+        the write the epoch holds, which differs from this run's when the epoch was already settled.
+    """
+
+    template_fields: Sequence[str] = ("write_task_id",)
+
+    def __init__(self, *, write_task_id: str = "write", **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.write_task_id = write_task_id
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        value = pull_pre_commit(context, self.write_task_id)
+        if value is None:
+            raise AirflowFailException(
+                f"task {self.write_task_id!r} returned no pre-commit metadata in this run; nothing to persist"
+            )
+        with airflow_errors(), self._step(context) as step:
+            pre = PreCommit.parse(value)
+            check_write_matches(pre, self.sink.sink_id, step.epoch, self.task_id)
+            result = step.coordinator.persist(pre, run_id=context.get("run_id"), try_number=try_number(context))
+        self.log.info("%s: %s (the epoch holds write %s)", pre.describe(), result.outcome.value, result.write_id)
+        return {
+            "sink_id": pre.sink_id,
+            "epoch": pre.epoch,
+            "outcome": result.outcome.value,
+            "write_id": result.write_id,
+            "persisted_write_id": pre.write_id,
+        }
+
+
+class CommitEpochOperator(_EpochOperator):
+    """Phase two: make the epoch's persisted write visible, once, after its checkpoint completed.
+
+    Give it retries: every failure left by a commit is safe to retry (the marker in the sink decides
+    whether the write is already visible), and once the checkpoint completed the epoch must be
+    committed, never aborted. Refusals (checkpoint failed, epoch aborted, files missing) fail at once.
+
+    :return: ``{"sink_id", "epoch", "outcome", "write_id", "committed"}`` (per table: snapshot id or "empty").
+    """
+
+    def __init__(self, *, checkpoint: CheckpointConfig | Mapping[str, Any], **kwargs: Any) -> None:
+        super().__init__(checkpoint=checkpoint, **kwargs)
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        with airflow_errors(), self._step(context) as step:
+            result = step.coordinator.commit(self.sink.sink_id, step.epoch)
+        record = result.record
+        self.log.info(
+            "sink %r epoch %d: %s (write %s): %s",
+            record.sink_id,
+            record.epoch,
+            result.outcome.value,
+            record.write_id,
+            dict(record.committed or {}),
+        )
+        return {
+            "sink_id": record.sink_id,
+            "epoch": record.epoch,
+            "outcome": result.outcome.value,
+            "write_id": record.write_id,
+            "committed": dict(record.committed or {}),
+        }
+
+
+class AbortEpochOperator(_EpochOperator):
+    """Give up on the run's epoch after its write, persist or wait failed, and remove the write's files.
+
+    This run's write is passed to the coordinator when its XCom exists, so its files are removed
+    even when it was never persisted (the coordinator leaves a tombstone so that a late persist of
+    it fails). The coordinator refuses to abort an epoch whose checkpoint completed or whose commit
+    was decided: that epoch will be committed (by a retry or clear of the commit, or the recovery
+    DAG), so the refusal is reported and the task succeeds; the run still ends failed, because its
+    commit did not run.
+
+    :param write_task_id: the write task of the run (its XCom may be missing: the write failed).
+    :param reason: recorded on the row; by default names this task and run.
+    :param force: abort even though the checkpoint completed, dropping the epoch's data on purpose.
+    :return: ``{"sink_id", "epoch", "outcome", "files_deleted", "write_id"}``; ``outcome`` is
+        ``"refused"`` (with ``"refused_because"``) when the coordinator refused.
+    """
+
+    template_fields: Sequence[str] = ("write_task_id", "reason")
+
+    def __init__(
+        self,
+        *,
+        checkpoint: CheckpointConfig | Mapping[str, Any],
+        write_task_id: str = "write",
+        reason: str | None = None,
+        force: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(checkpoint=checkpoint, **kwargs)
+        self.write_task_id = write_task_id
+        self.reason = reason
+        self.force = force
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        reason = self.reason or f"task {self.task_id} of run {context.get('run_id')}: an upstream step failed"
+        with airflow_errors(), self._step(context) as step:
+            write = self._this_runs_write(context, step.epoch)
+            summary: dict[str, Any] = {
+                "sink_id": self.sink.sink_id,
+                "epoch": step.epoch,
+                "write_id": None if write is None else write.write_id,
+            }
+            try:
+                result = step.coordinator.abort(
+                    self.sink.sink_id, step.epoch, reason=reason, write=write, force=self.force
+                )
+            except AbortRefused as exc:
+                self.log.warning(
+                    "Abort refused, nothing was deleted: %s. The epoch is not lost: clear the run's wait and "
+                    "commit tasks, or let the recovery DAG commit it.",
+                    exc,
+                )
+                return {**summary, "outcome": "refused", "files_deleted": 0, "refused_because": str(exc)}
+        self.log.info(
+            "sink %r epoch %d: %s; %d file(s) deleted",
+            self.sink.sink_id,
+            step.epoch,
+            result.outcome.value,
+            result.files_deleted,
+        )
+        return {**summary, "outcome": result.outcome.value, "files_deleted": result.files_deleted}
+
+    def _this_runs_write(self, context: Mapping[str, Any], epoch: int) -> PreCommit | None:
+        """The run's write, when its XCom exists and is one of this sink's epoch; else ``None``."""
+        value = pull_pre_commit(context, self.write_task_id)
+        if value is None:
+            self.log.info(
+                "Task %r left no pre-commit in this run: aborting the epoch's persisted write, if any",
+                self.write_task_id,
+            )
+            return None
+        try:
+            pre = PreCommit.parse(value)
+            check_write_matches(pre, self.sink.sink_id, epoch, self.task_id)
+        except (InvalidPreCommit, ExactlyOnceError) as exc:
+            # Nothing of such a write can have been persisted (persist refuses the same mismatch),
+            # and its files cannot be located safely from metadata we cannot read.
+            self.log.warning("Ignoring the unusable XCom of task %r: %s", self.write_task_id, exc)
+            return None
+        return pre

@@ -1,0 +1,111 @@
+"""The recovery DAG's two tasks: list the registered sinks, recover one sink (mapped per sink)."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+
+from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
+
+from airflow_provider_exactly_once.hooks.meta_store import DEFAULT_META_CONN_ID, ExactlyOnceMetaStoreHook
+from airflow_provider_exactly_once.operators._common import airflow_errors
+from airflow_provider_exactly_once.recovery.sink import (
+    DEFAULT_LOCK_TTL,
+    DEFAULT_ORPHAN_GRACE,
+    SinkLocked,
+    recover_sink,
+)
+from airflow_provider_exactly_once.store.models import LOCK_HOLDER_LENGTH
+
+
+class ListRegisteredSinksOperator(BaseOperator):
+    """Every sink of the meta store's registry: what the recovery task is mapped over.
+
+    :return: the sink ids, sorted.
+    """
+
+    ui_color = "#fdf2e0"
+
+    def __init__(self, *, meta_conn_id: str = DEFAULT_META_CONN_ID, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.meta_conn_id = meta_conn_id
+
+    def execute(self, context: Any) -> list[str]:
+        with airflow_errors():
+            store = ExactlyOnceMetaStoreHook(self.meta_conn_id).get_store()
+            try:
+                sinks = [sink_id for sink_id, _, _ in store.registered_sinks()]
+            finally:
+                store.dispose()
+        self.log.info("%d registered sink(s): %s", len(sinks), sinks)
+        return sinks
+
+
+class RecoverSinkOperator(BaseOperator):
+    """Recover one sink (``recovery.sink.recover_sink``): its half-done epochs and orphaned writes.
+
+    Skipped when another recovery holds the sink's lock (it is doing the same work); failed, without
+    retries, when any epoch or orphan of the sink could not be recovered, so the UI shows it, with
+    every failure in the log and the message.
+
+    :param sink_id: the sink (templated; mapped by the recovery DAG).
+    :param orphan_grace: how old an unknown write location's files must all be before it is removed.
+    :param lock_ttl: the longest this task holds the sink's lock.
+    :return: the ``SinkRecoveryReport`` as a dict.
+    """
+
+    template_fields: Sequence[str] = ("sink_id",)
+    ui_color = "#fdf2e0"
+
+    def __init__(
+        self,
+        *,
+        sink_id: str,
+        meta_conn_id: str = DEFAULT_META_CONN_ID,
+        orphan_grace: timedelta = DEFAULT_ORPHAN_GRACE,
+        lock_ttl: timedelta = DEFAULT_LOCK_TTL,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.sink_id = sink_id
+        self.meta_conn_id = meta_conn_id
+        self.orphan_grace = orphan_grace
+        self.lock_ttl = lock_ttl
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        with airflow_errors():
+            store = ExactlyOnceMetaStoreHook(self.meta_conn_id).get_store()
+            try:
+                report = recover_sink(
+                    store,
+                    self.sink_id,
+                    holder=_holder(context),
+                    orphan_grace=self.orphan_grace,
+                    lock_ttl=self.lock_ttl,
+                )
+            except SinkLocked as exc:
+                raise AirflowSkipException(str(exc)) from exc
+            finally:
+                store.dispose()
+        self.log.info("%s", report.summary())
+        for what, why in sorted(report.failed.items()):
+            self.log.error("sink %r: %s failed: %s", self.sink_id, what, why)
+        if not report.ok:
+            raise AirflowFailException(
+                f"recovery of sink {self.sink_id!r} left {len(report.failed)} failure(s): "
+                + "; ".join(f"{what}: {why}" for what, why in sorted(report.failed.items()))
+            )
+        return report.to_dict()
+
+
+def _holder(context: Any) -> str:
+    """Names the task instance and host, so a refused recovery can say who holds the lock."""
+    ti = context.get("ti")
+    name = (
+        f"{getattr(ti, 'dag_id', '?')}/{getattr(ti, 'run_id', '?')}/{getattr(ti, 'task_id', '?')}"
+        f"[{getattr(ti, 'map_index', -1)}]#{getattr(ti, 'try_number', 0)}@{socket.gethostname()}"
+    )
+    return name[:LOCK_HOLDER_LENGTH]

@@ -1,0 +1,171 @@
+"""Recovery of one sink, as the recovery DAG's mapped task runs it.
+
+Everything that decides an epoch's fate stays in the coordinator (``recover``); this function only
+rebuilds the sink's coordinator from the registry (the recovery DAG never imports user DAGs), holds
+the sink's lock so two recoveries never work on one sink at once, and hands orphaned write
+locations to the store's clean-up queue, whose deletes the coordinator runs with the committers'
+own safety checks (invariant 4).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from airflow_provider_exactly_once.checkpoints.config import checkpoint_config_from_dict
+from airflow_provider_exactly_once.core.errors import (
+    ExactlyOnceError,
+    InvalidSinkConfig,
+    MetaStoreUnavailable,
+    StateConflict,
+)
+from airflow_provider_exactly_once.hooks.meta_store import coordinator_for
+from airflow_provider_exactly_once.recovery.orphans import OrphanCandidate, find_orphans
+from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig, SinkConfig, sink_config_from_dict
+from airflow_provider_exactly_once.store import SqlSinkStateStore
+from airflow_provider_exactly_once.store.sql import ORPHAN_EPOCH
+
+log = logging.getLogger(__name__)
+
+#: How old every file of an unknown write location must be before it counts as orphaned: longer than
+#: any write runs before it is persisted, so a write still in flight is never taken for an orphan.
+DEFAULT_ORPHAN_GRACE = timedelta(hours=6)
+#: How long a recovery holds a sink's lock at most; a killed recovery task blocks the next one this long.
+DEFAULT_LOCK_TTL = timedelta(hours=1)
+
+
+class SinkLocked(ExactlyOnceError):
+    """Another recovery holds the sink's lock: it is doing this work right now."""
+
+    retryable = True
+
+
+@dataclass
+class SinkRecoveryReport:
+    """What one recovery did to one sink (JSON-friendly for XCom)."""
+
+    sink_id: str
+    committed: list[int] = field(default_factory=list)
+    aborted: list[int] = field(default_factory=list)
+    waiting: list[int] = field(default_factory=list)
+    #: ``"epoch <n>"``, ``"orphan <write id>"`` or ``"orphan scan"`` -> why it failed.
+    failed: dict[str, str] = field(default_factory=dict)
+    files_deleted: int = 0
+    orphans_removed: list[str] = field(default_factory=list)
+    #: Unknown write locations younger than the grace period (or of unknown age): kept.
+    orphans_kept: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "ok": self.ok}
+
+    def summary(self) -> str:
+        return (
+            f"sink {self.sink_id!r}: committed {self.committed}, aborted {self.aborted}, waiting {self.waiting}, "
+            f"failed {sorted(self.failed)}, {self.files_deleted} file(s) deleted, "
+            f"{len(self.orphans_removed)} orphaned write location(s) removed, {len(self.orphans_kept)} kept"
+        )
+
+
+def registered_sink(store: SqlSinkStateStore, sink_id: str) -> tuple[SinkConfig, Any]:
+    """The sink's config and checkpoint config (``None``: the meta-store checkpoint table) as registered."""
+    registration = store.registered_sink(sink_id)
+    if registration is None:
+        raise InvalidSinkConfig(
+            f"sink {sink_id!r} is not in the sink registry; it is registered by its first persist, commit or abort"
+        )
+    sink_dict, checkpoint_dict = registration
+    checkpoint = None if checkpoint_dict is None else checkpoint_config_from_dict(checkpoint_dict)
+    return sink_config_from_dict(sink_dict), checkpoint
+
+
+def recover_sink(
+    store: SqlSinkStateStore,
+    sink_id: str,
+    *,
+    holder: str,
+    orphan_grace: timedelta = DEFAULT_ORPHAN_GRACE,
+    lock_ttl: timedelta = DEFAULT_LOCK_TTL,
+) -> SinkRecoveryReport:
+    """Finish the sink's half-done epochs and remove its orphaned write locations, under its lock.
+
+    Raises ``SinkLocked`` (nothing done) when another recovery holds the lock, and lets
+    ``MetaStoreUnavailable`` through (nothing else can make progress); every other failure, per epoch
+    or per orphan, is in the report, and the rest of the sink is still recovered.
+    """
+    sink, checkpoint = registered_sink(store, sink_id)
+    acquired, by, until = store.acquire_sink_lock(sink_id, holder, ttl=lock_ttl)
+    if not acquired:
+        raise SinkLocked(f"sink {sink_id!r} is being recovered by {by!r} (lock held until {until.isoformat()})")
+    try:
+        report = SinkRecoveryReport(sink_id)
+        coordinator = coordinator_for(sink, checkpoint, store=store)
+        enqueued = _queue_orphans(store, sink, orphan_grace, report)
+        result = coordinator.recover(sink_id)
+        report.committed, report.aborted, report.waiting = result.committed, result.aborted, result.waiting
+        report.files_deleted = result.files_deleted
+        report.failed.update({f"epoch {e}": why for e, why in result.failed.items() if e != ORPHAN_EPOCH})
+        remaining = {task.write_id for task in store.cleanups(sink_id, ORPHAN_EPOCH)}
+        report.orphans_removed = sorted(enqueued - remaining)
+        for write_id in sorted(remaining):
+            report.failed[f"orphan {write_id}"] = result.failed.get(ORPHAN_EPOCH, "its clean-up did not complete")
+        return report
+    finally:
+        try:
+            store.release_sink_lock(sink_id, holder)
+        except MetaStoreUnavailable:
+            log.warning("could not release the lock of sink %r; it expires by itself", sink_id)
+
+
+def _queue_orphans(
+    store: SqlSinkStateStore, sink: SinkConfig, grace: timedelta, report: SinkRecoveryReport
+) -> set[str]:
+    """Queue every orphan older than ``grace`` for the coordinator's clean-up path; their write ids."""
+    try:
+        catalog = _catalog(sink)
+        old, young = find_orphans(sink, store, grace=grace, catalog=catalog)
+    except MetaStoreUnavailable:
+        raise
+    except Exception as exc:  # a listing failure must not stop the epochs' recovery
+        log.warning("sink %r: the orphan scan failed: %s", sink.sink_id, exc, exc_info=True)
+        report.failed["orphan scan"] = f"{type(exc).__name__}: {exc}"
+        return set()
+    report.orphans_kept = [candidate.write_id for candidate in young]
+    enqueued: set[str] = set()
+    for candidate in old:
+        try:
+            store.enqueue_orphan_cleanup(
+                candidate.pre_commit(), reason=_reason(candidate, grace), written_since=_oldest(candidate)
+            )
+        except StateConflict as exc:  # persisted since the scan: it is no orphan
+            log.info("sink %r: %s", sink.sink_id, exc)
+            continue
+        enqueued.add(candidate.write_id)
+    return enqueued
+
+
+def _catalog(sink: SinkConfig) -> Any:
+    if not isinstance(sink, IcebergSinkConfig):
+        return None
+    from airflow.providers.apache.iceberg.hooks.iceberg import IcebergHook
+
+    return IcebergHook(sink.iceberg_conn_id).catalog
+
+
+def _oldest(candidate: OrphanCandidate) -> Any:
+    assert candidate.age.oldest is not None  # only dated candidates are old enough to be queued
+    return candidate.age.oldest
+
+
+def _reason(candidate: OrphanCandidate, grace: timedelta) -> str:
+    where = ", ".join(location.location for location in candidate.locations)
+    return (
+        f"recovery: orphaned write location(s) {where}: no Pending or Committed epoch and no clean-up names "
+        f"write {candidate.write_id}, and its {candidate.age.files} file(s) are older than {grace} "
+        f"(newest {candidate.age.newest.isoformat() if candidate.age.newest else '?'})"
+    )

@@ -1,0 +1,5 @@
+"""Sensors: waiting for an epoch's checkpoint."""
+
+from airflow_provider_exactly_once.sensors.checkpoint import CheckpointSensor
+
+__all__ = ["CheckpointSensor"]

@@ -1,0 +1,137 @@
+"""Wait until the upstream's checkpoint for the run's epoch is final.
+
+``COMPLETED`` lets the commit run; ``FAILED`` fails the sensor at once, without retries (a failed
+checkpoint is final, retrying cannot change it), and so does a timeout: either way the epoch's
+abort task runs. Poke and reschedule modes poll ``CheckpointSource.status``; ``deferrable=True``
+hands the waiting to ``CheckpointTrigger`` in the triggerer so no worker slot is held.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from datetime import timedelta
+from typing import Any
+
+from airflow.sdk import BaseSensorOperator
+from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSensorTimeout
+
+from airflow_provider_exactly_once.checkpoints.config import CheckpointConfig, MetaStoreCheckpoint
+from airflow_provider_exactly_once.core.errors import ExactlyOnceError, InvalidSinkConfig
+from airflow_provider_exactly_once.core.identifiers import check_sink_id
+from airflow_provider_exactly_once.core.status import CheckpointStatus
+from airflow_provider_exactly_once.hooks.epochs import epoch_for_context, interval_epoch
+from airflow_provider_exactly_once.hooks.meta_store import DEFAULT_META_CONN_ID, ExactlyOnceMetaStoreHook
+from airflow_provider_exactly_once.operators._common import as_checkpoint, as_sink
+from airflow_provider_exactly_once.sinks.config import SinkConfig
+from airflow_provider_exactly_once.triggers.checkpoint import ERROR, TIMEOUT, CheckpointTrigger
+
+
+class CheckpointSensor(BaseSensorOperator):
+    """Succeeds when the checkpoint of the run's epoch is ``COMPLETED``.
+
+    :param sink: the sink (its ``sink_id`` is used), or give ``sink_id``.
+    :param checkpoint: where the upstream records its checkpoints (``MetaStoreCheckpoint``,
+        ``MarkerFileCheckpoint``, ``StreamingCheckpoint``, or such a config's dict).
+    :param meta_conn_id: the meta store (read for a meta-store checkpoint and for the epoch of runs
+        without a data interval).
+    :param deferrable: wait in the triggerer (``CheckpointTrigger``) instead of a worker.
+    :param poke_interval, timeout, mode: as for every sensor; ``timeout`` bounds the whole wait.
+    """
+
+    template_fields = ("sink_id",)
+    ui_color = "#f4e7f8"
+
+    def __init__(
+        self,
+        *,
+        checkpoint: CheckpointConfig | Mapping[str, Any],
+        sink: SinkConfig | Mapping[str, Any] | None = None,
+        sink_id: str | None = None,
+        meta_conn_id: str = DEFAULT_META_CONN_ID,
+        deferrable: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        if (sink is None) == (sink_id is None):
+            raise InvalidSinkConfig(f"task {self.task_id}: give exactly one of sink and sink_id")
+        self.sink_id = as_sink(sink).sink_id if sink is not None else check_sink_id(sink_id)
+        self.checkpoint = as_checkpoint(checkpoint)
+        self.meta_conn_id = meta_conn_id
+        self.deferrable = deferrable
+
+    # -- one look ----------------------------------------------------------------------------------
+
+    def _status(self, context: Any) -> tuple[int, CheckpointStatus]:
+        """The run's epoch and its checkpoint status; the store is opened only when needed."""
+        hook = ExactlyOnceMetaStoreHook(self.meta_conn_id)
+        epoch = interval_epoch(context)
+        if epoch is not None and not isinstance(self.checkpoint, MetaStoreCheckpoint):
+            return epoch, self.checkpoint.source().status(self.sink_id, epoch)
+        store = hook.get_store()
+        try:
+            if epoch is None:
+                epoch = epoch_for_context(context, self.sink_id, store)
+            return epoch, self.checkpoint.source(store).status(self.sink_id, epoch)
+        finally:
+            store.dispose()
+
+    def poke(self, context: Any) -> bool:
+        try:
+            epoch, status = self._status(context)
+        except ExactlyOnceError as exc:
+            if exc.retryable:
+                # A meta-store or object-store blip is "not known yet"; the timeout bounds the wait.
+                self.log.warning("Checkpoint of sink %r unreadable this time: %s", self.sink_id, exc)
+                return False
+            raise AirflowFailException(f"{type(exc).__name__}: {exc}") from exc
+        return self._decide(epoch, status)
+
+    def _decide(self, epoch: int, status: CheckpointStatus) -> bool:
+        if status is CheckpointStatus.FAILED:
+            raise AirflowFailException(
+                f"checkpoint of sink {self.sink_id!r} epoch {epoch} FAILED: the epoch will be aborted"
+            )
+        self.log.info("Checkpoint of sink %r epoch %d: %s", self.sink_id, epoch, status.value)
+        return status is CheckpointStatus.COMPLETED
+
+    # -- deferrable --------------------------------------------------------------------------------
+
+    def execute(self, context: Any) -> Any:
+        if not self.deferrable:
+            return super().execute(context)
+        if self.poke(context):  # already final: no need to hand over to the triggerer
+            return None
+        epoch = interval_epoch(context)
+        if epoch is None:
+            epoch = ExactlyOnceMetaStoreHook(self.meta_conn_id).epoch_for_context(context, self.sink_id)
+        timeout_at = time.time() + self.timeout
+        self.defer(
+            trigger=CheckpointTrigger(
+                sink_id=self.sink_id,
+                epoch=epoch,
+                checkpoint=self.checkpoint.to_dict(),
+                meta_conn_id=self.meta_conn_id,
+                poll_interval=self.poke_interval,
+                timeout_at=timeout_at,
+            ),
+            method_name="execute_complete",
+            timeout=timedelta(seconds=self.timeout),
+        )
+
+    def execute_complete(self, context: Any, event: dict[str, Any] | None = None) -> None:
+        """Resumed by the trigger's event: succeed, fail without retries, or time out."""
+        if not event or "status" not in event:
+            raise AirflowException(f"checkpoint trigger of sink {self.sink_id!r} returned no event")
+        status, epoch = event["status"], event.get("epoch")
+        if status == TIMEOUT:
+            raise AirflowSensorTimeout(
+                f"checkpoint of sink {self.sink_id!r} epoch {epoch} not complete within {self.timeout}s"
+            )
+        if status == ERROR:
+            message = f"checkpoint of sink {self.sink_id!r} epoch {epoch} unreadable: {event.get('error')}"
+            if event.get("retryable"):
+                raise AirflowException(message)
+            raise AirflowFailException(message)
+        if not self._decide(int(epoch or 0), CheckpointStatus(status)):
+            raise AirflowException(f"checkpoint trigger fired with {status!r} for sink {self.sink_id!r}")

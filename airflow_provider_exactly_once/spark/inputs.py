@@ -1,0 +1,138 @@
+"""Reading one epoch's input: landing files, a table, a SQL query, or a user function.
+
+Each reader returns ``None`` when it can tell without a Spark job that the interval holds nothing
+(no landing files), so an empty epoch costs no cluster work and never trips schema inference on an
+empty directory; otherwise a DataFrame, possibly empty, and the source positions to keep.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from airflow_provider_exactly_once.core.errors import ExactlyOnceError, InvalidSinkConfig
+from airflow_provider_exactly_once.spark.jobspec import EpochJobSpec, FilesInput, FunctionInput, SqlInput, TableInput
+
+#: Up to this many input files are listed in the source positions; beyond, a count and a digest,
+#: so that a huge landing directory cannot blow up the pre-commit metadata that travels by XCom.
+LISTED_FILES_MAX = 1000
+
+
+class UserFunctionFailed(ExactlyOnceError):
+    """The user's input function raised or returned something other than a DataFrame."""
+
+
+@dataclass(frozen=True)
+class EpochContext:
+    """What a user input function is told about the epoch it produces rows for."""
+
+    sink_id: str
+    epoch: int
+    write_id: str
+    data_interval_start: datetime
+    data_interval_end: datetime
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class EpochInput:
+    frame: DataFrame | None
+    source_positions: dict[str, Any] | None
+
+
+def read_input(spark: SparkSession, spec: EpochJobSpec) -> EpochInput:
+    source = spec.input
+    if isinstance(source, FilesInput):
+        return _read_files(spark, spec, source)
+    if isinstance(source, TableInput):
+        frame = spark.table(source.table)
+        if source.time_column:
+            column = F.col(source.time_column)
+            frame = frame.where((column >= F.lit(spec.data_interval_start)) & (column < F.lit(spec.data_interval_end)))
+        return EpochInput(frame, None)
+    if isinstance(source, SqlInput):
+        args = {
+            "interval_start": spec.data_interval_start,
+            "interval_end": spec.data_interval_end,
+            "epoch": spec.epoch,
+        }
+        used = {k: v for k, v in args.items() if f":{k}" in source.query}
+        return EpochInput(spark.sql(source.query, args=used or None), None)
+    return EpochInput(_call_function(spark, spec, source), None)
+
+
+def list_input_files(spark: SparkSession, paths: list[str]) -> list[str]:
+    """Files the expanded paths select (see ``jobspec``), through Hadoop's FileSystem so any
+    scheme Spark can read (``s3a://``, ``hdfs://``, ``file:``) is listed the way Spark will read it."""
+    jvm = spark._jvm
+    assert jvm is not None, "the epoch writer needs a classic (JVM) Spark session, not Spark Connect"
+    hadoop_conf = spark._jsc.hadoopConfiguration()
+    found: dict[str, None] = {}
+    for raw in paths:
+        path = jvm.org.apache.hadoop.fs.Path(raw)
+        fs = path.getFileSystem(hadoop_conf)
+        statuses = fs.globStatus(path)
+        if statuses is None:
+            continue
+        for status in statuses:
+            children = fs.listStatus(status.getPath()) if status.isDirectory() else [status]
+            for child in children:
+                name = child.getPath().getName()
+                if child.isFile() and not name.startswith(("_", ".")):
+                    found.setdefault(child.getPath().toString(), None)
+    return sorted(found)
+
+
+def _read_files(spark: SparkSession, spec: EpochJobSpec, source: FilesInput) -> EpochInput:
+    patterns = source.expanded_paths(spec.data_interval_start, spec.data_interval_end, spec.epoch)
+    files = list_input_files(spark, patterns)
+    positions: dict[str, Any] = {"kind": "files", "patterns": patterns, "file_count": len(files)}
+    if len(files) <= LISTED_FILES_MAX:
+        positions["files"] = files
+    else:
+        positions["files_sha256"] = hashlib.sha256("\n".join(files).encode()).hexdigest()
+    if not files:
+        return EpochInput(None, positions)
+    options = dict(source.options)
+    if source.format in ("json", "csv"):
+        # PERMISSIVE (Spark's default) turns a bad line into nulls plus a _corrupt_record column:
+        # data would be lost quietly. Fail instead, unless the user chose otherwise.
+        options.setdefault("mode", "FAILFAST")
+    reader = spark.read.format(source.format).options(**options)
+    if source.schema_ddl:
+        reader = reader.schema(source.schema_ddl)
+    return EpochInput(reader.load(files), positions)
+
+
+def _call_function(spark: SparkSession, spec: EpochJobSpec, source: FunctionInput) -> DataFrame:
+    module_name, _, function_name = source.callable.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise InvalidSinkConfig(f"input function {source.callable!r}: module cannot be imported: {exc}") from None
+    function = getattr(module, function_name, None)
+    if not callable(function):
+        raise InvalidSinkConfig(f"input function {source.callable!r}: {module_name} has no callable {function_name!r}")
+    context = EpochContext(
+        sink_id=spec.sink_id,
+        epoch=spec.epoch,
+        write_id=spec.write_id,
+        data_interval_start=spec.data_interval_start,
+        data_interval_end=spec.data_interval_end,
+        options=dict(source.options),
+    )
+    try:
+        frame = function(spark, context)
+    except Exception as exc:
+        raise UserFunctionFailed(f"input function {source.callable!r} raised {type(exc).__name__}: {exc}") from exc
+    if not isinstance(frame, DataFrame):
+        raise UserFunctionFailed(
+            f"input function {source.callable!r} returned {type(frame).__name__}, not a pyspark DataFrame"
+        )
+    return frame

@@ -1,0 +1,203 @@
+"""The job spec: everything one run of the epoch writer needs, as one JSON document.
+
+It is the only thing the operator and the Spark application share, so it is validated on both
+sides: the operator refuses a bad spec before paying for a ``spark-submit``, and the application
+refuses one it was handed by anyone else. No Spark and no pyiceberg imports here, so an Airflow
+worker can build a spec without either.
+
+Input selection rule for landing directories (``FilesInput``): the path template is expanded with
+Python's ``str.format`` at the instants ``start, start + step, ...`` strictly before ``end`` (only at
+``start`` when no step is given), with the names ``start`` (that instant, a UTC ``datetime``),
+``interval_start``, ``interval_end`` and ``epoch``. Each expansion is a Hadoop path or glob; a
+directory contributes the files directly inside it, a file itself. Names starting with ``_`` or
+``.`` (``_SUCCESS``, ``.crc``, in-progress uploads) are skipped. An expansion that matches nothing
+contributes nothing, so an interval whose directories are absent or empty is an empty epoch, not an
+error. Modification times are deliberately not used: they change when files are copied or restored,
+so the same interval could select different files on a rerun.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Annotated, Any, Literal, Self
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from airflow_provider_exactly_once.core.errors import InvalidSinkConfig
+from airflow_provider_exactly_once.core.identifiers import check_epoch, check_sink_id, check_write_id
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class FilesInput(_Spec):
+    """A landing directory of Parquet, JSON (lines) or CSV files selected by the data interval."""
+
+    kind: Literal["files"] = "files"
+    format: Literal["parquet", "json", "csv"]
+    path: str = Field(min_length=1)
+    #: Expand ``path`` at every step inside the interval (hourly directories under a daily epoch).
+    step_seconds: int | None = Field(default=None, gt=0)
+    #: Spark reader options (``header``, ``multiLine``...).
+    options: dict[str, str] = Field(default_factory=dict)
+    #: Schema as a Spark DDL string; without it JSON and CSV are inferred, which costs a pass.
+    schema_ddl: str | None = None
+
+    def expanded_paths(self, start: datetime, end: datetime, epoch: int) -> list[str]:
+        instants = [start]
+        if self.step_seconds is not None:
+            instants = []
+            at = start
+            while at < end:
+                instants.append(at)
+                at += timedelta(seconds=self.step_seconds)
+        seen: dict[str, None] = {}
+        for at in instants:
+            try:
+                expanded = self.path.format(start=at, interval_start=start, interval_end=end, epoch=epoch)
+            except (KeyError, IndexError, ValueError) as exc:
+                raise InvalidSinkConfig(
+                    f"input path template {self.path!r} cannot be expanded: {type(exc).__name__}: {exc}; "
+                    "it may use {start}, {interval_start}, {interval_end} and {epoch}"
+                ) from None
+            seen.setdefault(expanded, None)
+        return list(seen)
+
+
+class TableInput(_Spec):
+    """A table the Spark session knows; filtered to the interval when ``time_column`` is given."""
+
+    kind: Literal["table"] = "table"
+    table: str = Field(min_length=1)
+    #: Rows with ``interval_start <= time_column < interval_end`` are the epoch's.
+    time_column: str | None = None
+
+
+class SqlInput(_Spec):
+    """A Spark SQL query; ``:interval_start``, ``:interval_end`` (timestamps) and ``:epoch`` are bound
+    as named parameters, never spliced into the text."""
+
+    kind: Literal["sql"] = "sql"
+    query: str = Field(min_length=1)
+
+
+class FunctionInput(_Spec):
+    """A user function ``module:function(spark, epoch_context) -> DataFrame``."""
+
+    kind: Literal["function"] = "function"
+    callable: str = Field(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+    #: Passed through as ``epoch_context.options``.
+    options: dict[str, Any] = Field(default_factory=dict)
+
+
+InputSpec = Annotated[FilesInput | TableInput | SqlInput | FunctionInput, Field(discriminator="kind")]
+
+
+class IcebergTarget(_Spec):
+    """One Iceberg table, loaded with pyiceberg from the given catalog properties."""
+
+    kind: Literal["iceberg"] = "iceberg"
+    catalog_name: str = "default"
+    #: What ``pyiceberg.catalog.load_catalog(name, **properties)`` needs (type, uri, warehouse, io).
+    catalog_properties: dict[str, str] = Field(default_factory=dict)
+    table: str = Field(min_length=1)
+
+
+class FileSinkTarget(_Spec):
+    """A plain Parquet directory (design.md section 6): staged here, moved to final names at commit."""
+
+    kind: Literal["files"] = "files"
+    root: str = Field(min_length=1)
+    #: Identity partition columns; each file holds one value of each.
+    partition_by: list[str] = Field(default_factory=list)
+    #: FileIO properties (object store credentials, endpoints); local paths need none.
+    io_properties: dict[str, str] = Field(default_factory=dict)
+    #: Parquet writer settings in Iceberg's property names (``write.parquet.compression-codec``...).
+    write_properties: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("root")
+    @classmethod
+    def _no_trailing_slash(cls, root: str) -> str:
+        return root.rstrip("/") or "/"
+
+    def write_location(self, write_id: str) -> str:
+        return f"{self.root}/_staging/{write_id}"
+
+
+TargetSpec = Annotated[IcebergTarget | FileSinkTarget, Field(discriminator="kind")]
+
+
+class EpochJobSpec(_Spec):
+    sink_id: str
+    epoch: int
+    write_id: str
+    data_interval_start: datetime
+    data_interval_end: datetime
+    input: InputSpec
+    target: TargetSpec
+    #: Where the driver writes the pre-commit JSON (local path or fsspec URL).
+    output_path: str = Field(min_length=1)
+    allow_schema_evolution: bool = False
+    #: Number of parallel write tasks; ``None`` keeps the input's parallelism (unpartitioned) or
+    #: ``spark.sql.shuffle.partitions`` (partitioned, where rows are shuffled by partition value).
+    writers: int | None = Field(default=None, gt=0)
+    #: Roll to a new file after this many uncompressed Arrow bytes; ``None``: the table's
+    #: ``write.target-file-size-bytes`` (512 MiB by default).
+    target_file_size_bytes: int | None = Field(default=None, gt=0)
+
+    @field_validator("sink_id", mode="plain")
+    @classmethod
+    def _sink_id(cls, value: object) -> str:
+        return check_sink_id(value)
+
+    @field_validator("epoch", mode="plain")
+    @classmethod
+    def _epoch(cls, value: object) -> int:
+        return check_epoch(value)
+
+    @field_validator("write_id", mode="plain")
+    @classmethod
+    def _write_id(cls, value: object) -> str:
+        return check_write_id(value)
+
+    @field_validator("data_interval_start", "data_interval_end")
+    @classmethod
+    def _aware(cls, value: datetime) -> datetime:
+        if value.tzinfo is None or value.utcoffset() is None:
+            raise ValueError(f"{value.isoformat()} has no time zone")
+        return value.astimezone(UTC)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Self:
+        if self.data_interval_end < self.data_interval_start:
+            raise ValueError(
+                f"data interval ends ({self.data_interval_end.isoformat()}) before it starts "
+                f"({self.data_interval_start.isoformat()})"
+            )
+        return self
+
+    @classmethod
+    def load(cls, source: str) -> EpochJobSpec:
+        """A spec from JSON text, or from the path of a file holding it (spark-submit argument)."""
+        text = source
+        if not source.lstrip().startswith("{"):
+            try:
+                text = Path(source).read_text(encoding="utf-8")
+            except OSError as exc:
+                raise InvalidSinkConfig(f"job spec file {source!r} cannot be read: {exc}") from None
+        try:
+            return cls.model_validate_json(text)
+        except ValidationError as exc:
+            faults = "; ".join(
+                f"{'.'.join(str(p) for p in e['loc']) or 'spec'}: {e['msg']}" for e in exc.errors(include_url=False)
+            )
+            raise InvalidSinkConfig(f"invalid epoch job spec: {faults}") from None
+
+    def to_json(self) -> str:
+        return self.model_dump_json()
+
+
+def dump_spec(spec: EpochJobSpec, path: str | Path) -> None:
+    Path(path).write_text(spec.to_json(), encoding="utf-8")

@@ -1,0 +1,187 @@
+"""Where an epoch's files go: an Iceberg table (loaded on the driver) or a file sink's staging area.
+
+Both are reduced to the same few facts the write needs (location, schema, partitioning, writer
+properties), so the write path has no branch per sink kind. Partitioning is checked here, before
+the input is read: a spec the writer cannot honour is refused before anything is written.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pyiceberg.catalog import load_catalog
+from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
+from pyiceberg.partitioning import PartitionField, PartitionSpec
+from pyiceberg.schema import Schema
+from pyiceberg.table import TableProperties
+from pyiceberg.transforms import (
+    DayTransform,
+    HourTransform,
+    IdentityTransform,
+    MonthTransform,
+    Transform,
+    VoidTransform,
+    YearTransform,
+)
+from pyiceberg.types import (
+    BooleanType,
+    DateType,
+    DoubleType,
+    FloatType,
+    IntegerType,
+    LongType,
+    StringType,
+    TimestampType,
+    TimestamptzType,
+)
+
+from airflow_provider_exactly_once.core.errors import InvalidSinkConfig, SchemaMismatch, UnknownTable
+from airflow_provider_exactly_once.spark.file_writer import DEFAULT_TARGET_FILE_SIZE
+from airflow_provider_exactly_once.spark.jobspec import FileSinkTarget, IcebergTarget
+
+#: Source types whose identity partition value fits the pre-commit's JSON scalars.
+_IDENTITY_SOURCES = (
+    BooleanType,
+    IntegerType,
+    LongType,
+    FloatType,
+    DoubleType,
+    StringType,
+    DateType,
+    TimestampType,
+    TimestamptzType,
+)
+_TEMPORAL: dict[type[Any], str] = {
+    YearTransform: "year",
+    MonthTransform: "month",
+    DayTransform: "day",
+    HourTransform: "hour",
+}
+#: Sub-directory of the table's data location that holds the files of uncommitted writes.
+ICEBERG_WRITE_DIR = "_eo"
+FILE_SINK_PARTITION_FIELD_ID = 1000
+
+
+@dataclass
+class ResolvedTarget:
+    name: str
+    location: str
+    #: The table's schema; ``None`` for a file sink, whose schema is the DataFrame's.
+    schema: Schema | None
+    last_column_id: int
+    partition_style: Literal["iceberg", "hive"]
+    spec: PartitionSpec | None = None
+    partition_by: list[str] = field(default_factory=list)
+    write_properties: dict[str, str] = field(default_factory=dict)
+    io_properties: dict[str, str] = field(default_factory=dict)
+    target_file_size: int = DEFAULT_TARGET_FILE_SIZE
+
+    def spec_for(self, write_schema: Schema) -> PartitionSpec:
+        if self.spec is not None:
+            return self.spec
+        return PartitionSpec(
+            *[
+                PartitionField(
+                    source_id=write_schema.find_field(name).field_id,
+                    field_id=FILE_SINK_PARTITION_FIELD_ID + i,
+                    transform=IdentityTransform(),
+                    name=name,
+                )
+                for i, name in enumerate(self.partition_by)
+            ]
+        )
+
+    def check_partition_sources(self, write_schema: Schema) -> None:
+        if self.spec is not None:
+            return  # checked against the table's own schema when it was loaded
+        names = {f.name: f for f in write_schema.fields}
+        for name in self.partition_by:
+            if name not in names:
+                raise SchemaMismatch(f"file sink {self.name!r}: partition column {name!r} is not in the input")
+            if not isinstance(names[name].field_type, _IDENTITY_SOURCES):
+                raise SchemaMismatch(
+                    f"file sink {self.name!r}: partition column {name!r} has type {names[name].field_type}; "
+                    "partition directories take boolean, integer, floating, string, date or timestamp values"
+                )
+
+    def spark_sort_keys(self, write_schema: Schema, present: set[str]) -> list[Any]:
+        """Spark expressions that group rows exactly as the partition transforms do (session time
+        zone UTC), to shuffle and sort by before the write; a transform whose source column is not
+        in the input (all nulls) needs no key."""
+        from pyspark.sql import functions as F
+
+        keys = []
+        for partition_field in self.spec_for(write_schema).fields:
+            name = write_schema.find_column_name(partition_field.source_id)
+            if name is None or name.split(".")[0] not in present:
+                continue
+            column = F.col(".".join("`" + p.replace("`", "``") + "`" for p in name.split(".")))
+            transform = partition_field.transform
+            if isinstance(transform, IdentityTransform):
+                keys.append(column)
+            elif type(transform) in _TEMPORAL:
+                keys.append(F.date_trunc(_TEMPORAL[type(transform)], column))
+        return keys
+
+
+def _check_spec(table: str, spec: PartitionSpec, schema: Schema) -> None:
+    faults = []
+    for partition_field in spec.fields:
+        transform: Transform[Any, Any] = partition_field.transform
+        source = schema.find_field(partition_field.source_id)
+        if isinstance(transform, IdentityTransform):
+            if not isinstance(source.field_type, _IDENTITY_SOURCES):
+                faults.append(
+                    f"identity partition field {partition_field.name!r} on {source.field_type} column "
+                    f"{source.name!r} (supported: boolean, int, long, float, double, string, date, timestamp)"
+                )
+        elif type(transform) not in _TEMPORAL and not isinstance(transform, VoidTransform):
+            faults.append(f"partition field {partition_field.name!r} uses transform {transform}")
+    if faults:
+        raise InvalidSinkConfig(
+            f"table {table!r} is partitioned in a way the epoch writer cannot write: {'; '.join(faults)}; "
+            "it writes identity, year, month, day and hour partitions"
+        )
+
+
+def load_iceberg_target(target: IcebergTarget, write_id: str) -> ResolvedTarget:
+    catalog = load_catalog(target.catalog_name, **target.catalog_properties)
+    try:
+        table = catalog.load_table(target.table)
+    except (NoSuchTableError, NoSuchNamespaceError) as exc:
+        raise UnknownTable(f"catalog {target.catalog_name!r} has no table {target.table!r}: {exc}") from None
+    schema = table.schema()
+    spec = table.spec()
+    _check_spec(target.table, spec, schema)
+    properties = dict(table.properties)
+    data_root = properties.get(TableProperties.WRITE_DATA_PATH, f"{table.location().rstrip('/')}/data")
+    return ResolvedTarget(
+        name=target.table,
+        location=f"{data_root.rstrip('/')}/{ICEBERG_WRITE_DIR}/{write_id}",
+        schema=schema,
+        last_column_id=table.metadata.last_column_id,
+        partition_style="iceberg",
+        spec=spec,
+        write_properties=properties,
+        io_properties={**target.catalog_properties, **properties},
+        target_file_size=int(properties.get(TableProperties.WRITE_TARGET_FILE_SIZE_BYTES, DEFAULT_TARGET_FILE_SIZE)),
+    )
+
+
+def load_file_target(target: FileSinkTarget, write_id: str) -> ResolvedTarget:
+    if len(set(target.partition_by)) != len(target.partition_by):
+        raise InvalidSinkConfig(f"file sink {target.root!r}: a partition column is listed twice")
+    return ResolvedTarget(
+        name=target.root,
+        location=target.write_location(write_id),
+        schema=None,
+        last_column_id=0,
+        partition_style="hive",
+        partition_by=list(target.partition_by),
+        write_properties=dict(target.write_properties),
+        io_properties=dict(target.io_properties),
+        target_file_size=int(
+            target.write_properties.get(TableProperties.WRITE_TARGET_FILE_SIZE_BYTES, DEFAULT_TARGET_FILE_SIZE)
+        ),
+    )

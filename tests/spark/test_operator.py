@@ -1,0 +1,274 @@
+"""``SparkPreCommitOperator`` inside a real DAG run (``dag.test()``, Airflow 3, SQLite metadata DB).
+
+The DAG runs in a child process with its own ``AIRFLOW_HOME``: Airflow reads its configuration at
+import, and the other suites may already have imported it with theirs.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyiceberg.catalog import Catalog
+from pyiceberg.partitioning import PartitionField, PartitionSpec
+from pyiceberg.transforms import IdentityTransform
+
+from airflow_provider_exactly_once.core.epochs import epoch_from_interval_start
+from airflow_provider_exactly_once.core.errors import InvalidPreCommit, InvalidSinkConfig
+from airflow_provider_exactly_once.core.precommit import COMPRESSED_PREFIX, PreCommit
+from airflow_provider_exactly_once.operators.spark_precommit import (
+    EPOCH_WRITER_APPLICATION,
+    SparkPreCommitOperator,
+    xcom_value,
+)
+from tests.spark.conftest import INTERVAL_START, land, make_table, sample_rows, spark_env
+from tests.spark.test_epoch_writer import commit_iceberg, files_input, iceberg_target, sorted_rows
+
+DAG_SCRIPT = textwrap.dedent(
+    """
+    import datetime as dt, json, os, sys
+    from airflow.sdk import DAG
+    from airflow.providers.standard.operators.python import PythonOperator
+    from airflow.timetables.interval import CronDataIntervalTimetable
+    from airflow_provider_exactly_once.core.precommit import COMPRESSED_PREFIX, PreCommit
+    from airflow_provider_exactly_once.operators.spark_precommit import SparkPreCommitOperator
+
+    settings = json.loads(os.environ["EO_TEST_SETTINGS"])
+
+    def keep(ti, **_):
+        values = {task: ti.xcom_pull(task_ids=task) for task in ("write", "write_files")}
+        for value in values.values():
+            PreCommit.parse(value)
+        with open(settings["result"], "w") as f:
+            json.dump(values, f)
+
+    conf = {
+        "spark.ui.enabled": "false",
+        "spark.sql.shuffle.partitions": "2",
+        "spark.driver.memory": "768m",
+        "spark.executor.memory": "512m",
+        "spark.pyspark.python": sys.executable,
+    }
+
+    with DAG(
+        "eo_spark_write",
+        schedule=CronDataIntervalTimetable("@daily", timezone="UTC"),
+        start_date=dt.datetime(2023, 12, 1, tzinfo=dt.timezone.utc),
+        catchup=False,
+    ) as dag:
+        write = SparkPreCommitOperator(
+            task_id="write",
+            conn_id="spark_local",
+            sink_id="orders",
+            input=settings["input"],
+            target=settings["target"],
+            xcom_compress_above=1024,  # this run's metadata is larger: XCom carries the compressed form
+            conf=conf,
+        )
+        write_files = SparkPreCommitOperator(
+            task_id="write_files",
+            conn_id="spark_standalone",  # the standalone master, client deploy mode
+            total_executor_cores=1,
+            sink_id="orders-files",
+            input=settings["input"],
+            target=settings["file_target"],
+            conf=conf,
+        )
+        [write, write_files] >> PythonOperator(task_id="keep", python_callable=keep)
+
+    if __name__ == "__main__":
+        # a manual run at 2024-01-02 gets the data interval [2024-01-01, 2024-01-02)
+        run = dag.test(logical_date=dt.datetime(2024, 1, 2, tzinfo=dt.timezone.utc))
+        print("DAG RUN STATE", run.state)
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def airflow_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    home = tmp_path_factory.mktemp("airflow_home")
+    env = spark_env()
+    env.update(
+        {
+            "AIRFLOW_HOME": str(home),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
+            "AIRFLOW_CONN_SPARK_LOCAL": json.dumps({"conn_type": "spark", "host": "local[2]"}),
+            "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+        }
+    )
+    migrate = subprocess.run(
+        [str(Path(sys.executable).parent / "airflow"), "db", "migrate"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert migrate.returncode == 0, migrate.stderr[-3000:]
+    return env
+
+
+def test_operator_in_a_dag_run_puts_the_pre_commit_in_xcom(
+    airflow_env: dict[str, str], standalone: str, tmp_path: Path, catalog: Catalog, catalog_props: dict[str, str]
+) -> None:
+    """Two write tasks in one DAG run: an Iceberg table through local[2], a file sink through a
+    standalone master in client deploy mode; a downstream task reads both from XCom."""
+    rows = sample_rows(500)
+    land(tmp_path / "landing", rows)
+    make_table(catalog, "ns.orders", PartitionSpec(PartitionField(2, 1000, IdentityTransform(), "name")))
+    result_file = tmp_path / "result.json"
+    settings = {
+        "input": files_input(tmp_path / "landing"),
+        "target": iceberg_target(catalog_props, "ns.orders"),
+        "file_target": {"kind": "files", "root": str(tmp_path / "sink")},
+        "result": str(result_file),
+    }
+    host, port = standalone.rsplit(":", 1)
+    connection = {"conn_type": "spark", "host": host, "port": int(port), "extra": {"deploy-mode": "client"}}
+
+    dags = Path(airflow_env["AIRFLOW_HOME"]) / "dags"
+    dags.mkdir(exist_ok=True)
+    (dags / "eo_spark_write.py").write_text(DAG_SCRIPT)
+    run = subprocess.run(
+        [sys.executable, str(dags / "eo_spark_write.py")],
+        env={
+            **airflow_env,
+            "EO_TEST_SETTINGS": json.dumps(settings),
+            "AIRFLOW_CONN_SPARK_STANDALONE": json.dumps(connection),
+        },
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+
+    output = run.stdout + run.stderr
+    assert "DAG RUN STATE success" in output, output[-5000:]
+    assert f"--master {standalone}" in output and "--deploy-mode client" in output
+    result = json.loads(result_file.read_text())
+    assert isinstance(result["write"], str) and result["write"].startswith(COMPRESSED_PREFIX)
+    pre_commit = PreCommit.parse(result["write"])
+    assert pre_commit.sink_id == "orders"
+    assert pre_commit.epoch == epoch_from_interval_start(INTERVAL_START)
+    assert pre_commit.record_count == 500
+    assert "/data/_eo/" + pre_commit.write_id in pre_commit.tables[0].location
+    commit_iceberg(catalog, pre_commit)
+    assert sorted_rows(catalog.load_table("ns.orders").scan().to_arrow()) == sorted_rows(rows)
+
+    files = PreCommit.parse(result["write_files"])
+    assert isinstance(result["write_files"], dict)  # small enough to stay readable JSON
+    assert files.sink_id == "orders-files" and files.record_count == 500
+    assert files.tables[0].location == f"{tmp_path / 'sink'}/_staging/{files.write_id}"
+    assert files.write_id != pre_commit.write_id
+
+
+def test_operator_defaults() -> None:
+    operator = SparkPreCommitOperator(
+        task_id="w", sink_id="s", input={"kind": "sql", "query": "select 1"}, target={"kind": "files", "root": "/x"}
+    )
+    assert operator.application == EPOCH_WRITER_APPLICATION and Path(EPOCH_WRITER_APPLICATION).is_file()
+    assert operator.durable is False  # a retry is a new write, never a re-attach to the old driver
+
+
+def test_operator_without_interval_allocates_the_runs_epoch_in_the_meta_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A manual run of an unscheduled DAG has no data interval: the write task must arrive at the
+    epoch every other task of the run allocates for its run id, before anything is submitted."""
+    import json
+
+    import sqlalchemy as sa
+
+    from airflow_provider_exactly_once.hooks.meta_store import ExactlyOnceMetaStoreHook
+
+    url = f"sqlite:///{tmp_path / 'meta.db'}"
+    monkeypatch.setenv("AIRFLOW_CONN_EO_SPARK_META", json.dumps({"conn_type": "exactly_once_meta", "host": url}))
+    operator = SparkPreCommitOperator(
+        task_id="w",
+        sink_id="s",
+        input={"kind": "sql", "query": "select 1"},
+        target={"kind": "lake", "root": "/x"},  # refused after the epoch is known, before any submit
+        meta_conn_id="eo_spark_meta",
+        work_dir=str(tmp_path),
+    )
+    context: dict[str, Any] = {"data_interval_start": None, "data_interval_end": None, "run_id": "manual__1"}
+    with pytest.raises(InvalidSinkConfig, match="target"):
+        operator.execute(context)
+    engine = sa.create_engine(url)
+    with engine.connect() as conn:
+        allocated = (
+            conn.execute(sa.text("select epoch from epoch_allocation where run_id = 'manual__1'")).scalars().all()
+        )
+    engine.dispose()
+    assert len(allocated) == 1
+    assert ExactlyOnceMetaStoreHook("eo_spark_meta").epoch_for_context(context, "s") == allocated[0]
+
+
+def test_operator_refuses_a_bad_target_before_submitting(tmp_path: Path) -> None:
+    operator = SparkPreCommitOperator(
+        task_id="w",
+        sink_id="s",
+        input={"kind": "sql", "query": "select 1"},
+        target={"kind": "lake", "root": "/x"},
+        work_dir=str(tmp_path),
+    )
+    with pytest.raises(InvalidSinkConfig, match="target"):
+        operator.execute({"data_interval_start": INTERVAL_START, "data_interval_end": INTERVAL_START})
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_xcom_value_of_ten_thousand_files_stays_small(tmp_path: Path) -> None:
+    """10,000 descriptors of real files: the XCom value is compressed and parses back unchanged."""
+    import pyarrow.parquet as pq
+
+    from airflow_provider_exactly_once.sinks.iceberg.descriptors import describe_parquet_file
+    from tests.spark.conftest import TABLE_SCHEMA
+
+    location = f"file://{tmp_path}/data/_eo/0b6f5c1e-8d0a-4d35-9a8e-4f0b7f1d2c3e"
+    files = []
+    for i in range(20):
+        path = tmp_path / f"f{i}.parquet"
+        pq.write_table(sample_rows(50 + i).cast(_with_ids(sample_rows(50).schema)), path)
+        files.append(describe_parquet_file(str(path), table_schema=TABLE_SCHEMA, partition={"ts_day": 19723 + i % 5}))
+    descriptors = [
+        files[i % 20].model_copy(
+            update={"path": f"{location}/ts_day={i % 5}/{i % 8:05d}-0-{i:012x}.parquet", "writer": f"{i % 8:05d}-0"}
+        )
+        for i in range(10_000)
+    ]
+    pre_commit = PreCommit.parse(
+        {
+            "sink_id": "s",
+            "epoch": 1,
+            "write_id": "0b6f5c1e-8d0a-4d35-9a8e-4f0b7f1d2c3e",
+            "tables": [{"table": "ns.t", "location": location, "data_files": [d.model_dump() for d in descriptors]}],
+        }
+    )
+    plain = len(pre_commit.model_dump_json(exclude_defaults=True))
+    value = xcom_value(pre_commit)
+    assert isinstance(value, str)
+    assert len(value) < plain / 4, (len(value), plain)
+    assert PreCommit.parse(value) == pre_commit
+    with pytest.raises(InvalidPreCommit, match="compressed form"):
+        PreCommit.parse(value[: len(value) // 2])
+    small = xcom_value(
+        pre_commit.model_copy(
+            update={"tables": [pre_commit.tables[0].model_copy(update={"data_files": descriptors[:3]})]}
+        )
+    )
+    assert isinstance(small, dict) and PreCommit.parse(small).record_count == sum(
+        d.record_count for d in descriptors[:3]
+    )
+
+
+def _with_ids(schema: Any) -> Any:
+    import pyarrow as pa
+
+    return pa.schema(
+        [field.with_metadata({b"PARQUET:field_id": str(i + 1).encode()}) for i, field in enumerate(schema)]
+    )
