@@ -232,6 +232,13 @@ class TwoPhaseCommitCoordinator:
                 raise CheckpointFailed(f"sink {sink_id!r} epoch {epoch}: checkpoint FAILED; the epoch must be aborted")
             if checkpoint is CheckpointStatus.PENDING:
                 raise CheckpointNotReady(f"sink {sink_id!r} epoch {epoch}: checkpoint still PENDING")
+            # Once decided, the write can only be committed; so decide only for a write the sink can
+            # still take (its table may have changed since persist), and keep the others abortable.
+            try:
+                committer.validate(row.pre_commit)
+            except ExactlyOnceError as exc:
+                self._note_error(row, exc)
+                raise
             try:
                 row = self._store.decide_commit(sink_id, epoch, write_id=row.write_id)
             except StateConflict:

@@ -80,6 +80,10 @@ class WrittenColumn(_Frozen):
     type: str = Field(min_length=1)
     required: bool = False
     doc: str | None = None
+    #: The Iceberg field id the files carry for this column, when they carry ids (Spark's writer
+    #: does). The commit refuses when the table's id differs: readers resolve columns by id, so a
+    #: mismatch would show the data under another column or not at all.
+    field_id: int | None = Field(default=None, ge=1)
 
 
 class TableWrite(_Frozen):

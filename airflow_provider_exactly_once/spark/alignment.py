@@ -175,7 +175,7 @@ class AlignmentPlan:
 
     def written_columns(self) -> list[WrittenColumn]:
         return [
-            WrittenColumn(name=f.name, type=str(f.field_type), required=f.required, doc=f.doc)
+            WrittenColumn(name=f.name, type=str(f.field_type), required=f.required, doc=f.doc, field_id=f.field_id)
             for f in self.write_schema.fields
         ]
 
@@ -261,7 +261,9 @@ def plan_alignment(
     return AlignmentPlan(
         columns=columns,
         write_schema=write_schema,
-        added_columns=[WrittenColumn(name=f.name, type=str(f.field_type), required=False) for f in added],
+        added_columns=[
+            WrittenColumn(name=f.name, type=str(f.field_type), required=False, field_id=f.field_id) for f in added
+        ],
         checked_required=checked_required,
     )
 

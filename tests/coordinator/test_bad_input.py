@@ -182,3 +182,47 @@ def test_file_sink_write_outside_its_staging_is_refused(pipeline: Pipeline, sink
     with pytest.raises(InvalidPreCommit, match="_staging"):
         coordinator.persist(pre)
     assert pipeline.store.get(sink_id, 1) is None
+
+
+def test_a_column_added_by_another_writer_since_the_write_is_refused_before_the_decision(
+    pipeline: Pipeline, sink_id: str
+) -> None:
+    """The files of a write that adds a column carry the id the table will assign next. If another
+    writer adds a column first, that id belongs to the other column: committing would show our data
+    under it. The commit refuses, nothing is decided, and the epoch can still be aborted."""
+    from pyiceberg.types import StringType
+
+    table = pipeline.create_table("orders")
+    committer = pipeline.iceberg_committer(allow_schema_evolution=True)
+    coordinator = pipeline.coordinator(sink_id, committer)
+    predicted = table.metadata.last_column_id + 1
+    pre = pipeline.write_iceberg(sink_id, 1, ["orders"])
+    evolving = pre.tables[0].model_copy(
+        update={"added_columns": [WrittenColumn(name="country", type="string", field_id=predicted)]}
+    )
+    pre = pre.model_copy(update={"tables": [evolving]})
+    coordinator.persist(pre)
+    pipeline.checkpoint(sink_id, 1, CheckpointStatus.COMPLETED)
+    with pipeline.catalog.load_table(table.name()).update_schema() as update:
+        update.add_column("region", StringType())  # takes the id our files carry for "country"
+
+    with pytest.raises(SchemaMismatch, match=rf"'country' has field id {predicted} in the written files"):
+        coordinator.commit(sink_id, 1)
+    row = pipeline.store.get(sink_id, 1)
+    assert row is not None and row.status is EpochStatus.PENDING and row.commit_decided_at is None
+    assert "field id" in (row.error or "")
+    assert pipeline.marker_snapshots("orders", sink_id) == {}
+    assert coordinator.abort(sink_id, 1, reason="schema changed", force=True).files_deleted >= 1
+
+
+def test_added_column_ids_that_match_the_table_commit(pipeline: Pipeline, sink_id: str) -> None:
+    table = pipeline.create_table("orders")
+    coordinator = pipeline.coordinator(sink_id, pipeline.iceberg_committer(allow_schema_evolution=True))
+    pre = pipeline.write_iceberg(sink_id, 1, ["orders"])
+    column = WrittenColumn(name="country", type="string", field_id=table.metadata.last_column_id + 1)
+    pre = pre.model_copy(update={"tables": [pre.tables[0].model_copy(update={"added_columns": [column]})]})
+    coordinator.persist(pre)
+    pipeline.checkpoint(sink_id, 1, CheckpointStatus.COMPLETED)
+    coordinator.commit(sink_id, 1)
+    schema = pipeline.catalog.load_table(table.name()).schema()
+    assert schema.find_field("country").field_id == column.field_id

@@ -44,7 +44,7 @@ from airflow_provider_exactly_once.sinks.iceberg.markers import (
     marker_properties,
     recent_snapshots,
 )
-from airflow_provider_exactly_once.sinks.iceberg.schema_check import ColumnToAdd
+from airflow_provider_exactly_once.sinks.iceberg.schema_check import ColumnToAdd, check_added_field_ids
 from airflow_provider_exactly_once.sinks.iceberg.storage import delete_tree, missing_files
 from airflow_provider_exactly_once.sinks.iceberg.transaction import SinkCommitConflict, SinkTransaction
 from airflow_provider_exactly_once.sinks.iceberg.write_check import check_location, check_table_write
@@ -283,6 +283,7 @@ class IcebergSinkCommitter:
                 with tx.update_schema() as update:
                     for column in to_add:
                         update.add_column(column.name, column.type, doc=column.doc, required=False)
+                check_added_field_ids(tx.table_metadata.schema(), write)  # the ids the files carry
             # Spark and pyarrow write Parquet without Iceberg field ids; readers resolve columns through
             # the name mapping. update_schema keeps an existing mapping current (it is staged above),
             # but does not create one, so a table without a mapping gets one from the final schema.

@@ -96,7 +96,9 @@ def _describe_field(written: NestedField, target: NestedField, where: str) -> st
     return _describe_difference(written.field_type, target.field_type, where)
 
 
-def check_columns(schema: Schema, write: TableWrite, *, allow_schema_evolution: bool) -> list[ColumnToAdd]:
+def check_columns(
+    schema: Schema, write: TableWrite, *, allow_schema_evolution: bool, last_column_id: int | None = None
+) -> list[ColumnToAdd]:
     """Refuse a write whose columns do not fit the table; return the columns the commit must add.
 
     An added column that the table already holds with the same type is not added again: another
@@ -114,12 +116,17 @@ def check_columns(schema: Schema, write: TableWrite, *, allow_schema_evolution: 
             problem = _describe_difference(column_type, existing.field_type, column.name)
             if problem:
                 raise SchemaMismatch(f"table {table!r}: added column {column.name!r} already exists: {problem}")
+            _check_field_id(table, column, existing.field_id)
             continue
         if not allow_schema_evolution:
             raise SchemaMismatch(
                 f"table {table!r}: the write adds column {column.name!r} ({column.type}) but schema "
                 "evolution is not allowed for this committer (allow_schema_evolution=False)"
             )
+        if last_column_id is not None and column_type.is_primitive and all(c.type.is_primitive for c in to_add):
+            # The commit's schema update gives primitive columns the ids after the table's last one,
+            # in this order (nested ones are checked exactly once the update is staged).
+            _check_field_id(table, column, last_column_id + 1 + len(to_add))
         to_add.append(ColumnToAdd(column.name, column_type, column.doc))
 
     for column in write.schema_written:
@@ -154,10 +161,27 @@ def _check_written_column(
             parse_type(requested[column.name].type, table=table, column=column.name),
             required=False,
         )
+    else:
+        _check_field_id(table, column, target.field_id)
     written = NestedField(1, column.name, written_type, required=column.required)
     problem = _describe_field(written, target, column.name)
     if problem:
         raise SchemaMismatch(f"table {table!r}: column {problem}")
+
+
+def _check_field_id(table: str, column: WrittenColumn, table_field_id: int) -> None:
+    if column.field_id is not None and column.field_id != table_field_id:
+        raise SchemaMismatch(
+            f"table {table!r}: column {column.name!r} has field id {column.field_id} in the written files but "
+            f"{table_field_id} in the table: the table's schema changed since the write, so readers would "
+            "not find the data under this column; write the epoch again"
+        )
+
+
+def check_added_field_ids(staged: Schema, write: TableWrite) -> None:
+    """After the commit's schema update is staged: every added column got the id its files carry."""
+    for column in write.added_columns:
+        _check_field_id(write.table, column, staged.find_field(column.name).field_id)
 
 
 def column_names_after(schema: Schema, to_add: list[ColumnToAdd]) -> set[str]:

@@ -94,6 +94,8 @@ def check_table_write(metadata: TableMetadata, write: TableWrite, *, allow_schem
         if key not in checked:  # an epoch's thousands of files share a handful of partitions
             partition_record(descriptor, spec=spec, schema=schema, table=write.table)
             checked.add(key)
-    to_add = check_columns(schema, write, allow_schema_evolution=allow_schema_evolution)
+    to_add = check_columns(
+        schema, write, allow_schema_evolution=allow_schema_evolution, last_column_id=metadata.last_column_id
+    )
     check_stats_columns(write, column_names_after(schema, to_add))
     return to_add
