@@ -232,3 +232,20 @@ def test_another_writer_appending_during_the_commit_makes_it_retry_and_land_once
     rows = pipeline.rows("orders")
     assert len(rows) == 6
     assert [r for r in as_tuples(rows) if r[2] == pre.write_id] == expected_rows([pre], f"{pipeline.namespace}.orders")
+
+
+def test_the_table_validated_before_the_decision_is_reused_only_while_fresh(
+    pipeline: Pipeline, sink_id: str, faults: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from airflow_provider_exactly_once.sinks.iceberg import committer as committer_module
+
+    pipeline.create_table("orders")
+    coordinator = pipeline.coordinator(sink_id, pipeline.iceberg_committer())
+    for epoch, stale in ((1, False), (2, True)):
+        coordinator.persist(pipeline.write_iceberg(sink_id, epoch, ["orders"]))
+        pipeline.checkpoint(sink_id, epoch, CheckpointStatus.COMPLETED)
+        monkeypatch.setattr(committer_module, "_HANDOVER_S", -1.0 if stale else 5.0)
+        before = faults.seen["iceberg.loaded"]  # type: ignore[attr-defined]
+        coordinator.commit(sink_id, epoch)
+        loads = faults.seen["iceberg.loaded"] - before  # type: ignore[attr-defined]
+        assert loads == (2 if stale else 1), (epoch, loads)  # validate's load, plus the commit's if stale

@@ -49,6 +49,10 @@ from airflow_provider_exactly_once.sinks.iceberg.storage import delete_tree, mis
 from airflow_provider_exactly_once.sinks.iceberg.transaction import SinkCommitConflict, SinkTransaction
 from airflow_provider_exactly_once.sinks.iceberg.write_check import check_location, check_table_write
 
+#: How long a validated table may stand in for the commit's own load, and how many are kept.
+_HANDOVER_S = 5.0
+_HANDOVER_MAX = 16
+
 #: Fault points, in the order one commit attempt passes them.
 FAULT_LOADED = "iceberg.loaded"
 FAULT_BEFORE_CATALOG_UPDATE = "iceberg.before_catalog_update"
@@ -109,13 +113,33 @@ class IcebergSinkCommitter:
         self._backoff_max_s = float(backoff_max_s)
         self._allow_schema_evolution = allow_schema_evolution
         self._fault: Callable[[str], None] = fault
+        self._handovers: dict[tuple[str, str], tuple[float, Table, list[ColumnToAdd]]] = {}
 
     # -- SinkCommitter --------------------------------------------------------------------------
 
     def validate(self, pre_commit: PreCommit) -> None:
         for write in pre_commit.tables:
             table = self._load(write.table)
-            check_table_write(table.metadata, write, allow_schema_evolution=self._allow_schema_evolution)
+            to_add = check_table_write(table.metadata, write, allow_schema_evolution=self._allow_schema_evolution)
+            self._hand_over(pre_commit, write, table, to_add)
+
+    def _hand_over(self, pre_commit: PreCommit, write: TableWrite, table: Table, to_add: list[ColumnToAdd]) -> None:
+        """Keep a just-validated table for the commit that the coordinator runs right after.
+
+        The coordinator validates immediately before recording its commit decision and committing;
+        loading and checking a table with a long history again milliseconds later would double the
+        commit's metadata cost. Handed over once and only while fresh (``_HANDOVER_S``): any later
+        or retried attempt loads again, and the append still asserts the branch head it saw.
+        """
+        self._handovers[(pre_commit.write_id, write.table)] = (time.monotonic(), table, to_add)
+        while len(self._handovers) > _HANDOVER_MAX:
+            del self._handovers[next(iter(self._handovers))]
+
+    def _taken_over(self, pre_commit: PreCommit, write: TableWrite) -> tuple[Table, list[ColumnToAdd]] | None:
+        handed = self._handovers.pop((pre_commit.write_id, write.table), None)
+        if handed is None or time.monotonic() - handed[0] > _HANDOVER_S:
+            return None
+        return handed[1], handed[2]
 
     def find_committed(self, pre_commit: PreCommit, since: datetime) -> VisibleEpoch:
         not_before_ms = self._not_before_ms(since)
@@ -136,7 +160,8 @@ class IcebergSinkCommitter:
         # Every table is checked before any is changed: a refusal on the third table of a fan-out
         # must not leave the first two committed with an epoch that can never complete.
         for write in pre_commit.tables:
-            table = self._load(write.table)
+            handed = self._taken_over(pre_commit, write)
+            table = handed[0] if handed else self._load(write.table)
             found = self._marker_of_this_write(table, pre_commit, not_before_ms)
             if found is not None:
                 committed[write.table] = str(found)
@@ -146,7 +171,11 @@ class IcebergSinkCommitter:
                 continue
             if not allow_beyond_horizon:
                 self._check_horizon(table, pre_commit, write, since, not_before_ms)
-            to_add = check_table_write(table.metadata, write, allow_schema_evolution=self._allow_schema_evolution)
+            to_add = (
+                handed[1]
+                if handed
+                else check_table_write(table.metadata, write, allow_schema_evolution=self._allow_schema_evolution)
+            )
             plans.append(_TablePlan(write, table, to_add))
 
         self._check_files_exist(pre_commit, plans)
