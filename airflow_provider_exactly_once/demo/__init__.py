@@ -1,0 +1,7 @@
+"""The demo: the hourly example DAG through a retry, a failed hour and a crash, on one machine.
+
+``python -m airflow_provider_exactly_once.demo`` (what ``scripts/demo`` runs). Everything lives
+under one directory (``./.eo-demo`` by default) and uses embedded defaults: SQLite for Airflow, the
+meta store and the Iceberg SQL catalog, a local warehouse and ``local[2]`` Spark. ``world`` holds
+the pieces the demo and the example-DAG tests share.
+"""

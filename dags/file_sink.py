@@ -1,0 +1,94 @@
+"""Hourly events into a plain Parquet directory, exactly once per hour (the file sink).
+
+Spark writes the hour's files under ``<root>/_staging/<write id>/`` (readers skip ``_`` folders);
+the commit moves them to deterministic final names ``<root>/event_type=<v>/<epoch>-<writer>-<n>.parquet``.
+A final name that exists is the proof its move happened, so a crash in the middle of the moves is
+finished by the commit's retry or the recovery DAG, and no rerun can add a second copy of an hour.
+
+Settings: ``EO_EXAMPLES_LANDING`` (as in ``hourly_events.py``), ``EO_EXAMPLES_FILE_SINK_ROOT``
+(default ``$AIRFLOW_HOME/exactly_once_examples/events_parquet``), ``EO_EXAMPLES_SPARK_CONN_ID``,
+``EO_EXAMPLES_META_CONN_ID``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import sys
+from pathlib import Path
+
+from airflow.sdk import DAG, task
+from airflow.timetables.interval import CronDataIntervalTimetable
+
+from airflow_provider_exactly_once.checkpoints.config import MarkerFileCheckpoint
+from airflow_provider_exactly_once.operators.spark_precommit import SparkPreCommitOperator
+from airflow_provider_exactly_once.sinks.config import FileSinkConfig
+from airflow_provider_exactly_once.spark.jobspec import FileSinkTarget, FilesInput
+from airflow_provider_exactly_once.task_groups import exactly_once_epoch
+
+_HOME = Path(os.environ.get("AIRFLOW_HOME", "~/airflow")).expanduser()
+LANDING = os.environ.get("EO_EXAMPLES_LANDING", str(_HOME / "exactly_once_examples" / "landing" / "events"))
+ROOT = os.environ.get("EO_EXAMPLES_FILE_SINK_ROOT", str(_HOME / "exactly_once_examples" / "events_parquet"))
+SPARK_CONN_ID = os.environ.get("EO_EXAMPLES_SPARK_CONN_ID", "spark_default")
+META_CONN_ID = os.environ.get("EO_EXAMPLES_META_CONN_ID", "exactly_once_default")
+
+HOUR_DIR = LANDING.rstrip("/") + "/{start:%Y/%m/%d/%H}"
+EVENT_SCHEMA = "event_id STRING, user_id BIGINT, event_type STRING, event_time TIMESTAMP, amount DOUBLE"
+SINK = FileSinkConfig("events-parquet", ROOT)
+CHECKPOINT = MarkerFileCheckpoint(HOUR_DIR)
+
+
+@task.sensor(poke_interval=60, timeout=6 * 3600, mode="reschedule")
+def hour_settled(data_interval_start: dt.datetime | None = None) -> bool:
+    """Hold the write until the upstream is done with the hour, either way (``_SUCCESS`` or ``_FAILED``).
+
+    The write reads the hour's files when it runs; reading while files are still arriving would
+    make a partial hour the epoch's write, and ``_SUCCESS`` would then commit it. A ``_FAILED``
+    hour is still written and then aborted by the epoch's wait, which leaves an Aborted row saying
+    so in the meta store.
+    """
+    from airflow_provider_exactly_once.core.epochs import epoch_from_interval_start
+    from airflow_provider_exactly_once.core.status import CheckpointStatus
+
+    assert data_interval_start is not None, "an hourly run always has a data interval"
+    status = CHECKPOINT.source().status(SINK.sink_id, epoch_from_interval_start(data_interval_start))
+    return status is not CheckpointStatus.PENDING
+
+
+with DAG(
+    "exactly_once_file_sink",
+    description="Hourly events into a Parquet directory, exactly once per hour",
+    # Runs cover the hour that just ended ([00:00, 01:00) runs at 01:00); "@hourly" alone would
+    # give zero-length intervals in Airflow 3 and name each epoch after the run's own instant.
+    schedule=CronDataIntervalTimetable("@hourly", timezone="UTC"),
+    start_date=dt.datetime(2024, 1, 1, tzinfo=dt.UTC),
+    catchup=False,
+    max_active_runs=4,
+    tags=["exactly-once", "example"],
+    doc_md=__doc__,
+) as dag:
+    write = SparkPreCommitOperator(
+        task_id="write",
+        conn_id=SPARK_CONN_ID,
+        sink_id=SINK.sink_id,
+        input=FilesInput(format="json", path=HOUR_DIR, schema_ddl=EVENT_SCHEMA),
+        # The directory is created by the first commit; there is nothing to set up beforehand.
+        target=FileSinkTarget(root=ROOT, partition_by=["event_type"]),
+        conf={
+            "spark.ui.enabled": "false",
+            "spark.sql.shuffle.partitions": "2",
+            "spark.driver.memory": os.environ.get("EO_EXAMPLES_SPARK_DRIVER_MEMORY", "768m"),
+            "spark.pyspark.python": os.environ.get("PYSPARK_PYTHON", sys.executable),
+        },
+        retries=2,
+        retry_delay=dt.timedelta(minutes=1),
+    )
+    hour_settled() >> write
+    exactly_once_epoch(
+        write,
+        sink=SINK,
+        checkpoint=CHECKPOINT,
+        meta_conn_id=META_CONN_ID,
+        group_id="events",
+        sensor_kwargs={"poke_interval": 60, "timeout": 6 * 3600, "mode": "reschedule"},
+    )

@@ -1,0 +1,145 @@
+"""Hourly event files into an Iceberg table, exactly once per hour.
+
+An upstream lands JSON-lines event files per hour under ``<landing>/YYYY/MM/DD/HH/`` and writes
+``_SUCCESS`` there when the hour is complete (``_FAILED`` when it gave up on it). Each hourly run
+is one epoch: Spark reads the hour's files and writes them, invisibly, into
+``examples.events`` (partitioned by ``day(event_time)``); the run persists the write, waits for
+the hour's ``_SUCCESS`` and commits it as one snapshot. A retry, a clear or a backfill of any task
+cannot add the hour twice, and a failed hour is aborted and leaves no file behind.
+
+Settings come from the environment so the file imports without side effects anywhere; every one
+has a default under ``$AIRFLOW_HOME``:
+
+- ``EO_EXAMPLES_LANDING``: the landing root (default ``$AIRFLOW_HOME/exactly_once_examples/landing/events``)
+- ``EO_EXAMPLES_ICEBERG_CONN_ID``: the Iceberg connection (default ``iceberg_default``); its extra
+  holds the pyiceberg catalog properties, which are also handed to Spark
+- ``EO_EXAMPLES_SPARK_CONN_ID``: the Spark connection (default ``spark_default``)
+- ``EO_EXAMPLES_META_CONN_ID``: the meta store connection (default ``exactly_once_default``; without
+  it the embedded SQLite file under ``$AIRFLOW_HOME/exactly_once/`` is used)
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import sys
+from pathlib import Path
+
+from airflow.sdk import DAG, task
+from airflow.timetables.interval import CronDataIntervalTimetable
+
+from airflow_provider_exactly_once.checkpoints.config import MarkerFileCheckpoint
+from airflow_provider_exactly_once.operators.spark_precommit import SparkPreCommitOperator
+from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig
+from airflow_provider_exactly_once.spark.jobspec import FilesInput
+from airflow_provider_exactly_once.task_groups import exactly_once_epoch
+
+_HOME = Path(os.environ.get("AIRFLOW_HOME", "~/airflow")).expanduser()
+LANDING = os.environ.get("EO_EXAMPLES_LANDING", str(_HOME / "exactly_once_examples" / "landing" / "events"))
+ICEBERG_CONN_ID = os.environ.get("EO_EXAMPLES_ICEBERG_CONN_ID", "iceberg_default")
+SPARK_CONN_ID = os.environ.get("EO_EXAMPLES_SPARK_CONN_ID", "spark_default")
+META_CONN_ID = os.environ.get("EO_EXAMPLES_META_CONN_ID", "exactly_once_default")
+
+TABLE = "examples.events"
+#: The hour's directory; the input and the checkpoint name the same one, so the hour Spark read
+#: is the hour whose ``_SUCCESS`` the commit waits for.
+HOUR_DIR = LANDING.rstrip("/") + "/{start:%Y/%m/%d/%H}"
+#: Explicit, so that Spark does not infer a schema per hour (an hour with a missing field would
+#: otherwise be read with a different schema than the table's).
+EVENT_SCHEMA = "event_id STRING, user_id BIGINT, event_type STRING, event_time TIMESTAMP, amount DOUBLE"
+
+SINK = IcebergSinkConfig("hourly-events", (TABLE,), iceberg_conn_id=ICEBERG_CONN_ID)
+CHECKPOINT = MarkerFileCheckpoint(HOUR_DIR)
+
+#: Spark settings for a small machine; a cluster takes its own from the Spark connection.
+SPARK_CONF = {
+    "spark.ui.enabled": "false",
+    "spark.sql.shuffle.partitions": "2",
+    "spark.driver.memory": os.environ.get("EO_EXAMPLES_SPARK_DRIVER_MEMORY", "768m"),
+    "spark.pyspark.python": os.environ.get("PYSPARK_PYTHON", sys.executable),
+}
+
+
+@task(retries=3, retry_delay=dt.timedelta(seconds=30))
+def create_table() -> str:
+    """Create the table on first use; a no-op afterwards, and safe when two runs race to it.
+
+    Partitioned by day so that a day's hours share files' partition and queries prune by day.
+    """
+    from airflow.providers.apache.iceberg.hooks.iceberg import IcebergHook
+    from pyiceberg.partitioning import PartitionField, PartitionSpec
+    from pyiceberg.schema import Schema
+    from pyiceberg.transforms import DayTransform
+    from pyiceberg.types import DoubleType, LongType, NestedField, StringType, TimestamptzType
+
+    catalog = IcebergHook(ICEBERG_CONN_ID).catalog
+    catalog.create_namespace_if_not_exists(TABLE.split(".")[0])
+    schema = Schema(
+        NestedField(1, "event_id", StringType()),
+        NestedField(2, "user_id", LongType()),
+        NestedField(3, "event_type", StringType()),
+        NestedField(4, "event_time", TimestamptzType()),
+        NestedField(5, "amount", DoubleType()),
+    )
+    spec = PartitionSpec(PartitionField(4, 1000, DayTransform(), "event_day"))
+    table = catalog.create_table_if_not_exists(TABLE, schema, partition_spec=spec)
+    return str(table.metadata.location)
+
+
+@task.sensor(poke_interval=60, timeout=6 * 3600, mode="reschedule")
+def hour_settled(data_interval_start: dt.datetime | None = None) -> bool:
+    """Hold the write until the upstream is done with the hour, either way (``_SUCCESS`` or ``_FAILED``).
+
+    The write reads the hour's files when it runs; reading while files are still arriving would
+    make a partial hour the epoch's write, and ``_SUCCESS`` would then commit it. A ``_FAILED``
+    hour is still written and then aborted by the epoch's wait, which leaves an Aborted row saying
+    so in the meta store.
+    """
+    from airflow_provider_exactly_once.core.epochs import epoch_from_interval_start
+    from airflow_provider_exactly_once.core.status import CheckpointStatus
+
+    assert data_interval_start is not None, "an hourly run always has a data interval"
+    status = CHECKPOINT.source().status(SINK.sink_id, epoch_from_interval_start(data_interval_start))
+    return status is not CheckpointStatus.PENDING
+
+
+with DAG(
+    "exactly_once_hourly_events",
+    description="Hourly JSON event files into an Iceberg table, exactly once per hour",
+    # Runs cover the hour that just ended ([00:00, 01:00) runs at 01:00); "@hourly" alone would
+    # give zero-length intervals in Airflow 3 and name each epoch after the run's own instant.
+    schedule=CronDataIntervalTimetable("@hourly", timezone="UTC"),
+    start_date=dt.datetime(2024, 1, 1, tzinfo=dt.UTC),
+    catchup=False,
+    max_active_runs=4,
+    # The Spark target's catalog properties are rendered from the Iceberg connection as a dict.
+    render_template_as_native_obj=True,
+    tags=["exactly-once", "example"],
+    doc_md=__doc__,
+) as dag:
+    transform = SparkPreCommitOperator(
+        task_id="transform",
+        conn_id=SPARK_CONN_ID,
+        sink_id=SINK.sink_id,
+        input=FilesInput(format="json", path=HOUR_DIR, schema_ddl=EVENT_SCHEMA),
+        target={
+            "kind": "iceberg",
+            # pyiceberg's SQL catalog keys tables by catalog name; IcebergHook names it after the connection.
+            "catalog_name": ICEBERG_CONN_ID,
+            "catalog_properties": "{{ conn.get('" + ICEBERG_CONN_ID + "').extra_dejson }}",
+            "table": TABLE,
+        },
+        conf=SPARK_CONF,
+        retries=2,
+        retry_delay=dt.timedelta(minutes=1),
+    )
+    [create_table(), hour_settled()] >> transform
+    exactly_once_epoch(
+        transform,
+        sink=SINK,
+        checkpoint=CHECKPOINT,
+        meta_conn_id=META_CONN_ID,
+        group_id="events",
+        # The upstream may be late: look every minute, give up (and abort the hour) after 6 hours.
+        sensor_kwargs={"poke_interval": 60, "timeout": 6 * 3600, "mode": "reschedule"},
+    )
