@@ -158,22 +158,7 @@ class TwoPhaseCommitCoordinator:
 
         for _ in range(_PERSIST_RACE_ROUNDS):
             row = self._store.get(pre.sink_id, pre.epoch)
-            if (row is None or row.write_id != pre.write_id) and self._store.write_discarded(
-                pre.sink_id, pre.epoch, pre.write_id
-            ):
-                raise EpochAborted(
-                    f"{pre.describe()} was discarded (aborted or replaced) and its files removed; "
-                    "run the write again for a new write"
-                )
-            if row is None:
-                try:
-                    record = self._store.insert_pending(pre, run_id=run_id, try_number=try_number)
-                except StateConflict:
-                    continue  # another persist inserted first: decide against its row
-                self._fault("persist.inserted")
-                return PersistResult(PersistOutcome.PERSISTED, record, pre.write_id)
-
-            if row.write_id == pre.write_id:
+            if row is not None and row.write_id == pre.write_id:
                 if row.status is EpochStatus.ABORTED:
                     raise EpochAborted(
                         f"{pre.describe()} was aborted and its files removed; run the write again for a new write"
@@ -185,7 +170,7 @@ class TwoPhaseCommitCoordinator:
                 )
                 return PersistResult(outcome, row, row.write_id)
 
-            if row.status is EpochStatus.COMMITTED or row.commit_decided_at is not None:
+            if row is not None and (row.status is EpochStatus.COMMITTED or row.commit_decided_at is not None):
                 # The epoch's data is (or will be) the earlier write's: this one must never be seen.
                 self._store.enqueue_cleanup(pre, reason=f"late write: epoch holds write {row.write_id}")
                 self._run_cleanups(pre.sink_id, pre.epoch)
@@ -196,6 +181,21 @@ class TwoPhaseCommitCoordinator:
                 )
                 log.info("%s: %s with write %s; the new write was removed", pre.describe(), outcome, row.write_id)
                 return PersistResult(outcome, row, row.write_id)
+
+            # From here the write would become the epoch's: never one whose files were handed to
+            # clean-up (aborted before it was persisted, replaced, or removed as an orphan).
+            if self._store.write_discarded(pre.sink_id, pre.epoch, pre.write_id):
+                raise EpochAborted(
+                    f"{pre.describe()} was discarded (aborted or replaced) and its files removed; "
+                    "run the write again for a new write"
+                )
+            if row is None:
+                try:
+                    record = self._store.insert_pending(pre, run_id=run_id, try_number=try_number)
+                except StateConflict:
+                    continue  # another persist inserted first: decide against its row
+                self._fault("persist.inserted")
+                return PersistResult(PersistOutcome.PERSISTED, record, pre.write_id)
 
             try:
                 record = self._store.replace_write(

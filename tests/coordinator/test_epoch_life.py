@@ -173,6 +173,8 @@ def test_a_second_write_for_a_committed_epoch_changes_nothing(pipeline: Pipeline
     result = coordinator.persist(late)
     assert result.outcome is PersistOutcome.ALREADY_COMMITTED and result.write_id == first.write_id
     assert not write_location_exists(late)
+    again = coordinator.persist(late)  # a retried persist task of the late write: same answer, no failure
+    assert again.outcome is PersistOutcome.ALREADY_COMMITTED and again.write_id == first.write_id
     assert write_location_exists(first)
     assert as_tuples(pipeline.rows("orders")) == expected_rows([first], f"{pipeline.namespace}.orders")
     assert pipeline.marker_snapshots("orders", sink_id) == {4: [first.write_id]}
