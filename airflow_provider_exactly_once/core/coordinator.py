@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from airflow_provider_exactly_once.core.errors import (
+from .errors import (
     AbortRefused,
     CheckpointFailed,
     CheckpointNotReady,
@@ -37,16 +37,16 @@ from airflow_provider_exactly_once.core.errors import (
     MetaStoreUnavailable,
     StateConflict,
 )
-from airflow_provider_exactly_once.core.faults import FaultHook, no_faults
-from airflow_provider_exactly_once.core.identifiers import check_epoch, check_sink_id
-from airflow_provider_exactly_once.core.ports import (
+from .faults import FaultHook, no_faults
+from .identifiers import check_epoch, check_sink_id
+from .ports import (
     CheckpointSource,
     EpochRecord,
     SinkCommitter,
     SinkStateStore,
 )
-from airflow_provider_exactly_once.core.precommit import PreCommit
-from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochStatus
+from .precommit import PreCommit
+from .status import CheckpointStatus, EpochStatus
 
 log = logging.getLogger(__name__)
 

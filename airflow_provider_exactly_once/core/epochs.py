@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from airflow_provider_exactly_once.core.errors import InvalidPreCommit
-from airflow_provider_exactly_once.core.identifiers import check_epoch
+from .errors import InvalidPreCommit
+from .identifiers import check_epoch
 
 
 def epoch_from_interval_start(start: datetime) -> int:

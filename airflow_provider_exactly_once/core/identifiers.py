@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 import uuid
 
-from airflow_provider_exactly_once.core.errors import InvalidPreCommit
+from .errors import InvalidPreCommit
 
 SINK_ID_MAX_LENGTH = 128
 EPOCH_MAX = 2**63 - 1

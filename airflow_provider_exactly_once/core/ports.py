@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol, runtime_checkable
 
-from airflow_provider_exactly_once.core.precommit import PreCommit
-from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochStatus
+from .precommit import PreCommit
+from .status import CheckpointStatus, EpochStatus
 
 #: Per table: the snapshot id that made the epoch visible, or ``EMPTY`` when there was nothing to add.
 CommittedTables = Mapping[str, str]

@@ -23,8 +23,8 @@ from typing import Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from airflow_provider_exactly_once.core.errors import InvalidPreCommit
-from airflow_provider_exactly_once.core.identifiers import check_epoch, check_sink_id, check_write_id
+from .errors import InvalidPreCommit
+from .identifiers import check_epoch, check_sink_id, check_write_id
 
 PartitionValue = int | float | str | bool | None
 #: Marks the compressed text form of a pre-commit (``PreCommit.to_compressed``).
