@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import re
 import uuid
+from typing import Annotated
+
+from pydantic import PlainValidator
 
 from .errors import InvalidPreCommit
 
@@ -55,3 +58,9 @@ def check_write_id(write_id: object) -> str:
 def new_write_id() -> str:
     """A fresh write id: every attempt at writing an epoch gets its own (design.md section 2)."""
     return str(uuid.uuid4())
+
+
+#: Field types for pydantic models that carry an epoch's keys: the checks above, with their messages.
+SinkId = Annotated[str, PlainValidator(check_sink_id)]
+Epoch = Annotated[int, PlainValidator(check_epoch)]
+WriteId = Annotated[str, PlainValidator(check_write_id)]

@@ -24,7 +24,7 @@ from typing import Any, Literal, Self
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .errors import InvalidPreCommit
-from .identifiers import check_epoch, check_sink_id, check_write_id
+from .identifiers import Epoch, SinkId, WriteId
 
 PartitionValue = int | float | str | bool | None
 #: Marks the compressed text form of a pre-commit (``PreCommit.to_compressed``).
@@ -129,27 +129,12 @@ class PreCommit(_Frozen):
     """The first phase's result for one (sink, epoch): the unit the coordinator persists and commits."""
 
     version: Literal[1] = PRE_COMMIT_VERSION
-    sink_id: str
-    epoch: int
-    write_id: str
+    sink_id: SinkId
+    epoch: Epoch
+    write_id: WriteId
     tables: list[TableWrite] = Field(min_length=1)
     #: Where the input stood when the write read it (offsets, file lists): kept, never interpreted.
     source_positions: dict[str, Any] | None = None
-
-    @field_validator("sink_id", mode="plain")
-    @classmethod
-    def _sink_id(cls, value: object) -> str:
-        return check_sink_id(value)
-
-    @field_validator("epoch", mode="plain")
-    @classmethod
-    def _epoch(cls, value: object) -> int:
-        return check_epoch(value)
-
-    @field_validator("write_id", mode="plain")
-    @classmethod
-    def _write_id(cls, value: object) -> str:
-        return check_write_id(value)
 
     @model_validator(mode="after")
     def _unique_tables(self) -> Self:

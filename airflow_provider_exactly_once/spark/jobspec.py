@@ -25,7 +25,7 @@ from typing import Annotated, Any, Literal, Self
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from airflow_provider_exactly_once.core.errors import InvalidSinkConfig
-from airflow_provider_exactly_once.core.identifiers import check_epoch, check_sink_id, check_write_id
+from airflow_provider_exactly_once.core.identifiers import Epoch, SinkId, WriteId
 
 
 class _Spec(BaseModel):
@@ -130,9 +130,9 @@ TargetSpec = Annotated[IcebergTarget | FileSinkTarget, Field(discriminator="kind
 
 
 class EpochJobSpec(_Spec):
-    sink_id: str
-    epoch: int
-    write_id: str
+    sink_id: SinkId
+    epoch: Epoch
+    write_id: WriteId
     data_interval_start: datetime
     data_interval_end: datetime
     input: InputSpec
@@ -146,21 +146,6 @@ class EpochJobSpec(_Spec):
     #: Roll to a new file after this many uncompressed Arrow bytes; ``None``: the table's
     #: ``write.target-file-size-bytes`` (512 MiB by default).
     target_file_size_bytes: int | None = Field(default=None, gt=0)
-
-    @field_validator("sink_id", mode="plain")
-    @classmethod
-    def _sink_id(cls, value: object) -> str:
-        return check_sink_id(value)
-
-    @field_validator("epoch", mode="plain")
-    @classmethod
-    def _epoch(cls, value: object) -> int:
-        return check_epoch(value)
-
-    @field_validator("write_id", mode="plain")
-    @classmethod
-    def _write_id(cls, value: object) -> str:
-        return check_write_id(value)
 
     @field_validator("data_interval_start", "data_interval_end")
     @classmethod
