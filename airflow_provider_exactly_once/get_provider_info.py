@@ -61,6 +61,16 @@ def get_provider_info() -> dict[str, Any]:
         "plugins": [
             {"name": "exactly_once", "plugin-class": "airflow_provider_exactly_once.plugins.ExactlyOncePlugin"}
         ],
+        # The commit task's link to its epoch's page, and the asset scheme its events use
+        # (``observability``): ``iceberg://<catalog>/<namespace>/<table>``.
+        "extra-links": ["airflow_provider_exactly_once.observability.links.EpochLink"],
+        "asset-uris": [
+            {
+                "schemes": ["iceberg"],
+                "handler": "airflow_provider_exactly_once.observability.assets.sanitize_uri",
+                "factory": "airflow_provider_exactly_once.observability.assets.create_asset",
+            }
+        ],
         "config": {
             "exactly_once": {
                 "description": "The exactly-once provider's recovery DAG and its scheduler-start trigger.",

@@ -48,9 +48,9 @@ def exactly_once_epoch(
 
     The write must return the pre-commit metadata of the run's epoch (``epoch_for_context``).
     ``sensor_kwargs`` go to ``CheckpointSensor`` (``deferrable``, ``mode``, ``poke_interval``,
-    ``timeout``...). Commit and abort are retried ``commit_retries`` times with exponential
-    backoff from ``commit_retry_delay``: both are idempotent, and a transient fault in the meta
-    store or the catalog must not leave a completed epoch uncommitted.
+    ``timeout``...). Persist, commit and abort are retried ``commit_retries`` times with
+    exponential backoff from ``commit_retry_delay``: all three are idempotent, and a transient
+    fault in the meta store or the catalog must not leave a completed epoch uncommitted.
     Task ids inside the group: ``persist``, ``wait_for_checkpoint``, ``commit``, ``abort``.
     """
     write_op = getattr(write, "operator", None) if isinstance(write, XComArg) else write
@@ -69,8 +69,11 @@ def exactly_once_epoch(
     }
 
     with TaskGroup(group_id=group_id, dag=write_op.dag) as group:
+        # Persist is retried like commit and abort: it is idempotent, and a persist that failed on a
+        # transient fault (the meta store restarting) would otherwise fail the run into its abort,
+        # dropping an epoch whose checkpoint may have completed (the fault harness's meta-store outage).
         persist = PersistPendingOperator(
-            task_id="persist", write_task_id=write_op.task_id, checkpoint=checkpoint_cfg, **common
+            task_id="persist", write_task_id=write_op.task_id, checkpoint=checkpoint_cfg, **common, **retried
         )
         wait = CheckpointSensor(
             task_id="wait_for_checkpoint",

@@ -21,8 +21,10 @@ call these methods.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import timedelta
 from enum import StrEnum
 
 from .errors import (
@@ -39,6 +41,20 @@ from .errors import (
 )
 from .faults import FaultHook, no_faults
 from .identifiers import check_epoch, check_sink_id
+from .observe import (
+    ABORT_FILES_DELETED,
+    ABORTS,
+    COMMIT_BYTES,
+    COMMIT_DURATION,
+    COMMIT_ERRORS,
+    COMMIT_FILES,
+    COMMIT_ROWS,
+    COMMITS,
+    NO_METRICS,
+    Metrics,
+    safe,
+    write_totals,
+)
 from .ports import (
     CheckpointSource,
     EpochRecord,
@@ -128,6 +144,7 @@ class TwoPhaseCommitCoordinator:
         *,
         allow_beyond_horizon: bool = False,
         fault: FaultHook = no_faults,
+        metrics: Metrics = NO_METRICS,
     ) -> None:
         for sink_id in committers:
             check_sink_id(sink_id)
@@ -136,6 +153,8 @@ class TwoPhaseCommitCoordinator:
         self._checkpoints = checkpoints
         self._allow_beyond_horizon = allow_beyond_horizon
         self._fault = fault
+        #: Commit durations, files, rows, outcomes and aborts (``core.observe``); never decides anything.
+        self._metrics = safe(metrics)
 
     # -- phase one: persist -----------------------------------------------------------------------
 
@@ -145,6 +164,7 @@ class TwoPhaseCommitCoordinator:
         *,
         run_id: str | None = None,
         try_number: int | None = None,
+        dag_id: str | None = None,
     ) -> PersistResult:
         """Write the Pending row for a write. From here on the epoch can always be finished.
 
@@ -191,7 +211,7 @@ class TwoPhaseCommitCoordinator:
                 )
             if row is None:
                 try:
-                    record = self._store.insert_pending(pre, run_id=run_id, try_number=try_number)
+                    record = self._store.insert_pending(pre, run_id=run_id, try_number=try_number, dag_id=dag_id)
                 except StateConflict:
                     continue  # another persist inserted first: decide against its row
                 self._fault("persist.inserted")
@@ -204,6 +224,7 @@ class TwoPhaseCommitCoordinator:
                     expected_write_id=row.write_id,
                     run_id=run_id,
                     try_number=try_number,
+                    dag_id=dag_id,
                 )
             except StateConflict:
                 continue  # the row moved under us (commit decided, aborted, replaced): look again
@@ -219,6 +240,25 @@ class TwoPhaseCommitCoordinator:
 
     def commit(self, sink_id: str, epoch: int) -> CommitResult:
         """Make the epoch's persisted write visible exactly once, after its checkpoint completed."""
+        started = time.monotonic()
+        try:
+            result = self._commit(sink_id, epoch)
+        except ExactlyOnceError as exc:
+            self._metrics.incr(COMMIT_ERRORS, 1, {"sink_id": sink_id, "error": type(exc).__name__})
+            raise
+        tags = {"sink_id": sink_id}
+        self._metrics.incr(COMMITS, 1, {**tags, "outcome": result.outcome.name.lower()})
+        if result.outcome is CommitOutcome.COMMITTED:
+            # Only the attempt that made the epoch visible counts its files and rows, so the counters
+            # add up to what the tables hold however often a commit is retried or rerun.
+            files, rows, size = write_totals(result.record.pre_commit)
+            self._metrics.timing(COMMIT_DURATION, timedelta(seconds=time.monotonic() - started), tags)
+            self._metrics.incr(COMMIT_FILES, files, tags)
+            self._metrics.incr(COMMIT_ROWS, rows, tags)
+            self._metrics.incr(COMMIT_BYTES, size, tags)
+        return result
+
+    def _commit(self, sink_id: str, epoch: int) -> CommitResult:
         committer = self._committer(sink_id)
         row = self._require(sink_id, epoch)
         if row.status is EpochStatus.COMMITTED:
@@ -275,7 +315,34 @@ class TwoPhaseCommitCoordinator:
     # -- abort ------------------------------------------------------------------------------------
 
     def abort(
-        self, sink_id: str, epoch: int, *, reason: str, write: PreCommit | None = None, force: bool = False
+        self,
+        sink_id: str,
+        epoch: int,
+        *,
+        reason: str,
+        write: PreCommit | None = None,
+        force: bool = False,
+        dag_id: str | None = None,
+    ) -> AbortResult:
+        """Give up on a write and delete its files (``_abort``), counted by outcome for the metrics.
+
+        ``dag_id`` is recorded on the tombstone row of a write that was never persisted."""
+        result = self._abort(sink_id, epoch, reason=reason, write=write, force=force, dag_id=dag_id)
+        tags = {"sink_id": sink_id}
+        self._metrics.incr(ABORTS, 1, {**tags, "outcome": result.outcome.name.lower()})
+        if result.files_deleted:
+            self._metrics.incr(ABORT_FILES_DELETED, result.files_deleted, tags)
+        return result
+
+    def _abort(
+        self,
+        sink_id: str,
+        epoch: int,
+        *,
+        reason: str,
+        write: PreCommit | None = None,
+        force: bool = False,
+        dag_id: str | None = None,
     ) -> AbortResult:
         """Give up on a write and delete its files, but never against a durable commit decision.
 
@@ -295,9 +362,10 @@ class TwoPhaseCommitCoordinator:
                 return AbortResult(AbortOutcome.NOTHING_TO_ABORT, 0, None)
             try:
                 # A tombstone row, so that a late persist of this write cannot resurrect deleted files.
-                record = self._store.insert_aborted(write, reason=reason)
+                record = self._store.insert_aborted(write, reason=reason, dag_id=dag_id)
             except StateConflict:
-                return self.abort(sink_id, epoch, reason=reason, write=write, force=force)  # persist won
+                # persist won
+                return self._abort(sink_id, epoch, reason=reason, write=write, force=force, dag_id=dag_id)
             self._fault("abort.marked")
             return AbortResult(AbortOutcome.NOT_PERSISTED, self._run_cleanups(sink_id, epoch), record)
 
@@ -370,6 +438,20 @@ class TwoPhaseCommitCoordinator:
         return report
 
     # -- clean-up ---------------------------------------------------------------------------------
+
+    def clean_up(self, sink_id: str, epoch: int | None = None) -> RecoveryReport:
+        """Run the queued clean-ups of a sink (or of one epoch) alone, without touching any epoch's status.
+
+        What an operator asks for after a crash left an Aborted epoch's files, or after queuing
+        orphaned write locations; the same checks as every other delete apply (invariant 4). A
+        clean-up that fails is in the report's ``failed`` and stays queued.
+        """
+        self._committer(sink_id)
+        if epoch is not None:
+            check_epoch(epoch)
+        report = RecoveryReport(sink_id)
+        report.files_deleted = self._run_cleanups(sink_id, epoch, report)
+        return report
 
     def _run_cleanups(self, sink_id: str, epoch: int | None, report: RecoveryReport | None = None) -> int:
         """Delete the files of queued writes that can no longer become visible.

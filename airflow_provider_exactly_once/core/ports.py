@@ -36,6 +36,8 @@ class EpochRecord:
     commit_decided_at: datetime | None
     committed: CommittedTables | None
     error: str | None
+    #: The DAG whose run persisted (or aborted) the write; ``None`` outside Airflow and for older rows.
+    dag_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -64,7 +66,9 @@ class SinkStateStore(Protocol):
 
     def get(self, sink_id: str, epoch: int) -> EpochRecord | None: ...
 
-    def insert_pending(self, pre_commit: PreCommit, *, run_id: str | None, try_number: int | None) -> EpochRecord:
+    def insert_pending(
+        self, pre_commit: PreCommit, *, run_id: str | None, try_number: int | None, dag_id: str | None = None
+    ) -> EpochRecord:
         """``(none) -> Pending``; ``StateConflict`` if a row already exists."""
         ...
 
@@ -76,6 +80,7 @@ class SinkStateStore(Protocol):
         expected_write_id: str,
         run_id: str | None,
         try_number: int | None,
+        dag_id: str | None = None,
     ) -> EpochRecord:
         """``Pending -> Pending`` (a newer write, only while no commit is decided) or ``Aborted -> Pending``.
 
@@ -84,7 +89,7 @@ class SinkStateStore(Protocol):
         """
         ...
 
-    def insert_aborted(self, pre_commit: PreCommit, *, reason: str) -> EpochRecord:
+    def insert_aborted(self, pre_commit: PreCommit, *, reason: str, dag_id: str | None = None) -> EpochRecord:
         """``(none) -> Aborted`` for a write aborted before it was ever persisted, queuing its cleanup.
 
         The row is the tombstone that makes a late persist of the same write fail instead of

@@ -23,8 +23,9 @@ from sqlalchemy.exc import ArgumentError
 
 from airflow_provider_exactly_once.core.coordinator import TwoPhaseCommitCoordinator
 from airflow_provider_exactly_once.core.errors import InvalidSinkConfig
-from airflow_provider_exactly_once.core.faults import FaultHook, fault_hook_from_env, no_faults
+from airflow_provider_exactly_once.core.faults import FaultHook, fault_hook_for, no_faults
 from airflow_provider_exactly_once.core.identifiers import check_sink_id
+from airflow_provider_exactly_once.core.observe import NO_METRICS, Metrics
 from airflow_provider_exactly_once.get_provider_info import META_STORE_FIELD_BEHAVIOUR
 from airflow_provider_exactly_once.hooks.epochs import epoch_for_context, interval_epoch
 from airflow_provider_exactly_once.store import SqlSinkStateStore
@@ -188,7 +189,7 @@ def _open_store(url: str, options: Mapping[str, float]) -> SqlSinkStateStore:
     )
 
 
-def sink_committer(sink: SinkConfig, *, fault: FaultHook = no_faults) -> SinkCommitter:
+def sink_committer(sink: SinkConfig, *, fault: FaultHook = no_faults, metrics: Metrics = NO_METRICS) -> SinkCommitter:
     """The committer of a sink, its Iceberg catalog built from the sink's Iceberg connection.
 
     ``fault`` is the fault-injection hook (``core.faults``); production passes none.
@@ -198,7 +199,9 @@ def sink_committer(sink: SinkConfig, *, fault: FaultHook = no_faults) -> SinkCom
     if isinstance(sink, IcebergSinkConfig):
         from airflow.providers.apache.iceberg.hooks.iceberg import IcebergHook
 
-        return sink.committer(IcebergHook(sink.iceberg_conn_id).catalog, fault=fault)
+        committer = sink.committer(IcebergHook(sink.iceberg_conn_id).catalog, fault=fault)
+        committer.metrics = metrics  # its conflict retries (``core.observe.COMMIT_RETRIES``)
+        return committer
     return sink.committer(fault=fault)
 
 
@@ -209,6 +212,9 @@ def coordinator_for(
     meta_conn_id: str = DEFAULT_META_CONN_ID,
     store: SqlSinkStateStore | None = None,
     fault: FaultHook | None = None,
+    epoch: int | None = None,
+    try_number: int | None = None,
+    metrics: Metrics | None = None,
 ) -> TwoPhaseCommitCoordinator:
     """The coordinator of one sink: the meta store of ``meta_conn_id`` (or ``store``), the sink's
     committer, and the checkpoint source (``None`` only for steps that never consult it, such as
@@ -218,12 +224,20 @@ def coordinator_for(
     which lets the demo and the fault-injection harness make a real task die at a named point
     without touching the DAG. One hook serves the coordinator and the committer, so an occurrence
     count (``commit.visible@2``) counts every place the point is reached in this task try.
+    ``epoch`` and ``try_number`` (the task try's) select the rules of an ``EXACTLY_ONCE_FAULT_PLAN``
+    file that apply to this try (``core.faults.fault_hook_for``).
+    ``metrics`` defaults to Airflow's ``Stats`` (``observability.stats``): commit durations, files,
+    rows, retries and aborts go wherever ``[metrics]`` sends Airflow's own.
     """
     from airflow_provider_exactly_once.checkpoints.config import MetaStoreCheckpoint
+    from airflow_provider_exactly_once.observability.stats import airflow_metrics
 
     if fault is None:
-        fault = fault_hook_from_env()
+        fault = fault_hook_for(sink.sink_id, epoch, try_number)
     if store is None:
         store = ExactlyOnceMetaStoreHook(meta_conn_id).get_store()
     source = (checkpoint or MetaStoreCheckpoint()).source(store)
-    return TwoPhaseCommitCoordinator(store, {sink.sink_id: sink_committer(sink, fault=fault)}, source, fault=fault)
+    if metrics is None:
+        metrics = airflow_metrics()
+    committer = sink_committer(sink, fault=fault, metrics=metrics)
+    return TwoPhaseCommitCoordinator(store, {sink.sink_id: committer}, source, fault=fault, metrics=metrics)

@@ -17,7 +17,7 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_provider_exactly_once.checkpoints.config import CheckpointConfig
-from airflow_provider_exactly_once.core.coordinator import TwoPhaseCommitCoordinator
+from airflow_provider_exactly_once.core.coordinator import CommitOutcome, TwoPhaseCommitCoordinator
 from airflow_provider_exactly_once.core.errors import AbortRefused, ExactlyOnceError, InvalidPreCommit
 from airflow_provider_exactly_once.core.precommit import PreCommit
 from airflow_provider_exactly_once.hooks.epochs import epoch_for_context
@@ -26,6 +26,8 @@ from airflow_provider_exactly_once.hooks.meta_store import (
     ExactlyOnceMetaStoreHook,
     coordinator_for,
 )
+from airflow_provider_exactly_once.observability.assets import commit_alias, emit_committed
+from airflow_provider_exactly_once.observability.links import EpochLink
 from airflow_provider_exactly_once.operators._common import (
     airflow_errors,
     as_checkpoint,
@@ -34,7 +36,7 @@ from airflow_provider_exactly_once.operators._common import (
     pull_pre_commit,
     try_number,
 )
-from airflow_provider_exactly_once.sinks.config import SinkConfig
+from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig, SinkConfig
 from airflow_provider_exactly_once.store import SqlSinkStateStore
 
 
@@ -79,7 +81,10 @@ class _EpochOperator(BaseOperator):
                 None if self.checkpoint is None else self.checkpoint.to_dict(),
             )
             epoch = epoch_for_context(context, self.sink.sink_id, store)
-            yield _Step(store, epoch, coordinator_for(self.sink, self.checkpoint, store=store))
+            coordinator = coordinator_for(
+                self.sink, self.checkpoint, store=store, epoch=epoch, try_number=try_number(context)
+            )
+            yield _Step(store, epoch, coordinator)
         finally:
             store.dispose()
 
@@ -113,7 +118,9 @@ class PersistPendingOperator(_EpochOperator):
         with airflow_errors(), self._step(context) as step:
             pre = PreCommit.parse(value)
             check_write_matches(pre, self.sink.sink_id, step.epoch, self.task_id)
-            result = step.coordinator.persist(pre, run_id=context.get("run_id"), try_number=try_number(context))
+            result = step.coordinator.persist(
+                pre, run_id=context.get("run_id"), try_number=try_number(context), dag_id=_dag_id(context)
+            )
         self.log.info("%s: %s (the epoch holds write %s)", pre.describe(), result.outcome.value, result.write_id)
         return {
             "sink_id": pre.sink_id,
@@ -131,16 +138,36 @@ class CommitEpochOperator(_EpochOperator):
     whether the write is already visible), and once the checkpoint completed the epoch must be
     committed, never aborted. Refusals (checkpoint failed, epoch aborted, files missing) fail at once.
 
+    For an Iceberg sink the task's outlet is the alias ``exactly_once.<sink_id>.committed``: when
+    (and only when) this task made the epoch visible it adds one event per table, for the asset
+    ``iceberg://<iceberg_conn_id>/<namespace>/<table>`` (``observability.assets.iceberg_asset``),
+    so DAGs scheduled on a table run on committed data only. A rerun that finds the epoch already
+    committed adds none: downstream DAGs already ran for it.
+
+    :param emit_assets: add the alias outlet and its events (Iceberg sinks; default True).
     :return: ``{"sink_id", "epoch", "outcome", "write_id", "committed"}`` (per table: snapshot id or "empty").
     """
 
-    def __init__(self, *, checkpoint: CheckpointConfig | Mapping[str, Any], **kwargs: Any) -> None:
+    operator_extra_links = (EpochLink(),)
+
+    def __init__(
+        self, *, checkpoint: CheckpointConfig | Mapping[str, Any], emit_assets: bool = True, **kwargs: Any
+    ) -> None:
         super().__init__(checkpoint=checkpoint, **kwargs)
+        self.emit_assets = emit_assets and isinstance(self.sink, IcebergSinkConfig)
+        if self.emit_assets:
+            self.add_outlets([commit_alias(self.sink.sink_id)])
+        self._committed: tuple[Any, bool] | None = None  # (record, made visible now), for OpenLineage
 
     def execute(self, context: Any) -> dict[str, Any]:
         with airflow_errors(), self._step(context) as step:
             result = step.coordinator.commit(self.sink.sink_id, step.epoch)
         record = result.record
+        committed_now = result.outcome is CommitOutcome.COMMITTED
+        self._committed = (record, committed_now)
+        if committed_now and isinstance(self.sink, IcebergSinkConfig) and self.emit_assets:
+            emitted = emit_committed(context, commit_alias(self.sink.sink_id), self.sink.iceberg_conn_id, record)
+            self.log.info("%d asset event(s) for the committed table(s)", emitted)
         self.log.info(
             "sink %r epoch %d: %s (write %s): %s",
             record.sink_id,
@@ -156,6 +183,13 @@ class CommitEpochOperator(_EpochOperator):
             "write_id": record.write_id,
             "committed": dict(record.committed or {}),
         }
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """Outputs: the tables committed to, with row, byte and file counts when this try made them visible."""
+        from airflow_provider_exactly_once.observability.lineage import commit_lineage
+
+        record, committed_now = self._committed or (None, False)
+        return commit_lineage(self.sink, record, committed_now=committed_now)
 
 
 class AbortEpochOperator(_EpochOperator):
@@ -176,6 +210,7 @@ class AbortEpochOperator(_EpochOperator):
     """
 
     template_fields: Sequence[str] = ("write_task_id", "reason")
+    operator_extra_links = (EpochLink(),)
 
     def __init__(
         self,
@@ -202,7 +237,7 @@ class AbortEpochOperator(_EpochOperator):
             }
             try:
                 result = step.coordinator.abort(
-                    self.sink.sink_id, step.epoch, reason=reason, write=write, force=self.force
+                    self.sink.sink_id, step.epoch, reason=reason, write=write, force=self.force, dag_id=_dag_id(context)
                 )
             except AbortRefused as exc:
                 self.log.warning(
@@ -238,3 +273,12 @@ class AbortEpochOperator(_EpochOperator):
             self.log.warning("Ignoring the unusable XCom of task %r: %s", self.write_task_id, exc)
             return None
         return pre
+
+
+def _dag_id(context: Mapping[str, Any]) -> str | None:
+    """The run's DAG, recorded on the epoch's row so the sink view can link to the run and apply its access."""
+    for key in ("dag_run", "dag"):
+        dag_id = getattr(context.get(key), "dag_id", None)
+        if isinstance(dag_id, str) and dag_id:
+            return dag_id
+    return None

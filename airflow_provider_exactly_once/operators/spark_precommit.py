@@ -84,6 +84,7 @@ class SparkPreCommitOperator(SparkSubmitOperator):
         self.meta_conn_id = meta_conn_id
         self.work_dir = work_dir
         self.xcom_compress_above = xcom_compress_above
+        self._pre_commit: PreCommit | None = None  # this try's write, for OpenLineage
 
     # The parent returns None; returning the metadata is what puts it in XCom.
     def execute(self, context: Any) -> dict[str, Any] | str:  # type: ignore[override]
@@ -140,6 +141,7 @@ class SparkPreCommitOperator(SparkSubmitOperator):
             pre_commit = PreCommit.from_json(output.read_bytes())
         finally:
             shutil.rmtree(work, ignore_errors=True)
+        self._pre_commit = pre_commit
         self.log.info(
             "%s: %d file(s), %d row(s) written",
             pre_commit.describe(),
@@ -147,6 +149,12 @@ class SparkPreCommitOperator(SparkSubmitOperator):
             pre_commit.record_count,
         )
         return xcom_value(pre_commit, self.xcom_compress_above)
+
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """Input: the landed files; outputs: the target's tables, with the write's schema, rows, bytes, files."""
+        from airflow_provider_exactly_once.observability.lineage import write_lineage
+
+        return write_lineage(self.input_spec, self.target_spec, self._pre_commit)
 
 
 def xcom_value(pre_commit: PreCommit, compress_above: int | None = XCOM_COMPRESS_ABOVE) -> dict[str, Any] | str:

@@ -24,6 +24,7 @@ from typing import Any
 from airflow.sdk import DAG, conf
 
 from airflow_provider_exactly_once.hooks.meta_store import DEFAULT_META_CONN_ID
+from airflow_provider_exactly_once.observability.assets import recovery_alias
 from airflow_provider_exactly_once.recovery.operators import ListRegisteredSinksOperator, RecoverSinkOperator
 from airflow_provider_exactly_once.recovery.sink import DEFAULT_LOCK_TTL, DEFAULT_ORPHAN_GRACE
 
@@ -89,5 +90,7 @@ def recovery_dag(
             orphan_grace=configured_orphan_grace() if orphan_grace is None else orphan_grace,
             lock_ttl=lock_ttl,
             map_index_template="{{ task.sink_id }}",
+            # Epochs recovery commits wake the DAGs scheduled on their tables, as the commit task's would.
+            outlets=[recovery_alias()],
         ).expand(sink_id=sinks.output)
     return dag

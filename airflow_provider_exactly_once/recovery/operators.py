@@ -10,14 +10,19 @@ from typing import Any
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
+from airflow_provider_exactly_once.core.status import EpochStatus
 from airflow_provider_exactly_once.hooks.meta_store import DEFAULT_META_CONN_ID, ExactlyOnceMetaStoreHook
+from airflow_provider_exactly_once.observability.assets import emit_committed, recovery_alias
 from airflow_provider_exactly_once.operators._common import airflow_errors
 from airflow_provider_exactly_once.recovery.sink import (
     DEFAULT_LOCK_TTL,
     DEFAULT_ORPHAN_GRACE,
     SinkLocked,
     recover_sink,
+    registered_sink,
 )
+from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig
+from airflow_provider_exactly_once.store import SqlSinkStateStore
 from airflow_provider_exactly_once.store.models import LOCK_HOLDER_LENGTH
 
 
@@ -86,6 +91,7 @@ class RecoverSinkOperator(BaseOperator):
                     orphan_grace=self.orphan_grace,
                     lock_ttl=self.lock_ttl,
                 )
+                self._emit_assets(context, store, report.committed)
             except SinkLocked as exc:
                 raise AirflowSkipException(str(exc)) from exc
             finally:
@@ -99,6 +105,28 @@ class RecoverSinkOperator(BaseOperator):
                 + "; ".join(f"{what}: {why}" for what, why in sorted(report.failed.items()))
             )
         return report.to_dict()
+
+    def _emit_assets(self, context: Any, store: SqlSinkStateStore, committed: list[int]) -> None:
+        """Asset events for the tables of the epochs this recovery committed (``observability.assets``).
+
+        Only with the recovery alias among the task's outlets (the recovery DAG declares it), and
+        never at the cost of the recovery: the epochs are committed whatever happens here.
+        """
+        alias = recovery_alias()
+        if not committed or alias not in self.outlets:
+            return
+        try:
+            sink, _ = registered_sink(store, self.sink_id)
+            if not isinstance(sink, IcebergSinkConfig):
+                return
+            for epoch in committed:
+                record = store.get(self.sink_id, epoch)
+                if record is not None and record.status is EpochStatus.COMMITTED:
+                    emit_committed(context, alias, sink.iceberg_conn_id, record)
+        except Exception:  # the asset events are a notification; the commit already happened
+            self.log.warning(
+                "sink %r: could not add asset events for epochs %s", self.sink_id, committed, exc_info=True
+            )
 
 
 def _holder(context: Any) -> str:

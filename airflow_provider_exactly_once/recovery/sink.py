@@ -21,7 +21,9 @@ from airflow_provider_exactly_once.core.errors import (
     MetaStoreUnavailable,
     StateConflict,
 )
+from airflow_provider_exactly_once.core.observe import report_pending
 from airflow_provider_exactly_once.hooks.meta_store import coordinator_for
+from airflow_provider_exactly_once.observability.stats import airflow_metrics
 from airflow_provider_exactly_once.recovery.orphans import OrphanCandidate, find_orphans
 from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig, SinkConfig, sink_config_from_dict
 from airflow_provider_exactly_once.store import SqlSinkStateStore
@@ -104,7 +106,8 @@ def recover_sink(
         raise SinkLocked(f"sink {sink_id!r} is being recovered by {by!r} (lock held until {until.isoformat()})")
     try:
         report = SinkRecoveryReport(sink_id)
-        coordinator = coordinator_for(sink, checkpoint, store=store)
+        metrics = airflow_metrics()
+        coordinator = coordinator_for(sink, checkpoint, store=store, metrics=metrics)
         enqueued = _queue_orphans(store, sink, orphan_grace, report)
         result = coordinator.recover(sink_id)
         report.committed, report.aborted, report.waiting = result.committed, result.aborted, result.waiting
@@ -114,6 +117,12 @@ def recover_sink(
         report.orphans_removed = sorted(enqueued - remaining)
         for write_id in sorted(remaining):
             report.failed[f"orphan {write_id}"] = result.failed.get(ORPHAN_EPOCH, "its clean-up did not complete")
+        # After recovery, so the gauges show what is still Pending: epochs waiting for their checkpoint
+        # or failing to commit; a growing oldest age is the signal that one is stuck.
+        try:
+            report_pending(store, sink_id, metrics)
+        except ExactlyOnceError as exc:  # a missed gauge must not fail a recovery that did its work
+            log.warning("sink %r: could not read the Pending gauges: %s", sink_id, exc)
         return report
     finally:
         try:

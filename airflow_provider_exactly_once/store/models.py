@@ -40,6 +40,7 @@ VERSION_TABLE = "exactly_once_alembic_version"
 SINK_ID_LENGTH = 128
 LOCK_HOLDER_LENGTH = 250
 RUN_ID_LENGTH = 250
+DAG_ID_LENGTH = 250
 WRITE_ID_LENGTH = 36
 STATUS_LENGTH = 16
 CHECKPOINT_NAME_LENGTH = 128
@@ -130,6 +131,10 @@ class PendingSinkState(Base):
         Index("ix_pending_sink_state_sink_id_status", "sink_id", "status"),
         # the recovery DAG's orphan scan asks which of a sink's write ids the store knows
         Index("ix_pending_sink_state_sink_id_write_id", "sink_id", "write_id"),
+        # the operations views list newest epochs first, per sink and status, per status, or overall
+        Index("ix_pending_sink_state_sink_id_status_epoch", "sink_id", "status", "epoch"),
+        Index("ix_pending_sink_state_status_epoch_sink_id", "status", "epoch", "sink_id"),
+        Index("ix_pending_sink_state_epoch_sink_id", "epoch", "sink_id"),
     )
 
     sink_id: Mapped[str] = mapped_column(String(SINK_ID_LENGTH))
@@ -140,6 +145,8 @@ class PendingSinkState(Base):
     metadata_json: Mapped[str] = mapped_column("metadata", Text)
     run_id: Mapped[str | None] = mapped_column(String(RUN_ID_LENGTH))
     try_number: Mapped[int | None] = mapped_column(Integer)
+    #: The DAG whose run wrote the row (migration 0003): the sink view links to it and applies its access.
+    dag_id: Mapped[str | None] = mapped_column(String(DAG_ID_LENGTH))
     created_at: Mapped[datetime] = mapped_column(UtcDateTime())
     updated_at: Mapped[datetime] = mapped_column(UtcDateTime())
     commit_decided_at: Mapped[datetime | None] = mapped_column(UtcDateTime())

@@ -63,6 +63,7 @@ from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochSta
 from airflow_provider_exactly_once.store import migrate
 from airflow_provider_exactly_once.store.models import (
     CHECKPOINT_NAME_LENGTH,
+    DAG_ID_LENGTH,
     LOCK_HOLDER_LENGTH,
     RUN_ID_LENGTH,
     CheckpointState,
@@ -235,6 +236,13 @@ class SqlSinkStateStore:
         ):
             yield session
 
+    @contextmanager
+    def reading(self, action: str) -> Iterator[Session]:
+        """A read-only transaction with this store's error translation, for queries kept outside
+        this class (``store/queries.py``: what the operations views list)."""
+        with self._transaction(action, write=False) as session:
+            yield session
+
     # -- schema ----------------------------------------------------------------------------------
 
     def _ensure_schema(self) -> None:
@@ -308,9 +316,12 @@ class SqlSinkStateStore:
 
     # -- transitions -----------------------------------------------------------------------------
 
-    def insert_pending(self, pre_commit: PreCommit, *, run_id: str | None, try_number: int | None) -> EpochRecord:
+    def insert_pending(
+        self, pre_commit: PreCommit, *, run_id: str | None, try_number: int | None, dag_id: str | None = None
+    ) -> EpochRecord:
         pre_commit = PreCommit.parse(pre_commit)
         _check_run(run_id, try_number)
+        dag_id = _dag_id(dag_id)
         sink_id, epoch = pre_commit.sink_id, pre_commit.epoch
         action = f"persisting {pre_commit.describe()}"
         existing: EpochRecord | PendingSinkState | None
@@ -328,6 +339,7 @@ class SqlSinkStateStore:
                             metadata_json=_remembered_json(pre_commit),
                             run_id=run_id,
                             try_number=try_number,
+                            dag_id=dag_id,
                             created_at=now,
                             updated_at=now,
                         )
@@ -346,7 +358,7 @@ class SqlSinkStateStore:
             f"the row already exists: {_holds(existing)}"
         )
 
-    def insert_aborted(self, pre_commit: PreCommit, *, reason: str) -> EpochRecord:
+    def insert_aborted(self, pre_commit: PreCommit, *, reason: str, dag_id: str | None = None) -> EpochRecord:
         """``(none) -> Aborted``: a tombstone for a write aborted before it was ever persisted.
 
         Row and clean-up are written in one transaction; the primary key settles a race with a
@@ -354,6 +366,7 @@ class SqlSinkStateStore:
         """
         pre_commit = PreCommit.parse(pre_commit)
         reason = _text(reason, "abort reason")
+        dag_id = _dag_id(dag_id)
         sink_id, epoch = pre_commit.sink_id, pre_commit.epoch
         action = f"recording the abort of unpersisted {pre_commit.describe()}"
         try:
@@ -367,6 +380,7 @@ class SqlSinkStateStore:
                             status=EpochStatus.ABORTED.value,
                             write_id=pre_commit.write_id,
                             metadata_json=metadata_json,
+                            dag_id=dag_id,
                             created_at=now,
                             updated_at=now,
                             error=reason,
@@ -414,11 +428,13 @@ class SqlSinkStateStore:
         expected_write_id: str,
         run_id: str | None,
         try_number: int | None,
+        dag_id: str | None = None,
     ) -> EpochRecord:
         pre_commit = PreCommit.parse(pre_commit)
         expected_status = _epoch_status(expected_status)
         expected_write_id = check_write_id(expected_write_id)
         _check_run(run_id, try_number)
+        dag_id = _dag_id(dag_id)
         sink_id, epoch = pre_commit.sink_id, pre_commit.epoch
         wanted = f"replace write {expected_write_id} ({expected_status}) by write {pre_commit.write_id}"
         if expected_status is EpochStatus.COMMITTED:
@@ -441,6 +457,7 @@ class SqlSinkStateStore:
                 "metadata_json": _remembered_json(pre_commit),
                 "run_id": run_id,
                 "try_number": try_number,
+                "dag_id": dag_id,
                 "updated_at": now,
                 "error": None,
             }
@@ -979,6 +996,7 @@ def _record(row: PendingSinkState) -> EpochRecord:
         commit_decided_at=row.commit_decided_at,
         committed=None if row.committed is None else json.loads(row.committed),
         error=row.error,
+        dag_id=row.dag_id,
     )
 
 
@@ -1031,6 +1049,14 @@ def _run_id(run_id: object) -> str:
             f"run_id must be a non-empty string of at most {RUN_ID_LENGTH} characters, got {run_id!r}"
         )
     return run_id
+
+
+def _dag_id(dag_id: object) -> str | None:
+    if dag_id is not None and (not isinstance(dag_id, str) or not dag_id or len(dag_id) > DAG_ID_LENGTH):
+        raise InvalidPreCommit(
+            f"dag_id must be None or a non-empty string of at most {DAG_ID_LENGTH} characters, got {dag_id!r}"
+        )
+    return dag_id
 
 
 def _check_run(run_id: object, try_number: object) -> None:

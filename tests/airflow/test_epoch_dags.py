@@ -384,3 +384,28 @@ def test_happy_path_with_the_meta_store_and_catalog_on_postgresql(
         assert len(world.rows()) == 5
     finally:
         world.dispose()
+
+
+def test_persist_is_retried_like_commit_and_abort(world: World) -> None:
+    """Found building the fault harness (meta_store_outage): persist had no retries of its own, so in a DAG
+    without default retries a meta store restarting during persist failed the run into its abort,
+    which dropped an epoch whose checkpoint had completed. Persist is idempotent: it is retried."""
+    with DAG(f"eo_{uuid.uuid4().hex[:10]}", schedule=None, start_date=dt.datetime(2024, 1, 1, tzinfo=dt.UTC)) as dag:
+        write = PythonOperator(task_id="write", python_callable=world.writer(world.iceberg_sink()))
+        exactly_once_epoch(
+            write,
+            sink=world.iceberg_sink(),
+            checkpoint=world.checkpoint(),
+            meta_conn_id=world.meta_conn_id,
+            group_id=G,
+            commit_retries=5,
+            commit_retry_delay=dt.timedelta(seconds=7),
+        )
+    for task_id in ("persist", "commit", "abort"):
+        task = dag.task_dict[f"{G}.{task_id}"]
+        assert (task.retries, task.retry_delay, task.retry_exponential_backoff) == (
+            5,
+            dt.timedelta(seconds=7),
+            True,
+        ), task_id
+    assert dag.task_dict["write"].retries == 0  # the DAG's own default: nothing else was given retries

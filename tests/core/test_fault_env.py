@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from airflow_provider_exactly_once.core.faults import (
     FAULT_ENV_VAR,
+    FAULT_PLAN_ENV_VAR,
     EnvFaultHook,
     FaultSpec,
+    PlanFaultHook,
     SimulatedCrash,
+    fault_hook_for,
     fault_hook_from_env,
+    load_fault_plan,
     no_faults,
 )
 
@@ -69,6 +75,98 @@ def test_kill_sends_sigkill_to_the_process() -> None:
         capture_output=True,
         text=True,
         timeout=60,
+    )
+    assert done.returncode == -signal.SIGKILL
+    assert done.stdout == "before\n"
+
+
+# -- per-epoch fault plans (EXACTLY_ONCE_FAULT_PLAN), for the fault-injection harness -------------
+
+
+def _plan(tmp_path: Path, rules: object) -> dict[str, str]:
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(rules), encoding="utf-8")
+    return {FAULT_PLAN_ENV_VAR: str(path)}
+
+
+def test_without_a_plan_the_per_epoch_hook_is_the_env_hook() -> None:
+    assert fault_hook_for("s", 1, 1, {}) is no_faults
+    hook = fault_hook_for("s", 1, 1, {FAULT_ENV_VAR: "commit.visible"})
+    assert isinstance(hook, EnvFaultHook) and hook.spec == FaultSpec("commit.visible")
+
+
+def test_a_plan_arms_only_its_sink_epoch_and_try(tmp_path: Path) -> None:
+    env = _plan(tmp_path, [{"sink": "s", "epoch": 7, "point": "commit.visible", "try": 1}])
+    assert fault_hook_for("s", 8, 1, env) is no_faults  # another epoch
+    assert fault_hook_for("t", 7, 1, env) is no_faults  # another sink
+    assert fault_hook_for("s", 7, 2, env) is no_faults  # the retry runs clean
+    hook = fault_hook_for("s", 7, 1, env)
+    hook("commit.decided")
+    with pytest.raises(SimulatedCrash, match=r"commit\.visible"):
+        hook("commit.visible")
+
+
+def test_a_plan_rule_without_try_applies_to_every_try_and_keeps_the_env_fault(tmp_path: Path) -> None:
+    env = {
+        **_plan(tmp_path, [{"sink": "s", "epoch": 7, "point": "persist.inserted", "occurrence": 2}]),
+        FAULT_ENV_VAR: "commit.marked",
+    }
+    for attempt in (1, 5):
+        hook = fault_hook_for("s", 7, attempt, env)
+        assert isinstance(hook, PlanFaultHook)
+        hook("persist.inserted")  # the first time passes
+        with pytest.raises(SimulatedCrash, match=r"persist\.inserted"):
+            hook("persist.inserted")
+        with pytest.raises(SimulatedCrash, match=FAULT_ENV_VAR):  # the env var still applies
+            hook("commit.marked")
+
+
+def test_a_pause_rule_sleeps_and_goes_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    slept: list[float] = []
+    monkeypatch.setattr("time.sleep", slept.append)  # the sleep itself is not what is tested
+    env = _plan(tmp_path, [{"sink": "s", "epoch": 7, "point": "iceberg.loaded", "mode": "pause", "seconds": 2.5}])
+    hook = fault_hook_for("s", 7, None, env)
+    hook("iceberg.loaded")
+    hook("iceberg.loaded")
+    assert slept == [2.5]
+
+
+@pytest.mark.parametrize(
+    ("rules", "message"),
+    [
+        ({"sink": "s"}, "JSON list"),
+        ([["s", 7]], "JSON object"),
+        ([{"sink": "s", "epoch": 7}], "missing keys \\['point'\\]"),
+        ([{"sink": "s", "epoch": 7, "point": "commit.visible", "when": 1}], "unknown keys \\['when'\\]"),
+        ([{"sink": "s", "epoch": -1, "point": "commit.visible"}], "'epoch'"),
+        ([{"sink": "s", "epoch": 7, "point": "Commit"}], "'point'"),
+        ([{"sink": "s", "epoch": 7, "point": "commit.visible", "occurrence": 0}], "'occurrence'"),
+        ([{"sink": "s", "epoch": 7, "point": "commit.visible", "try": 0}], "'try'"),
+        ([{"sink": "s", "epoch": 7, "point": "commit.visible", "mode": "explode"}], "'mode'"),
+        ([{"sink": "s", "epoch": 7, "point": "commit.visible", "mode": "pause"}], "'seconds'"),
+    ],
+)
+def test_malformed_plans_are_refused_with_the_rule_named(tmp_path: Path, rules: object, message: str) -> None:
+    with pytest.raises(ValueError, match=message) as raised:
+        fault_hook_for("s", 7, 1, _plan(tmp_path, rules))
+    assert FAULT_PLAN_ENV_VAR in str(raised.value)
+
+
+def test_a_missing_plan_file_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="cannot read the fault plan"):
+        fault_hook_for("s", 7, 1, {FAULT_PLAN_ENV_VAR: str(tmp_path / "absent.json")})
+    assert load_fault_plan(_plan(tmp_path, [])[FAULT_PLAN_ENV_VAR]) == []
+
+
+def test_a_planned_kill_sends_sigkill(tmp_path: Path) -> None:
+    env = _plan(tmp_path, [{"sink": "s", "epoch": 7, "point": "commit.visible", "mode": "kill"}])
+    code = (
+        "from airflow_provider_exactly_once.core.faults import fault_hook_for\n"
+        "hook = fault_hook_for('s', 7, 1)\n"
+        "hook('commit.decided'); print('before', flush=True); hook('commit.visible'); print('after')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], env={**env, "PATH": ""}, capture_output=True, text=True, timeout=60
     )
     assert done.returncode == -signal.SIGKILL
     assert done.stdout == "before\n"

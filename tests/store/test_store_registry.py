@@ -185,4 +185,4 @@ def test_one_of_many_concurrent_takers_gets_the_lock(store: SqlSinkStateStore) -
 
 
 def test_the_new_tables_come_from_migration_0002() -> None:
-    assert migrate.head_revision() == "0002"
+    assert "0002" in migrate.known_revisions()

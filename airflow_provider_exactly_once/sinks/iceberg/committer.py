@@ -30,6 +30,7 @@ from airflow_provider_exactly_once.core.errors import (
     SinkUnavailable,
 )
 from airflow_provider_exactly_once.core.faults import FaultHook, no_faults
+from airflow_provider_exactly_once.core.observe import COMMIT_RETRIES, NO_METRICS, Metrics, safe
 from airflow_provider_exactly_once.core.ports import EMPTY, CommittedTables, VisibleEpoch
 from airflow_provider_exactly_once.core.precommit import PreCommit, TableWrite
 from airflow_provider_exactly_once.sinks.iceberg.catalog_access import UNREACHABLE, load_table
@@ -85,6 +86,7 @@ class IcebergSinkCommitter:
         backoff_max_s: float = 5.0,
         allow_schema_evolution: bool = False,
         fault: FaultHook = no_faults,
+        metrics: Metrics = NO_METRICS,
     ) -> None:
         if not isinstance(catalog, Catalog):
             raise InvalidSinkConfig(f"catalog must be a pyiceberg Catalog, got {type(catalog).__name__}")
@@ -114,6 +116,9 @@ class IcebergSinkCommitter:
         self._allow_schema_evolution = allow_schema_evolution
         self._fault: Callable[[str], None] = fault
         self._handovers: dict[tuple[str, str], tuple[float, Table, list[ColumnToAdd]]] = {}
+        #: Conflict retries are reported here (``core.observe.COMMIT_RETRIES``); settable after
+        #: construction because sink configs build committers without knowing the metrics backend.
+        self.metrics: Metrics = safe(metrics)
 
     # -- SinkCommitter --------------------------------------------------------------------------
 
@@ -289,6 +294,7 @@ class IcebergSinkCommitter:
                 with attempt:
                     table, to_add = plan.table, plan.to_add
                     if attempt.retry_state.attempt_number > 1:
+                        self.metrics.incr(COMMIT_RETRIES, 1, {"sink_id": pre_commit.sink_id, "table": write.table})
                         table = self._load(write.table)
                         found = self._marker_of_this_write(table, pre_commit, not_before_ms)
                         if found is not None:

@@ -1,0 +1,1 @@
+"""The ``eo-sink`` command-line tool (``cli.main``)."""

@@ -1,0 +1,132 @@
+"""Airflow Assets for the Iceberg tables an epoch commits to: ``iceberg://<catalog>/<namespace>/<table>``.
+
+A downstream DAG scheduled on ``iceberg_asset("my_catalog_conn", "analytics.events")`` runs only
+when a commit task made an epoch visible in that table: the commit operator declares an
+``AssetAlias`` outlet and adds one event per table at run time, and only when the coordinator
+reports ``COMMITTED``. A declared ``Asset`` outlet would not do: Airflow emits an event for every
+declared outlet on every task success, so a rerun that found the epoch already committed (or an
+aborted epoch's skipped commit, were it to succeed) would wake the downstream DAG for data it has
+already seen.
+
+The authority of the URI is the *catalog name*: the Iceberg connection id, which is also the name
+``IcebergHook`` loads the pyiceberg catalog under. Namespace levels are path segments, so a table
+``a.b.events`` of catalog ``lake`` is ``iceberg://lake/a/b/events``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+from urllib.parse import SplitResult, quote, unquote, urlsplit
+
+from airflow_provider_exactly_once.core.errors import InvalidSinkConfig
+
+if TYPE_CHECKING:
+    from airflow.sdk import Asset, AssetAlias
+
+SCHEME = "iceberg"
+
+
+def iceberg_asset_uri(catalog: str, table: str) -> str:
+    """The asset URI of ``table`` (``namespace.table``, dotted) in ``catalog`` (the connection id)."""
+    if not isinstance(catalog, str) or not catalog.strip() or "/" in catalog or "@" in catalog:
+        raise InvalidSinkConfig(f"iceberg asset: catalog must be a connection id or catalog name, got {catalog!r}")
+    if not isinstance(table, str):
+        raise InvalidSinkConfig(f"iceberg asset: table must be 'namespace.table', got {table!r}")
+    parts = table.split(".")
+    if len(parts) < 2 or not all(part.strip() for part in parts):
+        raise InvalidSinkConfig(f"iceberg asset: table must be 'namespace.table' (namespace required), got {table!r}")
+    return f"{SCHEME}://{quote(catalog, safe='')}/" + "/".join(quote(part, safe="") for part in parts)
+
+
+def iceberg_asset(catalog: str, table: str, *, extra: Mapping[str, Any] | None = None) -> Asset:
+    """The ``Asset`` a commit to ``table`` emits events for: schedule downstream DAGs on it.
+
+    ``catalog`` is the sink's ``iceberg_conn_id``. The asset's name is its URI, as the commit
+    operator's events name it, so both refer to one asset.
+    """
+    from airflow.sdk import Asset
+
+    uri = iceberg_asset_uri(catalog, table)
+    return Asset(uri=uri, name=uri, extra=dict(extra or {}))
+
+
+def create_asset(*, catalog: str, table: str, extra: Mapping[str, Any] | None = None) -> Asset:
+    """The ``asset-uris`` factory of the ``iceberg`` scheme (``iceberg_asset`` by keyword)."""
+    return iceberg_asset(catalog, table, extra=extra)
+
+
+def table_of_asset_uri(uri: str) -> tuple[str, str]:
+    """``(catalog, "namespace.table")`` of an ``iceberg://`` URI, the inverse of ``iceberg_asset_uri``."""
+    parsed = sanitize_uri(urlsplit(uri))
+    segments = [unquote(s) for s in parsed.path.strip("/").split("/")]
+    return unquote(parsed.netloc), ".".join(segments)
+
+
+def sanitize_uri(uri: SplitResult) -> SplitResult:
+    """Airflow's URI handler for the ``iceberg`` scheme (``asset-uris`` in the provider info).
+
+    Refuses a URI without a catalog or without ``<namespace>/<table>``, so a typo in a DAG's
+    schedule fails at parse time instead of waiting forever for events that name another URI.
+    """
+    if not uri.netloc:
+        raise ValueError(
+            f"iceberg asset URI {uri.geturl()!r} has no catalog: use iceberg://<catalog>/<namespace>/<table>"
+        )
+    segments = [s for s in uri.path.split("/") if s]
+    if len(segments) < 2 or len(segments) != len(uri.path.strip("/").split("/")):
+        raise ValueError(
+            f"iceberg asset URI {uri.geturl()!r} must name <namespace>/<table> after the catalog, without empty levels"
+        )
+    if uri.query:
+        raise ValueError(f"iceberg asset URI {uri.geturl()!r} must not carry a query")
+    return uri
+
+
+def commit_alias(sink_id: str) -> AssetAlias:
+    """The alias a sink's commit task declares as its outlet; its events name the tables."""
+    from airflow.sdk import AssetAlias
+
+    return AssetAlias(name=f"exactly_once.{sink_id}.committed")
+
+
+def recovery_alias() -> AssetAlias:
+    """The recovery task's outlet: it adds events for the tables of the epochs it committed."""
+    from airflow.sdk import AssetAlias
+
+    return AssetAlias(name="exactly_once.recovery.committed")
+
+
+def committed_asset_events(
+    catalog: str, tables: Sequence[str], *, sink_id: str, epoch: int, write_id: str, committed: Mapping[str, str]
+) -> list[tuple[Asset, dict[str, Any]]]:
+    """One ``(asset, extra)`` per table of a commit: what a downstream run needs to find its data."""
+    events: list[tuple[Asset, dict[str, Any]]] = []
+    for table in tables:
+        extra: dict[str, Any] = {
+            "sink_id": sink_id,
+            "epoch": epoch,
+            "write_id": write_id,
+            "snapshot_id": committed.get(table),
+        }
+        events.append((iceberg_asset(catalog, table), extra))
+    return events
+
+
+def emit_committed(context: Mapping[str, Any], alias: AssetAlias, catalog: str, record: Any) -> int:
+    """Add one asset event per table of a committed epoch to the task's alias outlet; how many.
+
+    ``record`` is the coordinator's ``EpochRecord`` of the epoch, Committed by this task.
+    """
+    events = committed_asset_events(
+        catalog,
+        [write.table for write in record.pre_commit.tables],
+        sink_id=record.sink_id,
+        epoch=record.epoch,
+        write_id=record.write_id,
+        committed=dict(record.committed or {}),
+    )
+    accessor = context["outlet_events"][alias]
+    for asset, extra in events:
+        accessor.add(asset, extra=extra)
+    return len(events)

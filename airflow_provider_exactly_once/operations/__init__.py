@@ -1,0 +1,25 @@
+"""The sink-operations service: what the ``eo-sink`` tool and the Airflow UI's sink view show and do.
+
+Every action goes through the sink's coordinator (rebuilt from the sink registry), so it runs under
+the same invariants as the DAG's own tasks; see ``service.SinkOperations``.
+"""
+
+from airflow_provider_exactly_once.operations.service import InvalidRequest, SinkNotFound, SinkOperations
+from airflow_provider_exactly_once.operations.views import (
+    ActionResult,
+    CheckpointView,
+    EpochView,
+    SinkSummary,
+    TableView,
+)
+
+__all__ = [
+    "ActionResult",
+    "CheckpointView",
+    "EpochView",
+    "InvalidRequest",
+    "SinkNotFound",
+    "SinkOperations",
+    "SinkSummary",
+    "TableView",
+]

@@ -1,0 +1,555 @@
+"""What a person operating Airflow can see of the sinks and do to them: one service for the CLI and the UI.
+
+Reads are the store's indexed queries (``store/queries.py``), paginated. Every action goes through
+the sink's coordinator, rebuilt from the sink registry exactly as the recovery DAG rebuilds it, so
+an operator's abort, commit or clean-up runs under the same invariants as the DAG's own tasks: an
+abort is refused once the checkpoint completed (unless forced) and always once a commit was decided,
+a commit waits for the checkpoint, a delete happens only where the committer proves nothing is
+referenced. Refusals are the core's ``ExactlyOnceError`` subclasses with their own messages; the UI
+maps them to HTTP statuses and the CLI to exit codes.
+
+A dry run reads the row, the checkpoint and the queued clean-ups, says what the action would do, and
+writes nothing; it raises the refusal the action itself would raise.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import socket
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from airflow_provider_exactly_once.checkpoints.config import (
+    CheckpointConfig,
+    MetaStoreCheckpoint,
+    checkpoint_config_from_dict,
+)
+from airflow_provider_exactly_once.core.errors import (
+    AbortRefused,
+    CheckpointFailed,
+    CheckpointNotReady,
+    EpochAborted,
+    EpochNotFound,
+    ExactlyOnceError,
+)
+from airflow_provider_exactly_once.core.identifiers import check_epoch, check_sink_id
+from airflow_provider_exactly_once.core.ports import CleanupTask, EpochRecord
+from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochStatus
+from airflow_provider_exactly_once.operations.views import (
+    ActionResult,
+    CheckpointView,
+    EpochView,
+    SinkSummary,
+    describe_write,
+)
+from airflow_provider_exactly_once.store import SqlSinkStateStore
+from airflow_provider_exactly_once.store.queries import (
+    MAX_PAGE,
+    SinkCounts,
+    cleanup_counts,
+    count_epochs,
+    list_epochs,
+    sink_counts,
+)
+from airflow_provider_exactly_once.store.sql import ORPHAN_EPOCH
+
+if TYPE_CHECKING:
+    from airflow_provider_exactly_once.core.coordinator import TwoPhaseCommitCoordinator
+    from airflow_provider_exactly_once.recovery.orphans import OrphanCandidate
+    from airflow_provider_exactly_once.sinks.config import SinkConfig
+
+#: ``hooks.meta_store.DEFAULT_META_CONN_ID``, not imported from there: the hooks import Airflow, and
+#: the views (and ``eo-sink --url``) must not pay for that. A test keeps the two equal.
+DEFAULT_META_CONN_ID = "exactly_once_default"
+#: ``recovery.sink.DEFAULT_ORPHAN_GRACE``, for the same reason (a test keeps the two equal).
+DEFAULT_ORPHAN_GRACE = timedelta(hours=6)
+
+
+class SinkNotFound(EpochNotFound):
+    """No sink of that id is registered (and, for reads, none has rows either).
+
+    A subclass of ``EpochNotFound`` so that every "no such thing" maps to the same answer (HTTP 404,
+    CLI exit 1) wherever errors are mapped by class.
+    """
+
+
+class InvalidRequest(ExactlyOnceError, ValueError):
+    """An argument of an operations call that cannot be accepted (a page size, a grace period, a reason)."""
+
+
+def _holder() -> str:
+    """Who holds a sink's lock during an operator's recovery or gc: shown to anyone who finds it taken."""
+    try:
+        user = getpass.getuser()
+    except Exception:  # no passwd entry in some containers
+        user = "unknown"
+    return f"eo-sink {user}@{socket.gethostname()} pid {os.getpid()}"[:250]
+
+
+def _status(status: EpochStatus | str | None) -> EpochStatus | None:
+    """An epoch status as the UI's query string or the CLI gives it, in any case (``pending``, ``Pending``)."""
+    if status is None or isinstance(status, EpochStatus):
+        return status
+    for known in EpochStatus:
+        if str(status).strip().lower() == known.value.lower():
+            return known
+    raise InvalidRequest(f"epoch status {status!r} is not one of {[s.value for s in EpochStatus]}")
+
+
+class SinkOperations:
+    """Views of the sinks and their epochs, and the actions an operator may take on them.
+
+    :param store: the meta store (the caller disposes of it).
+    :param meta_conn_id: the meta-store connection the store came from, passed to the coordinators
+        it rebuilds (they reuse ``store``). Each sink's Iceberg catalog comes from the sink's Iceberg
+        connection, as in the recovery DAG.
+    """
+
+    def __init__(
+        self,
+        store: SqlSinkStateStore,
+        *,
+        meta_conn_id: str = DEFAULT_META_CONN_ID,
+    ) -> None:
+        self.store = store
+        self.meta_conn_id = meta_conn_id
+
+    # -- reads -------------------------------------------------------------------------------------
+
+    def sinks(self) -> list[SinkSummary]:
+        """Every registered sink and every sink with rows, by sink id."""
+        registered = {sink_id: (sink, checkpoint) for sink_id, sink, checkpoint in self.store.registered_sinks()}
+        counts = sink_counts(self.store)
+        return [
+            _summary(sink_id, registered.get(sink_id), counts.get(sink_id))
+            for sink_id in sorted(set(registered) | set(counts))
+        ]
+
+    def sink(self, sink_id: str) -> SinkSummary:
+        """One sink's summary; ``SinkNotFound`` when it is neither registered nor has rows."""
+        check_sink_id(sink_id)
+        registration = self.store.registered_sink(sink_id)
+        count = sink_counts(self.store, sink_id).get(sink_id)
+        if registration is None and count is None:
+            raise SinkNotFound(f"sink {sink_id!r} is unknown: it is not registered and has no epochs")
+        return _summary(sink_id, registration, count)
+
+    def epochs(
+        self,
+        *,
+        sink_id: str | None = None,
+        status: EpochStatus | str | None = None,
+        limit: int = 100,
+        offset: int = 0,
+    ) -> list[EpochView]:
+        """A page of epochs, newest epoch first."""
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_PAGE:
+            raise InvalidRequest(f"limit must be an integer from 1 to {MAX_PAGE}, got {limit!r}")
+        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+            raise InvalidRequest(f"offset must be a non-negative integer, got {offset!r}")
+        if sink_id is not None:
+            check_sink_id(sink_id)
+        records = list_epochs(self.store, sink_id=sink_id, status=_status(status), limit=limit, offset=offset)
+        if not records:
+            return []
+        now = self.store.now()
+        cleanups = cleanup_counts(self.store, [(r.sink_id, r.epoch) for r in records])
+        return [EpochView.of(r, now=now, pending_cleanups=cleanups.get((r.sink_id, r.epoch), 0)) for r in records]
+
+    def epoch_count(self, *, sink_id: str | None = None, status: EpochStatus | str | None = None) -> int:
+        """How many epochs ``epochs`` pages through with the same filters (for a pager's total)."""
+        if sink_id is not None:
+            check_sink_id(sink_id)
+        return count_epochs(self.store, sink_id=sink_id, status=_status(status))
+
+    def epoch(self, sink_id: str, epoch: int) -> EpochView:
+        """One epoch; ``EpochNotFound`` (naming sink and epoch) when it has no row."""
+        record = self._row(sink_id, epoch)
+        cleanups = len(self.store.cleanups(sink_id, epoch))
+        return EpochView.of(record, now=self.store.now(), pending_cleanups=cleanups)
+
+    def checkpoint(self, sink_id: str, epoch: int) -> CheckpointView:
+        """The registered checkpoint source's status for the epoch, or why it could not be read."""
+        check_sink_id(sink_id)
+        check_epoch(epoch)
+        registration = self.store.registered_sink(sink_id)
+        if registration is None:
+            raise SinkNotFound(f"sink {sink_id!r} is not in the sink registry: its checkpoint source is unknown")
+        checkpoint = registration[1]
+        kind = str((checkpoint or {}).get("kind", MetaStoreCheckpoint.kind))
+        try:
+            config = MetaStoreCheckpoint() if checkpoint is None else checkpoint_config_from_dict(checkpoint)
+            status = config.source(self.store).status(sink_id, epoch)
+        except Exception as exc:  # a source that cannot answer (or be built) is shown, not raised: it is a view
+            return CheckpointView(sink_id, epoch, None, f"{type(exc).__name__}: {exc}", kind)
+        return CheckpointView(sink_id, epoch, status.value, None, kind)
+
+    # -- actions on one epoch ----------------------------------------------------------------------
+
+    def abort(
+        self, sink_id: str, epoch: int, *, reason: str, force: bool = False, dry_run: bool = False
+    ) -> ActionResult:
+        """Abort the epoch's current write and delete its files, as the coordinator allows.
+
+        The write the row holds now is the one aborted: should a rerun replace it meanwhile, only the
+        write the operator saw is removed (the coordinator's "other write" path), never the new one.
+        """
+        if not isinstance(reason, str) or not reason.strip():
+            raise InvalidRequest(f"sink {sink_id!r} epoch {epoch}: an abort needs a reason (it is kept on the row)")
+        coordinator = self._coordinator(sink_id)
+        row = self._row(sink_id, epoch)
+        if dry_run:
+            return self._abort_plan(row, force)
+        result = coordinator.abort(sink_id, epoch, reason=reason, write=row.pre_commit, force=force)
+        return ActionResult(
+            "abort",
+            sink_id,
+            epoch,
+            False,
+            result.outcome.value,
+            f"{describe_write(row.pre_commit)}; {result.files_deleted} file(s) deleted",
+            files_deleted=result.files_deleted,
+        )
+
+    def _abort_plan(self, row: EpochRecord, force: bool) -> ActionResult:
+        sink_id, epoch = row.sink_id, row.epoch
+
+        def plan(outcome: str, detail: str) -> ActionResult:
+            return ActionResult("abort", sink_id, epoch, True, outcome, detail)
+
+        if row.status is EpochStatus.COMMITTED:
+            return plan("already committed", f"nothing would change: write {row.write_id} is committed")
+        if row.status is EpochStatus.ABORTED:
+            return plan("already aborted", self._cleanup_plan(self.store.cleanups(sink_id, epoch)))
+        if row.commit_decided_at is not None:
+            raise AbortRefused(
+                f"sink {sink_id!r} epoch {epoch}: the commit of write {row.write_id} was decided at "
+                f"{row.commit_decided_at.isoformat()}; it will be committed (commit task or recovery), not aborted"
+            )
+        checkpoint = self._checkpoint_status(sink_id, epoch)
+        if checkpoint is CheckpointStatus.COMPLETED and not force:
+            raise AbortRefused(
+                f"sink {sink_id!r} epoch {epoch}: checkpoint COMPLETED, so the epoch must be committed; "
+                "abort with force=True only to drop its data on purpose"
+            )
+        locations = ", ".join(t.location for t in row.pre_commit.tables)
+        return plan(
+            "would abort",
+            f"checkpoint {checkpoint.value}{' (forced)' if force else ''}: the row would become Aborted and "
+            f"{describe_write(row.pre_commit)} would be deleted from {locations}",
+        )
+
+    def commit(self, sink_id: str, epoch: int, *, dry_run: bool = False) -> ActionResult:
+        """Retry the commit of a Pending epoch (its checkpoint must have completed)."""
+        coordinator = self._coordinator(sink_id)
+        row = self._row(sink_id, epoch)
+        if dry_run:
+            return self._commit_plan(row)
+        result = coordinator.commit(sink_id, epoch)
+        committed = dict(result.record.committed or {})
+        return ActionResult(
+            "commit",
+            sink_id,
+            epoch,
+            False,
+            result.outcome.value,
+            f"write {result.record.write_id}: " + ", ".join(f"{t} -> {s}" for t, s in sorted(committed.items())),
+            report={"committed": committed, "write_id": result.record.write_id},
+        )
+
+    def _commit_plan(self, row: EpochRecord) -> ActionResult:
+        sink_id, epoch = row.sink_id, row.epoch
+        if row.status is EpochStatus.COMMITTED:
+            committed = dict(row.committed or {})
+            return ActionResult(
+                "commit",
+                sink_id,
+                epoch,
+                True,
+                "already committed",
+                f"nothing would change: write {row.write_id} is committed ({committed})",
+                report={"committed": committed, "write_id": row.write_id},
+            )
+        if row.status is EpochStatus.ABORTED:
+            raise EpochAborted(f"sink {sink_id!r} epoch {epoch} is Aborted: it cannot be committed")
+        if row.commit_decided_at is None:
+            checkpoint = self._checkpoint_status(sink_id, epoch)
+            if checkpoint is CheckpointStatus.FAILED:
+                raise CheckpointFailed(f"sink {sink_id!r} epoch {epoch}: checkpoint FAILED; the epoch must be aborted")
+            if checkpoint is CheckpointStatus.PENDING:
+                raise CheckpointNotReady(f"sink {sink_id!r} epoch {epoch}: checkpoint still PENDING")
+            why = "checkpoint COMPLETED"
+        else:
+            why = f"commit decided at {row.commit_decided_at.isoformat()}"
+        return ActionResult(
+            "commit",
+            sink_id,
+            epoch,
+            True,
+            "would commit",
+            f"{why}: {describe_write(row.pre_commit)} would become visible, one snapshot per table with the "
+            "epoch's marker (skipped where the marker shows it already is)",
+            report={"write_id": row.write_id},
+        )
+
+    def cleanup(self, sink_id: str, epoch: int, *, dry_run: bool = False) -> ActionResult:
+        """Run the epoch's queued clean-ups again (an Aborted epoch whose files a crash left behind).
+
+        The epoch's live write is never touched: only writes that can no longer become visible are
+        queued, and the committer re-checks the sink before each delete.
+        """
+        coordinator = self._coordinator(sink_id)
+        check_epoch(epoch)
+        tasks = self.store.cleanups(sink_id, epoch)
+        if not tasks and self.store.get(sink_id, epoch) is None:
+            raise EpochNotFound(f"sink {sink_id!r} epoch {epoch} was never persisted and has no clean-up queued")
+        if dry_run:
+            return ActionResult(
+                "cleanup",
+                sink_id,
+                epoch,
+                True,
+                "would clean up" if tasks else "nothing to clean up",
+                self._cleanup_plan(tasks),
+                report={"cleanups": [_cleanup_dict(t) for t in tasks]},
+            )
+        report = coordinator.clean_up(sink_id, epoch)
+        failed = {str(k): v for k, v in report.failed.items()}
+        return ActionResult(
+            "cleanup",
+            sink_id,
+            epoch,
+            False,
+            "failed" if failed else ("cleaned up" if tasks else "nothing to clean up"),
+            f"{len(tasks)} queued clean-up(s); {report.files_deleted} file(s) deleted"
+            + (f"; failed: {'; '.join(failed.values())}" if failed else ""),
+            files_deleted=report.files_deleted,
+            ok=not failed,
+            report={"failed": failed},
+        )
+
+    # -- actions on a sink -------------------------------------------------------------------------
+
+    def recover(self, sink_id: str, *, dry_run: bool = False) -> ActionResult:
+        """What the recovery DAG's task does for one sink, under the sink's lock (``recovery/sink.py``)."""
+        sink, checkpoint = self._registration(sink_id)
+        if dry_run:
+            return self._recovery_plan(sink, checkpoint)
+        from airflow_provider_exactly_once.recovery.sink import recover_sink
+
+        report = recover_sink(self.store, sink_id, holder=_holder())
+        return ActionResult(
+            "recover",
+            sink_id,
+            None,
+            False,
+            "recovered" if report.ok else "failed",
+            report.summary(),
+            files_deleted=report.files_deleted,
+            ok=report.ok,
+            report=report.to_dict(),
+        )
+
+    def _recovery_plan(self, sink: SinkConfig, checkpoint: CheckpointConfig | None) -> ActionResult:
+        sink_id = sink.sink_id
+        source = (checkpoint or MetaStoreCheckpoint()).source(self.store)
+        commit: list[int] = []
+        abort: list[int] = []
+        waiting: list[int] = []
+        unknown: dict[str, str] = {}
+        for row in self.store.epochs_with_status(sink_id, EpochStatus.PENDING):
+            if row.commit_decided_at is not None:
+                commit.append(row.epoch)
+                continue
+            try:
+                status = source.status(sink_id, row.epoch)
+            except Exception as exc:  # recovery would report this epoch failed and go on
+                unknown[str(row.epoch)] = f"{type(exc).__name__}: {exc}"
+                continue
+            {CheckpointStatus.COMPLETED: commit, CheckpointStatus.FAILED: abort}.get(status, waiting).append(row.epoch)
+        tasks = self.store.cleanups(sink_id)
+        old, young, scan_error = self._orphans(sink, DEFAULT_ORPHAN_GRACE)
+        report: dict[str, Any] = {
+            "commit": commit,
+            "abort": abort,
+            "waiting": waiting,
+            "checkpoint_unknown": unknown,
+            "cleanups": [_cleanup_dict(t) for t in tasks],
+            "orphans": [_orphan_dict(c) for c in old],
+            "orphans_kept": [c.write_id for c in young],
+        }
+        if scan_error:
+            report["orphan_scan_failed"] = scan_error
+        anything = commit or abort or tasks or old
+        return ActionResult(
+            "recover",
+            sink_id,
+            None,
+            True,
+            "would recover" if anything else "nothing to do",
+            f"sink {sink_id!r}: would commit {commit}, abort {abort}, leave waiting {waiting}, run "
+            f"{len(tasks)} queued clean-up(s) and remove {len(old)} orphaned write location(s) "
+            f"older than {DEFAULT_ORPHAN_GRACE}",
+            report=report,
+        )
+
+    def gc(self, sink_id: str, *, grace: timedelta, dry_run: bool = False) -> ActionResult:
+        """Remove the sink's orphaned write locations whose files are all older than ``grace``.
+
+        Orphans go through the store's clean-up queue and the coordinator's clean-up path, under the
+        sink's lock, exactly as the recovery DAG removes them; no epoch's status is touched.
+        """
+        if not isinstance(grace, timedelta) or grace < timedelta(0):
+            raise InvalidRequest(f"sink {sink_id!r}: the orphan grace must be a non-negative duration, got {grace!r}")
+        sink, checkpoint = self._registration(sink_id)
+        if dry_run:
+            old, young, scan_error = self._orphans(sink, grace)
+            if scan_error:
+                raise InvalidRequest(f"sink {sink_id!r}: the orphan scan failed: {scan_error}")
+            files = sum(c.age.files for c in old)
+            return ActionResult(
+                "gc",
+                sink_id,
+                None,
+                True,
+                "would remove orphans" if old else "nothing to do",
+                f"{len(old)} orphaned write location(s) older than {grace} ({files} file(s)) would be removed; "
+                f"{len(young)} younger or of unknown age kept",
+                report={"orphans": [_orphan_dict(c) for c in old], "orphans_kept": [c.write_id for c in young]},
+            )
+        from airflow_provider_exactly_once.recovery.sink import (
+            DEFAULT_LOCK_TTL,
+            SinkLocked,
+            SinkRecoveryReport,
+            _queue_orphans,
+        )
+
+        coordinator = self._build(sink, checkpoint)
+        holder = _holder()
+        acquired, by, until = self.store.acquire_sink_lock(sink_id, holder, ttl=DEFAULT_LOCK_TTL)
+        if not acquired:
+            raise SinkLocked(f"sink {sink_id!r} is being recovered by {by!r} (lock held until {until.isoformat()})")
+        try:
+            scan = SinkRecoveryReport(sink_id)
+            enqueued = _queue_orphans(self.store, sink, grace, scan)
+            result = coordinator.clean_up(sink_id, ORPHAN_EPOCH)
+        finally:
+            self.store.release_sink_lock(sink_id, holder)
+        remaining = {task.write_id for task in self.store.cleanups(sink_id, ORPHAN_EPOCH)}
+        failed = dict(scan.failed)
+        failed.update(
+            {f"orphan {w}": result.failed.get(ORPHAN_EPOCH, "its clean-up did not complete") for w in remaining}
+        )
+        removed = sorted(enqueued - remaining)
+        return ActionResult(
+            "gc",
+            sink_id,
+            None,
+            False,
+            "failed" if failed else ("removed orphans" if removed else "nothing to do"),
+            f"{len(removed)} orphaned write location(s) removed ({result.files_deleted} file(s)), "
+            f"{len(scan.orphans_kept)} kept" + (f"; failed: {failed}" if failed else ""),
+            files_deleted=result.files_deleted,
+            ok=not failed,
+            report={"orphans_removed": removed, "orphans_kept": scan.orphans_kept, "failed": failed},
+        )
+
+    # -- helpers -----------------------------------------------------------------------------------
+
+    def _row(self, sink_id: str, epoch: int) -> EpochRecord:
+        check_sink_id(sink_id)
+        check_epoch(epoch)
+        row = self.store.get(sink_id, epoch)
+        if row is None:
+            raise EpochNotFound(f"sink {sink_id!r} epoch {epoch} was never persisted")
+        return row
+
+    def _registration(self, sink_id: str) -> tuple[SinkConfig, CheckpointConfig | None]:
+        check_sink_id(sink_id)
+        if self.store.registered_sink(sink_id) is None:
+            raise SinkNotFound(
+                f"sink {sink_id!r} is not in the sink registry (the epoch operators register a sink on first use), "
+                "so its coordinator cannot be rebuilt"
+            )
+        from airflow_provider_exactly_once.recovery.sink import registered_sink
+
+        sink, checkpoint = registered_sink(self.store, sink_id)
+        return sink, checkpoint
+
+    def _coordinator(self, sink_id: str) -> TwoPhaseCommitCoordinator:
+        return self._build(*self._registration(sink_id))
+
+    def _build(self, sink: SinkConfig, checkpoint: CheckpointConfig | None) -> TwoPhaseCommitCoordinator:
+        from airflow_provider_exactly_once.hooks.meta_store import coordinator_for
+
+        return coordinator_for(sink, checkpoint, meta_conn_id=self.meta_conn_id, store=self.store)
+
+    def _checkpoint_status(self, sink_id: str, epoch: int) -> CheckpointStatus:
+        _, checkpoint = self._registration(sink_id)
+        return (checkpoint or MetaStoreCheckpoint()).source(self.store).status(sink_id, epoch)
+
+    def _cleanup_plan(self, tasks: Sequence[CleanupTask]) -> str:
+        if not tasks:
+            return "no clean-up is queued"
+        files = sum(sum(len(t.data_files) for t in task.pre_commit.tables) for task in tasks)
+        writes = ", ".join(task.write_id for task in tasks)
+        return (
+            f"{len(tasks)} queued clean-up(s) would run (write(s) {writes}; up to {files} listed file(s) "
+            "plus anything else under their write locations), each only where the sink proves it unreferenced"
+        )
+
+    def _orphans(
+        self, sink: SinkConfig, grace: timedelta
+    ) -> tuple[list[OrphanCandidate], list[OrphanCandidate], str | None]:
+        from airflow_provider_exactly_once.recovery.orphans import find_orphans
+        from airflow_provider_exactly_once.recovery.sink import _catalog
+
+        try:
+            catalog = _catalog(sink)
+            old, young = find_orphans(sink, self.store, grace=grace, catalog=catalog)
+        except Exception as exc:  # reported, as the recovery DAG reports a failed scan
+            return [], [], f"{type(exc).__name__}: {exc}"
+        return old, young, None
+
+
+def _summary(
+    sink_id: str, registration: tuple[dict[str, Any], dict[str, Any] | None] | None, count: SinkCounts | None
+) -> SinkSummary:
+    sink, checkpoint = registration or ({}, None)
+    count = count or SinkCounts(sink_id)
+    return SinkSummary(
+        sink_id=sink_id,
+        kind=sink.get("kind"),
+        tables=tuple(sink.get("tables", ())),
+        root=sink.get("root"),
+        registered=registration is not None,
+        checkpoint=None if checkpoint is None else checkpoint.get("kind"),
+        pending=count.pending,
+        committed=count.committed,
+        aborted=count.aborted,
+        oldest_pending_created_at=count.oldest_pending_created_at,
+        pending_cleanups=count.pending_cleanups,
+    )
+
+
+def _cleanup_dict(task: CleanupTask) -> dict[str, Any]:
+    return {
+        "id": task.id,
+        "epoch": task.epoch,
+        "write_id": task.write_id,
+        "reason": task.reason,
+        "files": sum(len(t.data_files) for t in task.pre_commit.tables),
+        "locations": [t.location for t in task.pre_commit.tables],
+        "created_at": task.created_at.isoformat(),
+    }
+
+
+def _orphan_dict(candidate: OrphanCandidate) -> dict[str, Any]:
+    return {
+        "write_id": candidate.write_id,
+        "locations": [loc.location for loc in candidate.locations],
+        "files": candidate.age.files,
+        "newest_file_at": None if candidate.age.newest is None else candidate.age.newest.isoformat(),
+    }

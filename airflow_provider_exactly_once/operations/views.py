@@ -1,0 +1,230 @@
+"""What the operations service returns: plain frozen records with a JSON-safe ``to_dict()``.
+
+The CLI prints them as tables or JSON and the UI's API returns ``to_dict()`` as is, so both show the
+same numbers under the same names. Times are timezone-aware UTC (the meta store's clock) and become
+ISO 8601 strings in ``to_dict()``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from airflow_provider_exactly_once.core.ports import EpochRecord
+from airflow_provider_exactly_once.core.precommit import PreCommit
+
+
+def _iso(value: datetime | None) -> str | None:
+    return None if value is None else value.astimezone(UTC).isoformat()
+
+
+def interval_start(epoch: int) -> datetime | None:
+    """The data-interval start an interval-derived epoch stands for (ms since the Unix epoch).
+
+    Run-keyed and custom epochs are numbers too; a value outside the calendar gives ``None``.
+    """
+    try:
+        return datetime(1970, 1, 1, tzinfo=UTC) + timedelta(milliseconds=epoch)
+    except OverflowError:
+        return None
+
+
+@dataclass(frozen=True)
+class SinkSummary:
+    """One sink: how to find its data, and its epochs by status."""
+
+    sink_id: str
+    #: ``"iceberg"`` or ``"files"``; ``None`` for a sink with rows but no registration (its
+    #: coordinator cannot be rebuilt, so no action can be taken on it from here).
+    kind: str | None
+    tables: tuple[str, ...]
+    root: str | None
+    registered: bool
+    #: The checkpoint source's kind as registered (``None``: the meta-store checkpoint table).
+    checkpoint: str | None
+    pending: int
+    committed: int
+    aborted: int
+    oldest_pending_created_at: datetime | None
+    #: Queued clean-ups not yet done: writes whose files still have to go.
+    pending_cleanups: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "sink_id": self.sink_id,
+            "kind": self.kind,
+            "tables": list(self.tables),
+            "root": self.root,
+            "registered": self.registered,
+            "checkpoint": self.checkpoint,
+            "counts": {"pending": self.pending, "committed": self.committed, "aborted": self.aborted},
+            "oldest_pending_created_at": _iso(self.oldest_pending_created_at),
+            "pending_cleanups": self.pending_cleanups,
+        }
+
+
+@dataclass(frozen=True)
+class TableView:
+    """One table (or file-sink root) of an epoch's write."""
+
+    name: str
+    files: int
+    rows: int
+    bytes: int
+    #: The snapshot id that made the epoch visible, ``"empty"`` (nothing to add), or ``None`` (not committed).
+    snapshot: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "files": self.files,
+            "rows": self.rows,
+            "bytes": self.bytes,
+            "snapshot": self.snapshot,
+        }
+
+
+@dataclass(frozen=True)
+class EpochView:
+    """One epoch's row, with its write's totals: what an operator needs to judge it."""
+
+    sink_id: str
+    epoch: int
+    status: str
+    write_id: str
+    dag_id: str | None
+    run_id: str | None
+    try_number: int | None
+    created_at: datetime
+    updated_at: datetime
+    #: Seconds since ``created_at`` by the meta store's clock when the view was read.
+    age_seconds: float
+    commit_decided_at: datetime | None
+    rows: int
+    files: int
+    bytes: int
+    tables: tuple[TableView, ...]
+    error: str | None
+    #: Queued clean-ups of this epoch not yet done (an Aborted epoch's files a crash left, replaced writes).
+    pending_cleanups: int = 0
+    interval_start: datetime | None = field(default=None)
+
+    @classmethod
+    def of(cls, record: EpochRecord, *, now: datetime, pending_cleanups: int = 0) -> EpochView:
+        committed: Mapping[str, str] = record.committed or {}
+        tables = tuple(
+            TableView(
+                name=table.table,
+                files=len(table.data_files),
+                rows=table.record_count,
+                bytes=sum(f.file_size_in_bytes for f in table.data_files),
+                snapshot=committed.get(table.table),
+            )
+            for table in record.pre_commit.tables
+        )
+        return cls(
+            sink_id=record.sink_id,
+            epoch=record.epoch,
+            status=record.status.value,
+            write_id=record.write_id,
+            dag_id=record.dag_id,
+            run_id=record.run_id,
+            try_number=record.try_number,
+            created_at=record.created_at,
+            updated_at=record.updated_at,
+            age_seconds=max(0.0, (now - record.created_at).total_seconds()),
+            commit_decided_at=record.commit_decided_at,
+            rows=sum(t.rows for t in tables),
+            files=sum(t.files for t in tables),
+            bytes=sum(t.bytes for t in tables),
+            tables=tables,
+            error=record.error,
+            pending_cleanups=pending_cleanups,
+            interval_start=interval_start(record.epoch),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "sink_id": self.sink_id,
+            "epoch": self.epoch,
+            "status": self.status,
+            "write_id": self.write_id,
+            "dag_id": self.dag_id,
+            "run_id": self.run_id,
+            "try_number": self.try_number,
+            "created_at": _iso(self.created_at),
+            "updated_at": _iso(self.updated_at),
+            "age_seconds": round(self.age_seconds, 3),
+            "commit_decided_at": _iso(self.commit_decided_at),
+            "rows": self.rows,
+            "files": self.files,
+            "bytes": self.bytes,
+            "tables": [t.to_dict() for t in self.tables],
+            "error": self.error,
+            "pending_cleanups": self.pending_cleanups,
+            "interval_start": _iso(self.interval_start),
+        }
+
+
+@dataclass(frozen=True)
+class CheckpointView:
+    """The checkpoint source's word on an epoch, or why it could not be had."""
+
+    sink_id: str
+    epoch: int
+    #: ``"COMPLETED"``, ``"FAILED"``, ``"PENDING"``, or ``None`` when the source could not answer.
+    status: str | None
+    #: Why ``status`` is ``None`` (the source's error), else ``None``.
+    detail: str | None
+    #: The registered checkpoint source's kind (``"metastore"``, ``"markers"``, ``"streaming"``).
+    source: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "sink_id": self.sink_id,
+            "epoch": self.epoch,
+            "status": self.status,
+            "detail": self.detail,
+            "source": self.source,
+        }
+
+
+@dataclass(frozen=True)
+class ActionResult:
+    """What an action did, or with ``dry_run`` what it would do (and then nothing changed)."""
+
+    action: str
+    sink_id: str
+    epoch: int | None
+    dry_run: bool
+    #: The coordinator's outcome (``"aborted"``, ``"committed"``, ``"already committed"`` ...) or,
+    #: for a dry run, what would happen (``"would abort"``, ``"would commit"``, ``"nothing to do"``).
+    outcome: str
+    detail: str
+    files_deleted: int = 0
+    #: ``False`` when part of the action failed (a clean-up or an epoch of a recovery); see ``report``.
+    ok: bool = True
+    #: Action-specific particulars (a recovery's per-epoch results, the orphans found, ...).
+    report: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "action": self.action,
+            "sink_id": self.sink_id,
+            "epoch": self.epoch,
+            "dry_run": self.dry_run,
+            "outcome": self.outcome,
+            "detail": self.detail,
+            "files_deleted": self.files_deleted,
+            "ok": self.ok,
+            "report": dict(self.report),
+        }
+
+
+def describe_write(pre: PreCommit) -> str:
+    """``write <id>: N file(s), M row(s) in <tables>``: what a dry run says it would act on."""
+    files = sum(len(t.data_files) for t in pre.tables)
+    tables: Sequence[str] = [t.table for t in pre.tables]
+    return f"write {pre.write_id}: {files} file(s), {pre.record_count} row(s) in {', '.join(tables)}"

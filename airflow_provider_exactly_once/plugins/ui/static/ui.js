@@ -1,0 +1,55 @@
+// The epoch page's buttons: a POST with a JSON body to the view's own API, then a reload.
+// The JWT cookie Airflow's UI set travels with the request (same origin); nothing else is needed.
+(function () {
+  "use strict";
+  var actions = document.getElementById("actions");
+  if (!actions) { return; }
+  var api = actions.getAttribute("data-api");
+  var out = document.getElementById("action-result");
+
+  function show(ok, text) {
+    out.hidden = false;
+    out.className = ok ? "alert alert-ok" : "alert";
+    out.textContent = text;
+  }
+
+  function post(action, body) {
+    actions.querySelectorAll("button").forEach(function (b) { b.disabled = true; });
+    return fetch(api + "/" + action, {
+      method: "POST",
+      credentials: "same-origin",
+      headers: { "Content-Type": "application/json", "Accept": "application/json" },
+      body: JSON.stringify(body || {}),
+    }).then(function (response) {
+      return response.json().catch(function () { return {}; }).then(function (data) {
+        if (response.ok) {
+          show(true, (data.outcome || "done") + (data.detail ? ": " + data.detail : "") + " - reloading");
+          window.setTimeout(function () { window.location.reload(); }, 600);
+        } else {
+          show(false, response.status + ": " + (data.detail || response.statusText));
+          actions.querySelectorAll("button").forEach(function (b) { b.disabled = false; });
+        }
+      });
+    }).catch(function (error) {
+      show(false, "request failed: " + error);
+      actions.querySelectorAll("button").forEach(function (b) { b.disabled = false; });
+    });
+  }
+
+  var dialog = document.getElementById("abort-dialog");
+  actions.addEventListener("click", function (event) {
+    var button = event.target.closest("button[data-action]");
+    if (!button) { return; }
+    var action = button.getAttribute("data-action");
+    if (action === "abort") {
+      dialog.showModal();
+      return;
+    }
+    if (window.confirm(button.getAttribute("data-confirm"))) { post(action, {}); }
+  });
+  dialog.addEventListener("close", function () {
+    if (dialog.returnValue !== "confirm") { return; }
+    var reason = document.getElementById("abort-reason").value.trim();
+    post("abort", { reason: reason || "aborted by hand from the sink-state view" });
+  });
+})();

@@ -1,0 +1,141 @@
+"""Read queries of the operations views (the ``eo-sink`` tool and the Airflow UI's sink view).
+
+Kept apart from ``sql.py``, whose methods are the coordinator's transitions: nothing here writes.
+Every query is answered from an index (migration 0003 adds the listing ones) and returns at most
+``limit`` rows, so a view costs the same with ten epochs of history as with ten million; counts are
+``GROUP BY`` over the ``(sink_id, status)`` index, never rows fetched and counted in Python.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy import ColumnElement, Select, func, select, tuple_
+
+from airflow_provider_exactly_once.core.identifiers import check_sink_id
+from airflow_provider_exactly_once.core.ports import EpochRecord
+from airflow_provider_exactly_once.core.status import EpochStatus
+from airflow_provider_exactly_once.store.models import PendingSinkState, SinkCleanup
+from airflow_provider_exactly_once.store.sql import SqlSinkStateStore, _record
+
+#: The most rows one listing returns: a page, not an export.
+MAX_PAGE = 1000
+
+
+@dataclass(frozen=True)
+class SinkCounts:
+    """One sink's epochs by status, its oldest Pending epoch, and its clean-ups not yet done."""
+
+    sink_id: str
+    pending: int = 0
+    committed: int = 0
+    aborted: int = 0
+    oldest_pending_created_at: datetime | None = None
+    pending_cleanups: int = 0
+
+
+def sink_counts(store: SqlSinkStateStore, sink_id: str | None = None) -> dict[str, SinkCounts]:
+    """Per sink with any row or clean-up: counts by status, oldest Pending ``created_at``, open clean-ups."""
+    state_filter: list[ColumnElement[bool]] = []
+    cleanup_filter: list[ColumnElement[bool]] = [SinkCleanup.done_at.is_(None)]
+    if sink_id is not None:
+        check_sink_id(sink_id)
+        state_filter.append(PendingSinkState.sink_id == sink_id)
+        cleanup_filter.append(SinkCleanup.sink_id == sink_id)
+    counts: dict[str, dict[str, int]] = {}
+    oldest: dict[str, datetime] = {}
+    cleanups: dict[str, int] = {}
+    with store.reading("counting epochs per sink") as session:
+        for sink, status, count in session.execute(
+            select(PendingSinkState.sink_id, PendingSinkState.status, func.count())
+            .where(*state_filter)
+            .group_by(PendingSinkState.sink_id, PendingSinkState.status)
+        ):
+            counts.setdefault(sink, {})[status] = int(count)
+        for sink, created_at in session.execute(
+            select(PendingSinkState.sink_id, func.min(PendingSinkState.created_at))
+            .where(*state_filter, PendingSinkState.status == EpochStatus.PENDING.value)
+            .group_by(PendingSinkState.sink_id)
+        ):
+            if created_at is not None:
+                oldest[sink] = created_at
+        for sink, count in session.execute(
+            select(SinkCleanup.sink_id, func.count()).where(*cleanup_filter).group_by(SinkCleanup.sink_id)
+        ):
+            cleanups[sink] = int(count)
+    return {
+        sink: SinkCounts(
+            sink_id=sink,
+            pending=counts.get(sink, {}).get(EpochStatus.PENDING.value, 0),
+            committed=counts.get(sink, {}).get(EpochStatus.COMMITTED.value, 0),
+            aborted=counts.get(sink, {}).get(EpochStatus.ABORTED.value, 0),
+            oldest_pending_created_at=oldest.get(sink),
+            pending_cleanups=cleanups.get(sink, 0),
+        )
+        for sink in sorted(set(counts) | set(cleanups))
+    }
+
+
+def list_epochs(
+    store: SqlSinkStateStore,
+    *,
+    sink_id: str | None = None,
+    status: EpochStatus | None = None,
+    limit: int = 100,
+    offset: int = 0,
+) -> list[EpochRecord]:
+    """A page of epochs, newest first (then by sink id, descending), optionally of one sink and one status.
+
+    Each filter combination is served by an index whose order is the page's order: the primary key
+    ``(sink_id, epoch)``, ``(sink_id, status, epoch)``, ``(status, epoch, sink_id)`` or ``(epoch, sink_id)``,
+    read backwards: no sort, and a page costs its own rows whatever the history.
+    """
+    with store.reading("listing epochs") as session:
+        rows = session.scalars(epochs_statement(sink_id=sink_id, status=status, limit=limit, offset=offset))
+        return [_record(row) for row in rows]
+
+
+def count_epochs(store: SqlSinkStateStore, *, sink_id: str | None = None, status: EpochStatus | None = None) -> int:
+    """How many epochs ``list_epochs`` pages through (a count over the same indexes, no rows fetched)."""
+    conditions: list[ColumnElement[bool]] = []
+    if sink_id is not None:
+        conditions.append(PendingSinkState.sink_id == check_sink_id(sink_id))
+    if status is not None:
+        conditions.append(PendingSinkState.status == EpochStatus(status).value)
+    with store.reading("counting epochs") as session:
+        return int(session.scalar(select(func.count()).select_from(PendingSinkState).where(*conditions)) or 0)
+
+
+def epochs_statement(
+    *, sink_id: str | None, status: EpochStatus | None, limit: int, offset: int
+) -> Select[PendingSinkState]:
+    """The query of ``list_epochs`` (its plan is checked against the indexes by the tests)."""
+    conditions: list[ColumnElement[bool]] = []
+    if sink_id is not None:
+        conditions.append(PendingSinkState.sink_id == check_sink_id(sink_id))
+    if status is not None:
+        conditions.append(PendingSinkState.status == EpochStatus(status).value)
+    order = (
+        (PendingSinkState.epoch.desc(),)
+        if sink_id is not None
+        else (PendingSinkState.epoch.desc(), PendingSinkState.sink_id.desc())
+    )
+    return select(PendingSinkState).where(*conditions).order_by(*order).limit(limit).offset(offset)
+
+
+def cleanup_counts(store: SqlSinkStateStore, keys: Sequence[tuple[str, int]]) -> dict[tuple[str, int], int]:
+    """Open clean-ups per ``(sink_id, epoch)`` of one page (the clean-up log's ``(sink_id, epoch, ...)`` index)."""
+    wanted = sorted({(check_sink_id(sink), int(epoch)) for sink, epoch in keys})
+    if not wanted:
+        return {}
+    with store.reading("counting open clean-ups") as session:
+        return {
+            (str(sink), int(epoch)): int(count)
+            for sink, epoch, count in session.execute(
+                select(SinkCleanup.sink_id, SinkCleanup.epoch, func.count())
+                .where(tuple_(SinkCleanup.sink_id, SinkCleanup.epoch).in_(wanted), SinkCleanup.done_at.is_(None))
+                .group_by(SinkCleanup.sink_id, SinkCleanup.epoch)
+            )
+        }

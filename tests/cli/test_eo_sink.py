@@ -1,0 +1,202 @@
+"""``eo-sink`` end to end: as a real subprocess (the installed console script) for the contract that
+scripts rely on (JSON on stdout, messages on stderr, exit codes), and in process for the rest."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from airflow_provider_exactly_once.cli.main import EXIT_FAILED, EXIT_OK, EXIT_USAGE, duration, main
+from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochStatus
+from tests.airflow.harness import World
+from tests.operations.helpers import coordinator, state, write
+from tests.recovery.helpers import E0, E1, E2, E3, GRACE, exists, leave_crash
+
+EO_SINK = Path(sys.executable).with_name("eo-sink")
+
+
+def eo_sink(*args: str) -> subprocess.CompletedProcess[str]:
+    """The installed script, in a child process that inherits this test's Airflow connections."""
+    assert EO_SINK.exists(), f"{EO_SINK} is missing: run `uv sync --frozen` to install the project's scripts"
+    return subprocess.run([str(EO_SINK), *args], capture_output=True, text=True, timeout=300, env=dict(os.environ))
+
+
+def run_main(*args: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    code = main(list(args), stdout=out, stderr=err)
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_the_script_reports_status_shows_refuses_and_commits(world: World) -> None:
+    url, sink_id = world.pipeline.meta_url, world.sink_id
+    pre = write(world, E1)
+    coordinator(world).persist(pre, dag_id="hourly", run_id="scheduled__x")
+    world.mark(E1, CheckpointStatus.COMPLETED)
+
+    status = eo_sink("status", "--url", url, "--json")
+    assert status.returncode == EXIT_OK, status.stderr
+    [ours] = [s for s in json.loads(status.stdout)["sinks"] if s["sink_id"] == sink_id]
+    assert ours["counts"] == {"pending": 1, "committed": 0, "aborted": 0} and ours["kind"] == "iceberg"
+
+    show = eo_sink("show", sink_id, str(E1), "--url", url, "--json")
+    assert show.returncode == EXIT_OK, show.stderr
+    shown = json.loads(show.stdout)
+    assert shown["epoch"]["write_id"] == pre.write_id and shown["epoch"]["dag_id"] == "hourly"
+    assert shown["checkpoint"]["status"] == "COMPLETED"
+
+    refused = eo_sink("abort", sink_id, str(E1), "--reason", "test", "--url", url, "--json")
+    assert refused.returncode == EXIT_FAILED
+    assert f"sink '{sink_id}' epoch {E1}" in refused.stderr and "AbortRefused" in refused.stderr
+    assert json.loads(refused.stdout)["error"] == "AbortRefused"
+    assert exists(pre)
+
+    committed = eo_sink("commit", sink_id, str(E1), "--url", url, "--json")
+    assert committed.returncode == EXIT_OK, committed.stderr
+    result = json.loads(committed.stdout)
+    assert (result["action"], result["outcome"], result["dry_run"]) == ("commit", "committed", False)
+    assert world.markers() == {E1: [pre.write_id]}
+
+
+def test_the_script_exit_codes_for_bad_usage_and_unknown_things(world: World) -> None:
+    url = world.pipeline.meta_url
+    bad = eo_sink("show", world.sink_id, "not-a-number", "--url", url)
+    assert bad.returncode == EXIT_USAGE and "epoch 'not-a-number'" in bad.stderr
+    missing = eo_sink("show", world.sink_id, str(E2), "--url", url)
+    assert missing.returncode == EXIT_FAILED
+    assert f"sink '{world.sink_id}' epoch {E2} was never persisted" in missing.stderr
+    assert missing.stdout == ""
+
+
+def test_tables_by_default_and_json_everywhere(world: World) -> None:
+    url, sink_id = world.pipeline.meta_url, world.sink_id
+    coord = coordinator(world)
+    for epoch in (E0, E1, E2):
+        coord.persist(write(world, epoch), dag_id="hourly")
+    world.mark(E0, CheckpointStatus.COMPLETED)
+    coord.commit(sink_id, E0)
+
+    code, out, _ = run_main("status", sink_id, "--url", url)
+    assert code == EXIT_OK
+    [line] = [row for row in out.splitlines() if row.startswith(sink_id)]
+    assert line.split()[:6] == [sink_id, "iceberg", world.table, "2", "1", "0"]
+
+    code, out, _ = run_main("epochs", sink_id, "--url", url, "--limit", "2")
+    assert code == EXIT_OK
+    assert [row.split()[1] for row in out.splitlines() if row.startswith(sink_id)] == [str(E2), str(E1)]
+    assert "--offset 2" in out
+    code, out, _ = run_main("epochs", sink_id, "--url", url, "--status", "committed", "--json")
+    assert [e["epoch"] for e in json.loads(out)["epochs"]] == [E0]
+
+    code, out, _ = run_main("show", sink_id, str(E0), "--url", url)
+    assert code == EXIT_OK and "Committed" in out and world.table in out and "COMPLETED" in out
+
+    for args in (
+        ("abort", sink_id, str(E1), "--reason", "r", "--dry-run"),
+        ("commit", sink_id, str(E0), "--dry-run"),
+        ("cleanup", sink_id, str(E1), "--dry-run"),
+        ("recover", sink_id, "--dry-run"),
+        ("gc", sink_id, "--grace", "1h", "--dry-run"),
+    ):
+        code, out, err = run_main(*args, "--url", url, "--json")
+        assert code == EXIT_OK, err
+        parsed = json.loads(out)
+        assert parsed["dry_run"] is True and parsed["action"] == args[0]
+        code, out, err = run_main(*args, "--url", url)
+        assert code == EXIT_OK and out.startswith(f"[dry run] {args[0]} sink '{sink_id}'"), out
+
+
+def test_dry_runs_change_nothing_then_the_actions_do(world: World) -> None:
+    left = leave_crash(world, world.iceberg_sink())
+    url, sink_id = world.pipeline.meta_url, world.sink_id
+    writes = [left.pending_completed, left.pending_failed, left.aborted_with_files, left.old_orphan]
+    before = state(world, sink_id, [E0, E1, E2, E3], writes)
+    for args in (
+        ("abort", sink_id, str(E2), "--reason", "checkpoint failed"),
+        ("commit", sink_id, str(E1)),
+        ("cleanup", sink_id, str(E3)),
+        ("recover", sink_id),
+        ("gc", sink_id),
+    ):
+        code, _, err = run_main(*args, "--url", url, "--dry-run")
+        assert code == EXIT_OK, err
+    assert state(world, sink_id, [E0, E1, E2, E3], writes) == before
+
+    code, out, err = run_main("gc", sink_id, "--grace", "6h", "--url", url, "--json")
+    assert code == EXIT_OK, err
+    assert json.loads(out)["report"]["orphans_removed"] == [left.old_orphan.write_id]
+    assert not exists(left.old_orphan)
+    code, out, err = run_main("cleanup", sink_id, str(E3), "--url", url)
+    assert code == EXIT_OK and "cleaned up" in out and not exists(left.aborted_with_files)
+    code, out, err = run_main("abort", sink_id, str(E2), "--reason", "checkpoint failed", "--url", url)
+    assert code == EXIT_OK and "aborted" in out and not exists(left.pending_failed)
+    code, out, err = run_main("commit", sink_id, str(E1), "--url", url)
+    assert code == EXIT_OK and "committed" in out
+    store = world.pipeline.store
+    assert store.get(sink_id, E1).status is EpochStatus.COMMITTED  # type: ignore[union-attr]
+    assert store.get(sink_id, E2).status is EpochStatus.ABORTED  # type: ignore[union-attr]
+    assert world.markers() == {E0: [left.committed.write_id], E1: [left.pending_completed.write_id]}
+
+
+@pytest.mark.parametrize("backend", ["sqlite"])  # every registered sink of the store: a store of its own
+def test_recover_every_registered_sink(world: World) -> None:
+    left = leave_crash(world, world.iceberg_sink())
+    code, out, err = run_main("recover", "--url", world.pipeline.meta_url, "--json")
+    assert code == EXIT_OK, err
+    [result] = json.loads(out)["results"]
+    assert result["sink_id"] == world.sink_id and result["ok"] is True
+    assert (result["report"]["committed"], result["report"]["aborted"]) == ([E1], [E2])
+    assert not exists(left.old_orphan) and exists(left.young_orphan)
+    assert timedelta(hours=6) == GRACE  # the young orphan is kept by the default grace
+
+
+def test_the_meta_store_connection_is_resolved_through_airflow(world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    coordinator(world).persist(write(world, E1))
+    code, out, err = run_main("status", world.sink_id, "--meta-conn-id", world.meta_conn_id, "--json")
+    assert code == EXIT_OK, err
+    assert json.loads(out)["sinks"][0]["counts"]["pending"] == 1
+    code, out, err = run_main("status", "--meta-conn-id", "no_such_connection")
+    assert code == EXIT_USAGE and "'no_such_connection' does not exist" in err
+    code, out, err = run_main("status", "--url", "mysql://nope/db")
+    assert code == EXIT_USAGE and "not supported" in err
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("6h", timedelta(hours=6)),
+        ("1h30m", timedelta(minutes=90)),
+        ("2d", timedelta(days=2)),
+        ("90", timedelta(seconds=90)),
+    ],
+)
+def test_durations(text: str, expected: timedelta) -> None:
+    assert duration(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "6x", "h", "-1h", "1h-"])
+def test_bad_durations_are_usage_errors(text: str) -> None:
+    code, _, _ = run_main("gc", "--grace", text, "--url", "sqlite://")
+    assert code == EXIT_USAGE
+
+
+@pytest.mark.parametrize(
+    ("args", "code"),
+    [
+        ((), EXIT_USAGE),
+        (("--help",), EXIT_OK),
+        (("frobnicate",), EXIT_USAGE),
+        (("abort", "some-sink", "5"), EXIT_USAGE),  # --reason is required
+        (("show", "bad sink id!", "5"), EXIT_USAGE),
+        (("epochs", "--limit", "0"), EXIT_USAGE),
+        (("status", "--url", "sqlite://", "--meta-conn-id", "x"), EXIT_USAGE),  # one meta store, not two
+    ],
+)
+def test_usage_errors_exit_2(args: tuple[str, ...], code: int) -> None:
+    assert run_main(*args)[0] == code

@@ -1,0 +1,90 @@
+"""``python -m tests.faults``: run named scenarios or a seed-driven random plan on a fresh cluster.
+
+    python -m tests.faults --scenario NAME [--scenario NAME ...]   (or --scenario all)
+    python -m tests.faults --random --seed S --epochs N
+    options: --report FILE (JSON, default faults-report.json), --keep (keep the cluster's temp dir)
+
+Exit status 0 when every check passed (no anomaly, every action done), 1 otherwise. The report
+prints the seed and the plan first, so any failure can be replayed with the same seed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import signal
+import sys
+import time
+from pathlib import Path
+
+from tests.faults.cluster import cluster
+from tests.faults.scenarios import describe_plan, named_scenarios, random_plan, run_scenarios
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="scripts/faults", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--scenario", action="append", default=[], help="a named scenario, or 'all'")
+    parser.add_argument("--random", action="store_true", help="a seed-driven random plan")
+    parser.add_argument("--seed", type=int, default=None, help="the seed (default: a random one, printed)")
+    parser.add_argument("--epochs", type=int, default=200, help="faulted epochs of the random plan")
+    parser.add_argument("--per-pipeline", type=int, default=10, help="epochs per pipeline (DAG) of the random plan")
+    parser.add_argument("--parallelism", type=int, default=3, help="LocalExecutor parallelism")
+    parser.add_argument("--timeout", type=float, default=None, help="seconds to wait for the runs")
+    parser.add_argument("--report", type=Path, default=Path("faults-report.json"))
+    parser.add_argument("--keep", action="store_true", help="keep the cluster's directory (logs) at the end")
+    parser.add_argument("--list", action="store_true", help="list the named scenarios and exit")
+    args = parser.parse_args(argv)
+
+    # Tear the cluster down on SIGTERM and on Ctrl-C even when started in the background (where a
+    # non-interactive shell leaves SIGINT ignored): both unwind through the cluster's clean-up.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    known = named_scenarios()
+    if args.list:
+        for name, s in known.items():
+            print(f"{name:28} {s.description}")
+        return 0
+    if args.random == bool(args.scenario):
+        parser.error("give --random or --scenario (one or more), not both, not neither")
+    seed = None
+    if args.random:
+        seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**31)
+        scenarios = random_plan(seed, args.epochs, per_pipeline=args.per_pipeline)
+    else:
+        names = list(known) if "all" in args.scenario else args.scenario
+        unknown = [n for n in names if n not in known]
+        if unknown:
+            parser.error(f"unknown scenario(s) {unknown}; known: {sorted(known)}")
+        scenarios = [known[n] for n in names]
+    plan = describe_plan(scenarios)
+    print(json.dumps({"seed": seed, "plan": plan}, indent=1), flush=True)
+    if seed is not None:
+        print(f"seed {seed}: replay with scripts/faults --random --seed {seed} --epochs {args.epochs}", flush=True)
+    timeout = args.timeout or 600 + 40 * sum(s.epochs for s in scenarios)
+    t0 = time.monotonic()
+    report: dict[str, object] = {"seed": seed, "plan": plan}
+    try:
+        with cluster(keep_root=args.keep, parallelism=args.parallelism) as c:
+            print(f"cluster in {c.root}", flush=True)
+            report.update(run_scenarios(c, scenarios, timeout=timeout))
+    except Exception as exc:
+        report["error"] = f"{type(exc).__name__}: {exc}"
+    report["wall_seconds"] = round(time.monotonic() - t0, 1)
+    args.report.write_text(json.dumps(report, indent=1, default=str), encoding="utf-8")
+    summary = {
+        k: report.get(k)
+        for k in ("seed", "epochs", "faulted_epochs", "anomalies", "action_errors", "error", "wall_seconds")
+    }
+    print(json.dumps(summary), flush=True)
+    for name, result in dict(report.get("scenarios") or {}).items():  # type: ignore[call-overload]
+        for anomaly in result["anomalies"]:
+            print(f"ANOMALY {name}: {anomaly}")
+        if result["action_error"]:
+            print(f"ACTION ERROR {name}: {result['action_error']}")
+    ok = "error" not in report and report.get("anomalies") == 0 and report.get("action_errors") == 0
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,146 @@
+"""The harness pipeline: the example pipeline (``dags/hourly_events.py``) parameterised for fault runs.
+
+One DAG per scenario, built by ``build(params)`` from a one-line DAG file the harness writes into
+the cluster's DAGs folder. The differences from the example, each for a reason:
+
+- hourly intervals from ``start`` with ``catchup`` and an ``end_date``: the scheduler creates every
+  epoch at once instead of one per hour of wall time;
+- ``writer="light"`` (the default) writes each epoch's real Parquet files with pyarrow and describes
+  them with the same ``describe_parquet_file`` the Spark writer uses, without a JVM (a Spark write
+  costs 15-30 s here); ``writer="spark"`` is the example's ``SparkPreCommitOperator`` through real
+  ``spark-submit``, used by the scenarios that kill the Spark write;
+- the light writer reaches the fault point ``write.files_written`` (after its files exist, before
+  it returns them), so a plan can kill a write that left files behind;
+- no ``hour_settled`` gate before the write: the harness lands every hour's files before the run
+  and only the markers arrive late, so the epoch's own sensor is the one that waits;
+- short retry delays and poke intervals, so that recovery from a fault takes seconds;
+- an unpartitioned table (partitioning is not what the harness tests).
+
+This module imports Airflow: only the DAG files of the cluster import it, never the harness.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import uuid
+from pathlib import Path
+from typing import Any
+
+from airflow.sdk import DAG, get_current_context, task
+from airflow.timetables.interval import CronDataIntervalTimetable
+
+from airflow_provider_exactly_once.checkpoints.config import MarkerFileCheckpoint
+from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig
+from airflow_provider_exactly_once.task_groups import exactly_once_epoch
+from tests.faults.layout import WRITE_POINT, hour_template
+
+EVENT_SCHEMA_DDL = "event_id STRING, user_id BIGINT, event_type STRING, event_time TIMESTAMP, amount DOUBLE"
+
+
+def light_write(sink_id: str, table_name: str, landing: str, conn_id: str) -> dict[str, Any]:
+    """One epoch's write without Spark: the hour's JSON lines as one real Parquet file with Iceberg
+    field ids, in the write's own location, returned as pre-commit metadata (nothing visible)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from airflow.providers.apache.iceberg.hooks.iceberg import IcebergHook
+    from pyiceberg.io.pyarrow import schema_to_pyarrow
+
+    from airflow_provider_exactly_once.core.epochs import epoch_from_interval_start
+    from airflow_provider_exactly_once.core.faults import fault_hook_for
+    from airflow_provider_exactly_once.core.precommit import PreCommit, TableWrite
+    from airflow_provider_exactly_once.sinks.iceberg.descriptors import describe_parquet_file
+
+    context = get_current_context()
+    start = context["data_interval_start"]
+    assert start is not None
+    epoch = epoch_from_interval_start(start)
+    attempt = int(context["ti"].try_number)
+    table = IcebergHook(conn_id).catalog.load_table(table_name)
+    write_id = str(uuid.uuid4())
+    location = f"{table.location().rstrip('/')}/data/_eo/{write_id}"
+    hour = Path(hour_template(landing).format(start=start))
+    rows: list[dict[str, Any]] = []
+    for path in sorted(hour.glob("*.json")):
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if line.strip():
+                event = json.loads(line)
+                event["event_time"] = dt.datetime.fromisoformat(event["event_time"])
+                rows.append(event)
+    descriptors = []
+    if rows:
+        arrow_schema = schema_to_pyarrow(table.schema(), include_field_ids=True)
+        local = Path(location.removeprefix("file://"))
+        local.mkdir(parents=True)
+        path = f"{location}/part-00000-{attempt}.parquet"
+        pq.write_table(pa.Table.from_pylist(rows, schema=arrow_schema), path.removeprefix("file://"))
+        descriptors.append(describe_parquet_file(path, table_schema=table.schema(), partition={}, writer="0"))
+    fault_hook_for(sink_id, epoch, attempt)(WRITE_POINT)
+    pre = PreCommit(
+        sink_id=sink_id,
+        epoch=epoch,
+        write_id=write_id,
+        tables=[TableWrite(table=table_name, location=location, data_files=descriptors)],
+    )
+    value: dict[str, Any] = json.loads(pre.model_dump_json(exclude_defaults=True))
+    return value
+
+
+def build(params: dict[str, Any]) -> DAG:
+    """The DAG of one scenario. ``params``: dag_id, sink_id, table, landing, start (ISO hour), epochs,
+    writer (light|spark), sensor (poke|reschedule|deferrable), conn_id, max_active_runs."""
+    dag_id, sink_id, table, landing = params["dag_id"], params["sink_id"], params["table"], params["landing"]
+    conn_id = params["conn_id"]
+    start = dt.datetime.fromisoformat(params["start"])
+    end = start + dt.timedelta(hours=int(params["epochs"]) - 1)
+    sink = IcebergSinkConfig(sink_id, (table,), iceberg_conn_id=conn_id)
+    checkpoint = MarkerFileCheckpoint(hour_template(landing))
+    sensor = params.get("sensor", "poke")
+    quick = {"retries": 3, "retry_delay": dt.timedelta(seconds=3)}
+    with DAG(
+        dag_id,
+        schedule=CronDataIntervalTimetable("@hourly", timezone="UTC"),
+        start_date=start,
+        end_date=end,
+        catchup=True,
+        max_active_runs=int(params.get("max_active_runs", 3)),
+        is_paused_upon_creation=False,
+        render_template_as_native_obj=True,
+        tags=["exactly-once", "fault-harness"],
+    ) as dag:
+        if params.get("writer", "light") == "spark":
+            from airflow_provider_exactly_once.operators.spark_precommit import SparkPreCommitOperator
+            from airflow_provider_exactly_once.spark.jobspec import FilesInput
+
+            write: Any = SparkPreCommitOperator(
+                task_id="transform",
+                conn_id="spark_default",
+                sink_id=sink_id,
+                input=FilesInput(format="json", path=hour_template(landing), schema_ddl=EVENT_SCHEMA_DDL),
+                target={
+                    "kind": "iceberg",
+                    "catalog_name": conn_id,
+                    "catalog_properties": "{{ conn.get('" + conn_id + "').extra_dejson }}",
+                    "table": table,
+                },
+                conf={"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "1"},
+                **quick,
+            )
+        else:
+            write = task(task_id="transform", **quick)(light_write)(sink_id, table, landing, conn_id)
+        exactly_once_epoch(
+            write,
+            sink=sink,
+            checkpoint=checkpoint,
+            group_id="events",
+            sensor_kwargs={
+                "poke_interval": 2,
+                "timeout": 1800,
+                "mode": "reschedule" if sensor == "reschedule" else "poke",
+                "deferrable": sensor == "deferrable",
+                **quick,
+            },
+            commit_retries=6,
+            commit_retry_delay=dt.timedelta(seconds=2),
+        )
+    return dag

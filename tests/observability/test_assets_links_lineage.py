@@ -1,0 +1,319 @@
+"""Asset events, the Epoch extra link and OpenLineage datasets of real epoch runs (``dag.test()``
+into a real pyiceberg SQL catalog, Airflow's own metadata DB for the asset events and XComs)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from airflow.providers.standard.operators.python import PythonOperator
+from airflow.sdk import DAG
+
+from airflow_provider_exactly_once.core.epochs import epoch_from_interval_start
+from airflow_provider_exactly_once.core.errors import InvalidSinkConfig
+from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochStatus
+from airflow_provider_exactly_once.observability.assets import (
+    iceberg_asset,
+    iceberg_asset_uri,
+    sanitize_uri,
+    table_of_asset_uri,
+)
+from airflow_provider_exactly_once.observability.links import EpochLink
+from airflow_provider_exactly_once.plugins.urls import epoch_page
+from airflow_provider_exactly_once.task_groups import exactly_once_epoch
+from tests.airflow.harness import World, run, ti_states, xcom
+
+DAY = dt.datetime(2024, 5, 1, tzinfo=dt.UTC)
+G = "eo"
+BASE_URL = "http://airflow.example:8080"
+
+
+def epoch_dag(world: World, *, writes: int = 5) -> DAG:
+    sink = world.iceberg_sink()
+    with DAG(
+        f"eo_obs_{uuid.uuid4().hex[:10]}",
+        schedule="@daily",
+        start_date=dt.datetime(2024, 1, 1, tzinfo=dt.UTC),
+        catchup=False,
+        default_args={"retries": 0},
+    ) as dag:
+        write = PythonOperator(task_id="write", python_callable=world.writer(sink, rows=writes))
+        exactly_once_epoch(
+            write,
+            sink=sink,
+            checkpoint=world.checkpoint(),
+            meta_conn_id=world.meta_conn_id,
+            group_id=G,
+            sensor_kwargs={"poke_interval": 0.2, "timeout": 30},
+            commit_retries=0,
+        )
+    return dag
+
+
+def asset_events(uri: str) -> list[dict[str, Any]]:
+    from airflow.models.asset import AssetEvent, AssetModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    with create_session() as session:
+        rows = session.scalars(
+            select(AssetEvent).join(AssetModel, AssetModel.id == AssetEvent.asset_id).where(AssetModel.uri == uri)
+        ).all()
+        return [{"extra": dict(r.extra or {}), "task_id": r.source_task_id, "run_id": r.source_run_id} for r in rows]
+
+
+def link_xcom(dag_id: str, run_id: str, task_id: str) -> Any:
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    with create_session() as session:
+        return session.scalar(
+            select(XComModel.value).where(
+                XComModel.dag_id == dag_id,
+                XComModel.run_id == run_id,
+                XComModel.task_id == task_id,
+                XComModel.key == EpochLink().xcom_key,
+            )
+        )
+
+
+@pytest.fixture
+def base_url(monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.setenv("AIRFLOW__API__BASE_URL", BASE_URL)
+    return BASE_URL
+
+
+class LineageCapture:
+    """A real Airflow listener: does what the OpenLineage provider's listener does on success, i.e.
+    asks the finished task (the executed copy, with its run-time state) for its lineage."""
+
+    def __init__(self) -> None:
+        self.lineage: dict[str, Any] = {}
+
+    from airflow.listeners import hookimpl
+
+    @hookimpl
+    def on_task_instance_success(self, previous_state: Any, task_instance: Any) -> None:
+        task = task_instance.task
+        if hasattr(task, "get_openlineage_facets_on_complete") and task.task_id.startswith(f"{G}."):
+            self.lineage[task.task_id] = task.get_openlineage_facets_on_complete(task_instance)
+
+
+@pytest.fixture
+def lineage_capture() -> Iterator[LineageCapture]:
+    from airflow.sdk.listener import get_listener_manager
+
+    capture = LineageCapture()
+    get_listener_manager().add_listener(capture)
+    yield capture
+    get_listener_manager().pm.unregister(capture)
+
+
+def test_a_commit_emits_one_asset_event_per_table_and_a_rerun_none(world: World, base_url: str) -> None:
+    epoch = epoch_from_interval_start(DAY)
+    world.mark(epoch, CheckpointStatus.COMPLETED)
+    dag = epoch_dag(world)
+    uri = iceberg_asset_uri(world.iceberg_conn_id, world.table)
+
+    first = run(dag, DAY)
+
+    assert first.state == "success"
+    row = world.pipeline.store.get(world.sink_id, epoch)
+    assert row is not None and row.status is EpochStatus.COMMITTED and row.committed is not None
+    events = asset_events(uri)
+    assert events == [
+        {
+            "extra": {
+                "sink_id": world.sink_id,
+                "epoch": epoch,
+                "write_id": row.write_id,
+                "snapshot_id": row.committed[world.table],
+            },
+            "task_id": f"{G}.commit",
+            "run_id": first.run_id,
+        }
+    ]
+    # The link of the commit task instance opens its epoch's page under Airflow's [api] base_url.
+    assert link_xcom(dag.dag_id, first.run_id, f"{G}.commit") == epoch_page(world.sink_id, epoch, BASE_URL)
+
+    second = run(dag, DAY)  # the same interval again: a new write, the epoch is already committed
+
+    assert second.state == "success"
+    assert xcom(dag.dag_id, second.run_id, f"{G}.commit")["outcome"] == "already committed"
+    assert len(asset_events(uri)) == 1  # downstream DAGs do not run twice for one epoch
+    assert world.markers() == {epoch: [row.write_id]}
+
+
+def test_an_aborted_epoch_emits_no_event_and_its_abort_task_links_to_the_epoch(world: World, base_url: str) -> None:
+    epoch = epoch_from_interval_start(DAY)
+    world.mark(epoch, CheckpointStatus.FAILED)
+    dag = epoch_dag(world)
+
+    dr = run(dag, DAY)
+
+    assert dr.state == "failed"
+    assert ti_states(dag.dag_id, dr.run_id)[f"{G}.abort"][0] == "success"
+    assert asset_events(iceberg_asset_uri(world.iceberg_conn_id, world.table)) == []
+    assert link_xcom(dag.dag_id, dr.run_id, f"{G}.abort") == epoch_page(world.sink_id, epoch, BASE_URL)
+
+
+def test_the_downstream_dag_is_scheduled_on_the_same_asset_the_commit_emits(world: World) -> None:
+    """The helper DAG authors schedule on names the asset the commit's events name."""
+    epoch = epoch_from_interval_start(DAY)
+    world.mark(epoch, CheckpointStatus.COMPLETED)
+    asset = iceberg_asset(world.iceberg_conn_id, world.table)
+    with DAG(f"eo_downstream_{uuid.uuid4().hex[:8]}", schedule=[asset], start_date=DAY) as downstream:
+        PythonOperator(task_id="read", python_callable=lambda: None)
+    from airflow.models.asset import AssetDagRunQueue, AssetModel
+    from airflow.models.dag import DagModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import select, update
+
+    from tests.airflow.harness import register
+
+    register(downstream)
+    with create_session() as session:  # new DAGs start paused; a paused DAG is not queued
+        session.execute(update(DagModel).where(DagModel.dag_id == downstream.dag_id).values(is_paused=False))
+    run(epoch_dag(world), DAY)
+
+    with create_session() as session:
+        queued = session.scalars(
+            select(AssetDagRunQueue.target_dag_id)
+            .join(AssetModel, AssetModel.id == AssetDagRunQueue.asset_id)
+            .where(AssetModel.uri == asset.uri)
+        ).all()
+    assert queued == [downstream.dag_id]
+
+
+def test_commit_and_write_report_lineage_with_schema_and_statistics(
+    world: World, lineage_capture: LineageCapture
+) -> None:
+    epoch = epoch_from_interval_start(DAY)
+    world.mark(epoch, CheckpointStatus.COMPLETED)
+    dag = epoch_dag(world, writes=7)
+
+    run(dag, DAY)
+
+    lineage = lineage_capture.lineage[f"{G}.commit"]
+    assert lineage.inputs == []
+    (output,) = lineage.outputs
+    table = world.pipeline.catalog.load_table(world.table)
+    location = table.location().removeprefix("file://")
+    assert (output.namespace, output.name) == ("file", location)
+    (symlink,) = output.facets["symlinks"].identifiers
+    assert (symlink.namespace, symlink.name, symlink.type) == (
+        f"iceberg://{world.iceberg_conn_id}",
+        world.table,
+        "TABLE",
+    )
+    # The write listed no columns (it kept the table's schema), so the facet is the table's schema.
+    fields = [(f.name, f.type) for f in output.facets["schema"].fields]
+    assert fields == [("id", "long"), ("epoch", "long"), ("write_id", "string")]
+    stats = output.outputFacets["outputStatistics"]
+    (write,) = world.writes
+    assert stats.rowCount == 7 == write.record_count
+    assert stats.fileCount == len(write.tables[0].data_files)
+    assert stats.size == sum(d.file_size_in_bytes for d in write.tables[0].data_files) > 0
+
+
+def test_the_provider_registers_the_iceberg_scheme_and_the_link() -> None:
+    from urllib.parse import urlsplit
+
+    from airflow.providers_manager import ProvidersManager
+    from airflow.sdk.providers_manager_runtime import ProvidersManagerTaskRuntime
+
+    runtime = ProvidersManagerTaskRuntime()
+    assert runtime.asset_uri_handlers["iceberg"] is sanitize_uri
+    assert runtime.asset_factories["iceberg"](catalog="lake", table="db.events") == iceberg_asset("lake", "db.events")
+    assert "airflow_provider_exactly_once.observability.links.EpochLink" in ProvidersManager().extra_links_class_names
+    assert iceberg_asset("lake", "db.events").uri == "iceberg://lake/db/events"
+    assert table_of_asset_uri(iceberg_asset("lake", "a.b.events").uri) == ("lake", "a.b.events")
+    with pytest.raises(InvalidSinkConfig, match="namespace required"):
+        iceberg_asset("lake", "events")
+    with pytest.raises(InvalidSinkConfig, match="catalog must be"):
+        iceberg_asset("", "db.events")
+    for bad in ("iceberg:///db/events", "iceberg://lake/events", "iceberg://lake/db//events"):
+        with pytest.raises(ValueError, match="iceberg asset URI"):
+            sanitize_uri(urlsplit(bad))
+
+
+def test_the_spark_write_reports_its_input_files_and_the_columns_it_wrote(world: World, tmp_path: Any) -> None:
+    """The Spark operator's lineage from its own specs and a real write (real Parquet files described
+    as the Spark writer describes them); spark-submit itself is exercised by tests/spark."""
+    from airflow_provider_exactly_once.core.precommit import WrittenColumn
+    from airflow_provider_exactly_once.observability.lineage import write_lineage
+    from airflow_provider_exactly_once.operators.spark_precommit import SparkPreCommitOperator
+
+    landing = tmp_path / "landing"
+    target = {
+        "kind": "iceberg",
+        "catalog_name": world.iceberg_conn_id,
+        "catalog_properties": {
+            "type": "sql",
+            "uri": world.pipeline.catalog_url,
+            "warehouse": f"file://{world.pipeline.warehouse}",
+        },
+        "table": world.table,
+    }
+    operator = SparkPreCommitOperator(
+        task_id="write",
+        sink_id=world.sink_id,
+        input={"kind": "files", "format": "parquet", "path": str(landing)},
+        target=target,
+    )
+    pre = world.pipeline.write_iceberg(world.sink_id, 5, ["events"], rows=11, files=2)
+    columns = [WrittenColumn(name="id", type="long", required=True), WrittenColumn(name="epoch", type="long")]
+    pre = pre.model_copy(update={"tables": [pre.tables[0].model_copy(update={"schema_written": columns})]})
+
+    lineage = write_lineage(operator.input_spec, operator.target_spec, pre)
+
+    (source,) = lineage.inputs
+    assert (source.namespace, source.name) == ("file", str(landing))
+    (output,) = lineage.outputs
+    assert output.namespace == "file"
+    assert output.name == world.pipeline.catalog.load_table(world.table).location().removeprefix("file://")
+    assert [(f.name, f.type) for f in output.facets["schema"].fields] == [("id", "long"), ("epoch", "long")]
+    stats = output.outputFacets["outputStatistics"]
+    assert (stats.rowCount, stats.fileCount) == (11, 2)
+    assert stats.size == sum(d.file_size_in_bytes for d in pre.tables[0].data_files)
+    # Before execute ran (or when it failed) there is no write: the input alone.
+    assert operator.get_openlineage_facets_on_complete(None).outputs == []
+
+
+def test_lineage_falls_back_to_the_catalog_name_when_the_table_cannot_be_loaded(world: World) -> None:
+    from airflow_provider_exactly_once.observability.lineage import output_datasets
+
+    pre = world.pipeline.write_iceberg(world.sink_id, 6, ["events"], rows=3)
+
+    def unreachable(table: str) -> Any:
+        raise ConnectionError("catalog down")
+
+    (output,) = output_datasets("lake", pre, unreachable)
+
+    assert (output.namespace, output.name) == ("iceberg://lake", world.table)
+    assert "schema" not in output.facets  # neither the write nor the table said which columns
+    assert output.outputFacets["outputStatistics"].rowCount == 3
+
+
+def test_an_epoch_committed_by_the_recovery_dag_emits_its_event_once(world: World, unique: str) -> None:
+    from airflow_provider_exactly_once.recovery.dag import recovery_dag
+    from tests.recovery.helpers import E1, GRACE, leave_crash
+
+    left = leave_crash(world, world.iceberg_sink())  # E1: Pending, its checkpoint COMPLETED
+    dag = recovery_dag(f"eo_recovery_{unique}", schedule=None, meta_conn_id=world.meta_conn_id, orphan_grace=GRACE)
+    uri = iceberg_asset_uri(world.iceberg_conn_id, world.table)
+
+    first = run(dag, None)
+    second = run(dag, None)  # nothing left to recover: no event
+
+    assert str(first.state) == "success" and str(second.state) == "success"
+    row = world.pipeline.store.get(world.sink_id, E1)
+    assert row is not None and row.status is EpochStatus.COMMITTED and row.committed is not None
+    assert row.write_id == left.pending_completed.write_id
+    assert [e["extra"] for e in asset_events(uri)] == [
+        {"sink_id": world.sink_id, "epoch": E1, "write_id": row.write_id, "snapshot_id": row.committed[world.table]}
+    ]

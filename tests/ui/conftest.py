@@ -1,0 +1,294 @@
+"""A real ``airflow api-server`` serving the sink-state view, over a real meta store and Iceberg catalog.
+
+One API server per session (starting one costs seconds): a private AIRFLOW_HOME with its own SQLite
+metadata DB, the SimpleAuthManager with a viewer, a user and an admin (passwords from a file, as
+``[core] simple_auth_manager_passwords_file`` reads them), the plugin loaded from the package's
+``airflow.plugins`` entry point, and the meta store and catalog reached through
+``AIRFLOW_CONN_*`` connections exactly as a deployment would. Airflow's configuration is set in the
+child's environment only, so this process's Airflow (other suites') is never touched.
+
+The epochs are made by a real coordinator on real Parquet files, one per state the view shows;
+each action test owns its epoch, so the tests do not depend on each other's order.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from airflow_provider_exactly_once.checkpoints.config import MetaStoreCheckpoint
+from airflow_provider_exactly_once.core.precommit import PreCommit
+from airflow_provider_exactly_once.core.status import CheckpointStatus
+from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig
+from tests.airflow import conftest as airflow_setup  # noqa: F401 - see below
+from tests.support.pipeline import Pipeline
+
+# This process imports Airflow too (the plugin's declarations): the Airflow suite's conftest points
+# it at a private AIRFLOW_HOME first, so a run of this suite alone never touches ~/airflow.
+
+TABLE = "orders"
+OTHER_TABLE = "clicks"
+SINK = "orders"  # the Iceberg sink the tests act on
+OTHER_SINK = "clicks"  # a second sink, for the filter
+DAG_ID = "eo_orders_hourly"
+OTHER_DAG_ID = "eo_clicks_hourly"
+BASE = 1_767_225_600_000  # 2026-01-01T00:00Z in ms
+HOUR = 3_600_000
+USERS = {"viewer": "VIEWER", "user": "USER", "admin": "ADMIN"}
+STARTUP_TIMEOUT_S = 120
+
+
+class Epochs:
+    """The epochs of ``SINK``, by the role each plays in the tests."""
+
+    COMMITTED = BASE
+    TO_COMMIT = BASE + 1 * HOUR  # Pending, checkpoint COMPLETED: the API's retry-commit test
+    ABORT_REFUSED = BASE + 2 * HOUR  # Pending, checkpoint COMPLETED: abort must be refused (409)
+    WAITING_BROWSER = BASE + 3 * HOUR  # Pending, checkpoint PENDING: aborted through the browser
+    ABORTED = BASE + 4 * HOUR  # Aborted, its clean-up never ran: the clean-up action
+    CHECKPOINT_FAILED = BASE + 5 * HOUR  # Pending, checkpoint FAILED, with a last error
+    WAITING_API = BASE + 6 * HOUR  # Pending, checkpoint PENDING: aborted through the API
+    NO_DAG = BASE + 7 * HOUR  # Pending, written outside any DAG run
+
+
+@dataclass
+class UiWorld:
+    tmp: Path
+    pipeline: Pipeline
+    catalog_conn_id: str
+    writes: dict[int, PreCommit] = field(default_factory=dict)
+
+    @property
+    def table(self) -> str:
+        return f"{self.pipeline.namespace}.{TABLE}"
+
+    def snapshots_with_marker(self, epoch: int) -> list[str]:
+        """Ids of the table's snapshots carrying this epoch's marker, read fresh from the catalog."""
+        table = self.pipeline.catalog.load_table(self.table)
+        return [
+            str(s.snapshot_id)
+            for s in table.snapshots()
+            if s.summary is not None
+            and s.summary.additional_properties.get("exactly-once.sink-id") == SINK
+            and s.summary.additional_properties.get("exactly-once.epoch") == str(epoch)
+        ]
+
+    def status(self, epoch: int, sink_id: str = SINK) -> str:
+        row = self.pipeline.store.get(sink_id, epoch)
+        assert row is not None
+        return str(row.status.value)
+
+
+def _build_world(tmp: Path) -> UiWorld:
+    suffix = uuid.uuid4().hex[:8]
+    catalog_conn_id = f"eo_ui_catalog_{suffix}"
+    warehouse = tmp / "warehouse"
+    warehouse.mkdir()
+    pipeline = Pipeline(
+        meta_url=f"sqlite:///{tmp / 'meta.db'}",
+        catalog_url=f"sqlite:///{tmp / 'catalog.db'}",
+        warehouse=warehouse,
+        catalog_name=catalog_conn_id,
+        namespace=f"ui_{suffix}",
+    )
+    pipeline.create_table(TABLE)
+    pipeline.create_table(OTHER_TABLE)
+    world = UiWorld(tmp, pipeline, catalog_conn_id)
+    coordinator = pipeline.coordinator(SINK, pipeline.iceberg_committer())
+    other = pipeline.coordinator(OTHER_SINK, pipeline.iceberg_committer())
+    store = pipeline.store
+
+    def persist(sink_id: str, epoch: int, dag_id: str | None, rows: int = 5) -> PreCommit:
+        pre = pipeline.write_iceberg(sink_id, epoch, [TABLE if sink_id == SINK else OTHER_TABLE], rows)
+        run_id = f"scheduled__{epoch}" if dag_id else None
+        (coordinator if sink_id == SINK else other).persist(pre, run_id=run_id, try_number=1, dag_id=dag_id)
+        if sink_id == SINK:
+            world.writes[epoch] = pre
+        return pre
+
+    E = Epochs
+    for epoch in (E.COMMITTED, E.TO_COMMIT, E.ABORT_REFUSED, E.WAITING_BROWSER, E.ABORTED):
+        persist(SINK, epoch, DAG_ID)
+    persist(SINK, E.CHECKPOINT_FAILED, DAG_ID, rows=3)
+    persist(SINK, E.WAITING_API, DAG_ID)
+    persist(SINK, E.NO_DAG, None)
+    for epoch in (E.COMMITTED, E.TO_COMMIT, E.ABORT_REFUSED):
+        pipeline.checkpoint(SINK, epoch, CheckpointStatus.COMPLETED)
+    pipeline.checkpoint(SINK, E.CHECKPOINT_FAILED, CheckpointStatus.FAILED)
+    coordinator.commit(SINK, E.COMMITTED)
+    # Aborted by a crash before its clean-up: the row says Aborted, the files are still there.
+    store.mark_aborted(SINK, E.ABORTED, write_id=world.writes[E.ABORTED].write_id, reason="crash before clean-up")
+    store.record_error(
+        SINK,
+        E.CHECKPOINT_FAILED,
+        write_id=world.writes[E.CHECKPOINT_FAILED].write_id,
+        error="CheckpointFailed: upstream checkpoint FAILED (landing job exited 1)",
+    )
+    for n in range(2):
+        epoch = BASE + n * HOUR
+        persist(OTHER_SINK, epoch, OTHER_DAG_ID)
+        pipeline.checkpoint(OTHER_SINK, epoch, CheckpointStatus.COMPLETED)
+        other.commit(OTHER_SINK, epoch)
+    # The operators register each sink they persist for (the recovery DAG and the view read it).
+    for sink_id, table in ((SINK, TABLE), (OTHER_SINK, OTHER_TABLE)):
+        config = IcebergSinkConfig(sink_id, (f"{pipeline.namespace}.{table}",), iceberg_conn_id=catalog_conn_id)
+        store.register_sink(sink_id, config.to_dict(), MetaStoreCheckpoint().to_dict())
+    return world
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class ApiServer:
+    """The running API server: its URL, its users' passwords, and the world behind it."""
+
+    url: str
+    passwords: dict[str, str]
+    world: UiWorld
+    log: Path
+    _tokens: dict[str, str] = field(default_factory=dict)
+
+    def token(self, username: str) -> str:
+        """A JWT from Airflow's own login endpoint (``POST /auth/token``), as any API client gets one."""
+        if username not in self._tokens:
+            response = httpx.post(
+                f"{self.url}/auth/token",
+                json={"username": username, "password": self.passwords[username]},
+                timeout=30,
+            )
+            assert response.status_code == 201, response.text
+            self._tokens[username] = response.json()["access_token"]
+        return self._tokens[username]
+
+    def client(self, username: str | None = None) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {self.token(username)}"} if username else {}
+        return httpx.Client(base_url=f"{self.url}/exactly-once", headers=headers, timeout=60)
+
+
+def _server_env(home: Path, world: UiWorld, port: int, passwords_file: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW_", "AIRFLOW__"))}
+    env.update(
+        {
+            "AIRFLOW_HOME": str(home),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
+            "AIRFLOW__CORE__AUTH_MANAGER": (
+                "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager"
+            ),
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": ",".join(f"{u}:{r}" for u, r in USERS.items()),
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords_file),
+            "AIRFLOW__API_AUTH__JWT_SECRET": uuid.uuid4().hex,
+            "AIRFLOW__API__SECRET_KEY": uuid.uuid4().hex,
+            "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{port}",
+            "AIRFLOW__API__HOST": "127.0.0.1",
+            "AIRFLOW__API__PORT": str(port),
+            "AIRFLOW__API__WORKERS": "1",
+            # The view's meta store and the sinks' catalog, as connections (the default meta id).
+            "AIRFLOW_CONN_EXACTLY_ONCE_DEFAULT": json.dumps(
+                {"conn_type": "exactly_once_meta", "host": world.pipeline.meta_url}
+            ),
+            f"AIRFLOW_CONN_{world.catalog_conn_id.upper()}": json.dumps(
+                {
+                    "conn_type": "iceberg",
+                    "extra": {
+                        "type": "sql",
+                        "uri": world.pipeline.catalog_url,
+                        "warehouse": f"file://{world.pipeline.warehouse}",
+                    },
+                }
+            ),
+        }
+    )
+    return env
+
+
+def _wait_until_up(url: str, process: subprocess.Popen[bytes], log: Path) -> None:
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"airflow api-server exited with {process.returncode}:\n{log.read_text()[-4000:]}")
+        try:
+            if httpx.get(f"{url}/api/v2/monitor/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"airflow api-server not up after {STARTUP_TIMEOUT_S} s:\n{log.read_text()[-4000:]}")
+
+
+@pytest.fixture(scope="session")
+def api_server() -> Iterator[ApiServer]:
+    tmp = Path(tempfile.mkdtemp(prefix="eo-ui-"))
+    home = tmp / "airflow"
+    (home / "dags").mkdir(parents=True)
+    world_dir = tmp / "world"
+    world_dir.mkdir()
+    world = _build_world(world_dir)
+    passwords = {u: f"{u}-{uuid.uuid4().hex[:12]}" for u in USERS}
+    passwords_file = home / "passwords.json"
+    passwords_file.write_text(json.dumps(passwords))
+    port = _free_port()
+    env = _server_env(home, world, port, passwords_file)
+    airflow = str(Path(sys.executable).with_name("airflow"))
+    # The metadata DB from the ORM (what ``airflow db migrate`` ends with, in a fraction of the time).
+    subprocess.run(
+        [sys.executable, "-c", "from airflow.utils import db; db.initdb()"],
+        env=env,
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    log = tmp / "api-server.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [airflow, "api-server", "--port", str(port), "--host", "127.0.0.1", "--workers", "1"],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_until_up(url, process, log)
+        yield ApiServer(url, passwords, world, log)
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+        world.pipeline.dispose()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def artifacts() -> Path:
+    """Where screenshots go: ``$EO_TEST_ARTIFACTS/ui`` (default ``test-artifacts/ui``)."""
+    path = Path(os.environ.get("EO_TEST_ARTIFACTS", "test-artifacts")) / "ui"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def json_of(response: httpx.Response) -> Any:
+    assert response.headers.get("content-type", "").startswith("application/json"), response.text[:500]
+    return response.json()

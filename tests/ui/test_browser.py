@@ -1,0 +1,141 @@
+"""The view in a real headless Chromium, through the real Airflow UI: log in, open it from the nav,
+filter, open an epoch, abort it. Screenshots of each step are kept under
+``$EO_TEST_ARTIFACTS/ui`` (default ``test-artifacts/ui``).
+
+The browser is Debian's ``chromium`` package (``/usr/bin/chromium``), driven by Playwright's Python
+package; Playwright's own browser downloads are not used.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.pipeline import write_location_exists
+from tests.ui.conftest import OTHER_SINK, SINK, ApiServer, Epochs
+
+CHROMIUM = Path("/usr/bin/chromium")
+#: Waits for the UI under a loaded machine (the first load of the Airflow UI compiles a lot of JS); not a
+#: timing assertion, only the ceiling before a step is called failed.
+TIMEOUT_MS = 90_000
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    if not CHROMIUM.exists():
+        reason = f"{CHROMIUM} is missing (Debian package 'chromium')"
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI needs the browser: {reason}")
+        pytest.skip(reason)
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True)
+        try:
+            yield chromium
+        finally:
+            chromium.close()
+
+
+@contextmanager
+def _screenshot_on_failure(page: Any, path: Path) -> Iterator[None]:
+    """Keep what the browser showed when a step failed, next to the other screenshots."""
+    try:
+        yield
+    except BaseException:
+        page.screenshot(path=str(path), full_page=True)
+        raise
+
+
+def _log_in(browser: Any, api_server: ApiServer, username: str, artifacts: Path) -> Any:
+    """A page logged in through Airflow's own login form (which sets the UI's JWT cookie)."""
+    context = browser.new_context(viewport={"width": 1500, "height": 950})
+    context.set_default_timeout(TIMEOUT_MS)
+    page = context.new_page()
+    with _screenshot_on_failure(page, artifacts / f"failed-login-{username}.png"):
+        page.goto(f"{api_server.url}/")
+        page.wait_for_url(re.compile(r".*/auth/login.*"))
+        page.locator("input[name=username]").fill(username)
+        page.locator("input[name=password]").fill(api_server.passwords[username])
+        page.get_by_role("button", name="Sign in").click()
+        page.wait_for_url(lambda url: "/auth/login" not in url)
+    return page
+
+
+def test_a_user_filters_opens_and_aborts_an_epoch(browser: Any, api_server: ApiServer, artifacts: Path) -> None:
+    page = _log_in(browser, api_server, "user", artifacts)
+    with _screenshot_on_failure(page, artifacts / "failed-user-abort.png"):
+        _filter_open_and_abort(page, api_server, artifacts)
+    page.context.close()
+
+
+def _filter_open_and_abort(page: Any, api_server: ApiServer, artifacts: Path) -> None:
+    world = api_server.world
+    epoch = Epochs.WAITING_BROWSER
+
+    # The view is in the UI's Browse menu; the UI shows it in a frame at /plugin/<url_route>.
+    page.get_by_role("button", name="Browse").click()
+    page.get_by_role("menuitem", name="Exactly-once sinks").click()
+    page.wait_for_url(re.compile(r".*/plugin/exactly-once$"))
+    view = page.frame_locator("iframe")
+    view.locator("#epochs").wait_for()
+    view.locator(f"#sinks tr[data-sink='{OTHER_SINK}']").wait_for()
+    page.screenshot(path=str(artifacts / "01-sinks-in-airflow-nav.png"), full_page=True)
+
+    view.locator("#filter-sink").select_option(SINK)
+    view.locator("#filter-status").select_option("Pending")
+    view.get_by_role("button", name="Filter").click()
+    frame = page.main_frame.child_frames[0]
+    frame.wait_for_url(re.compile(rf".*\?sink={SINK}&status=Pending$"))
+    rows = view.locator("#epochs tbody tr")
+    view.locator(f"#epochs tr[data-epoch='{epoch}']").wait_for()
+    statuses = {rows.nth(i).get_attribute("data-status") for i in range(rows.count())}
+    assert statuses == {"Pending"}
+    assert view.locator(f"#epochs tr[data-epoch='{Epochs.COMMITTED}']").count() == 0
+    page.screenshot(path=str(artifacts / "02-filtered-by-sink-and-status.png"), full_page=True)
+
+    view.get_by_role("link", name=str(epoch), exact=True).click()
+    view.locator("#epoch-status").wait_for()
+    assert view.locator("#epoch-status").inner_text() == "Pending"
+    assert view.locator("#checkpoint-status").inner_text() == "PENDING"
+    run_link = view.locator("#run-link")
+    assert run_link.get_attribute("href") == f"/dags/eo_orders_hourly/runs/scheduled__{epoch}"
+    assert run_link.get_attribute("target") == "_top"
+    page.screenshot(path=str(artifacts / "03-epoch-pending.png"), full_page=True)
+
+    view.locator("#abort-button").click()
+    view.locator("#abort-reason").fill("upstream replays this hour; drop it")
+    page.screenshot(path=str(artifacts / "04-abort-confirm.png"), full_page=True)
+    view.locator("#abort-confirm").click()
+    view.locator("#epoch-status", has_text="Aborted").wait_for()
+    page.screenshot(path=str(artifacts / "05-epoch-aborted.png"), full_page=True)
+
+    assert world.status(epoch) == "Aborted"
+    assert not write_location_exists(world.writes[epoch])
+
+
+def test_a_viewer_sees_no_action_and_a_refusal_is_shown(browser: Any, api_server: ApiServer, artifacts: Path) -> None:
+    viewer = _log_in(browser, api_server, "viewer", artifacts)
+    viewer.goto(f"{api_server.url}/exactly-once/sinks/{SINK}/epochs/{Epochs.ABORT_REFUSED}")
+    viewer.locator("#epoch-status").wait_for()
+    assert viewer.locator("#actions button").count() == 0
+    assert "needs permission to edit" in viewer.locator("#actions").inner_text()
+    viewer.context.close()
+
+    # A user may try; the coordinator refuses to abort an epoch whose checkpoint completed.
+    user = _log_in(browser, api_server, "user", artifacts)
+    user.goto(f"{api_server.url}/exactly-once/sinks/{SINK}/epochs/{Epochs.ABORT_REFUSED}")
+    user.locator("#abort-button").click()
+    user.locator("#abort-confirm").click()
+    result = user.locator("#action-result")
+    result.wait_for()
+    assert result.inner_text().startswith("409") and "checkpoint COMPLETED" in result.inner_text()
+    user.screenshot(path=str(artifacts / "06-abort-refused.png"), full_page=True)
+    assert api_server.world.status(Epochs.ABORT_REFUSED) == "Pending"
+    user.context.close()
