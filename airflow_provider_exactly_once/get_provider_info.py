@@ -98,6 +98,14 @@ def get_provider_info() -> dict[str, Any]:
                         "example": "exactly_once_recovery",
                         "default": "exactly_once_recovery",
                     },
+                    "meta_conn_id": {
+                        "description": "The meta store connection the sink-state view in the Airflow UI reads and "
+                        "acts on (the API server's side; tasks name theirs per operator).",
+                        "version_added": "0.1.0",
+                        "type": "string",
+                        "example": "exactly_once_prod",
+                        "default": "exactly_once_default",
+                    },
                     "trigger_recovery_on_scheduler_start": {
                         "description": "Queue a recovery run when a scheduler starts (unless one is queued or running).",
                         "version_added": "0.1.0",

@@ -423,7 +423,7 @@ class SinkOperations:
             DEFAULT_LOCK_TTL,
             SinkLocked,
             SinkRecoveryReport,
-            _queue_orphans,
+            queue_orphans,
         )
 
         coordinator = self._build(sink, checkpoint)
@@ -433,7 +433,7 @@ class SinkOperations:
             raise SinkLocked(f"sink {sink_id!r} is being recovered by {by!r} (lock held until {until.isoformat()})")
         try:
             scan = SinkRecoveryReport(sink_id)
-            enqueued = _queue_orphans(self.store, sink, grace, scan)
+            enqueued = queue_orphans(self.store, sink, grace, scan)
             result = coordinator.clean_up(sink_id, ORPHAN_EPOCH)
         finally:
             self.store.release_sink_lock(sink_id, holder)
@@ -504,10 +504,10 @@ class SinkOperations:
         self, sink: SinkConfig, grace: timedelta
     ) -> tuple[list[OrphanCandidate], list[OrphanCandidate], str | None]:
         from airflow_provider_exactly_once.recovery.orphans import find_orphans
-        from airflow_provider_exactly_once.recovery.sink import _catalog
+        from airflow_provider_exactly_once.recovery.sink import sink_catalog
 
         try:
-            catalog = _catalog(sink)
+            catalog = sink_catalog(sink)
             old, young = find_orphans(sink, self.store, grace=grace, catalog=catalog)
         except Exception as exc:  # reported, as the recovery DAG reports a failed scan
             return [], [], f"{type(exc).__name__}: {exc}"

@@ -108,7 +108,7 @@ def recover_sink(
         report = SinkRecoveryReport(sink_id)
         metrics = airflow_metrics()
         coordinator = coordinator_for(sink, checkpoint, store=store, metrics=metrics)
-        enqueued = _queue_orphans(store, sink, orphan_grace, report)
+        enqueued = queue_orphans(store, sink, orphan_grace, report)
         result = coordinator.recover(sink_id)
         report.committed, report.aborted, report.waiting = result.committed, result.aborted, result.waiting
         report.files_deleted = result.files_deleted
@@ -131,12 +131,10 @@ def recover_sink(
             log.warning("could not release the lock of sink %r; it expires by itself", sink_id)
 
 
-def _queue_orphans(
-    store: SqlSinkStateStore, sink: SinkConfig, grace: timedelta, report: SinkRecoveryReport
-) -> set[str]:
+def queue_orphans(store: SqlSinkStateStore, sink: SinkConfig, grace: timedelta, report: SinkRecoveryReport) -> set[str]:
     """Queue every orphan older than ``grace`` for the coordinator's clean-up path; their write ids."""
     try:
-        catalog = _catalog(sink)
+        catalog = sink_catalog(sink)
         old, young = find_orphans(sink, store, grace=grace, catalog=catalog)
     except MetaStoreUnavailable:
         raise
@@ -158,7 +156,7 @@ def _queue_orphans(
     return enqueued
 
 
-def _catalog(sink: SinkConfig) -> Any:
+def sink_catalog(sink: SinkConfig) -> Any:
     if not isinstance(sink, IcebergSinkConfig):
         return None
     from airflow.providers.apache.iceberg.hooks.iceberg import IcebergHook
