@@ -164,7 +164,21 @@ def sensor_mode(
     return result
 
 
-def throughput(harness: Harness, root: Path, epochs: int, parallelism: int) -> dict[str, Any]:
+def idle_rates(cluster: Cluster, seconds: float) -> dict[str, dict[str, float]]:
+    """CPU and Airflow-DB work per second of the components with no DAG running: their loops' floor."""
+    names = ("scheduler", "triggerer", "dag-processor")
+    cpu_before, db_before = {n: _cpu_s(cluster.procs[n]) for n in names}, _db_stats(cluster)
+    time.sleep(seconds)
+    db_after = _db_stats(cluster)
+    return {
+        "cpu_s_per_s": {n: (_cpu_s(cluster.procs[n]) - cpu_before[n]) / seconds for n in names},
+        "airflow_db_per_s": {k: (db_after[k] - db_before[k]) / seconds for k in db_after},
+    }
+
+
+def throughput(
+    harness: Harness, root: Path, epochs: int, parallelism: int, idle: dict[str, dict[str, float]] | None
+) -> dict[str, Any]:
     cluster = harness.cluster
     cpu_before = {name: _cpu_s(cluster.procs[name]) for name in ("scheduler", "triggerer", "dag-processor")}
     db_before = _db_stats(cluster)
@@ -195,8 +209,15 @@ def throughput(harness: Harness, root: Path, epochs: int, parallelism: int) -> d
         "epochs_per_hour": epochs / run_span_s * 3600,
         "cpu_s_per_epoch": {name: value / epochs for name, value in cpu.items()},
         "airflow_db_per_epoch": {k: v / epochs for k, v in db.items()},
-        "checker": verdict.to_dict(),
+        "idle_rates": idle,
     }
+    if idle is not None:
+        # What the epochs themselves cost: the components' idle floor over the same time taken out.
+        result["cpu_s_per_epoch_above_idle"] = {n: (cpu[n] - idle["cpu_s_per_s"][n] * wall) / epochs for n in cpu}
+        result["airflow_db_per_epoch_above_idle"] = {
+            k: (db[k] - idle["airflow_db_per_s"][k] * wall) / epochs for k in db
+        }
+    result["checker"] = verdict.to_dict()
     print(
         f"throughput: {epochs} epochs in {run_span_s:.0f}s = {result['epochs_per_hour']:.0f} epochs/hour; "
         f"scheduler CPU {result['cpu_s_per_epoch']['scheduler']:.2f}s/epoch; "
@@ -228,7 +249,9 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=24, help="epochs of the sustained-throughput run (0: skip)")
     parser.add_argument("--parallelism", type=int, default=4)
     parser.add_argument("--sample", type=float, default=0.25, help="seconds between samples of Airflow's DB")
-    parser.add_argument("--modes", nargs="*", default=list(MODES), choices=MODES)
+    parser.add_argument("--modes", nargs="*", default=list(MODES), choices=MODES, help="none: skip the sensor part")
+    parser.add_argument("--idle", type=float, default=60.0, help="seconds of idle baseline before the throughput run")
+    parser.add_argument("--name", default="e2e_scheduler", help="result file name (without extension)")
     args = parser.parse_args()
     if args.epochs_per_mode < 1 or args.epochs < 0 or args.parallelism < 1 or args.sample <= 0:
         parser.error("--epochs-per-mode and --parallelism must be at least 1, --epochs at least 0, --sample positive")
@@ -250,7 +273,8 @@ def main() -> None:
                 ],
             }
             if args.epochs:
-                report["throughput"] = throughput(harness, cluster.root, args.epochs, args.parallelism)
+                idle = idle_rates(cluster, args.idle) if args.idle > 0 else None
+                report["throughput"] = throughput(harness, cluster.root, args.epochs, args.parallelism, idle)
         finally:
             harness.dispose()
         failed = False
@@ -259,9 +283,10 @@ def main() -> None:
             print(f"failed: the cluster's logs are kept under {cluster.root / 'logs'}", flush=True)
         cluster.close(keep_root=failed)
     report["measured_at_utc"] = dt.datetime.now(dt.UTC).isoformat()
-    path = save("e2e_scheduler", report)
-    plot(report, RESULTS / "e2e_scheduler.png")
-    print(f"wrote {path} and its PNG")
+    path = save(args.name, report)
+    if report["sensor_modes"]:
+        plot(report, RESULTS / f"{args.name}.png")
+    print(f"wrote {path}" + (" and its PNG" if report["sensor_modes"] else ""))
 
 
 if __name__ == "__main__":

@@ -44,7 +44,7 @@ def _failures(report: dict[str, Any]) -> str:
     )
 
 
-# The runs take minutes under a real scheduler (about 11 min for the named scenarios on a loaded
+# The runs take minutes under a real scheduler (17 min for the named scenarios on a loaded
 # 2-core machine); the project's 600 s default per test would cut them off.
 @pytest.mark.timeout(2700)
 def test_every_named_scenario_ends_with_no_anomaly(fault_cluster: Cluster) -> None:

@@ -7,6 +7,7 @@ has to be worked around to meet it.
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -53,6 +54,9 @@ from airflow_provider_exactly_once.sinks.iceberg.write_check import check_locati
 #: How long a validated table may stand in for the commit's own load, and how many are kept.
 _HANDOVER_S = 5.0
 _HANDOVER_MAX = 16
+#: How many snapshots' added-file lists one committer remembers (a recovery pass over a sink reads
+#: each snapshot's manifests once instead of once per aborted write that precedes it).
+_ADDED_FILES_CACHE_MAX = 4096
 
 #: Fault points, in the order one commit attempt passes them.
 FAULT_LOADED = "iceberg.loaded"
@@ -116,6 +120,9 @@ class IcebergSinkCommitter:
         self._allow_schema_evolution = allow_schema_evolution
         self._fault: Callable[[str], None] = fault
         self._handovers: dict[tuple[str, str], tuple[float, Table, list[ColumnToAdd]]] = {}
+        #: (table uuid, snapshot id) -> the data files that snapshot added. A snapshot never changes
+        #: once written, so this can only save reads, never hide a reference.
+        self._added_files: OrderedDict[tuple[str, int], frozenset[str]] = OrderedDict()
         #: Conflict retries are reported here (``core.observe.COMMIT_RETRIES``); settable after
         #: construction because sink configs build committers without knowing the metrics backend.
         self.metrics: Metrics = safe(metrics)
@@ -386,7 +393,7 @@ class IcebergSinkCommitter:
             self._check_horizon(table, pre_commit, write, since, not_before_ms)
             # Our files can only have entered the table after the row was written: looking at what
             # the recent snapshots added is enough, and costs what happened since, not history.
-            candidates: Iterator[str] = _files_added_by(table, recent.values())
+            candidates: Iterable[str] = self._files_added_by(table, recent.values())
         except MarkerHorizonExceeded:
             # Snapshots that may have added our files could be expired while the files stay live;
             # only a full look at what every ref can still read proves them unreferenced.
@@ -400,16 +407,34 @@ class IcebergSinkCommitter:
                 f"below the write location {write.location!r}: {shown}; nothing is deleted"
             )
 
+    def _files_added_by(self, table: Table, snapshots: Iterable[Snapshot]) -> Iterator[str]:
+        """Paths of the data files each snapshot itself added, each snapshot's manifests read once.
 
-def _files_added_by(table: Table, snapshots: Iterable[Snapshot]) -> Iterator[str]:
-    """Paths of the data files each snapshot itself added (read from only the manifests it wrote)."""
-    for snapshot in snapshots:
-        for manifest in snapshot.manifests(table.io):
-            if manifest.content != ManifestContent.DATA or manifest.added_snapshot_id != snapshot.snapshot_id:
-                continue
-            for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
-                if entry.status == ManifestEntryStatus.ADDED:
-                    yield entry.data_file.file_path
+        Without the memo, a recovery pass deleting the files of k aborted writes re-read every
+        snapshot since each of them: k times the commits since, quadratic on one busy table.
+        """
+        table_uuid = str(table.metadata.table_uuid)
+        for snapshot in snapshots:
+            key = (table_uuid, snapshot.snapshot_id)
+            added = self._added_files.get(key)
+            if added is None:
+                added = frozenset(_files_added_by(table, snapshot))
+                self._added_files[key] = added
+                if len(self._added_files) > _ADDED_FILES_CACHE_MAX:
+                    self._added_files.popitem(last=False)
+            else:
+                self._added_files.move_to_end(key)
+            yield from added
+
+
+def _files_added_by(table: Table, snapshot: Snapshot) -> Iterator[str]:
+    """Paths of the data files one snapshot itself added (read from only the manifests it wrote)."""
+    for manifest in snapshot.manifests(table.io):
+        if manifest.content != ManifestContent.DATA or manifest.added_snapshot_id != snapshot.snapshot_id:
+            continue
+        for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
+            if entry.status == ManifestEntryStatus.ADDED:
+                yield entry.data_file.file_path
 
 
 def _files_live_in_refs(table: Table) -> Iterator[str]:

@@ -121,3 +121,39 @@ def test_unknown_table_deletes_nothing(catalog: SqlCatalog, sink_id: str) -> Non
     with pytest.raises(UnknownTable):
         IcebergSinkCommitter(catalog).delete_write(renamed, now())
     assert len(_files_below(pc.tables[0].location)) == 1
+
+
+def test_many_deletes_read_each_snapshots_manifests_once_and_still_see_references(
+    catalog: SqlCatalog, sink_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A recovery pass deleting k aborted writes after m commits must not read k times m manifest
+    lists (quadratic on one busy table, found by bench/e2e_recovery.py); and remembering what a
+    snapshot added must never hide a reference made by a snapshot seen for the first time."""
+    from pyiceberg.table.snapshots import Snapshot
+
+    table = create_table(catalog, "t")
+    committer = IcebergSinkCommitter(catalog)
+    since = now()
+    aborted = [simple_write(table, sink_id, epoch=100 + n, start=1000 + 10 * n) for n in range(4)]
+    for epoch in range(1, 6):
+        committer.commit(simple_write(table, sink_id, epoch=epoch, start=10 * epoch), now())
+
+    reads: list[int] = []
+    original = Snapshot.manifests
+
+    def counting(self: Snapshot, io: object) -> object:
+        reads.append(self.snapshot_id)
+        return original(self, io)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Snapshot, "manifests", counting)
+    for write in aborted:
+        assert committer.delete_write(write, since) == 1
+    assert len(reads) == len(set(reads)) == 5  # each of the five commits' manifests, once
+
+    # A snapshot added after the memo was filled, referencing a write's files, is still seen.
+    late = simple_write(table, sink_id, epoch=200, start=5000)
+    committer.commit(late, now())
+    sneaky = pre_commit(sink_id, 201, late.tables, write_id=str(uuid.uuid4()))
+    with pytest.raises(AbortRefused, match="references 1 file"):
+        committer.delete_write(sneaky, since)
+    assert len(_files_below(late.tables[0].location)) == 1
