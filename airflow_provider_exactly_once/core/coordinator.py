@@ -491,12 +491,7 @@ class TwoPhaseCommitCoordinator:
             ) from None
 
     def _require(self, sink_id: str, epoch: int) -> EpochRecord:
-        check_sink_id(sink_id)
-        check_epoch(epoch)
-        row = self._store.get(sink_id, epoch)
-        if row is None:
-            raise EpochNotFound(f"sink {sink_id!r} epoch {epoch} was never persisted")
-        return row
+        return require_epoch(self._store, sink_id, epoch)
 
     def _note_error(self, row: EpochRecord, exc: Exception) -> None:
         """Keep the last failure on the row for operators; never let that hide the failure itself."""
@@ -506,3 +501,13 @@ class TwoPhaseCommitCoordinator:
             )
         except MetaStoreUnavailable:
             log.warning("could not record the error on sink %r epoch %d", row.sink_id, row.epoch)
+
+
+def require_epoch(store: SinkStateStore, sink_id: str, epoch: int) -> EpochRecord:
+    """The epoch's row; ``EpochNotFound`` (naming sink and epoch) when it was never persisted."""
+    check_sink_id(sink_id)
+    check_epoch(epoch)
+    row = store.get(sink_id, epoch)
+    if row is None:
+        raise EpochNotFound(f"sink {sink_id!r} epoch {epoch} was never persisted")
+    return row

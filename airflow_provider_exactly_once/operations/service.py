@@ -26,6 +26,7 @@ from airflow_provider_exactly_once.checkpoints.config import (
     MetaStoreCheckpoint,
     checkpoint_config_from_dict,
 )
+from airflow_provider_exactly_once.core.coordinator import require_epoch
 from airflow_provider_exactly_once.core.errors import (
     AbortRefused,
     CheckpointFailed,
@@ -459,12 +460,7 @@ class SinkOperations:
     # -- helpers -----------------------------------------------------------------------------------
 
     def _row(self, sink_id: str, epoch: int) -> EpochRecord:
-        check_sink_id(sink_id)
-        check_epoch(epoch)
-        row = self.store.get(sink_id, epoch)
-        if row is None:
-            raise EpochNotFound(f"sink {sink_id!r} epoch {epoch} was never persisted")
-        return row
+        return require_epoch(self.store, sink_id, epoch)
 
     def _registration(self, sink_id: str) -> tuple[SinkConfig, CheckpointConfig | None]:
         check_sink_id(sink_id)
