@@ -87,22 +87,16 @@ def settle(directory: Path) -> None:
 
 
 def create_tables(catalog: Any) -> None:
+    """The example's events table, day-partitioned like ``dags/hourly_events.py``'s, twice."""
     from pyiceberg.partitioning import PartitionField, PartitionSpec
-    from pyiceberg.schema import Schema
     from pyiceberg.transforms import DayTransform
-    from pyiceberg.types import DoubleType, LongType, NestedField, StringType, TimestamptzType
 
-    schema = Schema(
-        NestedField(1, "event_id", StringType()),
-        NestedField(2, "user_id", LongType()),
-        NestedField(3, "event_type", StringType()),
-        NestedField(4, "event_time", TimestamptzType()),
-        NestedField(5, "amount", DoubleType()),
-    )
+    from tests.faults.harness import EVENT_SCHEMA
+
     spec = PartitionSpec(PartitionField(4, 1000, DayTransform(), "event_day"))
     catalog.create_namespace_if_not_exists("bench")
     for name in (EO_TABLE, DIRECT_TABLE):
-        catalog.create_table(name, schema, partition_spec=spec)
+        catalog.create_table(name, EVENT_SCHEMA, partition_spec=spec)
 
 
 def build_dags(landing: Path) -> tuple[Any, Any]:
@@ -176,25 +170,6 @@ def build_dags(landing: Path) -> tuple[Any, Any]:
     with DAG("bench_e2e_direct", **common) as direct_dag:
         writer(DirectAppendOperator, "write_and_append", "bench-e2e-direct", DIRECT_TABLE)
     return eo_dag, direct_dag
-
-
-def register(dag: Any) -> None:
-    """Serialize the DAG into Airflow's DB as the DAG processor would (``dag.test()`` needs it)."""
-    from airflow.dag_processing.collection import update_dag_parsing_results_in_db
-    from airflow.serialization.serialized_objects import LazyDeserializedDAG
-    from airflow.utils.session import create_session
-
-    with create_session() as session:
-        update_dag_parsing_results_in_db(
-            "dags-folder",
-            None,
-            [LazyDeserializedDAG.from_dag(dag)],
-            {},
-            None,
-            set(),
-            files_parsed=set(),
-            session=session,
-        )
 
 
 def run(dag: Any, hour: dt.datetime) -> dict[str, Any]:
@@ -377,6 +352,8 @@ def main() -> None:
         world.enter(root)
         create_tables(world.catalog())
         eo_dag, direct_dag = build_dags(root / "landing")
+        from tests.airflow.harness import register  # after world.enter: it imports Airflow
+
         register(eo_dag)
         register(direct_dag)
         # Not measured: the first runs in a process pay one-time imports and connection set-up.
