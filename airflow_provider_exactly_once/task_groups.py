@@ -5,7 +5,8 @@
       └──────────┴──────────┴──(one failed)──► abort
 
 The abort runs when the write, the persist or the wait failed (a failed or timed-out checkpoint
-fails the wait without retries). A commit failure never leads to an abort: the commit is retried,
+fails the wait without retries; any other failure of the wait, a lost worker above all, is retried,
+because an abort while the checkpoint is still pending would drop an epoch that may yet complete). A commit failure never leads to an abort: the commit is retried,
 and once the checkpoint completed the coordinator refuses aborts anyway. When the epoch is aborted
 the commit is left ``upstream_failed``, so the DAG run ends failed and the UI shows it; clearing
 the run writes the epoch again with a new write, which re-opens the Aborted epoch.
@@ -50,7 +51,10 @@ def exactly_once_epoch(
     ``sensor_kwargs`` go to ``CheckpointSensor`` (``deferrable``, ``mode``, ``poke_interval``,
     ``timeout``...). Persist, commit and abort are retried ``commit_retries`` times with
     exponential backoff from ``commit_retry_delay``: all three are idempotent, and a transient
-    fault in the meta store or the catalog must not leave a completed epoch uncommitted.
+    fault in the meta store or the catalog must not leave a completed epoch uncommitted. The
+    sensor gets the same retries unless ``sensor_kwargs`` names its own: only a failed checkpoint
+    and a timeout end the wait for good (Airflow never retries those), so a retry only answers a
+    lost worker or a transient error, which must not abort an epoch whose checkpoint is pending.
     Task ids inside the group: ``persist``, ``wait_for_checkpoint``, ``commit``, ``abort``.
     """
     write_op = getattr(write, "operator", None) if isinstance(write, XComArg) else write
@@ -75,12 +79,14 @@ def exactly_once_epoch(
         persist = PersistPendingOperator(
             task_id="persist", write_task_id=write_op.task_id, checkpoint=checkpoint_cfg, **common, **retried
         )
+        # Found by the fault harness (kill_sensor_wait): a sensor without retries whose worker died
+        # failed into the abort, dropping an epoch whose checkpoint completed moments later.
         wait = CheckpointSensor(
             task_id="wait_for_checkpoint",
             sink=sink_cfg,
             checkpoint=checkpoint_cfg,
             meta_conn_id=meta_conn_id,
-            **dict(sensor_kwargs or {}),
+            **{**retried, **dict(sensor_kwargs or {})},
         )
         commit = CommitEpochOperator(task_id="commit", checkpoint=checkpoint_cfg, **common, **retried)
         abort = AbortEpochOperator(

@@ -409,3 +409,59 @@ def test_persist_is_retried_like_commit_and_abort(world: World) -> None:
             True,
         ), task_id
     assert dag.task_dict["write"].retries == 0  # the DAG's own default: nothing else was given retries
+
+
+def test_a_sensor_whose_worker_died_is_retried_not_aborted(world: World) -> None:
+    """Found by the fault harness (kill_sensor_wait): the sensor had no retries of its own, so in a DAG
+    without default retries a worker lost while the sensor waited failed the run into its abort, which
+    dropped an epoch whose checkpoint was only pending. The wait is retried like persist and commit;
+    a failed checkpoint still fails it at once (``test_failed_checkpoint_aborts...``)."""
+
+    def worker_lost_on_first_try(context: Any) -> None:
+        if context["ti"].try_number == 1:
+            raise RuntimeError("the worker running the sensor was lost")
+
+    epoch = epoch_from_interval_start(DAY)
+    world.mark(epoch, CheckpointStatus.COMPLETED)
+    with DAG(
+        f"eo_{uuid.uuid4().hex[:10]}",
+        schedule="@daily",
+        start_date=dt.datetime(2024, 1, 1, tzinfo=dt.UTC),
+        catchup=False,
+    ) as dag:  # no default_args: the DAG gives no task retries of its own
+        write = PythonOperator(task_id="write", python_callable=world.writer(world.iceberg_sink()))
+        exactly_once_epoch(
+            write,
+            sink=world.iceberg_sink(),
+            checkpoint=world.checkpoint(),
+            meta_conn_id=world.meta_conn_id,
+            group_id=G,
+            sensor_kwargs={"poke_interval": 0.2, "timeout": 30, "pre_execute": worker_lost_on_first_try},
+            commit_retries=2,
+            commit_retry_delay=dt.timedelta(0),
+        )
+    sensor = dag.task_dict[f"{G}.wait_for_checkpoint"]
+    assert (sensor.retries, sensor.retry_delay) == (2, dt.timedelta(0))
+
+    dr = run(dag, DAY)
+
+    states = ti_states(dag.dag_id, dr.run_id)
+    assert dr.state == "success", states
+    assert states[f"{G}.wait_for_checkpoint"] == ("success", 2)
+    assert states[f"{G}.abort"][0] == "skipped"
+    committed_once(world, epoch)
+
+
+def test_sensor_kwargs_retries_win_over_the_group_default(world: World) -> None:
+    with DAG(f"eo_{uuid.uuid4().hex[:10]}", schedule=None, start_date=dt.datetime(2024, 1, 1, tzinfo=dt.UTC)) as dag:
+        write = PythonOperator(task_id="write", python_callable=world.writer(world.iceberg_sink()))
+        exactly_once_epoch(
+            write,
+            sink=world.iceberg_sink(),
+            checkpoint=world.checkpoint(),
+            meta_conn_id=world.meta_conn_id,
+            group_id=G,
+            sensor_kwargs={"retries": 0},
+        )
+    assert dag.task_dict[f"{G}.wait_for_checkpoint"].retries == 0
+    assert dag.task_dict[f"{G}.commit"].retries == 8

@@ -138,7 +138,7 @@ def build(params: dict[str, Any]) -> DAG:
                 "timeout": 1800,
                 "mode": "reschedule" if sensor == "reschedule" else "poke",
                 "deferrable": sensor == "deferrable",
-                **quick,
+                # no retries here: the task group's default (commit_retries) is what kill_sensor_wait tests
             },
             commit_retries=6,
             commit_retry_delay=dt.timedelta(seconds=2),
