@@ -41,6 +41,13 @@ COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
 META_CONN_ID = "exactly_once_default"
 ICEBERG_CONN_ID = "iceberg_faults"
 RECOVERY_DAG_ID = "exactly_once_recovery"
+#: The recovery DAG's orphan grace while runs are in flight. It must outlast the longest wait of a
+#: finished write for its persist (the product's contract, 6 h by default): the recovery run each
+#: scheduler start triggers would otherwise delete a write whose persist is still queued, and the
+#: epoch's run would fail (seen with 20 s: a persist queued 100 s behind 60 runs on 3 slots).
+IN_FLIGHT_ORPHAN_GRACE_S = 900
+#: Once every run has ended no write awaits its persist, and ``eo-sink gc`` may use a short grace.
+FINAL_ORPHAN_GRACE_S = 20
 PIPELINES_DAG_FILE = """\
 # The airflow DAGs of the fault-injection harness: one per JSON file of $EO_FAULTS_PIPELINES.
 import json
@@ -141,7 +148,7 @@ class Cluster:
         root: Path | None = None,
         *,
         parallelism: int = 3,
-        orphan_grace_s: int = 20,
+        orphan_grace_s: int = IN_FLIGHT_ORPHAN_GRACE_S,
         extra_env: Mapping[str, str] | None = None,
     ) -> Cluster:
         root = Path(tempfile.mkdtemp(prefix="eo-faults-")) if root is None else root
@@ -313,8 +320,16 @@ class Cluster:
     # -- the CLI and the metadata DB -------------------------------------------------------------------
 
     def airflow(self, *args: str, timeout: float = 180) -> str:
+        return self.command("airflow", *args, timeout=timeout)
+
+    def eo_sink(self, *args: str, timeout: float = 300) -> str:
+        """The package's operator CLI (docs/cli.md) against this deployment's connections."""
+        return self.command("eo-sink", *args, timeout=timeout)
+
+    def command(self, script: str, *args: str, timeout: float = 180) -> str:
+        """A console script of the venv, run in the deployment's environment; its stdout."""
         done = subprocess.run(
-            [str(Path(sys.executable).with_name("airflow")), *args],
+            [str(Path(sys.executable).with_name(script)), *args],
             env=self.env,
             capture_output=True,
             text=True,
@@ -322,7 +337,7 @@ class Cluster:
             cwd=self.root,
         )
         if done.returncode != 0:
-            raise RuntimeError(f"airflow {' '.join(args)} failed ({done.returncode}):\n{done.stderr[-3000:]}")
+            raise RuntimeError(f"{script} {' '.join(args)} failed ({done.returncode}):\n{done.stderr[-3000:]}")
         return done.stdout
 
     @property

@@ -21,7 +21,7 @@ from pyiceberg.types import DoubleType, LongType, NestedField, StringType, Times
 
 from airflow_provider_exactly_once.demo.world import land_hour, mark_hour
 from tests.faults.checker import CheckResult, check, epoch_of
-from tests.faults.cluster import ICEBERG_CONN_ID, RECOVERY_DAG_ID, Cluster
+from tests.faults.cluster import FINAL_ORPHAN_GRACE_S, ICEBERG_CONN_ID, RECOVERY_DAG_ID, Cluster
 
 NAMESPACE = "faults"
 START = dt.datetime(2025, 1, 1, tzinfo=dt.UTC)
@@ -69,7 +69,8 @@ class Pipeline:
 class Harness:
     def __init__(self, cluster: Cluster) -> None:
         self.cluster = cluster
-        self.recovery_started: float | None = None
+        #: When the last ``collect_orphans`` started: the orphan check's clock.
+        self.orphans_collected_at: float | None = None
         props = cluster.catalog_properties
         self.catalog = SqlCatalog(ICEBERG_CONN_ID, uri=props["uri"], warehouse=props["warehouse"])
         self.catalog.create_namespace_if_not_exists(NAMESPACE)
@@ -146,7 +147,6 @@ class Harness:
 
     def run_recovery(self, timeout: float = 300) -> str:
         """Trigger the recovery DAG and wait for its run; returns the run's final state."""
-        self.recovery_started = time.time()
         run_id = f"faults__{time.time_ns()}"
         self.cluster.airflow("dags", "trigger", RECOVERY_DAG_ID, "--run-id", run_id)
 
@@ -162,16 +162,23 @@ class Harness:
     def load_table(self, pipeline: Pipeline) -> Table:
         return self.catalog.load_table(pipeline.table)
 
+    def collect_orphans(self, grace_s: float = FINAL_ORPHAN_GRACE_S) -> dict[str, Any]:
+        """What an operator runs once every run has ended: ``eo-sink gc --grace`` over every sink.
+
+        Safe with a short grace only then: no finished write is still waiting for its persist.
+        """
+        self.orphans_collected_at = time.time()
+        return dict(json.loads(self.cluster.eo_sink("gc", "--grace", f"{grace_s:g}s", "--json")))
+
     def check(self, pipeline: Pipeline) -> CheckResult:
-        grace = float(self.cluster.env["AIRFLOW__EXACTLY_ONCE__RECOVERY_ORPHAN_GRACE_SECONDS"])
-        # An unreferenced file older than the grace period when the last recovery run started is
-        # one that run should have removed (a file a lingering Spark driver wrote later is not).
+        # An unreferenced file older than the final grace when the last collection started is one it
+        # should have removed (a file a lingering Spark driver wrote later is not).
         return check(
             self.load_table(pipeline),
             pipeline.landing,
             pipeline.sink_id,
-            orphan_grace_s=grace,
-            now=self.recovery_started,
+            orphan_grace_s=FINAL_ORPHAN_GRACE_S,
+            now=self.orphans_collected_at,
         )
 
     def dispose(self) -> None:

@@ -29,7 +29,7 @@ from typing import Any
 import psutil
 import pyarrow as pa
 
-from tests.faults.cluster import ICEBERG_CONN_ID, REPO, Cluster
+from tests.faults.cluster import FINAL_ORPHAN_GRACE_S, ICEBERG_CONN_ID, REPO, Cluster
 from tests.faults.harness import START, Harness, Pipeline
 from tests.faults.layout import WRITE_POINT, hour_template
 
@@ -526,9 +526,9 @@ def run_scenarios(cluster: Cluster, scenarios: Sequence[Scenario], *, timeout: f
             assert s.pipeline is not None
             harness.wait_finished(s.pipeline, timeout=max(10.0, deadline - time.monotonic()))
         finished_at = time.monotonic()
-        grace = float(cluster.env["AIRFLOW__EXACTLY_ONCE__RECOVERY_ORPHAN_GRACE_SECONDS"])
-        time.sleep(grace + 3)
         recovery_state = harness.run_recovery()
+        time.sleep(max(0.0, finished_at + FINAL_ORPHAN_GRACE_S + 3 - time.monotonic()))
+        collected = harness.collect_orphans()
         results = {}
         for s in scenarios:
             assert s.pipeline is not None
@@ -544,6 +544,7 @@ def run_scenarios(cluster: Cluster, scenarios: Sequence[Scenario], *, timeout: f
         return {
             "scenarios": results,
             "recovery_run": recovery_state,
+            "orphans_collected": collected,
             "anomalies": sum(len(r["anomalies"]) for r in results.values()),
             "action_errors": sum(1 for r in results.values() if r["action_error"]),
             "faulted_epochs": sum(len({r.epoch for r in s.rules}) for s in scenarios),
