@@ -22,6 +22,17 @@ from tests.faults.cluster import cluster
 from tests.faults.scenarios import describe_plan, named_scenarios, random_plan, run_scenarios
 
 
+def _stop_once(signum: int, _frame: object) -> None:
+    """Unwind through the cluster's clean-up, ignoring later signals: ``pkill -f`` signals both
+    ``uv run`` and this process, and a second signal during the teardown would leave the scheduler,
+    the meta store's server and the databases behind (seen: a whole cluster left running)."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt
+    sys.exit(143)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="scripts/faults", description=__doc__.split("\n\n")[0])
     parser.add_argument("--scenario", action="append", default=[], help="a named scenario, or 'all'")
@@ -38,8 +49,8 @@ def main(argv: list[str] | None = None) -> int:
 
     # Tear the cluster down on SIGTERM and on Ctrl-C even when started in the background (where a
     # non-interactive shell leaves SIGINT ignored): both unwind through the cluster's clean-up.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _stop_once)
+    signal.signal(signal.SIGINT, _stop_once)
     known = named_scenarios()
     if args.list:
         for name, s in known.items():
