@@ -386,11 +386,15 @@ def test_happy_path_with_the_meta_store_and_catalog_on_postgresql(
         world.dispose()
 
 
-def test_persist_is_retried_like_commit_and_abort(world: World) -> None:
-    """Found building the fault harness (meta_store_outage): persist had no retries of its own, so in a DAG
-    without default retries a meta store restarting during persist failed the run into its abort,
-    which dropped an epoch whose checkpoint had completed. Persist is idempotent: it is retried."""
-    with DAG(f"eo_{uuid.uuid4().hex[:10]}", schedule=None, start_date=dt.datetime(2024, 1, 1, tzinfo=dt.UTC)) as dag:
+def bare_epoch_dag(world: World, *, schedule: Any = None, **group_kwargs: Any) -> DAG:
+    """write -> the epoch group, in a DAG that gives no task retries of its own (no ``default_args``):
+    whatever retries the group's tasks have are the group's."""
+    with DAG(
+        f"eo_{uuid.uuid4().hex[:10]}",
+        schedule=schedule,
+        start_date=dt.datetime(2024, 1, 1, tzinfo=dt.UTC),
+        catchup=False,
+    ) as dag:
         write = PythonOperator(task_id="write", python_callable=world.writer(world.iceberg_sink()))
         exactly_once_epoch(
             write,
@@ -398,9 +402,16 @@ def test_persist_is_retried_like_commit_and_abort(world: World) -> None:
             checkpoint=world.checkpoint(),
             meta_conn_id=world.meta_conn_id,
             group_id=G,
-            commit_retries=5,
-            commit_retry_delay=dt.timedelta(seconds=7),
+            **group_kwargs,
         )
+    return dag
+
+
+def test_persist_is_retried_like_commit_and_abort(world: World) -> None:
+    """Found building the fault harness (meta_store_outage): persist had no retries of its own, so in a DAG
+    without default retries a meta store restarting during persist failed the run into its abort,
+    which dropped an epoch whose checkpoint had completed. Persist is idempotent: it is retried."""
+    dag = bare_epoch_dag(world, commit_retries=5, commit_retry_delay=dt.timedelta(seconds=7))
     for task_id in ("persist", "commit", "abort"):
         task = dag.task_dict[f"{G}.{task_id}"]
         assert (task.retries, task.retry_delay, task.retry_exponential_backoff) == (
@@ -423,23 +434,13 @@ def test_a_sensor_whose_worker_died_is_retried_not_aborted(world: World) -> None
 
     epoch = epoch_from_interval_start(DAY)
     world.mark(epoch, CheckpointStatus.COMPLETED)
-    with DAG(
-        f"eo_{uuid.uuid4().hex[:10]}",
+    dag = bare_epoch_dag(
+        world,
         schedule="@daily",
-        start_date=dt.datetime(2024, 1, 1, tzinfo=dt.UTC),
-        catchup=False,
-    ) as dag:  # no default_args: the DAG gives no task retries of its own
-        write = PythonOperator(task_id="write", python_callable=world.writer(world.iceberg_sink()))
-        exactly_once_epoch(
-            write,
-            sink=world.iceberg_sink(),
-            checkpoint=world.checkpoint(),
-            meta_conn_id=world.meta_conn_id,
-            group_id=G,
-            sensor_kwargs={"poke_interval": 0.2, "timeout": 30, "pre_execute": worker_lost_on_first_try},
-            commit_retries=2,
-            commit_retry_delay=dt.timedelta(0),
-        )
+        sensor_kwargs={"poke_interval": 0.2, "timeout": 30, "pre_execute": worker_lost_on_first_try},
+        commit_retries=2,
+        commit_retry_delay=dt.timedelta(0),
+    )
     sensor = dag.task_dict[f"{G}.wait_for_checkpoint"]
     assert (sensor.retries, sensor.retry_delay) == (2, dt.timedelta(0))
 
@@ -453,15 +454,6 @@ def test_a_sensor_whose_worker_died_is_retried_not_aborted(world: World) -> None
 
 
 def test_sensor_kwargs_retries_win_over_the_group_default(world: World) -> None:
-    with DAG(f"eo_{uuid.uuid4().hex[:10]}", schedule=None, start_date=dt.datetime(2024, 1, 1, tzinfo=dt.UTC)) as dag:
-        write = PythonOperator(task_id="write", python_callable=world.writer(world.iceberg_sink()))
-        exactly_once_epoch(
-            write,
-            sink=world.iceberg_sink(),
-            checkpoint=world.checkpoint(),
-            meta_conn_id=world.meta_conn_id,
-            group_id=G,
-            sensor_kwargs={"retries": 0},
-        )
+    dag = bare_epoch_dag(world, sensor_kwargs={"retries": 0})
     assert dag.task_dict[f"{G}.wait_for_checkpoint"].retries == 0
     assert dag.task_dict[f"{G}.commit"].retries == 8
