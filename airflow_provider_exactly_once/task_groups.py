@@ -6,8 +6,9 @@
 
 The abort runs when the write, the persist or the wait failed (a failed or timed-out checkpoint
 fails the wait without retries; any other failure of the wait, a lost worker above all, is retried,
-because an abort while the checkpoint is still pending would drop an epoch that may yet complete). A commit failure never leads to an abort: the commit is retried,
-and once the checkpoint completed the coordinator refuses aborts anyway. When the epoch is aborted
+because an abort while the checkpoint is still pending would drop an epoch that may yet complete).
+A commit failure never leads to an abort: the commit is retried, and once the checkpoint completed
+the coordinator refuses aborts anyway. When the epoch is aborted
 the commit is left ``upstream_failed``, so the DAG run ends failed and the UI shows it; clearing
 the run writes the epoch again with a new write, which re-opens the Aborted epoch.
 """
@@ -79,8 +80,7 @@ def exactly_once_epoch(
         persist = PersistPendingOperator(
             task_id="persist", write_task_id=write_op.task_id, checkpoint=checkpoint_cfg, **common, **retried
         )
-        # Found by the fault harness (kill_sensor_wait): a sensor without retries whose worker died
-        # failed into the abort, dropping an epoch whose checkpoint completed moments later.
+        # The group's retries unless the author gave others (found by the harness's kill_sensor_wait).
         wait = CheckpointSensor(
             task_id="wait_for_checkpoint",
             sink=sink_cfg,

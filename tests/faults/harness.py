@@ -162,13 +162,14 @@ class Harness:
     def load_table(self, pipeline: Pipeline) -> Table:
         return self.catalog.load_table(pipeline.table)
 
-    def collect_orphans(self, grace_s: float = FINAL_ORPHAN_GRACE_S) -> dict[str, Any]:
-        """What an operator runs once every run has ended: ``eo-sink gc --grace`` over every sink.
+    def collect_orphans(self) -> dict[str, Any]:
+        """What an operator runs once every run has ended: ``eo-sink gc --grace`` over every sink,
+        with the short final grace that ``check`` judges by.
 
         Safe with a short grace only then: no finished write is still waiting for its persist.
         """
         self.orphans_collected_at = time.time()
-        return dict(json.loads(self.cluster.eo_sink("gc", "--grace", f"{grace_s:g}s", "--json")))
+        return dict(json.loads(self.cluster.eo_sink("gc", "--grace", f"{FINAL_ORPHAN_GRACE_S}s", "--json")))
 
     def check(self, pipeline: Pipeline) -> CheckResult:
         # An unreferenced file older than the final grace when the last collection started is one it
