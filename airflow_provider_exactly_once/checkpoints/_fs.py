@@ -24,9 +24,21 @@ from fsspec.asyn import AsyncFileSystem
 from airflow_provider_exactly_once.core.epochs import epoch_start
 from airflow_provider_exactly_once.core.errors import InvalidPreCommit, InvalidSinkConfig, SinkUnavailable
 from airflow_provider_exactly_once.core.identifiers import check_epoch, check_sink_id
+from airflow_provider_exactly_once.core.redact import has_userinfo, mask_userinfo
 
 #: Sample values that every valid template must render with (validated at construction).
 _SAMPLE = {"sink_id": "sink", "epoch": 1_700_000_000_000, "start": datetime(2023, 11, 14, 22, 13, tzinfo=UTC)}
+
+
+def refuse_credentials(location: str, *, what: str) -> None:
+    """A checkpoint location is registered with its sink and shown by the UI, eo-sink and the logs:
+    credentials in it would be shown everywhere, so they belong in ``storage_options``."""
+    if isinstance(location, str) and has_userinfo(location):
+        raise InvalidSinkConfig(
+            f"{what} {mask_userinfo(location)!r} holds credentials (user:password@); pass them in "
+            "storage_options (e.g. {'key': ..., 'secret': ...}) or through the filesystem's Airflow "
+            "connection, and keep the location plain"
+        )
 
 
 class PathTemplate:
@@ -86,7 +98,7 @@ class FsLookup:
         try:
             fs, _ = fsspec.core.url_to_fs(sample_url, **dict(storage_options or {}))
         except (ValueError, ImportError, TypeError) as exc:
-            raise InvalidSinkConfig(f"{what} {sample_url!r}: cannot open its filesystem: {exc}") from exc
+            raise InvalidSinkConfig(mask_userinfo(f"{what} {sample_url!r}: cannot open its filesystem: {exc}")) from exc
         self.fs: Any = fs
         self._what = what
 
@@ -152,4 +164,4 @@ class FsLookup:
         return await asyncio.wrap_future(future)
 
     def _unavailable(self, path: str, exc: BaseException) -> SinkUnavailable:
-        return SinkUnavailable(f"{self._what}: cannot look up {path!r}: {exc}")
+        return SinkUnavailable(mask_userinfo(f"{self._what}: cannot look up {path!r}: {exc}"))

@@ -15,6 +15,7 @@ from airflow_provider_exactly_once.checkpoints.metastore import CheckpointTable,
 from airflow_provider_exactly_once.checkpoints.streaming import StructuredStreamingCheckpointSource
 from airflow_provider_exactly_once.core.errors import InvalidSinkConfig
 from airflow_provider_exactly_once.core.ports import CheckpointSource
+from airflow_provider_exactly_once.core.redact import mask_userinfo
 
 
 @dataclass(frozen=True)
@@ -103,7 +104,7 @@ def checkpoint_config_from_dict(data: Mapping[str, Any]) -> CheckpointConfig:
     try:
         return classes[kind](**values)
     except TypeError as exc:
-        raise InvalidSinkConfig(f"checkpoint configuration {data!r}: {exc}") from None
+        raise InvalidSinkConfig(mask_userinfo(f"checkpoint configuration {data!r}: {exc}")) from None
 
 
 class _NoTable:

@@ -11,7 +11,7 @@ import asyncio
 from collections.abc import Mapping
 from typing import Any
 
-from airflow_provider_exactly_once.checkpoints._fs import FsLookup, PathTemplate
+from airflow_provider_exactly_once.checkpoints._fs import FsLookup, PathTemplate, refuse_credentials
 from airflow_provider_exactly_once.core.errors import InvalidSinkConfig
 from airflow_provider_exactly_once.core.status import CheckpointStatus
 
@@ -41,6 +41,7 @@ class MarkerFileCheckpointSource:
         failed_marker: str = "_FAILED",
         storage_options: Mapping[str, Any] | None = None,
     ) -> None:
+        refuse_credentials(path_template, what="checkpoint path_template")
         self._template = PathTemplate(path_template, allowed=TEMPLATE_FIELDS, what="checkpoint path_template")
         if not self._template.fields & {"epoch", "start"}:
             raise InvalidSinkConfig(

@@ -26,7 +26,7 @@ import asyncio
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from airflow_provider_exactly_once.checkpoints._fs import FsLookup, PathTemplate
+from airflow_provider_exactly_once.checkpoints._fs import FsLookup, PathTemplate, refuse_credentials
 from airflow_provider_exactly_once.core.errors import InvalidSinkConfig
 from airflow_provider_exactly_once.core.status import CheckpointStatus
 
@@ -58,6 +58,7 @@ class StructuredStreamingCheckpointSource:
         batch_id: BatchIdMapping | None = None,
         storage_options: Mapping[str, Any] | None = None,
     ) -> None:
+        refuse_credentials(checkpoint_location, what="streaming checkpoint_location")
         self._template = PathTemplate(checkpoint_location, allowed=("sink_id",), what="streaming checkpoint_location")
         if batch_id is not None and not callable(batch_id):
             raise InvalidSinkConfig(f"batch_id must be a callable (sink_id, epoch) -> int, got {batch_id!r}")

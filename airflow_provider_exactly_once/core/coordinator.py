@@ -37,6 +37,7 @@ from .errors import (
     InvalidPreCommit,
     InvalidSinkConfig,
     MetaStoreUnavailable,
+    SinkReused,
     StateConflict,
 )
 from .faults import FaultHook, no_faults
@@ -76,6 +77,7 @@ class PersistOutcome(StrEnum):
     REPLACED = "replaced an earlier write"
     ALREADY_COMMITTED = "already committed"
     COMMIT_DECIDED = "an earlier write is being committed"
+    REOPENED = "re-opened: the table was re-created since the epoch was committed"
 
 
 class CommitOutcome(StrEnum):
@@ -99,6 +101,8 @@ class PersistResult:
     #: The write whose data the epoch holds (or will): differs from the persisted write's id when
     #: the epoch was already committed or decided with an earlier one.
     write_id: str
+    #: Something an operator must hear about (also kept on the row): the task logs it at WARNING.
+    warning: str | None = None
 
 
 @dataclass(frozen=True)
@@ -170,7 +174,10 @@ class TwoPhaseCommitCoordinator:
 
         Safe to repeat with the same write (a retried persist task). A different write for the same
         epoch replaces a Pending one that is not yet decided, re-opens an Aborted one, and is itself
-        cleaned up when the epoch is already committed or its commit decided.
+        cleaned up when the epoch is already committed or its commit decided. A Committed epoch is
+        re-opened for it only when a table the epoch went into was since dropped and re-created (the
+        old commit proves nothing for the new table); a write for other tables than the epoch's is
+        refused (``SinkReused``).
         """
         pre = PreCommit.parse(pre_commit)
         committer = self._committer(pre.sink_id)
@@ -190,7 +197,29 @@ class TwoPhaseCommitCoordinator:
                 )
                 return PersistResult(outcome, row, row.write_id)
 
-            if row is not None and (row.status is EpochStatus.COMMITTED or row.commit_decided_at is not None):
+            if row is not None and row.status is EpochStatus.COMMITTED:
+                self._refuse_other_tables(pre, row)
+                recreated = _recreated_tables(row, committer.identities(pre))
+                if recreated:
+                    self._refuse_discarded(pre)
+                    try:
+                        record = self._store.reopen_committed(
+                            pre,
+                            expected_write_id=row.write_id,
+                            run_id=run_id,
+                            try_number=try_number,
+                            dag_id=dag_id,
+                            reason=recreated,
+                        )
+                    except StateConflict:
+                        continue  # another persist re-opened it first: decide against its row
+                    log.warning("%s: %s", pre.describe(), recreated)
+                    return PersistResult(PersistOutcome.REOPENED, record, pre.write_id, warning=recreated)
+
+            if row is not None and (
+                row.status is EpochStatus.COMMITTED
+                or (row.status is EpochStatus.PENDING and row.commit_decided_at is not None)
+            ):
                 # The epoch's data is (or will be) the earlier write's: this one must never be seen.
                 self._store.enqueue_cleanup(pre, reason=f"late write: epoch holds write {row.write_id}")
                 self._run_cleanups(pre.sink_id, pre.epoch)
@@ -199,16 +228,11 @@ class TwoPhaseCommitCoordinator:
                     if row.status is EpochStatus.COMMITTED
                     else PersistOutcome.COMMIT_DECIDED
                 )
+                warning = self._warn_other_dag(pre, row, dag_id)
                 log.info("%s: %s with write %s; the new write was removed", pre.describe(), outcome, row.write_id)
-                return PersistResult(outcome, row, row.write_id)
+                return PersistResult(outcome, row, row.write_id, warning=warning)
 
-            # From here the write would become the epoch's: never one whose files were handed to
-            # clean-up (aborted before it was persisted, replaced, or removed as an orphan).
-            if self._store.write_discarded(pre.sink_id, pre.epoch, pre.write_id):
-                raise EpochAborted(
-                    f"{pre.describe()} was discarded (aborted or replaced) and its files removed; "
-                    "run the write again for a new write"
-                )
+            self._refuse_discarded(pre)  # from here the write would become the epoch's
             if row is None:
                 try:
                     record = self._store.insert_pending(pre, run_id=run_id, try_number=try_number, dag_id=dag_id)
@@ -236,6 +260,46 @@ class TwoPhaseCommitCoordinator:
             f"{pre.describe()}: the epoch kept changing under {_PERSIST_RACE_ROUNDS} attempts to persist"
         )
 
+    def _refuse_discarded(self, pre: PreCommit) -> None:
+        """A write whose files were handed to clean-up (aborted before it was persisted, replaced, or
+        removed as an orphan) must never become the epoch's write."""
+        if self._store.write_discarded(pre.sink_id, pre.epoch, pre.write_id):
+            raise EpochAborted(
+                f"{pre.describe()} was discarded (aborted or replaced) and its files removed; "
+                "run the write again for a new write"
+            )
+
+    def _refuse_other_tables(self, pre: PreCommit, row: EpochRecord) -> None:
+        """A Committed epoch of other tables proves nothing for this write's: refuse, remove the write."""
+        committed_to = sorted(t.table for t in row.pre_commit.tables)
+        targets = sorted(t.table for t in pre.tables)
+        if committed_to == targets:
+            return
+        self._store.enqueue_cleanup(pre, reason=f"sink reused: epoch committed to {committed_to}")
+        self._run_cleanups(pre.sink_id, pre.epoch)
+        raise SinkReused(
+            f"{pre.describe()} targets {targets}, but the sink's epoch {pre.epoch} was committed to "
+            f"{committed_to} (write {row.write_id}, DAG {row.dag_id or 'unknown'}, run {row.run_id or 'unknown'}); "
+            "the new write was removed. A sink id names one destination for its whole history: give the "
+            "new pipeline or table its own sink_id"
+        )
+
+    def _warn_other_dag(self, pre: PreCommit, row: EpochRecord, dag_id: str | None) -> str | None:
+        """A write from another DAG for an epoch already settled: the sink id may be reused by mistake."""
+        if dag_id is None or row.dag_id is None or dag_id == row.dag_id:
+            return None
+        warning = (
+            f"sink {pre.sink_id!r} epoch {pre.epoch} holds write {row.write_id} of DAG {row.dag_id!r}; a write "
+            f"from DAG {dag_id!r} was discarded. If another pipeline reuses this sink id, give it its own "
+            "sink_id: its epochs are not being written"
+        )
+        log.warning("%s", warning)
+        try:
+            self._store.record_warning(pre.sink_id, pre.epoch, warning=warning)
+        except MetaStoreUnavailable:
+            log.warning("could not record the warning on sink %r epoch %d", pre.sink_id, pre.epoch)
+        return warning
+
     # -- phase two: commit ------------------------------------------------------------------------
 
     def commit(self, sink_id: str, epoch: int) -> CommitResult:
@@ -243,7 +307,7 @@ class TwoPhaseCommitCoordinator:
         started = time.monotonic()
         try:
             result = self._commit(sink_id, epoch)
-        except ExactlyOnceError as exc:
+        except Exception as exc:
             self._metrics.incr(COMMIT_ERRORS, 1, {"sink_id": sink_id, "error": type(exc).__name__})
             raise
         tags = {"sink_id": sink_id}
@@ -276,7 +340,7 @@ class TwoPhaseCommitCoordinator:
             # still take (its table may have changed since persist), and keep the others abortable.
             try:
                 committer.validate(row.pre_commit)
-            except ExactlyOnceError as exc:
+            except Exception as exc:
                 self._note_error(row, exc)
                 raise
             try:
@@ -289,13 +353,19 @@ class TwoPhaseCommitCoordinator:
             committed = committer.commit(
                 row.pre_commit, row.created_at, allow_beyond_horizon=self._allow_beyond_horizon
             )
-        except ExactlyOnceError as exc:
+        except Exception as exc:
             self._note_error(row, exc)
             raise
         self._fault("commit.visible")
 
         try:
-            record = self._store.mark_committed(sink_id, epoch, write_id=row.write_id, committed=committed)
+            record = self._store.mark_committed(
+                sink_id,
+                epoch,
+                write_id=row.write_id,
+                committed=committed,
+                identities=committer.identities(row.pre_commit),
+            )
         except StateConflict:
             return self._settled_by_other(sink_id, epoch, row.write_id)
         self._fault("commit.marked")
@@ -322,12 +392,15 @@ class TwoPhaseCommitCoordinator:
         reason: str,
         write: PreCommit | None = None,
         force: bool = False,
+        files_lost: bool = False,
         dag_id: str | None = None,
     ) -> AbortResult:
         """Give up on a write and delete its files (``_abort``), counted by outcome for the metrics.
 
         ``dag_id`` is recorded on the tombstone row of a write that was never persisted."""
-        result = self._abort(sink_id, epoch, reason=reason, write=write, force=force, dag_id=dag_id)
+        result = self._abort(
+            sink_id, epoch, reason=reason, write=write, force=force, files_lost=files_lost, dag_id=dag_id
+        )
         tags = {"sink_id": sink_id}
         self._metrics.incr(ABORTS, 1, {**tags, "outcome": result.outcome.name.lower()})
         if result.files_deleted:
@@ -342,6 +415,7 @@ class TwoPhaseCommitCoordinator:
         reason: str,
         write: PreCommit | None = None,
         force: bool = False,
+        files_lost: bool = False,
         dag_id: str | None = None,
     ) -> AbortResult:
         """Give up on a write and delete its files, but never against a durable commit decision.
@@ -349,7 +423,9 @@ class TwoPhaseCommitCoordinator:
         ``write`` names the write being given up (an abort task knows its own run's write); without it
         the epoch's persisted write is meant. A write that is not the epoch's has only its own files
         removed. Refused once the checkpoint COMPLETED, unless ``force`` (an operator deliberately
-        dropping an epoch's data), and always once a commit was decided.
+        dropping an epoch's data), and once a commit was decided, unless ``files_lost``: then the
+        decision can never be carried out, and the abort goes ahead only if some of the write's
+        files are gone and no table shows the epoch (``lost_files``).
         """
         self._committer(sink_id)  # an unknown sink is a configuration error, whatever the store holds
         check_epoch(epoch)
@@ -365,7 +441,9 @@ class TwoPhaseCommitCoordinator:
                 record = self._store.insert_aborted(write, reason=reason, dag_id=dag_id)
             except StateConflict:
                 # persist won
-                return self._abort(sink_id, epoch, reason=reason, write=write, force=force, dag_id=dag_id)
+                return self._abort(
+                    sink_id, epoch, reason=reason, write=write, force=force, files_lost=files_lost, dag_id=dag_id
+                )
             self._fault("abort.marked")
             return AbortResult(AbortOutcome.NOT_PERSISTED, self._run_cleanups(sink_id, epoch), record)
 
@@ -378,18 +456,25 @@ class TwoPhaseCommitCoordinator:
         if row.status is EpochStatus.ABORTED:
             return AbortResult(AbortOutcome.ALREADY_ABORTED, self._run_cleanups(sink_id, epoch), row)
 
-        if row.commit_decided_at is not None:
+        if files_lost:
+            missing = self.lost_files(row)
+            log.warning("%s: giving up a write with %d data file(s) lost", row.pre_commit.describe(), len(missing))
+        elif row.commit_decided_at is not None:
             raise AbortRefused(
                 f"sink {sink_id!r} epoch {epoch}: the commit of write {row.write_id} was decided at "
-                f"{row.commit_decided_at.isoformat()}; it will be committed (commit task or recovery), not aborted"
+                f"{row.commit_decided_at.isoformat()}; it will be committed (commit task or recovery), not "
+                "aborted. Only if its data files are lost for good: abort with files_lost=True "
+                "(eo-sink abort SINK EPOCH --reason ... --files-lost)"
             )
-        if not force and self._checkpoints.status(sink_id, epoch) is CheckpointStatus.COMPLETED:
+        elif not force and self._checkpoints.status(sink_id, epoch) is CheckpointStatus.COMPLETED:
             raise AbortRefused(
                 f"sink {sink_id!r} epoch {epoch}: checkpoint COMPLETED, so the epoch must be committed; "
                 "abort with force=True only to drop its data on purpose"
             )
         try:
-            record = self._store.mark_aborted(sink_id, epoch, write_id=row.write_id, reason=reason)
+            record = self._store.mark_aborted(
+                sink_id, epoch, write_id=row.write_id, reason=reason, decided=row.commit_decided_at is not None
+            )
         except StateConflict:
             latest = self._require(sink_id, epoch)
             if latest.status is EpochStatus.ABORTED and latest.write_id == row.write_id:
@@ -403,6 +488,28 @@ class TwoPhaseCommitCoordinator:
         self._fault("abort.cleaned")
         log.info("%s aborted (%s); %d file(s) deleted", row.pre_commit.describe(), reason, deleted)
         return AbortResult(AbortOutcome.ABORTED, deleted, record)
+
+    def lost_files(self, row: EpochRecord) -> list[str]:
+        """The data files of a Pending write that are gone, when that is reason enough to give it up.
+
+        Refused (``AbortRefused``) while a table shows the epoch (it is partly visible: only
+        restoring the files and committing keeps it whole) and while every file is there (commit).
+        """
+        committer = self._committer(row.sink_id)
+        what = row.pre_commit.describe()
+        visible = committer.find_committed(row.pre_commit, row.created_at)
+        if visible.tables:
+            raise AbortRefused(
+                f"{what}: table(s) {', '.join(sorted(visible.tables))} already show the epoch, so it is partly "
+                "visible; restore the missing files and commit it (eo-sink commit SINK EPOCH)"
+            )
+        missing = list(committer.missing_files(row.pre_commit))
+        if not missing:
+            raise AbortRefused(
+                f"{what}: every data file of the write is in storage, so nothing is lost; commit it "
+                "(eo-sink commit SINK EPOCH)"
+            )
+        return missing
 
     # -- recovery ---------------------------------------------------------------------------------
 
@@ -431,9 +538,19 @@ class TwoPhaseCommitCoordinator:
                 report.committed.append(row.epoch)
             except MetaStoreUnavailable:
                 raise  # nothing else can make progress either; the recovery task is retried whole
-            except ExactlyOnceError as exc:
-                log.warning("recovery of sink %r epoch %d failed: %s", sink_id, row.epoch, exc)
+            except Exception as exc:
+                # Whatever one epoch raises (a refusal, a driver's error, a bug) is that epoch's: it is
+                # kept on its row and reported, and the sink's other epochs are still tried.
+                log.warning(
+                    "recovery of sink %r epoch %d failed: %s: %s",
+                    sink_id,
+                    row.epoch,
+                    type(exc).__name__,
+                    exc,
+                    exc_info=not isinstance(exc, ExactlyOnceError),
+                )
                 report.failed[row.epoch] = f"{type(exc).__name__}: {exc}"
+                self._note_error(row, exc)
         report.files_deleted += self._run_cleanups(sink_id, None, report)
         return report
 
@@ -470,7 +587,7 @@ class TwoPhaseCommitCoordinator:
             since = min(row.created_at, task.created_at) if row is not None else task.created_at
             try:
                 deleted += committer.delete_write(task.pre_commit, since)
-            except ExactlyOnceError as exc:
+            except Exception as exc:
                 if report is None or isinstance(exc, MetaStoreUnavailable):
                     raise
                 report.failed[task.epoch] = f"clean-up of write {task.write_id}: {type(exc).__name__}: {exc}"
@@ -511,3 +628,24 @@ def require_epoch(store: SinkStateStore, sink_id: str, epoch: int) -> EpochRecor
     if row is None:
         raise EpochNotFound(f"sink {sink_id!r} epoch {epoch} was never persisted")
     return row
+
+
+def _recreated_tables(row: EpochRecord, identities: Mapping[str, str]) -> str | None:
+    """Why the epoch's commit proves nothing any more, when a table it went into was re-created.
+
+    Rows committed before identities were recorded have none: for them nothing can be told, and
+    the commit stands as before.
+    """
+    if not row.table_uuids:
+        return None
+    changed = [
+        f"{table} (was {before}, now {identities[table]})"
+        for table, before in sorted(row.table_uuids.items())
+        if table in identities and identities[table] != before
+    ]
+    if not changed:
+        return None
+    return (
+        f"sink {row.sink_id!r} epoch {row.epoch} was committed by write {row.write_id} into a table since "
+        f"dropped and re-created: {', '.join(changed)}; the epoch is re-opened for the new write"
+    )

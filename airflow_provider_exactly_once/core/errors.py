@@ -25,6 +25,15 @@ class InvalidSinkConfig(ExactlyOnceError, ValueError):
     """A sink, committer or checkpoint source configured with values that cannot work."""
 
 
+class SinkReused(InvalidSinkConfig):
+    """A sink id now names other tables than the ones its epochs were committed to.
+
+    An epoch committed to one table proves nothing for another, so a write for it can be neither
+    committed (the old commit may have been right) nor skipped as done (the new table would
+    silently miss it); a sink id must name one destination for its whole history.
+    """
+
+
 class MetaStoreUnavailable(ExactlyOnceError):
     """The meta store could not be reached or timed out; nothing was half-written."""
 
@@ -65,17 +74,27 @@ class MissingDataFiles(ExactlyOnceError):
     """Data files listed in the pre-commit metadata are not in storage at commit time.
 
     The commit is refused and the epoch stays Pending: the files may still appear (eventual
-    consistency, a restore), or an operator aborts it.
+    consistency, a restore), or an operator gives the write up (``abort(..., files_lost=True)``).
     """
 
     def __init__(self, sink_id: str, epoch: int, paths: Sequence[str]) -> None:
         self.paths = list(paths)
         shown = ", ".join(self.paths[:10]) + (f" (and {len(self.paths) - 10} more)" if len(self.paths) > 10 else "")
-        super().__init__(f"sink {sink_id!r} epoch {epoch}: {len(self.paths)} data file(s) missing: {shown}")
+        super().__init__(
+            f"sink {sink_id!r} epoch {epoch}: {len(self.paths)} data file(s) missing: {shown}. Restore them and "
+            f"commit again (eo-sink commit {sink_id} {epoch}); if they are lost for good, give the write up "
+            f"(eo-sink abort {sink_id} {epoch} --reason ... --files-lost) and write the epoch again"
+        )
 
 
 class SchemaMismatch(ExactlyOnceError):
     """The written schema cannot go into the table; refused before anything was committed."""
+
+
+class CommitRefused(ExactlyOnceError):
+    """The table refuses the commit for a reason retrying cannot change: the configured branch is a
+    tag, the table's format is one the committer cannot write, or pyiceberg refused the append while
+    staging it. Nothing was committed; a person must change the table or the sink's configuration."""
 
 
 class UnknownTable(ExactlyOnceError):

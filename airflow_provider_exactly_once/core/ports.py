@@ -38,6 +38,11 @@ class EpochRecord:
     error: str | None
     #: The DAG whose run persisted (or aborted) the write; ``None`` outside Airflow and for older rows.
     dag_id: str | None = None
+    #: Per table, the identity (``SinkCommitter.identities``) the epoch was committed to; ``None``
+    #: before the commit and for rows committed before identities were recorded.
+    table_uuids: Mapping[str, str] | None = None
+    #: What a persist found suspicious about the epoch (a sink id reused by another DAG).
+    warning: str | None = None
 
 
 @dataclass(frozen=True)
@@ -105,12 +110,43 @@ class SinkStateStore(Protocol):
         """Set ``commit_decided_at`` on the Pending row of this write (idempotent once set)."""
         ...
 
-    def mark_committed(self, sink_id: str, epoch: int, *, write_id: str, committed: CommittedTables) -> EpochRecord:
-        """``Pending -> Committed`` for this write; clears ``error``."""
+    def mark_committed(
+        self,
+        sink_id: str,
+        epoch: int,
+        *,
+        write_id: str,
+        committed: CommittedTables,
+        identities: Mapping[str, str] | None = None,
+    ) -> EpochRecord:
+        """``Pending -> Committed`` for this write, with the identity of each table it went into; clears ``error``."""
         ...
 
-    def mark_aborted(self, sink_id: str, epoch: int, *, write_id: str, reason: str) -> EpochRecord:
-        """``Pending -> Aborted`` for this write, only while no commit is decided; queues its cleanup."""
+    def reopen_committed(
+        self,
+        pre_commit: PreCommit,
+        *,
+        expected_write_id: str,
+        run_id: str | None,
+        try_number: int | None,
+        dag_id: str | None = None,
+        reason: str,
+    ) -> EpochRecord:
+        """``Committed -> Pending`` with a new write, only for an epoch whose tables were re-created
+        since (its commit proves nothing for the new tables); ``reason`` becomes the row's warning."""
+        ...
+
+    def record_warning(self, sink_id: str, epoch: int, *, warning: str) -> None:
+        """Keep a warning for operators on the row, whatever its status."""
+        ...
+
+    def mark_aborted(
+        self, sink_id: str, epoch: int, *, write_id: str, reason: str, decided: bool = False
+    ) -> EpochRecord:
+        """``Pending -> Aborted`` for this write, only while no commit is decided; queues its cleanup.
+
+        ``decided`` reverses that: only a row whose commit *is* decided (a write whose data files
+        were lost, given up by an operator who checked that no table shows it)."""
         ...
 
     def record_error(self, sink_id: str, epoch: int, *, write_id: str, error: str) -> None:
@@ -153,9 +189,11 @@ class SinkCommitter(Protocol):
     """
 
     def validate(self, pre_commit: PreCommit) -> None:
-        """Refuse, before persisting, what can never be committed (unknown table, paths outside the
-        table or sink location, incompatible schema). Raises ``InvalidPreCommit``, ``UnknownTable``,
-        ``SchemaMismatch``."""
+        """Refuse what can never be committed, before persisting and again right before the commit
+        decision, so a refusal always leaves the epoch abortable: unknown table, paths outside the
+        table or sink location, partition values that do not match the spec the write was made
+        for, incompatible schema, a table or branch the append would refuse. Raises
+        ``InvalidPreCommit``, ``UnknownTable``, ``SchemaMismatch``, ``CommitRefused``."""
         ...
 
     def find_committed(self, pre_commit: PreCommit, since: datetime) -> VisibleEpoch:
@@ -171,11 +209,29 @@ class SinkCommitter(Protocol):
         """
         ...
 
+    def missing_files(self, pre_commit: PreCommit) -> Sequence[str]:
+        """The write's data files that are gone from where its commit would read them.
+
+        Raises ``AbortRefused`` where the write may already be partly visible (a file sink whose
+        moves began), ``SinkUnavailable`` when storage cannot be asked.
+        """
+        ...
+
     def delete_write(self, pre_commit: PreCommit, since: datetime) -> int:
         """Delete the write's files if, on a fresh look, none is visible (invariant 4).
 
         Returns how many files were deleted; raises ``ForeignWriteVisible`` or
         ``AbortRefused`` instead of deleting anything that is or may be referenced.
+        """
+        ...
+
+    def identities(self, pre_commit: PreCommit) -> Mapping[str, str]:
+        """Per target of the write, what tells this incarnation of it from one re-created under the
+        same name (an Iceberg table's UUID), as last seen by ``validate``/``commit``; no I/O.
+
+        A commit recorded against one identity proves nothing for another: a table dropped and
+        re-created under the same name does not hold the epochs the old one held. Targets without
+        such an identity (a file sink's directory) are left out.
         """
         ...
 

@@ -215,6 +215,7 @@ def coordinator_for(
     epoch: int | None = None,
     try_number: int | None = None,
     metrics: Metrics | None = None,
+    allow_beyond_horizon: bool = False,
 ) -> TwoPhaseCommitCoordinator:
     """The coordinator of one sink: the meta store of ``meta_conn_id`` (or ``store``), the sink's
     committer, and the checkpoint source (``None`` only for steps that never consult it, such as
@@ -228,6 +229,8 @@ def coordinator_for(
     file that apply to this try (``core.faults.fault_hook_for``).
     ``metrics`` defaults to Airflow's ``Stats`` (``observability.stats``): commit durations, files,
     rows, retries and aborts go wherever ``[metrics]`` sends Airflow's own.
+    ``allow_beyond_horizon`` is an operator's word that an epoch older than the table's snapshot
+    history is not in the table (``eo-sink commit --beyond-horizon``); never set by a task.
     """
     from airflow_provider_exactly_once.checkpoints.config import MetaStoreCheckpoint
     from airflow_provider_exactly_once.observability.stats import airflow_metrics
@@ -240,4 +243,11 @@ def coordinator_for(
     if metrics is None:
         metrics = airflow_metrics()
     committer = sink_committer(sink, fault=fault, metrics=metrics)
-    return TwoPhaseCommitCoordinator(store, {sink.sink_id: committer}, source, fault=fault, metrics=metrics)
+    return TwoPhaseCommitCoordinator(
+        store,
+        {sink.sink_id: committer},
+        source,
+        fault=fault,
+        metrics=metrics,
+        allow_beyond_horizon=allow_beyond_horizon,
+    )

@@ -122,12 +122,15 @@ class PersistPendingOperator(_EpochOperator):
                 pre, run_id=context.get("run_id"), try_number=try_number(context), dag_id=_dag_id(context)
             )
         self.log.info("%s: %s (the epoch holds write %s)", pre.describe(), result.outcome.value, result.write_id)
+        if result.warning:
+            self.log.warning("%s", result.warning)
         return {
             "sink_id": pre.sink_id,
             "epoch": pre.epoch,
             "outcome": result.outcome.value,
             "write_id": result.write_id,
             "persisted_write_id": pre.write_id,
+            **({"warning": result.warning} if result.warning else {}),
         }
 
 

@@ -17,6 +17,7 @@ from pyiceberg.catalog import Catalog
 from airflow_provider_exactly_once.core.errors import InvalidPreCommit, InvalidSinkConfig
 from airflow_provider_exactly_once.core.faults import FaultHook, no_faults
 from airflow_provider_exactly_once.core.identifiers import check_sink_id
+from airflow_provider_exactly_once.core.redact import has_userinfo, mask_userinfo
 from airflow_provider_exactly_once.sinks.files import FileSinkCommitter
 from airflow_provider_exactly_once.sinks.iceberg import IcebergSinkCommitter
 
@@ -98,6 +99,13 @@ class FileSinkConfig:
         _sink_id(self.sink_id)
         if not isinstance(self.root, str) or not self.root.strip():
             raise InvalidSinkConfig(f"sink {self.sink_id!r}: root is empty")
+        if has_userinfo(self.root):
+            # The root is recorded in the sink registry and shown by the UI, eo-sink and the logs.
+            raise InvalidSinkConfig(
+                f"sink {self.sink_id!r}: root {mask_userinfo(self.root)!r} holds credentials (user:password@); "
+                "pass them in storage_options (e.g. {'key': ..., 'secret': ...}) or through the filesystem's "
+                "Airflow connection, and keep the root a plain location"
+            )
 
     def committer(self, *, fault: FaultHook = no_faults) -> FileSinkCommitter:
         return FileSinkCommitter(self.root, storage_options=self.storage_options, fault=fault)
@@ -127,5 +135,5 @@ def sink_config_from_dict(data: Mapping[str, Any]) -> SinkConfig:
         if kind == "files":
             return FileSinkConfig(**values)
     except TypeError as exc:
-        raise InvalidSinkConfig(f"sink configuration {data!r}: {exc}") from None
+        raise InvalidSinkConfig(mask_userinfo(f"sink configuration {data!r}: {exc}")) from None
     raise InvalidSinkConfig(f"sink configuration has unknown kind {kind!r}; expected 'iceberg' or 'files'")

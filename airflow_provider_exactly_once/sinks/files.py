@@ -192,6 +192,10 @@ class FileSinkCommitter:
         """Refuse metadata that names another sink root or stages files outside this write's folder."""
         self._plan(pre_commit)
 
+    def identities(self, pre_commit: PreCommit) -> Mapping[str, str]:
+        """A directory has no identity apart from its path: re-created, it is the same sink root."""
+        return {}
+
     def find_committed(self, pre_commit: PreCommit, since: datetime) -> VisibleEpoch:
         """Visible only when every final name exists; a partial set means a commit must still finish.
 
@@ -248,6 +252,17 @@ class FileSinkCommitter:
             len(to_move),
         )
         return {self.root: _token(plan)}
+
+    def missing_files(self, pre_commit: PreCommit) -> Sequence[str]:
+        """Staged files that are gone; refused once the write's moves began (it is partly visible)."""
+        plan = self._plan(pre_commit)
+        moved = [m for m in plan.moves if self._exists(m.final)]
+        if moved or self._exists(posixpath.join(plan.staging, COMMIT_STARTED_MARKER)):
+            raise AbortRefused(
+                f"{pre_commit.describe()}: its commit into {self.root!r} has begun ({len(moved)} file(s) "
+                "at their final names): it is partly visible, so restore the missing files and commit it"
+            )
+        return [move.descriptor.path for move in plan.moves if not self._exists(move.staged)]
 
     def delete_write(self, pre_commit: PreCommit, since: datetime) -> int:
         """Delete the write's staging folder unless this write's commit may have begun.

@@ -163,6 +163,7 @@ def run(spark: SparkSession, spec: EpochJobSpec, written: list[str]) -> PreCommi
                 data_files=descriptors,
                 schema_written=schema_written,
                 added_columns=added_columns,
+                spec_id=target.spec_id,
             )
         ],
         source_positions=source.source_positions,

@@ -72,6 +72,9 @@ class ResolvedTarget:
     last_column_id: int
     partition_style: Literal["iceberg", "hive"]
     spec: PartitionSpec | None = None
+    #: The id of ``spec`` in the table, recorded so the commit files the write under the spec it was
+    #: partitioned for even if the table's spec changes before then; ``None`` for a file sink.
+    spec_id: int | None = None
     partition_by: list[str] = field(default_factory=list)
     write_properties: dict[str, str] = field(default_factory=dict)
     io_properties: dict[str, str] = field(default_factory=dict)
@@ -163,6 +166,7 @@ def load_iceberg_target(target: IcebergTarget, write_id: str) -> ResolvedTarget:
         last_column_id=table.metadata.last_column_id,
         partition_style="iceberg",
         spec=spec,
+        spec_id=spec.spec_id,
         write_properties=properties,
         io_properties={**target.catalog_properties, **properties},
         target_file_size=int(properties.get(TableProperties.WRITE_TARGET_FILE_SIZE_BYTES, DEFAULT_TARGET_FILE_SIZE)),

@@ -152,7 +152,11 @@ class PendingSinkState(Base):
     commit_decided_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
     #: JSON object: table -> snapshot id, or ``"empty"``.
     committed: Mapped[str | None] = mapped_column(Text)
+    #: JSON object: table -> the table's identity (Iceberg UUID) the epoch was committed to (0004).
+    table_uuids: Mapped[str | None] = mapped_column(Text)
     error: Mapped[str | None] = mapped_column(Text)
+    #: What a persist found suspicious about the epoch (0004): shown to operators, decides nothing.
+    warning: Mapped[str | None] = mapped_column(Text)
 
 
 class SinkCleanup(Base):

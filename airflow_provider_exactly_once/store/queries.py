@@ -4,11 +4,15 @@ Kept apart from ``sql.py``, whose methods are the coordinator's transitions: not
 Every query is answered from an index (migration 0003 adds the listing ones) and returns at most
 ``limit`` rows, so a view costs the same with ten epochs of history as with ten million; counts are
 ``GROUP BY`` over the ``(sink_id, status)`` index, never rows fetched and counted in Python.
+
+``dag_ids`` restricts every query to the epochs of those DAGs (a caller who may read only some DAGs):
+the filter is in the ``WHERE``, so ``LIMIT``/``OFFSET`` count only rows the caller may see. ``None``
+means no restriction, epochs written outside any DAG run included.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -36,14 +40,30 @@ class SinkCounts:
     pending_cleanups: int = 0
 
 
-def sink_counts(store: SqlSinkStateStore, sink_id: str | None = None) -> dict[str, SinkCounts]:
-    """Per sink with any row or clean-up: counts by status, oldest Pending ``created_at``, open clean-ups."""
-    state_filter: list[ColumnElement[bool]] = []
+def _of_dags(dag_ids: Collection[str] | None) -> list[ColumnElement[bool]]:
+    return [] if dag_ids is None else [PendingSinkState.dag_id.in_(sorted(dag_ids))]
+
+
+def sink_counts(
+    store: SqlSinkStateStore, sink_id: str | None = None, *, dag_ids: Collection[str] | None = None
+) -> dict[str, SinkCounts]:
+    """Per sink with any row or clean-up: counts by status, oldest Pending ``created_at``, open clean-ups.
+
+    With ``dag_ids``, only sinks with epochs of those DAGs, and only those epochs and their
+    clean-ups are counted (an orphan's clean-up belongs to no epoch, so it is not counted then).
+    """
+    state_filter: list[ColumnElement[bool]] = _of_dags(dag_ids)
     cleanup_filter: list[ColumnElement[bool]] = [SinkCleanup.done_at.is_(None)]
     if sink_id is not None:
         check_sink_id(sink_id)
         state_filter.append(PendingSinkState.sink_id == sink_id)
         cleanup_filter.append(SinkCleanup.sink_id == sink_id)
+    cleanup_query = select(SinkCleanup.sink_id, func.count()).where(*cleanup_filter)
+    if dag_ids is not None:
+        cleanup_query = cleanup_query.join(
+            PendingSinkState,
+            (PendingSinkState.sink_id == SinkCleanup.sink_id) & (PendingSinkState.epoch == SinkCleanup.epoch),
+        ).where(*_of_dags(dag_ids))
     counts: dict[str, dict[str, int]] = {}
     oldest: dict[str, datetime] = {}
     cleanups: dict[str, int] = {}
@@ -61,9 +81,7 @@ def sink_counts(store: SqlSinkStateStore, sink_id: str | None = None) -> dict[st
         ):
             if created_at is not None:
                 oldest[sink] = created_at
-        for sink, count in session.execute(
-            select(SinkCleanup.sink_id, func.count()).where(*cleanup_filter).group_by(SinkCleanup.sink_id)
-        ):
+        for sink, count in session.execute(cleanup_query.group_by(SinkCleanup.sink_id)):
             cleanups[sink] = int(count)
     return {
         sink: SinkCounts(
@@ -74,7 +92,7 @@ def sink_counts(store: SqlSinkStateStore, sink_id: str | None = None) -> dict[st
             oldest_pending_created_at=oldest.get(sink),
             pending_cleanups=cleanups.get(sink, 0),
         )
-        for sink in sorted(set(counts) | set(cleanups))
+        for sink in sorted(set(counts) | (set() if dag_ids is not None else set(cleanups)))
     }
 
 
@@ -85,6 +103,7 @@ def list_epochs(
     status: EpochStatus | None = None,
     limit: int = 100,
     offset: int = 0,
+    dag_ids: Collection[str] | None = None,
 ) -> list[EpochRecord]:
     """A page of epochs, newest first (then by sink id, descending), optionally of one sink and one status.
 
@@ -93,13 +112,21 @@ def list_epochs(
     read backwards: no sort, and a page costs its own rows whatever the history.
     """
     with store.reading("listing epochs") as session:
-        rows = session.scalars(epochs_statement(sink_id=sink_id, status=status, limit=limit, offset=offset))
+        rows = session.scalars(
+            epochs_statement(sink_id=sink_id, status=status, limit=limit, offset=offset, dag_ids=dag_ids)
+        )
         return [_record(row) for row in rows]
 
 
-def count_epochs(store: SqlSinkStateStore, *, sink_id: str | None = None, status: EpochStatus | None = None) -> int:
+def count_epochs(
+    store: SqlSinkStateStore,
+    *,
+    sink_id: str | None = None,
+    status: EpochStatus | None = None,
+    dag_ids: Collection[str] | None = None,
+) -> int:
     """How many epochs ``list_epochs`` pages through (a count over the same indexes, no rows fetched)."""
-    conditions: list[ColumnElement[bool]] = []
+    conditions: list[ColumnElement[bool]] = _of_dags(dag_ids)
     if sink_id is not None:
         conditions.append(PendingSinkState.sink_id == check_sink_id(sink_id))
     if status is not None:
@@ -109,10 +136,18 @@ def count_epochs(store: SqlSinkStateStore, *, sink_id: str | None = None, status
 
 
 def epochs_statement(
-    *, sink_id: str | None, status: EpochStatus | None, limit: int, offset: int
+    *,
+    sink_id: str | None,
+    status: EpochStatus | None,
+    limit: int,
+    offset: int,
+    dag_ids: Collection[str] | None = None,
 ) -> Select[PendingSinkState]:
-    """The query of ``list_epochs`` (its plan is checked against the indexes by the tests)."""
-    conditions: list[ColumnElement[bool]] = []
+    """The query of ``list_epochs`` (its plan is checked against the indexes by the tests).
+
+    ``dag_ids`` filters the rows the index yields, in its order: a page still needs no sort.
+    """
+    conditions: list[ColumnElement[bool]] = _of_dags(dag_ids)
     if sink_id is not None:
         conditions.append(PendingSinkState.sink_id == check_sink_id(sink_id))
     if status is not None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import math
 import random
-import re
 import threading
 import time
 from collections import OrderedDict
@@ -59,6 +58,7 @@ from airflow_provider_exactly_once.core.errors import (
 from airflow_provider_exactly_once.core.identifiers import EPOCH_MAX, check_epoch, check_sink_id, check_write_id
 from airflow_provider_exactly_once.core.ports import CleanupTask, CommittedTables, EpochRecord
 from airflow_provider_exactly_once.core.precommit import PreCommit
+from airflow_provider_exactly_once.core.redact import mask_userinfo
 from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochStatus
 from airflow_provider_exactly_once.store import migrate
 from airflow_provider_exactly_once.store.models import (
@@ -79,7 +79,6 @@ _WRITE = "exactly_once_write"
 _ALLOCATION_ATTEMPTS = 50
 _CHECKPOINT_ATTEMPTS = 5
 _FINAL_CHECKPOINTS = (CheckpointStatus.COMPLETED, CheckpointStatus.FAILED)
-_PASSWORD_IN_URL = re.compile(r"(://[^:/@]*):[^@/]*@")
 #: The epoch an orphaned write is queued under: nothing on storage says which epoch an abandoned,
 #: never-persisted write was for. ``write_discarded`` matches it for every epoch, so a very late
 #: persist of a write removed as an orphan fails instead of pointing at deleted files.
@@ -115,7 +114,7 @@ class SqlSinkStateStore:
         try:
             self._url: URL = make_url(url)
         except ArgumentError:
-            masked = _PASSWORD_IN_URL.sub(r"\1:***@", url)
+            masked = mask_userinfo(url)
             raise InvalidSinkConfig(
                 f"meta store URL {masked!r} is not a SQLAlchemy URL "
                 "(expected e.g. sqlite:////path/meta.db or postgresql+psycopg2://user@host/db)"
@@ -484,6 +483,69 @@ class SqlSinkStateStore:
                 )
             return self._reloaded(session, sink_id, epoch)
 
+    def reopen_committed(
+        self,
+        pre_commit: PreCommit,
+        *,
+        expected_write_id: str,
+        run_id: str | None,
+        try_number: int | None,
+        dag_id: str | None = None,
+        reason: str,
+    ) -> EpochRecord:
+        """``Committed -> Pending`` with a new write, for an epoch whose tables were re-created.
+
+        The earlier commit went into a table that no longer exists under its name, so it proves
+        nothing for the new one; the earlier write is not queued for clean-up (its files belong to
+        the dropped table's history, which nothing here can check). ``created_at`` starts afresh:
+        the new table's snapshots are all younger than the earlier commit.
+        """
+        pre_commit = PreCommit.parse(pre_commit)
+        expected_write_id = check_write_id(expected_write_id)
+        _check_run(run_id, try_number)
+        dag_id = _dag_id(dag_id)
+        reason = _text(reason, "re-open reason")
+        sink_id, epoch = pre_commit.sink_id, pre_commit.epoch
+        wanted = f"re-open Committed write {expected_write_id} with write {pre_commit.write_id}"
+        if pre_commit.write_id == expected_write_id:
+            raise StateConflict(f"sink {sink_id!r} epoch {epoch}: cannot {wanted}: it needs a new write id")
+        with self._transaction(f"re-opening sink {sink_id!r} epoch {epoch}", write=True) as session:
+            now = db_now()
+            self._cas(
+                session,
+                _cas_update(sink_id, epoch, EpochStatus.COMMITTED, expected_write_id).values(
+                    status=EpochStatus.PENDING.value,
+                    write_id=pre_commit.write_id,
+                    metadata_json=_remembered_json(pre_commit),
+                    run_id=run_id,
+                    try_number=try_number,
+                    dag_id=dag_id,
+                    created_at=now,
+                    updated_at=now,
+                    commit_decided_at=None,
+                    committed=None,
+                    table_uuids=None,
+                    error=None,
+                    warning=reason,
+                ),
+                sink_id,
+                epoch,
+                wanted,
+            )
+            return self._reloaded(session, sink_id, epoch)
+
+    def record_warning(self, sink_id: str, epoch: int, *, warning: str) -> None:
+        """Keep a warning on the row whatever its status; it decides nothing, operators read it."""
+        sink_id, epoch = check_sink_id(sink_id), check_epoch(epoch)
+        warning = _text(warning, "warning")
+        with self._transaction(f"recording a warning on sink {sink_id!r} epoch {epoch}", write=True) as session:
+            session.execute(
+                update(PendingSinkState)
+                .where(PendingSinkState.sink_id == sink_id, PendingSinkState.epoch == epoch)
+                .values(warning=warning, updated_at=db_now())
+                .execution_options(synchronize_session=False)
+            )
+
     def decide_commit(self, sink_id: str, epoch: int, *, write_id: str) -> EpochRecord:
         sink_id, epoch, write_id = check_sink_id(sink_id), check_epoch(epoch), check_write_id(write_id)
         with self._transaction(f"deciding the commit of sink {sink_id!r} epoch {epoch}", write=True) as session:
@@ -502,15 +564,25 @@ class SqlSinkStateStore:
                     raise _conflict(row, sink_id, epoch, f"decide to commit Pending write {write_id}")
             return self._reloaded(session, sink_id, epoch)
 
-    def mark_committed(self, sink_id: str, epoch: int, *, write_id: str, committed: CommittedTables) -> EpochRecord:
+    def mark_committed(
+        self,
+        sink_id: str,
+        epoch: int,
+        *,
+        write_id: str,
+        committed: CommittedTables,
+        identities: Mapping[str, str] | None = None,
+    ) -> EpochRecord:
         sink_id, epoch, write_id = check_sink_id(sink_id), check_epoch(epoch), check_write_id(write_id)
         committed_json = _committed_json(committed, sink_id, epoch)
+        identities_json = _identities_json(identities or {}, sink_id, epoch)
         with self._transaction(f"marking sink {sink_id!r} epoch {epoch} committed", write=True) as session:
             self._cas(
                 session,
                 _cas_update(sink_id, epoch, EpochStatus.PENDING, write_id).values(
                     status=EpochStatus.COMMITTED.value,
                     committed=committed_json,
+                    table_uuids=identities_json,
                     error=None,
                     updated_at=db_now(),
                 ),
@@ -528,19 +600,22 @@ class SqlSinkStateStore:
                 )
             return record
 
-    def mark_aborted(self, sink_id: str, epoch: int, *, write_id: str, reason: str) -> EpochRecord:
+    def mark_aborted(
+        self, sink_id: str, epoch: int, *, write_id: str, reason: str, decided: bool = False
+    ) -> EpochRecord:
         sink_id, epoch, write_id = check_sink_id(sink_id), check_epoch(epoch), check_write_id(write_id)
         reason = _text(reason, "abort reason")
         with self._transaction(f"aborting sink {sink_id!r} epoch {epoch}", write=True) as session:
             now = db_now()
             self._cas(
                 session,
-                _cas_update(sink_id, epoch, EpochStatus.PENDING, write_id, undecided=True).values(
-                    status=EpochStatus.ABORTED.value, error=reason, updated_at=now
-                ),
+                _cas_update(
+                    sink_id, epoch, EpochStatus.PENDING, write_id, undecided=not decided, decided=decided
+                ).values(status=EpochStatus.ABORTED.value, error=reason, updated_at=now),
                 sink_id,
                 epoch,
-                f"abort Pending write {write_id} while no commit is decided",
+                f"abort Pending write {write_id} "
+                + ("whose commit is decided" if decided else "while no commit is decided"),
             )
             row = _load(session, sink_id, epoch)
             assert row is not None
@@ -951,7 +1026,9 @@ def _load(session: Session, sink_id: str, epoch: int, *, for_update: bool = Fals
     return session.scalars(statement).one_or_none()
 
 
-def _cas_update(sink_id: str, epoch: int, status: EpochStatus, write_id: str, *, undecided: bool = False) -> Update:
+def _cas_update(
+    sink_id: str, epoch: int, status: EpochStatus, write_id: str, *, undecided: bool = False, decided: bool = False
+) -> Update:
     conditions: list[ColumnElement[bool]] = [
         PendingSinkState.sink_id == sink_id,
         PendingSinkState.epoch == epoch,
@@ -960,6 +1037,8 @@ def _cas_update(sink_id: str, epoch: int, status: EpochStatus, write_id: str, *,
     ]
     if undecided:
         conditions.append(PendingSinkState.commit_decided_at.is_(None))
+    if decided:
+        conditions.append(PendingSinkState.commit_decided_at.is_not(None))
     return update(PendingSinkState).where(*conditions).execution_options(synchronize_session=False)
 
 
@@ -997,6 +1076,8 @@ def _record(row: PendingSinkState) -> EpochRecord:
         committed=None if row.committed is None else json.loads(row.committed),
         error=row.error,
         dag_id=row.dag_id,
+        table_uuids=None if row.table_uuids is None else json.loads(row.table_uuids),
+        warning=row.warning,
     )
 
 
@@ -1098,6 +1179,13 @@ def _committed_json(committed: Mapping[str, str], sink_id: str, epoch: int) -> s
             f"sink {sink_id!r} epoch {epoch}: committed maps tables to snapshot ids or 'empty' (strings), got {bad!r}"
         )
     return json.dumps(dict(committed), sort_keys=True)
+
+
+def _identities_json(identities: Mapping[str, str], sink_id: str, epoch: int) -> str | None:
+    bad = {k: v for k, v in identities.items() if not isinstance(k, str) or not isinstance(v, str) or not v}
+    if bad:
+        raise InvalidPreCommit(f"sink {sink_id!r} epoch {epoch}: table identities must be strings, got {bad!r}")
+    return json.dumps(dict(identities), sort_keys=True) if identities else None
 
 
 # -- parsed metadata ------------------------------------------------------------------------------

@@ -9,6 +9,15 @@ import pytest
 from tests.support.faults import FaultSwitch
 from tests.support.pipeline import Pipeline
 
+#: Every commit path runs on ``main`` and on a named branch, as Flink's committer tests do: a marker
+#: walk or an append that reads ``main`` instead of the configured branch must fail a test.
+BRANCHES = ["main", "audit"]
+
+
+@pytest.fixture(params=BRANCHES)
+def branch(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
 
 @pytest.fixture
 def faults() -> FaultSwitch:

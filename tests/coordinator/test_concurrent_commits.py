@@ -17,6 +17,9 @@ from tests.support.pipeline import Pipeline
 from tests.support.racer import race_commits
 
 REPETITIONS = 50
+#: The thread race runs on a named branch (its first epoch also creates the branch), the process race
+#: on ``main``: one branch case per 50-epoch loop keeps the suite's time, and each path is raced.
+THREAD_BRANCH = "audit"
 
 
 def _twin(pipeline: Pipeline) -> Pipeline:
@@ -29,13 +32,13 @@ def _twin(pipeline: Pipeline) -> Pipeline:
     )
 
 
-def _prepare(pipeline: Pipeline, sink_id: str, epoch: int) -> None:
-    coordinator = pipeline.coordinator(sink_id, pipeline.iceberg_committer())
+def _prepare(pipeline: Pipeline, sink_id: str, epoch: int, branch: str = "main") -> None:
+    coordinator = pipeline.coordinator(sink_id, pipeline.iceberg_committer(branch=branch))
     coordinator.persist(pipeline.write_iceberg(sink_id, epoch, ["orders"], rows=2))
     pipeline.checkpoint(sink_id, epoch, CheckpointStatus.COMPLETED)
 
 
-def _assert_once_each(pipeline: Pipeline, sink_id: str, outcomes: list[list[str]]) -> None:
+def _assert_once_each(pipeline: Pipeline, sink_id: str, outcomes: list[list[str]], branch: str = "main") -> None:
     snapshots = pipeline.marker_snapshots("orders", sink_id)
     assert {epoch: len(writes) for epoch, writes in snapshots.items()} == dict.fromkeys(range(REPETITIONS), 1)
     for epoch, pair in enumerate(outcomes):
@@ -44,17 +47,17 @@ def _assert_once_each(pipeline: Pipeline, sink_id: str, outcomes: list[list[str]
             pair,
         )
         assert pipeline.store.get(sink_id, epoch).status is EpochStatus.COMMITTED  # type: ignore[union-attr]
-    assert len(pipeline.rows("orders")) == 2 * REPETITIONS
+    assert len(pipeline.rows("orders", branch=branch)) == 2 * REPETITIONS
 
 
 def test_two_threads_commit_the_same_epoch(pipeline: Pipeline, sink_id: str) -> None:
     pipeline.create_table("orders")
     twins = [_twin(pipeline), _twin(pipeline)]
-    coordinators = [t.coordinator(sink_id, t.iceberg_committer()) for t in twins]
+    coordinators = [t.coordinator(sink_id, t.iceberg_committer(branch=THREAD_BRANCH)) for t in twins]
     outcomes = []
     with ThreadPoolExecutor(2) as pool:
         for epoch in range(REPETITIONS):
-            _prepare(pipeline, sink_id, epoch)
+            _prepare(pipeline, sink_id, epoch, THREAD_BRANCH)
             barrier = threading.Barrier(2)
 
             def commit(index: int, epoch: int = epoch, barrier: threading.Barrier = barrier) -> str:
@@ -64,7 +67,7 @@ def test_two_threads_commit_the_same_epoch(pipeline: Pipeline, sink_id: str) -> 
             outcomes.append(list(pool.map(commit, [0, 1])))
     for twin in twins:
         twin.dispose()
-    _assert_once_each(pipeline, sink_id, outcomes)
+    _assert_once_each(pipeline, sink_id, outcomes, THREAD_BRANCH)
 
 
 def test_two_processes_commit_the_same_epoch(pipeline: Pipeline, sink_id: str) -> None:

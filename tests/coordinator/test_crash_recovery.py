@@ -29,8 +29,8 @@ COMMIT_POINTS = [
 ABORT_POINTS = ["abort.marked", "cleanup.deleted", "abort.cleaned"]
 
 
-def _recovered(pipeline: Pipeline, sink_id: str, committer: object) -> None:
-    """Recovery as the recovery DAG runs it: a new coordinator, no faults."""
+def _recovered(pipeline: Pipeline, sink_id: str, committer: object, branch: str = "main") -> None:
+    """Recovery as the recovery DAG runs it: a new coordinator, no faults, the same sink config."""
     fresh = Pipeline(
         meta_url=pipeline.meta_url,
         catalog_url=pipeline.catalog_url,
@@ -39,28 +39,28 @@ def _recovered(pipeline: Pipeline, sink_id: str, committer: object) -> None:
         namespace=pipeline.namespace,
     )
     try:
-        report = fresh.coordinator(sink_id, committer_like(fresh, committer)).recover(sink_id)
+        report = fresh.coordinator(sink_id, committer_like(fresh, committer, branch)).recover(sink_id)
         assert report.ok, report.failed
     finally:
         fresh.dispose()
 
 
-def committer_like(pipeline: Pipeline, committer: object) -> object:
+def committer_like(pipeline: Pipeline, committer: object, branch: str = "main") -> object:
     from airflow_provider_exactly_once.sinks.files import FileSinkCommitter
 
     if isinstance(committer, FileSinkCommitter):
         return pipeline.file_committer(Path(committer.root))  # type: ignore[attr-defined]
-    return pipeline.iceberg_committer()
+    return pipeline.iceberg_committer(branch=branch)
 
 
 @pytest.mark.parametrize("point", COMMIT_POINTS)
 def test_crash_during_commit_then_recover_commits_exactly_once(
-    pipeline: Pipeline, sink_id: str, faults: FaultSwitch, point: str
+    pipeline: Pipeline, sink_id: str, faults: FaultSwitch, point: str, branch: str
 ) -> None:
     names = ["a", "b"]  # fan-out, so a crash can fall between the two tables' commits
     for name in names:
         pipeline.create_table(name)
-    committer = pipeline.iceberg_committer()
+    committer = pipeline.iceberg_committer(branch=branch)
     coordinator = pipeline.coordinator(sink_id, committer)
     pre = pipeline.write_iceberg(sink_id, 12, names, rows=4)
     coordinator.persist(pre)
@@ -69,19 +69,21 @@ def test_crash_during_commit_then_recover_commits_exactly_once(
     faults.crash_at(point)
     with pytest.raises(SimulatedCrash):
         coordinator.commit(sink_id, 12)
-    _recovered(pipeline, sink_id, committer)
+    _recovered(pipeline, sink_id, committer, branch)
 
     assert pipeline.store.get(sink_id, 12).status is EpochStatus.COMMITTED  # type: ignore[union-attr]
     for name in names:
         assert pipeline.marker_snapshots(name, sink_id) == {12: [pre.write_id]}
-        assert as_tuples(pipeline.rows(name)) == expected_rows([pre], f"{pipeline.namespace}.{name}")
+        assert as_tuples(pipeline.rows(name, branch=branch)) == expected_rows([pre], f"{pipeline.namespace}.{name}")
 
 
-def test_crash_between_the_two_tables_of_a_fan_out(pipeline: Pipeline, sink_id: str, faults: FaultSwitch) -> None:
+def test_crash_between_the_two_tables_of_a_fan_out(
+    pipeline: Pipeline, sink_id: str, faults: FaultSwitch, branch: str
+) -> None:
     names = ["a", "b", "c"]
     for name in names:
         pipeline.create_table(name)
-    committer = pipeline.iceberg_committer()
+    committer = pipeline.iceberg_committer(branch=branch)
     coordinator = pipeline.coordinator(sink_id, committer)
     pre = pipeline.write_iceberg(sink_id, 13, names, rows=3)
     coordinator.persist(pre)
@@ -91,17 +93,18 @@ def test_crash_between_the_two_tables_of_a_fan_out(pipeline: Pipeline, sink_id: 
         coordinator.commit(sink_id, 13)
     visible_before = [n for n in names if pipeline.marker_snapshots(n, sink_id)]
     assert len(visible_before) == 2
-    _recovered(pipeline, sink_id, committer)
+    _recovered(pipeline, sink_id, committer, branch)
     for name in names:
         assert pipeline.marker_snapshots(name, sink_id) == {13: [pre.write_id]}
+        assert as_tuples(pipeline.rows(name, branch=branch)) == expected_rows([pre], f"{pipeline.namespace}.{name}")
 
 
 @pytest.mark.parametrize("point", ABORT_POINTS)
 def test_crash_during_abort_then_recover_leaves_it_aborted_with_files_gone(
-    pipeline: Pipeline, sink_id: str, faults: FaultSwitch, point: str
+    pipeline: Pipeline, sink_id: str, faults: FaultSwitch, point: str, branch: str
 ) -> None:
     pipeline.create_table("orders")
-    committer = pipeline.iceberg_committer()
+    committer = pipeline.iceberg_committer(branch=branch)
     coordinator = pipeline.coordinator(sink_id, committer)
     pre = pipeline.write_iceberg(sink_id, 14, ["orders"], rows=4)
     coordinator.persist(pre)
@@ -110,30 +113,31 @@ def test_crash_during_abort_then_recover_leaves_it_aborted_with_files_gone(
     faults.crash_at(point)
     with pytest.raises(SimulatedCrash):
         coordinator.abort(sink_id, 14, reason="checkpoint failed")
-    _recovered(pipeline, sink_id, committer)
+    _recovered(pipeline, sink_id, committer, branch)
 
     assert pipeline.store.get(sink_id, 14).status is EpochStatus.ABORTED  # type: ignore[union-attr]
     assert not write_location_exists(pre)
     assert pipeline.store.cleanups(sink_id) == []
-    assert pipeline.rows("orders") == []
+    assert pipeline.rows("orders", branch=branch) == []
 
 
 def test_crash_after_persist_then_recover_waits_then_commits(
-    pipeline: Pipeline, sink_id: str, faults: FaultSwitch
+    pipeline: Pipeline, sink_id: str, faults: FaultSwitch, branch: str
 ) -> None:
     pipeline.create_table("orders")
-    committer = pipeline.iceberg_committer()
+    committer = pipeline.iceberg_committer(branch=branch)
     coordinator = pipeline.coordinator(sink_id, committer)
     pre = pipeline.write_iceberg(sink_id, 15, ["orders"])
     faults.crash_at("persist.inserted")
     with pytest.raises(SimulatedCrash):
         coordinator.persist(pre)
-    report = pipeline.coordinator(sink_id, pipeline.iceberg_committer()).recover(sink_id)
+    report = pipeline.coordinator(sink_id, pipeline.iceberg_committer(branch=branch)).recover(sink_id)
     assert report.waiting == [15]  # checkpoint still PENDING: nothing visible, nothing lost
-    assert pipeline.rows("orders") == []
+    assert pipeline.rows("orders", branch=branch) == []
     pipeline.checkpoint(sink_id, 15, CheckpointStatus.COMPLETED)
-    _recovered(pipeline, sink_id, committer)
+    _recovered(pipeline, sink_id, committer, branch)
     assert pipeline.marker_snapshots("orders", sink_id) == {15: [pre.write_id]}
+    assert as_tuples(pipeline.rows("orders", branch=branch)) == expected_rows([pre], f"{pipeline.namespace}.orders")
 
 
 @pytest.mark.parametrize("point", ["commit.decided", "files.before_move", "files.after_move", "commit.visible"])

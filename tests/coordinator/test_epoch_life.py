@@ -17,14 +17,15 @@ from airflow_provider_exactly_once.core.errors import (
 )
 from airflow_provider_exactly_once.core.ports import EMPTY
 from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochStatus
+from airflow_provider_exactly_once.sinks.iceberg import IcebergSinkCommitter
 from tests.support.pipeline import Pipeline, as_tuples, expected_rows, write_location_exists
 
 COMPLETED, FAILED = CheckpointStatus.COMPLETED, CheckpointStatus.FAILED
 
 
-def test_one_table_happy_path(pipeline: Pipeline, sink_id: str) -> None:
+def test_one_table_happy_path(pipeline: Pipeline, sink_id: str, branch: str) -> None:
     pipeline.create_table("orders")
-    coordinator = pipeline.coordinator(sink_id, pipeline.iceberg_committer())
+    coordinator = pipeline.coordinator(sink_id, pipeline.iceberg_committer(branch=branch))
     pre = pipeline.write_iceberg(sink_id, 1000, ["orders"], rows=7, files=3)
 
     assert coordinator.persist(pre, run_id="scheduled__1", try_number=1).outcome is PersistOutcome.PERSISTED
@@ -32,17 +33,17 @@ def test_one_table_happy_path(pipeline: Pipeline, sink_id: str) -> None:
     assert row is not None and row.status is EpochStatus.PENDING and row.run_id == "scheduled__1"
     with pytest.raises(CheckpointNotReady):
         coordinator.commit(sink_id, 1000)
-    assert pipeline.rows("orders") == []  # invariant 2: nothing visible before the checkpoint
+    assert pipeline.rows("orders", branch=branch) == []  # invariant 2: nothing visible before the checkpoint
 
     pipeline.checkpoint(sink_id, 1000, COMPLETED)
     result = coordinator.commit(sink_id, 1000)
     assert result.outcome is CommitOutcome.COMMITTED
     assert result.record.status is EpochStatus.COMMITTED
     name = f"{pipeline.namespace}.orders"
-    assert as_tuples(pipeline.rows("orders")) == expected_rows([pre], name)
+    assert as_tuples(pipeline.rows("orders", branch=branch)) == expected_rows([pre], name)
     assert pipeline.marker_snapshots("orders", sink_id) == {1000: [pre.write_id]}
     snapshot_id = result.record.committed[name]  # type: ignore[index]
-    assert int(snapshot_id) == pipeline.catalog.load_table(name).current_snapshot().snapshot_id  # type: ignore[union-attr]
+    assert int(snapshot_id) == pipeline.catalog.load_table(name).metadata.refs[branch].snapshot_id
 
     again = coordinator.commit(sink_id, 1000)
     assert again.outcome is CommitOutcome.ALREADY_COMMITTED
@@ -50,24 +51,26 @@ def test_one_table_happy_path(pipeline: Pipeline, sink_id: str) -> None:
     assert coordinator.persist(pre).outcome is PersistOutcome.ALREADY_COMMITTED
 
 
-def test_fan_out_over_three_tables(pipeline: Pipeline, sink_id: str) -> None:
+def test_fan_out_over_three_tables(pipeline: Pipeline, sink_id: str, branch: str) -> None:
     names = ["a", "b", "c"]
     for name in names:
         pipeline.create_table(name)
-    coordinator = pipeline.coordinator(sink_id, pipeline.iceberg_committer())
+    coordinator = pipeline.coordinator(sink_id, pipeline.iceberg_committer(branch=branch))
     pre = pipeline.write_iceberg(sink_id, 7, names, rows=4)
     coordinator.persist(pre)
     pipeline.checkpoint(sink_id, 7, COMPLETED)
     record = coordinator.commit(sink_id, 7).record
     assert record.committed is not None and set(record.committed) == {f"{pipeline.namespace}.{n}" for n in names}
     for name in names:
-        assert as_tuples(pipeline.rows(name)) == expected_rows([pre], f"{pipeline.namespace}.{name}")
+        assert as_tuples(pipeline.rows(name, branch=branch)) == expected_rows([pre], f"{pipeline.namespace}.{name}")
         assert pipeline.marker_snapshots(name, sink_id) == {7: [pre.write_id]}
 
 
-def test_empty_epoch_is_persisted_and_committed_without_a_snapshot(pipeline: Pipeline, sink_id: str) -> None:
+def test_empty_epoch_is_persisted_and_committed_without_a_snapshot(
+    pipeline: Pipeline, sink_id: str, branch: str
+) -> None:
     pipeline.create_table("orders")
-    coordinator = pipeline.coordinator(sink_id, pipeline.iceberg_committer())
+    coordinator = pipeline.coordinator(sink_id, pipeline.iceberg_committer(branch=branch))
     pre = pipeline.write_iceberg(sink_id, 3, ["orders"], rows=0)
     assert pre.is_empty
     coordinator.persist(pre)
@@ -75,7 +78,7 @@ def test_empty_epoch_is_persisted_and_committed_without_a_snapshot(pipeline: Pip
     record = coordinator.commit(sink_id, 3).record
     assert record.status is EpochStatus.COMMITTED  # invariant 7: counted, not skipped
     assert record.committed == {f"{pipeline.namespace}.orders": EMPTY}
-    assert pipeline.catalog.load_table(f"{pipeline.namespace}.orders").current_snapshot() is None
+    assert pipeline.catalog.load_table(f"{pipeline.namespace}.orders").metadata.snapshots == []
 
 
 def test_file_sink_happy_path(pipeline: Pipeline, sink_id: str, tmp_path: Path) -> None:
@@ -94,9 +97,9 @@ def test_file_sink_happy_path(pipeline: Pipeline, sink_id: str, tmp_path: Path) 
     assert ds.dataset(str(root), format="parquet").count_rows() == 9
 
 
-def test_failed_checkpoint_aborts_and_deletes_the_write(pipeline: Pipeline, sink_id: str) -> None:
+def test_failed_checkpoint_aborts_and_deletes_the_write(pipeline: Pipeline, sink_id: str, branch: str) -> None:
     pipeline.create_table("orders")
-    coordinator = pipeline.coordinator(sink_id, pipeline.iceberg_committer())
+    coordinator = pipeline.coordinator(sink_id, pipeline.iceberg_committer(branch=branch))
     pre = pipeline.write_iceberg(sink_id, 5, ["orders"], rows=3)
     coordinator.persist(pre)
     pipeline.checkpoint(sink_id, 5, FAILED)
@@ -109,14 +112,14 @@ def test_failed_checkpoint_aborts_and_deletes_the_write(pipeline: Pipeline, sink
     assert coordinator.abort(sink_id, 5, reason="again").outcome is AbortOutcome.ALREADY_ABORTED
     with pytest.raises(EpochAborted):
         coordinator.commit(sink_id, 5)
-    assert pipeline.rows("orders") == []
+    assert pipeline.rows("orders", branch=branch) == []
 
 
 def test_abort_is_refused_once_the_checkpoint_completed_or_the_commit_was_decided(
-    pipeline: Pipeline, sink_id: str
+    pipeline: Pipeline, sink_id: str, branch: str
 ) -> None:
     pipeline.create_table("orders")
-    coordinator = pipeline.coordinator(sink_id, pipeline.iceberg_committer())
+    coordinator = pipeline.coordinator(sink_id, pipeline.iceberg_committer(branch=branch))
     pre = pipeline.write_iceberg(sink_id, 9, ["orders"])
     coordinator.persist(pre)
     pipeline.checkpoint(sink_id, 9, COMPLETED)
@@ -129,9 +132,11 @@ def test_abort_is_refused_once_the_checkpoint_completed_or_the_commit_was_decide
     assert coordinator.commit(sink_id, 9).outcome is CommitOutcome.COMMITTED
 
 
-def test_abort_of_a_write_that_was_never_persisted_removes_its_files(pipeline: Pipeline, sink_id: str) -> None:
+def test_abort_of_a_write_that_was_never_persisted_removes_its_files(
+    pipeline: Pipeline, sink_id: str, branch: str
+) -> None:
     pipeline.create_table("orders")
-    coordinator = pipeline.coordinator(sink_id, pipeline.iceberg_committer())
+    coordinator = pipeline.coordinator(sink_id, pipeline.iceberg_committer(branch=branch))
     pre = pipeline.write_iceberg(sink_id, 2, ["orders"])
     assert coordinator.abort(sink_id, 2, reason="write failed", write=pre).outcome is AbortOutcome.NOT_PERSISTED
     assert not write_location_exists(pre)
@@ -146,9 +151,9 @@ def test_abort_of_a_write_that_was_never_persisted_removes_its_files(pipeline: P
         coordinator.commit(sink_id, 12345)
 
 
-def test_a_second_write_for_a_pending_epoch_replaces_the_first(pipeline: Pipeline, sink_id: str) -> None:
+def test_a_second_write_for_a_pending_epoch_replaces_the_first(pipeline: Pipeline, sink_id: str, branch: str) -> None:
     pipeline.create_table("orders")
-    coordinator = pipeline.coordinator(sink_id, pipeline.iceberg_committer())
+    coordinator = pipeline.coordinator(sink_id, pipeline.iceberg_committer(branch=branch))
     first = pipeline.write_iceberg(sink_id, 4, ["orders"], rows=3)
     second = pipeline.write_iceberg(sink_id, 4, ["orders"], rows=6)
     coordinator.persist(first)
@@ -159,12 +164,12 @@ def test_a_second_write_for_a_pending_epoch_replaces_the_first(pipeline: Pipelin
     assert row is not None and row.write_id == second.write_id and row.created_at == created
     pipeline.checkpoint(sink_id, 4, COMPLETED)
     coordinator.commit(sink_id, 4)
-    assert as_tuples(pipeline.rows("orders")) == expected_rows([second], f"{pipeline.namespace}.orders")
+    assert as_tuples(pipeline.rows("orders", branch=branch)) == expected_rows([second], f"{pipeline.namespace}.orders")
 
 
-def test_a_second_write_for_a_committed_epoch_changes_nothing(pipeline: Pipeline, sink_id: str) -> None:
+def test_a_second_write_for_a_committed_epoch_changes_nothing(pipeline: Pipeline, sink_id: str, branch: str) -> None:
     pipeline.create_table("orders")
-    coordinator = pipeline.coordinator(sink_id, pipeline.iceberg_committer())
+    coordinator = pipeline.coordinator(sink_id, pipeline.iceberg_committer(branch=branch))
     first = pipeline.write_iceberg(sink_id, 4, ["orders"], rows=3)
     coordinator.persist(first)
     pipeline.checkpoint(sink_id, 4, COMPLETED)
@@ -176,13 +181,13 @@ def test_a_second_write_for_a_committed_epoch_changes_nothing(pipeline: Pipeline
     again = coordinator.persist(late)  # a retried persist task of the late write: same answer, no failure
     assert again.outcome is PersistOutcome.ALREADY_COMMITTED and again.write_id == first.write_id
     assert write_location_exists(first)
-    assert as_tuples(pipeline.rows("orders")) == expected_rows([first], f"{pipeline.namespace}.orders")
+    assert as_tuples(pipeline.rows("orders", branch=branch)) == expected_rows([first], f"{pipeline.namespace}.orders")
     assert pipeline.marker_snapshots("orders", sink_id) == {4: [first.write_id]}
 
 
-def test_a_rerun_of_an_aborted_epoch_persists_a_new_write(pipeline: Pipeline, sink_id: str) -> None:
+def test_a_rerun_of_an_aborted_epoch_persists_a_new_write(pipeline: Pipeline, sink_id: str, branch: str) -> None:
     pipeline.create_table("orders")
-    coordinator = pipeline.coordinator(sink_id, pipeline.iceberg_committer())
+    coordinator = pipeline.coordinator(sink_id, pipeline.iceberg_committer(branch=branch))
     first = pipeline.write_iceberg(sink_id, 6, ["orders"])
     coordinator.persist(first)
     coordinator.abort(sink_id, 6, reason="sensor timed out")
@@ -192,12 +197,14 @@ def test_a_rerun_of_an_aborted_epoch_persists_a_new_write(pipeline: Pipeline, si
     assert coordinator.persist(rerun).outcome is PersistOutcome.REPLACED
     pipeline.checkpoint(sink_id, 6, COMPLETED)
     coordinator.commit(sink_id, 6)
-    assert as_tuples(pipeline.rows("orders")) == expected_rows([rerun], f"{pipeline.namespace}.orders")
+    assert as_tuples(pipeline.rows("orders", branch=branch)) == expected_rows([rerun], f"{pipeline.namespace}.orders")
 
 
-def test_a_backfill_committed_out_of_order_holds_every_epoch_once(pipeline: Pipeline, sink_id: str) -> None:
+def test_a_backfill_committed_out_of_order_holds_every_epoch_once(
+    pipeline: Pipeline, sink_id: str, branch: str
+) -> None:
     pipeline.create_table("orders")
-    coordinator = pipeline.coordinator(sink_id, pipeline.iceberg_committer())
+    coordinator = pipeline.coordinator(sink_id, pipeline.iceberg_committer(branch=branch))
     order = [50, 10, 40, 20, 30]
     writes = {epoch: pipeline.write_iceberg(sink_id, epoch, ["orders"], rows=2) for epoch in order}
     for epoch in order:
@@ -205,33 +212,31 @@ def test_a_backfill_committed_out_of_order_holds_every_epoch_once(pipeline: Pipe
         pipeline.checkpoint(sink_id, epoch, COMPLETED)
     for epoch in reversed(order):
         coordinator.commit(sink_id, epoch)
-    assert as_tuples(pipeline.rows("orders")) == expected_rows(writes.values(), f"{pipeline.namespace}.orders")
+    assert as_tuples(pipeline.rows("orders", branch=branch)) == expected_rows(
+        writes.values(), f"{pipeline.namespace}.orders"
+    )
     assert {e: len(w) for e, w in pipeline.marker_snapshots("orders", sink_id).items()} == dict.fromkeys(order, 1)
 
 
 def test_another_writer_appending_during_the_commit_makes_it_retry_and_land_once(
-    pipeline: Pipeline, sink_id: str, faults: object
+    pipeline: Pipeline, sink_id: str, faults: object, branch: str
 ) -> None:
-    table = pipeline.create_table("orders")
-    coordinator = pipeline.coordinator(sink_id, pipeline.iceberg_committer())
+    pipeline.create_table("orders")
+    coordinator = pipeline.coordinator(sink_id, pipeline.iceberg_committer(branch=branch))
     pre = pipeline.write_iceberg(sink_id, 8, ["orders"], rows=4)
     other = pipeline.write_iceberg("other-writer", 99, ["orders"], rows=2)
     coordinator.persist(pre)
     pipeline.checkpoint(sink_id, 8, COMPLETED)
 
     def other_writer_commits() -> None:
-        import pyarrow.parquet as pq
-
-        from tests.support.pipeline import local_path
-
-        rows = pq.read_table(local_path(other.tables[0].data_files[0].path))
-        pipeline.catalog.load_table(table.name()).append(rows)
+        # Another sink's commit to the same branch (pyiceberg's own append cannot create a branch).
+        IcebergSinkCommitter(pipeline.catalog, branch=branch).commit(other, pipeline.store.now())
 
     faults.then("iceberg.before_catalog_update", other_writer_commits)  # type: ignore[attr-defined]
     coordinator.commit(sink_id, 8)
     assert faults.seen["iceberg.loaded"] >= 2  # type: ignore[attr-defined]
     assert pipeline.marker_snapshots("orders", sink_id) == {8: [pre.write_id]}
-    rows = pipeline.rows("orders")
+    rows = pipeline.rows("orders", branch=branch)
     assert len(rows) == 6
     assert [r for r in as_tuples(rows) if r[2] == pre.write_id] == expected_rows([pre], f"{pipeline.namespace}.orders")
 

@@ -74,3 +74,37 @@ def test_configs_build_working_committers_and_sources(tmp_path: Path) -> None:
     assert streaming.source().status("s", 0) is CheckpointStatus.PENDING
     store.dispose()
     catalog.engine.dispose()
+
+
+SECRET = "pl4nted-S3cret"
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda: FileSinkConfig("s", f"s3://AKIAEXAMPLE:{SECRET}@bucket/exports"),
+        lambda: FileSinkConfig("s", f"s3://AKIAEXAMPLE:ab/{SECRET}@bucket/exports"),  # a secret with a '/'
+        lambda: FileSinkConfig("s", f"https://{SECRET}@files.example.com/out"),  # a token as the user
+        lambda: sink_config_from_dict({"kind": "files", "sink_id": "s", "root": f"sftp://u:{SECRET}@h/out"}),
+        lambda: MarkerFileCheckpoint(f"s3://u:{SECRET}@lake/landing/{{sink_id}}/{{epoch}}"),
+        lambda: StreamingCheckpoint(f"hdfs://u:{SECRET}@nn:8020/_checkpoints/{{sink_id}}"),
+        lambda: checkpoint_config_from_dict(
+            {"kind": "streaming", "checkpoint_location": f"gs://u:{SECRET}@b/c", "extra": 1}
+        ),
+    ],
+)
+def test_credentials_in_a_location_are_refused_and_never_repeated(build: object) -> None:
+    with pytest.raises(InvalidSinkConfig) as raised:
+        build()  # type: ignore[operator]
+    message = str(raised.value)
+    assert SECRET not in message, message
+    assert "***" in message
+    if "extra" not in message:
+        assert "storage_options" in message, message
+
+
+def test_plain_locations_with_an_at_sign_or_a_port_are_accepted(tmp_path: Path) -> None:
+    """Only userinfo is refused: an '@' inside the path, or a host with a port, is a location."""
+    assert FileSinkConfig("s", "s3://bucket/team@example.com/out").root.endswith("/out")
+    assert FileSinkConfig("s", str(tmp_path / "a@b")).root.endswith("a@b")
+    MarkerFileCheckpoint(f"{tmp_path}/landing@x/{{sink_id}}/{{epoch}}")

@@ -126,6 +126,32 @@ def test_iceberg_write_describes_and_commits_exactly_the_input(
     assert sorted_rows(catalog.load_table(f"ns.{name}").scan().to_arrow()) == sorted_rows(rows)
 
 
+def test_the_write_records_its_spec_and_is_committed_under_it_after_the_spec_changed(
+    spark: Any, tmp_path: Path, catalog: Catalog, catalog_props: dict[str, str]
+) -> None:
+    rows = sample_rows(200)
+    land(tmp_path / "landing", rows)
+    table = make_table(catalog, "ns.evolving")
+    with table.update_spec() as update:
+        update.add_identity("name")  # spec 1: what the write partitions for
+    job = job_spec(
+        tmp_path, input=files_input(tmp_path / "landing"), target=iceberg_target(catalog_props, "ns.evolving")
+    )
+
+    pre_commit = run_in_process(spark, job)
+
+    write = pre_commit.tables[0]
+    assert write.spec_id == 1
+    assert all(set(d.partition) == {"name"} for d in write.data_files)
+    with catalog.load_table("ns.evolving").update_spec() as update:
+        update.add_field("ts", DayTransform(), "ts_day")  # spec 2, between the write and the commit
+    commit_iceberg(catalog, pre_commit)
+    table = catalog.load_table("ns.evolving")
+    assert table.metadata.default_spec_id == 2
+    assert sorted_rows(table.scan().to_arrow()) == sorted_rows(rows)
+    assert {task.file.spec_id for task in table.scan().plan_files()} == {1}
+
+
 def test_file_sink_write_stages_then_commits_the_input(spark: Any, tmp_path: Path) -> None:
     rows = sample_rows(600).append_column("day", pa.array([f"2024-01-0{1 + i % 3}" for i in range(600)]))
     land(tmp_path / "landing", rows)

@@ -104,11 +104,13 @@ class Pipeline:
         for name in tables:
             table = self.catalog.load_table(f"{self.namespace}.{name}")
             location = f"{table.location()}/data/_eo/{write_id}"
+            partition = _partition_of_epoch(table, epoch)
             writes.append(
                 TableWrite(
                     table=f"{self.namespace}.{name}",
                     location=location,
-                    data_files=self._parquet_files(location, table.schema(), epoch, write_id, rows, files),
+                    data_files=self._parquet_files(location, table.schema(), epoch, write_id, rows, files, partition),
+                    spec_id=table.metadata.default_spec_id,
                 )
             )
         return PreCommit(sink_id=sink_id, epoch=epoch, write_id=write_id, tables=writes)
@@ -125,7 +127,14 @@ class Pipeline:
         )
 
     def _parquet_files(
-        self, location: str, schema: Schema, epoch: int, write_id: str, rows: int, files: int
+        self,
+        location: str,
+        schema: Schema,
+        epoch: int,
+        write_id: str,
+        rows: int,
+        files: int,
+        partition: dict[str, int] | None = None,
     ) -> list[DataFileDescriptor]:
         if rows == 0:
             return []
@@ -139,14 +148,21 @@ class Pipeline:
             )
             path = f"{location}/part-{n:05d}.parquet"
             pq.write_table(data, local_path(path))
-            descriptors.append(describe_parquet_file(path, table_schema=schema, partition={}, writer=str(n)))
+            descriptors.append(
+                describe_parquet_file(path, table_schema=schema, partition=partition or {}, writer=str(n))
+            )
         return descriptors
 
     # -- reading back ------------------------------------------------------------------------------
 
-    def rows(self, name: str) -> list[dict[str, Any]]:
+    def rows(self, name: str, branch: str = "main") -> list[dict[str, Any]]:
+        """The rows the head of ``branch`` shows (none while the branch does not exist yet)."""
         table = self.catalog.load_table(f"{self.namespace}.{name}")
-        return sorted(table.scan().to_arrow().to_pylist(), key=lambda r: r["id"])
+        ref = table.metadata.refs.get(branch)
+        if ref is None:
+            return []
+        rows = table.scan(snapshot_id=ref.snapshot_id).to_arrow().to_pylist()
+        return sorted(rows, key=lambda r: r["id"])
 
     def marker_snapshots(self, name: str, sink_id: str) -> dict[int, list[str]]:
         """Epoch -> write ids of every snapshot carrying this sink's marker (ancestry of main)."""
@@ -163,6 +179,18 @@ class Pipeline:
         engine = getattr(self.catalog, "engine", None)
         if engine is not None:
             engine.dispose()
+
+
+def _partition_of_epoch(table: Table, epoch: int) -> dict[str, int]:
+    """Every row of a test write has one epoch, so a table partitioned by identity(epoch) (a test's
+    spec change) gets one partition value per file; other partition fields are not supported here."""
+    partition: dict[str, int] = {}
+    for spec_field in table.spec().fields:
+        source = table.schema().find_field(spec_field.source_id).name
+        if source != "epoch" or str(spec_field.transform) != "identity":
+            raise ValueError(f"test writes support identity(epoch) partitions only, not {spec_field}")
+        partition[spec_field.name] = epoch
+    return partition
 
 
 def write_location_exists(pre: PreCommit) -> bool:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -23,6 +23,8 @@ from airflow_provider_exactly_once.core.errors import (
     AbortRefused,
     CommitConflictExhausted,
     CommitOutcomeUnknown,
+    CommitRefused,
+    ExactlyOnceError,
     ForeignWriteVisible,
     InvalidPreCommit,
     InvalidSinkConfig,
@@ -49,7 +51,7 @@ from airflow_provider_exactly_once.sinks.iceberg.markers import (
 from airflow_provider_exactly_once.sinks.iceberg.schema_check import ColumnToAdd, check_added_field_ids
 from airflow_provider_exactly_once.sinks.iceberg.storage import delete_tree, missing_files
 from airflow_provider_exactly_once.sinks.iceberg.transaction import SinkCommitConflict, SinkTransaction
-from airflow_provider_exactly_once.sinks.iceberg.write_check import check_location, check_table_write
+from airflow_provider_exactly_once.sinks.iceberg.write_check import check_location, check_table_write, write_spec
 
 #: How long a validated table may stand in for the commit's own load, and how many are kept.
 _HANDOVER_S = 5.0
@@ -120,6 +122,8 @@ class IcebergSinkCommitter:
         self._allow_schema_evolution = allow_schema_evolution
         self._fault: Callable[[str], None] = fault
         self._handovers: dict[tuple[str, str], tuple[float, Table, list[ColumnToAdd]]] = {}
+        #: Table name -> the UUID of the table this committer last loaded under that name.
+        self._uuids: dict[str, str] = {}
         #: (table uuid, snapshot id) -> the data files that snapshot added. A snapshot never changes
         #: once written, so this can only save reads, never hide a reference.
         self._added_files: OrderedDict[tuple[str, int], frozenset[str]] = OrderedDict()
@@ -132,8 +136,25 @@ class IcebergSinkCommitter:
     def validate(self, pre_commit: PreCommit) -> None:
         for write in pre_commit.tables:
             table = self._load(write.table)
-            to_add = check_table_write(table.metadata, write, allow_schema_evolution=self._allow_schema_evolution)
+            to_add = self._check(table, pre_commit, write)
             self._hand_over(pre_commit, write, table, to_add)
+
+    def identities(self, pre_commit: PreCommit) -> Mapping[str, str]:
+        identities: dict[str, str] = {}
+        for write in pre_commit.tables:
+            if write.table not in self._uuids:
+                self._load(write.table)
+            identities[write.table] = self._uuids[write.table]
+        return identities
+
+    def _check(self, table: Table, pre_commit: PreCommit, write: TableWrite) -> list[ColumnToAdd]:
+        return check_table_write(
+            table.metadata,
+            write,
+            branch=self._branch,
+            allow_schema_evolution=self._allow_schema_evolution,
+            owner=pre_commit.describe(),
+        )
 
     def _hand_over(self, pre_commit: PreCommit, write: TableWrite, table: Table, to_add: list[ColumnToAdd]) -> None:
         """Keep a just-validated table for the commit that the coordinator runs right after.
@@ -151,6 +172,7 @@ class IcebergSinkCommitter:
         handed = self._handovers.pop((pre_commit.write_id, write.table), None)
         if handed is None or time.monotonic() - handed[0] > _HANDOVER_S:
             return None
+        self._uuids[write.table] = str(handed[1].metadata.table_uuid)  # the table this commit goes into
         return handed[1], handed[2]
 
     def find_committed(self, pre_commit: PreCommit, since: datetime) -> VisibleEpoch:
@@ -164,6 +186,9 @@ class IcebergSinkCommitter:
                 tables[write.table] = str(found[0])
                 write_ids[write.table] = found[1] or None
         return VisibleEpoch(tables=tables, write_ids=write_ids)
+
+    def missing_files(self, pre_commit: PreCommit) -> Sequence[str]:
+        return self._missing(pre_commit, [(write, self._load(write.table)) for write in pre_commit.tables])
 
     def commit(self, pre_commit: PreCommit, since: datetime, *, allow_beyond_horizon: bool = False) -> CommittedTables:
         not_before_ms = self._not_before_ms(since)
@@ -183,11 +208,7 @@ class IcebergSinkCommitter:
                 continue
             if not allow_beyond_horizon:
                 self._check_horizon(table, pre_commit, write, since, not_before_ms)
-            to_add = (
-                handed[1]
-                if handed
-                else check_table_write(table.metadata, write, allow_schema_evolution=self._allow_schema_evolution)
-            )
+            to_add = handed[1] if handed else self._check(table, pre_commit, write)
             plans.append(_TablePlan(write, table, to_add))
 
         self._check_files_exist(pre_commit, plans)
@@ -218,6 +239,7 @@ class IcebergSinkCommitter:
 
     def _load(self, name: str) -> Table:
         table = load_table(self._catalog, name)
+        self._uuids[name] = str(table.metadata.table_uuid)
         self._fault(FAULT_LOADED)
         return table
 
@@ -274,18 +296,21 @@ class IcebergSinkCommitter:
 
     def _check_files_exist(self, pre_commit: PreCommit, plans: list[_TablePlan]) -> None:
         """Once per commit call, not per conflict retry: the files do not go away while it runs."""
-        missing: list[str] = []
-        for plan in plans:
-            paths = [descriptor.path for descriptor in plan.write.data_files]
-            try:
-                missing.extend(missing_files(plan.table.io, paths))
-            except UNREACHABLE as exc:
-                raise SinkUnavailable(
-                    f"{pre_commit.describe()}: could not check the data files of table {plan.write.table!r}: "
-                    f"{type(exc).__name__}: {exc}"
-                ) from exc
+        missing = self._missing(pre_commit, [(plan.write, plan.table) for plan in plans])
         if missing:
             raise MissingDataFiles(pre_commit.sink_id, pre_commit.epoch, missing)
+
+    def _missing(self, pre_commit: PreCommit, writes: Sequence[tuple[TableWrite, Table]]) -> list[str]:
+        missing: list[str] = []
+        for write, table in writes:
+            try:
+                missing.extend(missing_files(table.io, [descriptor.path for descriptor in write.data_files]))
+            except UNREACHABLE as exc:
+                raise SinkUnavailable(
+                    f"{pre_commit.describe()}: could not check the data files of table {write.table!r}: "
+                    f"{type(exc).__name__}: {exc}"
+                ) from exc
+        return missing
 
     def _commit_table(self, pre_commit: PreCommit, plan: _TablePlan, not_before_ms: int) -> str:
         """One table, with our own bounded retry: every attempt re-loads and re-checks the marker."""
@@ -306,9 +331,7 @@ class IcebergSinkCommitter:
                         found = self._marker_of_this_write(table, pre_commit, not_before_ms)
                         if found is not None:
                             return str(found)
-                        to_add = check_table_write(
-                            table.metadata, write, allow_schema_evolution=self._allow_schema_evolution
-                        )
+                        to_add = self._check(table, pre_commit, write)
                     return str(self._append_once(pre_commit, write, table, to_add))
         except SinkCommitConflict as exc:
             raise CommitConflictExhausted(
@@ -319,8 +342,8 @@ class IcebergSinkCommitter:
 
     def _append_once(self, pre_commit: PreCommit, write: TableWrite, table: Table, to_add: list[ColumnToAdd]) -> int:
         """Stage schema changes, name mapping and the marked append in one transaction; commit it once."""
+        tx = SinkTransaction(table)
         try:
-            tx = SinkTransaction(table)
             if to_add:
                 with tx.update_schema() as update:
                     for column in to_add:
@@ -333,25 +356,37 @@ class IcebergSinkCommitter:
                 mapping = tx.table_metadata.schema().name_mapping.model_dump_json()
                 tx.set_properties({TableProperties.DEFAULT_NAME_MAPPING: mapping})
             metadata = tx.table_metadata
-            schema, spec = metadata.schema(), metadata.spec()
+            spec = write_spec(metadata, write, owner=pre_commit.describe())  # the files' spec, not the default
             data_files = build_data_files(
                 write.data_files,
-                schema=schema,
+                schema=metadata.schema(),
                 spec=spec,
-                spec_id=metadata.default_spec_id,
+                spec_id=spec.spec_id,
                 format_version=metadata.format_version,
                 table=write.table,
             )
             marker = marker_properties(pre_commit.sink_id, pre_commit.epoch, pre_commit.write_id)
-            append = tx.update_snapshot(snapshot_properties=marker, branch=self._branch).fast_append()
+            append = tx.fast_append(branch=self._branch, snapshot_properties=marker)
             for data_file in data_files:
                 append.append_data_file(data_file)
             # Writes the manifests; stages the snapshot and AssertRefSnapshotId(the head checked above).
             append.commit()
+        except ExactlyOnceError:
+            tx.discard()
+            raise
         except UNREACHABLE as exc:
+            tx.discard()
             raise SinkUnavailable(
                 f"{pre_commit.describe()}: could not prepare the commit of table {write.table!r}: "
                 f"{type(exc).__name__}: {exc}"
+            ) from exc
+        except Exception as exc:
+            # validate() checks what is known to make pyiceberg refuse; anything else it refuses while
+            # staging would be refused again on every attempt, with nothing sent to the catalog.
+            tx.discard()
+            raise CommitRefused(
+                f"{pre_commit.describe()}: pyiceberg refused to stage the commit of table {write.table!r} "
+                f"on branch {self._branch!r}: {type(exc).__name__}: {exc}; nothing was committed"
             ) from exc
 
         self._fault(FAULT_BEFORE_CATALOG_UPDATE)

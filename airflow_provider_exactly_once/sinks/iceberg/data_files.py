@@ -62,7 +62,7 @@ def partition_record(descriptor: DataFileDescriptor, *, spec: PartitionSpec, sch
     if set(given) != set(expected):
         raise InvalidPreCommit(
             f"table {table!r}: data file {descriptor.path!r} has partition keys {sorted(given)}, "
-            f"the table's partition spec has {expected}"
+            f"but partition spec {spec.spec_id} has {expected}"
         )
     values = []
     for field in spec.fields:
@@ -173,7 +173,7 @@ def build_data_file(
     def bounds(which: str, raw: Mapping[str, bytes]) -> dict[int, bytes]:
         return {_field_id(field_ids, name, table, path, which): value for name, value in raw.items()}
 
-    return DataFile.from_args(
+    data_file = DataFile.from_args(
         _table_format_version=format_version,
         content=DataFileContent.DATA,
         file_path=path,
@@ -189,7 +189,9 @@ def build_data_file(
         upper_bounds=bounds("upper bounds", descriptor.bound_bytes("upper")),
         split_offsets=list(descriptor.split_offsets) if descriptor.split_offsets is not None else None,
         sort_order_id=None,
-        spec_id=spec_id,
         equality_ids=None,
         key_metadata=None,
     )
+    # Not a manifest field, so from_args would drop it; the append files the entry under this spec.
+    data_file.spec_id = spec_id
+    return data_file

@@ -1,6 +1,6 @@
-"""The two places where pyiceberg 0.12's ``Transaction`` must behave differently for sink commits.
+"""The places where pyiceberg 0.12's ``Transaction`` must behave differently for sink commits.
 
-Both rely on private attributes, pinned by ``pyiceberg<0.13`` in pyproject.toml; keeping them in this
+All rely on private attributes, pinned by ``pyiceberg<0.13`` in pyproject.toml; keeping them in this
 one module means an upgrade has one file to re-check.
 
 1. ``commit_transaction`` retries a ``CommitFailedException`` itself by rebasing the registered
@@ -13,6 +13,16 @@ one module means an upgrade has one file to re-check.
    times. A table with a long history then makes every commit, and so recovery of many epochs,
    cost O(history) many times over. The metadata only changes when an update is staged, so it is
    cached until then.
+3. pyiceberg's ``AssertRefSnapshotId`` refuses any ref but ``main`` on a table without snapshots, so
+   the first commit to a named branch of a new table fails while staging. The Iceberg spec (and Java
+   Iceberg, whose REST servers check the same requirement) only asks that a ref expected absent is
+   absent; a table without snapshots has no refs at all, so the first commit creates the branch, as
+   Flink's committer does. ``_stage`` swaps the requirement for one with the spec's meaning; it
+   serialises identically, so a REST catalog receives the standard requirement.
+4. A fast append writes every added file into one manifest of the table's *default* spec and
+   summarises partitions with it. Iceberg keeps files of older specs, and a write partitioned for
+   the spec of its time must be filed under that spec when the table's spec changed before the
+   commit. ``SpecAwareFastAppend`` writes one manifest per spec, as Java's ``FastAppend`` does.
 """
 
 from __future__ import annotations
@@ -20,13 +30,79 @@ from __future__ import annotations
 from typing import Any
 
 from pyiceberg.exceptions import CommitFailedException
-from pyiceberg.table import Table, Transaction
+from pyiceberg.manifest import DataFile, ManifestEntry, ManifestEntryStatus, ManifestFile
+from pyiceberg.table import Table, TableProperties, Transaction
 from pyiceberg.table.metadata import TableMetadata
-from pyiceberg.table.update import update_table_metadata
+from pyiceberg.table.snapshots import Operation, SnapshotSummaryCollector, Summary, update_snapshot_summaries
+from pyiceberg.table.update import AssertRefSnapshotId, TableRequirement, TableUpdate, update_table_metadata
+from pyiceberg.table.update.snapshot import _FastAppendFiles
+from pyiceberg.typedef import EMPTY_DICT
 
 
 class SinkCommitConflict(Exception):
     """The catalog refused the commit because the table moved on: nothing landed, try again."""
+
+
+class RefMustBeAbsent(AssertRefSnapshotId):
+    """``AssertRefSnapshotId`` with no snapshot id, as the Iceberg spec defines it: the ref must not
+    exist. Only the check differs from pyiceberg's; the serialised form is the same."""
+
+    # pyiceberg's requirements all override pydantic's deprecated classmethod ``validate`` this way.
+    def validate(self, base_metadata: TableMetadata | None) -> None:  # type: ignore[override]
+        if base_metadata is None:
+            raise CommitFailedException("Requirement failed: current table metadata is missing")
+        ref = base_metadata.refs.get(self.ref)
+        if ref is not None:
+            raise CommitFailedException(
+                f"Requirement failed: {ref.snapshot_ref_type} {self.ref} was created concurrently"
+            )
+
+
+def _spec_meaning(requirement: TableRequirement) -> TableRequirement:
+    if type(requirement) is AssertRefSnapshotId and requirement.snapshot_id is None:
+        return RefMustBeAbsent(ref=requirement.ref, snapshot_id=None)
+    return requirement
+
+
+class SpecAwareFastAppend(_FastAppendFiles):
+    """A fast append that files each added data file under the partition spec it names."""
+
+    def _manifests(self) -> list[ManifestFile]:
+        by_spec: dict[int, list[DataFile]] = {}
+        for data_file in self._added_data_files:
+            by_spec.setdefault(data_file.spec_id, []).append(data_file)
+        added: list[ManifestFile] = []
+        for spec_id, data_files in by_spec.items():
+            with self.new_manifest_writer(spec=self.spec(spec_id)) as writer:
+                for data_file in data_files:
+                    writer.add(
+                        ManifestEntry.from_args(
+                            status=ManifestEntryStatus.ADDED,
+                            snapshot_id=self._snapshot_id,
+                            sequence_number=None,
+                            file_sequence_number=None,
+                            data_file=data_file,
+                        )
+                    )
+            added.append(writer.to_manifest_file())
+        return self._process_manifests(added + self._existing_manifests())
+
+    def _summary(self, snapshot_properties: dict[str, str] = EMPTY_DICT) -> Summary:
+        metadata = self._transaction.table_metadata
+        schema, specs = metadata.schema(), metadata.specs()
+        limit = int(
+            metadata.properties.get(
+                TableProperties.WRITE_PARTITION_SUMMARY_LIMIT, TableProperties.WRITE_PARTITION_SUMMARY_LIMIT_DEFAULT
+            )
+        )
+        collector = SnapshotSummaryCollector(partition_summary_limit=limit)
+        for data_file in self._added_data_files:
+            collector.add_file(data_file=data_file, partition_spec=specs[data_file.spec_id], schema=schema)
+        previous = metadata.snapshot_by_id(self._parent_snapshot_id) if self._parent_snapshot_id is not None else None
+        return update_snapshot_summaries(
+            summary=Summary(operation=self._operation, **collector.build(), **snapshot_properties),
+            previous_summary=previous.summary if previous is not None else None,
+        )
 
 
 class SinkTransaction(Transaction):
@@ -44,6 +120,24 @@ class SinkTransaction(Transaction):
         if self._applied is None or self._applied[:2] != key:
             self._applied = (*key, update_table_metadata(self._table.metadata, self._updates))
         return self._applied[2]
+
+    def _stage(self, updates: tuple[TableUpdate, ...], requirements: tuple[TableRequirement, ...] = ()) -> Transaction:
+        return super()._stage(updates, tuple(_spec_meaning(requirement) for requirement in requirements))
+
+    def fast_append(self, *, branch: str, snapshot_properties: dict[str, str]) -> SpecAwareFastAppend:
+        return SpecAwareFastAppend(
+            operation=Operation.APPEND,
+            transaction=self,
+            io=self._table.io,
+            branch=branch,
+            snapshot_properties=snapshot_properties,
+        )
+
+    def discard(self) -> None:
+        """Delete the manifests staged so far: the transaction failed before reaching the catalog."""
+        for producer in self._snapshot_producers:
+            producer._clean_all_uncommitted()
+        self._snapshot_producers = []
 
     def commit_once(self) -> Table:
         """Commit the staged updates; a conflict raises ``SinkCommitConflict`` with nothing left behind.

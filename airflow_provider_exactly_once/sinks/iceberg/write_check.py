@@ -8,9 +8,11 @@ the table itself, or contains its data or metadata root, must never get that far
 
 from __future__ import annotations
 
+from pyiceberg.partitioning import PartitionSpec
 from pyiceberg.table.metadata import TableMetadata
+from pyiceberg.table.refs import SnapshotRefType
 
-from airflow_provider_exactly_once.core.errors import InvalidPreCommit, SchemaMismatch
+from airflow_provider_exactly_once.core.errors import CommitRefused, InvalidPreCommit, SchemaMismatch
 from airflow_provider_exactly_once.core.precommit import TableWrite
 from airflow_provider_exactly_once.sinks.iceberg.data_files import partition_record
 from airflow_provider_exactly_once.sinks.iceberg.locations import parse_location
@@ -23,6 +25,13 @@ from airflow_provider_exactly_once.sinks.iceberg.schema_check import (
 _EXTENSIONS = {".parquet": "parquet", ".orc": "orc", ".avro": "avro"}
 _WRITE_DATA_PATH = "write.data.path"
 _WRITE_METADATA_PATH = "write.metadata.path"
+#: The highest table format version pyiceberg 0.12 writes manifests for.
+_MAX_FORMAT_VERSION = 2
+#: What to do about a write whose files cannot go into the table as they are.
+WRITE_AGAIN = (
+    "it can never be committed as written: abort the epoch (with force=True once its checkpoint "
+    "completed) and write it again"
+)
 
 
 def check_location(metadata: TableMetadata, write: TableWrite) -> None:
@@ -82,18 +91,77 @@ def check_stats_columns(write: TableWrite, known: set[str]) -> None:
                 )
 
 
-def check_table_write(metadata: TableMetadata, write: TableWrite, *, allow_schema_evolution: bool) -> list[ColumnToAdd]:
-    """Refuse what cannot be committed into this table; return the columns the commit must add."""
-    check_location(metadata, write)
-    check_formats(write)
+def check_target(metadata: TableMetadata, write: TableWrite, *, branch: str, owner: str) -> None:
+    """Refuse a table the append would refuse whatever the write holds: a tag where the committer's
+    branch should be, or a format version pyiceberg cannot write manifests for."""
+    ref = metadata.refs.get(branch)
+    if ref is not None and ref.snapshot_ref_type != SnapshotRefType.BRANCH:
+        raise CommitRefused(
+            f"{owner}: table {write.table!r}: {branch!r} is a {ref.snapshot_ref_type}, not a branch, and only "
+            "a branch can receive commits; configure the sink with a branch, or remove the tag"
+        )
+    if metadata.format_version > _MAX_FORMAT_VERSION:
+        raise CommitRefused(
+            f"{owner}: table {write.table!r} has format version {metadata.format_version}; pyiceberg 0.12 "
+            f"appends to format versions up to {_MAX_FORMAT_VERSION} only"
+        )
+
+
+def write_spec(metadata: TableMetadata, write: TableWrite, *, owner: str) -> PartitionSpec:
+    """The spec the write's files were partitioned for; the table's default one for metadata that
+    records none (written before the spec id was kept)."""
+    if write.spec_id is None:
+        return metadata.spec()
+    specs = metadata.specs()
+    spec = specs.get(write.spec_id)
+    if spec is None:
+        raise InvalidPreCommit(
+            f"{owner}: table {write.table!r} has no partition spec {write.spec_id} (it has {sorted(specs)}), "
+            f"yet the write's files were partitioned for it; {WRITE_AGAIN}"
+        )
+    return spec
+
+
+def check_partitions(metadata: TableMetadata, write: TableWrite, *, owner: str) -> PartitionSpec:
+    """Every file's partition tuple fits the spec the write is committed under; returns that spec."""
+    spec = write_spec(metadata, write, owner=owner)
     schema = metadata.schema()
-    spec = metadata.spec()
+    unknown = [f.name for f in spec.fields if schema.find_column_name(f.source_id) is None]
+    note = (
+        ""
+        if write.spec_id is not None
+        else f" (the write records no partition spec, so the table's current spec {spec.spec_id} applies)"
+    )
+    if unknown:
+        raise InvalidPreCommit(
+            f"{owner}: table {write.table!r}: partition field(s) {unknown} of spec {spec.spec_id} are on columns "
+            f"the table no longer has{note}; {WRITE_AGAIN}"
+        )
     checked: set[tuple[tuple[str, object], ...]] = set()
     for descriptor in write.data_files:
         key = tuple(sorted(descriptor.partition.items()))
-        if key not in checked:  # an epoch's thousands of files share a handful of partitions
+        if key in checked:  # an epoch's thousands of files share a handful of partitions
+            continue
+        try:
             partition_record(descriptor, spec=spec, schema=schema, table=write.table)
-            checked.add(key)
+        except InvalidPreCommit as exc:
+            raise InvalidPreCommit(f"{owner}: {exc}{note}; {WRITE_AGAIN}") from None
+        checked.add(key)
+    return spec
+
+
+def check_table_write(
+    metadata: TableMetadata, write: TableWrite, *, branch: str, allow_schema_evolution: bool, owner: str
+) -> list[ColumnToAdd]:
+    """Refuse what cannot be committed into this table; return the columns the commit must add.
+
+    ``owner`` (``PreCommit.describe()``) starts the refusals that name what to do about the epoch.
+    """
+    check_target(metadata, write, branch=branch, owner=owner)
+    check_location(metadata, write)
+    check_formats(write)
+    check_partitions(metadata, write, owner=owner)
+    schema = metadata.schema()
     to_add = check_columns(
         schema, write, allow_schema_evolution=allow_schema_evolution, last_column_id=metadata.last_column_id
     )

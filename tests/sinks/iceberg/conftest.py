@@ -11,6 +11,15 @@ from pyiceberg.catalog.sql import SqlCatalog
 
 from .iceberg_helpers import NAMESPACE
 
+#: The commit paths run on ``main`` and on a named branch, as Flink's committer tests do: a marker walk
+#: or an append that reads ``main`` instead of the configured branch must fail a test.
+BRANCHES = ["main", "audit"]
+
+
+@pytest.fixture(params=BRANCHES)
+def branch(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
 
 @pytest.fixture
 def catalog(catalog_url: str, warehouse: Path) -> Iterator[SqlCatalog]:

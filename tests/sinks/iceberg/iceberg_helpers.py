@@ -98,12 +98,14 @@ def table_write(
     schema_written: Sequence[WrittenColumn] = (),
     added_columns: Sequence[WrittenColumn] = (),
 ) -> TableWrite:
+    """The write as the Spark writer records it: partitioned for the table's spec of the moment."""
     return TableWrite(
         table=".".join(table.name()),
         location=location,
         data_files=list(files),
         schema_written=list(schema_written),
         added_columns=list(added_columns),
+        spec_id=table.metadata.default_spec_id,
     )
 
 
@@ -131,5 +133,14 @@ def snapshot_count(table: Table) -> int:
     return len(table.refresh().metadata.snapshots)
 
 
-def ids_in(table: Table) -> list[int]:
-    return sorted(table.refresh().scan().to_arrow()["id"].to_pylist())
+def ids_in(table: Table, branch: str = "main") -> list[int]:
+    """The ids the head of ``branch`` shows (none while the branch does not exist)."""
+    ref = table.refresh().metadata.refs.get(branch)
+    if ref is None:
+        return []
+    return sorted(table.scan(snapshot_id=ref.snapshot_id).to_arrow()["id"].to_pylist())
+
+
+def branch_head(table: Table, branch: str) -> int | None:
+    ref = table.refresh().metadata.refs.get(branch)
+    return None if ref is None else ref.snapshot_id

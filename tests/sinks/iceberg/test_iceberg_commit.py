@@ -15,6 +15,7 @@ from pyiceberg.transforms import DayTransform, IdentityTransform
 from pyiceberg.types import LongType, NestedField, StringType, TimestampType
 
 from airflow_provider_exactly_once.core.errors import (
+    CommitRefused,
     ForeignWriteVisible,
     InvalidSinkConfig,
     MarkerHorizonExceeded,
@@ -26,8 +27,11 @@ from airflow_provider_exactly_once.core.ports import EMPTY, SinkCommitter
 from airflow_provider_exactly_once.core.precommit import PartitionValue, WrittenColumn
 from airflow_provider_exactly_once.sinks.iceberg import IcebergSinkCommitter
 from airflow_provider_exactly_once.sinks.iceberg.markers import EPOCH_KEY, SINK_ID_KEY, WRITE_ID_KEY
+from airflow_provider_exactly_once.sinks.iceberg.schema_check import ColumnToAdd
+from tests.support.independent_reader import read_branch
 
 from .iceberg_helpers import (
+    branch_head,
     create_table,
     ids_in,
     local_path,
@@ -46,46 +50,51 @@ def test_is_a_sink_committer(catalog: SqlCatalog) -> None:
     assert isinstance(IcebergSinkCommitter(catalog), SinkCommitter)
 
 
-def test_happy_path_one_table(catalog: SqlCatalog, sink_id: str) -> None:
+def test_happy_path_one_table(catalog: SqlCatalog, sink_id: str, branch: str) -> None:
     table = create_table(catalog, "t")
     pc = simple_write(table, sink_id, epoch=1234, count=7, files=2)
 
-    result = IcebergSinkCommitter(catalog).commit(pc, now())
+    result = IcebergSinkCommitter(catalog, branch=branch).commit(pc, now())
 
     table = table.refresh()
     assert len(table.metadata.snapshots) == 1
-    snapshot = table.current_snapshot()
+    head = branch_head(table, branch)
+    snapshot = table.snapshot_by_id(head) if head is not None else None
     assert snapshot is not None
     assert result == {"ns.t": str(snapshot.snapshot_id)}
     assert snapshot.summary is not None
     assert snapshot.summary[SINK_ID_KEY] == sink_id
     assert snapshot.summary[EPOCH_KEY] == "1234"
     assert snapshot.summary[WRITE_ID_KEY] == pc.write_id
-    assert ids_in(table) == list(range(14))
-    read = table.scan().to_arrow().sort_by("id")
+    assert ids_in(table, branch) == list(range(14))
+    assert [r[0] for r in read_branch(table, branch, "id")] == list(range(14))
+    if branch != "main":
+        assert "main" not in table.metadata.refs  # the first commit created the branch, not main
+    read = table.scan(snapshot_id=snapshot.snapshot_id).to_arrow().sort_by("id")
     assert read["name"].to_pylist() == [f"n{i}" for i in range(14)]
     assert read["score"].to_pylist() == [i / 2 for i in range(14)]
     # Spark-like Parquet has no field ids: the commit gave the table a name mapping.
     assert table.metadata.name_mapping() is not None
 
 
-def test_recommit_is_idempotent(catalog: SqlCatalog, sink_id: str) -> None:
+def test_recommit_is_idempotent(catalog: SqlCatalog, sink_id: str, branch: str) -> None:
     table = create_table(catalog, "t")
     pc = simple_write(table, sink_id)
-    committer = IcebergSinkCommitter(catalog)
+    committer = IcebergSinkCommitter(catalog, branch=branch)
     since = now()
 
     first = committer.commit(pc, since)
     second = committer.commit(pc, since)
+    third = IcebergSinkCommitter(catalog, branch=branch).commit(pc, since)  # a fresh process's retry
 
-    assert first == second
+    assert first == second == third
     assert snapshot_count(table) == 1
-    assert ids_in(table) == list(range(5))
+    assert ids_in(table, branch) == list(range(5))
     assert committer.find_committed(pc, since).tables == first
     assert committer.find_committed(pc, since).write_ids == {"ns.t": pc.write_id}
 
 
-def test_fan_out_over_three_tables(catalog: SqlCatalog, sink_id: str) -> None:
+def test_fan_out_over_three_tables(catalog: SqlCatalog, sink_id: str, branch: str) -> None:
     tables = [create_table(catalog, f"t{i}") for i in range(3)]
     write_id = str(uuid.uuid4())
     writes = []
@@ -93,18 +102,19 @@ def test_fan_out_over_three_tables(catalog: SqlCatalog, sink_id: str) -> None:
         location = write_location(table, write_id)
         writes.append(table_write(table, location, [write_parquet(table, location, rows(100 * i, 3))]))
     pc = pre_commit(sink_id, 7, writes, write_id=write_id)
-    committer = IcebergSinkCommitter(catalog)
+    committer = IcebergSinkCommitter(catalog, branch=branch)
 
     result = committer.commit(pc, now())
 
     assert list(result) == ["ns.t0", "ns.t1", "ns.t2"]
     for i, table in enumerate(tables):
         table = table.refresh()
-        snapshot = table.current_snapshot()
+        head = branch_head(table, branch)
+        snapshot = table.snapshot_by_id(head) if head is not None else None
         assert snapshot is not None and snapshot.summary is not None
         assert result[f"ns.t{i}"] == str(snapshot.snapshot_id)
         assert snapshot.summary[WRITE_ID_KEY] == write_id
-        assert ids_in(table) == [100 * i, 100 * i + 1, 100 * i + 2]
+        assert ids_in(table, branch) == [100 * i, 100 * i + 1, 100 * i + 2]
     assert committer.commit(pc, now()) == result
     assert [snapshot_count(t) for t in tables] == [1, 1, 1]
 
@@ -224,10 +234,10 @@ def test_unknown_table(catalog: SqlCatalog, sink_id: str) -> None:
         IcebergSinkCommitter(catalog).validate(other_ns)
 
 
-def test_foreign_marker_is_not_overwritten(catalog: SqlCatalog, sink_id: str) -> None:
+def test_foreign_marker_is_not_overwritten(catalog: SqlCatalog, sink_id: str, branch: str) -> None:
     table = create_table(catalog, "t")
     first = simple_write(table, sink_id, epoch=3)
-    committer = IcebergSinkCommitter(catalog)
+    committer = IcebergSinkCommitter(catalog, branch=branch)
     committer.commit(first, now())
     second = simple_write(table, sink_id, epoch=3, start=50)
 
@@ -276,11 +286,11 @@ def test_identity_and_day_partitions(catalog: SqlCatalog, sink_id: str) -> None:
     assert partitions[descriptors[1].path][1] == (dt.date(2024, 3, 1) - epoch_day).days
 
 
-def test_horizon_refusal_and_override(catalog: SqlCatalog, sink_id: str) -> None:
+def test_horizon_refusal_and_override(catalog: SqlCatalog, sink_id: str, branch: str) -> None:
     table = create_table(catalog, "t", properties={"history.expire.max-snapshot-age-ms": str(3_600_000)})
     pc = simple_write(table, sink_id)
     long_ago = now() - timedelta(hours=2)
-    committer = IcebergSinkCommitter(catalog, clock_skew=timedelta(0))
+    committer = IcebergSinkCommitter(catalog, clock_skew=timedelta(0), branch=branch)
 
     with pytest.raises(MarkerHorizonExceeded, match=r"history.expire.max-snapshot-age-ms.*allow_beyond_horizon"):
         committer.commit(pc, long_ago)
@@ -290,6 +300,7 @@ def test_horizon_refusal_and_override(catalog: SqlCatalog, sink_id: str) -> None
     assert snapshot_count(table) == 1
     # Within the horizon the same call is an idempotent no-op that finds the marker.
     assert committer.commit(pc, now() - timedelta(minutes=5)) == result
+    assert snapshot_count(table) == 1 and ids_in(table, branch) == list(range(5))
 
 
 def test_default_horizon_is_five_days(catalog: SqlCatalog, sink_id: str) -> None:
@@ -328,3 +339,51 @@ def test_naive_since_is_refused(catalog: SqlCatalog, sink_id: str) -> None:
     pc = simple_write(table, sink_id)
     with pytest.raises(ValueError, match="timezone"):
         IcebergSinkCommitter(catalog).commit(pc, dt.datetime.now())
+
+
+def test_files_of_an_older_partitioned_spec_keep_their_partition(
+    catalog: SqlCatalog, sink_id: str, branch: str
+) -> None:
+    table = create_table(catalog, "t")
+    with table.update_spec() as update:
+        update.add_identity("name")
+    table = table.refresh()
+    write_id = str(uuid.uuid4())
+    location = write_location(table, write_id)
+    files = [
+        write_parquet(table, f"{location}/name={n}", rows(i, 1), partition={"name": n})
+        for i, n in ((0, "n0"), (1, "n1"))
+    ]
+    pc = pre_commit(sink_id, 3, [table_write(table, location, files)], write_id=write_id)
+    assert pc.tables[0].spec_id == 1
+    with table.update_spec() as update:  # spec 2 between the write and the commit
+        update.add_identity("id")
+
+    result = IcebergSinkCommitter(catalog, branch=branch).commit(pc, now())
+
+    table = table.refresh()
+    assert table.metadata.default_spec_id == 2
+    head = int(result["ns.t"])
+    assert ids_in(table, branch) == [0, 1] and [r[0] for r in read_branch(table, branch, "id")] == [0, 1]
+    planned = {
+        t.file.file_path: (t.file.spec_id, t.file.partition[0]) for t in table.scan(snapshot_id=head).plan_files()
+    }
+    assert planned == {files[0].path: (1, "n0"), files[1].path: (1, "n1")}
+    pruned = table.scan(snapshot_id=head, row_filter="name == 'n1'").plan_files()
+    assert [t.file.file_path for t in pruned] == [files[1].path]
+    summary = table.snapshot_by_id(head).summary  # type: ignore[union-attr]
+    assert summary is not None and summary["changed-partition-count"] == "2"
+
+
+def test_a_refusal_while_staging_is_a_package_error_that_retrying_cannot_heal(
+    catalog: SqlCatalog, sink_id: str
+) -> None:
+    """validate() checks what pyiceberg is known to refuse; whatever else it refuses while staging the
+    append (here: a column to add that the table has) must still come out as this package's error."""
+    table = create_table(catalog, "t")
+    pc = simple_write(table, sink_id)
+    clash = [ColumnToAdd("name", StringType(), None)]
+    with pytest.raises(CommitRefused, match=r"epoch 1000 .*'ns.t' on branch 'main': ValueError") as caught:
+        IcebergSinkCommitter(catalog)._append_once(pc, pc.tables[0], table, clash)
+    assert not caught.value.retryable
+    assert snapshot_count(table) == 0

@@ -34,20 +34,28 @@ class _Faults:
 
 @pytest.mark.parametrize("pyiceberg_retries", [None, "25"])
 def test_concurrent_append_makes_our_loop_retry_once(
-    catalog: SqlCatalog, catalog_url: str, warehouse: Path, sink_id: str, pyiceberg_retries: str | None
+    catalog: SqlCatalog,
+    catalog_url: str,
+    warehouse: Path,
+    sink_id: str,
+    pyiceberg_retries: str | None,
+    branch: str,
 ) -> None:
     properties = {"commit.retry.num-retries": pyiceberg_retries} if pyiceberg_retries else {}
     table = create_table(catalog, "t", properties=properties)
+    table.append(rows(500, 1))  # the branch exists before the race, so the other writer can append to it
+    if branch != "main":
+        table.manage_snapshots().create_branch(table.metadata.current_snapshot_id, branch).commit()
     other = SqlCatalog(catalog.name, uri=catalog_url, warehouse=f"file://{warehouse}")
     pc = simple_write(table, sink_id, count=3)
     faults = _Faults()
 
     def other_writer_appends(n: int) -> None:
         if n == 1:  # only between our first load and our first catalog update
-            other.load_table("ns.t").append(rows(1000, 2))
+            other.load_table("ns.t").append(rows(1000, 2), branch=branch)
 
     faults.actions["iceberg.before_catalog_update"] = other_writer_appends
-    committer = IcebergSinkCommitter(catalog, fault=faults, backoff_initial_s=0.001, backoff_max_s=0.01)
+    committer = IcebergSinkCommitter(catalog, fault=faults, backoff_initial_s=0.001, backoff_max_s=0.01, branch=branch)
 
     result = committer.commit(pc, now())
 
@@ -56,10 +64,12 @@ def test_concurrent_append_makes_our_loop_retry_once(
     assert faults.seen["iceberg.before_catalog_update"] == 2
     assert faults.seen["iceberg.after_catalog_update"] == 1
     table = table.refresh()
-    assert len(table.metadata.snapshots) == 2
-    ours = [s for s in table.metadata.snapshots if s.summary is not None and s.summary[WRITE_ID_KEY] == pc.write_id]
+    assert len(table.metadata.snapshots) == 3
+    ours = [s for s in table.metadata.snapshots if s.summary is not None and s.summary.get(WRITE_ID_KEY) == pc.write_id]
     assert [str(s.snapshot_id) for s in ours] == [result["ns.t"]]
-    assert ids_in(table) == [0, 1, 2, 1000, 1001]
+    assert ids_in(table, branch) == [0, 1, 2, 500, 1000, 1001]
+    assert committer.commit(pc, now()) == result  # the retry after it finds the marker on the branch
+    assert len(table.refresh().metadata.snapshots) == 3
     other.engine.dispose()
 
 
@@ -96,7 +106,7 @@ def test_failed_attempt_leaves_no_manifests(
 
 
 def test_lost_response_is_an_unknown_outcome_and_the_next_attempt_finds_the_marker(
-    catalog: SqlCatalog, sink_id: str
+    catalog: SqlCatalog, sink_id: str, branch: str
 ) -> None:
     """A commit that lands while its response is lost.
 
@@ -114,7 +124,7 @@ def test_lost_response_is_an_unknown_outcome_and_the_next_attempt_finds_the_mark
         raise CommitStateUnknownException("connection reset after the request was sent")
 
     catalog.commit_table = commit_then_lose_the_response  # type: ignore[method-assign]
-    committer = IcebergSinkCommitter(catalog)
+    committer = IcebergSinkCommitter(catalog, branch=branch)
     since = now()
     files_before = {p for p in Path(local_path(table.location())).rglob("*") if p.is_file()}
 
@@ -129,4 +139,4 @@ def test_lost_response_is_an_unknown_outcome_and_the_next_attempt_finds_the_mark
     result = committer.commit(pc, since)
     assert snapshot_count(table) == 1
     assert result == {"ns.t": str(table.refresh().metadata.snapshots[0].snapshot_id)}
-    assert ids_in(table) == list(range(10))
+    assert ids_in(table, branch) == list(range(10))

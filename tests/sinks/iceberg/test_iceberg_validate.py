@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pyarrow as pa
 import pytest
 from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.partitioning import PartitionField, PartitionSpec
@@ -17,9 +18,10 @@ from pyiceberg.types import (
     StringType,
 )
 
-from airflow_provider_exactly_once.core.errors import InvalidPreCommit, SchemaMismatch
+from airflow_provider_exactly_once.core.errors import CommitRefused, InvalidPreCommit, SchemaMismatch
 from airflow_provider_exactly_once.core.precommit import PreCommit, WrittenColumn
 from airflow_provider_exactly_once.sinks.iceberg import IcebergSinkCommitter
+from airflow_provider_exactly_once.sinks.iceberg.write_check import check_target
 
 from .iceberg_helpers import SIMPLE_SCHEMA, create_table, simple_write
 
@@ -165,3 +167,63 @@ def test_added_column_already_in_the_table(catalog: SqlCatalog, sink_id: str) ->
     clash = simple_write(table, sink_id, added_columns=_columns(("name", "long", False)))
     with pytest.raises(SchemaMismatch, match="added column 'name' already exists"):
         IcebergSinkCommitter(catalog, allow_schema_evolution=True).validate(clash)
+
+
+def test_a_tag_where_the_branch_should_be_is_refused(catalog: SqlCatalog, sink_id: str) -> None:
+    table = create_table(catalog, "t")
+    table.append(pa.table({"id": [1], "name": ["a"], "score": [0.5]}))
+    table.manage_snapshots().create_tag(table.metadata.current_snapshot_id, "audit").commit()
+    pc = simple_write(table, sink_id)
+    with pytest.raises(CommitRefused, match=r"sink .* epoch 1000 .*'ns.t'.*'audit' is a tag, not a branch") as caught:
+        IcebergSinkCommitter(catalog, branch="audit").validate(pc)
+    assert not caught.value.retryable  # a tag does not turn into a branch by itself
+
+
+def test_a_format_version_pyiceberg_cannot_append_to_is_refused(catalog: SqlCatalog, sink_id: str) -> None:
+    table = create_table(catalog, "t")
+    pc = simple_write(table, sink_id)
+    v3 = table.metadata.model_copy(update={"format_version": 3})  # pyiceberg 0.12 cannot create one
+    with pytest.raises(CommitRefused, match="format version 3"):
+        check_target(v3, pc.tables[0], branch="main", owner=pc.describe())
+    check_target(table.metadata, pc.tables[0], branch="main", owner=pc.describe())
+
+
+def test_files_of_an_older_spec_are_accepted_and_an_unknown_spec_is_refused(catalog: SqlCatalog, sink_id: str) -> None:
+    table = create_table(catalog, "t")
+    pc = simple_write(table, sink_id)  # unpartitioned, for spec 0
+    with table.update_spec() as update:
+        update.add_identity("name")
+    assert table.refresh().metadata.default_spec_id == 1
+    committer = IcebergSinkCommitter(catalog)
+    committer.validate(pc)  # written for spec 0, which the table still has
+    with pytest.raises(InvalidPreCommit, match=r"partition keys \[\], but partition spec 1 has \['name'\]") as caught:
+        committer.validate(_with(pc, spec_id=None))  # older metadata: the default spec applies
+    assert "records no partition spec" in str(caught.value) and "write it again" in str(caught.value)
+    with pytest.raises(InvalidPreCommit, match=r"has no partition spec 7 \(it has \[0, 1\]\).*abort the epoch"):
+        committer.validate(_with(pc, spec_id=7))
+    with pytest.raises(InvalidPreCommit, match=r"partition keys \[\], but partition spec 1 has \['name'\]"):
+        committer.validate(_with(pc, spec_id=1))  # a write claiming the new spec must carry its keys
+
+
+def test_a_spec_on_a_dropped_column_is_refused(catalog: SqlCatalog, sink_id: str) -> None:
+    table = create_table(catalog, "t")
+    with table.update_spec() as update:
+        update.add_identity("name")
+    table = table.refresh()
+    pc = simple_write(table, sink_id)  # for spec 1, on "name"
+    partitioned = [d.model_copy(update={"partition": {"name": "n0"}}) for d in pc.tables[0].data_files]
+    pc = _with(pc, data_files=partitioned)
+    IcebergSinkCommitter(catalog).validate(pc)
+    with table.update_spec() as update:
+        update.remove_field("name")
+    with table.update_schema() as schema_update:
+        schema_update.delete_column("name")
+    stats = [
+        d.model_copy(update={k: {c: v for c, v in getattr(d, k).items() if c != "name"} for k in _STATS})
+        for d in partitioned
+    ]
+    with pytest.raises(InvalidPreCommit, match=r"partition field\(s\) \['name'\] of spec 1 are on columns"):
+        IcebergSinkCommitter(catalog).validate(_with(pc, data_files=stats))
+
+
+_STATS = ("column_sizes", "value_counts", "null_value_counts", "nan_value_counts", "lower_bounds", "upper_bounds")
