@@ -106,6 +106,15 @@ def get_provider_info() -> dict[str, Any]:
                         "example": "exactly_once_prod",
                         "default": "exactly_once_default",
                     },
+                    "sink_listing": {
+                        "description": "Which sinks the sink-state view lists to a user: 'per_dag' (those with an "
+                        "epoch of a DAG the user may read, with counts of those epochs only) or 'all' (every sink "
+                        "and all its counts to any user who may read some DAG; epochs stay filtered per DAG).",
+                        "version_added": "0.2.0",
+                        "type": "string",
+                        "example": "all",
+                        "default": "per_dag",
+                    },
                     "trigger_recovery_on_scheduler_start": {
                         "description": "Queue a recovery run when a scheduler starts (unless one is queued or running).",
                         "version_added": "0.1.0",

@@ -5,6 +5,10 @@ every action goes through the sink's coordinator, under the same invariants as t
 
 Exit codes: 0 done (or, with ``--dry-run``, it would be done); 1 a refusal or a failure, with the
 message on stderr naming the sink and epoch; 2 bad usage (argparse's own convention).
+
+Everything the tool prints, and every log line of the process, has the credentials of any URL in it
+masked; what it prints to the terminal has control characters escaped (``core.redact``): a path, an
+error or an abort reason read from the meta store can neither leak a password nor drive the terminal.
 """
 
 from __future__ import annotations
@@ -13,150 +17,25 @@ import argparse
 import contextlib
 import json
 import logging
-import re
+import os
 import sys
+import traceback
 from collections.abc import Callable, Sequence
-from datetime import timedelta
 from typing import Any, NoReturn, TextIO
 
-from airflow_provider_exactly_once.core.errors import ExactlyOnceError, InvalidPreCommit, InvalidSinkConfig
-from airflow_provider_exactly_once.core.identifiers import check_epoch, check_sink_id
+from airflow_provider_exactly_once.cli.parser import build_parser, duration
+from airflow_provider_exactly_once.core.errors import ExactlyOnceError, InvalidSinkConfig
+from airflow_provider_exactly_once.core.redact import mask_userinfo, safe_text
 from airflow_provider_exactly_once.core.status import EpochStatus
 from airflow_provider_exactly_once.operations import ActionResult, InvalidRequest, SinkOperations
-from airflow_provider_exactly_once.operations.service import DEFAULT_META_CONN_ID
 from airflow_provider_exactly_once.store import SqlSinkStateStore
 
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
-_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-
-
-# -- argument types ----------------------------------------------------------------------------------
-
-
-def duration(text: str) -> timedelta:
-    """``6h``, ``30m``, ``1h30m``, ``2d``, ``90s``, or plain seconds."""
-    value = text.strip().lower()
-    try:
-        seconds = float(value)
-    except ValueError:
-        parts = _DURATION.findall(value)
-        if not parts or "".join(n + u for n, u in parts) != value:
-            raise argparse.ArgumentTypeError(
-                f"{text!r} is not a duration (e.g. 6h, 30m, 1h30m, 2d, or seconds)"
-            ) from None
-        seconds = sum(float(n) * _UNIT_SECONDS[u] for n, u in parts)
-    if seconds < 0:
-        raise argparse.ArgumentTypeError(f"duration {text!r} is negative")
-    return timedelta(seconds=seconds)
-
-
-def _sink_id(text: str) -> str:
-    try:
-        return check_sink_id(text)
-    except InvalidPreCommit as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _epoch(text: str) -> int:
-    try:
-        return check_epoch(int(text))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"epoch {text!r} is not a non-negative integer") from None
-
-
-def _status(text: str) -> EpochStatus:
-    for status in EpochStatus:
-        if text.strip().lower() == status.value.lower():
-            return status
-    raise argparse.ArgumentTypeError(f"status {text!r} is not one of {[s.value for s in EpochStatus]}")
-
-
-def _page_size(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if not 1 <= value <= 1000:
-        raise argparse.ArgumentTypeError(f"limit {text!r} must be an integer from 1 to 1000")
-    return value
-
-
-def _offset(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"offset {text!r} must be a non-negative integer")
-    return value
-
-
-# -- the parser --------------------------------------------------------------------------------------
-
-
-def build_parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
-    where = common.add_mutually_exclusive_group()
-    where.add_argument(
-        "--meta-conn-id",
-        default=DEFAULT_META_CONN_ID,
-        help=f"the exactly_once_meta Airflow connection of the meta store (default {DEFAULT_META_CONN_ID})",
-    )
-    where.add_argument("--url", help="a SQLAlchemy URL of the meta store, bypassing Airflow connections")
-    common.add_argument("--json", action="store_true", help="print JSON instead of tables")
-    dry = argparse.ArgumentParser(add_help=False)
-    dry.add_argument("--dry-run", action="store_true", help="say what would happen; change nothing")
-
-    parser = argparse.ArgumentParser(
-        prog="eo-sink",
-        description="Inspect exactly-once sinks and act on their epochs (through the two-phase-commit coordinator).",
-    )
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    status = commands.add_parser("status", parents=[common], help="sinks and their epoch counts by status")
-    status.add_argument("sink", nargs="?", type=_sink_id, help="only this sink")
-
-    epochs = commands.add_parser("epochs", parents=[common], help="list epochs, newest first")
-    epochs.add_argument("sink", nargs="?", type=_sink_id, help="only this sink")
-    epochs.add_argument("--status", type=_status, help="Pending, Committed or Aborted")
-    epochs.add_argument("--limit", type=_page_size, default=50, help="rows per page (default 50, at most 1000)")
-    epochs.add_argument("--offset", type=_offset, default=0, help="rows to skip (default 0)")
-
-    show = commands.add_parser("show", parents=[common], help="one epoch: its row, write and checkpoint")
-    show.add_argument("sink", type=_sink_id)
-    show.add_argument("epoch", type=_epoch)
-
-    abort = commands.add_parser("abort", parents=[common, dry], help="abort a Pending epoch and delete its files")
-    abort.add_argument("sink", type=_sink_id)
-    abort.add_argument("epoch", type=_epoch)
-    abort.add_argument("--reason", required=True, help="why; kept on the epoch's row")
-    abort.add_argument(
-        "--force", action="store_true", help="abort even though the checkpoint COMPLETED (drops its data on purpose)"
-    )
-
-    commit = commands.add_parser("commit", parents=[common, dry], help="retry the commit of a Pending epoch")
-    commit.add_argument("sink", type=_sink_id)
-    commit.add_argument("epoch", type=_epoch)
-
-    cleanup = commands.add_parser(
-        "cleanup", parents=[common, dry], help="run an epoch's queued clean-ups again (e.g. an Aborted one's files)"
-    )
-    cleanup.add_argument("sink", type=_sink_id)
-    cleanup.add_argument("epoch", type=_epoch)
-
-    recover = commands.add_parser(
-        "recover", parents=[common, dry], help="what the recovery DAG does, for one sink or every registered one"
-    )
-    recover.add_argument("sink", nargs="?", type=_sink_id)
-
-    gc = commands.add_parser("gc", parents=[common, dry], help="remove orphaned write locations older than --grace")
-    gc.add_argument("sink", nargs="?", type=_sink_id)
-    gc.add_argument("--grace", type=duration, default=timedelta(hours=6), help="minimum file age (default 6h)")
-    return parser
+#: Set to ``1`` to see the traceback of an unexpected error (by default one masked line, as for a refusal).
+TRACEBACK_ENV = "EO_SINK_TRACEBACK"
 
 
 # -- running -----------------------------------------------------------------------------------------
@@ -164,10 +43,30 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _open_store(args: argparse.Namespace) -> SqlSinkStateStore:
     if args.url:
-        return SqlSinkStateStore(args.url)
+        return _store_at(args.url)
     from airflow_provider_exactly_once.hooks.meta_store import ExactlyOnceMetaStoreHook
 
     return ExactlyOnceMetaStoreHook(args.meta_conn_id).get_store()
+
+
+def _store_at(url: str) -> SqlSinkStateStore:
+    """The store of ``--url``; a URL that cannot name one is ``InvalidSinkConfig`` (a usage error)."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+
+    shown = mask_userinfo(url)
+    try:
+        parsed = make_url(url)
+        if parsed.get_backend_name() in ("sqlite", "postgresql"):  # the store refuses the others by name
+            parsed.get_dialect().import_dbapi()  # a driver that is not installed is said here, by name
+    except (ArgumentError, ValueError) as exc:  # ValueError: a port that is not a number
+        raise InvalidSinkConfig(f"--url {shown!r} is not a SQLAlchemy URL: {mask_userinfo(str(exc))}") from None
+    except (ImportError, NoSuchModuleError) as exc:
+        raise InvalidSinkConfig(
+            f"--url {shown!r}: the database driver is not installed ({mask_userinfo(str(exc))}); "
+            "use postgresql+psycopg2://... or sqlite:///..., or install the driver"
+        ) from None
+    return SqlSinkStateStore(url)
 
 
 def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None, stderr: TextIO | None = None) -> int:
@@ -180,27 +79,54 @@ def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None, std
         return int(exc.code or 0) if not isinstance(exc.code, str) else EXIT_USAGE
     # Library logs (the meta-store hook, pyiceberg) go to stderr, never into a table or JSON on stdout.
     logging.basicConfig(stream=err, level=logging.WARNING, force=True)
+    _mask_log_records()
     target = _target(args)
     try:
         with contextlib.redirect_stdout(err):  # the meta-store hook imports Airflow (see below)
             store = _open_store(args)
     except InvalidSinkConfig as exc:  # a malformed URL or a connection that cannot name a store
-        print(f"eo-sink {args.command}: {exc}", file=err)
+        print(safe_text(f"eo-sink {args.command}: {exc}"), file=err)
         return EXIT_USAGE
     except ExactlyOnceError as exc:
         return _fail(args, err, out, exc, "(opening the meta store)")
+    except Exception as exc:
+        return _unexpected(args, err, out, exc, "(opening the meta store)")
     try:
         # Airflow, imported only when an action rebuilds a sink's coordinator, sets up its own logging
         # to whatever ``sys.stdout`` is then: point that at stderr so stdout holds only our output.
         with contextlib.redirect_stdout(err):
             return COMMANDS[args.command](SinkOperations(store, meta_conn_id=args.meta_conn_id), args, out, err)
     except InvalidRequest as exc:
-        print(f"eo-sink {args.command} {target}: {exc}", file=err)
+        print(safe_text(f"eo-sink {args.command} {target}: {exc}"), file=err)
         return EXIT_USAGE
     except ExactlyOnceError as exc:
         return _fail(args, err, out, exc, target)
+    except Exception as exc:
+        return _unexpected(args, err, out, exc, target)
     finally:
         store.dispose()
+
+
+def _mask_log_records() -> None:
+    """Mask every log record of this process as it is made, whoever configures the handlers later
+    (Airflow replaces them when it is first imported): a library's message or traceback that
+    quotes a URL must not put its password on the terminal."""
+    make = logging.getLogRecordFactory()
+    if getattr(make, "masks_userinfo", False):
+        return
+
+    def masked(*args: Any, **kwargs: Any) -> logging.LogRecord:
+        record = make(*args, **kwargs)
+        try:
+            record.msg, record.args = mask_userinfo(record.getMessage()), None
+        except Exception:  # a record whose arguments do not format is left to the handler to report
+            return record
+        if record.exc_info and record.exc_info[1] is not None:
+            record.exc_text = mask_userinfo("".join(traceback.format_exception(*record.exc_info)).rstrip())
+        return record
+
+    masked.masks_userinfo = True  # type: ignore[attr-defined]
+    logging.setLogRecordFactory(masked)
 
 
 def run() -> NoReturn:
@@ -218,14 +144,30 @@ def _target(args: argparse.Namespace) -> str:
 
 def _fail(args: argparse.Namespace, err: TextIO, out: TextIO, exc: ExactlyOnceError, target: str) -> int:
     """One line on stderr naming what was acted on and the refusal; with ``--json`` also a JSON object."""
-    print(f"eo-sink {args.command} {target}: {type(exc).__name__}: {exc}", file=err)
+    return _report(args, err, out, type(exc).__name__, str(exc), exc.retryable, target)
+
+
+def _unexpected(args: argparse.Namespace, err: TextIO, out: TextIO, exc: Exception, target: str) -> int:
+    """A fault no refusal describes: reported like one (masked, one line, JSON), the traceback on request."""
+    if os.environ.get(TRACEBACK_ENV) == "1":
+        print(mask_userinfo(traceback.format_exc()).rstrip(), file=err)
+    lines = str(exc).strip().splitlines()
+    message = f"{lines[0] if lines else ''} (unexpected; set {TRACEBACK_ENV}=1 for the traceback)"
+    return _report(args, err, out, type(exc).__name__, message, False, target)
+
+
+def _report(
+    args: argparse.Namespace, err: TextIO, out: TextIO, error: str, message: str, retryable: bool, target: str
+) -> int:
+    message = mask_userinfo(message)
+    print(safe_text(f"eo-sink {args.command} {target}: {error}: {message}"), file=err)
     if args.json:
         _print_json(
             out,
             {
-                "error": type(exc).__name__,
-                "message": str(exc),
-                "retryable": exc.retryable,
+                "error": error,
+                "message": message,
+                "retryable": retryable,
                 "sink_id": getattr(args, "sink", None),
                 "epoch": getattr(args, "epoch", None),
             },
@@ -240,7 +182,8 @@ def _print_json(out: TextIO, value: Any) -> None:
 def _table(out: TextIO, rows: Sequence[Sequence[Any]], headers: Sequence[str]) -> None:
     from tabulate import tabulate  # type: ignore[import-untyped]  # no stubs; plain text tables
 
-    out.write(tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True) + "\n")
+    shown = [[safe_text(str(cell)) for cell in row] for row in rows]
+    out.write(tabulate(shown, headers=headers, tablefmt="simple", disable_numparse=True) + "\n")
 
 
 def _age(seconds: float | None) -> str:
@@ -326,7 +269,7 @@ def _show_command(ops: SinkOperations, args: argparse.Namespace, out: TextIO, er
     try:
         checkpoint: dict[str, Any] = ops.checkpoint(args.sink, args.epoch).to_dict()
     except ExactlyOnceError as exc:  # an unregistered sink: its checkpoint source is not known here
-        checkpoint = {"status": None, "detail": f"{type(exc).__name__}: {exc}", "source": None}
+        checkpoint = {"status": None, "detail": mask_userinfo(f"{type(exc).__name__}: {exc}"), "source": None}
     if args.json:
         _print_json(out, {"epoch": view.to_dict(), "checkpoint": checkpoint})
         return EXIT_OK
@@ -351,13 +294,14 @@ def _show_command(ops: SinkOperations, args: argparse.Namespace, out: TextIO, er
         "bytes",
         "pending_cleanups",
         "error",
+        "warning",
     )
     _table(out, [(key, "" if data[key] is None else data[key]) for key in shown], ["field", "value"])
     out.write("\n")
     _table(
         out,
-        [(t.name, t.files, t.rows, t.bytes, t.snapshot or "") for t in view.tables],
-        ["table", "files", "rows", "bytes", "snapshot"],
+        [(t.name, t.files, t.rows, t.bytes, t.snapshot or "", t.table_uuid or "") for t in view.tables],
+        ["table", "files", "rows", "bytes", "snapshot", "table uuid"],
     )
     return EXIT_OK
 
@@ -368,17 +312,25 @@ def _print_result(out: TextIO, args: argparse.Namespace, result: ActionResult) -
     else:
         where = f"sink {result.sink_id!r}" + ("" if result.epoch is None else f" epoch {result.epoch}")
         prefix = "[dry run] " if result.dry_run else ""
-        out.write(f"{prefix}{result.action} {where}: {result.outcome}\n  {result.detail}\n")
+        out.write(safe_text(f"{prefix}{result.action} {where}: {result.outcome}") + f"\n  {safe_text(result.detail)}\n")
     return EXIT_OK if result.ok else EXIT_FAILED
 
 
 def _abort_command(ops: SinkOperations, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    result = ops.abort(args.sink, args.epoch, reason=args.reason, force=args.force, dry_run=args.dry_run)
+    result = ops.abort(
+        args.sink,
+        args.epoch,
+        reason=args.reason,
+        force=args.force,
+        files_lost=args.files_lost,
+        dry_run=args.dry_run,
+    )
     return _print_result(out, args, result)
 
 
 def _commit_command(ops: SinkOperations, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    return _print_result(out, args, ops.commit(args.sink, args.epoch, dry_run=args.dry_run))
+    result = ops.commit(args.sink, args.epoch, dry_run=args.dry_run, allow_beyond_horizon=args.beyond_horizon)
+    return _print_result(out, args, result)
 
 
 def _cleanup_command(ops: SinkOperations, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
@@ -402,8 +354,8 @@ def _per_sink(
         try:
             result = act(sink_id)
         except ExactlyOnceError as exc:
-            print(f"eo-sink {args.command} sink {sink_id!r}: {type(exc).__name__}: {exc}", file=err)
-            results.append({"sink_id": sink_id, "error": type(exc).__name__, "message": str(exc)})
+            print(safe_text(f"eo-sink {args.command} sink {sink_id!r}: {type(exc).__name__}: {exc}"), file=err)
+            results.append({"sink_id": sink_id, "error": type(exc).__name__, "message": mask_userinfo(str(exc))})
             code = EXIT_FAILED
             continue
         if not result.ok:

@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from .errors import InvalidPreCommit
 from .identifiers import Epoch, SinkId, WriteId
+from .redact import find_control
 
 PartitionValue = int | float | str | bool | None
 #: Marks the compressed text form of a pre-commit (``PreCommit.to_compressed``).
@@ -36,6 +37,15 @@ PRE_COMMIT_VERSION: Literal[1] = 1
 
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", strict=False)
+
+
+def _no_control(value: str) -> str:
+    """Paths and names end up in operators' terminals and logs: a control character there is an
+    escape sequence waiting to retitle or clear a terminal, and never part of a real path."""
+    found = find_control(value)
+    if found is not None:
+        raise ValueError(f"contains the control character {found}; paths and names may not hold control characters")
+    return value
 
 
 class DataFileDescriptor(_Frozen):
@@ -55,6 +65,8 @@ class DataFileDescriptor(_Frozen):
     split_offsets: list[int] | None = None
     #: Which writer (Spark task) produced the file; file sinks build final names from it.
     writer: str | None = None
+
+    _path_printable = field_validator("path")(_no_control)
 
     @field_validator("lower_bounds", "upper_bounds")
     @classmethod
@@ -98,6 +110,13 @@ class TableWrite(_Frozen):
     schema_written: list[WrittenColumn] = Field(default_factory=list)
     #: Columns the writer asks the commit to add (schema evolution, optional columns only).
     added_columns: list[WrittenColumn] = Field(default_factory=list)
+    #: The Iceberg partition spec the files were partitioned for. The table's spec may change
+    #: between the write and the commit; Iceberg keeps files of older specs, so the commit files
+    #: them under this one. ``None`` (metadata from before it was recorded, file sinks) means the
+    #: table's default spec at commit time.
+    spec_id: int | None = Field(default=None, ge=0)
+
+    _names_printable = field_validator("table", "location")(_no_control)
 
     @model_validator(mode="after")
     def _files_inside_location(self) -> Self:

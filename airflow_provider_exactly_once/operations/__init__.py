@@ -1,10 +1,11 @@
 """The sink-operations service: what the ``eo-sink`` tool and the Airflow UI's sink view show and do.
 
-Every action goes through the sink's coordinator (rebuilt from the sink registry), so it runs under
-the same invariants as the DAG's own tasks; see ``service.SinkOperations``.
+Reads are in ``reads.SinkReads``; every action goes through the sink's coordinator (rebuilt from the
+sink registry), so it runs under the same invariants as the DAG's own tasks; see ``service.SinkOperations``.
 """
 
-from airflow_provider_exactly_once.operations.service import InvalidRequest, SinkNotFound, SinkOperations
+from airflow_provider_exactly_once.operations.reads import InvalidRequest, SinkNotFound, SinkReads
+from airflow_provider_exactly_once.operations.service import SinkOperations
 from airflow_provider_exactly_once.operations.views import (
     ActionResult,
     CheckpointView,
@@ -20,6 +21,7 @@ __all__ = [
     "InvalidRequest",
     "SinkNotFound",
     "SinkOperations",
+    "SinkReads",
     "SinkSummary",
     "TableView",
 ]

@@ -1,6 +1,6 @@
-"""What a person operating Airflow can see of the sinks and do to them: one service for the CLI and the UI.
+"""What a person operating Airflow can do to the sinks: one service for the CLI and the UI.
 
-Reads are the store's indexed queries (``store/queries.py``), paginated. Every action goes through
+The reads it inherits are in ``reads.py``. Every action goes through
 the sink's coordinator, rebuilt from the sink registry exactly as the recovery DAG rebuilds it, so
 an operator's abort, commit or clean-up runs under the same invariants as the DAG's own tasks: an
 abort is refused once the checkpoint completed (unless forced) and always once a commit was decided,
@@ -21,12 +21,7 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from airflow_provider_exactly_once.checkpoints.config import (
-    CheckpointConfig,
-    MetaStoreCheckpoint,
-    checkpoint_config_from_dict,
-)
-from airflow_provider_exactly_once.core.coordinator import require_epoch
+from airflow_provider_exactly_once.checkpoints.config import CheckpointConfig, MetaStoreCheckpoint
 from airflow_provider_exactly_once.core.errors import (
     AbortRefused,
     CheckpointFailed,
@@ -34,26 +29,16 @@ from airflow_provider_exactly_once.core.errors import (
     EpochAborted,
     EpochNotFound,
     ExactlyOnceError,
+    InvalidSinkConfig,
+    SinkUnavailable,
 )
 from airflow_provider_exactly_once.core.identifiers import check_epoch, check_sink_id
 from airflow_provider_exactly_once.core.ports import CleanupTask, EpochRecord
+from airflow_provider_exactly_once.core.redact import find_control, mask_userinfo
 from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochStatus
-from airflow_provider_exactly_once.operations.views import (
-    ActionResult,
-    CheckpointView,
-    EpochView,
-    SinkSummary,
-    describe_write,
-)
+from airflow_provider_exactly_once.operations.reads import InvalidRequest, SinkNotFound, SinkReads
+from airflow_provider_exactly_once.operations.views import ActionResult, describe_write
 from airflow_provider_exactly_once.store import SqlSinkStateStore
-from airflow_provider_exactly_once.store.queries import (
-    MAX_PAGE,
-    SinkCounts,
-    cleanup_counts,
-    count_epochs,
-    list_epochs,
-    sink_counts,
-)
 from airflow_provider_exactly_once.store.sql import ORPHAN_EPOCH
 
 if TYPE_CHECKING:
@@ -68,18 +53,6 @@ DEFAULT_META_CONN_ID = "exactly_once_default"
 DEFAULT_ORPHAN_GRACE = timedelta(hours=6)
 
 
-class SinkNotFound(EpochNotFound):
-    """No sink of that id is registered (and, for reads, none has rows either).
-
-    A subclass of ``EpochNotFound`` so that every "no such thing" maps to the same answer (HTTP 404,
-    CLI exit 1) wherever errors are mapped by class.
-    """
-
-
-class InvalidRequest(ExactlyOnceError, ValueError):
-    """An argument of an operations call that cannot be accepted (a page size, a grace period, a reason)."""
-
-
 def _holder() -> str:
     """Who holds a sink's lock during an operator's recovery or gc: shown to anyone who finds it taken."""
     try:
@@ -89,18 +62,8 @@ def _holder() -> str:
     return f"eo-sink {user}@{socket.gethostname()} pid {os.getpid()}"[:250]
 
 
-def _status(status: EpochStatus | str | None) -> EpochStatus | None:
-    """An epoch status as the UI's query string or the CLI gives it, in any case (``pending``, ``Pending``)."""
-    if status is None or isinstance(status, EpochStatus):
-        return status
-    for known in EpochStatus:
-        if str(status).strip().lower() == known.value.lower():
-            return known
-    raise InvalidRequest(f"epoch status {status!r} is not one of {[s.value for s in EpochStatus]}")
-
-
-class SinkOperations:
-    """Views of the sinks and their epochs, and the actions an operator may take on them.
+class SinkOperations(SinkReads):
+    """Views of the sinks and their epochs (``SinkReads``), and the actions an operator may take on them.
 
     :param store: the meta store (the caller disposes of it).
     :param meta_conn_id: the meta-store connection the store came from, passed to the coordinators
@@ -114,96 +77,43 @@ class SinkOperations:
         *,
         meta_conn_id: str = DEFAULT_META_CONN_ID,
     ) -> None:
-        self.store = store
+        super().__init__(store)
         self.meta_conn_id = meta_conn_id
-
-    # -- reads -------------------------------------------------------------------------------------
-
-    def sinks(self) -> list[SinkSummary]:
-        """Every registered sink and every sink with rows, by sink id."""
-        registered = {sink_id: (sink, checkpoint) for sink_id, sink, checkpoint in self.store.registered_sinks()}
-        counts = sink_counts(self.store)
-        return [
-            _summary(sink_id, registered.get(sink_id), counts.get(sink_id))
-            for sink_id in sorted(set(registered) | set(counts))
-        ]
-
-    def sink(self, sink_id: str) -> SinkSummary:
-        """One sink's summary; ``SinkNotFound`` when it is neither registered nor has rows."""
-        check_sink_id(sink_id)
-        registration = self.store.registered_sink(sink_id)
-        count = sink_counts(self.store, sink_id).get(sink_id)
-        if registration is None and count is None:
-            raise SinkNotFound(f"sink {sink_id!r} is unknown: it is not registered and has no epochs")
-        return _summary(sink_id, registration, count)
-
-    def epochs(
-        self,
-        *,
-        sink_id: str | None = None,
-        status: EpochStatus | str | None = None,
-        limit: int = 100,
-        offset: int = 0,
-    ) -> list[EpochView]:
-        """A page of epochs, newest epoch first."""
-        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_PAGE:
-            raise InvalidRequest(f"limit must be an integer from 1 to {MAX_PAGE}, got {limit!r}")
-        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
-            raise InvalidRequest(f"offset must be a non-negative integer, got {offset!r}")
-        if sink_id is not None:
-            check_sink_id(sink_id)
-        records = list_epochs(self.store, sink_id=sink_id, status=_status(status), limit=limit, offset=offset)
-        if not records:
-            return []
-        now = self.store.now()
-        cleanups = cleanup_counts(self.store, [(r.sink_id, r.epoch) for r in records])
-        return [EpochView.of(r, now=now, pending_cleanups=cleanups.get((r.sink_id, r.epoch), 0)) for r in records]
-
-    def epoch_count(self, *, sink_id: str | None = None, status: EpochStatus | str | None = None) -> int:
-        """How many epochs ``epochs`` pages through with the same filters (for a pager's total)."""
-        if sink_id is not None:
-            check_sink_id(sink_id)
-        return count_epochs(self.store, sink_id=sink_id, status=_status(status))
-
-    def epoch(self, sink_id: str, epoch: int) -> EpochView:
-        """One epoch; ``EpochNotFound`` (naming sink and epoch) when it has no row."""
-        record = self._row(sink_id, epoch)
-        cleanups = len(self.store.cleanups(sink_id, epoch))
-        return EpochView.of(record, now=self.store.now(), pending_cleanups=cleanups)
-
-    def checkpoint(self, sink_id: str, epoch: int) -> CheckpointView:
-        """The registered checkpoint source's status for the epoch, or why it could not be read."""
-        check_sink_id(sink_id)
-        check_epoch(epoch)
-        registration = self.store.registered_sink(sink_id)
-        if registration is None:
-            raise SinkNotFound(f"sink {sink_id!r} is not in the sink registry: its checkpoint source is unknown")
-        checkpoint = registration[1]
-        kind = str((checkpoint or {}).get("kind", MetaStoreCheckpoint.kind))
-        try:
-            config = MetaStoreCheckpoint() if checkpoint is None else checkpoint_config_from_dict(checkpoint)
-            status = config.source(self.store).status(sink_id, epoch)
-        except Exception as exc:  # a source that cannot answer (or be built) is shown, not raised: it is a view
-            return CheckpointView(sink_id, epoch, None, f"{type(exc).__name__}: {exc}", kind)
-        return CheckpointView(sink_id, epoch, status.value, None, kind)
 
     # -- actions on one epoch ----------------------------------------------------------------------
 
     def abort(
-        self, sink_id: str, epoch: int, *, reason: str, force: bool = False, dry_run: bool = False
+        self,
+        sink_id: str,
+        epoch: int,
+        *,
+        reason: str,
+        force: bool = False,
+        files_lost: bool = False,
+        dry_run: bool = False,
     ) -> ActionResult:
         """Abort the epoch's current write and delete its files, as the coordinator allows.
 
         The write the row holds now is the one aborted: should a rerun replace it meanwhile, only the
         write the operator saw is removed (the coordinator's "other write" path), never the new one.
+        ``files_lost`` gives up a write whose data files are gone, even after its commit decision.
         """
         if not isinstance(reason, str) or not reason.strip():
             raise InvalidRequest(f"sink {sink_id!r} epoch {epoch}: an abort needs a reason (it is kept on the row)")
+        if (control := find_control(reason)) is not None:
+            # The reason is kept on the row and printed by eo-sink: an escape sequence in it would
+            # act on the terminal of whoever reads the epoch next.
+            raise InvalidRequest(
+                f"sink {sink_id!r} epoch {epoch}: the abort reason holds the control character {control}; "
+                "give it as one line of printable text"
+            )
         coordinator = self._coordinator(sink_id)
         row = self._row(sink_id, epoch)
         if dry_run:
-            return self._abort_plan(row, force)
-        result = coordinator.abort(sink_id, epoch, reason=reason, write=row.pre_commit, force=force)
+            return self._abort_plan(coordinator, row, force, files_lost)
+        result = coordinator.abort(
+            sink_id, epoch, reason=reason, write=row.pre_commit, force=force, files_lost=files_lost
+        )
         return ActionResult(
             "abort",
             sink_id,
@@ -214,7 +124,9 @@ class SinkOperations:
             files_deleted=result.files_deleted,
         )
 
-    def _abort_plan(self, row: EpochRecord, force: bool) -> ActionResult:
+    def _abort_plan(
+        self, coordinator: TwoPhaseCommitCoordinator, row: EpochRecord, force: bool, files_lost: bool
+    ) -> ActionResult:
         sink_id, epoch = row.sink_id, row.epoch
 
         def plan(outcome: str, detail: str) -> ActionResult:
@@ -224,10 +136,19 @@ class SinkOperations:
             return plan("already committed", f"nothing would change: write {row.write_id} is committed")
         if row.status is EpochStatus.ABORTED:
             return plan("already aborted", self._cleanup_plan(self.store.cleanups(sink_id, epoch)))
+        if files_lost:
+            missing = coordinator.lost_files(row)
+            shown = ", ".join(missing[:5]) + (f" (and {len(missing) - 5} more)" if len(missing) > 5 else "")
+            return plan(
+                "would abort",
+                f"{len(missing)} data file(s) lost ({shown}) and no table shows the epoch: the row would become "
+                f"Aborted and what is left of {describe_write(row.pre_commit)} would be deleted",
+            )
         if row.commit_decided_at is not None:
             raise AbortRefused(
                 f"sink {sink_id!r} epoch {epoch}: the commit of write {row.write_id} was decided at "
-                f"{row.commit_decided_at.isoformat()}; it will be committed (commit task or recovery), not aborted"
+                f"{row.commit_decided_at.isoformat()}; it will be committed (commit task or recovery), not "
+                "aborted. Only if its data files are lost for good: --files-lost"
             )
         checkpoint = self._checkpoint_status(sink_id, epoch)
         if checkpoint is CheckpointStatus.COMPLETED and not force:
@@ -242,9 +163,16 @@ class SinkOperations:
             f"{describe_write(row.pre_commit)} would be deleted from {locations}",
         )
 
-    def commit(self, sink_id: str, epoch: int, *, dry_run: bool = False) -> ActionResult:
-        """Retry the commit of a Pending epoch (its checkpoint must have completed)."""
-        coordinator = self._coordinator(sink_id)
+    def commit(
+        self, sink_id: str, epoch: int, *, dry_run: bool = False, allow_beyond_horizon: bool = False
+    ) -> ActionResult:
+        """Retry the commit of a Pending epoch (its checkpoint must have completed).
+
+        ``allow_beyond_horizon`` commits an epoch older than the table's snapshot history, where
+        the absence of its marker no longer proves it uncommitted: only after a person has read
+        the table's history and found the epoch's rows absent (docs/operations.md).
+        """
+        coordinator = self._coordinator(sink_id, allow_beyond_horizon=allow_beyond_horizon)
         row = self._row(sink_id, epoch)
         if dry_run:
             return self._commit_plan(row)
@@ -408,7 +336,8 @@ class SinkOperations:
         if dry_run:
             old, young, scan_error = self._orphans(sink, grace)
             if scan_error:
-                raise InvalidRequest(f"sink {sink_id!r}: the orphan scan failed: {scan_error}")
+                # The sink, not the request, is at fault: a refusal to retry, not a usage error.
+                raise SinkUnavailable(f"the orphan scan failed: {scan_error}")
             files = sum(c.age.files for c in old)
             return ActionResult(
                 "gc",
@@ -459,9 +388,6 @@ class SinkOperations:
 
     # -- helpers -----------------------------------------------------------------------------------
 
-    def _row(self, sink_id: str, epoch: int) -> EpochRecord:
-        return require_epoch(self.store, sink_id, epoch)
-
     def _registration(self, sink_id: str) -> tuple[SinkConfig, CheckpointConfig | None]:
         check_sink_id(sink_id)
         if self.store.registered_sink(sink_id) is None:
@@ -474,13 +400,36 @@ class SinkOperations:
         sink, checkpoint = registered_sink(self.store, sink_id)
         return sink, checkpoint
 
-    def _coordinator(self, sink_id: str) -> TwoPhaseCommitCoordinator:
-        return self._build(*self._registration(sink_id))
+    def _coordinator(self, sink_id: str, *, allow_beyond_horizon: bool = False) -> TwoPhaseCommitCoordinator:
+        return self._build(*self._registration(sink_id), allow_beyond_horizon=allow_beyond_horizon)
 
-    def _build(self, sink: SinkConfig, checkpoint: CheckpointConfig | None) -> TwoPhaseCommitCoordinator:
+    def _build(
+        self, sink: SinkConfig, checkpoint: CheckpointConfig | None, *, allow_beyond_horizon: bool = False
+    ) -> TwoPhaseCommitCoordinator:
+        """The sink's coordinator; a catalog that cannot be reached is ``SinkUnavailable`` naming it.
+
+        Building it opens the sink's catalog (pyiceberg's SQL catalog connects at once), whose
+        errors are the driver's own: turned here into one refusal that says which connection and
+        catalog failed, with any credentials masked, instead of a traceback or a bare 500.
+        """
+        from airflow.sdk.exceptions import AirflowNotFoundException
+
         from airflow_provider_exactly_once.hooks.meta_store import coordinator_for
 
-        return coordinator_for(sink, checkpoint, meta_conn_id=self.meta_conn_id, store=self.store)
+        try:
+            return coordinator_for(
+                sink,
+                checkpoint,
+                meta_conn_id=self.meta_conn_id,
+                store=self.store,
+                allow_beyond_horizon=allow_beyond_horizon,
+            )
+        except ExactlyOnceError:
+            raise
+        except AirflowNotFoundException as exc:
+            raise InvalidSinkConfig(mask_userinfo(f"sink {sink.sink_id!r}: {exc}")) from None
+        except Exception as exc:
+            raise SinkUnavailable(_unreachable(sink, exc)) from None
 
     def _checkpoint_status(self, sink_id: str, epoch: int) -> CheckpointStatus:
         _, checkpoint = self._registration(sink_id)
@@ -504,30 +453,42 @@ class SinkOperations:
 
         try:
             catalog = sink_catalog(sink)
-            old, young = find_orphans(sink, self.store, grace=grace, catalog=catalog)
         except Exception as exc:  # reported, as the recovery DAG reports a failed scan
-            return [], [], f"{type(exc).__name__}: {exc}"
+            return [], [], _unreachable(sink, exc)
+        try:
+            old, young = find_orphans(sink, self.store, grace=grace, catalog=catalog)
+        except Exception as exc:
+            return [], [], mask_userinfo(f"sink {sink.sink_id!r}: {type(exc).__name__}: {exc}")
         return old, young, None
 
 
-def _summary(
-    sink_id: str, registration: tuple[dict[str, Any], dict[str, Any] | None] | None, count: SinkCounts | None
-) -> SinkSummary:
-    sink, checkpoint = registration or ({}, None)
-    count = count or SinkCounts(sink_id)
-    return SinkSummary(
-        sink_id=sink_id,
-        kind=sink.get("kind"),
-        tables=tuple(sink.get("tables", ())),
-        root=sink.get("root"),
-        registered=registration is not None,
-        checkpoint=None if checkpoint is None else checkpoint.get("kind"),
-        pending=count.pending,
-        committed=count.committed,
-        aborted=count.aborted,
-        oldest_pending_created_at=count.oldest_pending_created_at,
-        pending_cleanups=count.pending_cleanups,
+def _unreachable(sink: SinkConfig, exc: Exception) -> str:
+    lines = str(exc).strip().splitlines()
+    why = f"{type(exc).__name__}: {lines[0] if lines else ''}".rstrip(": ")
+    conn_id = getattr(sink, "iceberg_conn_id", None)
+    if conn_id is None:
+        where = f"the file system of root {sink.to_dict().get('root')!r}"
+    else:
+        where = f"the Iceberg catalog of connection {conn_id!r}"
+        uri = _catalog_uri(conn_id)
+        if uri:
+            where += f" ({uri})"
+    return mask_userinfo(
+        f"sink {sink.sink_id!r}: {where} cannot be reached: {why}; check that it is up and that the "
+        "connection is right, then retry"
     )
+
+
+def _catalog_uri(conn_id: str) -> str | None:
+    """The catalog's URI from its connection, to name it in a message (masked by the caller)."""
+    try:
+        from airflow.sdk import BaseHook
+
+        conn = BaseHook.get_connection(conn_id)
+    except Exception:  # naming the catalog is a courtesy: the refusal stands without it
+        return None
+    uri = conn.host or (conn.extra_dejson or {}).get("uri")  # the host wins, as in IcebergHook
+    return str(uri) if uri else None
 
 
 def _cleanup_dict(task: CleanupTask) -> dict[str, Any]:

@@ -2,7 +2,9 @@
 
 The CLI prints them as tables or JSON and the UI's API returns ``to_dict()`` as is, so both show the
 same numbers under the same names. Times are timezone-aware UTC (the meta store's clock) and become
-ISO 8601 strings in ``to_dict()``.
+ISO 8601 strings in ``to_dict()``. Locations and messages are masked (``core.redact``) as the records
+are made, so no door that shows one can forget to; control characters are left for each door to
+escape in its own way (JSON escapes them, the CLI's tables show them as ``\x1b``).
 """
 
 from __future__ import annotations
@@ -14,6 +16,18 @@ from typing import Any
 
 from airflow_provider_exactly_once.core.ports import EpochRecord
 from airflow_provider_exactly_once.core.precommit import PreCommit
+from airflow_provider_exactly_once.core.redact import mask_userinfo
+
+
+def _masked(value: Any) -> Any:
+    """``value`` with every string in it (keys of mappings too) masked, for a report of any shape."""
+    if isinstance(value, str):
+        return mask_userinfo(value)
+    if isinstance(value, Mapping):
+        return {_masked(k): _masked(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_masked(v) for v in value]
+    return value
 
 
 def _iso(value: datetime | None) -> str | None:
@@ -75,6 +89,8 @@ class TableView:
     bytes: int
     #: The snapshot id that made the epoch visible, ``"empty"`` (nothing to add), or ``None`` (not committed).
     snapshot: str | None
+    #: The table's UUID when the epoch was committed (which incarnation holds it), else ``None``.
+    table_uuid: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -83,6 +99,7 @@ class TableView:
             "rows": self.rows,
             "bytes": self.bytes,
             "snapshot": self.snapshot,
+            "table_uuid": self.table_uuid,
         }
 
 
@@ -107,6 +124,8 @@ class EpochView:
     bytes: int
     tables: tuple[TableView, ...]
     error: str | None
+    #: Something an operator must see though nothing failed (another DAG wrote this epoch, say).
+    warning: str | None = None
     #: Queued clean-ups of this epoch not yet done (an Aborted epoch's files a crash left, replaced writes).
     pending_cleanups: int = 0
     interval_start: datetime | None = field(default=None)
@@ -114,13 +133,15 @@ class EpochView:
     @classmethod
     def of(cls, record: EpochRecord, *, now: datetime, pending_cleanups: int = 0) -> EpochView:
         committed: Mapping[str, str] = record.committed or {}
+        uuids: Mapping[str, str] = record.table_uuids or {}
         tables = tuple(
             TableView(
-                name=table.table,
+                name=mask_userinfo(table.table),
                 files=len(table.data_files),
                 rows=table.record_count,
                 bytes=sum(f.file_size_in_bytes for f in table.data_files),
                 snapshot=committed.get(table.table),
+                table_uuid=uuids.get(table.table),
             )
             for table in record.pre_commit.tables
         )
@@ -140,7 +161,8 @@ class EpochView:
             files=sum(t.files for t in tables),
             bytes=sum(t.bytes for t in tables),
             tables=tables,
-            error=record.error,
+            error=None if record.error is None else mask_userinfo(record.error),
+            warning=None if record.warning is None else mask_userinfo(record.warning),
             pending_cleanups=pending_cleanups,
             interval_start=interval_start(record.epoch),
         )
@@ -163,6 +185,7 @@ class EpochView:
             "bytes": self.bytes,
             "tables": [t.to_dict() for t in self.tables],
             "error": self.error,
+            "warning": self.warning,
             "pending_cleanups": self.pending_cleanups,
             "interval_start": _iso(self.interval_start),
         }
@@ -209,6 +232,10 @@ class ActionResult:
     #: Action-specific particulars (a recovery's per-epoch results, the orphans found, ...).
     report: Mapping[str, Any] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "detail", mask_userinfo(self.detail))
+        object.__setattr__(self, "report", _masked(dict(self.report)))
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "action": self.action,
@@ -226,5 +253,5 @@ class ActionResult:
 def describe_write(pre: PreCommit) -> str:
     """``write <id>: N file(s), M row(s) in <tables>``: what a dry run says it would act on."""
     files = sum(len(t.data_files) for t in pre.tables)
-    tables: Sequence[str] = [t.table for t in pre.tables]
+    tables: Sequence[str] = [mask_userinfo(t.table) for t in pre.tables]
     return f"write {pre.write_id}: {files} file(s), {pre.record_count} row(s) in {', '.join(tables)}"

@@ -12,6 +12,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from sqlalchemy import text
 
 from airflow_provider_exactly_once.cli.main import EXIT_FAILED, EXIT_OK, EXIT_USAGE, duration, main
 from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochStatus
@@ -96,6 +97,11 @@ def test_tables_by_default_and_json_everywhere(world: World) -> None:
 
     code, out, _ = run_main("show", sink_id, str(E0), "--url", url)
     assert code == EXIT_OK and "Committed" in out and world.table in out and "COMPLETED" in out
+    uuid = str(world.pipeline.catalog.load_table(world.table).metadata.table_uuid)
+    assert uuid in out  # which incarnation of the table holds the epoch
+    world.pipeline.store.record_warning(sink_id, E0, warning="DAG 'other' wrote this epoch too")
+    code, out, _ = run_main("show", sink_id, str(E0), "--url", url)
+    assert code == EXIT_OK and "DAG 'other' wrote this epoch too" in out
 
     for args in (
         ("abort", sink_id, str(E1), "--reason", "r", "--dry-run"),
@@ -200,3 +206,57 @@ def test_bad_durations_are_usage_errors(text: str) -> None:
 )
 def test_usage_errors_exit_2(args: tuple[str, ...], code: int) -> None:
     assert run_main(*args)[0] == code
+
+
+def test_commit_beyond_the_horizon_is_refused_until_the_operator_says_so(world: World) -> None:
+    url, sink_id = world.pipeline.meta_url, world.sink_id
+    table = world.pipeline.catalog.load_table(world.table)
+    with table.transaction() as tx:  # the table keeps one hour of snapshots
+        tx.set_properties({"history.expire.max-snapshot-age-ms": str(3_600_000)})
+    pre = write(world, E1)
+    coordinator(world).persist(pre, dag_id="hourly")
+    world.mark(E1, CheckpointStatus.COMPLETED)
+    with world.pipeline.store.engine.begin() as conn:  # written two hours ago and left Pending since
+        conn.execute(
+            text("UPDATE pending_sink_state SET created_at = :t WHERE sink_id = :s"),
+            {"t": (world.pipeline.store.now() - timedelta(hours=2)).replace(tzinfo=None), "s": sink_id},
+        )
+
+    refused = eo_sink("commit", sink_id, str(E1), "--url", url)
+    assert refused.returncode == EXIT_FAILED and "MarkerHorizonExceeded" in refused.stderr
+    assert world.markers() == {}
+
+    committed = eo_sink("commit", sink_id, str(E1), "--beyond-horizon", "--url", url, "--json")
+    assert committed.returncode == EXIT_OK, committed.stderr
+    assert json.loads(committed.stdout)["outcome"] == "committed"
+    assert world.markers() == {E1: [pre.write_id]}
+
+
+def test_files_lost_gives_up_a_decided_write_after_a_dry_run_that_lists_what_is_gone(world: World) -> None:
+    url, sink_id = world.pipeline.meta_url, world.sink_id
+    pre = write(world, E1)
+    coordinator(world).persist(pre, dag_id="hourly")
+    world.mark(E1, CheckpointStatus.COMPLETED)
+    world.pipeline.store.decide_commit(sink_id, E1, write_id=pre.write_id)  # then the commit task died
+    lost = pre.tables[0].data_files[0].path
+    os.remove(lost.removeprefix("file://"))
+
+    refused = eo_sink("abort", sink_id, str(E1), "--reason", "lifecycle rule", "--url", url)
+    assert refused.returncode == EXIT_FAILED and "--files-lost" in refused.stderr
+    failed = eo_sink("commit", sink_id, str(E1), "--url", url)
+    assert failed.returncode == EXIT_FAILED and "MissingDataFiles" in failed.stderr and "--files-lost" in failed.stderr
+    before = state(world, sink_id, [E1], [pre])
+
+    planned = eo_sink(
+        "abort", sink_id, str(E1), "--reason", "lifecycle rule", "--files-lost", "--dry-run", "--url", url
+    )
+    assert planned.returncode == EXIT_OK, planned.stderr
+    assert "would abort" in planned.stdout and "1 data file(s) lost" in planned.stdout and lost in planned.stdout
+    assert state(world, sink_id, [E1], [pre]) == before
+
+    done = eo_sink("abort", sink_id, str(E1), "--reason", "lifecycle rule", "--files-lost", "--url", url, "--json")
+    assert done.returncode == EXIT_OK, done.stderr
+    assert json.loads(done.stdout)["outcome"] == "aborted"
+    row = world.pipeline.store.get(sink_id, E1)
+    assert row is not None and row.status is EpochStatus.ABORTED
+    assert not exists(pre) and world.markers() == {}

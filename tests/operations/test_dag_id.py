@@ -75,10 +75,10 @@ def test_rows_from_before_migration_0003_keep_everything_and_have_no_dag(tmp_pat
         )
     engine.dispose()
     migrate.forget_applied()
-    store = SqlSinkStateStore(url)  # upgrades to 0003 on first use
+    store = SqlSinkStateStore(url)  # upgrades to the head on first use
     try:
         with store.engine.connect() as connection:
-            assert migrate.current_revision(connection) == "0003"
+            assert migrate.current_revision(connection) == migrate.HEAD_REVISION
         row = store.get("old-sink", 7)
         assert row is not None and (row.write_id, row.run_id, row.dag_id) == (pre.write_id, "run-7", None)
         assert [v.epoch for v in SinkOperations(store).epochs(sink_id="old-sink", status="Pending")] == [7]

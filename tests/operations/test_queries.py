@@ -39,12 +39,15 @@ def _plan(store: SqlSinkStateStore, statement: sa.Select[Any]) -> str:
 
 
 @pytest.mark.parametrize(
-    ("sink_id", "status"), list(itertools.product([None, "some-sink"], [None, EpochStatus.PENDING]))
+    ("sink_id", "status", "dag_ids"),
+    list(itertools.product([None, "some-sink"], [None, EpochStatus.PENDING], [None, {"dag_a", "dag_b"}])),
 )
 def test_every_listing_is_an_ordered_index_scan(
-    store: SqlSinkStateStore, sink_id: str | None, status: EpochStatus | None
+    store: SqlSinkStateStore, sink_id: str | None, status: EpochStatus | None, dag_ids: set[str] | None
 ) -> None:
-    plan = _plan(store, epochs_statement(sink_id=sink_id, status=status, limit=50, offset=100))
+    """A caller who may read some DAGs only gets the same plan: the DAG filter is applied to the rows
+    the index yields in the page's order, so ``LIMIT``/``OFFSET`` count only rows they may read."""
+    plan = _plan(store, epochs_statement(sink_id=sink_id, status=status, limit=50, offset=100, dag_ids=dag_ids))
     if store.engine.dialect.name == "sqlite":
         assert "USING" in plan and "INDEX" in plan, plan
         assert "TEMP B-TREE" not in plan, f"the page is sorted, not read in index order:\n{plan}"

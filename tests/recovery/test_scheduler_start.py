@@ -116,3 +116,12 @@ def test_the_real_scheduler_queues_a_recovery_run(recovery_dag_id: str, airflow_
                     scheduler.kill()
                     scheduler.wait(timeout=10)
     assert len(runs) == 1, f"no recovery run after the scheduler started; its log:\n{log.read_text()[-4000:]}"
+
+
+def test_every_airflow_cfg_option_is_documented_with_its_default() -> None:
+    from airflow_provider_exactly_once.get_provider_info import get_provider_info
+
+    options = get_provider_info()["config"]["exactly_once"]["options"]
+    page = (Path(__file__).resolve().parents[2] / "docs" / "configuration.md").read_text()
+    for name, option in options.items():
+        assert f"| `{name}` | `{option['default']}` |" in page, f"docs/configuration.md lacks [exactly_once] {name}"

@@ -2,7 +2,8 @@
 
 One API server per session (starting one costs seconds): a private AIRFLOW_HOME with its own SQLite
 metadata DB, the SimpleAuthManager with a viewer, a user and an admin (passwords from a file, as
-``[core] simple_auth_manager_passwords_file`` reads them), the plugin loaded from the package's
+``[core] simple_auth_manager_passwords_file`` reads them) and a user granted one DAG only (through
+``auth_manager.PerDagAuthManager``, a SimpleAuthManager that also decides per DAG), the plugin loaded from the package's
 ``airflow.plugins`` entry point, and the meta store and catalog reached through
 ``AIRFLOW_CONN_*`` connections exactly as a deployment would. Airflow's configuration is set in the
 child's environment only, so this process's Airflow (other suites') is never touched.
@@ -37,6 +38,7 @@ from airflow_provider_exactly_once.core.status import CheckpointStatus
 from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig
 from tests.airflow import conftest as airflow_setup  # noqa: F401 - see below
 from tests.support.pipeline import Pipeline
+from tests.support.rows import empty_write, register_file_sink_with_root
 
 # This process imports Airflow too (the plugin's declarations): the Airflow suite's conftest points
 # it at a private AIRFLOW_HOME first, so a run of this suite alone never touches ~/airflow.
@@ -49,8 +51,24 @@ DAG_ID = "eo_orders_hourly"
 OTHER_DAG_ID = "eo_clicks_hourly"
 BASE = 1_767_225_600_000  # 2026-01-01T00:00Z in ms
 HOUR = 3_600_000
-USERS = {"viewer": "VIEWER", "user": "USER", "admin": "ADMIN"}
+USERS = {"viewer": "VIEWER", "user": "USER", "admin": "ADMIN", "limited": "USER"}
 STARTUP_TIMEOUT_S = 120
+REPO = Path(__file__).resolve().parents[2]
+
+# The per-DAG world: a sink whose newest epochs belong to a DAG the limited user may not read.
+LIMITED = "limited"
+PAGED_SINK = "paged"
+MINE_DAG = "eo_paged_mine"  # the only DAG the limited user may read (and edit)
+THEIRS_DAG = "eo_paged_theirs"
+THEIRS_EPOCHS = range(131, 251)  # the 120 newest epochs of PAGED_SINK
+MINE_EPOCHS = range(1, 131)  # the 130 older ones
+# Credentials planted where a careless deployment puts them: a file sink's root, its checkpoint path,
+# an error text, an Iceberg catalog's URI. No answer, page or log line may ever show the password.
+SECRET_SINK = "exports"
+SECRET_DAG = "eo_exports"
+SECRET_EPOCH = BASE
+DEAD_SINK = "dead"  # an Iceberg sink whose catalog is down (a closed port)
+DEAD_EPOCH = BASE
 
 
 class Epochs:
@@ -72,6 +90,17 @@ class UiWorld:
     pipeline: Pipeline
     catalog_conn_id: str
     writes: dict[int, PreCommit] = field(default_factory=dict)
+    password: str = field(default_factory=lambda: f"Planted-{uuid.uuid4().hex}")
+    dead_conn_id: str = field(default_factory=lambda: f"eo_ui_dead_{uuid.uuid4().hex[:8]}")
+    dead_port: int = 0
+
+    @property
+    def secret_root(self) -> str:
+        return f"s3://AKIAEXAMPLE:{self.password}@bucket/exports"
+
+    @property
+    def dead_catalog_uri(self) -> str:
+        return f"postgresql+psycopg2://eo:{self.password}@127.0.0.1:{self.dead_port}/catalog"
 
     @property
     def table(self) -> str:
@@ -148,7 +177,41 @@ def _build_world(tmp: Path) -> UiWorld:
     for sink_id, table in ((SINK, TABLE), (OTHER_SINK, OTHER_TABLE)):
         config = IcebergSinkConfig(sink_id, (f"{pipeline.namespace}.{table}",), iceberg_conn_id=catalog_conn_id)
         store.register_sink(sink_id, config.to_dict(), MetaStoreCheckpoint().to_dict())
+    _build_hardening_world(world)
     return world
+
+
+def _build_hardening_world(world: UiWorld) -> None:
+    """The per-DAG sink, the sink with planted credentials, and the sink whose catalog is down."""
+    pipeline, store = world.pipeline, world.pipeline.store
+    pipeline.create_table(PAGED_SINK)
+    paged_table = f"{pipeline.namespace}.{PAGED_SINK}"
+    paged = IcebergSinkConfig(PAGED_SINK, (paged_table,), iceberg_conn_id=world.catalog_conn_id)
+    store.register_sink(PAGED_SINK, paged.to_dict(), MetaStoreCheckpoint().to_dict())
+    location = f"file://{pipeline.warehouse}/paged"
+    for epoch in (*MINE_EPOCHS, *THEIRS_EPOCHS):
+        dag_id = MINE_DAG if epoch in MINE_EPOCHS else THEIRS_DAG
+        pre = empty_write(PAGED_SINK, epoch, paged_table, location)
+        store.insert_pending(pre, run_id=f"scheduled__{epoch}", try_number=1, dag_id=dag_id)
+
+    # Registered as a deployment from before credentials were refused in sink roots would have it.
+    root = world.secret_root
+    secret = register_file_sink_with_root(
+        store, SECRET_SINK, root, epoch=SECRET_EPOCH, dag_id=SECRET_DAG, run_id="scheduled__secret"
+    )
+    store.record_error(
+        SECRET_SINK,
+        SECRET_EPOCH,
+        write_id=secret.write_id,
+        error=f"SinkUnavailable: cannot list {root}/_eo/w1: connection reset",
+    )
+
+    world.dead_port = _free_port()  # nothing listens there
+    dead_table = f"{pipeline.namespace}.dead"
+    dead = IcebergSinkConfig(DEAD_SINK, (dead_table,), iceberg_conn_id=world.dead_conn_id)
+    store.register_sink(DEAD_SINK, dead.to_dict(), MetaStoreCheckpoint().to_dict())
+    pre = empty_write(DEAD_SINK, DEAD_EPOCH, dead_table, f"file://{pipeline.warehouse}/dead")
+    store.insert_pending(pre, run_id=f"scheduled__{DEAD_EPOCH}", try_number=1, dag_id=DAG_ID)
 
 
 def _free_port() -> int:
@@ -188,12 +251,13 @@ def _server_env(home: Path, world: UiWorld, port: int, passwords_file: Path) -> 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW_", "AIRFLOW__"))}
     env.update(
         {
+            # The test auth manager is imported by name, from this repository.
+            "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p),
+            "EO_TEST_DAGS_BY_USER": json.dumps({LIMITED: [MINE_DAG]}),
             "AIRFLOW_HOME": str(home),
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
             "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
-            "AIRFLOW__CORE__AUTH_MANAGER": (
-                "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager"
-            ),
+            "AIRFLOW__CORE__AUTH_MANAGER": "tests.ui.auth_manager.PerDagAuthManager",
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": ",".join(f"{u}:{r}" for u, r in USERS.items()),
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords_file),
             "AIRFLOW__API_AUTH__JWT_SECRET": uuid.uuid4().hex,
@@ -216,9 +280,27 @@ def _server_env(home: Path, world: UiWorld, port: int, passwords_file: Path) -> 
                     },
                 }
             ),
+            f"AIRFLOW_CONN_{world.dead_conn_id.upper()}": json.dumps(
+                {"conn_type": "iceberg", "extra": {"type": "sql", "uri": world.dead_catalog_uri}}
+            ),
         }
     )
     return env
+
+
+#: The DAGs the limited user's listing is decided over: Airflow answers "which DAGs may this user
+#: read" from its own ``dag`` table, so they are registered there as the DAG processor would.
+_REGISTER_DAGS = f"""
+from airflow.models.dag import DagModel
+from airflow.models.dagbundle import DagBundleModel
+from airflow.utils.session import create_session
+
+with create_session() as session:
+    session.add(DagBundleModel(name="eo-ui-tests"))
+    session.flush()
+    for dag_id in {[MINE_DAG, THEIRS_DAG]!r}:
+        session.add(DagModel(dag_id=dag_id, bundle_name="eo-ui-tests", fileloc=f"/dags/{{dag_id}}.py"))
+"""
 
 
 def _wait_until_up(url: str, process: subprocess.Popen[bytes], log: Path) -> None:
@@ -257,6 +339,7 @@ def api_server() -> Iterator[ApiServer]:
         capture_output=True,
         timeout=300,
     )
+    subprocess.run([sys.executable, "-c", _REGISTER_DAGS], env=env, check=True, capture_output=True, timeout=300)
     log = tmp / "api-server.log"
     with log.open("wb") as out:
         process = subprocess.Popen(

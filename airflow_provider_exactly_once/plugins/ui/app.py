@@ -11,19 +11,20 @@ its thread pool, so a slow catalog never stalls the API server's event loop.
 
 from __future__ import annotations
 
+import logging
 import threading
-from collections.abc import Callable
-from datetime import UTC, datetime
+import traceback
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 from airflow.api_fastapi.auth.managers.models.base_user import BaseUser
 from fastapi import Depends, FastAPI, HTTPException, Query, Request, status
-from fastapi.exception_handlers import http_exception_handler
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
-from fastapi.templating import Jinja2Templates
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from airflow_provider_exactly_once.core.errors import (
     AbortRefused,
@@ -31,13 +32,18 @@ from airflow_provider_exactly_once.core.errors import (
     EpochAborted,
     EpochNotFound,
     ExactlyOnceError,
+    InvalidPreCommit,
     InvalidSinkConfig,
     MetaStoreUnavailable,
     SinkUnavailable,
     StateConflict,
 )
+from airflow_provider_exactly_once.core.identifiers import EPOCH_MAX, check_epoch, check_sink_id
+from airflow_provider_exactly_once.core.redact import find_control, mask_userinfo
 from airflow_provider_exactly_once.core.status import EpochStatus
+from airflow_provider_exactly_once.operations.reads import InvalidRequest
 from airflow_provider_exactly_once.plugins import urls
+from airflow_provider_exactly_once.plugins.ui import render
 from airflow_provider_exactly_once.plugins.ui.security import (
     EDIT,
     READ,
@@ -45,20 +51,30 @@ from airflow_provider_exactly_once.plugins.ui.security import (
     current_user,
     login_url,
     require_same_origin_json,
+    security_headers,
 )
 
 if TYPE_CHECKING:
     from airflow_provider_exactly_once.operations import SinkOperations
 
+log = logging.getLogger(__name__)
+
 _HERE = Path(__file__).parent
 #: The meta store connection the view reads: ``[exactly_once] meta_conn_id``, else the default.
 CONFIG_SECTION = "exactly_once"
+#: ``[exactly_once] sink_listing``: ``per_dag`` (the default) lists a sink, with the counts of its
+#: epochs, only to users who may read a DAG that wrote some of them; ``all`` lists every sink with
+#: all its counts to any user who may read some DAG (docs/ui.md says when that is wanted).
+SINK_LISTING_OPTION = "sink_listing"
+SINK_LISTINGS = ("per_dag", "all")
 #: Rows per page of the epoch list.
 PAGE_SIZE = 100
 
 OperationsFactory = Callable[[], "SinkOperations"]
 #: The caller, as Airflow's auth resolves it (module level: FastAPI evaluates handler annotations here).
 User = Annotated[BaseUser, Depends(current_user)]
+#: An offset the meta store's 64-bit ``OFFSET`` can take.
+Offset = Annotated[int, Query(ge=0, le=EPOCH_MAX)]
 
 
 def default_operations() -> SinkOperations:
@@ -70,6 +86,16 @@ def default_operations() -> SinkOperations:
 
     conn_id = str(conf.get(CONFIG_SECTION, "meta_conn_id", fallback=DEFAULT_META_CONN_ID) or DEFAULT_META_CONN_ID)
     return SinkOperations(ExactlyOnceMetaStoreHook(conn_id).get_store(), meta_conn_id=conn_id)
+
+
+def sink_listing() -> str:
+    """``[exactly_once] sink_listing``, refused by name when it is neither ``per_dag`` nor ``all``."""
+    from airflow.configuration import conf
+
+    value = str(conf.get(CONFIG_SECTION, SINK_LISTING_OPTION, fallback="per_dag") or "per_dag").strip().lower()
+    if value not in SINK_LISTINGS:
+        raise InvalidSinkConfig(f"[{CONFIG_SECTION}] {SINK_LISTING_OPTION} = {value!r}; one of {list(SINK_LISTINGS)}")
+    return value
 
 
 class _Lazy:
@@ -88,21 +114,29 @@ class _Lazy:
             return self._ops
 
 
-class AbortBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    reason: str = Field(min_length=1, max_length=2000, description="Why the epoch is aborted; kept on the row.")
-    force: bool = False
-    dry_run: bool = False
-
-
 class ActionBody(BaseModel):
+    """Strict booleans: ``"yes"`` or ``1`` for ``force`` is a mistake to point out, not a ``True``."""
+
     model_config = ConfigDict(extra="forbid")
-    dry_run: bool = False
+    dry_run: StrictBool = False
+
+
+class AbortBody(ActionBody):
+    reason: str = Field(min_length=1, max_length=2000, description="Why the epoch is aborted; kept on the row.")
+    force: StrictBool = False
+
+    @field_validator("reason")
+    @classmethod
+    def _printable(cls, reason: str) -> str:
+        if (control := find_control(reason)) is not None:
+            raise ValueError(f"holds the control character {control}; give the reason as one line of text")
+        return reason
 
 
 #: Refusals of the core, by what they mean to a client of the view.
 _ERROR_STATUS: tuple[tuple[type[Exception], int], ...] = (
     (EpochNotFound, status.HTTP_404_NOT_FOUND),
+    (InvalidRequest, status.HTTP_422_UNPROCESSABLE_CONTENT),
     (AbortRefused, status.HTTP_409_CONFLICT),
     (CheckpointNotReady, status.HTTP_409_CONFLICT),
     (EpochAborted, status.HTTP_409_CONFLICT),
@@ -118,8 +152,8 @@ def _http_status(error: Exception) -> int:
         if isinstance(error, kind):
             return code
     if isinstance(error, ExactlyOnceError):
-        # Any other refusal of the core (missing data files, schema mismatch, an unreachable
-        # sink...) is a state the epoch is in, not a fault of the request or of the view.
+        # Any other refusal of the core (missing data files, schema mismatch...) is a state the
+        # epoch is in, not a fault of the request or of the view.
         return status.HTTP_409_CONFLICT
     return status.HTTP_500_INTERNAL_SERVER_ERROR
 
@@ -134,81 +168,114 @@ def _parse_status(value: str | None) -> EpochStatus | None:
     raise HTTPException(status.HTTP_400_BAD_REQUEST, f"unknown status {value!r}; one of {allowed}")
 
 
-def _airflow_root(request: Request) -> str:
-    """The Airflow UI's root path as this request sees it (the app's root path minus its prefix)."""
-    root = str(request.scope.get("root_path", ""))
-    return root[: -len(urls.URL_PREFIX)] if root.endswith(urls.URL_PREFIX) else root
+def _checked(sink_id: str, epoch: int) -> tuple[str, int]:
+    """A sink id and epoch that could name a row; 422 naming the fault otherwise."""
+    try:
+        return check_sink_id(sink_id), check_epoch(epoch)
+    except InvalidPreCommit as exc:
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(exc)) from None
 
 
-def dag_run_url(request: Request, dag_id: str | None, run_id: str | None) -> str | None:
-    from urllib.parse import quote
-
-    if not dag_id or not run_id:
-        return None
-    return f"{_airflow_root(request)}/dags/{quote(dag_id, safe='')}/runs/{quote(run_id, safe='')}"
+def _not_found(sink_id: str, epoch: int) -> EpochNotFound:
+    """The one answer to an epoch that does not exist and to one the user may not read: identical,
+    so that probing tells nothing about which epochs (or DAGs) exist."""
+    return EpochNotFound(f"sink {sink_id!r} epoch {epoch}: no such epoch, or not one this user may read")
 
 
 def create_app(operations: OperationsFactory = default_operations) -> FastAPI:
     """The view's app; ``operations`` builds the ``SinkOperations`` it serves (tests pass their own)."""
+    # The API docs are served below, behind the same authentication as the API itself.
     app = FastAPI(
         title="Exactly-once sinks",
         description="Sinks and epochs of the exactly-once provider, and the actions on them.",
-        docs_url="/api/docs",
-        openapi_url="/api/openapi.json",
+        docs_url=None,
+        openapi_url=None,
         redoc_url=None,
     )
     ops = _Lazy(operations)
-    templates = Jinja2Templates(directory=str(_HERE / "templates"))
-    templates.env.filters["age"] = format_age
-    templates.env.filters["filesize"] = format_size
-    templates.env.filters["when"] = format_when
+    templates = render.templates_for(str(_HERE / "templates"))
     app.mount("/static", StaticFiles(directory=str(_HERE / "static")), name="static")
 
-    @app.exception_handler(ExactlyOnceError)
-    async def _core_refusal(request: Request, error: ExactlyOnceError) -> JSONResponse:
-        return JSONResponse({"detail": str(error), "error": type(error).__name__}, status_code=_http_status(error))
-
-    @app.exception_handler(HTTPException)
-    async def _page_login(request: Request, error: HTTPException) -> Response:
-        # A page asked for without a credential goes to the login page, and a refused page says why
-        # in the page; the JSON API (and the static files) answer with the status and the detail.
-        root = str(request.scope.get("root_path", ""))
-        is_page = request.method == "GET" and not request.url.path.startswith((f"{root}/api", f"{root}/static"))
-        if is_page and error.status_code == status.HTTP_401_UNAUTHORIZED:
-            return RedirectResponse(login_url(request), status_code=status.HTTP_303_SEE_OTHER)
-        if is_page and error.status_code in (status.HTTP_400_BAD_REQUEST, status.HTTP_403_FORBIDDEN):
-            return templates.TemplateResponse(
-                request,
-                "error.html",
-                {"user": "", "title": "Refused", "message": str(error.detail), "home": urls.sinks_page(_base(request))},
-                status_code=error.status_code,
+    @app.middleware("http")
+    async def _guard(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        # A fault nobody foresaw: logged here, masked, and answered as a plain 500, so neither the
+        # answer nor the server's own traceback can carry a location's credentials.
+        try:
+            return await security_headers(request, call_next)
+        except Exception as exc:
+            log.error("sink-state view: %s failed:\n%s", request.url.path, mask_userinfo(traceback.format_exc()))
+            response = render.error_response(
+                request, templates, status.HTTP_500_INTERNAL_SERVER_ERROR, f"internal error ({type(exc).__name__})"
             )
-        return await http_exception_handler(request, error)
+            return await security_headers(request, _answer(response))
+
+    @app.exception_handler(ExactlyOnceError)
+    async def _core_refusal(request: Request, error: ExactlyOnceError) -> Response:
+        return render.error_response(request, templates, _http_status(error), str(error), type(error).__name__)
+
+    @app.exception_handler(RequestValidationError)
+    async def _malformed(request: Request, error: RequestValidationError) -> Response:
+        # Only where and why: FastAPI's default also echoes the input, which may hold a secret.
+        detail = [
+            {"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")} for e in error.errors()
+        ]
+        return render.error_response(request, templates, status.HTTP_422_UNPROCESSABLE_CONTENT, detail)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _refused(request: Request, error: StarletteHTTPException) -> Response:
+        # A page asked for without a credential goes to the login page; every other refusal of a
+        # page is the error page, and of the API, JSON.
+        if render.is_page(request) and error.status_code == status.HTTP_401_UNAUTHORIZED:
+            return RedirectResponse(login_url(request), status_code=status.HTTP_303_SEE_OTHER)
+        response = render.error_response(request, templates, error.status_code, error.detail)
+        for name, value in (error.headers or {}).items():
+            response.headers[name] = value
+        return response
 
     # -- reading ------------------------------------------------------------------------------------
 
     def _visible_epochs(
         access: AccessChecker, sink: str | None, state: EpochStatus | None, limit: int, offset: int
     ) -> list[dict[str, Any]]:
-        rows = ops.get().epochs(sink_id=sink or None, status=state, limit=limit, offset=offset)
-        return [row.to_dict() for row in rows if access.allowed(READ, row.dag_id)]
+        access.require_some(READ)
+        if sink:
+            _checked(sink, 0)
+        rows = ops.get().epochs(
+            sink_id=sink or None, status=state, limit=limit, offset=offset, dag_ids=access.dag_ids(READ)
+        )
+        return [row.to_dict() for row in rows]
 
     def _visible_sinks(access: AccessChecker) -> list[dict[str, Any]]:
-        # A sink is shown to whoever may read DAGs: its summary is counts, no run's data.
-        access.require(READ, None)
-        return [sink.to_dict() for sink in ops.get().sinks()]
+        access.require_some(READ)
+        dag_ids = None if sink_listing() == "all" else access.dag_ids(READ)
+        return [sink.to_dict() for sink in ops.get().sinks(dag_ids=dag_ids)]
 
     def _epoch_detail(access: AccessChecker, sink_id: str, epoch: int) -> dict[str, Any]:
-        view = ops.get().epoch(sink_id, epoch)
-        access.require(READ, view.dag_id)
-        checkpoint = ops.get().checkpoint(sink_id, epoch)
-        return {
-            "epoch": view.to_dict(),
-            "checkpoint": {"status": _text(checkpoint.status), "detail": checkpoint.detail},
-            "can_edit": access.allowed(EDIT, view.dag_id),
-        }
+        access.require_some(READ)
+        sink_id, epoch = _checked(sink_id, epoch)
+        try:
+            view = ops.get().epoch(sink_id, epoch)
+        except EpochNotFound:
+            raise _not_found(sink_id, epoch) from None
+        if not access.may_read(view.dag_id):
+            raise _not_found(sink_id, epoch)
+        try:
+            checkpoint = ops.get().checkpoint(sink_id, epoch)
+            shown = {"status": render.text(checkpoint.status), "detail": checkpoint.detail}
+        except ExactlyOnceError as exc:  # an unregistered sink: its checkpoint source is unknown here
+            shown = {"status": None, "detail": mask_userinfo(f"{type(exc).__name__}: {exc}")}
+        return {"epoch": view.to_dict(), "checkpoint": shown, "can_edit": access.allowed(EDIT, view.dag_id)}
 
-    @app.get("/api/sinks", summary="The registered sinks and their epochs by status")
+    @app.get("/api/openapi.json", include_in_schema=False)
+    def api_openapi(request: Request, user: User) -> JSONResponse:
+        # The paths are the app's own; the server URL makes "Try it out" reach them behind the mount.
+        return JSONResponse({**app.openapi(), "servers": [{"url": str(request.scope.get("root_path", "")) or "/"}]})
+
+    @app.get("/api/docs", response_class=HTMLResponse, include_in_schema=False)
+    def api_docs(request: Request, user: User) -> Response:
+        return templates.TemplateResponse(request, "docs.html", {"home": urls.sinks_page(render.base(request))})
+
+    @app.get("/api/sinks", summary="The sinks and their epochs by status, of the DAGs the user may read")
     def api_sinks(user: User) -> list[dict[str, Any]]:
         return _visible_sinks(AccessChecker(user))
 
@@ -218,7 +285,7 @@ def create_app(operations: OperationsFactory = default_operations) -> FastAPI:
         sink: str | None = None,
         epoch_status: Annotated[str | None, Query(alias="status")] = None,
         limit: Annotated[int, Query(ge=1, le=1000)] = PAGE_SIZE,
-        offset: Annotated[int, Query(ge=0)] = 0,
+        offset: Offset = 0,
     ) -> list[dict[str, Any]]:
         return _visible_epochs(AccessChecker(user), sink, _parse_status(epoch_status), limit, offset)
 
@@ -228,24 +295,32 @@ def create_app(operations: OperationsFactory = default_operations) -> FastAPI:
 
     # -- acting -------------------------------------------------------------------------------------
 
-    def _authorize_action(user: BaseUser, sink_id: str, epoch: int) -> None:
-        # The epoch's DAG decides; an unknown epoch is 404 only to those who may edit DAGs at all,
-        # so a reader cannot probe for rows through the actions.
+    def may_act(user: User) -> None:
+        """Before the request's sink, epoch or body is looked at: a user who may edit no DAG learns
+        nothing from an action, not even whether its arguments were well formed."""
+        AccessChecker(user).require_some(EDIT)
+
+    action_guards = [Depends(require_same_origin_json), Depends(may_act)]
+
+    def _authorize_action(user: BaseUser, sink_id: str, epoch: int) -> tuple[str, int]:
         access = AccessChecker(user)
+        sink_id, epoch = _checked(sink_id, epoch)
         try:
             dag_id = ops.get().epoch(sink_id, epoch).dag_id
         except EpochNotFound:
-            access.require(EDIT, None)
-            raise
+            raise _not_found(sink_id, epoch) from None
+        if not access.may_read(dag_id):
+            raise _not_found(sink_id, epoch)
         access.require(EDIT, dag_id)
+        return sink_id, epoch
 
     @app.post(
         "/api/sinks/{sink_id}/epochs/{epoch}/abort",
         summary="Abort a Pending epoch (refused once its commit was decided)",
-        dependencies=[Depends(require_same_origin_json)],
+        dependencies=action_guards,
     )
     def api_abort(user: User, sink_id: str, epoch: int, body: AbortBody) -> dict[str, Any]:
-        _authorize_action(user, sink_id, epoch)
+        sink_id, epoch = _authorize_action(user, sink_id, epoch)
         reason = f"{body.reason} (by {user.get_name()} in the sink-state view)"
         result = ops.get().abort(sink_id, epoch, reason=reason, force=body.force, dry_run=body.dry_run)
         return result.to_dict()
@@ -253,19 +328,19 @@ def create_app(operations: OperationsFactory = default_operations) -> FastAPI:
     @app.post(
         "/api/sinks/{sink_id}/epochs/{epoch}/commit",
         summary="Retry the commit of a Pending epoch whose checkpoint completed",
-        dependencies=[Depends(require_same_origin_json)],
+        dependencies=action_guards,
     )
     def api_commit(user: User, sink_id: str, epoch: int, body: ActionBody) -> dict[str, Any]:
-        _authorize_action(user, sink_id, epoch)
+        sink_id, epoch = _authorize_action(user, sink_id, epoch)
         return ops.get().commit(sink_id, epoch, dry_run=body.dry_run).to_dict()
 
     @app.post(
         "/api/sinks/{sink_id}/epochs/{epoch}/cleanup",
         summary="Run the clean-up of an Aborted epoch's files again",
-        dependencies=[Depends(require_same_origin_json)],
+        dependencies=action_guards,
     )
     def api_cleanup(user: User, sink_id: str, epoch: int, body: ActionBody) -> dict[str, Any]:
-        _authorize_action(user, sink_id, epoch)
+        sink_id, epoch = _authorize_action(user, sink_id, epoch)
         return ops.get().cleanup(sink_id, epoch, dry_run=body.dry_run).to_dict()
 
     # -- pages --------------------------------------------------------------------------------------
@@ -276,7 +351,7 @@ def create_app(operations: OperationsFactory = default_operations) -> FastAPI:
         user: User,
         sink: str | None = None,
         epoch_status: Annotated[str | None, Query(alias="status")] = None,
-        offset: Annotated[int, Query(ge=0)] = 0,
+        offset: Offset = 0,
     ) -> Response:
         access = AccessChecker(user)
         state = _parse_status(epoch_status)
@@ -285,8 +360,8 @@ def create_app(operations: OperationsFactory = default_operations) -> FastAPI:
         more = len(epochs) > PAGE_SIZE
         epochs = epochs[:PAGE_SIZE]
         for row in epochs:
-            row["url"] = urls.epoch_page(row["sink_id"], row["epoch"], _base(request))
-            row["run_url"] = dag_run_url(request, row.get("dag_id"), row.get("run_id"))
+            row["url"] = urls.epoch_page(row["sink_id"], row["epoch"], render.base(request))
+            row["run_url"] = render.dag_run_url(request, row.get("dag_id"), row.get("run_id"))
             row["checkpoint"] = _checkpoint_text(row) if row["status"] == EpochStatus.PENDING.value else None
         return templates.TemplateResponse(
             request,
@@ -301,33 +376,20 @@ def create_app(operations: OperationsFactory = default_operations) -> FastAPI:
                 "offset": offset,
                 "page_size": PAGE_SIZE,
                 "more": more,
-                "home": urls.sinks_page(_base(request)),
-                "page_url": lambda **kw: _page_url(request, sink, state, **kw),
+                "home": urls.sinks_page(render.base(request)),
+                "page_url": lambda **kw: render.page_url(request, sink, state, **kw),
             },
         )
 
     def _checkpoint_text(row: dict[str, Any]) -> str:
         try:
-            return _text(ops.get().checkpoint(row["sink_id"], row["epoch"]).status) or "unknown"
+            return render.text(ops.get().checkpoint(row["sink_id"], row["epoch"]).status) or "unknown"
         except ExactlyOnceError as error:
             return f"unknown ({type(error).__name__})"
 
     @app.get("/sinks/{sink_id}/epochs/{epoch}", response_class=HTMLResponse, include_in_schema=False)
     def epoch_page(request: Request, user: User, sink_id: str, epoch: int) -> Response:
-        try:
-            detail = _epoch_detail(AccessChecker(user), sink_id, epoch)
-        except EpochNotFound as error:
-            return templates.TemplateResponse(
-                request,
-                "error.html",
-                {
-                    "user": user.get_name(),
-                    "title": "Not found",
-                    "message": str(error),
-                    "home": urls.sinks_page(_base(request)),
-                },
-                status_code=status.HTTP_404_NOT_FOUND,
-            )
+        detail = _epoch_detail(AccessChecker(user), sink_id, epoch)
         row = detail["epoch"]
         return templates.TemplateResponse(
             request,
@@ -337,72 +399,19 @@ def create_app(operations: OperationsFactory = default_operations) -> FastAPI:
                 "row": row,
                 "checkpoint": detail["checkpoint"],
                 "can_edit": detail["can_edit"],
-                "run_url": dag_run_url(request, row.get("dag_id"), row.get("run_id")),
-                "home": urls.sinks_page(_base(request)),
-                "sink_url": urls.sinks_page(_base(request), sink_id=sink_id),
-                "api": f"{_base(request)}{urls.URL_PREFIX}/api/sinks/{_quote(sink_id)}/epochs/{int(epoch)}",
+                "run_url": render.dag_run_url(request, row.get("dag_id"), row.get("run_id")),
+                "home": urls.sinks_page(render.base(request)),
+                "sink_url": urls.sinks_page(render.base(request), sink_id=row["sink_id"]),
+                "api": f"{render.base(request)}{urls.URL_PREFIX}/api/sinks/{render.quoted(row['sink_id'])}"
+                f"/epochs/{int(row['epoch'])}",
             },
         )
 
     return app
 
 
-def format_age(seconds: float | None) -> str:
-    """``age_seconds`` as a person reads it: the largest unit and the next one."""
-    if seconds is None:
-        return ""
-    left = max(int(seconds), 0)
-    units = (("d", 86_400), ("h", 3_600), ("min", 60), ("s", 1))
-    for i, (unit, size) in enumerate(units):
-        if left >= size or unit == "s":
-            text = f"{left // size} {unit}"
-            if i + 1 < len(units) and (rest := (left % size) // units[i + 1][1]):
-                text += f" {rest} {units[i + 1][0]}"
-            return text
-    return ""
+def _answer(response: Response) -> Callable[[Request], Awaitable[Response]]:
+    async def call_next(request: Request) -> Response:
+        return response
 
-
-def format_when(iso: str | None) -> str:
-    """An ISO 8601 time from ``to_dict()`` as ``2026-01-01 00:00:00 UTC`` (the view shows UTC only)."""
-    if not iso:
-        return ""
-    try:
-        moment = datetime.fromisoformat(iso)
-    except ValueError:
-        return iso
-    if moment.tzinfo is not None:
-        moment = moment.astimezone(UTC)
-    return moment.strftime("%Y-%m-%d %H:%M:%S UTC")
-
-
-def format_size(size: int | None) -> str:
-    if size is None:
-        return ""
-    value = float(size)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{size} B"
-
-
-def _text(value: object) -> str | None:
-    if value is None:
-        return None
-    return str(getattr(value, "value", value))
-
-
-def _quote(value: str) -> str:
-    from urllib.parse import quote
-
-    return quote(value, safe="")
-
-
-def _base(request: Request) -> str:
-    """What goes before ``URL_PREFIX`` in links: the Airflow root path this request came through."""
-    return _airflow_root(request)
-
-
-def _page_url(request: Request, sink: str | None, state: EpochStatus | None, *, offset: int) -> str:
-    url = urls.sinks_page(_base(request), sink_id=sink, status=state.value if state else None)
-    return url + (("&" if "?" in url else "?") + f"offset={offset}" if offset else "")
+    return call_next

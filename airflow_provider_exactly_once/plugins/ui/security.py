@@ -2,9 +2,15 @@
 
 The view adds no user model of its own. The caller is resolved by Airflow's ``get_user`` (the JWT
 from the ``Authorization: Bearer`` header, else the ``_token`` cookie the Airflow UI sets), and every
-decision is the configured auth manager's ``is_authorized_dag``: reading an epoch is reading the DAG
-that wrote it, acting on it (abort, commit, clean-up) is editing that DAG. An epoch written outside
-any DAG (no ``dag_id`` on its row) needs the same access to DAGs in general.
+decision is the configured auth manager's: reading an epoch is reading the DAG that wrote it, acting
+on it (abort, commit, clean-up) is editing that DAG. An epoch written outside any DAG (no ``dag_id``
+on its row) needs the same access to DAGs in general.
+
+A user who may read every DAG reads everything. For any other user, the DAG ids they may read are
+asked of the auth manager once per request (``get_authorized_dag_ids``, as Airflow's own list
+endpoints ask it) and become part of the meta-store query: a page is full of epochs they may read,
+and nothing, neither a short page nor a status code, tells them how many others exist. An epoch they
+may not read gets the very answer a missing one gets.
 
 Actions are POSTs that change the meta store and the sink, and the UI authenticates them with a
 cookie, so they must not be forgeable by another site: the cookie is ``SameSite=Lax`` (Airflow sets
@@ -15,10 +21,11 @@ is refused.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from fastapi import HTTPException, Request, status
+from fastapi import HTTPException, Request, Response, status
 
 if TYPE_CHECKING:
     from airflow.api_fastapi.auth.managers.models.base_user import BaseUser
@@ -34,6 +41,25 @@ class AccessChecker:
     def __init__(self, user: BaseUser) -> None:
         self.user = user
         self._cache: dict[tuple[str, str | None], bool] = {}
+        self._dag_ids: dict[str, frozenset[str] | None] = {}
+
+    def dag_ids(self, method: str) -> frozenset[str] | None:
+        """``None`` when the user may do ``method`` to every DAG, else the DAG ids they may (asked once)."""
+        if method not in self._dag_ids:
+            self._dag_ids[method] = None if self.allowed(method, None) else _authorized_dag_ids(method, self.user)
+        return self._dag_ids[method]
+
+    def may_read(self, dag_id: str | None) -> bool:
+        """Whether the epoch of this DAG is visible: the same rule as the listing's query."""
+        readable = self.dag_ids(READ)
+        return readable is None or (dag_id is not None and dag_id in readable)
+
+    def require_some(self, method: str) -> None:
+        """Refuse a user who may not do ``method`` to any DAG, before anything about an epoch is looked at."""
+        scope = self.dag_ids(method)
+        if scope is not None and not scope:
+            what = "read" if method == READ else "edit"
+            raise HTTPException(status.HTTP_403_FORBIDDEN, f"Forbidden: this user may not {what} any DAG")
 
     def allowed(self, method: str, dag_id: str | None) -> bool:
         key = (method, dag_id)
@@ -58,6 +84,13 @@ def _is_authorized_dag(method: str, dag_id: str | None, user: BaseUser) -> bool:
     team_name = DagModel.get_team_name(dag_id) if dag_id else None
     manager: Any = get_auth_manager()
     return bool(manager.is_authorized_dag(method=method, details=DagDetails(id=dag_id, team_name=team_name), user=user))
+
+
+def _authorized_dag_ids(method: str, user: BaseUser) -> frozenset[str]:
+    from airflow.api_fastapi.app import get_auth_manager
+
+    manager: Any = get_auth_manager()
+    return frozenset(manager.get_authorized_dag_ids(user=user, method=method))
 
 
 async def current_user(request: Request) -> BaseUser:
@@ -91,3 +124,30 @@ def require_same_origin_json(request: Request) -> None:
     # Host and port only: a TLS-terminating proxy in front of the API server changes the scheme.
     if origin is not None and urlsplit(origin).netloc != request.url.netloc:
         raise HTTPException(status.HTTP_403_FORBIDDEN, f"cross-origin action refused (Origin: {origin})")
+
+
+#: The view's pages load their script and style from ``static/`` only: no inline script can run,
+#: whatever a stored text manages to put into a page. ``frame-ancestors 'self'``: the Airflow UI
+#: shows the view in a frame of its own origin, and no other site may.
+PAGE_CSP = (
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'self'"
+)
+#: The API docs page runs Swagger UI from its CDN (as FastAPI's own docs do), started by ``static/docs.js``.
+SWAGGER_CDN = "https://cdn.jsdelivr.net"
+DOCS_CSP = (
+    f"default-src 'self'; script-src 'self' {SWAGGER_CDN}; style-src 'self' {SWAGGER_CDN} 'unsafe-inline'; "
+    f"img-src 'self' data: {SWAGGER_CDN}; connect-src 'self'; object-src 'none'; base-uri 'none'; "
+    "frame-ancestors 'self'"
+)
+
+
+async def security_headers(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+    """Every answer of the view: no sniffing, no framing by other sites, no inline script on its pages."""
+    response = await call_next(request)
+    docs = request.url.path.endswith("/api/docs")
+    response.headers.setdefault("Content-Security-Policy", DOCS_CSP if docs else PAGE_CSP)
+    response.headers.setdefault("X-Frame-Options", "SAMEORIGIN")
+    response.headers.setdefault("X-Content-Type-Options", "nosniff")
+    response.headers.setdefault("Referrer-Policy", "same-origin")
+    return response

@@ -49,7 +49,8 @@
   });
   dialog.addEventListener("close", function () {
     if (dialog.returnValue !== "confirm") { return; }
-    var reason = document.getElementById("abort-reason").value.trim();
+    // One line of text: the view refuses control characters (line breaks included) in a reason.
+    var reason = document.getElementById("abort-reason").value.replace(/[\u0000-\u001f\u007f-\u009f\s]+/g, " ").trim();
     post("abort", { reason: reason || "aborted by hand from the sink-state view" });
   });
 })();

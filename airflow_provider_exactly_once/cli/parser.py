@@ -1,0 +1,165 @@
+"""``eo-sink``'s command line: its commands, options and argument types.
+
+Every argument is checked here, where argparse turns a refusal into a usage error (exit 2) naming
+the argument: an epoch or offset past a signed 64-bit column, a duration past what ``timedelta``
+holds, a sink id with characters unsafe in a path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+from datetime import timedelta
+
+from airflow_provider_exactly_once.core.errors import InvalidPreCommit
+from airflow_provider_exactly_once.core.identifiers import EPOCH_MAX, check_epoch, check_sink_id
+from airflow_provider_exactly_once.core.status import EpochStatus
+from airflow_provider_exactly_once.operations.service import DEFAULT_META_CONN_ID
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+#: The longest duration taken: far beyond any grace period, and well inside what ``timedelta`` holds.
+MAX_DURATION = timedelta(days=36_500)
+
+
+# -- argument types ----------------------------------------------------------------------------------
+
+
+def duration(text: str) -> timedelta:
+    """``6h``, ``30m``, ``1h30m``, ``2d``, ``90s``, or plain seconds."""
+    value = text.strip().lower()
+    try:
+        seconds = float(value)
+    except ValueError:
+        parts = _DURATION.findall(value)
+        if not parts or "".join(n + u for n, u in parts) != value:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not a duration (e.g. 6h, 30m, 1h30m, 2d, or seconds)"
+            ) from None
+        seconds = sum(float(n) * _UNIT_SECONDS[u] for n, u in parts)
+    if math.isnan(seconds) or seconds < 0:
+        raise argparse.ArgumentTypeError(f"duration {text!r} is negative or not a number")
+    if seconds > MAX_DURATION.total_seconds():
+        raise argparse.ArgumentTypeError(f"duration {text!r} is longer than {MAX_DURATION.days} days")
+    return timedelta(seconds=seconds)
+
+
+def _sink_id(text: str) -> str:
+    try:
+        return check_sink_id(text)
+    except InvalidPreCommit as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _epoch(text: str) -> int:
+    try:
+        return check_epoch(int(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"epoch {text!r} is not a non-negative integer") from None
+
+
+def _status(text: str) -> EpochStatus:
+    for status in EpochStatus:
+        if text.strip().lower() == status.value.lower():
+            return status
+    raise argparse.ArgumentTypeError(f"status {text!r} is not one of {[s.value for s in EpochStatus]}")
+
+
+def _page_size(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= 1000:
+        raise argparse.ArgumentTypeError(f"limit {text!r} must be an integer from 1 to 1000")
+    return value
+
+
+def _offset(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= EPOCH_MAX:
+        raise argparse.ArgumentTypeError(f"offset {text!r} must be an integer from 0 to {EPOCH_MAX}")
+    return value
+
+
+# -- the parser --------------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    where = common.add_mutually_exclusive_group()
+    where.add_argument(
+        "--meta-conn-id",
+        default=DEFAULT_META_CONN_ID,
+        help=f"the exactly_once_meta Airflow connection of the meta store (default {DEFAULT_META_CONN_ID})",
+    )
+    where.add_argument("--url", help="a SQLAlchemy URL of the meta store, bypassing Airflow connections")
+    common.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    dry = argparse.ArgumentParser(add_help=False)
+    dry.add_argument("--dry-run", action="store_true", help="say what would happen; change nothing")
+
+    parser = argparse.ArgumentParser(
+        prog="eo-sink",
+        description="Inspect exactly-once sinks and act on their epochs (through the two-phase-commit coordinator).",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    status = commands.add_parser("status", parents=[common], help="sinks and their epoch counts by status")
+    status.add_argument("sink", nargs="?", type=_sink_id, help="only this sink")
+
+    epochs = commands.add_parser("epochs", parents=[common], help="list epochs, newest first")
+    epochs.add_argument("sink", nargs="?", type=_sink_id, help="only this sink")
+    epochs.add_argument("--status", type=_status, help="Pending, Committed or Aborted")
+    epochs.add_argument("--limit", type=_page_size, default=50, help="rows per page (default 50, at most 1000)")
+    epochs.add_argument("--offset", type=_offset, default=0, help="rows to skip (default 0)")
+
+    show = commands.add_parser("show", parents=[common], help="one epoch: its row, write and checkpoint")
+    show.add_argument("sink", type=_sink_id)
+    show.add_argument("epoch", type=_epoch)
+
+    abort = commands.add_parser("abort", parents=[common, dry], help="abort a Pending epoch and delete its files")
+    abort.add_argument("sink", type=_sink_id)
+    abort.add_argument("epoch", type=_epoch)
+    abort.add_argument("--reason", required=True, help="why; kept on the epoch's row")
+    abort.add_argument(
+        "--force", action="store_true", help="abort even though the checkpoint COMPLETED (drops its data on purpose)"
+    )
+    abort.add_argument(
+        "--files-lost",
+        action="store_true",
+        help="give up a write whose data files are gone for good, even after its commit was decided; refused "
+        "while every file exists or a table shows the epoch",
+    )
+
+    commit = commands.add_parser("commit", parents=[common, dry], help="retry the commit of a Pending epoch")
+    commit.add_argument("sink", type=_sink_id)
+    commit.add_argument("epoch", type=_epoch)
+    commit.add_argument(
+        "--beyond-horizon",
+        action="store_true",
+        help="commit an epoch older than the table's snapshot history (MarkerHorizonExceeded), once you have "
+        "read the history and found its rows absent",
+    )
+
+    cleanup = commands.add_parser(
+        "cleanup", parents=[common, dry], help="run an epoch's queued clean-ups again (e.g. an Aborted one's files)"
+    )
+    cleanup.add_argument("sink", type=_sink_id)
+    cleanup.add_argument("epoch", type=_epoch)
+
+    recover = commands.add_parser(
+        "recover", parents=[common, dry], help="what the recovery DAG does, for one sink or every registered one"
+    )
+    recover.add_argument("sink", nargs="?", type=_sink_id)
+
+    gc = commands.add_parser("gc", parents=[common, dry], help="remove orphaned write locations older than --grace")
+    gc.add_argument("sink", nargs="?", type=_sink_id)
+    gc.add_argument("--grace", type=duration, default=timedelta(hours=6), help="minimum file age (default 6h)")
+    return parser
+
+
+__all__ = ["MAX_DURATION", "build_parser", "duration"]

@@ -1,0 +1,174 @@
+"""What an operator can see of the sinks and their epochs: the reads both ``eo-sink`` and the UI call.
+
+Reads are the store's indexed queries (``store/queries.py``), paginated. A caller that may read
+only some DAGs passes their ids as ``dag_ids``: the filter is part of the query, so a page holds
+``limit`` rows the caller may read (never a short page with hidden rows counted out of it), and a
+sink's counts are of those rows only. ``dag_ids=None`` reads everything, epochs written outside any
+DAG run included.
+
+Every location and message in what is returned has its credentials masked (``core.redact``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from typing import Any
+
+from airflow_provider_exactly_once.checkpoints.config import MetaStoreCheckpoint, checkpoint_config_from_dict
+from airflow_provider_exactly_once.core.coordinator import require_epoch
+from airflow_provider_exactly_once.core.errors import EpochNotFound, ExactlyOnceError
+from airflow_provider_exactly_once.core.identifiers import EPOCH_MAX, check_epoch, check_sink_id
+from airflow_provider_exactly_once.core.ports import EpochRecord
+from airflow_provider_exactly_once.core.redact import mask_userinfo
+from airflow_provider_exactly_once.core.status import EpochStatus
+from airflow_provider_exactly_once.operations.views import CheckpointView, EpochView, SinkSummary
+from airflow_provider_exactly_once.store import SqlSinkStateStore
+from airflow_provider_exactly_once.store.queries import (
+    MAX_PAGE,
+    SinkCounts,
+    cleanup_counts,
+    count_epochs,
+    list_epochs,
+    sink_counts,
+)
+
+
+class SinkNotFound(EpochNotFound):
+    """No sink of that id is registered (and, for reads, none has rows either).
+
+    A subclass of ``EpochNotFound`` so that every "no such thing" maps to the same answer (HTTP 404,
+    CLI exit 1) wherever errors are mapped by class.
+    """
+
+
+class InvalidRequest(ExactlyOnceError, ValueError):
+    """An argument of an operations call that cannot be accepted (a page size, a grace period, a reason)."""
+
+
+def _status(status: EpochStatus | str | None) -> EpochStatus | None:
+    """An epoch status as the UI's query string or the CLI gives it, in any case (``pending``, ``Pending``)."""
+    if status is None or isinstance(status, EpochStatus):
+        return status
+    for known in EpochStatus:
+        if str(status).strip().lower() == known.value.lower():
+            return known
+    raise InvalidRequest(f"epoch status {status!r} is not one of {[s.value for s in EpochStatus]}")
+
+
+def _dag_ids(dag_ids: Collection[str] | None) -> frozenset[str] | None:
+    return None if dag_ids is None else frozenset(dag_ids)
+
+
+class SinkReads:
+    """Views of the sinks and their epochs over one meta store (the caller disposes of it)."""
+
+    def __init__(self, store: SqlSinkStateStore) -> None:
+        self.store = store
+
+    def sinks(self, *, dag_ids: Collection[str] | None = None) -> list[SinkSummary]:
+        """Every registered sink and every sink with rows, by sink id.
+
+        With ``dag_ids``, only the sinks with epochs of those DAGs, counted over those epochs: a
+        sink none of whose epochs the caller may read is not shown at all.
+        """
+        visible = _dag_ids(dag_ids)
+        registered = {sink_id: (sink, checkpoint) for sink_id, sink, checkpoint in self.store.registered_sinks()}
+        counts = sink_counts(self.store, dag_ids=visible)
+        shown = set(counts) if visible is not None else set(registered) | set(counts)
+        return [_summary(sink_id, registered.get(sink_id), counts.get(sink_id)) for sink_id in sorted(shown)]
+
+    def sink(self, sink_id: str, *, dag_ids: Collection[str] | None = None) -> SinkSummary:
+        """One sink's summary; ``SinkNotFound`` when it is neither registered nor has rows (visible ones)."""
+        check_sink_id(sink_id)
+        visible = _dag_ids(dag_ids)
+        registration = self.store.registered_sink(sink_id)
+        count = sink_counts(self.store, sink_id, dag_ids=visible).get(sink_id)
+        if count is None and (registration is None or visible is not None):
+            raise SinkNotFound(f"sink {sink_id!r} is unknown: it is not registered and has no epochs")
+        return _summary(sink_id, registration, count)
+
+    def epochs(
+        self,
+        *,
+        sink_id: str | None = None,
+        status: EpochStatus | str | None = None,
+        limit: int = 100,
+        offset: int = 0,
+        dag_ids: Collection[str] | None = None,
+    ) -> list[EpochView]:
+        """A page of epochs, newest epoch first; with ``dag_ids``, of those DAGs only."""
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_PAGE:
+            raise InvalidRequest(f"limit must be an integer from 1 to {MAX_PAGE}, got {limit!r}")
+        if isinstance(offset, bool) or not isinstance(offset, int) or not 0 <= offset <= EPOCH_MAX:
+            raise InvalidRequest(f"offset must be an integer from 0 to {EPOCH_MAX}, got {offset!r}")
+        if sink_id is not None:
+            check_sink_id(sink_id)
+        records = list_epochs(
+            self.store, sink_id=sink_id, status=_status(status), limit=limit, offset=offset, dag_ids=_dag_ids(dag_ids)
+        )
+        if not records:
+            return []
+        now = self.store.now()
+        cleanups = cleanup_counts(self.store, [(r.sink_id, r.epoch) for r in records])
+        return [EpochView.of(r, now=now, pending_cleanups=cleanups.get((r.sink_id, r.epoch), 0)) for r in records]
+
+    def epoch_count(
+        self,
+        *,
+        sink_id: str | None = None,
+        status: EpochStatus | str | None = None,
+        dag_ids: Collection[str] | None = None,
+    ) -> int:
+        """How many epochs ``epochs`` pages through with the same filters (for a pager's total)."""
+        if sink_id is not None:
+            check_sink_id(sink_id)
+        return count_epochs(self.store, sink_id=sink_id, status=_status(status), dag_ids=_dag_ids(dag_ids))
+
+    def epoch(self, sink_id: str, epoch: int) -> EpochView:
+        """One epoch; ``EpochNotFound`` (naming sink and epoch) when it has no row."""
+        record = self._row(sink_id, epoch)
+        cleanups = len(self.store.cleanups(sink_id, epoch))
+        return EpochView.of(record, now=self.store.now(), pending_cleanups=cleanups)
+
+    def checkpoint(self, sink_id: str, epoch: int) -> CheckpointView:
+        """The registered checkpoint source's status for the epoch, or why it could not be read."""
+        check_sink_id(sink_id)
+        check_epoch(epoch)
+        registration = self.store.registered_sink(sink_id)
+        if registration is None:
+            raise SinkNotFound(f"sink {sink_id!r} is not in the sink registry: its checkpoint source is unknown")
+        checkpoint = registration[1]
+        kind = str((checkpoint or {}).get("kind", MetaStoreCheckpoint.kind))
+        try:
+            config = MetaStoreCheckpoint() if checkpoint is None else checkpoint_config_from_dict(checkpoint)
+            status = config.source(self.store).status(sink_id, epoch)
+        except Exception as exc:  # a source that cannot answer (or be built) is shown, not raised: it is a view
+            return CheckpointView(sink_id, epoch, None, mask_userinfo(f"{type(exc).__name__}: {exc}"), kind)
+        return CheckpointView(sink_id, epoch, status.value, None, kind)
+
+    def _row(self, sink_id: str, epoch: int) -> EpochRecord:
+        return require_epoch(self.store, sink_id, epoch)
+
+
+def _summary(
+    sink_id: str, registration: tuple[dict[str, Any], dict[str, Any] | None] | None, count: SinkCounts | None
+) -> SinkSummary:
+    sink, checkpoint = registration or ({}, None)
+    count = count or SinkCounts(sink_id)
+    root = sink.get("root")
+    return SinkSummary(
+        sink_id=sink_id,
+        kind=sink.get("kind"),
+        tables=tuple(sink.get("tables", ())),
+        root=None if root is None else mask_userinfo(str(root)),
+        registered=registration is not None,
+        checkpoint=None if checkpoint is None else checkpoint.get("kind"),
+        pending=count.pending,
+        committed=count.committed,
+        aborted=count.aborted,
+        oldest_pending_created_at=count.oldest_pending_created_at,
+        pending_cleanups=count.pending_cleanups,
+    )
+
+
+__all__ = ["InvalidRequest", "SinkNotFound", "SinkReads"]

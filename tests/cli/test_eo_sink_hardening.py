@@ -1,0 +1,221 @@
+"""``eo-sink`` as an attacker or a careless operator meets it: the installed script, as a subprocess.
+
+Credentials planted in a file sink's root, its checkpoint path, an error text, an Iceberg catalog's
+URI and ``--url``; a catalog that is down; numbers and durations past what a machine holds; terminal
+escape sequences in what the meta store returns. Each gets a clear message and its exit code, never
+a traceback, never the password, never a raw control character on the terminal.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import re
+import socket
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from airflow_provider_exactly_once.checkpoints.config import MetaStoreCheckpoint
+from airflow_provider_exactly_once.cli.main import EXIT_FAILED, EXIT_OK, EXIT_USAGE, main
+from airflow_provider_exactly_once.core.precommit import PreCommit, TableWrite
+from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig
+from tests.airflow.harness import World
+from tests.cli.test_eo_sink import eo_sink
+from tests.operations.helpers import coordinator, write
+from tests.recovery.helpers import E1
+from tests.support.rows import register_file_sink_with_root
+
+EPOCH_MAX = 2**63 - 1
+#: What a terminal must never receive raw from the tool: ESC, BEL, CR, the C1 CSI.
+RAW_CONTROLS = re.compile(r"[\x07\x0d\x1b\x9b]")
+
+
+@dataclass
+class Planted:
+    world: World
+    password: str
+    files_sink: str
+    dead_sink: str
+    dead_conn_id: str
+    dead_uri: str
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def planted(world: World, monkeypatch: pytest.MonkeyPatch) -> Iterator[Planted]:
+    """A file sink registered (as before such roots were refused) with a password in its root and
+    checkpoint path, an epoch of it whose error quotes the root, and an Iceberg sink whose catalog is
+    down, its connection's URI holding the same password."""
+    password = f"Planted-{uuid.uuid4().hex}"
+    store = world.pipeline.store
+    files_sink, dead_sink = f"{world.sink_id}-files", f"{world.sink_id}-dead"
+    root = f"s3://AKIAEXAMPLE:{password}@bucket/exports"
+    pre = register_file_sink_with_root(store, files_sink, root, epoch=E1, dag_id="exports", run_id="scheduled__x")
+    store.record_error(files_sink, E1, write_id=pre.write_id, error=f"SinkUnavailable: cannot list {root}/_eo/w1")
+
+    dead_conn_id = f"iceberg_dead_{uuid.uuid4().hex[:8]}"
+    dead_uri = f"postgresql+psycopg2://eo:{password}@127.0.0.1:{_closed_port()}/catalog"
+    monkeypatch.setenv(
+        f"AIRFLOW_CONN_{dead_conn_id.upper()}",
+        json.dumps({"conn_type": "iceberg", "extra": {"type": "sql", "uri": dead_uri}}),
+    )
+    dead = IcebergSinkConfig(dead_sink, (world.table,), iceberg_conn_id=dead_conn_id)
+    store.register_sink(dead_sink, dead.to_dict(), MetaStoreCheckpoint().to_dict())
+    dead_write = PreCommit(
+        sink_id=dead_sink,
+        epoch=E1,
+        write_id=str(uuid.uuid4()),
+        tables=[TableWrite(table=world.table, location=f"file://{world.tmp}/dead/_eo/w1")],
+    )
+    store.insert_pending(dead_write, run_id="scheduled__x", try_number=1, dag_id="hourly")
+    yield Planted(world, password, files_sink, dead_sink, dead_conn_id, dead_uri)
+
+
+def _clean(result: object) -> None:
+    """No traceback, and the tool's own last line says what went wrong."""
+    stderr = getattr(result, "stderr", "")
+    assert "Traceback" not in stderr, stderr
+    assert "Traceback" not in getattr(result, "stdout", "")
+
+
+@pytest.mark.parametrize("backend", ["sqlite"])
+def test_no_output_of_any_command_holds_a_planted_password(planted: Planted) -> None:
+    url, password = planted.world.pipeline.meta_url, planted.password
+    runs = []
+    for args in (
+        ("status",),
+        ("status", "--json"),
+        ("status", planted.files_sink),
+        ("epochs",),
+        ("epochs", "--json"),
+        ("show", planted.files_sink, str(E1)),
+        ("show", planted.files_sink, str(E1), "--json"),
+        ("abort", planted.files_sink, str(E1), "--reason", "r", "--dry-run", "--json"),
+        ("commit", planted.files_sink, str(E1), "--dry-run"),
+        ("commit", planted.dead_sink, str(E1), "--dry-run", "--json"),
+        ("recover", "--dry-run", "--json"),
+    ):
+        result = eo_sink(*args, "--url", url)
+        runs.append(result)
+        _clean(result)
+        if "--json" in args and result.stdout:
+            json.loads(result.stdout)
+    for bad_url in (
+        f"postgresql://eo:{password}@127.0.0.1:notaport/db",  # a port that is not a number
+        f"eo:{password}@127.0.0.1/db",  # no scheme at all
+        f"postgresql+psycopg://eo:p@{password}@127.0.0.1/db",  # an unencoded '@', a driver not installed
+    ):
+        result = eo_sink("status", "--url", bad_url)
+        assert result.returncode == EXIT_USAGE, result.stderr
+        assert "eo:***@" in result.stderr and "--url" in result.stderr, result.stderr
+        runs.append(result)
+        _clean(result)
+    for result in runs:
+        assert password not in result.stdout + result.stderr, result.args
+    shown = json.loads(runs[1].stdout)["sinks"]
+    [files] = [s for s in shown if s["sink_id"] == planted.files_sink]
+    assert files["root"] == "s3://AKIAEXAMPLE:***@bucket/exports"
+    assert "s3://AKIAEXAMPLE:***@bucket/exports" in runs[5].stdout
+    refused = json.loads(runs[7].stdout)
+    assert refused["error"] == "InvalidSinkConfig" and "storage_options" in refused["message"]
+
+
+@pytest.mark.parametrize("backend", ["sqlite"])
+def test_an_unreachable_catalog_exits_1_with_one_line_and_valid_json(planted: Planted) -> None:
+    url = planted.world.pipeline.meta_url
+    for args in (
+        ("commit", planted.dead_sink, str(E1), "--dry-run"),
+        ("abort", planted.dead_sink, str(E1), "--reason", "down", "--dry-run"),
+        ("cleanup", planted.dead_sink, str(E1)),
+        ("commit", planted.dead_sink, str(E1)),
+        ("gc", planted.dead_sink, "--dry-run"),
+        ("gc", planted.dead_sink),
+    ):
+        result = eo_sink(*args, "--url", url, "--json")
+        assert result.returncode == EXIT_FAILED, (args, result.stderr)
+        _clean(result)
+        report = json.loads(result.stdout)
+        assert report["error"] == "SinkUnavailable" and report["retryable"] is True
+        assert planted.dead_conn_id in report["message"]
+        assert planted.dead_uri.replace(planted.password, "***") in report["message"]
+        ours = [line for line in result.stderr.splitlines() if line.startswith("eo-sink ")]
+        assert len(ours) == 1 and "SinkUnavailable" in ours[0], result.stderr
+    row = planted.world.pipeline.store.get(planted.dead_sink, E1)
+    assert row is not None and row.status.value == "Pending"
+
+
+@pytest.mark.parametrize("backend", ["sqlite"])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("epochs", "--offset", str(EPOCH_MAX + 1)),
+        ("epochs", "--offset", "99999999999999999999999"),
+        ("show", "some-sink", str(EPOCH_MAX + 1)),
+        ("gc", "--grace", "inf"),
+        ("gc", "--grace", "1e400"),
+        ("gc", "--grace", "999999999999w"),
+        ("gc", "--grace", "nan"),
+        ("gc", "--grace", "-inf"),
+    ],
+)
+def test_numbers_past_what_a_machine_holds_are_usage_errors(world: World, args: tuple[str, ...]) -> None:
+    result = eo_sink(*args, "--url", world.pipeline.meta_url)
+    assert result.returncode == EXIT_USAGE, result.stderr
+    _clean(result)
+    assert result.stdout == ""
+
+
+@pytest.mark.parametrize("backend", ["sqlite"])
+def test_terminal_escapes_from_the_meta_store_are_shown_escaped(world: World) -> None:
+    url, sink_id, store = world.pipeline.meta_url, world.sink_id, world.pipeline.store
+    pre = write(world, E1)
+    coordinator(world).persist(pre, dag_id="hourly")
+    # Written by another process (a crashed task's message, a reason from before reasons were checked).
+    crafted = "boom \x1b]0;owned\x07 \x1b[2J\r\x9b1m done"
+    store.mark_aborted(sink_id, E1, write_id=pre.write_id, reason=crafted)
+    for args in (("show", sink_id, str(E1)), ("epochs", sink_id), ("epochs",)):
+        result = eo_sink(*args, "--url", url)
+        assert result.returncode == EXIT_OK, result.stderr
+        assert not RAW_CONTROLS.search(result.stdout + result.stderr), repr(result.stdout)
+        assert "boom \\x1b]0;owned\\x07" in result.stdout
+    shown = eo_sink("show", sink_id, str(E1), "--url", url, "--json")
+    assert json.loads(shown.stdout)["epoch"]["error"] == crafted  # JSON keeps the text exact, escaped
+
+
+@pytest.mark.parametrize("backend", ["sqlite"])
+@pytest.mark.parametrize("reason", ["a\x1b]0;owned\x07", "two\nlines", "del\x7f"])
+def test_an_abort_reason_with_control_characters_is_refused(world: World, reason: str) -> None:
+    pre = write(world, E1)
+    coordinator(world).persist(pre, dag_id="hourly")
+    result = eo_sink("abort", world.sink_id, str(E1), "--reason", reason, "--url", world.pipeline.meta_url)
+    assert result.returncode == EXIT_USAGE and "control character" in result.stderr, result.stderr
+    _clean(result)
+    assert not RAW_CONTROLS.search(result.stderr)
+    row = world.pipeline.store.get(world.sink_id, E1)
+    assert row is not None and row.status.value == "Pending"
+
+
+def test_log_records_of_the_process_are_masked_too(tmp_path: Path) -> None:
+    """Libraries log through the process's logging (Airflow replaces the handlers when imported):
+    every record is masked as it is made, its traceback included."""
+    out, err = io.StringIO(), io.StringIO()
+    assert main(["status", "--url", f"sqlite:///{tmp_path / 'meta.db'}"], stdout=out, stderr=err) == EXIT_OK
+    secret_url = "postgresql://eo:Planted-log-secret@db.example:5432/meta"
+    try:
+        raise ConnectionError(f"could not connect to {secret_url}")
+    except ConnectionError:
+        logging.getLogger("some.library").exception("retrying %s", secret_url)
+    logged = err.getvalue()
+    assert "retrying postgresql://eo:***@db.example:5432/meta" in logged
+    assert "ConnectionError: could not connect to postgresql://eo:***@db.example" in logged
+    assert "Planted-log-secret" not in logged
