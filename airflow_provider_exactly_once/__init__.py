@@ -1,1 +1,105 @@
-"""Exactly-once delivery into Iceberg and file sinks, driven by Airflow."""
+"""Exactly-once delivery into Iceberg and file sinks, driven by Airflow.
+
+Everything a DAG author uses is importable from here, in one line::
+
+    from airflow_provider_exactly_once import IcebergSinkConfig, SparkPreCommitOperator, exactly_once_epoch
+
+The names are resolved on first use (PEP 562): importing the package must stay cheap and free of
+Airflow, Spark and pyiceberg, because the Spark driver, the ``eo-sink`` command and Airflow's
+provider discovery all import it, and none of them needs the whole DAG-author surface.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from airflow_provider_exactly_once.checkpoints.config import (
+        MarkerFileCheckpoint,
+        MetaStoreCheckpoint,
+        StreamingCheckpoint,
+    )
+    from airflow_provider_exactly_once.operators.checkpoint import MarkCheckpointOperator
+    from airflow_provider_exactly_once.operators.epoch import (
+        AbortEpochOperator,
+        CommitEpochOperator,
+        PersistPendingOperator,
+    )
+    from airflow_provider_exactly_once.operators.spark_precommit import SparkPreCommitOperator
+    from airflow_provider_exactly_once.operators.tables import EnsureTableOperator
+    from airflow_provider_exactly_once.recovery.dag import recovery_dag
+    from airflow_provider_exactly_once.sensors.checkpoint import CheckpointSensor
+    from airflow_provider_exactly_once.sensors.settled import CheckpointSettledSensor
+    from airflow_provider_exactly_once.sinks.config import FileSinkConfig, IcebergSinkConfig
+    from airflow_provider_exactly_once.spark.jobspec import (
+        FileSinkTarget,
+        FilesInput,
+        FunctionInput,
+        SqlInput,
+        TableInput,
+    )
+    from airflow_provider_exactly_once.tables import ensure_table
+    from airflow_provider_exactly_once.task_groups import exactly_once_epoch
+
+#: Each public name and the module that defines it.
+_WHERE = {
+    "exactly_once_epoch": "task_groups",
+    "SparkPreCommitOperator": "operators.spark_precommit",
+    "EnsureTableOperator": "operators.tables",
+    "MarkCheckpointOperator": "operators.checkpoint",
+    "PersistPendingOperator": "operators.epoch",
+    "CommitEpochOperator": "operators.epoch",
+    "AbortEpochOperator": "operators.epoch",
+    "CheckpointSensor": "sensors.checkpoint",
+    "CheckpointSettledSensor": "sensors.settled",
+    "IcebergSinkConfig": "sinks.config",
+    "FileSinkConfig": "sinks.config",
+    "MetaStoreCheckpoint": "checkpoints.config",
+    "MarkerFileCheckpoint": "checkpoints.config",
+    "StreamingCheckpoint": "checkpoints.config",
+    "FilesInput": "spark.jobspec",
+    "TableInput": "spark.jobspec",
+    "SqlInput": "spark.jobspec",
+    "FunctionInput": "spark.jobspec",
+    "FileSinkTarget": "spark.jobspec",
+    "ensure_table": "tables",
+    "recovery_dag": "recovery.dag",
+}
+
+__all__ = [
+    "AbortEpochOperator",
+    "CheckpointSensor",
+    "CheckpointSettledSensor",
+    "CommitEpochOperator",
+    "EnsureTableOperator",
+    "FileSinkConfig",
+    "FileSinkTarget",
+    "FilesInput",
+    "FunctionInput",
+    "IcebergSinkConfig",
+    "MarkCheckpointOperator",
+    "MarkerFileCheckpoint",
+    "MetaStoreCheckpoint",
+    "PersistPendingOperator",
+    "SparkPreCommitOperator",
+    "SqlInput",
+    "StreamingCheckpoint",
+    "TableInput",
+    "ensure_table",
+    "exactly_once_epoch",
+    "recovery_dag",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value  # the next access is a plain module attribute
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -24,13 +24,13 @@ from airflow.sdk import BaseOperator, TaskGroup, TriggerRule, XComArg
 
 from airflow_provider_exactly_once.checkpoints.config import CheckpointConfig
 from airflow_provider_exactly_once.core.errors import InvalidSinkConfig
-from airflow_provider_exactly_once.hooks.meta_store import DEFAULT_META_CONN_ID
-from airflow_provider_exactly_once.operators._common import as_checkpoint, as_sink
+from airflow_provider_exactly_once.defaults import DEFAULT_META_CONN_ID
 from airflow_provider_exactly_once.operators.epoch import (
     AbortEpochOperator,
     CommitEpochOperator,
     PersistPendingOperator,
 )
+from airflow_provider_exactly_once.runtime.assembly import as_checkpoint, as_sink
 from airflow_provider_exactly_once.sensors.checkpoint import CheckpointSensor
 from airflow_provider_exactly_once.sinks.config import SinkConfig
 

@@ -78,7 +78,7 @@ def world(backend: str) -> Iterator[World]:
         store = SqlSinkStateStore(meta_url)
         catalog = SqlCatalog("bench", uri=catalog_url, warehouse=f"file://{root / 'warehouse'}")
         try:
-            yield World(backend, root, store, catalog, MetaStoreCheckpointSource(store))
+            yield World(backend, root, store, catalog, MetaStoreCheckpointSource(store.checkpoints))
         finally:
             store.dispose()
             catalog.engine.dispose()

@@ -67,7 +67,7 @@ def main() -> None:
                     write_id=str(uuid.uuid4()),
                     tables=[TableWrite(table=f"bench.eo_{size}", location=location, data_files=descriptors)],
                 )
-                w.store.set_checkpoint(sink_id, epoch, CheckpointStatus.COMPLETED)
+                w.store.checkpoints.set_checkpoint(sink_id, epoch, CheckpointStatus.COMPLETED)
 
                 def exactly_once(pre: PreCommit = pre) -> None:
                     coordinator.persist(pre)

@@ -91,7 +91,7 @@ def create_tables(catalog: Any) -> None:
     from pyiceberg.partitioning import PartitionField, PartitionSpec
     from pyiceberg.transforms import DayTransform
 
-    from tests.faults.harness import EVENT_SCHEMA
+    from fault_harness.harness import EVENT_SCHEMA
 
     spec = PartitionSpec(PartitionField(4, 1000, DayTransform(), "event_day"))
     catalog.create_namespace_if_not_exists("bench")

@@ -84,7 +84,9 @@ def _leave_half_finished(w: World, epochs: int, sinks: int) -> tuple[TwoPhaseCom
         write = TableWrite(table=".".join(table.name()), location=location, data_files=files)
         crashing.persist(PreCommit(sink_id=sink_id, epoch=epoch, write_id=write_id, tables=[write]))
         failed = state in ("checkpoint-failed", "aborted-with-files")
-        w.store.set_checkpoint(sink_id, epoch, CheckpointStatus.FAILED if failed else CheckpointStatus.COMPLETED)
+        w.store.checkpoints.set_checkpoint(
+            sink_id, epoch, CheckpointStatus.FAILED if failed else CheckpointStatus.COMPLETED
+        )
         if state in _CRASH_AT:
             crash.point = _CRASH_AT[state]
             try:

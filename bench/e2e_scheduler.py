@@ -1,8 +1,8 @@
 """What one epoch costs an Airflow deployment, and how many epochs per hour one 2-core machine runs.
 
-A real deployment (``tests/faults/cluster.py``: scheduler, dag-processor, triggerer, api-server,
+A real deployment (``fault_harness/cluster.py``: scheduler, dag-processor, triggerer, api-server,
 LocalExecutor, Airflow's DB on the PostgreSQL at 127.0.0.1:5432) runs the fault harness's pipeline
-(``tests/faults/pipeline.py``): the example's epoch (write, persist, wait, commit, abort on
+(``fault_harness/pipeline.py``): the example's epoch (write, persist, wait, commit, abort on
 failure) with its **light writer**: a real Parquet file written with pyarrow and described as the
 Spark writer describes it, without a JVM. A Spark write costs 15-30 s of JVM here and would hide
 everything this benchmark is about; ``bench.e2e_epoch`` measures the Spark side.
@@ -39,8 +39,8 @@ import psutil
 
 from airflow_provider_exactly_once.demo.world import mark_hour
 from bench._world import RESULTS, save
-from tests.faults.cluster import Cluster
-from tests.faults.harness import Harness, Pipeline
+from fault_harness.cluster import Cluster
+from fault_harness.harness import Harness, Pipeline
 
 SENSOR = "events.wait_for_checkpoint"
 MODES = ("poke", "reschedule", "deferrable")

@@ -131,7 +131,7 @@ def _ours(w: World, table: Table, epoch: int, tasks: int) -> dict[str, Any]:
     location = f"{table.location()}/data/_eo/{write_id}"
     files = write_files(table, location, tasks, rows_per_file=ROWS_PER_FILE)
     before_snapshots, before_bytes = _snapshots(w, name), _metadata_bytes(table)
-    w.store.set_checkpoint(SINK_ID, epoch, CheckpointStatus.COMPLETED)
+    w.store.checkpoints.set_checkpoint(SINK_ID, epoch, CheckpointStatus.COMPLETED)
     began = time.perf_counter()
     coordinator.persist(
         PreCommit(

@@ -55,7 +55,7 @@ def main() -> None:
                     )
                 ],
             )
-            w.store.set_checkpoint(sink_id, history, CheckpointStatus.COMPLETED)
+            w.store.checkpoints.set_checkpoint(sink_id, history, CheckpointStatus.COMPLETED)
             coordinator = w.coordinator(sink_id)
             coordinator.persist(pre)
             coordinator.commit(sink_id, history)

@@ -82,7 +82,7 @@ def main() -> None:
                     table=".".join(table.name()), location=location, data_files=write_files(table, location, 1)
                 )
                 coordinator.persist(PreCommit(sink_id=sink_id, epoch=epoch, write_id=write_id, tables=[write]))
-                w.store.set_checkpoint(sink_id, epoch, CheckpointStatus.COMPLETED)
+                w.store.checkpoints.set_checkpoint(sink_id, epoch, CheckpointStatus.COMPLETED)
             setup_s = time.perf_counter() - setup_start
 
             bare_s = _bare_appends(w, sink_ids) if args.with_bare else None

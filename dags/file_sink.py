@@ -17,14 +17,17 @@ import os
 import sys
 from pathlib import Path
 
-from airflow.sdk import DAG, task
+from airflow.sdk import DAG
 from airflow.timetables.interval import CronDataIntervalTimetable
 
-from airflow_provider_exactly_once.checkpoints.config import MarkerFileCheckpoint
-from airflow_provider_exactly_once.operators.spark_precommit import SparkPreCommitOperator
-from airflow_provider_exactly_once.sinks.config import FileSinkConfig
-from airflow_provider_exactly_once.spark.jobspec import FileSinkTarget, FilesInput
-from airflow_provider_exactly_once.task_groups import exactly_once_epoch
+from airflow_provider_exactly_once import (
+    CheckpointSettledSensor,
+    FileSinkConfig,
+    FilesInput,
+    MarkerFileCheckpoint,
+    SparkPreCommitOperator,
+    exactly_once_epoch,
+)
 
 _HOME = Path(os.environ.get("AIRFLOW_HOME", "~/airflow")).expanduser()
 LANDING = os.environ.get("EO_EXAMPLES_LANDING", str(_HOME / "exactly_once_examples" / "landing" / "events"))
@@ -36,23 +39,6 @@ HOUR_DIR = LANDING.rstrip("/") + "/{start:%Y/%m/%d/%H}"
 EVENT_SCHEMA = "event_id STRING, user_id BIGINT, event_type STRING, event_time TIMESTAMP, amount DOUBLE"
 SINK = FileSinkConfig("events-parquet", ROOT)
 CHECKPOINT = MarkerFileCheckpoint(HOUR_DIR)
-
-
-@task.sensor(poke_interval=60, timeout=6 * 3600, mode="reschedule")
-def hour_settled(data_interval_start: dt.datetime | None = None) -> bool:
-    """Hold the write until the upstream is done with the hour, either way (``_SUCCESS`` or ``_FAILED``).
-
-    The write reads the hour's files when it runs; reading while files are still arriving would
-    make a partial hour the epoch's write, and ``_SUCCESS`` would then commit it. A ``_FAILED``
-    hour is still written and then aborted by the epoch's wait, which leaves an Aborted row saying
-    so in the meta store.
-    """
-    from airflow_provider_exactly_once.core.epochs import epoch_from_interval_start
-    from airflow_provider_exactly_once.core.status import CheckpointStatus
-
-    assert data_interval_start is not None, "an hourly run always has a data interval"
-    status = CHECKPOINT.source().status(SINK.sink_id, epoch_from_interval_start(data_interval_start))
-    return status is not CheckpointStatus.PENDING
 
 
 with DAG(
@@ -67,13 +53,24 @@ with DAG(
     tags=["exactly-once", "example"],
     doc_md=__doc__,
 ) as dag:
+    # Reading the hour while files still arrive would commit a partial hour; a _FAILED hour settles
+    # too, so the write runs and the epoch's wait aborts it, recorded in the meta store.
+    hour_settled = CheckpointSettledSensor(
+        task_id="hour_settled",
+        sink=SINK,
+        checkpoint=CHECKPOINT,
+        meta_conn_id=META_CONN_ID,
+        poke_interval=60,
+        timeout=6 * 3600,
+        mode="reschedule",
+    )
     write = SparkPreCommitOperator(
         task_id="write",
         conn_id=SPARK_CONN_ID,
-        sink_id=SINK.sink_id,
-        input=FilesInput(format="json", path=HOUR_DIR, schema_ddl=EVENT_SCHEMA),
         # The directory is created by the first commit; there is nothing to set up beforehand.
-        target=FileSinkTarget(root=ROOT, partition_by=["event_type"]),
+        sink=SINK,
+        partition_by=["event_type"],
+        input=FilesInput(format="json", path=HOUR_DIR, schema_ddl=EVENT_SCHEMA),
         conf={
             "spark.ui.enabled": "false",
             "spark.sql.shuffle.partitions": "2",
@@ -83,7 +80,7 @@ with DAG(
         retries=2,
         retry_delay=dt.timedelta(minutes=1),
     )
-    hour_settled() >> write
+    hour_settled >> write
     exactly_once_epoch(
         write,
         sink=SINK,

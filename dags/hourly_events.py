@@ -12,7 +12,7 @@ has a default under ``$AIRFLOW_HOME``:
 
 - ``EO_EXAMPLES_LANDING``: the landing root (default ``$AIRFLOW_HOME/exactly_once_examples/landing/events``)
 - ``EO_EXAMPLES_ICEBERG_CONN_ID``: the Iceberg connection (default ``iceberg_default``); its extra
-  holds the pyiceberg catalog properties, which are also handed to Spark
+  holds the pyiceberg catalog properties, which the write hands to Spark when it runs
 - ``EO_EXAMPLES_SPARK_CONN_ID``: the Spark connection (default ``spark_default``)
 - ``EO_EXAMPLES_META_CONN_ID``: the meta store connection (default ``exactly_once_default``; without
   it the embedded SQLite file under ``$AIRFLOW_HOME/exactly_once/`` is used)
@@ -25,14 +25,22 @@ import os
 import sys
 from pathlib import Path
 
-from airflow.sdk import DAG, task
+from airflow.sdk import DAG
 from airflow.timetables.interval import CronDataIntervalTimetable
+from pyiceberg.partitioning import PartitionField, PartitionSpec
+from pyiceberg.schema import Schema
+from pyiceberg.transforms import DayTransform
+from pyiceberg.types import DoubleType, LongType, NestedField, StringType, TimestamptzType
 
-from airflow_provider_exactly_once.checkpoints.config import MarkerFileCheckpoint
-from airflow_provider_exactly_once.operators.spark_precommit import SparkPreCommitOperator
-from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig
-from airflow_provider_exactly_once.spark.jobspec import FilesInput
-from airflow_provider_exactly_once.task_groups import exactly_once_epoch
+from airflow_provider_exactly_once import (
+    CheckpointSettledSensor,
+    EnsureTableOperator,
+    FilesInput,
+    IcebergSinkConfig,
+    MarkerFileCheckpoint,
+    SparkPreCommitOperator,
+    exactly_once_epoch,
+)
 
 _HOME = Path(os.environ.get("AIRFLOW_HOME", "~/airflow")).expanduser()
 LANDING = os.environ.get("EO_EXAMPLES_LANDING", str(_HOME / "exactly_once_examples" / "landing" / "events"))
@@ -60,47 +68,17 @@ SPARK_CONF = {
 }
 
 
-@task(retries=3, retry_delay=dt.timedelta(seconds=30))
-def create_table() -> str:
-    """Create the table on first use; a no-op afterwards, and safe when two runs race to it.
-
-    Partitioned by day so that a day's hours share files' partition and queries prune by day.
-    """
-    from airflow.providers.apache.iceberg.hooks.iceberg import IcebergHook
-    from pyiceberg.partitioning import PartitionField, PartitionSpec
-    from pyiceberg.schema import Schema
-    from pyiceberg.transforms import DayTransform
-    from pyiceberg.types import DoubleType, LongType, NestedField, StringType, TimestamptzType
-
-    catalog = IcebergHook(ICEBERG_CONN_ID).catalog
-    catalog.create_namespace_if_not_exists(TABLE.split(".")[0])
-    schema = Schema(
-        NestedField(1, "event_id", StringType()),
-        NestedField(2, "user_id", LongType()),
-        NestedField(3, "event_type", StringType()),
-        NestedField(4, "event_time", TimestamptzType()),
-        NestedField(5, "amount", DoubleType()),
-    )
-    spec = PartitionSpec(PartitionField(4, 1000, DayTransform(), "event_day"))
-    table = catalog.create_table_if_not_exists(TABLE, schema, partition_spec=spec)
-    return str(table.metadata.location)
-
-
-@task.sensor(poke_interval=60, timeout=6 * 3600, mode="reschedule")
-def hour_settled(data_interval_start: dt.datetime | None = None) -> bool:
-    """Hold the write until the upstream is done with the hour, either way (``_SUCCESS`` or ``_FAILED``).
-
-    The write reads the hour's files when it runs; reading while files are still arriving would
-    make a partial hour the epoch's write, and ``_SUCCESS`` would then commit it. A ``_FAILED``
-    hour is still written and then aborted by the epoch's wait, which leaves an Aborted row saying
-    so in the meta store.
-    """
-    from airflow_provider_exactly_once.core.epochs import epoch_from_interval_start
-    from airflow_provider_exactly_once.core.status import CheckpointStatus
-
-    assert data_interval_start is not None, "an hourly run always has a data interval"
-    status = CHECKPOINT.source().status(SINK.sink_id, epoch_from_interval_start(data_interval_start))
-    return status is not CheckpointStatus.PENDING
+#: The table, created by the first run and left alone by every later one (``EnsureTableOperator``).
+#: Spark's ``TIMESTAMP`` is an instant: it maps to Iceberg's ``timestamptz``. Partitioned by day so
+#: that a day's hours share a partition and queries prune by day.
+TABLE_SCHEMA = Schema(
+    NestedField(1, "event_id", StringType()),
+    NestedField(2, "user_id", LongType()),
+    NestedField(3, "event_type", StringType()),
+    NestedField(4, "event_time", TimestamptzType()),
+    NestedField(5, "amount", DoubleType()),
+)
+TABLE_PARTITIONING = PartitionSpec(PartitionField(4, 1000, DayTransform(), "event_day"))
 
 
 with DAG(
@@ -112,28 +90,34 @@ with DAG(
     start_date=dt.datetime(2024, 1, 1, tzinfo=dt.UTC),
     catchup=False,
     max_active_runs=4,
-    # The Spark target's catalog properties are rendered from the Iceberg connection as a dict.
-    render_template_as_native_obj=True,
     tags=["exactly-once", "example"],
     doc_md=__doc__,
 ) as dag:
+    create_table = EnsureTableOperator(
+        task_id="create_table", sink=SINK, schema=TABLE_SCHEMA, partition_spec=TABLE_PARTITIONING, retries=3
+    )
+    # Reading the hour while files still arrive would commit a partial hour; a _FAILED hour settles
+    # too, so the write runs and the epoch's wait aborts it, recorded in the meta store.
+    hour_settled = CheckpointSettledSensor(
+        task_id="hour_settled",
+        sink=SINK,
+        checkpoint=CHECKPOINT,
+        meta_conn_id=META_CONN_ID,
+        poke_interval=60,
+        timeout=6 * 3600,
+        mode="reschedule",
+    )
+    # The table and its catalog come from the sink and its Iceberg connection when the task runs.
     transform = SparkPreCommitOperator(
         task_id="transform",
         conn_id=SPARK_CONN_ID,
-        sink_id=SINK.sink_id,
+        sink=SINK,
         input=FilesInput(format="json", path=HOUR_DIR, schema_ddl=EVENT_SCHEMA),
-        target={
-            "kind": "iceberg",
-            # pyiceberg's SQL catalog keys tables by catalog name; IcebergHook names it after the connection.
-            "catalog_name": ICEBERG_CONN_ID,
-            "catalog_properties": "{{ conn.get('" + ICEBERG_CONN_ID + "').extra_dejson }}",
-            "table": TABLE,
-        },
         conf=SPARK_CONF,
         retries=2,
         retry_delay=dt.timedelta(minutes=1),
     )
-    [create_table(), hour_settled()] >> transform
+    [create_table, hour_settled] >> transform
     exactly_once_epoch(
         transform,
         sink=SINK,

@@ -1,8 +1,8 @@
 """Checkpoints recorded in a table of the meta store (design.md section 7).
 
 The upstream, or an operator at the end of the upstream's DAG, writes ``COMPLETED`` or ``FAILED``
-for an epoch; this source reads it. ``store.sql.SqlSinkStateStore`` is such a table, and any
-object with the two methods of ``CheckpointTable`` will do.
+for an epoch; this source reads it. The meta store's ``SqlSinkStateStore.checkpoints`` is such a
+table, and any object with the two methods of ``CheckpointTable`` will do.
 """
 
 from __future__ import annotations

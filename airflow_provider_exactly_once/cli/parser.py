@@ -15,7 +15,7 @@ from datetime import timedelta
 from airflow_provider_exactly_once.core.errors import InvalidPreCommit
 from airflow_provider_exactly_once.core.identifiers import EPOCH_MAX, check_epoch, check_sink_id
 from airflow_provider_exactly_once.core.status import EpochStatus
-from airflow_provider_exactly_once.operations.service import DEFAULT_META_CONN_ID
+from airflow_provider_exactly_once.defaults import DEFAULT_META_CONN_ID
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}

@@ -23,38 +23,38 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from datetime import timedelta
-from enum import StrEnum
 
+from .decisions import (
+    Action,
+    abort_decision,
+    commit_decision,
+    discarded_error,
+    files_lost_refusal,
+    persist_decision,
+    recovery_decision,
+)
 from .errors import (
     AbortRefused,
-    CheckpointFailed,
-    CheckpointNotReady,
-    EpochAborted,
     EpochNotFound,
     ExactlyOnceError,
     InvalidPreCommit,
     InvalidSinkConfig,
     MetaStoreUnavailable,
-    SinkReused,
     StateConflict,
 )
 from .faults import FaultHook, no_faults
 from .identifiers import check_epoch, check_sink_id
-from .observe import (
-    ABORT_FILES_DELETED,
-    ABORTS,
-    COMMIT_BYTES,
-    COMMIT_DURATION,
-    COMMIT_ERRORS,
-    COMMIT_FILES,
-    COMMIT_ROWS,
-    COMMITS,
-    NO_METRICS,
-    Metrics,
-    safe,
-    write_totals,
+from .observe import COMMIT_ERRORS, NO_METRICS, Metrics, count_abort, count_commit, safe
+from .outcomes import (
+    AbortOutcome,
+    AbortResult,
+    CleanupReport,
+    CommitOutcome,
+    CommitResult,
+    PersistOutcome,
+    PersistResult,
+    RecoveryReport,
 )
 from .ports import (
     CheckpointSource,
@@ -63,73 +63,25 @@ from .ports import (
     SinkStateStore,
 )
 from .precommit import PreCommit
-from .status import CheckpointStatus, EpochStatus
+from .status import EpochStatus
+
+__all__ = [
+    "AbortOutcome",
+    "AbortResult",
+    "CleanupReport",
+    "CommitOutcome",
+    "CommitResult",
+    "PersistOutcome",
+    "PersistResult",
+    "RecoveryReport",
+    "TwoPhaseCommitCoordinator",
+    "require_epoch",
+]
 
 log = logging.getLogger(__name__)
 
 #: How often persist re-reads the row after losing a CAS race before it gives up.
 _PERSIST_RACE_ROUNDS = 5
-
-
-class PersistOutcome(StrEnum):
-    PERSISTED = "persisted"
-    ALREADY_PERSISTED = "already persisted"
-    REPLACED = "replaced an earlier write"
-    ALREADY_COMMITTED = "already committed"
-    COMMIT_DECIDED = "an earlier write is being committed"
-    REOPENED = "re-opened: the table was re-created since the epoch was committed"
-
-
-class CommitOutcome(StrEnum):
-    COMMITTED = "committed"
-    ALREADY_COMMITTED = "already committed"
-
-
-class AbortOutcome(StrEnum):
-    ABORTED = "aborted"
-    ALREADY_ABORTED = "already aborted"
-    ALREADY_COMMITTED = "already committed"
-    NOT_PERSISTED = "not persisted; the write's files were removed"
-    OTHER_WRITE_REMOVED = "the write was not the epoch's; its files were removed"
-    NOTHING_TO_ABORT = "nothing to abort"
-
-
-@dataclass(frozen=True)
-class PersistResult:
-    outcome: PersistOutcome
-    record: EpochRecord
-    #: The write whose data the epoch holds (or will): differs from the persisted write's id when
-    #: the epoch was already committed or decided with an earlier one.
-    write_id: str
-    #: Something an operator must hear about (also kept on the row): the task logs it at WARNING.
-    warning: str | None = None
-
-
-@dataclass(frozen=True)
-class CommitResult:
-    outcome: CommitOutcome
-    record: EpochRecord
-
-
-@dataclass(frozen=True)
-class AbortResult:
-    outcome: AbortOutcome
-    files_deleted: int
-    record: EpochRecord | None
-
-
-@dataclass
-class RecoveryReport:
-    sink_id: str
-    committed: list[int] = field(default_factory=list)
-    aborted: list[int] = field(default_factory=list)
-    waiting: list[int] = field(default_factory=list)
-    failed: dict[int, str] = field(default_factory=dict)
-    files_deleted: int = 0
-
-    @property
-    def ok(self) -> bool:
-        return not self.failed
 
 
 class TwoPhaseCommitCoordinator:
@@ -185,11 +137,9 @@ class TwoPhaseCommitCoordinator:
 
         for _ in range(_PERSIST_RACE_ROUNDS):
             row = self._store.get(pre.sink_id, pre.epoch)
-            if row is not None and row.write_id == pre.write_id:
-                if row.status is EpochStatus.ABORTED:
-                    raise EpochAborted(
-                        f"{pre.describe()} was aborted and its files removed; run the write again for a new write"
-                    )
+            decision = persist_decision(row, pre, lambda: committer.identities(pre)).raise_if_refused()
+            action = decision.action
+            if row is not None and action is Action.KEEP:
                 outcome = (
                     PersistOutcome.ALREADY_COMMITTED
                     if row.status is EpochStatus.COMMITTED
@@ -197,29 +147,29 @@ class TwoPhaseCommitCoordinator:
                 )
                 return PersistResult(outcome, row, row.write_id)
 
-            if row is not None and row.status is EpochStatus.COMMITTED:
-                self._refuse_other_tables(pre, row)
-                recreated = _recreated_tables(row, committer.identities(pre))
-                if recreated:
-                    self._refuse_discarded(pre)
-                    try:
-                        record = self._store.reopen_committed(
-                            pre,
-                            expected_write_id=row.write_id,
-                            run_id=run_id,
-                            try_number=try_number,
-                            dag_id=dag_id,
-                            reason=recreated,
-                        )
-                    except StateConflict:
-                        continue  # another persist re-opened it first: decide against its row
-                    log.warning("%s: %s", pre.describe(), recreated)
-                    return PersistResult(PersistOutcome.REOPENED, record, pre.write_id, warning=recreated)
+            if row is not None and action is Action.DISCARD_OTHER_TABLES:
+                self._store.enqueue_cleanup(pre, reason=f"sink reused: epoch committed with write {row.write_id}")
+                self._run_cleanups(pre.sink_id, pre.epoch)
+                assert decision.error is not None
+                raise decision.error
 
-            if row is not None and (
-                row.status is EpochStatus.COMMITTED
-                or (row.status is EpochStatus.PENDING and row.commit_decided_at is not None)
-            ):
+            if row is not None and action is Action.REOPEN:
+                self._refuse_discarded(pre)
+                try:
+                    record = self._store.reopen_committed(
+                        pre,
+                        expected_write_id=row.write_id,
+                        run_id=run_id,
+                        try_number=try_number,
+                        dag_id=dag_id,
+                        reason=decision.why,
+                    )
+                except StateConflict:
+                    continue  # another persist re-opened it first: decide against its row
+                log.warning("%s: %s", pre.describe(), decision.why)
+                return PersistResult(PersistOutcome.REOPENED, record, pre.write_id, warning=decision.why)
+
+            if row is not None and action is Action.DISCARD_LATE:
                 # The epoch's data is (or will be) the earlier write's: this one must never be seen.
                 self._store.enqueue_cleanup(pre, reason=f"late write: epoch holds write {row.write_id}")
                 self._run_cleanups(pre.sink_id, pre.epoch)
@@ -261,28 +211,8 @@ class TwoPhaseCommitCoordinator:
         )
 
     def _refuse_discarded(self, pre: PreCommit) -> None:
-        """A write whose files were handed to clean-up (aborted before it was persisted, replaced, or
-        removed as an orphan) must never become the epoch's write."""
         if self._store.write_discarded(pre.sink_id, pre.epoch, pre.write_id):
-            raise EpochAborted(
-                f"{pre.describe()} was discarded (aborted or replaced) and its files removed; "
-                "run the write again for a new write"
-            )
-
-    def _refuse_other_tables(self, pre: PreCommit, row: EpochRecord) -> None:
-        """A Committed epoch of other tables proves nothing for this write's: refuse, remove the write."""
-        committed_to = sorted(t.table for t in row.pre_commit.tables)
-        targets = sorted(t.table for t in pre.tables)
-        if committed_to == targets:
-            return
-        self._store.enqueue_cleanup(pre, reason=f"sink reused: epoch committed to {committed_to}")
-        self._run_cleanups(pre.sink_id, pre.epoch)
-        raise SinkReused(
-            f"{pre.describe()} targets {targets}, but the sink's epoch {pre.epoch} was committed to "
-            f"{committed_to} (write {row.write_id}, DAG {row.dag_id or 'unknown'}, run {row.run_id or 'unknown'}); "
-            "the new write was removed. A sink id names one destination for its whole history: give the "
-            "new pipeline or table its own sink_id"
-        )
+            raise discarded_error(pre)
 
     def _warn_other_dag(self, pre: PreCommit, row: EpochRecord, dag_id: str | None) -> str | None:
         """A write from another DAG for an epoch already settled: the sink id may be reused by mistake."""
@@ -310,32 +240,17 @@ class TwoPhaseCommitCoordinator:
         except Exception as exc:
             self._metrics.incr(COMMIT_ERRORS, 1, {"sink_id": sink_id, "error": type(exc).__name__})
             raise
-        tags = {"sink_id": sink_id}
-        self._metrics.incr(COMMITS, 1, {**tags, "outcome": result.outcome.name.lower()})
-        if result.outcome is CommitOutcome.COMMITTED:
-            # Only the attempt that made the epoch visible counts its files and rows, so the counters
-            # add up to what the tables hold however often a commit is retried or rerun.
-            files, rows, size = write_totals(result.record.pre_commit)
-            self._metrics.timing(COMMIT_DURATION, timedelta(seconds=time.monotonic() - started), tags)
-            self._metrics.incr(COMMIT_FILES, files, tags)
-            self._metrics.incr(COMMIT_ROWS, rows, tags)
-            self._metrics.incr(COMMIT_BYTES, size, tags)
+        count_commit(self._metrics, sink_id, result, timedelta(seconds=time.monotonic() - started))
         return result
 
     def _commit(self, sink_id: str, epoch: int) -> CommitResult:
         committer = self._committer(sink_id)
         row = self._require(sink_id, epoch)
-        if row.status is EpochStatus.COMMITTED:
+        decision = commit_decision(row, lambda: self._checkpoints.status(sink_id, epoch)).raise_if_refused()
+        if decision.action is Action.ALREADY_COMMITTED:
             return CommitResult(CommitOutcome.ALREADY_COMMITTED, row)
-        if row.status is EpochStatus.ABORTED:
-            raise EpochAborted(f"sink {sink_id!r} epoch {epoch} is Aborted: it cannot be committed")
 
-        if row.commit_decided_at is None:
-            checkpoint = self._checkpoints.status(sink_id, epoch)
-            if checkpoint is CheckpointStatus.FAILED:
-                raise CheckpointFailed(f"sink {sink_id!r} epoch {epoch}: checkpoint FAILED; the epoch must be aborted")
-            if checkpoint is CheckpointStatus.PENDING:
-                raise CheckpointNotReady(f"sink {sink_id!r} epoch {epoch}: checkpoint still PENDING")
+        if decision.action is Action.DECIDE_AND_COMMIT:
             # Once decided, the write can only be committed; so decide only for a write the sink can
             # still take (its table may have changed since persist), and keep the others abortable.
             try:
@@ -401,10 +316,7 @@ class TwoPhaseCommitCoordinator:
         result = self._abort(
             sink_id, epoch, reason=reason, write=write, force=force, files_lost=files_lost, dag_id=dag_id
         )
-        tags = {"sink_id": sink_id}
-        self._metrics.incr(ABORTS, 1, {**tags, "outcome": result.outcome.name.lower()})
-        if result.files_deleted:
-            self._metrics.incr(ABORT_FILES_DELETED, result.files_deleted, tags)
+        count_abort(self._metrics, sink_id, result)
         return result
 
     def _abort(
@@ -432,6 +344,10 @@ class TwoPhaseCommitCoordinator:
         if write is not None and (write.sink_id, write.epoch) != (sink_id, epoch):
             raise InvalidPreCommit(f"abort of sink {sink_id!r} epoch {epoch} was given {write.describe()}")
         row = self._store.get(sink_id, epoch)
+        decision = abort_decision(
+            row, write, lambda: self._checkpoints.status(sink_id, epoch), force=force, files_lost=files_lost
+        ).raise_if_refused()
+        action = decision.action
 
         if row is None:
             if write is None:
@@ -447,30 +363,17 @@ class TwoPhaseCommitCoordinator:
             self._fault("abort.marked")
             return AbortResult(AbortOutcome.NOT_PERSISTED, self._run_cleanups(sink_id, epoch), record)
 
-        if write is not None and write.write_id != row.write_id:
+        if action is Action.REMOVE_OTHER_WRITE:
+            assert write is not None
             self._store.enqueue_cleanup(write, reason=f"abort: {reason}")
             return AbortResult(AbortOutcome.OTHER_WRITE_REMOVED, self._run_cleanups(sink_id, epoch), row)
-
-        if row.status is EpochStatus.COMMITTED:
+        if action is Action.ALREADY_COMMITTED:
             return AbortResult(AbortOutcome.ALREADY_COMMITTED, 0, row)
-        if row.status is EpochStatus.ABORTED:
+        if action is Action.ALREADY_ABORTED:
             return AbortResult(AbortOutcome.ALREADY_ABORTED, self._run_cleanups(sink_id, epoch), row)
-
-        if files_lost:
+        if action is Action.GIVE_UP_LOST_FILES:
             missing = self.lost_files(row)
             log.warning("%s: giving up a write with %d data file(s) lost", row.pre_commit.describe(), len(missing))
-        elif row.commit_decided_at is not None:
-            raise AbortRefused(
-                f"sink {sink_id!r} epoch {epoch}: the commit of write {row.write_id} was decided at "
-                f"{row.commit_decided_at.isoformat()}; it will be committed (commit task or recovery), not "
-                "aborted. Only if its data files are lost for good: abort with files_lost=True "
-                "(eo-sink abort SINK EPOCH --reason ... --files-lost)"
-            )
-        elif not force and self._checkpoints.status(sink_id, epoch) is CheckpointStatus.COMPLETED:
-            raise AbortRefused(
-                f"sink {sink_id!r} epoch {epoch}: checkpoint COMPLETED, so the epoch must be committed; "
-                "abort with force=True only to drop its data on purpose"
-            )
         try:
             record = self._store.mark_aborted(
                 sink_id, epoch, write_id=row.write_id, reason=reason, decided=row.commit_decided_at is not None
@@ -496,19 +399,11 @@ class TwoPhaseCommitCoordinator:
         restoring the files and committing keeps it whole) and while every file is there (commit).
         """
         committer = self._committer(row.sink_id)
-        what = row.pre_commit.describe()
         visible = committer.find_committed(row.pre_commit, row.created_at)
-        if visible.tables:
-            raise AbortRefused(
-                f"{what}: table(s) {', '.join(sorted(visible.tables))} already show the epoch, so it is partly "
-                "visible; restore the missing files and commit it (eo-sink commit SINK EPOCH)"
-            )
-        missing = list(committer.missing_files(row.pre_commit))
-        if not missing:
-            raise AbortRefused(
-                f"{what}: every data file of the write is in storage, so nothing is lost; commit it "
-                "(eo-sink commit SINK EPOCH)"
-            )
+        missing = [] if visible.tables else list(committer.missing_files(row.pre_commit))
+        refusal = files_lost_refusal(row, list(visible.tables), missing)
+        if refusal is not None:
+            raise refusal
         return missing
 
     # -- recovery ---------------------------------------------------------------------------------
@@ -524,16 +419,15 @@ class TwoPhaseCommitCoordinator:
         report = RecoveryReport(sink_id)
         for row in sorted(self._store.epochs_with_status(sink_id, EpochStatus.PENDING), key=lambda r: r.epoch):
             try:
-                if row.commit_decided_at is None:
-                    checkpoint = self._checkpoints.status(sink_id, row.epoch)
-                    if checkpoint is CheckpointStatus.PENDING:
-                        report.waiting.append(row.epoch)
-                        continue
-                    if checkpoint is CheckpointStatus.FAILED:
-                        aborted = self.abort(sink_id, row.epoch, reason="recovery: checkpoint FAILED")
-                        report.aborted.append(row.epoch)
-                        report.files_deleted += aborted.files_deleted
-                        continue
+                decision = recovery_decision(row, lambda: self._checkpoints.status(sink_id, row.epoch))  # noqa: B023
+                if decision.action is Action.WAIT:
+                    report.waiting.append(row.epoch)
+                    continue
+                if decision.action is Action.ABORT:
+                    aborted = self.abort(sink_id, row.epoch, reason="recovery: checkpoint FAILED")
+                    report.aborted.append(row.epoch)
+                    report.files_deleted += aborted.files_deleted
+                    continue
                 self.commit(sink_id, row.epoch)
                 report.committed.append(row.epoch)
             except MetaStoreUnavailable:
@@ -556,7 +450,7 @@ class TwoPhaseCommitCoordinator:
 
     # -- clean-up ---------------------------------------------------------------------------------
 
-    def clean_up(self, sink_id: str, epoch: int | None = None) -> RecoveryReport:
+    def clean_up(self, sink_id: str, epoch: int | None = None) -> CleanupReport:
         """Run the queued clean-ups of a sink (or of one epoch) alone, without touching any epoch's status.
 
         What an operator asks for after a crash left an Aborted epoch's files, or after queuing
@@ -566,11 +460,11 @@ class TwoPhaseCommitCoordinator:
         self._committer(sink_id)
         if epoch is not None:
             check_epoch(epoch)
-        report = RecoveryReport(sink_id)
+        report = CleanupReport(sink_id)
         report.files_deleted = self._run_cleanups(sink_id, epoch, report)
         return report
 
-    def _run_cleanups(self, sink_id: str, epoch: int | None, report: RecoveryReport | None = None) -> int:
+    def _run_cleanups(self, sink_id: str, epoch: int | None, report: CleanupReport | None = None) -> int:
         """Delete the files of queued writes that can no longer become visible.
 
         The committer re-checks the sink itself before deleting (invariant 4); here the store is
@@ -628,24 +522,3 @@ def require_epoch(store: SinkStateStore, sink_id: str, epoch: int) -> EpochRecor
     if row is None:
         raise EpochNotFound(f"sink {sink_id!r} epoch {epoch} was never persisted")
     return row
-
-
-def _recreated_tables(row: EpochRecord, identities: Mapping[str, str]) -> str | None:
-    """Why the epoch's commit proves nothing any more, when a table it went into was re-created.
-
-    Rows committed before identities were recorded have none: for them nothing can be told, and
-    the commit stands as before.
-    """
-    if not row.table_uuids:
-        return None
-    changed = [
-        f"{table} (was {before}, now {identities[table]})"
-        for table, before in sorted(row.table_uuids.items())
-        if table in identities and identities[table] != before
-    ]
-    if not changed:
-        return None
-    return (
-        f"sink {row.sink_id!r} epoch {row.epoch} was committed by write {row.write_id} into a table since "
-        f"dropped and re-created: {', '.join(changed)}; the epoch is re-opened for the new write"
-    )

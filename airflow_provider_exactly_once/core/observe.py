@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from datetime import timedelta
 from typing import Protocol
 
+from .outcomes import AbortResult, CommitOutcome, CommitResult
 from .ports import SinkStateStore
 from .precommit import PreCommit
 from .status import EpochStatus
@@ -129,3 +130,23 @@ def report_pending(store: SinkStateStore, sink_id: str, metrics: Metrics) -> tup
     metrics.gauge(PENDING_EPOCHS, float(len(pending)), tags)
     metrics.gauge(OLDEST_PENDING_AGE, age, tags)
     return len(pending), age
+
+
+def count_commit(metrics: Metrics, sink_id: str, result: CommitResult, took: timedelta) -> None:
+    """Count a commit by outcome; only the attempt that made the epoch visible counts its files and rows,
+    so the counters add up to what the tables hold however often a commit is retried or rerun."""
+    tags = {"sink_id": sink_id}
+    metrics.incr(COMMITS, 1, {**tags, "outcome": result.outcome.name.lower()})
+    if result.outcome is CommitOutcome.COMMITTED:
+        files, rows, size = write_totals(result.record.pre_commit)
+        metrics.timing(COMMIT_DURATION, took, tags)
+        metrics.incr(COMMIT_FILES, files, tags)
+        metrics.incr(COMMIT_ROWS, rows, tags)
+        metrics.incr(COMMIT_BYTES, size, tags)
+
+
+def count_abort(metrics: Metrics, sink_id: str, result: AbortResult) -> None:
+    tags = {"sink_id": sink_id}
+    metrics.incr(ABORTS, 1, {**tags, "outcome": result.outcome.name.lower()})
+    if result.files_deleted:
+        metrics.incr(ABORT_FILES_DELETED, result.files_deleted, tags)

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
-from typing import Protocol, runtime_checkable
+from datetime import datetime, timedelta
+from typing import Any, Protocol, runtime_checkable
 
+from .identifiers import EPOCH_MAX
 from .precommit import PreCommit
 from .status import CheckpointStatus, EpochStatus
 
@@ -168,6 +169,53 @@ class SinkStateStore(Protocol):
         ...
 
     def sink_ids(self) -> Sequence[str]: ...
+
+
+#: The epoch an orphaned write is queued under: nothing on storage says which epoch an abandoned,
+#: never-persisted write was for. ``SinkStateStore.write_discarded`` matches it for every epoch, so a
+#: very late persist of a write removed as an orphan fails instead of pointing at deleted files.
+ORPHAN_EPOCH = EPOCH_MAX
+
+
+class SinkRegistry(Protocol):
+    """What the recovery DAG and the operations tools need beyond the epochs: how to rebuild each
+    sink (its registered configurations), which writes the store answers for (orphans), and one
+    recovery at a time per sink (a lock with an expiry).
+    """
+
+    def register_sink(
+        self, sink_id: str, sink_config: Mapping[str, Any], checkpoint_config: Mapping[str, Any] | None
+    ) -> None:
+        """Record (or update) the sink's configurations; a ``checkpoint_config`` of ``None`` keeps
+        the registered one."""
+        ...
+
+    def registered_sinks(self) -> list[tuple[str, dict[str, Any], dict[str, Any] | None]]:
+        """Every registered sink as ``(sink_id, sink_config, checkpoint_config)``, by sink id."""
+        ...
+
+    def registered_sink(self, sink_id: str) -> tuple[dict[str, Any], dict[str, Any] | None] | None:
+        """One sink's ``(sink_config, checkpoint_config)``, or ``None`` if never registered."""
+        ...
+
+    def known_writes(self, sink_id: str, write_ids: Sequence[str]) -> set[str]:
+        """The given write ids the store still answers for; any other write found on storage is an
+        orphan candidate."""
+        ...
+
+    def enqueue_orphan_cleanup(self, pre_commit: PreCommit, *, reason: str, written_since: datetime) -> CleanupTask:
+        """Queue an orphaned write (epoch ``ORPHAN_EPOCH``) for the coordinator's clean-up path;
+        ``StateConflict`` if the store's records say it is no orphan."""
+        ...
+
+    def acquire_sink_lock(self, sink_id: str, holder: str, *, ttl: timedelta) -> tuple[bool, str, datetime]:
+        """Take the sink's lock for ``ttl`` unless another holder has it unexpired: ``(acquired,
+        holder, expires_at)``, naming the current holder on refusal."""
+        ...
+
+    def release_sink_lock(self, sink_id: str, holder: str) -> bool:
+        """Give the lock back; ``False`` when ``holder`` no longer had it."""
+        ...
 
 
 @dataclass(frozen=True)

@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_exactly_once.core.faults import FAULT_ENV_VAR
 from airflow_provider_exactly_once.demo import world
+from airflow_provider_exactly_once.runtime.faults import FAULT_ENV_VAR
 
 DEFAULT_ROOT = Path(".eo-demo")
 FIRST_HOUR = dt.datetime(2024, 5, 1, 0, tzinfo=dt.UTC)
@@ -178,7 +178,7 @@ def recover(dags_folder: Path, module: Any) -> str:
             return f"recovery DAG {dag.dag_id} ({RECOVERY_DAG_FILE}): run {result.state}; {describe_tasks(result)}"
     else:
         note = f"no {RECOVERY_DAG_FILE} in {dags_folder}; "
-    from airflow_provider_exactly_once.hooks.meta_store import coordinator_for
+    from airflow_provider_exactly_once.runtime.assembly import coordinator_for
 
     report = coordinator_for(module.SINK, module.CHECKPOINT).recover(module.SINK.sink_id)
     return (

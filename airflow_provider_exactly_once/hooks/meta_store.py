@@ -21,21 +21,16 @@ from airflow.sdk.exceptions import AirflowNotFoundException
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
-from airflow_provider_exactly_once.core.coordinator import TwoPhaseCommitCoordinator
 from airflow_provider_exactly_once.core.errors import InvalidSinkConfig
-from airflow_provider_exactly_once.core.faults import FaultHook, fault_hook_for, no_faults
 from airflow_provider_exactly_once.core.identifiers import check_sink_id
-from airflow_provider_exactly_once.core.observe import NO_METRICS, Metrics
+from airflow_provider_exactly_once.defaults import DEFAULT_META_CONN_ID
 from airflow_provider_exactly_once.get_provider_info import META_STORE_FIELD_BEHAVIOUR
-from airflow_provider_exactly_once.hooks.epochs import epoch_for_context, interval_epoch
+from airflow_provider_exactly_once.runtime.epochs import epoch_for_context, interval_epoch
 from airflow_provider_exactly_once.store import SqlSinkStateStore
 
 if TYPE_CHECKING:
-    from airflow_provider_exactly_once.checkpoints.config import CheckpointConfig
-    from airflow_provider_exactly_once.core.ports import SinkCommitter
-    from airflow_provider_exactly_once.sinks.config import SinkConfig
+    pass
 
-DEFAULT_META_CONN_ID = "exactly_once_default"
 META_CONN_TYPE = "exactly_once_meta"
 #: Extra keys passed through to ``SqlSinkStateStore`` (seconds).
 _STORE_OPTIONS = ("connect_timeout_s", "busy_timeout_s")
@@ -150,7 +145,7 @@ class ExactlyOnceMetaStoreHook(BaseHook):
         return await asyncio.to_thread(_open_store, url, options)
 
     def epoch_for_context(self, context: Mapping[str, Any], sink_id: str) -> int:
-        """The run's epoch (``hooks.epochs.epoch_for_context``), opening the store only when the run
+        """The run's epoch (``runtime.epochs.epoch_for_context``), opening the store only when the run
         has no data interval and its epoch must be allocated."""
         epoch = interval_epoch(context)
         if epoch is not None:
@@ -158,7 +153,7 @@ class ExactlyOnceMetaStoreHook(BaseHook):
             return epoch
         store = self.get_store()
         try:
-            return epoch_for_context(context, sink_id, store)
+            return epoch_for_context(context, sink_id, store.epochs)
         finally:
             store.dispose()
 
@@ -186,68 +181,4 @@ def _open_store(url: str, options: Mapping[str, float]) -> SqlSinkStateStore:
         url,
         connect_timeout_s=store_kwargs.get("connect_timeout_s", _DEFAULT_CONNECT_TIMEOUT_S),
         busy_timeout_s=store_kwargs.get("busy_timeout_s", _DEFAULT_BUSY_TIMEOUT_S),
-    )
-
-
-def sink_committer(sink: SinkConfig, *, fault: FaultHook = no_faults, metrics: Metrics = NO_METRICS) -> SinkCommitter:
-    """The committer of a sink, its Iceberg catalog built from the sink's Iceberg connection.
-
-    ``fault`` is the fault-injection hook (``core.faults``); production passes none.
-    """
-    from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig
-
-    if isinstance(sink, IcebergSinkConfig):
-        from airflow.providers.apache.iceberg.hooks.iceberg import IcebergHook
-
-        committer = sink.committer(IcebergHook(sink.iceberg_conn_id).catalog, fault=fault)
-        committer.metrics = metrics  # its conflict retries (``core.observe.COMMIT_RETRIES``)
-        return committer
-    return sink.committer(fault=fault)
-
-
-def coordinator_for(
-    sink: SinkConfig,
-    checkpoint: CheckpointConfig | None,
-    *,
-    meta_conn_id: str = DEFAULT_META_CONN_ID,
-    store: SqlSinkStateStore | None = None,
-    fault: FaultHook | None = None,
-    epoch: int | None = None,
-    try_number: int | None = None,
-    metrics: Metrics | None = None,
-    allow_beyond_horizon: bool = False,
-) -> TwoPhaseCommitCoordinator:
-    """The coordinator of one sink: the meta store of ``meta_conn_id`` (or ``store``), the sink's
-    committer, and the checkpoint source (``None`` only for steps that never consult it, such as
-    persist; the meta-store checkpoint table then stands in).
-
-    ``fault`` defaults to ``fault_hook_from_env()``: a no-op unless ``EXACTLY_ONCE_FAULT`` is set,
-    which lets the demo and the fault-injection harness make a real task die at a named point
-    without touching the DAG. One hook serves the coordinator and the committer, so an occurrence
-    count (``commit.visible@2``) counts every place the point is reached in this task try.
-    ``epoch`` and ``try_number`` (the task try's) select the rules of an ``EXACTLY_ONCE_FAULT_PLAN``
-    file that apply to this try (``core.faults.fault_hook_for``).
-    ``metrics`` defaults to Airflow's ``Stats`` (``observability.stats``): commit durations, files,
-    rows, retries and aborts go wherever ``[metrics]`` sends Airflow's own.
-    ``allow_beyond_horizon`` is an operator's word that an epoch older than the table's snapshot
-    history is not in the table (``eo-sink commit --beyond-horizon``); never set by a task.
-    """
-    from airflow_provider_exactly_once.checkpoints.config import MetaStoreCheckpoint
-    from airflow_provider_exactly_once.observability.stats import airflow_metrics
-
-    if fault is None:
-        fault = fault_hook_for(sink.sink_id, epoch, try_number)
-    if store is None:
-        store = ExactlyOnceMetaStoreHook(meta_conn_id).get_store()
-    source = (checkpoint or MetaStoreCheckpoint()).source(store)
-    if metrics is None:
-        metrics = airflow_metrics()
-    committer = sink_committer(sink, fault=fault, metrics=metrics)
-    return TwoPhaseCommitCoordinator(
-        store,
-        {sink.sink_id: committer},
-        source,
-        fault=fault,
-        metrics=metrics,
-        allow_beyond_horizon=allow_beyond_horizon,
     )

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperatorLink
 
-from airflow_provider_exactly_once.plugins.urls import epoch_page
+from airflow_provider_exactly_once.observability.urls import epoch_page
 
 if TYPE_CHECKING:
     from airflow.sdk import BaseOperator

@@ -72,7 +72,9 @@ class SinkReads:
         sink none of whose epochs the caller may read is not shown at all.
         """
         visible = _dag_ids(dag_ids)
-        registered = {sink_id: (sink, checkpoint) for sink_id, sink, checkpoint in self.store.registered_sinks()}
+        registered = {
+            sink_id: (sink, checkpoint) for sink_id, sink, checkpoint in self.store.registry.registered_sinks()
+        }
         counts = sink_counts(self.store, dag_ids=visible)
         shown = set(counts) if visible is not None else set(registered) | set(counts)
         return [_summary(sink_id, registered.get(sink_id), counts.get(sink_id)) for sink_id in sorted(shown)]
@@ -81,7 +83,7 @@ class SinkReads:
         """One sink's summary; ``SinkNotFound`` when it is neither registered nor has rows (visible ones)."""
         check_sink_id(sink_id)
         visible = _dag_ids(dag_ids)
-        registration = self.store.registered_sink(sink_id)
+        registration = self.store.registry.registered_sink(sink_id)
         count = sink_counts(self.store, sink_id, dag_ids=visible).get(sink_id)
         if count is None and (registration is None or visible is not None):
             raise SinkNotFound(f"sink {sink_id!r} is unknown: it is not registered and has no epochs")
@@ -134,14 +136,14 @@ class SinkReads:
         """The registered checkpoint source's status for the epoch, or why it could not be read."""
         check_sink_id(sink_id)
         check_epoch(epoch)
-        registration = self.store.registered_sink(sink_id)
+        registration = self.store.registry.registered_sink(sink_id)
         if registration is None:
             raise SinkNotFound(f"sink {sink_id!r} is not in the sink registry: its checkpoint source is unknown")
         checkpoint = registration[1]
         kind = str((checkpoint or {}).get("kind", MetaStoreCheckpoint.kind))
         try:
             config = MetaStoreCheckpoint() if checkpoint is None else checkpoint_config_from_dict(checkpoint)
-            status = config.source(self.store).status(sink_id, epoch)
+            status = config.source(self.store.checkpoints).status(sink_id, epoch)
         except Exception as exc:  # a source that cannot answer (or be built) is shown, not raised: it is a view
             return CheckpointView(sink_id, epoch, None, mask_userinfo(f"{type(exc).__name__}: {exc}"), kind)
         return CheckpointView(sink_id, epoch, status.value, None, kind)

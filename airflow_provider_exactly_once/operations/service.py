@@ -22,11 +22,8 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_exactly_once.checkpoints.config import CheckpointConfig, MetaStoreCheckpoint
+from airflow_provider_exactly_once.core.decisions import Action, abort_decision, commit_decision, recovery_decision
 from airflow_provider_exactly_once.core.errors import (
-    AbortRefused,
-    CheckpointFailed,
-    CheckpointNotReady,
-    EpochAborted,
     EpochNotFound,
     ExactlyOnceError,
     InvalidSinkConfig,
@@ -36,21 +33,15 @@ from airflow_provider_exactly_once.core.identifiers import check_epoch, check_si
 from airflow_provider_exactly_once.core.ports import CleanupTask, EpochRecord
 from airflow_provider_exactly_once.core.redact import find_control, mask_userinfo
 from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochStatus
+from airflow_provider_exactly_once.defaults import DEFAULT_META_CONN_ID, DEFAULT_ORPHAN_GRACE
 from airflow_provider_exactly_once.operations.reads import InvalidRequest, SinkNotFound, SinkReads
 from airflow_provider_exactly_once.operations.views import ActionResult, describe_write
 from airflow_provider_exactly_once.store import SqlSinkStateStore
-from airflow_provider_exactly_once.store.sql import ORPHAN_EPOCH
 
 if TYPE_CHECKING:
     from airflow_provider_exactly_once.core.coordinator import TwoPhaseCommitCoordinator
     from airflow_provider_exactly_once.recovery.orphans import OrphanCandidate
     from airflow_provider_exactly_once.sinks.config import SinkConfig
-
-#: ``hooks.meta_store.DEFAULT_META_CONN_ID``, not imported from there: the hooks import Airflow, and
-#: the views (and ``eo-sink --url``) must not pay for that. A test keeps the two equal.
-DEFAULT_META_CONN_ID = "exactly_once_default"
-#: ``recovery.sink.DEFAULT_ORPHAN_GRACE``, for the same reason (a test keeps the two equal).
-DEFAULT_ORPHAN_GRACE = timedelta(hours=6)
 
 
 def _holder() -> str:
@@ -128,38 +119,29 @@ class SinkOperations(SinkReads):
         self, coordinator: TwoPhaseCommitCoordinator, row: EpochRecord, force: bool, files_lost: bool
     ) -> ActionResult:
         sink_id, epoch = row.sink_id, row.epoch
+        decision = abort_decision(
+            row, None, lambda: self._checkpoint_status(sink_id, epoch), force=force, files_lost=files_lost
+        ).raise_if_refused()
 
         def plan(outcome: str, detail: str) -> ActionResult:
             return ActionResult("abort", sink_id, epoch, True, outcome, detail)
 
-        if row.status is EpochStatus.COMMITTED:
-            return plan("already committed", f"nothing would change: write {row.write_id} is committed")
-        if row.status is EpochStatus.ABORTED:
+        if decision.action is Action.ALREADY_COMMITTED:
+            return plan("already committed", f"nothing would change: {decision.why}")
+        if decision.action is Action.ALREADY_ABORTED:
             return plan("already aborted", self._cleanup_plan(self.store.cleanups(sink_id, epoch)))
-        if files_lost:
-            missing = coordinator.lost_files(row)
+        if decision.action is Action.GIVE_UP_LOST_FILES:
+            missing = coordinator.lost_files(row)  # raises the refusal the abort itself would raise
             shown = ", ".join(missing[:5]) + (f" (and {len(missing) - 5} more)" if len(missing) > 5 else "")
             return plan(
                 "would abort",
                 f"{len(missing)} data file(s) lost ({shown}) and no table shows the epoch: the row would become "
                 f"Aborted and what is left of {describe_write(row.pre_commit)} would be deleted",
             )
-        if row.commit_decided_at is not None:
-            raise AbortRefused(
-                f"sink {sink_id!r} epoch {epoch}: the commit of write {row.write_id} was decided at "
-                f"{row.commit_decided_at.isoformat()}; it will be committed (commit task or recovery), not "
-                "aborted. Only if its data files are lost for good: --files-lost"
-            )
-        checkpoint = self._checkpoint_status(sink_id, epoch)
-        if checkpoint is CheckpointStatus.COMPLETED and not force:
-            raise AbortRefused(
-                f"sink {sink_id!r} epoch {epoch}: checkpoint COMPLETED, so the epoch must be committed; "
-                "abort with force=True only to drop its data on purpose"
-            )
         locations = ", ".join(t.location for t in row.pre_commit.tables)
         return plan(
             "would abort",
-            f"checkpoint {checkpoint.value}{' (forced)' if force else ''}: the row would become Aborted and "
+            f"{decision.why}: the row would become Aborted and "
             f"{describe_write(row.pre_commit)} would be deleted from {locations}",
         )
 
@@ -190,7 +172,8 @@ class SinkOperations(SinkReads):
 
     def _commit_plan(self, row: EpochRecord) -> ActionResult:
         sink_id, epoch = row.sink_id, row.epoch
-        if row.status is EpochStatus.COMMITTED:
+        decision = commit_decision(row, lambda: self._checkpoint_status(sink_id, epoch)).raise_if_refused()
+        if decision.action is Action.ALREADY_COMMITTED:
             committed = dict(row.committed or {})
             return ActionResult(
                 "commit",
@@ -198,28 +181,17 @@ class SinkOperations(SinkReads):
                 epoch,
                 True,
                 "already committed",
-                f"nothing would change: write {row.write_id} is committed ({committed})",
+                f"nothing would change: {decision.why} ({committed})",
                 report={"committed": committed, "write_id": row.write_id},
             )
-        if row.status is EpochStatus.ABORTED:
-            raise EpochAborted(f"sink {sink_id!r} epoch {epoch} is Aborted: it cannot be committed")
-        if row.commit_decided_at is None:
-            checkpoint = self._checkpoint_status(sink_id, epoch)
-            if checkpoint is CheckpointStatus.FAILED:
-                raise CheckpointFailed(f"sink {sink_id!r} epoch {epoch}: checkpoint FAILED; the epoch must be aborted")
-            if checkpoint is CheckpointStatus.PENDING:
-                raise CheckpointNotReady(f"sink {sink_id!r} epoch {epoch}: checkpoint still PENDING")
-            why = "checkpoint COMPLETED"
-        else:
-            why = f"commit decided at {row.commit_decided_at.isoformat()}"
         return ActionResult(
             "commit",
             sink_id,
             epoch,
             True,
             "would commit",
-            f"{why}: {describe_write(row.pre_commit)} would become visible, one snapshot per table with the "
-            "epoch's marker (skipped where the marker shows it already is)",
+            f"{decision.why}: {describe_write(row.pre_commit)} would become visible, one snapshot per table "
+            "with the epoch's marker (skipped where the marker shows it already is)",
             report={"write_id": row.write_id},
         )
 
@@ -283,21 +255,19 @@ class SinkOperations(SinkReads):
 
     def _recovery_plan(self, sink: SinkConfig, checkpoint: CheckpointConfig | None) -> ActionResult:
         sink_id = sink.sink_id
-        source = (checkpoint or MetaStoreCheckpoint()).source(self.store)
+        source = (checkpoint or MetaStoreCheckpoint()).source(self.store.checkpoints)
         commit: list[int] = []
         abort: list[int] = []
         waiting: list[int] = []
         unknown: dict[str, str] = {}
+        lists = {Action.COMMIT_DECIDED: commit, Action.DECIDE_AND_COMMIT: commit, Action.ABORT: abort}
         for row in self.store.epochs_with_status(sink_id, EpochStatus.PENDING):
-            if row.commit_decided_at is not None:
-                commit.append(row.epoch)
-                continue
             try:
-                status = source.status(sink_id, row.epoch)
+                decision = recovery_decision(row, lambda: source.status(sink_id, row.epoch))  # noqa: B023
             except Exception as exc:  # recovery would report this epoch failed and go on
                 unknown[str(row.epoch)] = f"{type(exc).__name__}: {exc}"
                 continue
-            {CheckpointStatus.COMPLETED: commit, CheckpointStatus.FAILED: abort}.get(status, waiting).append(row.epoch)
+            lists.get(decision.action, waiting).append(row.epoch)
         tasks = self.store.cleanups(sink_id)
         old, young, scan_error = self._orphans(sink, DEFAULT_ORPHAN_GRACE)
         report: dict[str, Any] = {
@@ -349,55 +319,35 @@ class SinkOperations(SinkReads):
                 f"{len(young)} younger or of unknown age kept",
                 report={"orphans": [_orphan_dict(c) for c in old], "orphans_kept": [c.write_id for c in young]},
             )
-        from airflow_provider_exactly_once.recovery.sink import (
-            DEFAULT_LOCK_TTL,
-            SinkLocked,
-            SinkRecoveryReport,
-            queue_orphans,
-        )
+        from airflow_provider_exactly_once.recovery.sink import remove_orphans
 
-        coordinator = self._build(sink, checkpoint)
-        holder = _holder()
-        acquired, by, until = self.store.acquire_sink_lock(sink_id, holder, ttl=DEFAULT_LOCK_TTL)
-        if not acquired:
-            raise SinkLocked(f"sink {sink_id!r} is being recovered by {by!r} (lock held until {until.isoformat()})")
-        try:
-            scan = SinkRecoveryReport(sink_id)
-            enqueued = queue_orphans(self.store, sink, grace, scan)
-            result = coordinator.clean_up(sink_id, ORPHAN_EPOCH)
-        finally:
-            self.store.release_sink_lock(sink_id, holder)
-        remaining = {task.write_id for task in self.store.cleanups(sink_id, ORPHAN_EPOCH)}
-        failed = dict(scan.failed)
-        failed.update(
-            {f"orphan {w}": result.failed.get(ORPHAN_EPOCH, "its clean-up did not complete") for w in remaining}
-        )
-        removed = sorted(enqueued - remaining)
+        report = remove_orphans(self.store, sink, self._build(sink, checkpoint), holder=_holder(), grace=grace)
+        failed = dict(report.failed)
         return ActionResult(
             "gc",
             sink_id,
             None,
             False,
-            "failed" if failed else ("removed orphans" if removed else "nothing to do"),
-            f"{len(removed)} orphaned write location(s) removed ({result.files_deleted} file(s)), "
-            f"{len(scan.orphans_kept)} kept" + (f"; failed: {failed}" if failed else ""),
-            files_deleted=result.files_deleted,
+            "failed" if failed else ("removed orphans" if report.orphans_removed else "nothing to do"),
+            f"{len(report.orphans_removed)} orphaned write location(s) removed ({report.files_deleted} file(s)), "
+            f"{len(report.orphans_kept)} kept" + (f"; failed: {failed}" if failed else ""),
+            files_deleted=report.files_deleted,
             ok=not failed,
-            report={"orphans_removed": removed, "orphans_kept": scan.orphans_kept, "failed": failed},
+            report={"orphans_removed": report.orphans_removed, "orphans_kept": report.orphans_kept, "failed": failed},
         )
 
     # -- helpers -----------------------------------------------------------------------------------
 
     def _registration(self, sink_id: str) -> tuple[SinkConfig, CheckpointConfig | None]:
         check_sink_id(sink_id)
-        if self.store.registered_sink(sink_id) is None:
+        if self.store.registry.registered_sink(sink_id) is None:
             raise SinkNotFound(
                 f"sink {sink_id!r} is not in the sink registry (the epoch operators register a sink on first use), "
                 "so its coordinator cannot be rebuilt"
             )
         from airflow_provider_exactly_once.recovery.sink import registered_sink
 
-        sink, checkpoint = registered_sink(self.store, sink_id)
+        sink, checkpoint = registered_sink(self.store.registry, sink_id)
         return sink, checkpoint
 
     def _coordinator(self, sink_id: str, *, allow_beyond_horizon: bool = False) -> TwoPhaseCommitCoordinator:
@@ -414,7 +364,7 @@ class SinkOperations(SinkReads):
         """
         from airflow.sdk.exceptions import AirflowNotFoundException
 
-        from airflow_provider_exactly_once.hooks.meta_store import coordinator_for
+        from airflow_provider_exactly_once.runtime.assembly import coordinator_for
 
         try:
             return coordinator_for(
@@ -433,7 +383,7 @@ class SinkOperations(SinkReads):
 
     def _checkpoint_status(self, sink_id: str, epoch: int) -> CheckpointStatus:
         _, checkpoint = self._registration(sink_id)
-        return (checkpoint or MetaStoreCheckpoint()).source(self.store).status(sink_id, epoch)
+        return (checkpoint or MetaStoreCheckpoint()).source(self.store.checkpoints).status(sink_id, epoch)
 
     def _cleanup_plan(self, tasks: Sequence[CleanupTask]) -> str:
         if not tasks:
@@ -456,7 +406,7 @@ class SinkOperations(SinkReads):
         except Exception as exc:  # reported, as the recovery DAG reports a failed scan
             return [], [], _unreachable(sink, exc)
         try:
-            old, young = find_orphans(sink, self.store, grace=grace, catalog=catalog)
+            old, young = find_orphans(sink, self.store.registry, grace=grace, catalog=catalog)
         except Exception as exc:
             return [], [], mask_userinfo(f"sink {sink.sink_id!r}: {type(exc).__name__}: {exc}")
         return old, young, None

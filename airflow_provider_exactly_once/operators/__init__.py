@@ -7,10 +7,12 @@ from airflow_provider_exactly_once.operators.epoch import (
     PersistPendingOperator,
 )
 from airflow_provider_exactly_once.operators.spark_precommit import SparkPreCommitOperator
+from airflow_provider_exactly_once.operators.tables import EnsureTableOperator
 
 __all__ = [
     "AbortEpochOperator",
     "CommitEpochOperator",
+    "EnsureTableOperator",
     "MarkCheckpointOperator",
     "PersistPendingOperator",
     "SparkPreCommitOperator",

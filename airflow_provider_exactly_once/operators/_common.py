@@ -8,10 +8,8 @@ from typing import Any
 
 from airflow.sdk.exceptions import AirflowFailException
 
-from airflow_provider_exactly_once.checkpoints.config import CheckpointConfig, checkpoint_config_from_dict
 from airflow_provider_exactly_once.core.errors import ExactlyOnceError, InvalidSinkConfig
 from airflow_provider_exactly_once.core.precommit import PreCommit
-from airflow_provider_exactly_once.sinks.config import SinkConfig, sink_config_from_dict
 
 
 @contextmanager
@@ -28,15 +26,6 @@ def airflow_errors() -> Iterator[None]:
         if exc.retryable:
             raise
         raise AirflowFailException(f"{type(exc).__name__}: {exc}") from exc
-
-
-def as_sink(sink: SinkConfig | Mapping[str, Any]) -> SinkConfig:
-    """Accept a sink config or its ``to_dict()`` form (what a DAG built from JSON has)."""
-    return sink if not isinstance(sink, Mapping) else sink_config_from_dict(sink)
-
-
-def as_checkpoint(checkpoint: CheckpointConfig | Mapping[str, Any]) -> CheckpointConfig:
-    return checkpoint if not isinstance(checkpoint, Mapping) else checkpoint_config_from_dict(checkpoint)
 
 
 def pull_pre_commit(context: Mapping[str, Any], write_task_id: str) -> object | None:

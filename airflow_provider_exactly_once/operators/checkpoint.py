@@ -17,9 +17,10 @@ from airflow_provider_exactly_once.checkpoints.metastore import MetaStoreCheckpo
 from airflow_provider_exactly_once.core.errors import InvalidSinkConfig
 from airflow_provider_exactly_once.core.identifiers import check_epoch
 from airflow_provider_exactly_once.core.status import CheckpointStatus
-from airflow_provider_exactly_once.hooks.epochs import epoch_for_context, interval_epoch
-from airflow_provider_exactly_once.hooks.meta_store import DEFAULT_META_CONN_ID, ExactlyOnceMetaStoreHook
+from airflow_provider_exactly_once.defaults import DEFAULT_META_CONN_ID
+from airflow_provider_exactly_once.hooks.meta_store import ExactlyOnceMetaStoreHook
 from airflow_provider_exactly_once.operators._common import airflow_errors
+from airflow_provider_exactly_once.runtime.epochs import epoch_for_context, interval_epoch
 from airflow_provider_exactly_once.store import SqlSinkStateStore
 
 
@@ -75,10 +76,10 @@ class MarkCheckpointOperator(BaseOperator):
             store = ExactlyOnceMetaStoreHook(self.meta_conn_id).get_store()
             try:
                 name = self.checkpoint_name or MetaStoreCheckpointSource(
-                    store, name_template=self.checkpoint.name_template
+                    store.checkpoints, name_template=self.checkpoint.name_template
                 ).name(str(self.sink_id))
                 epoch = self._epoch(context, store)
-                store.set_checkpoint(name, epoch, status, self.detail)
+                store.checkpoints.set_checkpoint(name, epoch, status, self.detail)
             finally:
                 store.dispose()
         self.log.info("Checkpoint %r epoch %d marked %s", name, epoch, status.value)
@@ -91,7 +92,7 @@ class MarkCheckpointOperator(BaseOperator):
             except ValueError:
                 raise InvalidSinkConfig(f"task {self.task_id}: epoch {self.epoch!r} is not an integer") from None
         if self.sink_id is not None:
-            return epoch_for_context(context, self.sink_id, store)
+            return epoch_for_context(context, self.sink_id, store.epochs)
         epoch = interval_epoch(context)
         if epoch is None:
             raise InvalidSinkConfig(

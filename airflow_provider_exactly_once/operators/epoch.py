@@ -20,22 +20,18 @@ from airflow_provider_exactly_once.checkpoints.config import CheckpointConfig
 from airflow_provider_exactly_once.core.coordinator import CommitOutcome, TwoPhaseCommitCoordinator
 from airflow_provider_exactly_once.core.errors import AbortRefused, ExactlyOnceError, InvalidPreCommit
 from airflow_provider_exactly_once.core.precommit import PreCommit
-from airflow_provider_exactly_once.hooks.epochs import epoch_for_context
-from airflow_provider_exactly_once.hooks.meta_store import (
-    DEFAULT_META_CONN_ID,
-    ExactlyOnceMetaStoreHook,
-    coordinator_for,
-)
+from airflow_provider_exactly_once.defaults import DEFAULT_META_CONN_ID
+from airflow_provider_exactly_once.hooks.meta_store import ExactlyOnceMetaStoreHook
 from airflow_provider_exactly_once.observability.assets import commit_alias, emit_committed
 from airflow_provider_exactly_once.observability.links import EpochLink
 from airflow_provider_exactly_once.operators._common import (
     airflow_errors,
-    as_checkpoint,
-    as_sink,
     check_write_matches,
     pull_pre_commit,
     try_number,
 )
+from airflow_provider_exactly_once.runtime.assembly import as_checkpoint, as_sink, coordinator_for
+from airflow_provider_exactly_once.runtime.epochs import epoch_for_context, epoch_interval
 from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig, SinkConfig
 from airflow_provider_exactly_once.store import SqlSinkStateStore
 
@@ -75,12 +71,13 @@ class _EpochOperator(BaseOperator):
         """
         store = ExactlyOnceMetaStoreHook(self.meta_conn_id).get_store()
         try:
-            store.register_sink(
+            store.registry.register_sink(
                 self.sink.sink_id,
                 self.sink.to_dict(),
                 None if self.checkpoint is None else self.checkpoint.to_dict(),
             )
-            epoch = epoch_for_context(context, self.sink.sink_id, store)
+            epoch = epoch_for_context(context, self.sink.sink_id, store.epochs)
+            self.log.info("sink %r %s", self.sink.sink_id, epoch_interval(epoch, context))
             coordinator = coordinator_for(
                 self.sink, self.checkpoint, store=store, epoch=epoch, try_number=try_number(context)
             )
@@ -263,7 +260,8 @@ class AbortEpochOperator(_EpochOperator):
         value = pull_pre_commit(context, self.write_task_id)
         if value is None:
             self.log.info(
-                "Task %r left no pre-commit in this run: aborting the epoch's persisted write, if any",
+                "Task %r left no pre-commit in this run: aborting the epoch's persisted write, if any "
+                "(an epoch with none is only logged: the meta store records no row for it)",
                 self.write_task_id,
             )
             return None

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,13 @@ from airflow_provider_exactly_once.core.epochs import epoch_start
 from airflow_provider_exactly_once.core.errors import InvalidSinkConfig
 from airflow_provider_exactly_once.core.identifiers import check_epoch, check_sink_id, new_write_id
 from airflow_provider_exactly_once.core.precommit import PreCommit
-from airflow_provider_exactly_once.hooks.meta_store import DEFAULT_META_CONN_ID, ExactlyOnceMetaStoreHook
+from airflow_provider_exactly_once.defaults import DEFAULT_META_CONN_ID
+from airflow_provider_exactly_once.hooks.meta_store import ExactlyOnceMetaStoreHook
+from airflow_provider_exactly_once.operators._common import airflow_errors
+from airflow_provider_exactly_once.operators._targets import check_target_for, target_for
+from airflow_provider_exactly_once.runtime.assembly import as_sink
+from airflow_provider_exactly_once.runtime.epochs import epoch_interval
+from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig, SinkConfig
 from airflow_provider_exactly_once.spark import jobspec
 
 #: Above this many bytes of compact JSON the XCom value is compressed (``xcom_value``).
@@ -38,10 +45,17 @@ EPOCH_WRITER_APPLICATION = str(Path(jobspec.__file__).with_name("epoch_writer.py
 class SparkPreCommitOperator(SparkSubmitOperator):
     """Write one epoch with Spark and return its pre-commit metadata (a dict) as the task's XCom.
 
-    :param sink_id: the sink the epoch belongs to.
+    :param sink: the sink the epoch is written for (``IcebergSinkConfig``, ``FileSinkConfig`` or a
+        dict): the same config the epoch group gets. The table, its catalog (the sink's Iceberg
+        connection, read when the task runs) and ``allow_schema_evolution`` come from it; for a file
+        sink, its root.
     :param input: where the epoch's rows come from (``spark.jobspec`` input spec, or its dict).
-    :param target: the Iceberg table or file sink (``spark.jobspec`` target spec, or its dict).
-    :param allow_schema_evolution: let new input columns be added to the table by the commit.
+    :param partition_by: identity partition columns of a file sink (Iceberg tables have their spec).
+    :param target: only for a file sink whose files need FileIO properties or Parquet settings
+        (a ``FileSinkTarget`` on the sink's root); or, with ``sink_id`` instead of ``sink``, the
+        explicit target of a write no sink config describes.
+    :param sink_id: instead of ``sink``, with an explicit ``target``.
+    :param allow_schema_evolution: with ``sink_id``; with ``sink`` it is the sink's.
     :param writers: number of parallel write tasks (see ``EpochJobSpec.writers``).
     :param epoch: override the epoch derived from the run (its data interval start, or for runs
         without one an allocation keyed by run id in the meta store of ``meta_conn_id``).
@@ -53,14 +67,18 @@ class SparkPreCommitOperator(SparkSubmitOperator):
         path in cluster mode.
     """
 
+    # The derived target (with the catalog's properties) is deliberately not a field: rendered
+    # fields are stored and shown in the UI, and catalog properties may hold credentials.
     template_fields = (*SparkSubmitOperator.template_fields, "sink_id", "input_spec", "target_spec")
 
     def __init__(
         self,
         *,
-        sink_id: str,
         input: dict[str, Any] | jobspec.FilesInput | jobspec.TableInput | jobspec.SqlInput | jobspec.FunctionInput,
-        target: dict[str, Any] | jobspec.IcebergTarget | jobspec.FileSinkTarget,
+        sink: SinkConfig | Mapping[str, Any] | None = None,
+        partition_by: Sequence[str] = (),
+        target: dict[str, Any] | jobspec.IcebergTarget | jobspec.FileSinkTarget | None = None,
+        sink_id: str | None = None,
         allow_schema_evolution: bool = False,
         writers: int | None = None,
         target_file_size_bytes: int | None = None,
@@ -72,12 +90,19 @@ class SparkPreCommitOperator(SparkSubmitOperator):
         durable: bool = False,
         **kwargs: Any,
     ) -> None:
+        sink_cfg, sink_id = _sink_and_id(sink, sink_id, target, partition_by, kwargs.get("task_id"))
         kwargs.setdefault("name", f"exactly-once-{sink_id}")
         super().__init__(application=application, durable=durable, **kwargs)
+        self.sink = sink_cfg
         self.sink_id = sink_id
+        self.partition_by = list(partition_by)
         self.input_spec = input.model_dump(mode="json") if not isinstance(input, dict) else input
-        self.target_spec = target.model_dump(mode="json") if not isinstance(target, dict) else target
-        self.allow_schema_evolution = allow_schema_evolution
+        self.target_spec = (
+            None if target is None else target.model_dump(mode="json") if not isinstance(target, dict) else target
+        )
+        self.allow_schema_evolution = (
+            sink_cfg.allow_schema_evolution if isinstance(sink_cfg, IcebergSinkConfig) else allow_schema_evolution
+        )
         self.writers = writers
         self.target_file_size_bytes = target_file_size_bytes
         self.epoch = epoch
@@ -85,9 +110,26 @@ class SparkPreCommitOperator(SparkSubmitOperator):
         self.work_dir = work_dir
         self.xcom_compress_above = xcom_compress_above
         self._pre_commit: PreCommit | None = None  # this try's write, for OpenLineage
+        self._target: dict[str, Any] = {}  # this try's resolved target, for OpenLineage
+
+    def _resolve_target(self) -> dict[str, Any]:
+        if self.sink is None:
+            return dict(self.target_spec or {})
+        file_target = None
+        if self.target_spec is not None:
+            try:
+                file_target = jobspec.FileSinkTarget.model_validate(self.target_spec)
+            except ValueError as exc:
+                raise InvalidSinkConfig(f"task {self.task_id}: invalid file sink target: {exc}") from None
+        return target_for(self.sink, file_target, self.partition_by)
 
     # The parent returns None; returning the metadata is what puts it in XCom.
     def execute(self, context: Any) -> dict[str, Any] | str:  # type: ignore[override]
+        # A wrong sink, target or input fails the task without retries: a retry would fail the same way.
+        with airflow_errors():
+            return self._execute(context)
+
+    def _execute(self, context: Any) -> dict[str, Any] | str:
         start: datetime | None = context.get("data_interval_start")
         end: datetime | None = context.get("data_interval_end")
         if self.epoch is not None:
@@ -99,6 +141,7 @@ class SparkPreCommitOperator(SparkSubmitOperator):
         if start is None:
             start = epoch_start(epoch)
         end = end or start
+        target = self._target = self._resolve_target()
         write_id = new_write_id()
         work = Path(tempfile.mkdtemp(prefix=f"eo-{write_id[:8]}-", dir=self.work_dir))
         output = work / "pre-commit.json"
@@ -112,7 +155,7 @@ class SparkPreCommitOperator(SparkSubmitOperator):
                         "data_interval_start": start,
                         "data_interval_end": end,
                         "input": self.input_spec,
-                        "target": self.target_spec,
+                        "target": target,
                         "output_path": str(output),
                         "allow_schema_evolution": self.allow_schema_evolution,
                         "writers": self.writers,
@@ -125,7 +168,7 @@ class SparkPreCommitOperator(SparkSubmitOperator):
             jobspec.dump_spec(spec, spec_path)
             self.application_args = [str(spec_path)]
             self._hook = None  # the hook captures application_args when built
-            self.log.info("Writing sink %r epoch %d as write %s", spec.sink_id, epoch, write_id)
+            self.log.info("Writing sink %r %s as write %s", spec.sink_id, epoch_interval(epoch, context), write_id)
             try:
                 super().execute(context)
             except Exception as exc:
@@ -154,7 +197,42 @@ class SparkPreCommitOperator(SparkSubmitOperator):
         """Input: the landed files; outputs: the target's tables, with the write's schema, rows, bytes, files."""
         from airflow_provider_exactly_once.observability.lineage import write_lineage
 
-        return write_lineage(self.input_spec, self.target_spec, self._pre_commit)
+        return write_lineage(self.input_spec, self._target or dict(self.target_spec or {}), self._pre_commit)
+
+
+def _sink_and_id(
+    sink: SinkConfig | Mapping[str, Any] | None,
+    sink_id: str | None,
+    target: object,
+    partition_by: Sequence[str],
+    task_id: object,
+) -> tuple[SinkConfig | None, str]:
+    """The sink config (or none) and the sink id, refusing contradictory arguments at parse time."""
+    if (sink is None) == (sink_id is None):
+        raise InvalidSinkConfig(
+            f"task {task_id}: give exactly one of sink= and sink_id= (the latter with an explicit target=)"
+        )
+    if sink is None:
+        if target is None:
+            raise InvalidSinkConfig(f"task {task_id}: sink_id= needs target=; or give sink=")
+        if partition_by:
+            raise InvalidSinkConfig(f"task {task_id}: partition_by= goes with sink=; put it in the target")
+        return None, str(sink_id)
+    config = as_sink(sink)
+    if isinstance(config, IcebergSinkConfig) and partition_by:
+        raise InvalidSinkConfig(
+            f"task {task_id}: sink {config.sink_id!r} is an Iceberg sink, partitioned by its table's spec"
+        )
+    file_target = target
+    if isinstance(target, dict) and target.get("kind", "files") == "files":
+        try:
+            file_target = jobspec.FileSinkTarget.model_validate(target)
+        except ValueError as exc:
+            raise InvalidSinkConfig(f"task {task_id}: invalid file sink target: {exc}") from None
+    if file_target is not None and not isinstance(file_target, jobspec.FileSinkTarget):
+        raise InvalidSinkConfig(f"task {task_id}: with sink= only a file sink's FileSinkTarget may be given")
+    check_target_for(config, file_target)
+    return config, config.sink_id
 
 
 def xcom_value(pre_commit: PreCommit, compress_above: int | None = XCOM_COMPRESS_ABOVE) -> dict[str, Any] | str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from airflow.plugins_manager import AirflowPlugin
 
-from airflow_provider_exactly_once.plugins import urls
+from airflow_provider_exactly_once.observability import urls
 from airflow_provider_exactly_once.plugins.listener import RecoveryOnSchedulerStart
 from airflow_provider_exactly_once.plugins.ui import SinkStateApp
 

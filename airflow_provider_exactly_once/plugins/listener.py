@@ -109,7 +109,9 @@ class RecoveryOnSchedulerStart:
                 return
             from airflow.configuration import conf
 
-            section = "exactly_once"
+            from airflow_provider_exactly_once.defaults import CONFIG_SECTION
+
+            section = CONFIG_SECTION
             if not conf.getboolean(section, "trigger_recovery_on_scheduler_start", fallback=True):
                 log.info("[%s] trigger_recovery_on_scheduler_start is off: no recovery run queued", section)
                 return

@@ -4,9 +4,9 @@
 the ``plugins`` listener triggers a run when the scheduler starts.
 """
 
+from airflow_provider_exactly_once.defaults import DEFAULT_ORPHAN_GRACE
 from airflow_provider_exactly_once.recovery.sink import (
     DEFAULT_LOCK_TTL,
-    DEFAULT_ORPHAN_GRACE,
     SinkLocked,
     SinkRecoveryReport,
     recover_sink,

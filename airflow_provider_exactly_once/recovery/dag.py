@@ -23,12 +23,11 @@ from typing import Any
 
 from airflow.sdk import DAG, conf
 
-from airflow_provider_exactly_once.hooks.meta_store import DEFAULT_META_CONN_ID
+from airflow_provider_exactly_once.defaults import CONFIG_SECTION, DEFAULT_META_CONN_ID, DEFAULT_ORPHAN_GRACE
 from airflow_provider_exactly_once.observability.assets import recovery_alias
 from airflow_provider_exactly_once.recovery.operators import ListRegisteredSinksOperator, RecoverSinkOperator
-from airflow_provider_exactly_once.recovery.sink import DEFAULT_LOCK_TTL, DEFAULT_ORPHAN_GRACE
+from airflow_provider_exactly_once.recovery.sink import DEFAULT_LOCK_TTL
 
-CONFIG_SECTION = "exactly_once"
 DEFAULT_RECOVERY_DAG_ID = "exactly_once_recovery"
 DEFAULT_RECOVERY_SCHEDULE = "*/15 * * * *"
 #: ``schedule`` default of ``recovery_dag``: read ``[exactly_once] recovery_schedule``.

@@ -11,12 +11,12 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from airflow_provider_exactly_once.core.status import EpochStatus
-from airflow_provider_exactly_once.hooks.meta_store import DEFAULT_META_CONN_ID, ExactlyOnceMetaStoreHook
+from airflow_provider_exactly_once.defaults import DEFAULT_META_CONN_ID, DEFAULT_ORPHAN_GRACE
+from airflow_provider_exactly_once.hooks.meta_store import ExactlyOnceMetaStoreHook
 from airflow_provider_exactly_once.observability.assets import emit_committed, recovery_alias
 from airflow_provider_exactly_once.operators._common import airflow_errors
 from airflow_provider_exactly_once.recovery.sink import (
     DEFAULT_LOCK_TTL,
-    DEFAULT_ORPHAN_GRACE,
     SinkLocked,
     recover_sink,
     registered_sink,
@@ -42,7 +42,7 @@ class ListRegisteredSinksOperator(BaseOperator):
         with airflow_errors():
             store = ExactlyOnceMetaStoreHook(self.meta_conn_id).get_store()
             try:
-                sinks = [sink_id for sink_id, _, _ in store.registered_sinks()]
+                sinks = [sink_id for sink_id, _, _ in store.registry.registered_sinks()]
             finally:
                 store.dispose()
         self.log.info("%d registered sink(s): %s", len(sinks), sinks)
@@ -116,7 +116,7 @@ class RecoverSinkOperator(BaseOperator):
         if not committed or alias not in self.outlets:
             return
         try:
-            sink, _ = registered_sink(store, self.sink_id)
+            sink, _ = registered_sink(store.registry, self.sink_id)
             if not isinstance(sink, IcebergSinkConfig):
                 return
             for epoch in committed:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import posixpath
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
@@ -31,21 +31,17 @@ from pyiceberg.table import TableProperties
 
 from airflow_provider_exactly_once.core.errors import InvalidPreCommit
 from airflow_provider_exactly_once.core.identifiers import check_write_id
+from airflow_provider_exactly_once.core.ports import ORPHAN_EPOCH, SinkRegistry
 from airflow_provider_exactly_once.core.precommit import PreCommit, TableWrite
 from airflow_provider_exactly_once.sinks.config import FileSinkConfig, IcebergSinkConfig, SinkConfig
 from airflow_provider_exactly_once.sinks.files import STAGING_DIR
 from airflow_provider_exactly_once.sinks.iceberg.catalog_access import load_table
-from airflow_provider_exactly_once.store.sql import ORPHAN_EPOCH
 
 log = logging.getLogger(__name__)
 
 #: Folder under an Iceberg table's data root holding the epoch writer's write locations
 #: (``spark.targets.ICEBERG_WRITE_DIR``; not imported, so recovery never imports the Spark side).
 ICEBERG_WRITE_DIR = "_eo"
-
-
-class KnownWrites(Protocol):
-    def known_writes(self, sink_id: str, write_ids: Sequence[str]) -> set[str]: ...
 
 
 @dataclass(frozen=True)
@@ -211,7 +207,7 @@ def _file_sink_locations(sink: FileSinkConfig) -> dict[str, list[tuple[WriteLoca
 
 def find_orphans(
     sink: SinkConfig,
-    store: KnownWrites,
+    registry: SinkRegistry,
     *,
     grace: timedelta,
     catalog: Catalog | None = None,
@@ -231,7 +227,7 @@ def find_orphans(
         locations = _iceberg_locations(sink, catalog)
     else:
         locations = _file_sink_locations(sink)
-    unknown = sorted(set(locations) - store.known_writes(sink.sink_id, sorted(locations)))
+    unknown = sorted(set(locations) - registry.known_writes(sink.sink_id, sorted(locations)))
     cutoff = (now or datetime.now(UTC)) - grace
     old: list[OrphanCandidate] = []
     young: list[OrphanCandidate] = []

@@ -10,11 +10,14 @@ own safety checks (invariant 4).
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 from typing import Any
 
 from airflow_provider_exactly_once.checkpoints.config import checkpoint_config_from_dict
+from airflow_provider_exactly_once.core.coordinator import CleanupReport, TwoPhaseCommitCoordinator
 from airflow_provider_exactly_once.core.errors import (
     ExactlyOnceError,
     InvalidSinkConfig,
@@ -22,18 +25,16 @@ from airflow_provider_exactly_once.core.errors import (
     StateConflict,
 )
 from airflow_provider_exactly_once.core.observe import report_pending
-from airflow_provider_exactly_once.hooks.meta_store import coordinator_for
+from airflow_provider_exactly_once.core.ports import ORPHAN_EPOCH, SinkRegistry
+from airflow_provider_exactly_once.defaults import DEFAULT_ORPHAN_GRACE
 from airflow_provider_exactly_once.observability.stats import airflow_metrics
 from airflow_provider_exactly_once.recovery.orphans import OrphanCandidate, find_orphans
+from airflow_provider_exactly_once.runtime.assembly import coordinator_for
 from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig, SinkConfig, sink_config_from_dict
 from airflow_provider_exactly_once.store import SqlSinkStateStore
-from airflow_provider_exactly_once.store.sql import ORPHAN_EPOCH
 
 log = logging.getLogger(__name__)
 
-#: How old every file of an unknown write location must be before it counts as orphaned: longer than
-#: any write runs before it is persisted, so a write still in flight is never taken for an orphan.
-DEFAULT_ORPHAN_GRACE = timedelta(hours=6)
 #: How long a recovery holds a sink's lock at most; a killed recovery task blocks the next one this long.
 DEFAULT_LOCK_TTL = timedelta(hours=1)
 
@@ -74,9 +75,9 @@ class SinkRecoveryReport:
         )
 
 
-def registered_sink(store: SqlSinkStateStore, sink_id: str) -> tuple[SinkConfig, Any]:
+def registered_sink(registry: SinkRegistry, sink_id: str) -> tuple[SinkConfig, Any]:
     """The sink's config and checkpoint config (``None``: the meta-store checkpoint table) as registered."""
-    registration = store.registered_sink(sink_id)
+    registration = registry.registered_sink(sink_id)
     if registration is None:
         raise InvalidSinkConfig(
             f"sink {sink_id!r} is not in the sink registry; it is registered by its first persist, commit or abort"
@@ -84,6 +85,21 @@ def registered_sink(store: SqlSinkStateStore, sink_id: str) -> tuple[SinkConfig,
     sink_dict, checkpoint_dict = registration
     checkpoint = None if checkpoint_dict is None else checkpoint_config_from_dict(checkpoint_dict)
     return sink_config_from_dict(sink_dict), checkpoint
+
+
+@contextmanager
+def sink_lock(registry: SinkRegistry, sink_id: str, holder: str, ttl: timedelta = DEFAULT_LOCK_TTL) -> Iterator[None]:
+    """Hold the sink's lock: two recoveries (or a recovery and ``eo-sink gc``) never work on one sink at once."""
+    acquired, by, until = registry.acquire_sink_lock(sink_id, holder, ttl=ttl)
+    if not acquired:
+        raise SinkLocked(f"sink {sink_id!r} is being recovered by {by!r} (lock held until {until.isoformat()})")
+    try:
+        yield
+    finally:
+        try:
+            registry.release_sink_lock(sink_id, holder)
+        except MetaStoreUnavailable:
+            log.warning("could not release the lock of sink %r; it expires by itself", sink_id)
 
 
 def recover_sink(
@@ -100,23 +116,17 @@ def recover_sink(
     ``MetaStoreUnavailable`` through (nothing else can make progress); every other failure, per epoch
     or per orphan, is in the report, and the rest of the sink is still recovered.
     """
-    sink, checkpoint = registered_sink(store, sink_id)
-    acquired, by, until = store.acquire_sink_lock(sink_id, holder, ttl=lock_ttl)
-    if not acquired:
-        raise SinkLocked(f"sink {sink_id!r} is being recovered by {by!r} (lock held until {until.isoformat()})")
-    try:
+    sink, checkpoint = registered_sink(store.registry, sink_id)
+    with sink_lock(store.registry, sink_id, holder, lock_ttl):
         report = SinkRecoveryReport(sink_id)
         metrics = airflow_metrics()
         coordinator = coordinator_for(sink, checkpoint, store=store, metrics=metrics)
-        enqueued = queue_orphans(store, sink, orphan_grace, report)
+        enqueued = queue_orphans(store.registry, sink, orphan_grace, report)
         result = coordinator.recover(sink_id)
         report.committed, report.aborted, report.waiting = result.committed, result.aborted, result.waiting
         report.files_deleted = result.files_deleted
         report.failed.update({f"epoch {e}": why for e, why in result.failed.items() if e != ORPHAN_EPOCH})
-        remaining = {task.write_id for task in store.cleanups(sink_id, ORPHAN_EPOCH)}
-        report.orphans_removed = sorted(enqueued - remaining)
-        for write_id in sorted(remaining):
-            report.failed[f"orphan {write_id}"] = result.failed.get(ORPHAN_EPOCH, "its clean-up did not complete")
+        _settle_orphans(store, sink_id, enqueued, result, report)
         # After recovery, so the gauges show what is still Pending: epochs waiting for their checkpoint
         # or failing to commit; a growing oldest age is the signal that one is stuck.
         try:
@@ -124,18 +134,48 @@ def recover_sink(
         except ExactlyOnceError as exc:  # a missed gauge must not fail a recovery that did its work
             log.warning("sink %r: could not read the Pending gauges: %s", sink_id, exc)
         return report
-    finally:
-        try:
-            store.release_sink_lock(sink_id, holder)
-        except MetaStoreUnavailable:
-            log.warning("could not release the lock of sink %r; it expires by itself", sink_id)
 
 
-def queue_orphans(store: SqlSinkStateStore, sink: SinkConfig, grace: timedelta, report: SinkRecoveryReport) -> set[str]:
+def remove_orphans(
+    store: SqlSinkStateStore,
+    sink: SinkConfig,
+    coordinator: TwoPhaseCommitCoordinator,
+    *,
+    holder: str,
+    grace: timedelta,
+    lock_ttl: timedelta = DEFAULT_LOCK_TTL,
+) -> SinkRecoveryReport:
+    """Only the orphan half of ``recover_sink`` (``eo-sink gc``): no epoch's status is touched.
+
+    Orphans go through the store's clean-up queue and the coordinator's clean-up path, under the
+    sink's lock, exactly as the recovery DAG removes them. The caller builds ``coordinator``, so it can
+    say which catalog could not be reached.
+    """
+    sink_id = sink.sink_id
+    with sink_lock(store.registry, sink_id, holder, lock_ttl):
+        report = SinkRecoveryReport(sink_id)
+        enqueued = queue_orphans(store.registry, sink, grace, report)
+        result = coordinator.clean_up(sink_id, ORPHAN_EPOCH)
+        report.files_deleted = result.files_deleted
+        _settle_orphans(store, sink_id, enqueued, result, report)
+        return report
+
+
+def _settle_orphans(
+    store: SqlSinkStateStore, sink_id: str, enqueued: set[str], result: CleanupReport, report: SinkRecoveryReport
+) -> None:
+    """An orphan is removed once its clean-up left the queue; what is still queued failed."""
+    remaining = {task.write_id for task in store.cleanups(sink_id, ORPHAN_EPOCH)}
+    report.orphans_removed = sorted(enqueued - remaining)
+    for write_id in sorted(remaining):
+        report.failed[f"orphan {write_id}"] = result.failed.get(ORPHAN_EPOCH, "its clean-up did not complete")
+
+
+def queue_orphans(registry: SinkRegistry, sink: SinkConfig, grace: timedelta, report: SinkRecoveryReport) -> set[str]:
     """Queue every orphan older than ``grace`` for the coordinator's clean-up path; their write ids."""
     try:
         catalog = sink_catalog(sink)
-        old, young = find_orphans(sink, store, grace=grace, catalog=catalog)
+        old, young = find_orphans(sink, registry, grace=grace, catalog=catalog)
     except MetaStoreUnavailable:
         raise
     except Exception as exc:  # a listing failure must not stop the epochs' recovery
@@ -146,7 +186,7 @@ def queue_orphans(store: SqlSinkStateStore, sink: SinkConfig, grace: timedelta, 
     enqueued: set[str] = set()
     for candidate in old:
         try:
-            store.enqueue_orphan_cleanup(
+            registry.enqueue_orphan_cleanup(
                 candidate.pre_commit(), reason=_reason(candidate, grace), written_since=_oldest(candidate)
             )
         except StateConflict as exc:  # persisted since the scan: it is no orphan

@@ -1,5 +1,6 @@
 """Sensors: waiting for an epoch's checkpoint."""
 
 from airflow_provider_exactly_once.sensors.checkpoint import CheckpointSensor
+from airflow_provider_exactly_once.sensors.settled import CheckpointSettledSensor
 
-__all__ = ["CheckpointSensor"]
+__all__ = ["CheckpointSensor", "CheckpointSettledSensor"]

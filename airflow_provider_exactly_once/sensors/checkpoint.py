@@ -20,9 +20,15 @@ from airflow_provider_exactly_once.checkpoints.config import CheckpointConfig, M
 from airflow_provider_exactly_once.core.errors import ExactlyOnceError, InvalidSinkConfig
 from airflow_provider_exactly_once.core.identifiers import check_sink_id
 from airflow_provider_exactly_once.core.status import CheckpointStatus
-from airflow_provider_exactly_once.hooks.epochs import epoch_for_context, interval_epoch
-from airflow_provider_exactly_once.hooks.meta_store import DEFAULT_META_CONN_ID, ExactlyOnceMetaStoreHook
-from airflow_provider_exactly_once.operators._common import as_checkpoint, as_sink
+from airflow_provider_exactly_once.defaults import DEFAULT_META_CONN_ID
+from airflow_provider_exactly_once.hooks.meta_store import ExactlyOnceMetaStoreHook
+from airflow_provider_exactly_once.runtime.assembly import as_checkpoint, as_sink
+from airflow_provider_exactly_once.runtime.epochs import (
+    checkpoint_location,
+    epoch_for_context,
+    epoch_interval,
+    interval_epoch,
+)
 from airflow_provider_exactly_once.sinks.config import SinkConfig
 from airflow_provider_exactly_once.triggers.checkpoint import ERROR, TIMEOUT, CheckpointTrigger
 
@@ -71,8 +77,8 @@ class CheckpointSensor(BaseSensorOperator):
         store = hook.get_store()
         try:
             if epoch is None:
-                epoch = epoch_for_context(context, self.sink_id, store)
-            return epoch, self.checkpoint.source(store).status(self.sink_id, epoch)
+                epoch = epoch_for_context(context, self.sink_id, store.epochs)
+            return epoch, self.checkpoint.source(store.checkpoints).status(self.sink_id, epoch)
         finally:
             store.dispose()
 
@@ -85,14 +91,17 @@ class CheckpointSensor(BaseSensorOperator):
                 self.log.warning("Checkpoint of sink %r unreadable this time: %s", self.sink_id, exc)
                 return False
             raise AirflowFailException(f"{type(exc).__name__}: {exc}") from exc
-        return self._decide(epoch, status)
+        return self._decide(epoch, status, context)
 
-    def _decide(self, epoch: int, status: CheckpointStatus) -> bool:
+    def _where(self, epoch: int, context: Any) -> str:
+        return f"{epoch_interval(epoch, context)} at {checkpoint_location(self.checkpoint, self.sink_id, epoch)}"
+
+    def _decide(self, epoch: int, status: CheckpointStatus, context: Any) -> bool:
         if status is CheckpointStatus.FAILED:
             raise AirflowFailException(
-                f"checkpoint of sink {self.sink_id!r} epoch {epoch} FAILED: the epoch will be aborted"
+                f"checkpoint of sink {self.sink_id!r} {self._where(epoch, context)} FAILED: the epoch will be aborted"
             )
-        self.log.info("Checkpoint of sink %r epoch %d: %s", self.sink_id, epoch, status.value)
+        self.log.info("Checkpoint of sink %r %s: %s", self.sink_id, self._where(epoch, context), status.value)
         return status is CheckpointStatus.COMPLETED
 
     # -- deferrable --------------------------------------------------------------------------------
@@ -133,5 +142,5 @@ class CheckpointSensor(BaseSensorOperator):
             if event.get("retryable"):
                 raise AirflowException(message)
             raise AirflowFailException(message)
-        if not self._decide(int(epoch or 0), CheckpointStatus(status)):
+        if not self._decide(int(epoch or 0), CheckpointStatus(status), context):
             raise AirflowException(f"checkpoint trigger fired with {status!r} for sink {self.sink_id!r}")

@@ -1,6 +1,7 @@
 """Read queries of the operations views (the ``eo-sink`` tool and the Airflow UI's sink view).
 
-Kept apart from ``sql.py``, whose methods are the coordinator's transitions: nothing here writes.
+Kept apart from ``sql.py``, whose methods are the coordinator's transitions: nothing here writes, and
+rows become ``EpochRecord`` through the same mapping (``store/rows.py``) the coordinator reads with.
 Every query is answered from an index (migration 0003 adds the listing ones) and returns at most
 ``limit`` rows, so a view costs the same with ten epochs of history as with ten million; counts are
 ``GROUP BY`` over the ``(sink_id, status)`` index, never rows fetched and counted in Python.
@@ -22,7 +23,8 @@ from airflow_provider_exactly_once.core.identifiers import check_sink_id
 from airflow_provider_exactly_once.core.ports import EpochRecord
 from airflow_provider_exactly_once.core.status import EpochStatus
 from airflow_provider_exactly_once.store.models import PendingSinkState, SinkCleanup
-from airflow_provider_exactly_once.store.sql import SqlSinkStateStore, _record
+from airflow_provider_exactly_once.store.rows import record
+from airflow_provider_exactly_once.store.sql import SqlSinkStateStore
 
 #: The most rows one listing returns: a page, not an export.
 MAX_PAGE = 1000
@@ -115,7 +117,7 @@ def list_epochs(
         rows = session.scalars(
             epochs_statement(sink_id=sink_id, status=status, limit=limit, offset=offset, dag_ids=dag_ids)
         )
-        return [_record(row) for row in rows]
+        return [record(row) for row in rows]
 
 
 def count_epochs(

@@ -18,7 +18,9 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 from airflow_provider_exactly_once.checkpoints.config import MetaStoreCheckpoint, checkpoint_config_from_dict
 from airflow_provider_exactly_once.core.errors import ExactlyOnceError
 from airflow_provider_exactly_once.core.status import CheckpointStatus
-from airflow_provider_exactly_once.hooks.meta_store import DEFAULT_META_CONN_ID, ExactlyOnceMetaStoreHook
+from airflow_provider_exactly_once.defaults import DEFAULT_META_CONN_ID
+from airflow_provider_exactly_once.hooks.meta_store import ExactlyOnceMetaStoreHook
+from airflow_provider_exactly_once.runtime.epochs import checkpoint_location, epoch_interval
 from airflow_provider_exactly_once.store import SqlSinkStateStore
 
 #: Event ``status`` values besides the final checkpoint statuses.
@@ -86,7 +88,7 @@ class CheckpointTrigger(BaseTrigger):
                 config = checkpoint_config_from_dict(self.checkpoint)
                 if isinstance(config, MetaStoreCheckpoint):
                     store = await ExactlyOnceMetaStoreHook(self.meta_conn_id).aget_store()
-                    source = config.source(store)
+                    source = config.source(store.checkpoints)
                 else:
                     source = config.source()
             except ExactlyOnceError as exc:
@@ -107,7 +109,13 @@ class CheckpointTrigger(BaseTrigger):
                 else:
                     failures = 0
                     if status is not CheckpointStatus.PENDING:
-                        self.log.info("Checkpoint of sink %r epoch %d: %s", self.sink_id, self.epoch, status.value)
+                        self.log.info(
+                            "Checkpoint of sink %r %s at %s: %s",
+                            self.sink_id,
+                            epoch_interval(self.epoch),
+                            checkpoint_location(config, self.sink_id, self.epoch),
+                            status.value,
+                        )
                         yield self._event(status.value)
                         return
                 if self.timeout_at is not None and time.time() >= self.timeout_at:

@@ -81,7 +81,7 @@ class World:
         return MetaStoreCheckpoint()
 
     def mark(self, epoch: int, status: CheckpointStatus) -> None:
-        self.pipeline.store.set_checkpoint(self.sink_id, epoch, status)
+        self.pipeline.store.checkpoints.set_checkpoint(self.sink_id, epoch, status)
 
     # -- the write task's body ----------------------------------------------------------------------
 

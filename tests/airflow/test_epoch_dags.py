@@ -228,7 +228,7 @@ def test_manual_runs_without_a_data_interval_get_an_allocated_epoch(world: World
         assert dr.state == "success" and dr.data_interval_start is None
         # Every task of the run arrived at the run's allocated epoch: the write, the checkpoint
         # mark, the sensor, persist and commit.
-        epoch = world.pipeline.store.allocate_epoch(world.sink_id, dr.run_id)
+        epoch = world.pipeline.store.epochs.allocate_epoch(world.sink_id, dr.run_id)
         assert xcom(dag.dag_id, dr.run_id, f"{G}.commit")["epoch"] == epoch
         assert xcom(dag.dag_id, dr.run_id, "upstream_done")["epoch"] == epoch
         committed_once(world, epoch)
@@ -354,8 +354,8 @@ def test_mark_checkpoint_operator_records_final_statuses(world: World) -> None:
 
     epoch = epoch_from_interval_start(DAY)
     store = world.pipeline.store
-    assert store.get_checkpoint("orders-ingest", epoch) is CheckpointStatus.COMPLETED
-    assert store.get_checkpoint(world.sink_id, epoch) is CheckpointStatus.COMPLETED  # final: not moved
+    assert store.checkpoints.get_checkpoint("orders-ingest", epoch) is CheckpointStatus.COMPLETED
+    assert store.checkpoints.get_checkpoint(world.sink_id, epoch) is CheckpointStatus.COMPLETED  # final: not moved
     states = ti_states(dag.dag_id, dr.run_id)
     assert states["by_sink"] == ("success", 1)
     assert states["contradiction"] == ("failed", 1)  # a refusal, not retried

@@ -13,8 +13,9 @@ from airflow.sdk.exceptions import AirflowFailException
 from airflow_provider_exactly_once.checkpoints.config import MarkerFileCheckpoint, MetaStoreCheckpoint
 from airflow_provider_exactly_once.core.errors import CheckpointFailed, InvalidSinkConfig, MetaStoreUnavailable
 from airflow_provider_exactly_once.core.status import CheckpointStatus
-from airflow_provider_exactly_once.hooks import ExactlyOnceMetaStoreHook, embedded_meta_store_url, epoch_for_context
+from airflow_provider_exactly_once.hooks import ExactlyOnceMetaStoreHook, embedded_meta_store_url
 from airflow_provider_exactly_once.operators._common import airflow_errors
+from airflow_provider_exactly_once.runtime.epochs import epoch_for_context
 from airflow_provider_exactly_once.store import SqlSinkStateStore
 from airflow_provider_exactly_once.triggers.checkpoint import CheckpointTrigger
 
@@ -52,10 +53,10 @@ def test_hook_uses_the_connections_url_and_masked_password(
     assert ExactlyOnceMetaStoreHook("eo_meta_pg").get_url()[0] == "postgresql+psycopg2://u:s3@db:5432/x"
     store = ExactlyOnceMetaStoreHook("eo_meta_t1").get_store()
     try:
-        store.set_checkpoint("c", 1, CheckpointStatus.COMPLETED)
+        store.checkpoints.set_checkpoint("c", 1, CheckpointStatus.COMPLETED)
     finally:
         store.dispose()
-    assert SqlSinkStateStore(url).get_checkpoint("c", 1) is CheckpointStatus.COMPLETED
+    assert SqlSinkStateStore(url).checkpoints.get_checkpoint("c", 1) is CheckpointStatus.COMPLETED
     ok, message = ExactlyOnceMetaStoreHook("eo_meta_t1").test_connection()
     assert ok, message
 
@@ -79,10 +80,10 @@ def test_epoch_for_context_interval_or_run_allocation(tmp_path: Path) -> None:
     store = SqlSinkStateStore(f"sqlite:///{tmp_path / 'm.db'}")
     try:
         start = dt.datetime(2024, 1, 1, tzinfo=dt.UTC)
-        assert epoch_for_context({"data_interval_start": start, "run_id": "r"}, "s", store) == 1704067200000
-        first = epoch_for_context({"data_interval_start": None, "run_id": "manual_1"}, "s", store)
-        assert epoch_for_context({"run_id": "manual_1"}, "s", store) == first  # every task of the run agrees
-        assert epoch_for_context({"run_id": "manual_2"}, "s", store) != first
+        assert epoch_for_context({"data_interval_start": start, "run_id": "r"}, "s", store.epochs) == 1704067200000
+        first = epoch_for_context({"data_interval_start": None, "run_id": "manual_1"}, "s", store.epochs)
+        assert epoch_for_context({"run_id": "manual_1"}, "s", store.epochs) == first  # every task of the run agrees
+        assert epoch_for_context({"run_id": "manual_2"}, "s", store.epochs) != first
     finally:
         store.dispose()
 

@@ -30,14 +30,14 @@ def both(source: MetaStoreCheckpointSource, sink_id: str, epoch: int) -> Checkpo
 
 
 def test_the_sql_store_is_a_checkpoint_table(store: SqlSinkStateStore) -> None:
-    assert isinstance(store, CheckpointTable)
-    assert isinstance(MetaStoreCheckpointSource(store), CheckpointSource)
+    assert isinstance(store.checkpoints, CheckpointTable)
+    assert isinstance(MetaStoreCheckpointSource(store.checkpoints), CheckpointSource)
 
 
 def test_status_follows_what_the_upstream_recorded(store: SqlSinkStateStore, sink_id: str) -> None:
-    source = MetaStoreCheckpointSource(store)
+    source = MetaStoreCheckpointSource(store.checkpoints)
     assert both(source, sink_id, EPOCH) is CheckpointStatus.PENDING  # never recorded
-    store.set_checkpoint(sink_id, EPOCH, CheckpointStatus.PENDING)
+    store.checkpoints.set_checkpoint(sink_id, EPOCH, CheckpointStatus.PENDING)
     assert both(source, sink_id, EPOCH) is CheckpointStatus.PENDING
     source.mark(sink_id, EPOCH, CheckpointStatus.COMPLETED, "upstream run 42")
     assert both(source, sink_id, EPOCH) is CheckpointStatus.COMPLETED
@@ -47,7 +47,7 @@ def test_status_follows_what_the_upstream_recorded(store: SqlSinkStateStore, sin
 
 
 def test_final_statuses_stay_final(store: SqlSinkStateStore, sink_id: str) -> None:
-    source = MetaStoreCheckpointSource(store)
+    source = MetaStoreCheckpointSource(store.checkpoints)
     source.mark(sink_id, EPOCH, CheckpointStatus.FAILED)
     with pytest.raises(StateConflict, match="final"):
         source.mark(sink_id, EPOCH, CheckpointStatus.COMPLETED)
@@ -55,14 +55,14 @@ def test_final_statuses_stay_final(store: SqlSinkStateStore, sink_id: str) -> No
 
 
 def test_name_template(store: SqlSinkStateStore, sink_id: str) -> None:
-    per_sink = MetaStoreCheckpointSource(store, name_template="ingest-{sink_id}")
+    per_sink = MetaStoreCheckpointSource(store.checkpoints, name_template="ingest-{sink_id}")
     assert per_sink.name(sink_id) == f"ingest-{sink_id}"
-    store.set_checkpoint(f"ingest-{sink_id}", EPOCH, CheckpointStatus.COMPLETED)
+    store.checkpoints.set_checkpoint(f"ingest-{sink_id}", EPOCH, CheckpointStatus.COMPLETED)
     assert both(per_sink, sink_id, EPOCH) is CheckpointStatus.COMPLETED
-    assert both(MetaStoreCheckpointSource(store), sink_id, EPOCH) is CheckpointStatus.PENDING
+    assert both(MetaStoreCheckpointSource(store.checkpoints), sink_id, EPOCH) is CheckpointStatus.PENDING
 
-    shared = MetaStoreCheckpointSource(store, name_template=f"upstream-{sink_id}")
-    store.set_checkpoint(f"upstream-{sink_id}", EPOCH, CheckpointStatus.COMPLETED)
+    shared = MetaStoreCheckpointSource(store.checkpoints, name_template=f"upstream-{sink_id}")
+    store.checkpoints.set_checkpoint(f"upstream-{sink_id}", EPOCH, CheckpointStatus.COMPLETED)
     assert both(shared, "orders", EPOCH) is CheckpointStatus.COMPLETED
     assert both(shared, "customers", EPOCH) is CheckpointStatus.COMPLETED
 

@@ -70,7 +70,7 @@ def planted(world: World, monkeypatch: pytest.MonkeyPatch) -> Iterator[Planted]:
         json.dumps({"conn_type": "iceberg", "extra": {"type": "sql", "uri": dead_uri}}),
     )
     dead = IcebergSinkConfig(dead_sink, (world.table,), iceberg_conn_id=dead_conn_id)
-    store.register_sink(dead_sink, dead.to_dict(), MetaStoreCheckpoint().to_dict())
+    store.registry.register_sink(dead_sink, dead.to_dict(), MetaStoreCheckpoint().to_dict())
     dead_write = PreCommit(
         sink_id=dead_sink,
         epoch=E1,

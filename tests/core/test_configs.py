@@ -59,9 +59,9 @@ def test_configs_build_working_committers_and_sources(tmp_path: Path) -> None:
     assert isinstance(FileSinkConfig("s", str(tmp_path / "out")).committer(), FileSinkCommitter)
 
     store = SqlSinkStateStore(f"sqlite:///{tmp_path / 'meta.db'}")
-    source = MetaStoreCheckpoint().source(store)
+    source = MetaStoreCheckpoint().source(store.checkpoints)
     assert source.status("s", 1) is CheckpointStatus.PENDING
-    store.set_checkpoint("s", 1, CheckpointStatus.COMPLETED)
+    store.checkpoints.set_checkpoint("s", 1, CheckpointStatus.COMPLETED)
     assert source.status("s", 1) is CheckpointStatus.COMPLETED
 
     markers = MarkerFileCheckpoint(f"{tmp_path}/landing/{{sink_id}}/{{epoch}}")

@@ -84,6 +84,9 @@ def run(root: Path, name: str, hours: int, rerun: bool) -> dict[str, Any]:
                 "marker_snapshots": {str(e): n for e, n in world.marker_snapshots(table, sink_id).items()},
                 "snapshots": len(table.metadata.snapshots),
                 "partition_fields": [f.name for f in table.spec().fields],
+                "metadata_files": len(
+                    [p for p in Path(table.location().removeprefix("file://"), "metadata").glob("*.metadata.json")]
+                ),
             }
     else:
         import pyarrow.parquet as pq

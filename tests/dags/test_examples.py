@@ -49,7 +49,9 @@ def test_example_dags_import_cleanly_without_side_effects(tmp_path: Path) -> Non
         "exactly_once_hourly_events": sorted(["create_table", "hour_settled", "transform", *group])
     }
     assert result["fan_out.py"]["dags"] == {
-        "exactly_once_fan_out": sorted(["create_tables", "hour_settled", "write", *group])
+        "exactly_once_fan_out": sorted(
+            ["create_events_by_day", "create_events_by_type", "hour_settled", "write", *group]
+        )
     }
     assert result["file_sink.py"]["dags"] == {"exactly_once_file_sink": sorted(["hour_settled", "write", *group])}
 
@@ -65,6 +67,8 @@ def test_hourly_events_lands_every_hour_once_even_when_rerun(tmp_path: Path) -> 
     assert table["by_hour"] == result["landed_by_hour"]
     assert table["marker_snapshots"] == dict.fromkeys(landed, 1)
     assert table["snapshots"] == 2
+    # one metadata file per commit after the table's first: the table task of each run left none
+    assert table["metadata_files"] == table["snapshots"] + 1
     assert table["partition_fields"] == ["event_day"]
     assert result["epochs"] == dict.fromkeys(landed, "Committed")
 

@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 
 from airflow_provider_exactly_once.checkpoints.config import MetaStoreCheckpoint
-from airflow_provider_exactly_once.core.faults import FAULT_ENV_VAR, SimulatedCrash
+from airflow_provider_exactly_once.core.faults import SimulatedCrash
 from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochStatus
-from airflow_provider_exactly_once.hooks.meta_store import coordinator_for
+from airflow_provider_exactly_once.runtime.assembly import coordinator_for
+from airflow_provider_exactly_once.runtime.faults import FAULT_ENV_VAR
 from airflow_provider_exactly_once.sinks.config import FileSinkConfig
 from tests.support.pipeline import Pipeline
 

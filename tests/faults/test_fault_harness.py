@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from tests.faults.cluster import Cluster, cluster
-from tests.faults.scenarios import describe_plan, named_scenarios, random_plan, run_scenarios
+from fault_harness.cluster import Cluster, cluster
+from fault_harness.scenarios import describe_plan, named_scenarios, random_plan, run_scenarios
 
 pytestmark = pytest.mark.postgres
 

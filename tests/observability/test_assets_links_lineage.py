@@ -22,7 +22,7 @@ from airflow_provider_exactly_once.observability.assets import (
     table_of_asset_uri,
 )
 from airflow_provider_exactly_once.observability.links import EpochLink
-from airflow_provider_exactly_once.plugins.urls import epoch_page
+from airflow_provider_exactly_once.observability.urls import epoch_page
 from airflow_provider_exactly_once.task_groups import exactly_once_epoch
 from tests.airflow.harness import World, run, ti_states, xcom
 

@@ -24,7 +24,7 @@ def ops_world(tmp: Path, monkeypatch: pytest.MonkeyPatch, meta_url: str) -> Worl
 
 def register(world: World, sink: SinkConfig) -> None:
     """As the epoch operators register a sink on first use."""
-    world.pipeline.store.register_sink(sink.sink_id, sink.to_dict(), MetaStoreCheckpoint().to_dict())
+    world.pipeline.store.registry.register_sink(sink.sink_id, sink.to_dict(), MetaStoreCheckpoint().to_dict())
 
 
 def coordinator(world: World) -> TwoPhaseCommitCoordinator:

@@ -80,7 +80,7 @@ def test_an_unreachable_catalog_is_sink_unavailable_naming_it_masked(
     )
     sink = IcebergSinkConfig(f"{world.sink_id}-down", (world.table,), iceberg_conn_id=conn_id)
     store = world.pipeline.store
-    store.register_sink(sink.sink_id, sink.to_dict(), MetaStoreCheckpoint().to_dict())
+    store.registry.register_sink(sink.sink_id, sink.to_dict(), MetaStoreCheckpoint().to_dict())
     store.insert_pending(
         empty_write(sink.sink_id, E1, world.table, f"file://{world.tmp}/down"), run_id=None, try_number=None
     )
@@ -101,7 +101,9 @@ def test_stored_credentials_are_masked_in_every_view(world: World) -> None:
     store = world.pipeline.store
     root = "s3://AKIAEXAMPLE:Planted-pw@bucket/exports"
     sink_id = f"{world.sink_id}-files"
-    store.register_sink(sink_id, {"kind": "files", "sink_id": sink_id, "root": root, "storage_options": {}}, None)
+    store.registry.register_sink(
+        sink_id, {"kind": "files", "sink_id": sink_id, "root": root, "storage_options": {}}, None
+    )
     pre = PreCommit(
         sink_id=sink_id, epoch=E1, write_id=str(uuid.uuid4()), tables=[TableWrite(table=root, location=f"{root}/_eo/w")]
     )

@@ -18,9 +18,7 @@ from airflow_provider_exactly_once.core.errors import (
     InvalidSinkConfig,
 )
 from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochStatus
-from airflow_provider_exactly_once.hooks.meta_store import DEFAULT_META_CONN_ID as HOOKS_DEFAULT_META_CONN_ID
-from airflow_provider_exactly_once.operations import InvalidRequest, SinkNotFound, SinkOperations, service
-from airflow_provider_exactly_once.recovery.sink import DEFAULT_ORPHAN_GRACE
+from airflow_provider_exactly_once.operations import InvalidRequest, SinkNotFound, SinkOperations
 from airflow_provider_exactly_once.sinks.config import FileSinkConfig
 from tests.airflow.harness import TABLE, World
 from tests.operations.helpers import coordinator, register, state, write
@@ -30,12 +28,6 @@ from tests.support.pipeline import write_location_exists
 
 def _ops(world: World) -> SinkOperations:
     return SinkOperations(world.pipeline.store)
-
-
-def test_the_services_defaults_are_the_hooks_and_recoverys() -> None:
-    # Copied, not imported, so that reads never import Airflow: they must not drift apart.
-    assert service.DEFAULT_META_CONN_ID == HOOKS_DEFAULT_META_CONN_ID
-    assert service.DEFAULT_ORPHAN_GRACE == DEFAULT_ORPHAN_GRACE
 
 
 def test_sinks_and_epochs_list_counts_filters_and_pages(world: World) -> None:
@@ -330,7 +322,7 @@ def test_a_checkpoint_source_that_cannot_answer_is_shown_with_the_reason(world: 
         "failed_marker": "_FAILED",
         "storage_options": {},
     }
-    world.pipeline.store.register_sink(sink.sink_id, sink.to_dict(), broken)
+    world.pipeline.store.registry.register_sink(sink.sink_id, sink.to_dict(), broken)
     coordinator(world).persist(write(world, E1))
     view = _ops(world).checkpoint(world.sink_id, E1)
     assert (view.status, view.source) == (None, "markers")

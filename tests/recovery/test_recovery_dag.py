@@ -115,7 +115,7 @@ def test_a_sink_that_cannot_be_recovered_fails_its_own_task(world: World, unique
     pipeline.coordinator(iceberg.sink_id, pipeline.iceberg_committer()).persist(good)
     pipeline.checkpoint(iceberg.sink_id, E1, CheckpointStatus.COMPLETED)
     for sink in (iceberg, files):
-        pipeline.store.register_sink(sink.sink_id, sink.to_dict(), MetaStoreCheckpoint().to_dict())
+        pipeline.store.registry.register_sink(sink.sink_id, sink.to_dict(), MetaStoreCheckpoint().to_dict())
 
     dag = recovery_dag(f"eo_recovery_{unique}", schedule=None, meta_conn_id=world.meta_conn_id, orphan_grace=GRACE)
     dr = run(dag, None)
@@ -132,17 +132,17 @@ def test_the_sink_lock_keeps_a_second_recovery_out(world: World) -> None:
     iceberg, _ = _sinks(world)
     left = leave_crash(world, iceberg)
     store = world.pipeline.store
-    assert store.acquire_sink_lock(iceberg.sink_id, "another-recovery", ttl=timedelta(minutes=5))[0]
+    assert store.registry.acquire_sink_lock(iceberg.sink_id, "another-recovery", ttl=timedelta(minutes=5))[0]
     with pytest.raises(SinkLocked, match="another-recovery"):
         recover_sink(store, iceberg.sink_id, holder="me", orphan_grace=GRACE)
     row = store.get(iceberg.sink_id, E1)
     assert row is not None and row.status is EpochStatus.PENDING, "nothing was done without the lock"
     assert exists(left.old_orphan)
 
-    assert store.release_sink_lock(iceberg.sink_id, "another-recovery")
+    assert store.registry.release_sink_lock(iceberg.sink_id, "another-recovery")
     report = recover_sink(store, iceberg.sink_id, holder="me", orphan_grace=GRACE)
     assert report.ok and report.committed == [E1] and report.orphans_removed == [left.old_orphan.write_id]
-    assert store.acquire_sink_lock(iceberg.sink_id, "next", ttl=timedelta(minutes=5))[0], "released after use"
+    assert store.registry.acquire_sink_lock(iceberg.sink_id, "next", ttl=timedelta(minutes=5))[0], "released after use"
 
 
 def test_recovery_racing_the_commit_task_commits_once(world: World) -> None:
@@ -151,7 +151,7 @@ def test_recovery_racing_the_commit_task_commits_once(world: World) -> None:
     pre = pipeline.write_iceberg(iceberg.sink_id, E1, [TABLE])
     pipeline.coordinator(iceberg.sink_id, pipeline.iceberg_committer()).persist(pre)
     pipeline.checkpoint(iceberg.sink_id, E1, CheckpointStatus.COMPLETED)
-    pipeline.store.register_sink(iceberg.sink_id, iceberg.to_dict(), None)
+    pipeline.store.registry.register_sink(iceberg.sink_id, iceberg.to_dict(), None)
 
     barrier = threading.Barrier(2)
     errors: list[BaseException] = []
@@ -181,7 +181,7 @@ def test_epoch_operators_register_their_sink(world: World) -> None:
     dag = epoch_dag(world, sink, mark_checkpoint=True)
     dr = run(dag, DAY + dt.timedelta(days=1))
     assert str(dr.state) == "success"
-    registered = world.pipeline.store.registered_sink(sink.sink_id)
+    registered = world.pipeline.store.registry.registered_sink(sink.sink_id)
     assert registered == (sink.to_dict(), world.checkpoint().to_dict())
 
 
@@ -191,21 +191,19 @@ def test_a_location_the_table_references_is_never_removed_as_an_orphan(
     """Invariant 4 does not rest on the orphan scan: with the store "forgetting" every write, its
     enqueue still refuses live writes; with that check bypassed too, the Iceberg committer's own
     check refuses to delete a location the table references."""
-    from airflow_provider_exactly_once.store import SqlSinkStateStore
-
     iceberg, _ = _sinks(world)
     left = leave_crash(world, iceberg)
     store = world.pipeline.store
-    monkeypatch.setattr(SqlSinkStateStore, "known_writes", lambda self, sink_id, write_ids: set())
+    monkeypatch.setattr(store.registry, "known_writes", lambda sink_id, write_ids: set())
     report = recover_sink(store, iceberg.sink_id, holder="forgetful", orphan_grace=GRACE)
     assert report.ok, report.failed
     assert sorted(report.orphans_removed) == sorted([left.old_orphan.write_id, left.aborted_with_files.write_id])
     assert exists(left.committed) and exists(left.pending_completed)
 
     monkeypatch.setattr(
-        SqlSinkStateStore,
+        store.registry,
         "enqueue_orphan_cleanup",
-        lambda self, pre, *, reason, written_since: SqlSinkStateStore.enqueue_cleanup(self, pre, reason=reason),
+        lambda pre, *, reason, written_since: store.enqueue_cleanup(pre, reason=reason),
     )
     report = recover_sink(store, iceberg.sink_id, holder="forgetful", orphan_grace=GRACE)
     for write in (left.committed, left.pending_completed):

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from airflow.sdk.exceptions import AirflowFailException
 from pyiceberg.catalog import Catalog
 from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.transforms import IdentityTransform
@@ -26,8 +27,9 @@ from airflow_provider_exactly_once.operators.spark_precommit import (
     SparkPreCommitOperator,
     xcom_value,
 )
+from airflow_provider_exactly_once.sinks.config import FileSinkConfig, IcebergSinkConfig
 from tests.spark.conftest import INTERVAL_START, land, make_table, sample_rows, spark_env
-from tests.spark.test_epoch_writer import commit_iceberg, files_input, iceberg_target, sorted_rows
+from tests.spark.test_epoch_writer import commit_iceberg, files_input, sorted_rows
 
 DAG_SCRIPT = textwrap.dedent(
     """
@@ -64,9 +66,9 @@ DAG_SCRIPT = textwrap.dedent(
         write = SparkPreCommitOperator(
             task_id="write",
             conn_id="spark_local",
-            sink_id="orders",
+            # the table and its catalog come from the sink and its Iceberg connection, read when the task runs
+            sink=settings["sink"],
             input=settings["input"],
-            target=settings["target"],
             xcom_compress_above=1024,  # this run's metadata is larger: XCom carries the compressed form
             conf=conf,
         )
@@ -74,9 +76,8 @@ DAG_SCRIPT = textwrap.dedent(
             task_id="write_files",
             conn_id="spark_standalone",  # the standalone master, client deploy mode
             total_executor_cores=1,
-            sink_id="orders-files",
+            sink=settings["file_sink"],
             input=settings["input"],
-            target=settings["file_target"],
             conf=conf,
         )
         [write, write_files] >> PythonOperator(task_id="keep", python_callable=keep)
@@ -125,8 +126,9 @@ def test_operator_in_a_dag_run_puts_the_pre_commit_in_xcom(
     result_file = tmp_path / "result.json"
     settings = {
         "input": files_input(tmp_path / "landing"),
-        "target": iceberg_target(catalog_props, "ns.orders"),
-        "file_target": {"kind": "files", "root": str(tmp_path / "sink")},
+        # the fixture's catalog is named "default": the connection id names the catalog, as in IcebergHook
+        "sink": {"kind": "iceberg", "sink_id": "orders", "tables": ["ns.orders"], "iceberg_conn_id": "default"},
+        "file_sink": {"kind": "files", "sink_id": "orders-files", "root": str(tmp_path / "sink")},
         "result": str(result_file),
     }
     host, port = standalone.rsplit(":", 1)
@@ -141,6 +143,7 @@ def test_operator_in_a_dag_run_puts_the_pre_commit_in_xcom(
             **airflow_env,
             "EO_TEST_SETTINGS": json.dumps(settings),
             "AIRFLOW_CONN_SPARK_STANDALONE": json.dumps(connection),
+            "AIRFLOW_CONN_DEFAULT": json.dumps({"conn_type": "iceberg", "extra": catalog_props}),
         },
         capture_output=True,
         text=True,
@@ -197,7 +200,7 @@ def test_operator_without_interval_allocates_the_runs_epoch_in_the_meta_store(
         work_dir=str(tmp_path),
     )
     context: dict[str, Any] = {"data_interval_start": None, "data_interval_end": None, "run_id": "manual__1"}
-    with pytest.raises(InvalidSinkConfig, match="target"):
+    with pytest.raises(AirflowFailException, match=r"(?s)InvalidSinkConfig.*target"):
         operator.execute(context)
     engine = sa.create_engine(url)
     with engine.connect() as conn:
@@ -217,9 +220,56 @@ def test_operator_refuses_a_bad_target_before_submitting(tmp_path: Path) -> None
         target={"kind": "lake", "root": "/x"},
         work_dir=str(tmp_path),
     )
-    with pytest.raises(InvalidSinkConfig, match="target"):
+    # a configuration error is not retried: a retry would fail the same way
+    with pytest.raises(AirflowFailException, match=r"(?s)InvalidSinkConfig.*target"):
         operator.execute({"data_interval_start": INTERVAL_START, "data_interval_end": INTERVAL_START})
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_target_is_derived_from_the_sink_when_the_task_runs_and_never_rendered(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    props = {
+        "type": "sql",
+        "uri": "sqlite:////secret/catalog.db",
+        "warehouse": "file:///w",
+        "s3.secret-access-key": "K",
+    }
+    monkeypatch.setenv("AIRFLOW_CONN_LAKE", json.dumps({"conn_type": "iceberg", "extra": props}))
+    sink = IcebergSinkConfig("orders", ("ns.orders",), iceberg_conn_id="lake", allow_schema_evolution=True)
+    operator = SparkPreCommitOperator(task_id="w", sink=sink, input={"kind": "sql", "query": "select 1"})
+    assert operator.sink_id == "orders" and operator.allow_schema_evolution is True
+    rendered = {name: getattr(operator, name) for name in operator.template_fields}
+    assert "K" not in json.dumps(rendered, default=str) and operator.target_spec is None
+    assert operator._resolve_target() == {
+        "kind": "iceberg",
+        "catalog_name": "lake",
+        "catalog_properties": props,
+        "table": "ns.orders",
+    }
+    files = SparkPreCommitOperator(
+        task_id="f",
+        sink={"kind": "files", "sink_id": "f", "root": "/data/out/"},
+        input={"kind": "sql", "query": "select 1"},
+        partition_by=["day"],
+    )
+    assert files._resolve_target()["root"] == "/data/out" and files._resolve_target()["partition_by"] == ["day"]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "refusal"),
+    [
+        ({}, "exactly one of sink= and sink_id="),
+        ({"sink_id": "s"}, "needs target="),
+        ({"sink": IcebergSinkConfig("s", ("a.b", "a.c"))}, "one table per Spark job"),
+        ({"sink": IcebergSinkConfig("s", ("a.b",)), "partition_by": ["x"]}, "partitioned by its table"),
+        ({"sink": IcebergSinkConfig("s", ("a.b",)), "target": {"kind": "files", "root": "/x"}}, "derived"),
+        ({"sink": FileSinkConfig("s", "/x"), "target": {"kind": "files", "root": "/y"}}, "not the sink's root"),
+    ],
+)
+def test_contradictory_arguments_are_refused_when_the_dag_is_parsed(kwargs: dict[str, Any], refusal: str) -> None:
+    with pytest.raises(InvalidSinkConfig, match=refusal):
+        SparkPreCommitOperator(task_id="w", input={"kind": "sql", "query": "select 1"}, **kwargs)
 
 
 def test_xcom_value_of_ten_thousand_files_stays_small(tmp_path: Path) -> None:

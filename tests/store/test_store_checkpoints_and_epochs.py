@@ -22,33 +22,33 @@ def name() -> str:
 
 
 def test_unknown_checkpoint_is_pending(store: SqlSinkStateStore, name: str) -> None:
-    assert store.get_checkpoint(name, EPOCH) is CheckpointStatus.PENDING
+    assert store.checkpoints.get_checkpoint(name, EPOCH) is CheckpointStatus.PENDING
 
 
 @pytest.mark.parametrize("final", [CheckpointStatus.COMPLETED, CheckpointStatus.FAILED])
 def test_final_statuses_stay_final(store: SqlSinkStateStore, name: str, final: CheckpointStatus) -> None:
-    store.set_checkpoint(name, EPOCH, CheckpointStatus.PENDING, detail="waiting")
-    assert store.get_checkpoint(name, EPOCH) is CheckpointStatus.PENDING
-    store.set_checkpoint(name, EPOCH, final, detail="done")
-    assert store.get_checkpoint(name, EPOCH) is final
-    store.set_checkpoint(name, EPOCH, final)  # the same word again is a no-op
+    store.checkpoints.set_checkpoint(name, EPOCH, CheckpointStatus.PENDING, detail="waiting")
+    assert store.checkpoints.get_checkpoint(name, EPOCH) is CheckpointStatus.PENDING
+    store.checkpoints.set_checkpoint(name, EPOCH, final, detail="done")
+    assert store.checkpoints.get_checkpoint(name, EPOCH) is final
+    store.checkpoints.set_checkpoint(name, EPOCH, final)  # the same word again is a no-op
     other = CheckpointStatus.FAILED if final is CheckpointStatus.COMPLETED else CheckpointStatus.COMPLETED
     for changed in (other, CheckpointStatus.PENDING):
         with pytest.raises(StateConflict) as raised:
-            store.set_checkpoint(name, EPOCH, changed)
+            store.checkpoints.set_checkpoint(name, EPOCH, changed)
         assert str(final) in str(raised.value) and str(changed) in str(raised.value) and name in str(raised.value)
-    assert store.get_checkpoint(name, EPOCH) is final
-    assert store.get_checkpoint(name, EPOCH + 1) is CheckpointStatus.PENDING
+    assert store.checkpoints.get_checkpoint(name, EPOCH) is final
+    assert store.checkpoints.get_checkpoint(name, EPOCH + 1) is CheckpointStatus.PENDING
 
 
 def test_checkpoint_set_directly_to_final(store: SqlSinkStateStore, name: str) -> None:
-    store.set_checkpoint(name, EPOCH, CheckpointStatus.COMPLETED)
-    assert store.get_checkpoint(name, EPOCH) is CheckpointStatus.COMPLETED
-    store.set_checkpoint(name, EPOCH, "COMPLETED")  # type: ignore[arg-type]
+    store.checkpoints.set_checkpoint(name, EPOCH, CheckpointStatus.COMPLETED)
+    assert store.checkpoints.get_checkpoint(name, EPOCH) is CheckpointStatus.COMPLETED
+    store.checkpoints.set_checkpoint(name, EPOCH, "COMPLETED")  # type: ignore[arg-type]
     with pytest.raises(InvalidPreCommit, match="checkpoint status 'DONE'"):
-        store.set_checkpoint(name, EPOCH, "DONE")  # type: ignore[arg-type]
+        store.checkpoints.set_checkpoint(name, EPOCH, "DONE")  # type: ignore[arg-type]
     with pytest.raises(InvalidPreCommit, match="checkpoint name"):
-        store.get_checkpoint("", EPOCH)
+        store.checkpoints.get_checkpoint("", EPOCH)
 
 
 def test_concurrent_final_words_one_wins(store: SqlSinkStateStore, name: str) -> None:
@@ -58,31 +58,31 @@ def test_concurrent_final_words_one_wins(store: SqlSinkStateStore, name: str) ->
     def attempt(status: CheckpointStatus) -> bool:
         barrier.wait()
         try:
-            store.set_checkpoint(name, EPOCH, status)
+            store.checkpoints.set_checkpoint(name, EPOCH, status)
         except StateConflict:
             return False
         return True
 
     with ThreadPoolExecutor(len(statuses)) as pool:
         won = list(pool.map(attempt, statuses))
-    final = store.get_checkpoint(name, EPOCH)
+    final = store.checkpoints.get_checkpoint(name, EPOCH)
     assert final is not CheckpointStatus.PENDING
     assert all(ok == (status is final) for ok, status in zip(won, statuses, strict=True))
 
 
 def test_allocate_epoch_is_idempotent_per_run(store: SqlSinkStateStore, sink_id: str) -> None:
     before = epoch_from_interval_start(store.now())
-    first = store.allocate_epoch(sink_id, "manual__a")
+    first = store.epochs.allocate_epoch(sink_id, "manual__a")
     after = epoch_from_interval_start(store.now())
     assert before <= first <= after, "a new epoch is the database clock in milliseconds"
-    assert store.allocate_epoch(sink_id, "manual__a") == first
-    second = store.allocate_epoch(sink_id, "manual__b")
+    assert store.epochs.allocate_epoch(sink_id, "manual__a") == first
+    second = store.epochs.allocate_epoch(sink_id, "manual__b")
     assert second > first
-    assert store.allocate_epoch(sink_id, "manual__a") == first
+    assert store.epochs.allocate_epoch(sink_id, "manual__a") == first
     # Another sink's allocations are independent (and may take the same number).
-    assert store.allocate_epoch(f"{sink_id}-x", "manual__a") >= first
+    assert store.epochs.allocate_epoch(f"{sink_id}-x", "manual__a") >= first
     with pytest.raises(InvalidPreCommit, match="run_id"):
-        store.allocate_epoch(sink_id, "")
+        store.epochs.allocate_epoch(sink_id, "")
 
 
 def test_allocate_epoch_stays_above_the_largest_allocated(store: SqlSinkStateStore, sink_id: str) -> None:
@@ -91,7 +91,7 @@ def test_allocate_epoch_stays_above_the_largest_allocated(store: SqlSinkStateSto
         conn.exec_driver_sql(
             f"INSERT INTO epoch_allocation (sink_id, run_id, epoch) VALUES ('{sink_id}', 'future', {far})"
         )
-    assert store.allocate_epoch(sink_id, "next") == far + 1
+    assert store.epochs.allocate_epoch(sink_id, "next") == far + 1
 
 
 def test_allocate_epoch_under_eight_concurrent_threads(store: SqlSinkStateStore, sink_id: str) -> None:
@@ -101,7 +101,7 @@ def test_allocate_epoch_under_eight_concurrent_threads(store: SqlSinkStateStore,
     def allocate(run_id: str) -> tuple[str, int]:
         if run_id in {f"manual__{n}" for n in range(4)}:
             barrier.wait(timeout=30)
-        return run_id, store.allocate_epoch(sink_id, run_id)
+        return run_id, store.epochs.allocate_epoch(sink_id, run_id)
 
     with ThreadPoolExecutor(8) as pool:
         results = list(pool.map(allocate, runs))
@@ -111,4 +111,4 @@ def test_allocate_epoch_under_eight_concurrent_threads(store: SqlSinkStateStore,
     assert all(len(epochs) == 1 for epochs in by_run.values()), by_run
     epochs = [next(iter(e)) for e in by_run.values()]
     assert len(set(epochs)) == len(by_run) == 20, "every run has its own epoch"
-    assert {store.allocate_epoch(sink_id, run) for run in by_run} == set(epochs)
+    assert {store.epochs.allocate_epoch(sink_id, run) for run in by_run} == set(epochs)

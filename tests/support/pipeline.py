@@ -62,7 +62,7 @@ class Pipeline:
     def __post_init__(self) -> None:
         self.store = SqlSinkStateStore(self.meta_url)
         self.catalog = SqlCatalog(self.catalog_name, uri=self.catalog_url, warehouse=f"file://{self.warehouse}")
-        self.checkpoints = MetaStoreCheckpointSource(self.store)
+        self.checkpoints = MetaStoreCheckpointSource(self.store.checkpoints)
 
     # -- building blocks ---------------------------------------------------------------------------
 
@@ -84,7 +84,7 @@ class Pipeline:
         )
 
     def checkpoint(self, sink_id: str, epoch: int, status: CheckpointStatus) -> None:
-        self.store.set_checkpoint(sink_id, epoch, status)
+        self.store.checkpoints.set_checkpoint(sink_id, epoch, status)
 
     # -- writes ------------------------------------------------------------------------------------
 

@@ -23,7 +23,7 @@ def register_file_sink_with_root(
 ) -> PreCommit:
     """A file sink registered with ``root`` as is (as before credentials in roots were refused), its
     marker checkpoint under the same root, and a Pending epoch of one file under it."""
-    store.register_sink(
+    store.registry.register_sink(
         sink_id,
         {"kind": "files", "sink_id": sink_id, "root": root, "storage_options": {}},
         {"kind": "markers", "path_template": f"{root}/_landing/{{sink_id}}/{{epoch}}"},

@@ -176,7 +176,7 @@ def _build_world(tmp: Path) -> UiWorld:
     # The operators register each sink they persist for (the recovery DAG and the view read it).
     for sink_id, table in ((SINK, TABLE), (OTHER_SINK, OTHER_TABLE)):
         config = IcebergSinkConfig(sink_id, (f"{pipeline.namespace}.{table}",), iceberg_conn_id=catalog_conn_id)
-        store.register_sink(sink_id, config.to_dict(), MetaStoreCheckpoint().to_dict())
+        store.registry.register_sink(sink_id, config.to_dict(), MetaStoreCheckpoint().to_dict())
     _build_hardening_world(world)
     return world
 
@@ -187,7 +187,7 @@ def _build_hardening_world(world: UiWorld) -> None:
     pipeline.create_table(PAGED_SINK)
     paged_table = f"{pipeline.namespace}.{PAGED_SINK}"
     paged = IcebergSinkConfig(PAGED_SINK, (paged_table,), iceberg_conn_id=world.catalog_conn_id)
-    store.register_sink(PAGED_SINK, paged.to_dict(), MetaStoreCheckpoint().to_dict())
+    store.registry.register_sink(PAGED_SINK, paged.to_dict(), MetaStoreCheckpoint().to_dict())
     location = f"file://{pipeline.warehouse}/paged"
     for epoch in (*MINE_EPOCHS, *THEIRS_EPOCHS):
         dag_id = MINE_DAG if epoch in MINE_EPOCHS else THEIRS_DAG
@@ -209,7 +209,7 @@ def _build_hardening_world(world: UiWorld) -> None:
     world.dead_port = _free_port()  # nothing listens there
     dead_table = f"{pipeline.namespace}.dead"
     dead = IcebergSinkConfig(DEAD_SINK, (dead_table,), iceberg_conn_id=world.dead_conn_id)
-    store.register_sink(DEAD_SINK, dead.to_dict(), MetaStoreCheckpoint().to_dict())
+    store.registry.register_sink(DEAD_SINK, dead.to_dict(), MetaStoreCheckpoint().to_dict())
     pre = empty_write(DEAD_SINK, DEAD_EPOCH, dead_table, f"file://{pipeline.warehouse}/dead")
     store.insert_pending(pre, run_id=f"scheduled__{DEAD_EPOCH}", try_number=1, dag_id=DAG_ID)
 

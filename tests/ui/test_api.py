@@ -34,7 +34,7 @@ def test_without_a_token_the_api_answers_401_and_pages_send_to_the_login(api_ser
 
 
 def test_the_plugin_serves_every_url_of_the_url_contract(api_server: ApiServer) -> None:
-    """``plugins/urls.py`` builds every link to the view (the nav entry, the operators' extra links)."""
+    """``observability/urls.py`` builds every link to the view (the nav entry, the operators' extra links)."""
     [app] = ExactlyOncePlugin.fastapi_apps
     [view] = ExactlyOncePlugin.external_views
     assert app["url_prefix"] == urls.URL_PREFIX

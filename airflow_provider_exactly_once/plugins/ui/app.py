@@ -41,8 +41,9 @@ from airflow_provider_exactly_once.core.errors import (
 from airflow_provider_exactly_once.core.identifiers import EPOCH_MAX, check_epoch, check_sink_id
 from airflow_provider_exactly_once.core.redact import find_control, mask_userinfo
 from airflow_provider_exactly_once.core.status import EpochStatus
+from airflow_provider_exactly_once.defaults import CONFIG_SECTION
+from airflow_provider_exactly_once.observability import urls
 from airflow_provider_exactly_once.operations.reads import InvalidRequest
-from airflow_provider_exactly_once.plugins import urls
 from airflow_provider_exactly_once.plugins.ui import render
 from airflow_provider_exactly_once.plugins.ui.security import (
     EDIT,
@@ -60,8 +61,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _HERE = Path(__file__).parent
-#: The meta store connection the view reads: ``[exactly_once] meta_conn_id``, else the default.
-CONFIG_SECTION = "exactly_once"
 #: ``[exactly_once] sink_listing``: ``per_dag`` (the default) lists a sink, with the counts of its
 #: epochs, only to users who may read a DAG that wrote some of them; ``all`` lists every sink with
 #: all its counts to any user who may read some DAG (docs/ui.md says when that is wanted).
@@ -81,7 +80,8 @@ def default_operations() -> SinkOperations:
     """``SinkOperations`` on the meta store of ``[exactly_once] meta_conn_id`` (default connection)."""
     from airflow.configuration import conf
 
-    from airflow_provider_exactly_once.hooks.meta_store import DEFAULT_META_CONN_ID, ExactlyOnceMetaStoreHook
+    from airflow_provider_exactly_once.defaults import DEFAULT_META_CONN_ID
+    from airflow_provider_exactly_once.hooks.meta_store import ExactlyOnceMetaStoreHook
     from airflow_provider_exactly_once.operations import SinkOperations
 
     conn_id = str(conf.get(CONFIG_SECTION, "meta_conn_id", fallback=DEFAULT_META_CONN_ID) or DEFAULT_META_CONN_ID)

@@ -17,7 +17,7 @@ from fastapi.templating import Jinja2Templates
 
 from airflow_provider_exactly_once.core.redact import mask_userinfo
 from airflow_provider_exactly_once.core.status import EpochStatus
-from airflow_provider_exactly_once.plugins import urls
+from airflow_provider_exactly_once.observability import urls
 
 _TITLES = {
     status.HTTP_400_BAD_REQUEST: "Bad request",

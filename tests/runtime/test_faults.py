@@ -10,17 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_exactly_once.core.faults import (
+from airflow_provider_exactly_once.core.faults import SimulatedCrash, no_faults
+from airflow_provider_exactly_once.runtime.faults import (
     FAULT_ENV_VAR,
     FAULT_PLAN_ENV_VAR,
     EnvFaultHook,
     FaultSpec,
     PlanFaultHook,
-    SimulatedCrash,
     fault_hook_for,
     fault_hook_from_env,
     load_fault_plan,
-    no_faults,
 )
 
 
@@ -62,7 +61,7 @@ def test_crash_at_the_nth_occurrence_only() -> None:
 def test_kill_sends_sigkill_to_the_process() -> None:
     """The process dies at the point: nothing after it runs, not even ``finally`` blocks."""
     code = (
-        "from airflow_provider_exactly_once.core.faults import fault_hook_from_env\n"
+        "from airflow_provider_exactly_once.runtime.faults import fault_hook_from_env\n"
         "hook = fault_hook_from_env()\n"
         "try:\n"
         "    hook('commit.decided'); print('before', flush=True); hook('commit.visible')\n"
@@ -161,7 +160,7 @@ def test_a_missing_plan_file_is_refused(tmp_path: Path) -> None:
 def test_a_planned_kill_sends_sigkill(tmp_path: Path) -> None:
     env = _plan(tmp_path, [{"sink": "s", "epoch": 7, "point": "commit.visible", "mode": "kill"}])
     code = (
-        "from airflow_provider_exactly_once.core.faults import fault_hook_for\n"
+        "from airflow_provider_exactly_once.runtime.faults import fault_hook_for\n"
         "hook = fault_hook_for('s', 7, 1)\n"
         "hook('commit.decided'); print('before', flush=True); hook('commit.visible'); print('after')\n"
     )

@@ -35,7 +35,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 PG_ADMIN_URL = os.environ.get("EO_TEST_PG_URL", "postgresql+psycopg2://postgres@127.0.0.1:5432/test")
 COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
 META_CONN_ID = "exactly_once_default"
@@ -54,7 +54,7 @@ import json
 import os
 from pathlib import Path
 
-from tests.faults.pipeline import build
+from fault_harness.pipeline import build
 
 for _path in sorted(Path(os.environ["EO_FAULTS_PIPELINES"]).glob("*.json")):
     _params = json.loads(_path.read_text(encoding="utf-8"))

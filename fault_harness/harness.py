@@ -20,8 +20,8 @@ from pyiceberg.table import Table
 from pyiceberg.types import DoubleType, LongType, NestedField, StringType, TimestamptzType
 
 from airflow_provider_exactly_once.demo.world import land_hour, mark_hour
-from tests.faults.checker import CheckResult, check, epoch_of
-from tests.faults.cluster import FINAL_ORPHAN_GRACE_S, ICEBERG_CONN_ID, RECOVERY_DAG_ID, Cluster
+from fault_harness.checker import CheckResult, check, epoch_of
+from fault_harness.cluster import FINAL_ORPHAN_GRACE_S, ICEBERG_CONN_ID, RECOVERY_DAG_ID, Cluster
 
 NAMESPACE = "faults"
 START = dt.datetime(2025, 1, 1, tzinfo=dt.UTC)

@@ -1,6 +1,6 @@
 """A second live attempt at one epoch's commit, outside Airflow: the zombie of the ``zombie`` scenario.
 
-``python -m tests.faults.second_committer <json args>`` builds a coordinator from the same meta store,
+``python -m fault_harness.second_committer <json args>`` builds a coordinator from the same meta store,
 catalog and checkpoint markers the DAG's tasks use and commits the epoch, while the DAG's own commit
 task is paused (a ``pause`` rule of the fault plan) after loading the table. Prints the outcome.
 """

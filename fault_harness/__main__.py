@@ -1,7 +1,7 @@
-"""``python -m tests.faults``: run named scenarios or a seed-driven random plan on a fresh cluster.
+"""``python -m fault_harness``: run named scenarios or a seed-driven random plan on a fresh cluster.
 
-    python -m tests.faults --scenario NAME [--scenario NAME ...]   (or --scenario all)
-    python -m tests.faults --random --seed S --epochs N
+    python -m fault_harness --scenario NAME [--scenario NAME ...]   (or --scenario all)
+    python -m fault_harness --random --seed S --epochs N
     options: --report FILE (JSON, default faults-report.json), --keep (keep the cluster's temp dir)
 
 Exit status 0 when every check passed (no anomaly, every action done), 1 otherwise. The report
@@ -18,8 +18,8 @@ import sys
 import time
 from pathlib import Path
 
-from tests.faults.cluster import cluster
-from tests.faults.scenarios import describe_plan, named_scenarios, random_plan, run_scenarios
+from fault_harness.cluster import cluster
+from fault_harness.scenarios import describe_plan, named_scenarios, random_plan, run_scenarios
 
 
 def _stop_once(signum: int, _frame: object) -> None:

@@ -29,9 +29,9 @@ from typing import Any
 import psutil
 import pyarrow as pa
 
-from tests.faults.cluster import FINAL_ORPHAN_GRACE_S, ICEBERG_CONN_ID, REPO, Cluster
-from tests.faults.harness import START, Harness, Pipeline
-from tests.faults.layout import WRITE_POINT, hour_template
+from fault_harness.cluster import FINAL_ORPHAN_GRACE_S, ICEBERG_CONN_ID, REPO, Cluster
+from fault_harness.harness import START, Harness, Pipeline
+from fault_harness.layout import WRITE_POINT, hour_template
 
 #: Every action gives up after this long; a scenario that cannot reach its fault is a failure. Long:
 #: on a loaded machine a pipeline's sensor may start many minutes after the DAG was parsed.
@@ -180,7 +180,7 @@ def second_committer(epoch_index: int) -> Action:
             "checkpoint_template": hour_template(str(p.landing)),
         }
         done = subprocess.run(
-            [sys.executable, "-m", "tests.faults.second_committer", json.dumps(args)],
+            [sys.executable, "-m", "fault_harness.second_committer", json.dumps(args)],
             cwd=REPO,
             capture_output=True,
             text=True,

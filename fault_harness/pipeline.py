@@ -33,7 +33,7 @@ from airflow.timetables.interval import CronDataIntervalTimetable
 from airflow_provider_exactly_once.checkpoints.config import MarkerFileCheckpoint
 from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig
 from airflow_provider_exactly_once.task_groups import exactly_once_epoch
-from tests.faults.layout import WRITE_POINT, hour_template
+from fault_harness.layout import WRITE_POINT, hour_template
 
 EVENT_SCHEMA_DDL = "event_id STRING, user_id BIGINT, event_type STRING, event_time TIMESTAMP, amount DOUBLE"
 
@@ -47,8 +47,8 @@ def light_write(sink_id: str, table_name: str, landing: str, conn_id: str) -> di
     from pyiceberg.io.pyarrow import schema_to_pyarrow
 
     from airflow_provider_exactly_once.core.epochs import epoch_from_interval_start
-    from airflow_provider_exactly_once.core.faults import fault_hook_for
     from airflow_provider_exactly_once.core.precommit import PreCommit, TableWrite
+    from airflow_provider_exactly_once.runtime.faults import fault_hook_for
     from airflow_provider_exactly_once.sinks.iceberg.descriptors import describe_parquet_file
 
     context = get_current_context()

@@ -1,0 +1,242 @@
+"""Every rule about what may happen to an epoch, as pure functions of its row and its checkpoint.
+
+The coordinator carries these decisions out (with the store's compare-and-swap guarding each step
+against a concurrent attempt); the UI's and ``eo-sink``'s dry runs print them. Keeping the rules
+and their refusal messages here, and only here, is what keeps a dry run from promising what the
+real action would refuse.
+
+A decision names an ``Action`` and, for a refusal, the error to raise. The checkpoint is passed as
+a function and asked only when a rule needs it: asking an upstream costs I/O, and a decided or
+settled epoch never needs it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+
+from .errors import AbortRefused, CheckpointFailed, CheckpointNotReady, EpochAborted, ExactlyOnceError, SinkReused
+from .ports import EpochRecord
+from .precommit import PreCommit
+from .status import CheckpointStatus, EpochStatus
+
+CheckpointLookup = Callable[[], CheckpointStatus]
+
+
+class Action(StrEnum):
+    """What to do with an epoch. Refusals carry their error in ``Decision.error``."""
+
+    REFUSE = "refuse"
+    # persist
+    INSERT = "insert the Pending row"
+    KEEP = "keep: this write is already the epoch's"
+    REPLACE = "replace the earlier, undecided write"
+    REOPEN = "re-open the Committed epoch for the re-created table"
+    DISCARD_LATE = "discard the late write: the epoch holds an earlier one"
+    DISCARD_OTHER_TABLES = "discard the write: the epoch was committed to other tables"
+    # commit
+    ALREADY_COMMITTED = "nothing: already committed"
+    DECIDE_AND_COMMIT = "validate, record the commit decision, commit"
+    COMMIT_DECIDED = "commit the decided write"
+    # abort
+    NOTHING_TO_ABORT = "nothing to abort"
+    TOMBSTONE = "record the unpersisted write as Aborted, remove its files"
+    REMOVE_OTHER_WRITE = "remove the files of a write that is not the epoch's"
+    ALREADY_ABORTED = "nothing: already aborted (run its queued clean-ups)"
+    GIVE_UP_LOST_FILES = "abort the write whose files are lost, once that is checked"
+    ABORT = "mark Aborted, remove the write's files"
+    # recovery
+    WAIT = "wait for the checkpoint"
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: Action
+    #: The error to raise: for ``REFUSE`` before anything is done, for ``DISCARD_OTHER_TABLES``
+    #: once the write's files are removed.
+    error: ExactlyOnceError | None = None
+    #: Why, in words an operator reads in a dry run (the checkpoint's status, the decision time).
+    why: str = ""
+
+    def raise_if_refused(self) -> Decision:
+        if self.action is Action.REFUSE and self.error is not None:
+            raise self.error
+        return self
+
+
+def _refuse(error: ExactlyOnceError) -> Decision:
+    return Decision(Action.REFUSE, error)
+
+
+def _name(row: EpochRecord) -> str:
+    return f"sink {row.sink_id!r} epoch {row.epoch}"
+
+
+# -- persist ------------------------------------------------------------------------------------------
+
+
+def persist_decision(
+    row: EpochRecord | None, write: PreCommit, identities: Callable[[], Mapping[str, str]]
+) -> Decision:
+    """What a persist of ``write`` does to the epoch's row as it is now.
+
+    ``identities`` are the write's tables' identities now (``SinkCommitter.identities``), asked only
+    of a Committed epoch: a table re-created since its commit makes the old commit prove nothing.
+    """
+    if row is None:
+        return Decision(Action.INSERT)
+    if row.write_id == write.write_id:
+        if row.status is EpochStatus.ABORTED:
+            return _refuse(
+                EpochAborted(
+                    f"{write.describe()} was aborted and its files removed; run the write again for a new write"
+                )
+            )
+        return Decision(Action.KEEP)
+    if row.status is EpochStatus.COMMITTED:
+        committed_to = sorted(t.table for t in row.pre_commit.tables)
+        targets = sorted(t.table for t in write.tables)
+        if committed_to != targets:
+            return Decision(
+                Action.DISCARD_OTHER_TABLES,
+                SinkReused(
+                    f"{write.describe()} targets {targets}, but the sink's epoch {write.epoch} was committed to "
+                    f"{committed_to} (write {row.write_id}, DAG {row.dag_id or 'unknown'}, run "
+                    f"{row.run_id or 'unknown'}); the new write was removed. A sink id names one destination "
+                    "for its whole history: give the new pipeline or table its own sink_id"
+                ),
+            )
+        recreated = recreated_tables(row, identities())
+        if recreated:
+            return Decision(Action.REOPEN, why=recreated)
+        return Decision(Action.DISCARD_LATE, why=f"epoch committed with write {row.write_id}")
+    if row.status is EpochStatus.PENDING and row.commit_decided_at is not None:
+        return Decision(Action.DISCARD_LATE, why=f"epoch holds write {row.write_id}, its commit decided")
+    return Decision(Action.REPLACE)
+
+
+def discarded_error(write: PreCommit) -> EpochAborted:
+    """A write whose files were handed to clean-up must never become the epoch's write."""
+    return EpochAborted(
+        f"{write.describe()} was discarded (aborted or replaced) and its files removed; run the write again for a new write"
+    )
+
+
+def recreated_tables(row: EpochRecord, identities: Mapping[str, str]) -> str | None:
+    """Why the epoch's commit proves nothing any more, when a table it went into was re-created.
+
+    Rows committed before identities were recorded have none: for them nothing can be told, and
+    the commit stands as before.
+    """
+    if not row.table_uuids:
+        return None
+    changed = [
+        f"{table} (was {before}, now {identities[table]})"
+        for table, before in sorted(row.table_uuids.items())
+        if table in identities and identities[table] != before
+    ]
+    if not changed:
+        return None
+    return (
+        f"sink {row.sink_id!r} epoch {row.epoch} was committed by write {row.write_id} into a table since "
+        f"dropped and re-created: {', '.join(changed)}; the epoch is re-opened for the new write"
+    )
+
+
+# -- commit -------------------------------------------------------------------------------------------
+
+
+def commit_decision(row: EpochRecord, checkpoint: CheckpointLookup) -> Decision:
+    """Commit only what the checkpoint completed, or what was decided already (invariant 2)."""
+    if row.status is EpochStatus.COMMITTED:
+        return Decision(Action.ALREADY_COMMITTED, why=f"write {row.write_id} is committed")
+    if row.status is EpochStatus.ABORTED:
+        return _refuse(EpochAborted(f"{_name(row)} is Aborted: it cannot be committed"))
+    if row.commit_decided_at is not None:
+        return Decision(Action.COMMIT_DECIDED, why=f"commit decided at {row.commit_decided_at.isoformat()}")
+    status = checkpoint()
+    if status is CheckpointStatus.FAILED:
+        return _refuse(CheckpointFailed(f"{_name(row)}: checkpoint FAILED; the epoch must be aborted"))
+    if status is CheckpointStatus.PENDING:
+        return _refuse(CheckpointNotReady(f"{_name(row)}: checkpoint still PENDING"))
+    return Decision(Action.DECIDE_AND_COMMIT, why="checkpoint COMPLETED")
+
+
+# -- abort --------------------------------------------------------------------------------------------
+
+
+def abort_decision(
+    row: EpochRecord | None,
+    write: PreCommit | None,
+    checkpoint: CheckpointLookup,
+    *,
+    force: bool = False,
+    files_lost: bool = False,
+) -> Decision:
+    """Never abort against a commit decision, nor (unless forced) a write whose checkpoint completed.
+
+    ``write`` is the write being given up (an abort task's own); ``None`` means the epoch's. A
+    decided write is given up only when its files are lost (``files_lost``), which the coordinator
+    then checks against the sink (``TwoPhaseCommitCoordinator.lost_files``).
+    """
+    if row is None:
+        return Decision(Action.NOTHING_TO_ABORT if write is None else Action.TOMBSTONE)
+    if write is not None and write.write_id != row.write_id:
+        return Decision(Action.REMOVE_OTHER_WRITE)
+    if row.status is EpochStatus.COMMITTED:
+        return Decision(Action.ALREADY_COMMITTED, why=f"write {row.write_id} is committed")
+    if row.status is EpochStatus.ABORTED:
+        return Decision(Action.ALREADY_ABORTED)
+    if files_lost:
+        return Decision(Action.GIVE_UP_LOST_FILES)
+    if row.commit_decided_at is not None:
+        return _refuse(
+            AbortRefused(
+                f"{_name(row)}: the commit of write {row.write_id} was decided at "
+                f"{row.commit_decided_at.isoformat()}; it will be committed (commit task or recovery), not "
+                "aborted. Only if its data files are lost for good: abort with files_lost=True "
+                "(eo-sink abort SINK EPOCH --reason ... --files-lost)"
+            )
+        )
+    if force:
+        return Decision(Action.ABORT, why="forced")
+    status = checkpoint()
+    if status is CheckpointStatus.COMPLETED:
+        return _refuse(
+            AbortRefused(
+                f"{_name(row)}: checkpoint COMPLETED, so the epoch must be committed; "
+                "abort with force=True only to drop its data on purpose"
+            )
+        )
+    return Decision(Action.ABORT, why=f"checkpoint {status.value}")
+
+
+def files_lost_refusal(row: EpochRecord, visible_tables: list[str], missing: list[str]) -> AbortRefused | None:
+    """Giving up a write for lost files is refused while it is partly visible or nothing is lost."""
+    what = row.pre_commit.describe()
+    if visible_tables:
+        return AbortRefused(
+            f"{what}: table(s) {', '.join(sorted(visible_tables))} already show the epoch, so it is partly "
+            "visible; restore the missing files and commit it (eo-sink commit SINK EPOCH)"
+        )
+    if not missing:
+        return AbortRefused(
+            f"{what}: every data file of the write is in storage, so nothing is lost; commit it (eo-sink commit SINK EPOCH)"
+        )
+    return None
+
+
+# -- recovery -----------------------------------------------------------------------------------------
+
+
+def recovery_decision(row: EpochRecord, checkpoint: CheckpointLookup) -> Decision:
+    """A Pending epoch after a crash: commit what was decided or completed, abort what failed."""
+    if row.commit_decided_at is not None:
+        return Decision(Action.COMMIT_DECIDED, why=f"commit decided at {row.commit_decided_at.isoformat()}")
+    status = checkpoint()
+    if status is CheckpointStatus.PENDING:
+        return Decision(Action.WAIT)
+    if status is CheckpointStatus.FAILED:
+        return Decision(Action.ABORT, why="checkpoint FAILED")
+    return Decision(Action.DECIDE_AND_COMMIT, why="checkpoint COMPLETED")

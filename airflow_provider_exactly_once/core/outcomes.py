@@ -1,0 +1,82 @@
+"""What the coordinator's steps report: an outcome per step, and the row it left.
+
+Outcomes are values a caller branches on (an operator logs "already committed" differently from
+"committed"); the results carry the row so no caller has to read the store again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from .ports import EpochRecord
+
+
+class PersistOutcome(StrEnum):
+    PERSISTED = "persisted"
+    ALREADY_PERSISTED = "already persisted"
+    REPLACED = "replaced an earlier write"
+    ALREADY_COMMITTED = "already committed"
+    COMMIT_DECIDED = "an earlier write is being committed"
+    REOPENED = "re-opened: the table was re-created since the epoch was committed"
+
+
+class CommitOutcome(StrEnum):
+    COMMITTED = "committed"
+    ALREADY_COMMITTED = "already committed"
+
+
+class AbortOutcome(StrEnum):
+    ABORTED = "aborted"
+    ALREADY_ABORTED = "already aborted"
+    ALREADY_COMMITTED = "already committed"
+    NOT_PERSISTED = "not persisted; the write's files were removed"
+    OTHER_WRITE_REMOVED = "the write was not the epoch's; its files were removed"
+    NOTHING_TO_ABORT = "nothing to abort"
+
+
+@dataclass(frozen=True)
+class PersistResult:
+    outcome: PersistOutcome
+    record: EpochRecord
+    #: The write whose data the epoch holds (or will): differs from the persisted write's id when
+    #: the epoch was already committed or decided with an earlier one.
+    write_id: str
+    #: Something an operator must hear about (also kept on the row): the task logs it at WARNING.
+    warning: str | None = None
+
+
+@dataclass(frozen=True)
+class CommitResult:
+    outcome: CommitOutcome
+    record: EpochRecord
+
+
+@dataclass(frozen=True)
+class AbortResult:
+    outcome: AbortOutcome
+    files_deleted: int
+    record: EpochRecord | None
+
+
+@dataclass
+class CleanupReport:
+    """What running a sink's queued clean-ups did; a clean-up that failed stays queued."""
+
+    sink_id: str
+    #: epoch -> why its clean-up (or, in a recovery, the epoch itself) failed.
+    failed: dict[int, str] = field(default_factory=dict)
+    files_deleted: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed
+
+
+@dataclass
+class RecoveryReport(CleanupReport):
+    """What a recovery did: the epochs it settled, then the clean-ups it ran."""
+
+    committed: list[int] = field(default_factory=list)
+    aborted: list[int] = field(default_factory=list)
+    waiting: list[int] = field(default_factory=list)

@@ -1,0 +1,14 @@
+"""Defaults every layer agrees on, named once; no imports, so the light modules (the views,
+``eo-sink --url``, the package root) can use them without loading Airflow."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+#: The meta store connection used when a task, the recovery DAG or ``eo-sink`` names none.
+DEFAULT_META_CONN_ID = "exactly_once_default"
+#: How old a write location must be before the orphan clean-up may delete it: longer than any
+#: write task can take between writing its files and persisting them (docs/operations.md).
+DEFAULT_ORPHAN_GRACE = timedelta(hours=6)
+#: The ``airflow.cfg`` section of the package's options (declared in ``get_provider_info``).
+CONFIG_SECTION = "exactly_once"

@@ -1,0 +1,64 @@
+"""Declare a sink's table as a task of the DAG, through the sink's own Iceberg connection."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from airflow.sdk import BaseOperator
+from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC, PartitionSpec
+from pyiceberg.schema import Schema
+
+from airflow_provider_exactly_once.core.errors import InvalidSinkConfig
+from airflow_provider_exactly_once.operators._common import airflow_errors
+from airflow_provider_exactly_once.runtime.assembly import as_sink
+from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig, SinkConfig
+
+
+class EnsureTableOperator(BaseOperator):
+    """Create the sink's table when it is missing; leave it (and its metadata folder) alone when it exists.
+
+    :param sink: an Iceberg sink (config or dict); its connection reaches the catalog.
+    :param schema: the table's schema (pyiceberg ``Schema``) when it has to be created.
+    :param partition_spec: its partitioning (``PartitionSpec``; unpartitioned by default).
+    :param table: which of the sink's tables (default: its only one).
+    :param properties: table properties at creation.
+    :return: the table's metadata location.
+    """
+
+    ui_color = "#e7eef8"
+
+    def __init__(
+        self,
+        *,
+        sink: SinkConfig | Mapping[str, Any],
+        schema: Schema,
+        partition_spec: PartitionSpec = UNPARTITIONED_PARTITION_SPEC,
+        table: str | None = None,
+        properties: Mapping[str, str] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        config = as_sink(sink)
+        if not isinstance(config, IcebergSinkConfig):
+            raise InvalidSinkConfig(f"task {self.task_id}: sink {config.sink_id!r} is not an Iceberg sink")
+        if table is None and len(config.tables) != 1:
+            raise InvalidSinkConfig(f"task {self.task_id}: sink {config.sink_id!r} has several tables; name one")
+        if table is not None and table not in config.tables:
+            raise InvalidSinkConfig(f"task {self.task_id}: {table!r} is not a table of sink {config.sink_id!r}")
+        self.sink = config
+        self.table = table or config.tables[0]
+        self.schema = schema
+        self.partition_spec = partition_spec
+        self.properties = dict(properties or {})
+
+    def execute(self, context: Any) -> str:
+        from airflow.providers.apache.iceberg.hooks.iceberg import IcebergHook
+
+        from airflow_provider_exactly_once.tables import ensure_table
+
+        with airflow_errors():
+            catalog = IcebergHook(self.sink.iceberg_conn_id).catalog
+            table = ensure_table(catalog, self.table, self.schema, self.partition_spec, self.properties)
+        self.log.info("Table %r of sink %r: %s", self.table, self.sink.sink_id, table.metadata_location)
+        return str(table.metadata_location)

@@ -1,0 +1,99 @@
+"""The coordinator of one sink, assembled from connections: what every task, the recovery DAG
+and the operations tools build before they ask the coordinator anything.
+
+Hooks hold connections only; this module puts the meta store (``hooks.meta_store``), the sink's
+committer (its catalog from the sink's Iceberg connection), the checkpoint source, the faults armed
+from the environment (``runtime.faults``) and Airflow's metrics together, once, the same way for
+everyone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from airflow_provider_exactly_once.checkpoints.config import CheckpointConfig, checkpoint_config_from_dict
+from airflow_provider_exactly_once.core.coordinator import TwoPhaseCommitCoordinator
+from airflow_provider_exactly_once.core.faults import FaultHook, no_faults
+from airflow_provider_exactly_once.core.observe import NO_METRICS, Metrics
+from airflow_provider_exactly_once.defaults import DEFAULT_META_CONN_ID
+from airflow_provider_exactly_once.hooks.meta_store import ExactlyOnceMetaStoreHook
+from airflow_provider_exactly_once.runtime.faults import fault_hook_for
+from airflow_provider_exactly_once.sinks.config import SinkConfig, sink_config_from_dict
+
+if TYPE_CHECKING:
+    from airflow_provider_exactly_once.core.ports import SinkCommitter
+    from airflow_provider_exactly_once.store import SqlSinkStateStore
+
+
+def as_sink(sink: SinkConfig | Mapping[str, Any]) -> SinkConfig:
+    """Accept a sink config or its ``to_dict()`` form (what a DAG built from JSON has)."""
+    return sink if not isinstance(sink, Mapping) else sink_config_from_dict(sink)
+
+
+def as_checkpoint(checkpoint: CheckpointConfig | Mapping[str, Any]) -> CheckpointConfig:
+    return checkpoint if not isinstance(checkpoint, Mapping) else checkpoint_config_from_dict(checkpoint)
+
+
+def sink_committer(sink: SinkConfig, *, fault: FaultHook = no_faults, metrics: Metrics = NO_METRICS) -> SinkCommitter:
+    """The committer of a sink, its Iceberg catalog built from the sink's Iceberg connection.
+
+    ``fault`` is the fault-injection hook (``core.faults``); production passes none.
+    """
+    from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig
+
+    if isinstance(sink, IcebergSinkConfig):
+        from airflow.providers.apache.iceberg.hooks.iceberg import IcebergHook
+
+        committer = sink.committer(IcebergHook(sink.iceberg_conn_id).catalog, fault=fault)
+        committer.metrics = metrics  # its conflict retries (``core.observe.COMMIT_RETRIES``)
+        return committer
+    return sink.committer(fault=fault)
+
+
+def coordinator_for(
+    sink: SinkConfig,
+    checkpoint: CheckpointConfig | None,
+    *,
+    meta_conn_id: str = DEFAULT_META_CONN_ID,
+    store: SqlSinkStateStore | None = None,
+    fault: FaultHook | None = None,
+    epoch: int | None = None,
+    try_number: int | None = None,
+    metrics: Metrics | None = None,
+    allow_beyond_horizon: bool = False,
+) -> TwoPhaseCommitCoordinator:
+    """The coordinator of one sink: the meta store of ``meta_conn_id`` (or ``store``), the sink's
+    committer, and the checkpoint source (``None`` only for steps that never consult it, such as
+    persist; the meta-store checkpoint table then stands in).
+
+    ``fault`` defaults to ``fault_hook_from_env()``: a no-op unless ``EXACTLY_ONCE_FAULT`` is set,
+    which lets the demo and the fault-injection harness make a real task die at a named point
+    without touching the DAG. One hook serves the coordinator and the committer, so an occurrence
+    count (``commit.visible@2``) counts every place the point is reached in this task try.
+    ``epoch`` and ``try_number`` (the task try's) select the rules of an ``EXACTLY_ONCE_FAULT_PLAN``
+    file that apply to this try (``runtime.faults.fault_hook_for``).
+    ``metrics`` defaults to Airflow's ``Stats`` (``observability.stats``): commit durations, files,
+    rows, retries and aborts go wherever ``[metrics]`` sends Airflow's own.
+    ``allow_beyond_horizon`` is an operator's word that an epoch older than the table's snapshot
+    history is not in the table (``eo-sink commit --beyond-horizon``); never set by a task.
+    """
+    from airflow_provider_exactly_once.checkpoints.config import MetaStoreCheckpoint
+    from airflow_provider_exactly_once.observability.stats import airflow_metrics
+
+    if fault is None:
+        fault = fault_hook_for(sink.sink_id, epoch, try_number)
+    if store is None:
+        store = ExactlyOnceMetaStoreHook(meta_conn_id).get_store()
+    source = (checkpoint or MetaStoreCheckpoint()).source(store.checkpoints)
+    if metrics is None:
+        metrics = airflow_metrics()
+    committer = sink_committer(sink, fault=fault, metrics=metrics)
+    return TwoPhaseCommitCoordinator(
+        store,
+        {sink.sink_id: committer},
+        source,
+        fault=fault,
+        metrics=metrics,
+        allow_beyond_horizon=allow_beyond_horizon,
+    )

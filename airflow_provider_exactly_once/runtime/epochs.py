@@ -1,0 +1,107 @@
+"""The epoch of a DAG run, the same for every task of the run (write, persist, wait, commit, abort),
+and how tasks name it in their logs.
+
+A run with a data interval addresses the epoch of its interval start, so reruns, clears and
+backfills of an interval meet the same row and marker. A run without one (a manual run of an
+unscheduled DAG) gets an epoch allocated in the meta store, keyed by its run id: every task of the
+run, and every retry or clear of it, reads back the same number.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, Protocol
+
+from airflow_provider_exactly_once.core.epochs import epoch_from_interval_start, epoch_start
+from airflow_provider_exactly_once.core.errors import InvalidPreCommit, InvalidSinkConfig
+from airflow_provider_exactly_once.core.identifiers import check_sink_id
+
+if TYPE_CHECKING:
+    from airflow_provider_exactly_once.checkpoints.config import CheckpointConfig
+
+
+class EpochAllocator(Protocol):
+    """What ``epoch_for_context`` needs of the store (``SqlSinkStateStore.epochs`` is one)."""
+
+    def allocate_epoch(self, sink_id: str, run_id: str) -> int: ...
+
+
+def interval_epoch(context: Mapping[str, Any]) -> int | None:
+    """The epoch of the run's data interval start, or ``None`` when the run has no data interval."""
+    start: datetime | None = context.get("data_interval_start")
+    return None if start is None else epoch_from_interval_start(start)
+
+
+def run_id_of(context: Mapping[str, Any]) -> str:
+    run_id = context.get("run_id")
+    if not run_id:
+        dag_run = context.get("dag_run")
+        run_id = getattr(dag_run, "run_id", None)
+    if not isinstance(run_id, str) or not run_id:
+        raise InvalidSinkConfig("the task context has no run id, so no epoch can be allocated for the run")
+    return run_id
+
+
+def epoch_for_context(context: Mapping[str, Any], sink_id: str, store: EpochAllocator) -> int:
+    """The run's epoch for ``sink_id``: its data-interval start in ms, else the run's allocated epoch."""
+    check_sink_id(sink_id)
+    epoch = interval_epoch(context)
+    if epoch is not None:
+        return epoch
+    return store.allocate_epoch(sink_id, run_id_of(context))
+
+
+def _instant(at: datetime) -> str:
+    at = at.astimezone(UTC)
+    return at.strftime("%Y-%m-%dT%H:%MZ" if at.second == 0 and at.microsecond == 0 else "%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def epoch_interval(epoch: int, context: Mapping[str, Any] | None = None) -> str:
+    """``epoch 1717113600000 = [2024-05-31T00:00Z, 2024-06-01T00:00Z)``: an epoch number alone is
+    unreadable in a log, and the meta store, the UI and ``eo-sink`` all name epochs by number.
+
+    The end comes from the run's data interval when the epoch is that interval's; an epoch
+    allocated for a run without one (or given explicitly) shows only its start.
+    """
+    try:
+        start = epoch_start(epoch)
+    except InvalidPreCommit:
+        return f"epoch {epoch}"
+    context = context or {}
+    begin, end = context.get("data_interval_start"), context.get("data_interval_end")
+    if isinstance(begin, datetime) and isinstance(end, datetime) and end > begin:
+        try:
+            if epoch_from_interval_start(begin) == epoch:
+                return f"epoch {epoch} = [{_instant(begin)}, {_instant(end)})"
+        except InvalidPreCommit:
+            pass
+    return f"epoch {epoch} = [{_instant(start)}, ...)"
+
+
+def checkpoint_location(checkpoint: CheckpointConfig, sink_id: str, epoch: int) -> str:
+    """Where the checkpoint that decides this epoch lives, as resolved for it (the folder whose
+    markers are read, the meta-store checkpoint name, the streaming checkpoint): a wait that never
+    ends is debugged by looking there."""
+    from airflow_provider_exactly_once.checkpoints._fs import PathTemplate
+    from airflow_provider_exactly_once.checkpoints.config import (
+        MarkerFileCheckpoint,
+        MetaStoreCheckpoint,
+        StreamingCheckpoint,
+    )
+    from airflow_provider_exactly_once.checkpoints.markers import MarkerFileCheckpointSource
+    from airflow_provider_exactly_once.core.redact import mask_userinfo
+
+    if isinstance(checkpoint, MarkerFileCheckpoint):
+        source = checkpoint.source()
+        assert isinstance(source, MarkerFileCheckpointSource)
+        folder = source.location(sink_id, epoch)
+        return mask_userinfo(f"{folder} ({checkpoint.success_marker} / {checkpoint.failed_marker})")
+    if isinstance(checkpoint, MetaStoreCheckpoint):
+        name = PathTemplate(checkpoint.name_template, allowed=("sink_id",), what="checkpoint name_template").render(
+            sink_id, epoch
+        )
+        return f"meta-store checkpoint {name!r}, epoch {epoch}"
+    if isinstance(checkpoint, StreamingCheckpoint):
+        return mask_userinfo(f"streaming checkpoint {checkpoint.checkpoint_location}, batch {epoch}")
+    return repr(checkpoint)

@@ -1,0 +1,67 @@
+"""Compare-and-swap on ``pending_sink_state``: the statement, its check, and the error it raises.
+
+Every status change of an epoch is an ``UPDATE`` whose ``WHERE`` names the status and write it
+expects, followed by a row-count check (invariant 5), so a zombie attempt's late transition fails
+loudly instead of overwriting a newer decision; the error says what the row holds instead.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import ColumnElement, Update, update
+from sqlalchemy.orm import Session
+
+from airflow_provider_exactly_once.core.errors import EpochNotFound, StateConflict
+from airflow_provider_exactly_once.core.ports import EpochRecord
+from airflow_provider_exactly_once.core.status import EpochStatus
+from airflow_provider_exactly_once.store import rows
+from airflow_provider_exactly_once.store.models import PendingSinkState
+
+
+class EpochRowMissing(StateConflict, EpochNotFound):
+    """A compare-and-swap found no row at all: both a conflict and "never persisted"."""
+
+
+def guarded_update(
+    sink_id: str, epoch: int, status: EpochStatus, write_id: str, *, undecided: bool = False, decided: bool = False
+) -> Update:
+    """An ``UPDATE`` of the epoch's row that matches only while it holds ``status`` and ``write_id``
+    (with ``undecided``/``decided``: only before/after the commit decision); add ``.values(...)``."""
+    conditions: list[ColumnElement[bool]] = [
+        PendingSinkState.sink_id == sink_id,
+        PendingSinkState.epoch == epoch,
+        PendingSinkState.status == status.value,
+        PendingSinkState.write_id == write_id,
+    ]
+    if undecided:
+        conditions.append(PendingSinkState.commit_decided_at.is_(None))
+    if decided:
+        conditions.append(PendingSinkState.commit_decided_at.is_not(None))
+    return update(PendingSinkState).where(*conditions).execution_options(synchronize_session=False)
+
+
+def holds(record: EpochRecord | PendingSinkState | None) -> str:
+    if record is None:
+        return "there is no row"
+    decided = record.commit_decided_at
+    return f"the row holds status {record.status} write {record.write_id}" + (
+        f", commit decided at {decided.isoformat()}" if decided is not None else ", no commit decided"
+    )
+
+
+def conflict(row: PendingSinkState | None, sink_id: str, epoch: int, wanted: str) -> StateConflict:
+    message = f"sink {sink_id!r} epoch {epoch}: expected to {wanted}, but {holds(row)}"
+    return EpochRowMissing(message) if row is None else StateConflict(message)
+
+
+def swap(session: Session, statement: Update, sink_id: str, epoch: int, wanted: str) -> None:
+    """Run a ``guarded_update`` statement; ``StateConflict`` (``EpochRowMissing`` without a row) unless it
+    changed exactly the one row."""
+    if rows.rowcount(session, statement) != 1:
+        raise conflict(rows.load(session, sink_id, epoch), sink_id, epoch, wanted)
+
+
+def reloaded(session: Session, sink_id: str, epoch: int) -> EpochRecord:
+    """The row as the transaction now sees it, after a change that must have left it in place."""
+    row = rows.load(session, sink_id, epoch)
+    assert row is not None
+    return rows.record(row)

@@ -1,0 +1,143 @@
+"""Rows of the meta store's tables as the domain's values, and the domain's values as column text.
+
+Public because the store's classes and the operations views' queries (``store/queries.py``) map the
+same rows: one mapping, so a view never shows an epoch differently from what the coordinator reads.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any, cast
+
+from sqlalchemy import CursorResult, Update, select
+from sqlalchemy.orm import Session
+
+from airflow_provider_exactly_once.core.errors import InvalidPreCommit, InvalidSinkConfig, MetaStoreUnavailable
+from airflow_provider_exactly_once.core.ports import CleanupTask, EpochRecord
+from airflow_provider_exactly_once.core.precommit import PreCommit
+from airflow_provider_exactly_once.core.status import EpochStatus
+from airflow_provider_exactly_once.store.models import PendingSinkState, SinkCleanup, db_now
+
+
+def load(session: Session, sink_id: str, epoch: int, *, for_update: bool = False) -> PendingSinkState | None:
+    statement = (
+        select(PendingSinkState)
+        .where(PendingSinkState.sink_id == sink_id, PendingSinkState.epoch == epoch)
+        .execution_options(populate_existing=True)
+    )
+    if for_update:
+        statement = statement.with_for_update()
+    return session.scalars(statement).one_or_none()
+
+
+def rowcount(session: Session, statement: Update) -> int:
+    result = cast(CursorResult[Any], session.execute(statement))
+    return int(result.rowcount)
+
+
+def record(row: PendingSinkState) -> EpochRecord:
+    return EpochRecord(
+        sink_id=row.sink_id,
+        epoch=int(row.epoch),
+        status=EpochStatus(row.status),
+        write_id=row.write_id,
+        pre_commit=_parsed(row.sink_id, int(row.epoch), row.write_id, row.metadata_json),
+        run_id=row.run_id,
+        try_number=row.try_number,
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+        commit_decided_at=row.commit_decided_at,
+        committed=None if row.committed is None else json.loads(row.committed),
+        error=row.error,
+        dag_id=row.dag_id,
+        table_uuids=None if row.table_uuids is None else json.loads(row.table_uuids),
+        warning=row.warning,
+    )
+
+
+def cleanup_task(row: SinkCleanup) -> CleanupTask:
+    return CleanupTask(
+        id=int(row.id),
+        sink_id=row.sink_id,
+        epoch=int(row.epoch),
+        write_id=row.write_id,
+        pre_commit=_parsed(row.sink_id, int(row.epoch), row.write_id, row.metadata_json),
+        reason=row.reason,
+        created_at=row.created_at,
+    )
+
+
+def database_now(session: Session) -> datetime:
+    now: datetime | None = session.scalar(select(db_now()))
+    if now is None:  # pragma: no cover - a database without a clock
+        raise MetaStoreUnavailable("the meta store returned no current time")
+    return now
+
+
+def config_json(config: Mapping[str, Any], what: str) -> str:
+    if not isinstance(config, Mapping):
+        raise InvalidSinkConfig(f"{what} must be a mapping (its to_dict() form), got {type(config).__name__}")
+    try:
+        return json.dumps(dict(config), sort_keys=True)
+    except (TypeError, ValueError) as exc:
+        raise InvalidSinkConfig(f"{what} is not JSON-serialisable: {exc}") from None
+
+
+def committed_json(committed: Mapping[str, str], sink_id: str, epoch: int) -> str:
+    if not isinstance(committed, Mapping) or not committed:
+        raise InvalidPreCommit(f"sink {sink_id!r} epoch {epoch}: committed must name every table, got {committed!r}")
+    bad = {k: v for k, v in committed.items() if not isinstance(k, str) or not isinstance(v, str) or not v}
+    if bad:
+        raise InvalidPreCommit(
+            f"sink {sink_id!r} epoch {epoch}: committed maps tables to snapshot ids or 'empty' (strings), got {bad!r}"
+        )
+    return json.dumps(dict(committed), sort_keys=True)
+
+
+def identities_json(identities: Mapping[str, str], sink_id: str, epoch: int) -> str | None:
+    bad = {k: v for k, v in identities.items() if not isinstance(k, str) or not isinstance(v, str) or not v}
+    if bad:
+        raise InvalidPreCommit(f"sink {sink_id!r} epoch {epoch}: table identities must be strings, got {bad!r}")
+    return json.dumps(dict(identities), sort_keys=True) if identities else None
+
+
+# -- parsed metadata ------------------------------------------------------------------------------
+
+#: A write's metadata never changes once written (a new write gets a new write id), so one process
+#: parses it once: an epoch of 10,000 files would otherwise be re-validated on every row read
+#: (get, decide, mark), which costs more than the Iceberg commit itself.
+_PARSED_CAPACITY = 8
+_parsed_cache: OrderedDict[tuple[str, int, str, int], PreCommit] = OrderedDict()
+_parsed_lock = threading.Lock()
+
+
+def _parsed(sink_id: str, epoch: int, write_id: str, text: str) -> PreCommit:
+    key = (sink_id, epoch, write_id, len(text))
+    with _parsed_lock:
+        cached = _parsed_cache.get(key)
+        if cached is not None:
+            _parsed_cache.move_to_end(key)
+            return cached
+    pre_commit = PreCommit.from_json(text)
+    _remember(key, pre_commit)
+    return pre_commit
+
+
+def remembered_json(pre_commit: PreCommit) -> str:
+    """The column text of a write's metadata; the write is cached as parsed, so reading its row
+    back in the same process (the store reloads every row it changes) parses nothing."""
+    text = pre_commit.to_json()
+    _remember((pre_commit.sink_id, pre_commit.epoch, pre_commit.write_id, len(text)), pre_commit)
+    return text
+
+
+def _remember(key: tuple[str, int, str, int], pre_commit: PreCommit) -> None:
+    with _parsed_lock:
+        _parsed_cache[key] = pre_commit
+        _parsed_cache.move_to_end(key)
+        while len(_parsed_cache) > _PARSED_CAPACITY:
+            _parsed_cache.popitem(last=False)

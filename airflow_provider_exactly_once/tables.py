@@ -1,0 +1,58 @@
+"""Declare a sink's Iceberg table from a schema: load it, create it only when it is missing.
+
+pyiceberg's ``create_table_if_not_exists`` creates first and loads on ``TableAlreadyExistsError``,
+and creating writes the new table's first metadata file before the catalog refuses the name: a
+task that "creates the table if needed" on every run leaves one stray ``00000-*.metadata.json``
+in the table's metadata folder per run. Loading first costs one catalog call and writes nothing,
+so repeated runs leave the folder as the first run left it. Only two runs racing to create a
+missing table can still leave the loser's one file (the catalog decides the race after it is
+written); the loser then loads the winner's table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from contextlib import suppress
+
+from pyiceberg.catalog import Catalog
+from pyiceberg.exceptions import (
+    NamespaceAlreadyExistsError,
+    NoSuchNamespaceError,
+    NoSuchTableError,
+    TableAlreadyExistsError,
+)
+from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC, PartitionSpec
+from pyiceberg.schema import Schema
+from pyiceberg.table import Table
+
+from airflow_provider_exactly_once.core.errors import InvalidSinkConfig
+
+
+def ensure_table(
+    catalog: Catalog,
+    name: str,
+    schema: Schema,
+    partition_spec: PartitionSpec = UNPARTITIONED_PARTITION_SPEC,
+    properties: Mapping[str, str] | None = None,
+) -> Table:
+    """The table ``namespace.table``, created with ``schema`` and ``partition_spec`` when missing.
+
+    An existing table is returned as it is, even when its schema differs from ``schema``: the
+    table's schema is what the writer and the commit check every epoch against, and changing it
+    is a decision (``allow_schema_evolution``, or a migration), not a side effect of a DAG run.
+    Spark's ``TIMESTAMP`` is an instant and maps to Iceberg's ``timestamptz``
+    (``TimestamptzType``); ``TimestampType`` is Spark's ``TIMESTAMP_NTZ``.
+    """
+    namespace, _, table = name.rpartition(".")
+    if not namespace or not table:
+        raise InvalidSinkConfig(f"table {name!r} is not 'namespace.table'")
+    try:
+        return catalog.load_table(name)
+    except (NoSuchTableError, NoSuchNamespaceError):
+        pass
+    with suppress(NamespaceAlreadyExistsError):
+        catalog.create_namespace(namespace)
+    try:
+        return catalog.create_table(name, schema, partition_spec=partition_spec, properties=dict(properties or {}))
+    except TableAlreadyExistsError:
+        return catalog.load_table(name)  # another run created it between our load and create
