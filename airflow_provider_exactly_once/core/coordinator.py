@@ -350,18 +350,19 @@ class TwoPhaseCommitCoordinator:
         action = decision.action
 
         if row is None:
-            if write is None:
-                return AbortResult(AbortOutcome.NOTHING_TO_ABORT, 0, None)
+            # A tombstone row, so that a late persist of this write cannot resurrect deleted files;
+            # without a write, the record that the epoch was given up and why.
+            tombstone = write or PreCommit.nothing_written(sink_id, epoch)
             try:
-                # A tombstone row, so that a late persist of this write cannot resurrect deleted files.
-                record = self._store.insert_aborted(write, reason=reason, dag_id=dag_id)
+                record = self._store.insert_aborted(tombstone, reason=reason, dag_id=dag_id)
             except StateConflict:
                 # persist won
                 return self._abort(
                     sink_id, epoch, reason=reason, write=write, force=force, files_lost=files_lost, dag_id=dag_id
                 )
             self._fault("abort.marked")
-            return AbortResult(AbortOutcome.NOT_PERSISTED, self._run_cleanups(sink_id, epoch), record)
+            outcome = AbortOutcome.NOT_PERSISTED if write is not None else AbortOutcome.NO_WRITE
+            return AbortResult(outcome, self._run_cleanups(sink_id, epoch), record)
 
         if action is Action.REMOVE_OTHER_WRITE:
             assert write is not None
@@ -473,6 +474,9 @@ class TwoPhaseCommitCoordinator:
         deleted = 0
         committer = self._committer(sink_id)
         for task in self._store.cleanups(sink_id, epoch):
+            if not task.pre_commit.written:  # the record of an abort without a write has no files
+                self._store.complete_cleanup(task.id)
+                continue
             row = self._store.get(task.sink_id, task.epoch)
             if row is not None and row.write_id == task.write_id and row.status is not EpochStatus.ABORTED:
                 if row.status is EpochStatus.COMMITTED:

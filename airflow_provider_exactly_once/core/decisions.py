@@ -16,7 +16,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
-from .errors import AbortRefused, CheckpointFailed, CheckpointNotReady, EpochAborted, ExactlyOnceError, SinkReused
+from .errors import (
+    AbortRefused,
+    CheckpointFailed,
+    CheckpointNotReady,
+    EpochAborted,
+    ExactlyOnceError,
+    InvalidPreCommit,
+    SinkReused,
+)
 from .ports import EpochRecord
 from .precommit import PreCommit
 from .status import CheckpointStatus, EpochStatus
@@ -40,7 +48,7 @@ class Action(StrEnum):
     DECIDE_AND_COMMIT = "validate, record the commit decision, commit"
     COMMIT_DECIDED = "commit the decided write"
     # abort
-    NOTHING_TO_ABORT = "nothing to abort"
+    RECORD_NO_WRITE = "record the epoch as Aborted without a write"
     TOMBSTONE = "record the unpersisted write as Aborted, remove its files"
     REMOVE_OTHER_WRITE = "remove the files of a write that is not the epoch's"
     ALREADY_ABORTED = "nothing: already aborted (run its queued clean-ups)"
@@ -84,6 +92,10 @@ def persist_decision(
     ``identities`` are the write's tables' identities now (``SinkCommitter.identities``), asked only
     of a Committed epoch: a table re-created since its commit makes the old commit prove nothing.
     """
+    if not write.written:
+        return _refuse(
+            InvalidPreCommit(f"{write.describe()}: a write lists at least one table; this is the record of an abort")
+        )
     if row is None:
         return Decision(Action.INSERT)
     if row.write_id == write.write_id:
@@ -181,7 +193,8 @@ def abort_decision(
     then checks against the sink (``TwoPhaseCommitCoordinator.lost_files``).
     """
     if row is None:
-        return Decision(Action.NOTHING_TO_ABORT if write is None else Action.TOMBSTONE)
+        # Recorded even without a write, so that the abort and its reason are seen in the UI and eo-sink.
+        return Decision(Action.RECORD_NO_WRITE if write is None else Action.TOMBSTONE)
     if write is not None and write.write_id != row.write_id:
         return Decision(Action.REMOVE_OTHER_WRITE)
     if row.status is EpochStatus.COMMITTED:

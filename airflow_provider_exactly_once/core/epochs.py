@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from .errors import InvalidPreCommit
+from .errors import InvalidIdentifier
 from .identifiers import check_epoch
 
 
 def epoch_from_interval_start(start: datetime) -> int:
     if start.tzinfo is None or start.utcoffset() is None:
-        raise InvalidPreCommit(f"data interval start {start.isoformat()} has no time zone; epochs need an instant")
+        raise InvalidIdentifier(f"data interval start {start.isoformat()} has no time zone; epochs need an instant")
     delta = start.astimezone(UTC) - datetime(1970, 1, 1, tzinfo=UTC)
     return check_epoch(delta.days * 86_400_000 + delta.seconds * 1000 + delta.microseconds // 1000)
 

@@ -18,7 +18,13 @@ class ExactlyOnceError(Exception):
 
 
 class InvalidPreCommit(ExactlyOnceError, ValueError):
-    """Pre-commit metadata, a sink id or an epoch that cannot be accepted as given."""
+    """Pre-commit metadata that cannot be accepted as given."""
+
+
+class InvalidIdentifier(InvalidPreCommit):
+    """A sink id, epoch or write id that cannot be accepted, wherever it was given (a CLI argument,
+    a URL, a run's context). A pre-commit carries all three, so what refuses a bad pre-commit also
+    refuses a bad identifier inside one."""
 
 
 class InvalidSinkConfig(ExactlyOnceError, ValueError):

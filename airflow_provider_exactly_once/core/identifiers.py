@@ -12,7 +12,7 @@ from typing import Annotated
 
 from pydantic import PlainValidator
 
-from .errors import InvalidPreCommit
+from .errors import InvalidIdentifier
 
 SINK_ID_MAX_LENGTH = 128
 EPOCH_MAX = 2**63 - 1
@@ -21,15 +21,15 @@ _SINK_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 def check_sink_id(sink_id: object) -> str:
     if not isinstance(sink_id, str):
-        raise InvalidPreCommit(f"sink_id must be a string, got {type(sink_id).__name__}")
+        raise InvalidIdentifier(f"sink_id must be a string, got {type(sink_id).__name__}")
     if not sink_id:
-        raise InvalidPreCommit("sink_id is empty")
+        raise InvalidIdentifier("sink_id is empty")
     if len(sink_id) > SINK_ID_MAX_LENGTH:
-        raise InvalidPreCommit(
+        raise InvalidIdentifier(
             f"sink_id {sink_id[:40]!r}... is {len(sink_id)} characters; at most {SINK_ID_MAX_LENGTH}"
         )
     if not _SINK_ID.fullmatch(sink_id) or ".." in sink_id:
-        raise InvalidPreCommit(
+        raise InvalidIdentifier(
             f"sink_id {sink_id!r} has characters unsafe in a path: use letters, digits, '_', '-' and '.', "
             "starting with a letter or digit, without '..'"
         )
@@ -38,21 +38,21 @@ def check_sink_id(sink_id: object) -> str:
 
 def check_epoch(epoch: object) -> int:
     if isinstance(epoch, bool) or not isinstance(epoch, int):
-        raise InvalidPreCommit(f"epoch must be an integer, got {type(epoch).__name__}")
+        raise InvalidIdentifier(f"epoch must be an integer, got {type(epoch).__name__}")
     if epoch < 0:
-        raise InvalidPreCommit(f"epoch {epoch} is negative")
+        raise InvalidIdentifier(f"epoch {epoch} is negative")
     if epoch > EPOCH_MAX:
-        raise InvalidPreCommit(f"epoch {epoch} does not fit in 64 bits")
+        raise InvalidIdentifier(f"epoch {epoch} does not fit in 64 bits")
     return epoch
 
 
 def check_write_id(write_id: object) -> str:
     if not isinstance(write_id, str):
-        raise InvalidPreCommit(f"write_id must be a UUID string, got {type(write_id).__name__}")
+        raise InvalidIdentifier(f"write_id must be a UUID string, got {type(write_id).__name__}")
     try:
         return str(uuid.UUID(write_id))
     except ValueError:
-        raise InvalidPreCommit(f"write_id {write_id!r} is not a UUID") from None
+        raise InvalidIdentifier(f"write_id {write_id!r} is not a UUID") from None
 
 
 def new_write_id() -> str:

@@ -32,7 +32,7 @@ class AbortOutcome(StrEnum):
     ALREADY_COMMITTED = "already committed"
     NOT_PERSISTED = "not persisted; the write's files were removed"
     OTHER_WRITE_REMOVED = "the write was not the epoch's; its files were removed"
-    NOTHING_TO_ABORT = "nothing to abort"
+    NO_WRITE = "recorded Aborted: the run produced no write"
 
 
 @dataclass(frozen=True)

@@ -17,15 +17,19 @@ from __future__ import annotations
 
 import base64
 import binascii
+import uuid
 import zlib
 from collections.abc import Iterator
 from typing import Any, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from .errors import InvalidPreCommit
 from .identifiers import Epoch, SinkId, WriteId
 from .redact import find_control
+
+#: Validation context key: accept the record of an abort without a write (``PreCommit.nothing_written``).
+_NO_WRITE = "no_write"
 
 PartitionValue = int | float | str | bool | None
 #: Marks the compressed text form of a pre-commit (``PreCommit.to_compressed``).
@@ -151,12 +155,16 @@ class PreCommit(_Frozen):
     sink_id: SinkId
     epoch: Epoch
     write_id: WriteId
-    tables: list[TableWrite] = Field(min_length=1)
+    #: Never empty for a write; empty only in the record of an epoch aborted before any write
+    #: (``nothing_written``), which the meta store keeps so the abort and its reason are seen.
+    tables: list[TableWrite]
     #: Where the input stood when the write read it (offsets, file lists): kept, never interpreted.
     source_positions: dict[str, Any] | None = None
 
     @model_validator(mode="after")
-    def _unique_tables(self) -> Self:
+    def _tables(self, info: ValidationInfo) -> Self:
+        if not self.tables and not (info.context or {}).get(_NO_WRITE):
+            raise ValueError("tables: a write lists at least one table")
         names = [t.table for t in self.tables]
         if len(set(names)) != len(names):
             raise ValueError(f"a table is listed twice: {sorted(names)}")
@@ -165,8 +173,28 @@ class PreCommit(_Frozen):
     # -- construction and serialisation ---------------------------------------------------------
 
     @classmethod
-    def parse(cls, data: object) -> PreCommit:
-        """Validate a dict (an XCom value) or JSON text, raising one ``InvalidPreCommit`` naming every fault."""
+    def nothing_written(cls, sink_id: str, epoch: int) -> PreCommit:
+        """The record of an epoch aborted before its write produced anything (the write task failed).
+
+        Its write id is the same for every such abort of the epoch, so a retried abort finds it
+        already recorded; a later write of the epoch replaces it as it replaces any Aborted write.
+        """
+        write_id = str(uuid.uuid5(uuid.NAMESPACE_URL, f"exactly-once:no-write:{sink_id}:{epoch}"))
+        data = {"sink_id": sink_id, "epoch": epoch, "write_id": write_id, "tables": []}
+        return cls.model_validate(data, context={_NO_WRITE: True})
+
+    @property
+    def written(self) -> bool:
+        """False for the record of an abort without a write (``nothing_written``)."""
+        return bool(self.tables)
+
+    @classmethod
+    def parse(cls, data: object, *, recorded: bool = False) -> PreCommit:
+        """Validate a dict (an XCom value) or JSON text, raising one ``InvalidPreCommit`` naming every fault.
+
+        ``recorded`` accepts what the meta store keeps, including the record of an abort without a
+        write; anything arriving from a task is a write and lists at least one table.
+        """
         if isinstance(data, PreCommit):
             return data
         if isinstance(data, bytes) and data.startswith(COMPRESSED_PREFIX.encode("ascii")):
@@ -174,17 +202,18 @@ class PreCommit(_Frozen):
         if isinstance(data, str) and data.startswith(COMPRESSED_PREFIX):
             data = _decompress(data)
         try:
+            context = {_NO_WRITE: recorded}
             if isinstance(data, str | bytes):
-                return cls.model_validate_json(data)
-            return cls.model_validate(data)
+                return cls.model_validate_json(data, context=context)
+            return cls.model_validate(data, context=context)
         except InvalidPreCommit:
             raise
         except ValidationError as exc:
             raise InvalidPreCommit(_describe(exc)) from None
 
     @classmethod
-    def from_json(cls, text: str | bytes) -> PreCommit:
-        return cls.parse(text)
+    def from_json(cls, text: str | bytes, *, recorded: bool = False) -> PreCommit:
+        return cls.parse(text, recorded=recorded)
 
     def to_json(self) -> str:
         return self.model_dump_json(exclude_defaults=False)
@@ -224,6 +253,8 @@ class PreCommit(_Frozen):
         raise KeyError(name)
 
     def describe(self) -> str:
+        if not self.tables:
+            return f"sink {self.sink_id!r} epoch {self.epoch} (no write)"
         return f"sink {self.sink_id!r} epoch {self.epoch} write {self.write_id}"
 
 

@@ -129,6 +129,8 @@ class EpochView:
     #: Queued clean-ups of this epoch not yet done (an Aborted epoch's files a crash left, replaced writes).
     pending_cleanups: int = 0
     interval_start: datetime | None = field(default=None)
+    #: False for an epoch aborted before its run produced a write (its reason is in ``error``).
+    written: bool = True
 
     @classmethod
     def of(cls, record: EpochRecord, *, now: datetime, pending_cleanups: int = 0) -> EpochView:
@@ -165,6 +167,7 @@ class EpochView:
             warning=None if record.warning is None else mask_userinfo(record.warning),
             pending_cleanups=pending_cleanups,
             interval_start=interval_start(record.epoch),
+            written=record.pre_commit.written,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -188,6 +191,7 @@ class EpochView:
             "warning": self.warning,
             "pending_cleanups": self.pending_cleanups,
             "interval_start": _iso(self.interval_start),
+            "written": self.written,
         }
 
 
@@ -252,6 +256,8 @@ class ActionResult:
 
 def describe_write(pre: PreCommit) -> str:
     """``write <id>: N file(s), M row(s) in <tables>``: what a dry run says it would act on."""
+    if not pre.written:
+        return "no write (the run was aborted before its write produced one)"
     files = sum(len(t.data_files) for t in pre.tables)
     tables: Sequence[str] = [mask_userinfo(t.table) for t in pre.tables]
     return f"write {pre.write_id}: {files} file(s), {pre.record_count} row(s) in {', '.join(tables)}"

@@ -8,7 +8,7 @@ of the upstream's run marks the epoch ``COMPLETED`` (or ``FAILED``), and the sin
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
 
@@ -22,6 +22,9 @@ from airflow_provider_exactly_once.hooks.meta_store import ExactlyOnceMetaStoreH
 from airflow_provider_exactly_once.operators._common import airflow_errors
 from airflow_provider_exactly_once.runtime.epochs import epoch_for_context, interval_epoch
 from airflow_provider_exactly_once.store import SqlSinkStateStore
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
 
 
 class MarkCheckpointOperator(BaseOperator):
@@ -65,7 +68,7 @@ class MarkCheckpointOperator(BaseOperator):
         self.detail = detail
         self.meta_conn_id = meta_conn_id
 
-    def execute(self, context: Any) -> dict[str, Any]:
+    def execute(self, context: Context) -> dict[str, Any]:
         with airflow_errors():
             try:
                 status = CheckpointStatus(self.status)
@@ -85,7 +88,7 @@ class MarkCheckpointOperator(BaseOperator):
         self.log.info("Checkpoint %r epoch %d marked %s", name, epoch, status.value)
         return {"checkpoint": name, "epoch": epoch, "status": status.value}
 
-    def _epoch(self, context: Any, store: SqlSinkStateStore) -> int:
+    def _epoch(self, context: Context, store: SqlSinkStateStore) -> int:
         if self.epoch is not None and self.epoch != "":
             try:
                 return check_epoch(int(self.epoch))

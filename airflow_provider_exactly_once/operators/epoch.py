@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException
@@ -34,6 +34,9 @@ from airflow_provider_exactly_once.runtime.assembly import as_checkpoint, as_sin
 from airflow_provider_exactly_once.runtime.epochs import epoch_for_context, epoch_interval
 from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig, SinkConfig
 from airflow_provider_exactly_once.store import SqlSinkStateStore
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
 
 
 @dataclass(frozen=True)
@@ -106,7 +109,7 @@ class PersistPendingOperator(_EpochOperator):
         super().__init__(**kwargs)
         self.write_task_id = write_task_id
 
-    def execute(self, context: Any) -> dict[str, Any]:
+    def execute(self, context: Context) -> dict[str, Any]:
         value = pull_pre_commit(context, self.write_task_id)
         if value is None:
             raise AirflowFailException(
@@ -159,7 +162,7 @@ class CommitEpochOperator(_EpochOperator):
             self.add_outlets([commit_alias(self.sink.sink_id)])
         self._committed: tuple[Any, bool] | None = None  # (record, made visible now), for OpenLineage
 
-    def execute(self, context: Any) -> dict[str, Any]:
+    def execute(self, context: Context) -> dict[str, Any]:
         with airflow_errors(), self._step(context) as step:
             result = step.coordinator.commit(self.sink.sink_id, step.epoch)
         record = result.record
@@ -226,7 +229,7 @@ class AbortEpochOperator(_EpochOperator):
         self.reason = reason
         self.force = force
 
-    def execute(self, context: Any) -> dict[str, Any]:
+    def execute(self, context: Context) -> dict[str, Any]:
         reason = self.reason or f"task {self.task_id} of run {context.get('run_id')}: an upstream step failed"
         with airflow_errors(), self._step(context) as step:
             write = self._this_runs_write(context, step.epoch)
@@ -261,7 +264,7 @@ class AbortEpochOperator(_EpochOperator):
         if value is None:
             self.log.info(
                 "Task %r left no pre-commit in this run: aborting the epoch's persisted write, if any "
-                "(an epoch with none is only logged: the meta store records no row for it)",
+                "(an epoch with none is recorded Aborted without a write, with this task's reason)",
                 self.write_task_id,
             )
             return None

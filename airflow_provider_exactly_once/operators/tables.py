@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
 from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC, PartitionSpec
@@ -13,6 +13,9 @@ from airflow_provider_exactly_once.core.errors import InvalidSinkConfig
 from airflow_provider_exactly_once.operators._common import airflow_errors
 from airflow_provider_exactly_once.runtime.assembly import as_sink
 from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig, SinkConfig
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
 
 
 class EnsureTableOperator(BaseOperator):
@@ -52,7 +55,7 @@ class EnsureTableOperator(BaseOperator):
         self.partition_spec = partition_spec
         self.properties = dict(properties or {})
 
-    def execute(self, context: Any) -> str:
+    def execute(self, context: Context) -> str:
         from airflow.providers.apache.iceberg.hooks.iceberg import IcebergHook
 
         from airflow_provider_exactly_once.tables import ensure_table

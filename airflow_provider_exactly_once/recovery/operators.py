@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 from collections.abc import Sequence
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
@@ -25,6 +25,9 @@ from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig
 from airflow_provider_exactly_once.store import SqlSinkStateStore
 from airflow_provider_exactly_once.store.models import LOCK_HOLDER_LENGTH
 
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
 
 class ListRegisteredSinksOperator(BaseOperator):
     """Every sink of the meta store's registry: what the recovery task is mapped over.
@@ -38,7 +41,7 @@ class ListRegisteredSinksOperator(BaseOperator):
         super().__init__(**kwargs)
         self.meta_conn_id = meta_conn_id
 
-    def execute(self, context: Any) -> list[str]:
+    def execute(self, context: Context) -> list[str]:
         with airflow_errors():
             store = ExactlyOnceMetaStoreHook(self.meta_conn_id).get_store()
             try:
@@ -80,7 +83,7 @@ class RecoverSinkOperator(BaseOperator):
         self.orphan_grace = orphan_grace
         self.lock_ttl = lock_ttl
 
-    def execute(self, context: Any) -> dict[str, Any]:
+    def execute(self, context: Context) -> dict[str, Any]:
         with airflow_errors():
             store = ExactlyOnceMetaStoreHook(self.meta_conn_id).get_store()
             try:
@@ -106,7 +109,7 @@ class RecoverSinkOperator(BaseOperator):
             )
         return report.to_dict()
 
-    def _emit_assets(self, context: Any, store: SqlSinkStateStore, committed: list[int]) -> None:
+    def _emit_assets(self, context: Context, store: SqlSinkStateStore, committed: list[int]) -> None:
         """Asset events for the tables of the epochs this recovery committed (``observability.assets``).
 
         Only with the recovery alias among the task's outlets (the recovery DAG declares it), and
@@ -129,7 +132,7 @@ class RecoverSinkOperator(BaseOperator):
             )
 
 
-def _holder(context: Any) -> str:
+def _holder(context: Context) -> str:
     """Names the task instance and host, so a refused recovery can say who holds the lock."""
     ti = context.get("ti")
     name = (

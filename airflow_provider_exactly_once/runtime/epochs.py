@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
 from airflow_provider_exactly_once.core.epochs import epoch_from_interval_start, epoch_start
-from airflow_provider_exactly_once.core.errors import InvalidPreCommit, InvalidSinkConfig
+from airflow_provider_exactly_once.core.errors import InvalidIdentifier, InvalidSinkConfig
 from airflow_provider_exactly_once.core.identifiers import check_sink_id
 
 if TYPE_CHECKING:
@@ -66,7 +66,7 @@ def epoch_interval(epoch: int, context: Mapping[str, Any] | None = None) -> str:
     """
     try:
         start = epoch_start(epoch)
-    except InvalidPreCommit:
+    except InvalidIdentifier:
         return f"epoch {epoch}"
     context = context or {}
     begin, end = context.get("data_interval_start"), context.get("data_interval_end")
@@ -74,7 +74,7 @@ def epoch_interval(epoch: int, context: Mapping[str, Any] | None = None) -> str:
         try:
             if epoch_from_interval_start(begin) == epoch:
                 return f"epoch {epoch} = [{_instant(begin)}, {_instant(end)})"
-        except InvalidPreCommit:
+        except InvalidIdentifier:
             pass
     return f"epoch {epoch} = [{_instant(start)}, ...)"
 

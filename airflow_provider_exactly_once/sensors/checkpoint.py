@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseSensorOperator
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSensorTimeout
@@ -31,6 +31,9 @@ from airflow_provider_exactly_once.runtime.epochs import (
 )
 from airflow_provider_exactly_once.sinks.config import SinkConfig
 from airflow_provider_exactly_once.triggers.checkpoint import ERROR, TIMEOUT, CheckpointTrigger
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
 
 
 class CheckpointSensor(BaseSensorOperator):
@@ -68,7 +71,7 @@ class CheckpointSensor(BaseSensorOperator):
 
     # -- one look ----------------------------------------------------------------------------------
 
-    def _status(self, context: Any) -> tuple[int, CheckpointStatus]:
+    def _status(self, context: Context) -> tuple[int, CheckpointStatus]:
         """The run's epoch and its checkpoint status; the store is opened only when needed."""
         hook = ExactlyOnceMetaStoreHook(self.meta_conn_id)
         epoch = interval_epoch(context)
@@ -82,7 +85,7 @@ class CheckpointSensor(BaseSensorOperator):
         finally:
             store.dispose()
 
-    def poke(self, context: Any) -> bool:
+    def poke(self, context: Context) -> bool:
         try:
             epoch, status = self._status(context)
         except ExactlyOnceError as exc:
@@ -93,10 +96,10 @@ class CheckpointSensor(BaseSensorOperator):
             raise AirflowFailException(f"{type(exc).__name__}: {exc}") from exc
         return self._decide(epoch, status, context)
 
-    def _where(self, epoch: int, context: Any) -> str:
+    def _where(self, epoch: int, context: Context) -> str:
         return f"{epoch_interval(epoch, context)} at {checkpoint_location(self.checkpoint, self.sink_id, epoch)}"
 
-    def _decide(self, epoch: int, status: CheckpointStatus, context: Any) -> bool:
+    def _decide(self, epoch: int, status: CheckpointStatus, context: Context) -> bool:
         if status is CheckpointStatus.FAILED:
             raise AirflowFailException(
                 f"checkpoint of sink {self.sink_id!r} {self._where(epoch, context)} FAILED: the epoch will be aborted"
@@ -106,7 +109,7 @@ class CheckpointSensor(BaseSensorOperator):
 
     # -- deferrable --------------------------------------------------------------------------------
 
-    def execute(self, context: Any) -> Any:
+    def execute(self, context: Context) -> Any:
         if not self.deferrable:
             return super().execute(context)
         if self.poke(context):  # already final: no need to hand over to the triggerer
@@ -128,7 +131,7 @@ class CheckpointSensor(BaseSensorOperator):
             timeout=timedelta(seconds=self.timeout),
         )
 
-    def execute_complete(self, context: Any, event: dict[str, Any] | None = None) -> None:
+    def execute_complete(self, context: Context, event: dict[str, Any] | None = None) -> None:
         """Resumed by the trigger's event: succeed, fail without retries, or time out."""
         if not event or "status" not in event:
             raise AirflowException(f"checkpoint trigger of sink {self.sink_id!r} returned no event")

@@ -11,10 +11,13 @@ record.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from airflow_provider_exactly_once.core.status import CheckpointStatus
 from airflow_provider_exactly_once.sensors.checkpoint import CheckpointSensor
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
 
 
 class CheckpointSettledSensor(CheckpointSensor):
@@ -27,7 +30,7 @@ class CheckpointSettledSensor(CheckpointSensor):
 
     ui_color = "#ecf4e7"
 
-    def _decide(self, epoch: int, status: CheckpointStatus, context: Any) -> bool:
+    def _decide(self, epoch: int, status: CheckpointStatus, context: Context) -> bool:
         if status is CheckpointStatus.FAILED:
             self.log.warning(
                 "Checkpoint of sink %r %s: FAILED; settled, the epoch's wait will abort it",

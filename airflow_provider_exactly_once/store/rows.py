@@ -122,7 +122,7 @@ def _parsed(sink_id: str, epoch: int, write_id: str, text: str) -> PreCommit:
         if cached is not None:
             _parsed_cache.move_to_end(key)
             return cached
-    pre_commit = PreCommit.from_json(text)
+    pre_commit = PreCommit.from_json(text, recorded=True)
     _remember(key, pre_commit)
     return pre_commit
 

@@ -198,6 +198,20 @@ def test_write_that_fails_once_then_succeeds_on_retry_is_once(world: World) -> N
     assert failed_try.write_id not in {r[2] for r in world.rows()}
 
 
+def test_a_run_whose_write_failed_is_recorded_aborted_with_its_reason(world: World) -> None:
+    epoch = epoch_from_interval_start(DAY)
+    dag = epoch_dag(world, world.iceberg_sink(), write_kwargs={"fail_tries": (1,)})
+
+    dr = run(dag, DAY)
+
+    assert dr.state == "failed"
+    assert ti_states(dag.dag_id, dr.run_id)[f"{G}.abort"][0] == "success"
+    row = world.pipeline.store.get(world.sink_id, epoch)
+    assert row is not None and row.status is EpochStatus.ABORTED and not row.pre_commit.written
+    assert row.dag_id == dag.dag_id and row.error is not None and dr.run_id in row.error
+    assert xcom(dag.dag_id, dr.run_id, f"{G}.abort")["outcome"] == "recorded Aborted: the run produced no write"
+
+
 def test_backfill_out_of_order_commits_each_interval_once(world: World) -> None:
     dag = epoch_dag(
         world,

@@ -14,6 +14,7 @@ from airflow_provider_exactly_once.core.errors import (
     CheckpointNotReady,
     EpochAborted,
     EpochNotFound,
+    InvalidPreCommit,
 )
 from airflow_provider_exactly_once.core.ports import EMPTY
 from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochStatus
@@ -149,6 +150,27 @@ def test_abort_of_a_write_that_was_never_persisted_removes_its_files(
     assert coordinator.persist(rerun).outcome is PersistOutcome.REPLACED
     with pytest.raises(EpochNotFound):
         coordinator.commit(sink_id, 12345)
+
+
+def test_an_epoch_aborted_before_any_write_is_recorded_with_its_reason(
+    pipeline: Pipeline, sink_id: str, branch: str
+) -> None:
+    pipeline.create_table("orders")
+    coordinator = pipeline.coordinator(sink_id, pipeline.iceberg_committer(branch=branch))
+    first = coordinator.abort(sink_id, 3, reason="settled sensor: checkpoint FAILED", dag_id="orders_daily")
+    assert first.outcome is AbortOutcome.NO_WRITE and first.files_deleted == 0
+    row = pipeline.store.get(sink_id, 3)
+    assert row is not None and row.status is EpochStatus.ABORTED and not row.pre_commit.written
+    assert row.error == "settled sensor: checkpoint FAILED" and row.dag_id == "orders_daily"
+    assert pipeline.store.cleanups(sink_id, 3) == []  # nothing to delete, nothing left queued
+    assert coordinator.abort(sink_id, 3, reason="retried").outcome is AbortOutcome.ALREADY_ABORTED
+    with pytest.raises(InvalidPreCommit, match="at least one table"):
+        coordinator.persist(row.pre_commit)  # the record is never mistaken for a write
+    rerun = pipeline.write_iceberg(sink_id, 3, ["orders"])  # the day is run again once its input is fixed
+    assert coordinator.persist(rerun).outcome is PersistOutcome.REPLACED
+    pipeline.checkpoint(sink_id, 3, COMPLETED)
+    assert coordinator.commit(sink_id, 3).outcome is CommitOutcome.COMMITTED
+    assert as_tuples(pipeline.rows("orders", branch=branch)) == expected_rows([rerun], f"{pipeline.namespace}.orders")
 
 
 def test_a_second_write_for_a_pending_epoch_replaces_the_first(pipeline: Pipeline, sink_id: str, branch: str) -> None:

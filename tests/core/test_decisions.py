@@ -1,0 +1,246 @@
+"""The rules of core/decisions.py, case by case: every row state against every input.
+
+These are pure functions, so the table below is the whole of each rule; the coordinator's tests show
+the same rules carried out against real stores and sinks.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from dataclasses import replace
+from datetime import UTC, datetime
+
+import pytest
+
+from airflow_provider_exactly_once.core.decisions import (
+    Action,
+    Decision,
+    abort_decision,
+    commit_decision,
+    files_lost_refusal,
+    persist_decision,
+    recovery_decision,
+    recreated_tables,
+)
+from airflow_provider_exactly_once.core.errors import (
+    AbortRefused,
+    CheckpointFailed,
+    CheckpointNotReady,
+    EpochAborted,
+    SinkReused,
+)
+from airflow_provider_exactly_once.core.ports import EpochRecord
+from airflow_provider_exactly_once.core.precommit import PreCommit, TableWrite
+from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochStatus
+
+SINK, EPOCH = "orders", 1_717_200_000_000
+AT = datetime(2024, 6, 1, tzinfo=UTC)
+DECIDED = datetime(2024, 6, 1, 1, tzinfo=UTC)
+
+
+def write(*tables: str) -> PreCommit:
+    write_id = str(uuid.uuid4())
+    return PreCommit(
+        sink_id=SINK,
+        epoch=EPOCH,
+        write_id=write_id,
+        tables=[TableWrite(table=t, location=f"/lake/{t}/_eo/{write_id}") for t in tables or ("db.t",)],
+    )
+
+
+def row(
+    status: EpochStatus, pre: PreCommit | None = None, *, decided: bool = False, uuids: dict[str, str] | None = None
+) -> EpochRecord:
+    pre = pre or write()
+    return EpochRecord(
+        sink_id=SINK,
+        epoch=EPOCH,
+        status=status,
+        write_id=pre.write_id,
+        pre_commit=pre,
+        run_id="scheduled__2024-06-01",
+        try_number=1,
+        created_at=AT,
+        updated_at=AT,
+        commit_decided_at=DECIDED if decided else None,
+        committed=None,
+        error=None,
+        dag_id="orders_hourly",
+        table_uuids=uuids,
+    )
+
+
+def checkpoint(status: CheckpointStatus | None) -> Callable[[], CheckpointStatus]:
+    """A checkpoint lookup; ``None`` means the rule must not ask it (a decided or settled epoch)."""
+
+    def ask() -> CheckpointStatus:
+        if status is None:
+            raise AssertionError("the rule asked the checkpoint, which it must not for this row")
+        return status
+
+    return ask
+
+
+def never_asked() -> dict[str, str]:
+    raise AssertionError("the rule asked the tables' identities, which it must not for this row")
+
+
+PENDING, COMMITTED, ABORTED = EpochStatus.PENDING, EpochStatus.COMMITTED, EpochStatus.ABORTED
+DONE, WAITING, FAILED = CheckpointStatus.COMPLETED, CheckpointStatus.PENDING, CheckpointStatus.FAILED
+
+
+# -- persist ----------------------------------------------------------------------------------------
+
+
+def test_persist_of_a_new_epoch_inserts_and_a_repeat_keeps() -> None:
+    pre = write()
+    assert persist_decision(None, pre, never_asked).action is Action.INSERT
+    for status in (PENDING, COMMITTED):
+        assert persist_decision(row(status, pre), pre, never_asked).action is Action.KEEP
+
+
+def test_persist_of_an_aborted_write_again_is_refused() -> None:
+    pre = write()
+    decision = persist_decision(row(ABORTED, pre), pre, never_asked)
+    assert decision.action is Action.REFUSE and isinstance(decision.error, EpochAborted)
+    with pytest.raises(EpochAborted, match="run the write again"):
+        decision.raise_if_refused()
+
+
+@pytest.mark.parametrize(
+    ("status", "decided", "expected"),
+    [
+        (PENDING, False, Action.REPLACE),
+        (ABORTED, False, Action.REPLACE),  # an aborted epoch is re-opened by a new write
+        (PENDING, True, Action.DISCARD_LATE),  # a decided commit is never overtaken
+    ],
+)
+def test_persist_of_another_write(status: EpochStatus, decided: bool, expected: Action) -> None:
+    decision = persist_decision(row(status, decided=decided), write(), never_asked)
+    assert decision.action is expected and decision.error is None
+
+
+def test_persist_of_another_write_for_a_committed_epoch() -> None:
+    committed = row(COMMITTED, write("db.t"), uuids={"db.t": "uuid-1"})
+    same_table = persist_decision(committed, write("db.t"), lambda: {"db.t": "uuid-1"})
+    assert same_table.action is Action.DISCARD_LATE
+
+    recreated = persist_decision(committed, write("db.t"), lambda: {"db.t": "uuid-2"})
+    assert recreated.action is Action.REOPEN and "uuid-1" in recreated.why and "uuid-2" in recreated.why
+
+    other_tables = persist_decision(committed, write("db.other"), never_asked)
+    assert other_tables.action is Action.DISCARD_OTHER_TABLES
+    assert isinstance(other_tables.error, SinkReused) and "db.other" in str(other_tables.error)
+    # the files are removed first, so the refusal is raised by the coordinator afterwards, not here
+    assert other_tables.raise_if_refused() is other_tables
+
+
+def test_a_commit_from_before_identities_were_recorded_stands() -> None:
+    assert recreated_tables(row(COMMITTED, uuids=None), {"db.t": "anything"}) is None
+    assert recreated_tables(row(COMMITTED, uuids={"db.t": "a"}), {}) is None
+
+
+# -- commit -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("status", "decided", "checkpoint_status", "expected", "error"),
+    [
+        (COMMITTED, False, None, Action.ALREADY_COMMITTED, None),
+        (ABORTED, False, None, Action.REFUSE, EpochAborted),
+        (PENDING, True, None, Action.COMMIT_DECIDED, None),
+        (PENDING, False, DONE, Action.DECIDE_AND_COMMIT, None),
+        (PENDING, False, WAITING, Action.REFUSE, CheckpointNotReady),
+        (PENDING, False, FAILED, Action.REFUSE, CheckpointFailed),
+    ],
+)
+def test_commit(
+    status: EpochStatus,
+    decided: bool,
+    checkpoint_status: CheckpointStatus | None,
+    expected: Action,
+    error: type[Exception] | None,
+) -> None:
+    decision = commit_decision(row(status, decided=decided), checkpoint(checkpoint_status))
+    assert decision.action is expected
+    assert (type(decision.error) if decision.error else None) is error
+
+
+# -- abort ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("status", "decided", "force", "files_lost", "checkpoint_status", "expected", "refusal"),
+    [
+        (COMMITTED, False, False, False, None, Action.ALREADY_COMMITTED, None),
+        (COMMITTED, False, True, True, None, Action.ALREADY_COMMITTED, None),  # nothing overrides a commit
+        (ABORTED, False, False, False, None, Action.ALREADY_ABORTED, None),
+        (PENDING, True, False, False, None, Action.REFUSE, "was decided"),
+        (PENDING, True, True, False, None, Action.REFUSE, "files-lost"),  # force does not beat a decision
+        (PENDING, True, False, True, None, Action.GIVE_UP_LOST_FILES, None),
+        (PENDING, False, False, False, DONE, Action.REFUSE, "must be committed"),
+        (PENDING, False, True, False, None, Action.ABORT, None),
+        (PENDING, False, False, False, FAILED, Action.ABORT, None),
+        (PENDING, False, False, False, WAITING, Action.ABORT, None),
+    ],
+)
+def test_abort_of_the_epochs_write(
+    status: EpochStatus,
+    decided: bool,
+    force: bool,
+    files_lost: bool,
+    checkpoint_status: CheckpointStatus | None,
+    expected: Action,
+    refusal: str | None,
+) -> None:
+    decision = abort_decision(
+        row(status, decided=decided), None, checkpoint(checkpoint_status), force=force, files_lost=files_lost
+    )
+    assert decision.action is expected
+    if refusal is None:
+        assert decision.error is None
+    else:
+        assert isinstance(decision.error, AbortRefused) and refusal in str(decision.error)
+
+
+def test_abort_of_a_write_that_is_not_the_epochs() -> None:
+    own = write()
+    assert abort_decision(None, None, checkpoint(None)).action is Action.RECORD_NO_WRITE
+    assert abort_decision(None, own, checkpoint(None)).action is Action.TOMBSTONE
+    for status in (PENDING, COMMITTED, ABORTED):
+        for decided in (False, True):
+            decision = abort_decision(row(status, decided=decided), own, checkpoint(None))
+            assert decision.action is Action.REMOVE_OTHER_WRITE
+
+
+def test_giving_up_lost_files_is_refused_while_partly_visible_or_nothing_is_lost() -> None:
+    pending = row(PENDING, write("db.a", "db.b"), decided=True)
+    partly = files_lost_refusal(pending, ["db.a"], [])
+    assert isinstance(partly, AbortRefused) and "partly visible" in str(partly)
+    whole = files_lost_refusal(pending, [], [])
+    assert isinstance(whole, AbortRefused) and "nothing is lost" in str(whole)
+    assert files_lost_refusal(pending, [], ["/lake/db.a/_eo/x/part-0.parquet"]) is None
+
+
+# -- recovery ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("decided", "checkpoint_status", "expected"),
+    [
+        (True, None, Action.COMMIT_DECIDED),
+        (False, DONE, Action.DECIDE_AND_COMMIT),
+        (False, FAILED, Action.ABORT),
+        (False, WAITING, Action.WAIT),
+    ],
+)
+def test_recovery(decided: bool, checkpoint_status: CheckpointStatus | None, expected: Action) -> None:
+    assert recovery_decision(row(PENDING, decided=decided), checkpoint(checkpoint_status)).action is expected
+
+
+def test_a_decision_is_a_value() -> None:
+    decided = row(PENDING, decided=True)
+    first = commit_decision(decided, checkpoint(None))
+    assert first == commit_decision(replace(decided), checkpoint(None))
+    assert first == Decision(Action.COMMIT_DECIDED, why=f"commit decided at {DECIDED.isoformat()}")
