@@ -293,6 +293,8 @@ def _show_command(ops: SinkOperations, args: argparse.Namespace, out: TextIO, er
         "rows",
         "bytes",
         "pending_cleanups",
+        "revision",
+        "replacing_write_id",
         "error",
         "warning",
     )
@@ -303,6 +305,26 @@ def _show_command(ops: SinkOperations, args: argparse.Namespace, out: TextIO, er
         [(t.name, t.files, t.rows, t.bytes, t.snapshot or "", t.table_uuid or "") for t in view.tables],
         ["table", "files", "rows", "bytes", "snapshot", "table uuid"],
     )
+    if view.revisions:
+        out.write("\n")
+        _table(
+            out,
+            [
+                (
+                    r.revision,
+                    r.status,
+                    r.write_id,
+                    r.generation or "",
+                    r.run_id or "",
+                    r.try_number or "",
+                    r.rows,
+                    ", ".join(f"{t} -> {s}" for t, s in sorted((r.committed or {}).items())),
+                    r.reason or "",
+                )
+                for r in view.revisions
+            ],
+            ["revision", "status", "write", "generation", "run", "try", "rows", "snapshots", "reason"],
+        )
     return EXIT_OK
 
 

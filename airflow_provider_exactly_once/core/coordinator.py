@@ -27,6 +27,7 @@ from datetime import timedelta
 
 from .decisions import (
     Action,
+    OnReprocess,
     abort_decision,
     commit_decision,
     discarded_error,
@@ -99,6 +100,7 @@ class TwoPhaseCommitCoordinator:
         checkpoints: CheckpointSource,
         *,
         allow_beyond_horizon: bool = False,
+        on_reprocess: Mapping[str, OnReprocess] | None = None,
         fault: FaultHook = no_faults,
         metrics: Metrics = NO_METRICS,
     ) -> None:
@@ -108,6 +110,8 @@ class TwoPhaseCommitCoordinator:
         self._committers = dict(committers)
         self._checkpoints = checkpoints
         self._allow_beyond_horizon = allow_beyond_horizon
+        #: Per sink: what a newer generation's write does to a committed epoch (``"keep"`` unless given).
+        self._on_reprocess = dict(on_reprocess or {})
         self._fault = fault
         #: Commit durations, files, rows, outcomes and aborts (``core.observe``); never decides anything.
         self._metrics = safe(metrics)
@@ -137,7 +141,9 @@ class TwoPhaseCommitCoordinator:
 
         for _ in range(_PERSIST_RACE_ROUNDS):
             row = self._store.get(pre.sink_id, pre.epoch)
-            decision = persist_decision(row, pre, lambda: committer.identities(pre)).raise_if_refused()
+            decision = persist_decision(
+                row, pre, lambda: committer.identities(pre), on_reprocess=self._on_reprocess.get(pre.sink_id, "keep")
+            ).raise_if_refused()
             action = decision.action
             if row is not None and action is Action.KEEP:
                 outcome = (
@@ -168,6 +174,25 @@ class TwoPhaseCommitCoordinator:
                     continue  # another persist re-opened it first: decide against its row
                 log.warning("%s: %s", pre.describe(), decision.why)
                 return PersistResult(PersistOutcome.REOPENED, record, pre.write_id, warning=decision.why)
+
+            if row is not None and action is Action.REVISE:
+                self._refuse_discarded(pre)
+                try:
+                    record = self._store.revisions.open_revision(
+                        pre, expected_write_id=row.write_id, run_id=run_id, try_number=try_number, dag_id=dag_id
+                    )
+                except StateConflict:
+                    continue  # another persist opened a revision first: decide against its row
+                self._fault("persist.revised")
+                log.warning("%s: %s", pre.describe(), decision.why)
+                return PersistResult(PersistOutcome.REVISED, record, pre.write_id, warning=decision.why)
+
+            if row is not None and action in (Action.DISCARD_OLDER, Action.DISCARD_KEPT):
+                self._store.enqueue_cleanup(pre, reason=f"{action.value}: {decision.why}")
+                self._run_cleanups(pre.sink_id, pre.epoch)
+                log.warning("%s: %s", pre.describe(), decision.why)
+                outcome = PersistOutcome.SUPERSEDED if action is Action.DISCARD_OLDER else PersistOutcome.KEPT
+                return PersistResult(outcome, row, row.write_id, warning=decision.why)
 
             if row is not None and action is Action.DISCARD_LATE:
                 # The epoch's data is (or will be) the earlier write's: this one must never be seen.
@@ -255,6 +280,8 @@ class TwoPhaseCommitCoordinator:
             # still take (its table may have changed since persist), and keep the others abortable.
             try:
                 committer.validate(row.pre_commit)
+                if row.replaces is not None:
+                    committer.check_replaceable(row.pre_commit, row.replaces)
             except Exception as exc:
                 self._note_error(row, exc)
                 raise
@@ -266,7 +293,10 @@ class TwoPhaseCommitCoordinator:
 
         try:
             committed = committer.commit(
-                row.pre_commit, row.created_at, allow_beyond_horizon=self._allow_beyond_horizon
+                row.pre_commit,
+                row.created_at,
+                allow_beyond_horizon=self._allow_beyond_horizon,
+                replaces=row.replaces,
             )
         except Exception as exc:
             self._note_error(row, exc)
@@ -375,10 +405,23 @@ class TwoPhaseCommitCoordinator:
         if action is Action.GIVE_UP_LOST_FILES:
             missing = self.lost_files(row)
             log.warning("%s: giving up a write with %d data file(s) lost", row.pre_commit.describe(), len(missing))
+        decided = row.commit_decided_at is not None
         try:
-            record = self._store.mark_aborted(
-                sink_id, epoch, write_id=row.write_id, reason=reason, decided=row.commit_decided_at is not None
-            )
+            if row.replaces is not None:
+                record = self._store.revisions.abort_revision(
+                    sink_id, epoch, write_id=row.write_id, reason=reason, decided=decided
+                )
+                self._fault("abort.marked")
+                deleted = self._run_cleanups(sink_id, epoch)
+                log.info(
+                    "%s: revision %d aborted (%s); write %s stays",
+                    row.pre_commit.describe(),
+                    row.revision,
+                    reason,
+                    record.write_id,
+                )
+                return AbortResult(AbortOutcome.REVISION_ABORTED, deleted, record)
+            record = self._store.mark_aborted(sink_id, epoch, write_id=row.write_id, reason=reason, decided=decided)
         except StateConflict:
             latest = self._require(sink_id, epoch)
             if latest.status is EpochStatus.ABORTED and latest.write_id == row.write_id:
@@ -424,7 +467,7 @@ class TwoPhaseCommitCoordinator:
                 if decision.action is Action.WAIT:
                     report.waiting.append(row.epoch)
                     continue
-                if decision.action is Action.ABORT:
+                if decision.action in (Action.ABORT, Action.ABORT_REVISION):
                     aborted = self.abort(sink_id, row.epoch, reason="recovery: checkpoint FAILED")
                     report.aborted.append(row.epoch)
                     report.files_deleted += aborted.files_deleted
@@ -484,7 +527,14 @@ class TwoPhaseCommitCoordinator:
                 continue
             since = min(row.created_at, task.created_at) if row is not None else task.created_at
             try:
-                deleted += committer.delete_write(task.pre_commit, since)
+                if task.removed_by is not None:
+                    # A write a revision replaced: older snapshots list its files until they expire.
+                    freed = committer.delete_replaced(task.pre_commit, task.removed_by, task.created_at)
+                    if freed is None:
+                        continue
+                    deleted += freed
+                else:
+                    deleted += committer.delete_write(task.pre_commit, since)
             except Exception as exc:
                 if report is None or isinstance(exc, MetaStoreUnavailable):
                     raise

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Literal
 
 from .errors import (
     AbortRefused,
@@ -23,13 +24,20 @@ from .errors import (
     EpochAborted,
     ExactlyOnceError,
     InvalidPreCommit,
+    RevisionInProgress,
     SinkReused,
 )
+from .generations import is_newer, is_older
 from .ports import EpochRecord
 from .precommit import PreCommit
 from .status import CheckpointStatus, EpochStatus
 
 CheckpointLookup = Callable[[], CheckpointStatus]
+
+#: What a sink does with a newer generation's write for a committed epoch: replace it (a revision)
+#: or keep what it committed (for inputs that cannot be re-read).
+OnReprocess = Literal["replace", "keep"]
+ON_REPROCESS: tuple[OnReprocess, ...] = ("replace", "keep")
 
 
 class Action(StrEnum):
@@ -43,6 +51,9 @@ class Action(StrEnum):
     REOPEN = "re-open the Committed epoch for the re-created table"
     DISCARD_LATE = "discard the late write: the epoch holds an earlier one"
     DISCARD_OTHER_TABLES = "discard the write: the epoch was committed to other tables"
+    DISCARD_OLDER = "discard the write: a newer generation's write holds the epoch"
+    DISCARD_KEPT = "discard the newer generation's write: the sink keeps what it committed (on_reprocess='keep')"
+    REVISE = "open a revision: the newer generation's write replaces the committed one once it commits"
     # commit
     ALREADY_COMMITTED = "nothing: already committed"
     DECIDE_AND_COMMIT = "validate, record the commit decision, commit"
@@ -54,6 +65,7 @@ class Action(StrEnum):
     ALREADY_ABORTED = "nothing: already aborted (run its queued clean-ups)"
     GIVE_UP_LOST_FILES = "abort the write whose files are lost, once that is checked"
     ABORT = "mark Aborted, remove the write's files"
+    ABORT_REVISION = "give up the revision: the write it replaces stays visible and the epoch Committed"
     # recovery
     WAIT = "wait for the checkpoint"
 
@@ -85,12 +97,19 @@ def _name(row: EpochRecord) -> str:
 
 
 def persist_decision(
-    row: EpochRecord | None, write: PreCommit, identities: Callable[[], Mapping[str, str]]
+    row: EpochRecord | None,
+    write: PreCommit,
+    identities: Callable[[], Mapping[str, str]],
+    *,
+    on_reprocess: OnReprocess = "keep",
 ) -> Decision:
     """What a persist of ``write`` does to the epoch's row as it is now.
 
     ``identities`` are the write's tables' identities now (``SinkCommitter.identities``), asked only
     of a Committed epoch: a table re-created since its commit makes the old commit prove nothing.
+    A write of a newer generation (``core.generations``) than the row's replaces a committed one
+    through a revision when the sink's ``on_reprocess`` is ``"replace"``; a write of an older one
+    (a zombie of a run since cleared) never takes the epoch.
     """
     if not write.written:
         return _refuse(
@@ -122,10 +141,48 @@ def persist_decision(
         recreated = recreated_tables(row, identities())
         if recreated:
             return Decision(Action.REOPEN, why=recreated)
+        if is_newer(write.generation, row.pre_commit.generation):
+            newer = f"generation {write.generation} is newer than the committed write's ({row.pre_commit.generation})"
+            if on_reprocess == "replace":
+                return Decision(
+                    Action.REVISE, why=f"{newer}: revision {row.revision + 1} will replace write {row.write_id}"
+                )
+            return Decision(
+                Action.DISCARD_KEPT,
+                why=f"{newer}, but the sink keeps what it committed (on_reprocess='keep'): write {row.write_id} "
+                "stays, the new write was removed",
+            )
         return Decision(Action.DISCARD_LATE, why=f"epoch committed with write {row.write_id}")
+    if is_older(write.generation, row.pre_commit.generation):
+        return Decision(
+            Action.DISCARD_OLDER,
+            why=f"write {row.write_id} of the newer generation {row.pre_commit.generation} holds the epoch "
+            f"(this write's: {write.generation})",
+        )
     if row.status is EpochStatus.PENDING and row.commit_decided_at is not None:
+        if is_newer(write.generation, row.pre_commit.generation):
+            return _refuse(
+                RevisionInProgress(
+                    f"{write.describe()} of generation {write.generation} is newer than write {row.write_id}, whose "
+                    "commit is under way; retry once it is committed, and this write replaces it"
+                )
+            )
         return Decision(Action.DISCARD_LATE, why=f"epoch holds write {row.write_id}, its commit decided")
     return Decision(Action.REPLACE)
+
+
+def write_kept(row: EpochRecord | None, generation: str | None, on_reprocess: OnReprocess) -> str | None:
+    """Why a write task may skip its work: the sink keeps the epoch as committed (``"keep"``), and a
+    write of this newer generation would only be discarded by persist. ``None``: write."""
+    if on_reprocess != "keep" or row is None or row.status is not EpochStatus.COMMITTED:
+        return None
+    if not is_newer(generation, row.pre_commit.generation):
+        return None
+    return (
+        f"{_name(row)} is committed with write {row.write_id} ({row.pre_commit.record_count} row(s)) and the sink "
+        "keeps what it committed (on_reprocess='keep'): this run's newer generation writes nothing and applies "
+        "nothing new. To replace the epoch, give the sink on_reprocess='replace'"
+    )
 
 
 def discarded_error(write: PreCommit) -> EpochAborted:
@@ -212,8 +269,15 @@ def abort_decision(
                 "(eo-sink abort SINK EPOCH --reason ... --files-lost)"
             )
         )
+    if row.replaces is not None:
+        # The epoch stays committed with the write the revision would replace (invariant 3 holds),
+        # so a completed checkpoint does not hold a revision that its run gave up.
+        return Decision(
+            Action.ABORT_REVISION, why=f"revision {row.revision} given up; write {row.replaces.write_id} stays"
+        )
+    give_up = Action.ABORT
     if force:
-        return Decision(Action.ABORT, why="forced")
+        return Decision(give_up, why="forced")
     status = checkpoint()
     if status is CheckpointStatus.COMPLETED:
         return _refuse(
@@ -222,7 +286,7 @@ def abort_decision(
                 "abort with force=True only to drop its data on purpose"
             )
         )
-    return Decision(Action.ABORT, why=f"checkpoint {status.value}")
+    return Decision(give_up, why=f"checkpoint {status.value}")
 
 
 def files_lost_refusal(row: EpochRecord, visible_tables: list[str], missing: list[str]) -> AbortRefused | None:
@@ -251,5 +315,5 @@ def recovery_decision(row: EpochRecord, checkpoint: CheckpointLookup) -> Decisio
     if status is CheckpointStatus.PENDING:
         return Decision(Action.WAIT)
     if status is CheckpointStatus.FAILED:
-        return Decision(Action.ABORT, why="checkpoint FAILED")
+        return Decision(Action.ABORT if row.replaces is None else Action.ABORT_REVISION, why="checkpoint FAILED")
     return Decision(Action.DECIDE_AND_COMMIT, why="checkpoint COMPLETED")

@@ -54,6 +54,16 @@ class StateConflict(ExactlyOnceError):
     """
 
 
+class RevisionInProgress(ExactlyOnceError):
+    """A newer generation's write reached an epoch whose commit of another write is under way.
+
+    The newer write must win (invariant 1), and it can only replace a committed write: retrying
+    the persist once that commit finished opens the revision.
+    """
+
+    retryable = True
+
+
 class EpochNotFound(ExactlyOnceError):
     """No row exists for the (sink, epoch): it was never persisted."""
 

@@ -19,6 +19,9 @@ class PersistOutcome(StrEnum):
     ALREADY_COMMITTED = "already committed"
     COMMIT_DECIDED = "an earlier write is being committed"
     REOPENED = "re-opened: the table was re-created since the epoch was committed"
+    REVISED = "revision opened: the write replaces the committed one once its checkpoint completes"
+    SUPERSEDED = "discarded: a newer generation's write holds the epoch"
+    KEPT = "kept: the epoch stays as committed (on_reprocess='keep'); the new write was removed"
 
 
 class CommitOutcome(StrEnum):
@@ -30,6 +33,7 @@ class AbortOutcome(StrEnum):
     ABORTED = "aborted"
     ALREADY_ABORTED = "already aborted"
     ALREADY_COMMITTED = "already committed"
+    REVISION_ABORTED = "revision aborted: the write it would have replaced stays visible"
     NOT_PERSISTED = "not persisted; the write's files were removed"
     OTHER_WRITE_REMOVED = "the write was not the epoch's; its files were removed"
     NO_WRITE = "recorded Aborted: the run produced no write"

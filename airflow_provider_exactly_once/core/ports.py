@@ -44,6 +44,23 @@ class EpochRecord:
     table_uuids: Mapping[str, str] | None = None
     #: What a persist found suspicious about the epoch (a sink id reused by another DAG).
     warning: str | None = None
+    #: How often a newer generation's write replaced the epoch's committed one (0: never).
+    revision: int = 0
+    #: While a revision is Pending: the committed write it replaces, still the visible one.
+    replaces: ReplacedWrite | None = None
+
+
+@dataclass(frozen=True)
+class ReplacedWrite:
+    """The committed write a Pending revision replaces: its commit removes exactly these files, and
+    an abort of the revision makes this write the epoch's again, Committed as it was."""
+
+    write_id: str
+    pre_commit: PreCommit
+    committed: CommittedTables
+    table_uuids: Mapping[str, str] | None
+    revision: int
+    committed_at: datetime
 
 
 @dataclass(frozen=True)
@@ -57,6 +74,34 @@ class CleanupTask:
     pre_commit: PreCommit
     reason: str
     created_at: datetime
+    #: For a write replaced by a newer revision: table -> the snapshot that removed its files. They
+    #: stay while a retained snapshot older than that one may still reference them.
+    removed_by: Mapping[str, str] | None = None
+
+
+class SinkRevisions(Protocol):
+    """The store's transitions of an epoch's revisions (``store.revisions``): a newer generation's
+    write replacing the committed one, atomically (invariant 1)."""
+
+    def open_revision(
+        self,
+        pre_commit: PreCommit,
+        *,
+        expected_write_id: str,
+        run_id: str | None,
+        try_number: int | None,
+        dag_id: str | None = None,
+    ) -> EpochRecord:
+        """``Committed -> Pending`` with ``pre_commit`` as the next revision; the committed write stays
+        visible and is kept in ``replaces``. ``StateConflict`` when the row moved."""
+        ...
+
+    def abort_revision(
+        self, sink_id: str, epoch: int, *, write_id: str, reason: str, decided: bool = False
+    ) -> EpochRecord:
+        """An undecided Pending revision given up: the write it replaces is the epoch's again,
+        Committed; the revision's write is queued for clean-up. ``StateConflict`` when the row moved."""
+        ...
 
 
 class SinkStateStore(Protocol):
@@ -65,6 +110,11 @@ class SinkStateStore(Protocol):
     A CAS that matches no row raises ``StateConflict``; an unreachable database raises
     ``MetaStoreUnavailable`` with nothing half-written (each method is one transaction).
     """
+
+    @property
+    def revisions(self) -> SinkRevisions:
+        """Revisions of epochs (a companion on the same database)."""
+        ...
 
     def now(self) -> datetime:
         """The database's clock: the one ``created_at`` is written with."""
@@ -248,12 +298,36 @@ class SinkCommitter(Protocol):
         """Which tables already show (sink, epoch), by its marker, from a freshly loaded state."""
         ...
 
-    def commit(self, pre_commit: PreCommit, since: datetime, *, allow_beyond_horizon: bool = False) -> CommittedTables:
+    def commit(
+        self,
+        pre_commit: PreCommit,
+        since: datetime,
+        *,
+        allow_beyond_horizon: bool = False,
+        replaces: ReplacedWrite | None = None,
+    ) -> CommittedTables:
         """Make the write visible, once per table; return every table's snapshot id or ``EMPTY``.
 
         Idempotent: a table already showing the epoch is skipped. ``MissingDataFiles``,
         ``SchemaMismatch`` are refusals; ``CommitOutcomeUnknown``, ``SinkUnavailable`` and
-        ``CommitConflictExhausted`` are retryable and leave nothing to delete.
+        ``CommitConflictExhausted`` are retryable and leave nothing to delete. With ``replaces`` (a
+        revision), each table's one snapshot also removes exactly that write's files; a sink that
+        cannot do so atomically refuses.
+        """
+        ...
+
+    def check_replaceable(self, pre_commit: PreCommit, replaces: ReplacedWrite) -> None:
+        """Refuse, before a revision's commit is decided, what its commit would refuse: a replaced
+        file no longer in the table, or a sink that cannot replace at all."""
+        ...
+
+    def delete_replaced(
+        self, pre_commit: PreCommit, removed_by: Mapping[str, str], recorded_at: datetime
+    ) -> int | None:
+        """Delete the files of a write a revision replaced, once nothing retained may list them.
+
+        ``removed_by`` names per table the snapshot that removed them; ``None`` means not yet (the
+        clean-up stays queued, and that is no failure).
         """
         ...
 

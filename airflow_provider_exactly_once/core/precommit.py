@@ -20,16 +20,28 @@ import binascii
 import uuid
 import zlib
 from collections.abc import Iterator
-from typing import Any, Literal, Self
+from typing import Annotated, Any, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from .errors import InvalidPreCommit
+from .generations import check_generation
 from .identifiers import Epoch, SinkId, WriteId
 from .redact import find_control
 
 #: Validation context key: accept the record of an abort without a write (``PreCommit.nothing_written``).
 _NO_WRITE = "no_write"
+
+Generation = Annotated[str | None, AfterValidator(check_generation)]
 
 PartitionValue = int | float | str | bool | None
 #: Marks the compressed text form of a pre-commit (``PreCommit.to_compressed``).
@@ -160,6 +172,9 @@ class PreCommit(_Frozen):
     tables: list[TableWrite]
     #: Where the input stood when the write read it (offsets, file lists): kept, never interpreted.
     source_positions: dict[str, Any] | None = None
+    #: The generation the write was started in (``core.generations``): a newer one replaces the
+    #: epoch's committed write; ``None`` outside Airflow, where a write never replaces one.
+    generation: Generation = None
 
     @model_validator(mode="after")
     def _tables(self, info: ValidationInfo) -> Self:

@@ -12,6 +12,7 @@ Every location and message in what is returned has its credentials masked (``cor
 from __future__ import annotations
 
 from collections.abc import Collection
+from dataclasses import replace
 from typing import Any
 
 from airflow_provider_exactly_once.checkpoints.config import MetaStoreCheckpoint, checkpoint_config_from_dict
@@ -21,7 +22,7 @@ from airflow_provider_exactly_once.core.identifiers import EPOCH_MAX, check_epoc
 from airflow_provider_exactly_once.core.ports import EpochRecord
 from airflow_provider_exactly_once.core.redact import mask_userinfo
 from airflow_provider_exactly_once.core.status import EpochStatus
-from airflow_provider_exactly_once.operations.views import CheckpointView, EpochView, SinkSummary
+from airflow_provider_exactly_once.operations.views import CheckpointView, EpochView, RevisionView, SinkSummary
 from airflow_provider_exactly_once.store import SqlSinkStateStore
 from airflow_provider_exactly_once.store.queries import (
     MAX_PAGE,
@@ -130,7 +131,9 @@ class SinkReads:
         """One epoch; ``EpochNotFound`` (naming sink and epoch) when it has no row."""
         record = self._row(sink_id, epoch)
         cleanups = len(self.store.cleanups(sink_id, epoch))
-        return EpochView.of(record, now=self.store.now(), pending_cleanups=cleanups)
+        view = EpochView.of(record, now=self.store.now(), pending_cleanups=cleanups)
+        revisions = tuple(RevisionView.of(r) for r in self.store.revisions.revisions(sink_id, epoch))
+        return replace(view, revisions=revisions)
 
     def checkpoint(self, sink_id: str, epoch: int) -> CheckpointView:
         """The registered checkpoint source's status for the epoch, or why it could not be read."""

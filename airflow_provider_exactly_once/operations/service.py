@@ -260,7 +260,12 @@ class SinkOperations(SinkReads):
         abort: list[int] = []
         waiting: list[int] = []
         unknown: dict[str, str] = {}
-        lists = {Action.COMMIT_DECIDED: commit, Action.DECIDE_AND_COMMIT: commit, Action.ABORT: abort}
+        lists = {
+            Action.COMMIT_DECIDED: commit,
+            Action.DECIDE_AND_COMMIT: commit,
+            Action.ABORT: abort,
+            Action.ABORT_REVISION: abort,
+        }
         for row in self.store.epochs_with_status(sink_id, EpochStatus.PENDING):
             try:
                 decision = recovery_decision(row, lambda: source.status(sink_id, row.epoch))  # noqa: B023

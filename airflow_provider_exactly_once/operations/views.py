@@ -131,6 +131,12 @@ class EpochView:
     interval_start: datetime | None = field(default=None)
     #: False for an epoch aborted before its run produced a write (its reason is in ``error``).
     written: bool = True
+    #: How often a newer generation's write replaced the committed one; the write in flight, if any.
+    revision: int = 0
+    replacing_write_id: str | None = None
+    generation: str | None = None
+    #: Every revision on record, oldest first (filled for one epoch's detail, empty in listings).
+    revisions: tuple[RevisionView, ...] = ()
 
     @classmethod
     def of(cls, record: EpochRecord, *, now: datetime, pending_cleanups: int = 0) -> EpochView:
@@ -168,6 +174,9 @@ class EpochView:
             pending_cleanups=pending_cleanups,
             interval_start=interval_start(record.epoch),
             written=record.pre_commit.written,
+            revision=record.revision,
+            replacing_write_id=None if record.replaces is None else record.replaces.write_id,
+            generation=record.pre_commit.generation,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -192,6 +201,64 @@ class EpochView:
             "pending_cleanups": self.pending_cleanups,
             "interval_start": _iso(self.interval_start),
             "written": self.written,
+            "revision": self.revision,
+            "replacing_write_id": self.replacing_write_id,
+            "generation": self.generation,
+            "revisions": [r.to_dict() for r in self.revisions],
+        }
+
+
+@dataclass(frozen=True)
+class RevisionView:
+    """One revision of an epoch: the write, the run that wrote it, and what became of it."""
+
+    revision: int
+    write_id: str
+    status: str
+    generation: str | None
+    dag_id: str | None
+    run_id: str | None
+    try_number: int | None
+    rows: int
+    files: int
+    committed: Mapping[str, str] | None
+    reason: str | None
+    created_at: datetime
+    updated_at: datetime
+
+    @classmethod
+    def of(cls, record: Any) -> RevisionView:
+        return cls(
+            revision=record.revision,
+            write_id=record.write_id,
+            status=record.status,
+            generation=record.generation,
+            dag_id=record.dag_id,
+            run_id=record.run_id,
+            try_number=record.try_number,
+            rows=record.rows,
+            files=record.files,
+            committed=record.committed,
+            reason=None if record.reason is None else mask_userinfo(record.reason),
+            created_at=record.created_at,
+            updated_at=record.updated_at,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "revision": self.revision,
+            "write_id": self.write_id,
+            "status": self.status,
+            "generation": self.generation,
+            "dag_id": self.dag_id,
+            "run_id": self.run_id,
+            "try_number": self.try_number,
+            "rows": self.rows,
+            "files": self.files,
+            "committed": None if self.committed is None else dict(self.committed),
+            "reason": self.reason,
+            "created_at": _iso(self.created_at),
+            "updated_at": _iso(self.updated_at),
         }
 
 

@@ -1,10 +1,10 @@
-"""The Spark write's target, derived from the sink config when the task runs.
+"""The Spark write's targets, derived from the sink config when the task runs.
 
-The sink config already names the table(s), the catalog connection and the schema-evolution
-setting the commit uses; deriving the write's target from it means the two cannot disagree. The
-catalog properties (which may hold credentials) are read from the Iceberg connection in
-``execute`` and go only into the job spec file handed to ``spark-submit``: they are never a
-templated field, so they never appear in Rendered Templates.
+The sink config already names the table(s), the part of the input each table gets, the catalog
+connection and the schema-evolution setting the commit uses; deriving the write's targets from it
+means the two cannot disagree. The catalog properties (which may hold credentials) are read from
+the Iceberg connection in ``execute`` and go only into the job spec file handed to
+``spark-submit``: they are never a templated field, so they never appear in Rendered Templates.
 """
 
 from __future__ import annotations
@@ -39,30 +39,35 @@ def check_target_for(sink: SinkConfig, target: FileSinkTarget | None) -> None:
             raise InvalidSinkConfig(
                 f"sink {sink.sink_id!r}: an Iceberg sink's target is derived from the sink; do not give target="
             )
-        if len(sink.tables) != 1:
-            raise InvalidSinkConfig(
-                f"sink {sink.sink_id!r} names {len(sink.tables)} tables, but the epoch writer writes one table "
-                "per Spark job; write each table with its own sink and epoch group"
-            )
     elif target is not None and target.root != FileSinkTarget(root=sink.root).root:
         raise InvalidSinkConfig(
             f"sink {sink.sink_id!r}: target root {target.root!r} is not the sink's root {sink.root!r}"
         )
 
 
-def target_for(sink: SinkConfig, target: FileSinkTarget | None, partition_by: list[str]) -> dict[str, Any]:
-    """The job spec's target: the sink's table with its connection's catalog properties, or the
-    sink's root (``target`` adds FileIO and Parquet settings for a file sink)."""
+def targets_for(sink: SinkConfig, target: FileSinkTarget | None, partition_by: list[str]) -> list[dict[str, Any]]:
+    """The job spec's targets: every table of an Iceberg sink, in the sink's order, with its
+    selection and the connection's catalog properties; or the sink's root (``target`` adds FileIO
+    and Parquet settings for a file sink)."""
     check_target_for(sink, target)
     if isinstance(sink, IcebergSinkConfig):
-        # pyiceberg's SQL catalog keys tables by catalog name; IcebergHook names it after the connection.
-        return IcebergTarget(
-            catalog_name=sink.iceberg_conn_id,
-            catalog_properties=iceberg_catalog_properties(sink.iceberg_conn_id),
-            table=sink.tables[0],
-        ).model_dump(mode="json")
+        properties = iceberg_catalog_properties(sink.iceberg_conn_id)
+        targets = []
+        for table in sink.tables:
+            selection = sink.select.get(table)
+            # pyiceberg's SQL catalog keys tables by catalog name; IcebergHook names it after the connection.
+            targets.append(
+                IcebergTarget(
+                    catalog_name=sink.iceberg_conn_id,
+                    catalog_properties=properties,
+                    table=table,
+                    where=None if selection is None else selection.where,
+                    query=None if selection is None else selection.query,
+                ).model_dump(mode="json", exclude_none=True)
+            )
+        return targets
     assert isinstance(sink, FileSinkConfig)
     base = target or FileSinkTarget(root=sink.root)
     if partition_by:
         base = base.model_copy(update={"partition_by": list(partition_by)})
-    return base.model_dump(mode="json")
+    return [base.model_dump(mode="json")]

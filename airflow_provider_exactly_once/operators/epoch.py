@@ -31,7 +31,7 @@ from airflow_provider_exactly_once.operators._common import (
     try_number,
 )
 from airflow_provider_exactly_once.runtime.assembly import as_checkpoint, as_sink, coordinator_for
-from airflow_provider_exactly_once.runtime.epochs import epoch_for_context, epoch_interval
+from airflow_provider_exactly_once.runtime.epochs import epoch_for_context, epoch_interval, generation_for_context
 from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig, SinkConfig
 from airflow_provider_exactly_once.store import SqlSinkStateStore
 
@@ -118,6 +118,9 @@ class PersistPendingOperator(_EpochOperator):
         with airflow_errors(), self._step(context) as step:
             pre = PreCommit.parse(value)
             check_write_matches(pre, self.sink.sink_id, step.epoch, self.task_id)
+            if pre.generation is None:
+                # A write task of the author's own that did not stamp one: the run's generation now.
+                pre = pre.model_copy(update={"generation": generation_for_context(context)})
             result = step.coordinator.persist(
                 pre, run_id=context.get("run_id"), try_number=try_number(context), dag_id=_dag_id(context)
             )

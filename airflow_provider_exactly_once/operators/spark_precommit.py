@@ -23,6 +23,7 @@ from typing import Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
+from airflow_provider_exactly_once.core.decisions import write_kept
 from airflow_provider_exactly_once.core.epochs import epoch_start
 from airflow_provider_exactly_once.core.errors import InvalidSinkConfig
 from airflow_provider_exactly_once.core.identifiers import check_epoch, check_sink_id, new_write_id
@@ -30,9 +31,9 @@ from airflow_provider_exactly_once.core.precommit import PreCommit
 from airflow_provider_exactly_once.defaults import DEFAULT_META_CONN_ID
 from airflow_provider_exactly_once.hooks.meta_store import ExactlyOnceMetaStoreHook
 from airflow_provider_exactly_once.operators._common import airflow_errors
-from airflow_provider_exactly_once.operators._targets import check_target_for, target_for
+from airflow_provider_exactly_once.operators._targets import check_target_for, targets_for
 from airflow_provider_exactly_once.runtime.assembly import as_sink
-from airflow_provider_exactly_once.runtime.epochs import epoch_interval
+from airflow_provider_exactly_once.runtime.epochs import epoch_interval, generation_for_context
 from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig, SinkConfig
 from airflow_provider_exactly_once.spark import jobspec
 
@@ -46,9 +47,10 @@ class SparkPreCommitOperator(SparkSubmitOperator):
     """Write one epoch with Spark and return its pre-commit metadata (a dict) as the task's XCom.
 
     :param sink: the sink the epoch is written for (``IcebergSinkConfig``, ``FileSinkConfig`` or a
-        dict): the same config the epoch group gets. The table, its catalog (the sink's Iceberg
-        connection, read when the task runs) and ``allow_schema_evolution`` come from it; for a file
-        sink, its root.
+        dict): the same config the epoch group gets. The tables (every one of a fan-out, each with
+        its ``select``), their catalog (the sink's Iceberg connection, read when the task runs) and
+        ``allow_schema_evolution`` come from it; for a file sink, its root. One ``spark-submit``
+        writes every table from one read of the input and returns one pre-commit listing them all.
     :param input: where the epoch's rows come from (``spark.jobspec`` input spec, or its dict).
     :param partition_by: identity partition columns of a file sink (Iceberg tables have their spec).
     :param target: only for a file sink whose files need FileIO properties or Parquet settings
@@ -112,16 +114,16 @@ class SparkPreCommitOperator(SparkSubmitOperator):
         self._pre_commit: PreCommit | None = None  # this try's write, for OpenLineage
         self._target: dict[str, Any] = {}  # this try's resolved target, for OpenLineage
 
-    def _resolve_target(self) -> dict[str, Any]:
+    def _resolve_targets(self) -> list[dict[str, Any]]:
         if self.sink is None:
-            return dict(self.target_spec or {})
+            return [dict(self.target_spec or {})]
         file_target = None
         if self.target_spec is not None:
             try:
                 file_target = jobspec.FileSinkTarget.model_validate(self.target_spec)
             except ValueError as exc:
                 raise InvalidSinkConfig(f"task {self.task_id}: invalid file sink target: {exc}") from None
-        return target_for(self.sink, file_target, self.partition_by)
+        return targets_for(self.sink, file_target, self.partition_by)
 
     # The parent returns None; returning the metadata is what puts it in XCom.
     def execute(self, context: Any) -> dict[str, Any] | str:  # type: ignore[override]
@@ -141,7 +143,13 @@ class SparkPreCommitOperator(SparkSubmitOperator):
         if start is None:
             start = epoch_start(epoch)
         end = end or start
-        target = self._target = self._resolve_target()
+        generation = generation_for_context(context)
+        kept = self._kept_write(epoch, generation)
+        if kept is not None:
+            return xcom_value(kept, self.xcom_compress_above)
+        targets = self._resolve_targets()
+        # Lineage names the write's tables from the pre-commit; the target gives their catalog.
+        self._target = targets[0]
         write_id = new_write_id()
         work = Path(tempfile.mkdtemp(prefix=f"eo-{write_id[:8]}-", dir=self.work_dir))
         output = work / "pre-commit.json"
@@ -155,7 +163,7 @@ class SparkPreCommitOperator(SparkSubmitOperator):
                         "data_interval_start": start,
                         "data_interval_end": end,
                         "input": self.input_spec,
-                        "target": target,
+                        "targets": targets,
                         "output_path": str(output),
                         "allow_schema_evolution": self.allow_schema_evolution,
                         "writers": self.writers,
@@ -168,7 +176,13 @@ class SparkPreCommitOperator(SparkSubmitOperator):
             jobspec.dump_spec(spec, spec_path)
             self.application_args = [str(spec_path)]
             self._hook = None  # the hook captures application_args when built
-            self.log.info("Writing sink %r %s as write %s", spec.sink_id, epoch_interval(epoch, context), write_id)
+            self.log.info(
+                "Writing sink %r %s as write %s into %s",
+                spec.sink_id,
+                epoch_interval(epoch, context),
+                write_id,
+                ", ".join(t.table if isinstance(t, jobspec.IcebergTarget) else t.root for t in spec.targets),
+            )
             try:
                 super().execute(context)
             except Exception as exc:
@@ -181,7 +195,7 @@ class SparkPreCommitOperator(SparkSubmitOperator):
                     f"the epoch writer finished but wrote no pre-commit metadata at {output} "
                     "(in cluster deploy mode work_dir must be shared with the driver)"
                 )
-            pre_commit = PreCommit.from_json(output.read_bytes())
+            pre_commit = PreCommit.from_json(output.read_bytes()).model_copy(update={"generation": generation})
         finally:
             shutil.rmtree(work, ignore_errors=True)
         self._pre_commit = pre_commit
@@ -192,6 +206,18 @@ class SparkPreCommitOperator(SparkSubmitOperator):
             pre_commit.record_count,
         )
         return xcom_value(pre_commit, self.xcom_compress_above)
+
+    def _kept_write(self, epoch: int, generation: str | None) -> PreCommit | None:
+        """The committed write, when the sink keeps it (``on_reprocess="keep"``) and this run would
+        only write a newer generation for persist to discard: then no Spark job runs at all."""
+        if self.sink is None or self.sink.on_reprocess != "keep" or generation is None:
+            return None
+        row = ExactlyOnceMetaStoreHook(self.meta_conn_id).get_store().get(self.sink_id, epoch)
+        why = write_kept(row, generation, self.sink.on_reprocess)
+        if why is None or row is None:
+            return None
+        self.log.warning("Spark job skipped: %s", why)
+        return row.pre_commit
 
     def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
         """Input: the landed files; outputs: the target's tables, with the write's schema, rows, bytes, files."""

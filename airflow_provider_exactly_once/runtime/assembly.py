@@ -96,4 +96,5 @@ def coordinator_for(
         fault=fault,
         metrics=metrics,
         allow_beyond_horizon=allow_beyond_horizon,
+        on_reprocess={sink.sink_id: sink.on_reprocess},
     )

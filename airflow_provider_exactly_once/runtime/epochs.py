@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from airflow_provider_exactly_once.core.epochs import epoch_from_interval_start, epoch_start
 from airflow_provider_exactly_once.core.errors import InvalidIdentifier, InvalidSinkConfig
+from airflow_provider_exactly_once.core.generations import generation_of
 from airflow_provider_exactly_once.core.identifiers import check_sink_id
 
 if TYPE_CHECKING:
@@ -105,3 +106,23 @@ def checkpoint_location(checkpoint: CheckpointConfig, sink_id: str, epoch: int) 
     if isinstance(checkpoint, StreamingCheckpoint):
         return mask_userinfo(f"streaming checkpoint {checkpoint.checkpoint_location}, batch {epoch}")
     return repr(checkpoint)
+
+
+def generation_for_context(context: Mapping[str, Any]) -> str | None:
+    """The generation a write started in this task belongs to (``core.generations``), or ``None``
+    when the context names no DAG run (a task run outside a scheduled run)."""
+    dag_run = context.get("dag_run")
+    if dag_run is None:
+        return None
+    # The later of the run's start and its run_after: a clear restarts the run (a later start), a
+    # new run of the interval (a manual trigger, ``dags test``) runs after the earlier one. ``dags
+    # test`` gives its run the logical date as start, so run_after is what orders its runs.
+    instants = [
+        at
+        for at in (getattr(dag_run, "start_date", None), getattr(dag_run, "run_after", None))
+        if isinstance(at, datetime) and at.tzinfo is not None
+    ]
+    if not instants:
+        return None
+    clear_number = getattr(dag_run, "clear_number", None) or 0
+    return generation_of(max(instants), int(clear_number))

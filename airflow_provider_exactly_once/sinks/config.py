@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from pyiceberg.catalog import Catalog
 
+from airflow_provider_exactly_once.core.decisions import ON_REPROCESS, OnReprocess
 from airflow_provider_exactly_once.core.errors import InvalidPreCommit, InvalidSinkConfig
 from airflow_provider_exactly_once.core.faults import FaultHook, no_faults
 from airflow_provider_exactly_once.core.identifiers import check_sink_id
@@ -29,9 +30,49 @@ def _sink_id(sink_id: str) -> None:
         raise InvalidSinkConfig(str(exc)) from None
 
 
+#: The temporary view a ``TableSelect.query`` reads the epoch's input from (the Spark write's name).
+INPUT_VIEW = "epoch_input"
+
+
+@dataclass(frozen=True)
+class TableSelect:
+    """Which part of the epoch's input one table of a fan-out gets, when not all of it.
+
+    The Spark write reads the input once and gives each table its own part: ``where``, a Spark SQL
+    condition over the input's columns (``"event_type = 'purchase'"``), or ``query``, a Spark SQL
+    query reading the view ``epoch_input`` (``"SELECT user_id, sum(amount) AS total FROM epoch_input
+    GROUP BY user_id"``). Either is fitted to the table's schema like the input itself.
+    """
+
+    where: str | None = None
+    query: str | None = None
+
+    def __post_init__(self) -> None:
+        given = [name for name in ("where", "query") if getattr(self, name) is not None]
+        if len(given) != 1:
+            raise InvalidSinkConfig(
+                f"a table's selection takes exactly one of where= and query=, not {given or 'none'}"
+            )
+        for name in given:
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value.strip():
+                raise InvalidSinkConfig(f"a table's selection: {name} is not a non-empty string: {value!r}")
+        if self.query is not None and INPUT_VIEW not in self.query.lower():
+            raise InvalidSinkConfig(
+                f"a table's selection: query {self.query!r} does not read the epoch's input, the view {INPUT_VIEW!r}"
+            )
+
+    def to_dict(self) -> dict[str, str]:
+        return {"where": self.where} if self.where is not None else {"query": str(self.query)}
+
+
 @dataclass(frozen=True)
 class IcebergSinkConfig:
-    """One or more Iceberg tables written together (fan-out), reached through an Iceberg connection."""
+    """One or more Iceberg tables written together (fan-out), reached through an Iceberg connection.
+
+    ``select`` maps a table to the part of the input it gets (``TableSelect``); a table it does not
+    name gets every row. One Spark write fills every table, so the split lives with the tables.
+    """
 
     sink_id: str
     tables: tuple[str, ...]
@@ -40,6 +81,12 @@ class IcebergSinkConfig:
     allow_schema_evolution: bool = False
     clock_skew: timedelta = timedelta(minutes=10)
     max_commit_attempts: int = 8
+    # Out of the hash (a dict has none), so the config stays hashable; equality still compares it.
+    select: Mapping[str, TableSelect] = field(default_factory=dict, hash=False)
+    #: What a newer generation's write (a cleared run, a reprocess backfill) does to a committed epoch:
+    #: ``"replace"`` it atomically (a revision), or ``"keep"`` what was committed, for inputs that
+    #: cannot be read again (the write task then skips its Spark job).
+    on_reprocess: OnReprocess = "replace"
     kind: Literal["iceberg"] = field(default="iceberg", init=False)
 
     def __post_init__(self) -> None:
@@ -62,6 +109,8 @@ class IcebergSinkConfig:
             raise InvalidSinkConfig(f"sink {self.sink_id!r}: clock_skew {self.clock_skew} is negative")
         if self.max_commit_attempts < 1:
             raise InvalidSinkConfig(f"sink {self.sink_id!r}: max_commit_attempts must be at least 1")
+        object.__setattr__(self, "select", _selections(self.sink_id, self.tables, self.select))
+        _on_reprocess(self.sink_id, self.on_reprocess)
 
     def committer(self, catalog: Catalog, *, fault: FaultHook = no_faults) -> IcebergSinkCommitter:
         return IcebergSinkCommitter(
@@ -83,7 +132,37 @@ class IcebergSinkConfig:
             "allow_schema_evolution": self.allow_schema_evolution,
             "clock_skew_s": self.clock_skew.total_seconds(),
             "max_commit_attempts": self.max_commit_attempts,
+            # Left out when empty, so the registered form of a sink without selections is unchanged.
+            **({"select": {t: s.to_dict() for t, s in self.select.items()}} if self.select else {}),
+            **({"on_reprocess": self.on_reprocess} if self.on_reprocess != "replace" else {}),
         }
+
+
+def _on_reprocess(sink_id: str, value: object) -> None:
+    if value not in ON_REPROCESS:
+        raise InvalidSinkConfig(
+            f"sink {sink_id!r}: on_reprocess must be one of {list(ON_REPROCESS)}, got {value!r}: 'replace' makes a "
+            "cleared or reprocessed run replace the epoch it re-writes, 'keep' keeps what was committed"
+        )
+
+
+def _selections(sink_id: str, tables: tuple[str, ...], select: object) -> dict[str, TableSelect]:
+    """The per-table selections, each a ``TableSelect`` (its dict form accepted), for tables of the sink."""
+    if not isinstance(select, Mapping):
+        raise InvalidSinkConfig(f"sink {sink_id!r}: select maps table names to TableSelect, got {select!r}")
+    out: dict[str, TableSelect] = {}
+    for table, selection in select.items():
+        if table not in tables:
+            raise InvalidSinkConfig(f"sink {sink_id!r}: select names {table!r}, which is not one of {list(tables)}")
+        try:
+            if isinstance(selection, Mapping):
+                selection = TableSelect(**selection)
+        except (TypeError, InvalidSinkConfig) as exc:
+            raise InvalidSinkConfig(f"sink {sink_id!r}: select of {table!r}: {exc}") from None
+        if not isinstance(selection, TableSelect):
+            raise InvalidSinkConfig(f"sink {sink_id!r}: select of {table!r} is not a TableSelect: {selection!r}")
+        out[table] = selection
+    return out
 
 
 @dataclass(frozen=True)
@@ -93,10 +172,21 @@ class FileSinkConfig:
     sink_id: str
     root: str
     storage_options: Mapping[str, Any] = field(default_factory=dict)
+    #: Only ``"keep"``: see ``__post_init__``.
+    on_reprocess: OnReprocess = "keep"
     kind: Literal["files"] = field(default="files", init=False)
 
     def __post_init__(self) -> None:
         _sink_id(self.sink_id)
+        _on_reprocess(self.sink_id, self.on_reprocess)
+        if self.on_reprocess == "replace":
+            # Final names are deterministic per epoch, and readers list the directory: a second write's
+            # files cannot take the place of the first's in one step a reader could not see half done.
+            raise InvalidSinkConfig(
+                f"sink {self.sink_id!r}: a file sink cannot replace a committed epoch atomically (readers list "
+                "the directory, so they would see the old and new files side by side while they are swapped); "
+                "use on_reprocess='keep', or an Iceberg sink for data that is reprocessed"
+            )
         if not isinstance(self.root, str) or not self.root.strip():
             raise InvalidSinkConfig(f"sink {self.sink_id!r}: root is empty")
         if has_userinfo(self.root):

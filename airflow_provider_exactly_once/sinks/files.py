@@ -37,6 +37,7 @@ from fsspec.implementations.local import LocalFileSystem
 
 from airflow_provider_exactly_once.core.errors import (
     AbortRefused,
+    CommitRefused,
     InvalidPreCommit,
     InvalidSinkConfig,
     MissingDataFiles,
@@ -44,7 +45,7 @@ from airflow_provider_exactly_once.core.errors import (
 )
 from airflow_provider_exactly_once.core.faults import FaultHook, no_faults
 from airflow_provider_exactly_once.core.identifiers import check_write_id
-from airflow_provider_exactly_once.core.ports import EMPTY, CommittedTables, VisibleEpoch
+from airflow_provider_exactly_once.core.ports import EMPTY, CommittedTables, ReplacedWrite, VisibleEpoch
 from airflow_provider_exactly_once.core.precommit import (
     DataFileDescriptor,
     PartitionValue,
@@ -211,12 +212,25 @@ class FileSinkCommitter:
                 return VisibleEpoch(tables={}, write_ids={})
         return VisibleEpoch(tables={self.root: _token(plan)}, write_ids={self.root: None})
 
-    def commit(self, pre_commit: PreCommit, since: datetime, *, allow_beyond_horizon: bool = False) -> CommittedTables:
+    def commit(
+        self,
+        pre_commit: PreCommit,
+        since: datetime,
+        *,
+        allow_beyond_horizon: bool = False,
+        replaces: ReplacedWrite | None = None,
+    ) -> CommittedTables:
         """Move every staged file to its final name; idempotent and safe to run concurrently.
 
         Nothing moves unless every file is found, staged or final, so a refusal leaves the sink as
-        it was. ``allow_beyond_horizon`` has no meaning here: final names never expire.
+        it was. ``allow_beyond_horizon`` has no meaning here: final names never expire. A file sink
+        has no revisions (``FileSinkConfig`` refuses ``on_reprocess="replace"``).
         """
+        if replaces is not None:
+            raise CommitRefused(
+                f"{pre_commit.describe()}: a file sink cannot replace committed write {replaces.write_id}; "
+                "nothing was moved"
+            )
         plan = self._plan(pre_commit)
         if not plan.moves:
             self._remove_staging(plan, best_effort=True)
@@ -263,6 +277,15 @@ class FileSinkCommitter:
                 "at their final names): it is partly visible, so restore the missing files and commit it"
             )
         return [move.descriptor.path for move in plan.moves if not self._exists(move.staged)]
+
+    def check_replaceable(self, pre_commit: PreCommit, replaces: ReplacedWrite) -> None:
+        raise CommitRefused(f"{pre_commit.describe()}: a file sink cannot replace committed write {replaces.write_id}")
+
+    def delete_replaced(
+        self, pre_commit: PreCommit, removed_by: Mapping[str, str], recorded_at: datetime
+    ) -> int | None:
+        """A file sink never replaces a write (``commit`` refuses), so nothing of one is ever queued."""
+        raise CommitRefused(f"{pre_commit.describe()}: a file sink has no replaced writes to delete")
 
     def delete_write(self, pre_commit: PreCommit, since: datetime) -> int:
         """Delete the write's staging folder unless this write's commit may have begun.

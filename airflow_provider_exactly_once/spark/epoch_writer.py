@@ -2,16 +2,18 @@
 
 Usage: ``spark-submit .../epoch_writer.py <job spec JSON, or path of a file holding it>``.
 
-It reads the epoch's input, fits it to the target's schema (refusing before any write), writes
-Parquet files in parallel below a location unique to this write, describes each file on the
-executor that wrote it, and writes the pre-commit metadata JSON to the spec's ``output_path``. It
-makes nothing visible: the commit does that later, from the metadata alone.
+It reads the epoch's input once, fits it to the schema of every target (refusing before any
+write), writes Parquet files in parallel below a location unique to this write in each target,
+describes each file on the executor that wrote it, and writes the pre-commit metadata JSON, one
+entry per target, to the spec's ``output_path``. It makes nothing visible: the commit does that
+later, from the metadata alone.
 
 Exit status: 0 with the metadata written; 1 on a failed write, with one line starting with
 ``ERROR_PREFIX`` on stderr (spark-submit forwards it to its stdout) and the same text in
 ``<output_path>.error`` (the operator raises it);
-2 for a spec that cannot be read. A failed write deletes what it wrote, best effort: its location is
-its own, nothing else can reference it, and whatever is left there is an orphan recovery removes.
+2 for a spec that cannot be read. A failed write deletes what it wrote in every target, best effort:
+its locations are its own, nothing else can reference them, and whatever is left there is an orphan
+recovery removes.
 """
 
 from __future__ import annotations
@@ -22,13 +24,15 @@ import re
 import sys
 import traceback
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import fsspec
-from pyspark.sql import SparkSession
+from pyspark import StorageLevel
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from airflow_provider_exactly_once.core.errors import ExactlyOnceError
-from airflow_provider_exactly_once.core.precommit import DataFileDescriptor, PreCommit, TableWrite, WrittenColumn
+from airflow_provider_exactly_once.core.precommit import DataFileDescriptor, PreCommit, TableWrite
 from airflow_provider_exactly_once.spark.alignment import (
     AlignmentPlan,
     ColumnPlan,
@@ -37,8 +41,8 @@ from airflow_provider_exactly_once.spark.alignment import (
 )
 from airflow_provider_exactly_once.spark.file_writer import DESCRIPTOR_COLUMN, FileWriteConfig, spark_task
 from airflow_provider_exactly_once.spark.inputs import read_input
-from airflow_provider_exactly_once.spark.jobspec import EpochJobSpec, IcebergTarget
-from airflow_provider_exactly_once.spark.targets import load_file_target, load_iceberg_target
+from airflow_provider_exactly_once.spark.jobspec import INPUT_VIEW, EpochJobSpec, IcebergTarget, TargetSpec
+from airflow_provider_exactly_once.spark.targets import ResolvedTarget, load_file_target, load_iceberg_target
 
 ERROR_PREFIX = "EXACTLY-ONCE WRITE FAILED:"
 EXIT_OK, EXIT_FAILED, EXIT_BAD_SPEC = 0, 1, 2
@@ -90,83 +94,143 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def run(spark: SparkSession, spec: EpochJobSpec, written: list[str]) -> PreCommit:
-    """The write itself. ``written`` receives the write location just before the first file can
-    appear there, so that a failure from then on can clean it up."""
-    target = (
-        load_iceberg_target(spec.target, spec.write_id)
-        if isinstance(spec.target, IcebergTarget)
-        else load_file_target(spec.target, spec.write_id)
-    )
+    """The write itself: every target from one read of the input, as one pre-commit.
+
+    ``written`` receives each write location just before the first file can appear there. When any
+    target fails, the locations of all of them are removed before the error goes on: the tables of
+    one epoch are committed together, so the first table's files could never be committed alone.
+    """
+    try:
+        return _write_targets(spark, spec, written)
+    except BaseException:
+        _remove_locations(written)
+        raise
+
+
+def _write_targets(spark: SparkSession, spec: EpochJobSpec, written: list[str]) -> PreCommit:
+    # Every table is loaded and checked before the input is read, and every table's rows are fitted
+    # to its schema before the first file is written: a refusal writes nothing anywhere.
+    targets = [
+        (
+            t,
+            load_iceberg_target(t, spec.write_id)
+            if isinstance(t, IcebergTarget)
+            else load_file_target(t, spec.write_id),
+        )
+        for t in spec.targets
+    ]
     source = read_input(spark, spec)
     frame = source.frame
-    descriptors: list[DataFileDescriptor] = []
-    added_columns: list[WrittenColumn] = []
-    schema_written: list[WrittenColumn] = []
-    if target.schema is not None:
-        schema_written = AlignmentPlan(columns=[], write_schema=target.schema).written_columns()
-
-    if frame is not None:
-        if target.schema is not None:
-            plan = plan_alignment(
-                frame.schema,
-                target.schema,
-                table=target.name,
-                last_column_id=target.last_column_id,
-                allow_schema_evolution=spec.allow_schema_evolution,
-            )
-        else:
-            plan = AlignmentPlan(
-                columns=[ColumnPlan(source=f.name, target=f.name, cast_to=None) for f in frame.schema.fields],
-                write_schema=spark_schema_to_iceberg(frame.schema),
-            )
-        target.check_partition_sources(plan.write_schema)
-        aligned = frame.select(
-            *[
-                (F.col(_quote(c.source)).cast(c.cast_to) if c.cast_to is not None else F.col(_quote(c.source))).alias(
-                    c.target
-                )
-                for c in plan.columns
-            ]
-        )
-        keys = target.spark_sort_keys(plan.write_schema, {c.target for c in plan.columns})
-        if keys:
-            # Hash-partition by the partition values: each value goes to one task, so it becomes one
-            # file (or a few, past the target size) instead of one per input split.
-            writers = spec.writers or int(spark.conf.get("spark.sql.shuffle.partitions") or "200")
-            aligned = aligned.repartition(writers, *keys).sortWithinPartitions(*keys)
-        elif spec.writers:
-            aligned = aligned.repartition(spec.writers)
-        config = FileWriteConfig(
-            location=target.location,
-            write_schema=plan.write_schema,
-            spec=target.spec_for(plan.write_schema),
-            partition_style=target.partition_style,
-            table_properties=target.write_properties,
-            io_properties=target.io_properties,
-            checked_required=tuple(plan.checked_required),
-            target_file_size=spec.target_file_size_bytes or target.target_file_size,
-        )
-        written.append(target.location)
-        rows = aligned.mapInArrow(functools.partial(spark_task, config), f"{DESCRIPTOR_COLUMN} string").collect()
-        descriptors = [DataFileDescriptor.model_validate_json(row[0]) for row in rows]
-        schema_written = plan.written_columns()
-        added_columns = plan.added_columns
-
+    cached = frame is not None and len(targets) > 1
+    if frame is not None and cached:
+        # Read once: without the cache each table's job would read (and parse) the input again,
+        # and an input that changed between reads would give the tables different rows.
+        frame = frame.persist(StorageLevel.MEMORY_AND_DISK)
+    viewed = frame is not None and any(isinstance(t, IcebergTarget) and t.query is not None for t, _ in targets)
+    try:
+        if frame is not None and viewed:
+            frame.createOrReplaceTempView(INPUT_VIEW)
+        planned = [(target, _plan(spark, spec, target, _select(spark, frame, t))) for t, target in targets]
+        tables = [_write_table(spec, target, plan, written) for target, plan in planned]
+    finally:
+        if viewed:
+            spark.catalog.dropTempView(INPUT_VIEW)
+        if frame is not None and cached:
+            frame.unpersist()
     return PreCommit(
         sink_id=spec.sink_id,
         epoch=spec.epoch,
         write_id=spec.write_id,
-        tables=[
-            TableWrite(
-                table=target.name,
-                location=target.location,
-                data_files=descriptors,
-                schema_written=schema_written,
-                added_columns=added_columns,
-                spec_id=target.spec_id,
-            )
-        ],
+        tables=tables,
         source_positions=source.source_positions,
+    )
+
+
+def _select(spark: SparkSession, frame: DataFrame | None, target: TargetSpec) -> DataFrame | None:
+    """The part of the epoch's input one table gets (all of it unless its target says otherwise)."""
+    if frame is None or not isinstance(target, IcebergTarget):
+        return frame
+    if target.where is not None:
+        return frame.where(F.expr(target.where))
+    if target.query is not None:
+        return spark.sql(target.query)
+    return frame
+
+
+@dataclass(frozen=True)
+class _Planned:
+    """One table's rows, fitted to its schema, and how they are to be written."""
+
+    frame: DataFrame
+    alignment: AlignmentPlan
+
+
+def _plan(spark: SparkSession, spec: EpochJobSpec, target: ResolvedTarget, frame: DataFrame | None) -> _Planned | None:
+    if frame is None:
+        return None
+    if target.schema is not None:
+        plan = plan_alignment(
+            frame.schema,
+            target.schema,
+            table=target.name,
+            last_column_id=target.last_column_id,
+            allow_schema_evolution=spec.allow_schema_evolution,
+        )
+    else:
+        plan = AlignmentPlan(
+            columns=[ColumnPlan(source=f.name, target=f.name, cast_to=None) for f in frame.schema.fields],
+            write_schema=spark_schema_to_iceberg(frame.schema),
+        )
+    target.check_partition_sources(plan.write_schema)
+    aligned = frame.select(
+        *[
+            (F.col(_quote(c.source)).cast(c.cast_to) if c.cast_to is not None else F.col(_quote(c.source))).alias(
+                c.target
+            )
+            for c in plan.columns
+        ]
+    )
+    keys = target.spark_sort_keys(plan.write_schema, {c.target for c in plan.columns})
+    if keys:
+        # Hash-partition by the partition values: each value goes to one task, so it becomes one
+        # file (or a few, past the target size) instead of one per input split.
+        writers = spec.writers or int(spark.conf.get("spark.sql.shuffle.partitions") or "200")
+        aligned = aligned.repartition(writers, *keys).sortWithinPartitions(*keys)
+    elif spec.writers:
+        aligned = aligned.repartition(spec.writers)
+    return _Planned(aligned, plan)
+
+
+def _write_table(
+    spec: EpochJobSpec, target: ResolvedTarget, planned: _Planned | None, written: list[str]
+) -> TableWrite:
+    if planned is None:
+        schema_written = (
+            AlignmentPlan(columns=[], write_schema=target.schema).written_columns() if target.schema is not None else []
+        )
+        return TableWrite(
+            table=target.name, location=target.location, schema_written=schema_written, spec_id=target.spec_id
+        )
+    plan = planned.alignment
+    config = FileWriteConfig(
+        location=target.location,
+        write_schema=plan.write_schema,
+        spec=target.spec_for(plan.write_schema),
+        partition_style=target.partition_style,
+        table_properties=target.write_properties,
+        io_properties=target.io_properties,
+        checked_required=tuple(plan.checked_required),
+        target_file_size=spec.target_file_size_bytes or target.target_file_size,
+    )
+    written.append(target.location)
+    rows = planned.frame.mapInArrow(functools.partial(spark_task, config), f"{DESCRIPTOR_COLUMN} string").collect()
+    return TableWrite(
+        table=target.name,
+        location=target.location,
+        data_files=[DataFileDescriptor.model_validate_json(row[0]) for row in rows],
+        schema_written=plan.written_columns(),
+        added_columns=plan.added_columns,
+        spec_id=target.spec_id,
     )
 
 

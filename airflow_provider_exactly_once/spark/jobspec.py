@@ -27,9 +27,23 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from airflow_provider_exactly_once.core.errors import InvalidSinkConfig
 from airflow_provider_exactly_once.core.identifiers import Epoch, SinkId, WriteId
 
+#: The temporary view a target's ``query`` reads the epoch's input from.
+INPUT_VIEW = "epoch_input"
+
 
 class _Spec(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+def check_selection(table: str, where: str | None, query: str | None) -> None:
+    """Refuse a selection that cannot mean what its author meant, before any Spark job runs."""
+    if where is not None and query is not None:
+        raise ValueError(f"table {table!r}: give where or query, not both")
+    if where is not None and not where.strip():
+        raise ValueError(f"table {table!r}: where is blank")
+    if query is not None and INPUT_VIEW not in query.lower():
+        # A query that never reads the view writes the same rows whatever the epoch read.
+        raise ValueError(f"table {table!r}: query does not read the epoch's input, the view {INPUT_VIEW!r}")
 
 
 class FilesInput(_Spec):
@@ -96,13 +110,27 @@ InputSpec = Annotated[FilesInput | TableInput | SqlInput | FunctionInput, Field(
 
 
 class IcebergTarget(_Spec):
-    """One Iceberg table, loaded with pyiceberg from the given catalog properties."""
+    """One Iceberg table, loaded with pyiceberg from the given catalog properties.
+
+    ``where`` and ``query`` let the tables of a fan-out take different parts of one input read:
+    without either, the table gets every row of the epoch's input.
+    """
 
     kind: Literal["iceberg"] = "iceberg"
     catalog_name: str = "default"
     #: What ``pyiceberg.catalog.load_catalog(name, **properties)`` needs (type, uri, warehouse, io).
     catalog_properties: dict[str, str] = Field(default_factory=dict)
     table: str = Field(min_length=1)
+    #: A Spark SQL condition over the input's columns: only the rows it holds for go to the table.
+    where: str | None = None
+    #: A Spark SQL query over the epoch's input, read as the temporary view ``INPUT_VIEW``; the
+    #: table gets its result (a projection, a filter, an aggregate of the epoch).
+    query: str | None = None
+
+    @model_validator(mode="after")
+    def _one_selection(self) -> Self:
+        check_selection(self.table, self.where, self.query)
+        return self
 
 
 class FileSinkTarget(_Spec):
@@ -136,7 +164,9 @@ class EpochJobSpec(_Spec):
     data_interval_start: datetime
     data_interval_end: datetime
     input: InputSpec
-    target: TargetSpec
+    #: Every table the input is written into, in this order, each from the same read of the input
+    #: (fan-out); a file sink is one target alone. A spec with a single ``target`` loads as one.
+    targets: list[TargetSpec] = Field(min_length=1)
     #: Where the driver writes the pre-commit JSON (local path or fsspec URL).
     output_path: str = Field(min_length=1)
     allow_schema_evolution: bool = False
@@ -146,6 +176,15 @@ class EpochJobSpec(_Spec):
     #: Roll to a new file after this many uncompressed Arrow bytes; ``None``: the table's
     #: ``write.target-file-size-bytes`` (512 MiB by default).
     target_file_size_bytes: int | None = Field(default=None, gt=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _single_target(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "target" in data:
+            if "targets" in data:
+                raise ValueError("give target or targets, not both")
+            data = {**{k: v for k, v in data.items() if k != "target"}, "targets": [data["target"]]}
+        return data
 
     @field_validator("data_interval_start", "data_interval_end")
     @classmethod
@@ -161,6 +200,24 @@ class EpochJobSpec(_Spec):
                 f"data interval ends ({self.data_interval_end.isoformat()}) before it starts "
                 f"({self.data_interval_start.isoformat()})"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _fan_out(self) -> Self:
+        """Several targets are one sink's tables, committed by one committer from one catalog."""
+        if len(self.targets) == 1:
+            return self
+        iceberg = [t for t in self.targets if isinstance(t, IcebergTarget)]
+        if len(iceberg) != len(self.targets):
+            raise ValueError("a file sink is one target; only Iceberg tables are written together")
+        names = [t.table for t in iceberg]
+        if len(set(names)) != len(names):
+            raise ValueError(f"a table is listed twice: {sorted(names)}")
+        first = iceberg[0]
+        if any(
+            (t.catalog_name, t.catalog_properties) != (first.catalog_name, first.catalog_properties) for t in iceberg
+        ):
+            raise ValueError("the tables of one write must be in one catalog, the one their commit uses")
         return self
 
     @classmethod

@@ -25,6 +25,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -43,6 +44,7 @@ RUN_ID_LENGTH = 250
 DAG_ID_LENGTH = 250
 WRITE_ID_LENGTH = 36
 STATUS_LENGTH = 16
+GENERATION_LENGTH = 40
 CHECKPOINT_NAME_LENGTH = 128
 
 #: SQLite keeps timestamps as text; this gives millisecond precision in the ISO form Python parses.
@@ -157,6 +159,10 @@ class PendingSinkState(Base):
     error: Mapped[str | None] = mapped_column(Text)
     #: What a persist found suspicious about the epoch (0004): shown to operators, decides nothing.
     warning: Mapped[str | None] = mapped_column(Text)
+    #: How often the epoch's committed write was replaced by a newer generation's (0005).
+    revision: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    #: JSON, while a revision is Pending: the committed write it replaces (``core.ports.ReplacedWrite``).
+    replaces: Mapped[str | None] = mapped_column(Text)
 
 
 class SinkCleanup(Base):
@@ -177,6 +183,36 @@ class SinkCleanup(Base):
     reason: Mapped[str] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(UtcDateTime())
     done_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
+    #: JSON, for a replaced write (0005): table -> the snapshot that removed its files; they are
+    #: deleted only once no retained snapshot is older than that one.
+    removed_by: Mapped[str | None] = mapped_column(Text)
+
+
+class EpochRevision(Base):
+    """Every revision of an epoch, for operators: what was written, by which run, and what became of it."""
+
+    __tablename__ = "epoch_revision"
+    #: One row per write that was (or was to be) a revision: an aborted revision and the one that
+    #: later took its number are both kept.
+    __table_args__ = (PrimaryKeyConstraint("sink_id", "epoch", "write_id"),)
+
+    sink_id: Mapped[str] = mapped_column(String(SINK_ID_LENGTH))
+    epoch: Mapped[int] = mapped_column(BigInteger, autoincrement=False)
+    write_id: Mapped[str] = mapped_column(String(WRITE_ID_LENGTH))
+    revision: Mapped[int] = mapped_column(Integer, autoincrement=False)
+    generation: Mapped[str | None] = mapped_column(String(GENERATION_LENGTH))
+    #: ``Pending``, ``Committed``, ``Replaced`` (a newer revision is visible) or ``Aborted``.
+    status: Mapped[str] = mapped_column(String(STATUS_LENGTH))
+    run_id: Mapped[str | None] = mapped_column(String(RUN_ID_LENGTH))
+    try_number: Mapped[int | None] = mapped_column(Integer)
+    dag_id: Mapped[str | None] = mapped_column(String(DAG_ID_LENGTH))
+    rows: Mapped[int] = mapped_column(BigInteger)
+    files: Mapped[int] = mapped_column(Integer)
+    #: JSON object: table -> snapshot id, or ``"empty"``, once committed.
+    committed: Mapped[str | None] = mapped_column(Text)
+    reason: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime())
+    updated_at: Mapped[datetime] = mapped_column(UtcDateTime())
 
 
 class CheckpointState(Base):

@@ -17,7 +17,7 @@ from sqlalchemy import CursorResult, Update, select
 from sqlalchemy.orm import Session
 
 from airflow_provider_exactly_once.core.errors import InvalidPreCommit, InvalidSinkConfig, MetaStoreUnavailable
-from airflow_provider_exactly_once.core.ports import CleanupTask, EpochRecord
+from airflow_provider_exactly_once.core.ports import CleanupTask, EpochRecord, ReplacedWrite
 from airflow_provider_exactly_once.core.precommit import PreCommit
 from airflow_provider_exactly_once.core.status import EpochStatus
 from airflow_provider_exactly_once.store.models import PendingSinkState, SinkCleanup, db_now
@@ -56,6 +56,35 @@ def record(row: PendingSinkState) -> EpochRecord:
         dag_id=row.dag_id,
         table_uuids=None if row.table_uuids is None else json.loads(row.table_uuids),
         warning=row.warning,
+        revision=int(row.revision or 0),
+        replaces=None if row.replaces is None else replaced_write(row.replaces),
+    )
+
+
+def replaces_json(record: EpochRecord) -> str:
+    """What a revision keeps of the Committed row it replaces (``replaced_write`` reads it back)."""
+    return json.dumps(
+        {
+            "write_id": record.write_id,
+            "metadata": record.pre_commit.to_dict(),
+            "committed": dict(record.committed or {}),
+            "table_uuids": None if record.table_uuids is None else dict(record.table_uuids),
+            "revision": record.revision,
+            "committed_at": record.updated_at.isoformat(),
+        },
+        sort_keys=True,
+    )
+
+
+def replaced_write(text: str) -> ReplacedWrite:
+    data = json.loads(text)
+    return ReplacedWrite(
+        write_id=data["write_id"],
+        pre_commit=PreCommit.parse(data["metadata"], recorded=True),
+        committed=data["committed"],
+        table_uuids=data["table_uuids"],
+        revision=int(data["revision"]),
+        committed_at=datetime.fromisoformat(data["committed_at"]),
     )
 
 
@@ -68,6 +97,7 @@ def cleanup_task(row: SinkCleanup) -> CleanupTask:
         pre_commit=_parsed(row.sink_id, int(row.epoch), row.write_id, row.metadata_json),
         reason=row.reason,
         created_at=row.created_at,
+        removed_by=None if row.removed_by is None else json.loads(row.removed_by),
     )
 
 

@@ -6,8 +6,9 @@ the domain's. ``SqlSinkStateStore`` is the coordinator's port (``core.ports.Sink
 epoch rows, their transitions and the clean-up queue. What other callers need hangs off it as
 companions on the same database, the way pyiceberg hangs ``inspect`` and ``maintenance`` off a
 ``Table``: ``registry`` (sink registry, orphans, per-sink lock: the recovery DAG and the operations
-tools), ``checkpoints`` (the checkpoint table: the marking operator) and ``epochs`` (epochs of runs
-without a data interval: the epoch operators).
+tools), ``checkpoints`` (the checkpoint table: the marking operator), ``epochs`` (epochs of runs
+without a data interval: the epoch operators) and ``revisions`` (an epoch's replacements by newer
+generations: the coordinator and the operations views).
 """
 
 from __future__ import annotations
@@ -32,11 +33,12 @@ from airflow_provider_exactly_once.store.database import MetaStoreDatabase
 from airflow_provider_exactly_once.store.epochs import SqlEpochAllocator
 from airflow_provider_exactly_once.store.models import PendingSinkState, SinkCleanup, db_now
 from airflow_provider_exactly_once.store.registry import SqlSinkRegistry
+from airflow_provider_exactly_once.store.revisions import SqlRevisions, commit_revision
 
 
 class SqlSinkStateStore:
     """``core.ports.SinkStateStore`` on a SQL database, with its companions ``registry``,
-    ``checkpoints`` and ``epochs`` on the same connection pool.
+    ``checkpoints``, ``epochs`` and ``revisions`` on the same connection pool.
 
     Construction applies the package's migrations (once per process per URL). Safe to share
     between threads; each process opens its own.
@@ -54,6 +56,7 @@ class SqlSinkStateStore:
         self.registry = SqlSinkRegistry(self._db)
         self.checkpoints = SqlCheckpointTable(self._db)
         self.epochs = SqlEpochAllocator(self._db)
+        self.revisions = SqlRevisions(self._db)
 
     @property
     def url_for_display(self) -> str:
@@ -404,6 +407,9 @@ class SqlSinkStateStore:
                     f"sink {sink_id!r} epoch {epoch}: committed tables {sorted(committed)} are not the "
                     f"write's tables {sorted(tables)}"
                 )
+            if record.replaces is not None:
+                commit_revision(session, record, committed)
+                record = cas.reloaded(session, sink_id, epoch)
             return record
 
     def mark_aborted(
@@ -425,6 +431,10 @@ class SqlSinkStateStore:
             )
             row = rows.load(session, sink_id, epoch)
             assert row is not None
+            if row.replaces is not None:  # rolls the CAS back: a revision's abort restores the replaced write
+                raise StateConflict(
+                    f"sink {sink_id!r} epoch {epoch}: write {write_id} is a revision; abort it with abort_revision"
+                )
             session.execute(
                 insert(SinkCleanup).values(
                     sink_id=sink_id,

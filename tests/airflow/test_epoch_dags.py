@@ -3,6 +3,7 @@ leaves each epoch in the sink exactly once, and aborted epochs leave nothing beh
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import threading
 import time
@@ -77,7 +78,9 @@ def committed_once(world: World, epoch: int) -> str:
     """Assert the epoch is Committed in the store and visible once in the table; its write id."""
     row = world.pipeline.store.get(world.sink_id, epoch)
     assert row is not None and row.status is EpochStatus.COMMITTED, row
-    assert world.markers().get(epoch) == [row.write_id]
+    # one marked snapshot per revision (a rerun of the interval replaces the epoch), the last one its write's
+    markers = world.markers().get(epoch, [])
+    assert len(markers) == row.revision + 1 and markers[-1] == row.write_id, (markers, row.revision)
     held = [r for r in world.rows() if r[1] == epoch]
     assert held == expected_rows([w for w in world.writes if w.write_id == row.write_id], world.table)
     assert held and {r[2] for r in held} == {row.write_id}
@@ -150,20 +153,48 @@ def test_timed_out_checkpoint_aborts_and_a_clear_redoes_the_epoch(world: World) 
     assert xcom(dag.dag_id, first.run_id, f"{G}.persist")["outcome"] == "replaced an earlier write"
 
 
-def test_rerun_of_a_successful_run_is_still_once(world: World) -> None:
+def test_rerun_of_a_successful_run_replaces_the_epoch_once(world: World) -> None:
     epoch = epoch_from_interval_start(DAY)
     world.mark(epoch, CheckpointStatus.COMPLETED)
     dag = epoch_dag(world, world.iceberg_sink())
 
+    first_run = run(dag, DAY)
+    assert first_run.state == "success"
+    again = run(dag, DAY)  # the same interval again: a deliberate rerun, a newer generation
+
+    assert again.state == "success"
+    first, second = world.writes
+    assert first.generation is None and second.generation is None  # the test's writer stamps none
+    row = world.pipeline.store.get(world.sink_id, epoch)
+    assert row is not None and row.status is EpochStatus.COMMITTED and row.write_id == second.write_id
+    assert world.markers()[epoch] == [first.write_id, second.write_id]  # one snapshot each, in order
+    assert [r for r in world.rows() if r[1] == epoch] == expected_rows([second], world.table)
+    assert xcom(dag.dag_id, again.run_id, f"{G}.persist")["outcome"].startswith("revision opened")
+    assert xcom(dag.dag_id, again.run_id, f"{G}.commit")["outcome"] == "committed"
+    assert row.revision == 1 and row.pre_commit.generation is not None
+    table = world.pipeline.catalog.load_table(world.table)
+    assert [s.summary.operation.value for s in table.snapshots() if s.summary] == ["append", "overwrite"]
+    assert write_location_exists(first)  # still listed by the first snapshot: kept for time travel
+    # the commit's asset events fire again, for the corrected data
+    assert xcom(dag.dag_id, again.run_id, f"{G}.commit")["write_id"] == second.write_id
+
+
+def test_rerun_of_a_kept_sink_changes_nothing(world: World) -> None:
+    epoch = epoch_from_interval_start(DAY)
+    world.mark(epoch, CheckpointStatus.COMPLETED)
+    sink = dataclasses.replace(world.iceberg_sink(), on_reprocess="keep")
+    dag = epoch_dag(world, sink)
+
     assert run(dag, DAY).state == "success"
-    again = run(dag, DAY)  # the same interval again: a rerun of the whole run
+    again = run(dag, DAY)
 
     assert again.state == "success"
     first, second = world.writes
     assert committed_once(world, epoch) == first.write_id
-    assert xcom(dag.dag_id, again.run_id, f"{G}.persist")["outcome"] == "already committed"
+    persisted = xcom(dag.dag_id, again.run_id, f"{G}.persist")
+    assert persisted["outcome"].startswith("kept") and "on_reprocess='keep'" in persisted["warning"]
     assert xcom(dag.dag_id, again.run_id, f"{G}.commit")["outcome"] == "already committed"
-    assert not write_location_exists(second)  # the late write was removed, never committed
+    assert not write_location_exists(second)  # the newer write was removed, never committed
     assert len(world.pipeline.catalog.load_table(world.table).snapshots()) == 1
 
 
@@ -392,9 +423,9 @@ def test_happy_path_with_the_meta_store_and_catalog_on_postgresql(
         dag = epoch_dag(world, world.iceberg_sink())
 
         assert run(dag, DAY).state == "success"
-        assert run(dag, DAY).state == "success"  # and a rerun
+        assert run(dag, DAY).state == "success"  # and a rerun, which replaces the epoch
 
-        assert committed_once(world, epoch) == world.writes[0].write_id
+        assert committed_once(world, epoch) == world.writes[1].write_id
         assert len(world.rows()) == 5
     finally:
         world.dispose()

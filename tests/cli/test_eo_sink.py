@@ -260,3 +260,22 @@ def test_files_lost_gives_up_a_decided_write_after_a_dry_run_that_lists_what_is_
     row = world.pipeline.store.get(sink_id, E1)
     assert row is not None and row.status is EpochStatus.ABORTED
     assert not exists(pre) and world.markers() == {}
+
+
+def test_show_lists_the_revisions_of_a_reprocessed_epoch(world: World) -> None:
+    url, sink_id, pipeline = world.pipeline.meta_url, world.sink_id, world.pipeline
+    coord = pipeline.coordinator(sink_id, pipeline.iceberg_committer(), on_reprocess={sink_id: "replace"})
+    world.mark(E1, CheckpointStatus.COMPLETED)
+    writes = [
+        write(world, E1).model_copy(update={"generation": f"2024-06-0{n + 1}T00:00:00.000000Z/000000000{n}"})
+        for n in range(2)
+    ]
+    for pre in writes:
+        coord.persist(pre, run_id="scheduled__x", try_number=1, dag_id="hourly")
+        coord.commit(sink_id, E1)
+
+    code, out, err = run_main("show", sink_id, str(E1), "--url", url)
+    assert code == EXIT_OK, err
+    revisions = out.split("revision", 1)[1]
+    assert "Replaced" in out and writes[0].write_id in out and writes[1].write_id in out
+    assert "generation" in revisions and "2024-06-02T00:00:00.000000Z/0000000001" in out

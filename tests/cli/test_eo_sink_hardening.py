@@ -28,7 +28,7 @@ from tests.airflow.harness import World
 from tests.cli.test_eo_sink import eo_sink
 from tests.operations.helpers import coordinator, write
 from tests.recovery.helpers import E1
-from tests.support.rows import register_file_sink_with_root
+from tests.support.builders import register_file_sink_with_root
 
 EPOCH_MAX = 2**63 - 1
 #: What a terminal must never receive raw from the tool: ESC, BEL, CR, the C1 CSI.

@@ -28,9 +28,10 @@ from airflow_provider_exactly_once.core.errors import (
     CheckpointFailed,
     CheckpointNotReady,
     EpochAborted,
+    RevisionInProgress,
     SinkReused,
 )
-from airflow_provider_exactly_once.core.ports import EpochRecord
+from airflow_provider_exactly_once.core.ports import EpochRecord, ReplacedWrite
 from airflow_provider_exactly_once.core.precommit import PreCommit, TableWrite
 from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochStatus
 
@@ -244,3 +245,81 @@ def test_a_decision_is_a_value() -> None:
     first = commit_decision(decided, checkpoint(None))
     assert first == commit_decision(replace(decided), checkpoint(None))
     assert first == Decision(Action.COMMIT_DECIDED, why=f"commit decided at {DECIDED.isoformat()}")
+
+
+# -- generations and revisions ----------------------------------------------------------------------
+
+OLD, NEW = "2024-06-01T01:00:00.000000Z/0000000000", "2024-06-02T09:30:00.000000Z/0000000001"
+
+
+def of_generation(generation: str | None, *tables: str) -> PreCommit:
+    return write(*tables).model_copy(update={"generation": generation})
+
+
+@pytest.mark.parametrize(
+    ("row_generation", "write_generation", "on_reprocess", "expected"),
+    [
+        (OLD, NEW, "replace", Action.REVISE),
+        (None, NEW, "replace", Action.REVISE),  # a row from before generations were recorded
+        (OLD, NEW, "keep", Action.DISCARD_KEPT),
+        (OLD, OLD, "replace", Action.DISCARD_LATE),  # a retry inside the generation
+        (NEW, OLD, "replace", Action.DISCARD_LATE),  # a zombie of a run since cleared
+        (OLD, None, "replace", Action.DISCARD_LATE),  # outside Airflow a write never replaces one
+    ],
+)
+def test_a_write_for_a_committed_epoch(
+    row_generation: str | None, write_generation: str | None, on_reprocess: str, expected: Action
+) -> None:
+    committed = row(COMMITTED, of_generation(row_generation), uuids={"db.t": "u"})
+    decision = persist_decision(
+        committed,
+        of_generation(write_generation),
+        lambda: {"db.t": "u"},
+        on_reprocess=on_reprocess,  # type: ignore[arg-type]
+    )
+    assert decision.action is expected and decision.error is None
+
+
+@pytest.mark.parametrize(
+    ("status", "decided", "row_generation", "write_generation", "expected"),
+    [
+        (PENDING, False, NEW, OLD, Action.DISCARD_OLDER),  # a zombie never takes a newer generation's epoch
+        (ABORTED, False, NEW, OLD, Action.DISCARD_OLDER),
+        (PENDING, False, OLD, NEW, Action.REPLACE),
+        (PENDING, False, OLD, OLD, Action.REPLACE),  # a retry inside the generation, as before
+        (PENDING, True, OLD, OLD, Action.DISCARD_LATE),
+    ],
+)
+def test_a_write_for_an_open_epoch(
+    status: EpochStatus, decided: bool, row_generation: str, write_generation: str, expected: Action
+) -> None:
+    decision = persist_decision(
+        row(status, of_generation(row_generation), decided=decided), of_generation(write_generation), never_asked
+    )
+    assert decision.action is expected
+
+
+def test_a_newer_generation_waits_for_a_decided_commit_then_replaces_it() -> None:
+    decision = persist_decision(row(PENDING, of_generation(OLD), decided=True), of_generation(NEW), never_asked)
+    assert decision.action is Action.REFUSE and isinstance(decision.error, RevisionInProgress)
+    assert decision.error.retryable
+
+
+def test_a_revision_is_given_up_by_restoring_what_it_replaces() -> None:
+    committed = row(COMMITTED, of_generation(OLD))
+    revision = replace(
+        row(PENDING, of_generation(NEW)),
+        revision=1,
+        replaces=ReplacedWrite(
+            write_id=committed.write_id,
+            pre_commit=committed.pre_commit,
+            committed={"db.t": "1"},
+            table_uuids=None,
+            revision=0,
+            committed_at=AT,
+        ),
+    )
+    assert abort_decision(revision, None, checkpoint(FAILED)).action is Action.ABORT_REVISION
+    assert abort_decision(revision, None, checkpoint(None), force=True).action is Action.ABORT_REVISION
+    assert recovery_decision(revision, checkpoint(FAILED)).action is Action.ABORT_REVISION
+    assert recovery_decision(revision, checkpoint(DONE)).action is Action.DECIDE_AND_COMMIT

@@ -50,6 +50,13 @@ def run(root: Path, name: str, hours: int, rerun: bool) -> dict[str, Any]:
         start = FIRST_HOUR + dt.timedelta(hours=i)
         landed[start] = len(world.land_hour(landing, start, 40 + 25 * i, seed=7))
         world.mark_hour(landing, start, completed=True)
+    events = [
+        json.loads(line)
+        for start in landed
+        for path in sorted(world.hour_dir(landing, start).glob("*.json"))
+        for line in path.read_text(encoding="utf-8").splitlines()
+        if line.strip()
+    ]
     module = world.load_module(world.DEFAULT_DAGS_FOLDER / name)
     dag = world.dag_of(module)
     world.quick_retries(dag)
@@ -69,6 +76,9 @@ def run(root: Path, name: str, hours: int, rerun: bool) -> dict[str, Any]:
         "runs": [{"state": r.state, "tasks": r.tasks} for r in runs],
         "landed": {str(epoch_from_interval_start(s)): n for s, n in landed.items()},
         "landed_by_hour": {s.isoformat(): n for s, n in landed.items()},
+        "landed_ids_by_type": {
+            t: sorted(e["event_id"] for e in events if e["event_type"] == t) for t in {e["event_type"] for e in events}
+        },
         "epochs": epochs,
         "tables": {},
     }
@@ -80,6 +90,9 @@ def run(root: Path, name: str, hours: int, rerun: bool) -> dict[str, Any]:
             out["tables"][table_name] = {
                 "rows": total,
                 "distinct_ids": distinct,
+                "ids": sorted(
+                    str(r["event_id"]) for r in table.scan(selected_fields=("event_id",)).to_arrow().to_pylist()
+                ),
                 "by_hour": {h.isoformat(): n for h, n in per_hour.items()},
                 "marker_snapshots": {str(e): n for e, n in world.marker_snapshots(table, sink_id).items()},
                 "snapshots": len(table.metadata.snapshots),

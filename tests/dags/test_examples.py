@@ -50,7 +50,7 @@ def test_example_dags_import_cleanly_without_side_effects(tmp_path: Path) -> Non
     }
     assert result["fan_out.py"]["dags"] == {
         "exactly_once_fan_out": sorted(
-            ["create_events_by_day", "create_events_by_type", "hour_settled", "write", *group]
+            ["create_events_by_day", "create_events_by_type", "create_purchases", "hour_settled", "write", *group]
         )
     }
     assert result["file_sink.py"]["dags"] == {"exactly_once_file_sink": sorted(["hour_settled", "write", *group])}
@@ -74,15 +74,25 @@ def test_hourly_events_lands_every_hour_once_even_when_rerun(tmp_path: Path) -> 
 
 
 @pytest.mark.spark
-def test_fan_out_commits_both_tables_as_one_epoch(tmp_path: Path) -> None:
+def test_fan_out_writes_every_table_in_one_job_and_commits_them_as_one_epoch(tmp_path: Path) -> None:
     result = example(tmp_path, "run", "fan_out.py", "1")
-    assert [r["state"] for r in result["runs"]] == ["success"]
+    assert [r["state"] for r in result["runs"]] == ["success"], result["runs"]
+    assert result["runs"][0]["tasks"]["write"] == ["success", 1]  # every table by one try of one task
     ((epoch, landed),) = result["landed"].items()
-    for name, partition in (("examples.events_by_day", "event_day"), ("examples.events_by_type", "event_type")):
+    by_type = result["landed_ids_by_type"]
+    every_id = sorted(i for ids in by_type.values() for i in ids)
+    assert len(every_id) == landed and by_type["purchase"], by_type
+    expected = {
+        "examples.events_by_day": (every_id, ["event_day"]),
+        "examples.events_by_type": (every_id, ["event_type"]),
+        "examples.purchases": (by_type["purchase"], ["event_day"]),  # its select: purchases only
+    }
+    assert set(result["tables"]) == set(expected)
+    for name, (ids, partition) in expected.items():
         table = result["tables"][name]
-        assert table["rows"] == table["distinct_ids"] == landed, name
+        assert table["ids"] == ids, name
         assert table["marker_snapshots"] == {epoch: 1} and table["snapshots"] == 1, name
-        assert table["partition_fields"] == [partition]
+        assert table["partition_fields"] == partition, name
     assert result["epochs"] == {epoch: "Committed"}
 
 

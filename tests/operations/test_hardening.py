@@ -17,7 +17,7 @@ from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig
 from tests.airflow.harness import World
 from tests.operations.helpers import coordinator, write
 from tests.recovery.helpers import E1
-from tests.support.rows import empty_write
+from tests.support.builders import empty_write
 
 EPOCH_MAX = 2**63 - 1
 

@@ -347,3 +347,43 @@ def test_rows_of_every_table_count(world: World) -> None:
     view = _ops(world).epoch(sink_id, E1)
     assert [(t.name, t.rows) for t in view.tables] == [(world.table, 4), (f"{pipeline.namespace}.second", 4)]
     assert view.rows == 8 and view.files == 2
+
+
+def test_the_revisions_of_a_reprocessed_epoch_are_shown_and_a_pending_one_can_be_aborted(world: World) -> None:
+    pipeline, sink_id = world.pipeline, world.sink_id
+    coord = pipeline.coordinator(sink_id, pipeline.iceberg_committer(), on_reprocess={sink_id: "replace"})
+    gens = ["2024-06-01T01:00:00.000000Z/0000000000", "2024-06-02T01:00:00.000000Z/0000000001"]
+    first, second, third = (
+        write(world, E1).model_copy(update={"generation": g})
+        for g in (gens[0], gens[1], "2024-06-03T01:00:00.000000Z/0000000002")
+    )
+    pipeline.checkpoint(sink_id, E1, CheckpointStatus.COMPLETED)
+    for pre in (first, second):
+        coord.persist(pre, run_id="scheduled__1", try_number=1, dag_id="hourly")
+        coord.commit(sink_id, E1)
+    coord.persist(third, run_id="scheduled__1", try_number=1, dag_id="hourly")
+
+    ops = _ops(world)
+    view = ops.epoch(sink_id, E1)
+    assert (view.status, view.write_id, view.revision, view.replacing_write_id) == (
+        "Pending",
+        third.write_id,
+        2,
+        second.write_id,
+    )
+    assert [(r.revision, r.write_id, r.status) for r in view.revisions] == [
+        (0, first.write_id, "Replaced"),
+        (1, second.write_id, "Committed"),
+        (2, third.write_id, "Pending"),
+    ]
+    assert view.to_dict()["revisions"][1]["committed"] == dict(pipeline.store.get(sink_id, E1).replaces.committed)  # type: ignore[union-attr]
+
+    plan = ops.abort(sink_id, E1, reason="not this correction", dry_run=True)
+    assert plan.outcome == "would abort" and "revision 2 given up" in plan.detail
+    done = ops.abort(sink_id, E1, reason="not this correction")
+    assert done.outcome == "revision aborted: the write it would have replaced stays visible"
+    after = ops.epoch(sink_id, E1)
+    assert (after.status, after.write_id, after.revision) == ("Committed", second.write_id, 1)
+    assert [r.status for r in after.revisions] == ["Replaced", "Committed", "Aborted"]
+    assert not write_location_exists(third)
+    assert {r["write_id"] for r in pipeline.rows(TABLE)} == {second.write_id}

@@ -10,7 +10,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -30,6 +29,7 @@ from pyiceberg.types import DoubleType, LongType, NestedField, StringType, Times
 
 from airflow_provider_exactly_once.core.precommit import PreCommit
 from airflow_provider_exactly_once.spark.jobspec import EpochJobSpec
+from tests.support.builders import free_port
 
 VENV_BIN = Path(sys.executable).parent
 SPARK_SUBMIT = str(VENV_BIN / "spark-submit")
@@ -120,10 +120,11 @@ def job_spec(
     tmp_path: Path,
     *,
     input: dict[str, Any],
-    target: dict[str, Any],
+    target: dict[str, Any] | list[dict[str, Any]],
     sink_id: str = "sink-a",
     **extra: Any,
 ) -> EpochJobSpec:
+    """A spec with one target, or with a list of them (a fan-out)."""
     return EpochJobSpec.model_validate(
         {
             "sink_id": sink_id,
@@ -132,7 +133,7 @@ def job_spec(
             "data_interval_start": INTERVAL_START,
             "data_interval_end": INTERVAL_END,
             "input": input,
-            "target": target,
+            **({"targets": target} if isinstance(target, list) else {"target": target}),
             "output_path": str(tmp_path / f"out-{uuid.uuid4().hex[:6]}.json"),
             **extra,
         }
@@ -177,17 +178,11 @@ def local(path: str) -> str:
     return path.removeprefix("file://").removeprefix("file:")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="session")
 def standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A real Spark standalone master and one worker (1 core, 1 GiB) on 127.0.0.1."""
     work = tmp_path_factory.mktemp("standalone")
-    port, ui_port, worker_ui = _free_port(), _free_port(), _free_port()
+    port, ui_port, worker_ui = free_port(), free_port(), free_port()
     env = spark_env()
     env["SPARK_LOG_DIR"] = str(work)
     spark_class = str(VENV_BIN / "spark-class")

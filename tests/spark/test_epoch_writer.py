@@ -80,7 +80,7 @@ def commit_iceberg(catalog: Catalog, pre_commit: PreCommit, **options: Any) -> N
     committer = IcebergSinkCommitter(catalog, **options)
     committer.validate(pre_commit)
     committed = committer.commit(pre_commit, SINCE)
-    assert set(committed) == {pre_commit.tables[0].table}
+    assert set(committed) == {write.table for write in pre_commit.tables}
 
 
 @pytest.mark.parametrize(

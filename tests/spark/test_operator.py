@@ -27,7 +27,7 @@ from airflow_provider_exactly_once.operators.spark_precommit import (
     SparkPreCommitOperator,
     xcom_value,
 )
-from airflow_provider_exactly_once.sinks.config import FileSinkConfig, IcebergSinkConfig
+from airflow_provider_exactly_once.sinks.config import FileSinkConfig, IcebergSinkConfig, TableSelect
 from tests.spark.conftest import INTERVAL_START, land, make_table, sample_rows, spark_env
 from tests.spark.test_epoch_writer import commit_iceberg, files_input, sorted_rows
 
@@ -241,19 +241,40 @@ def test_the_target_is_derived_from_the_sink_when_the_task_runs_and_never_render
     assert operator.sink_id == "orders" and operator.allow_schema_evolution is True
     rendered = {name: getattr(operator, name) for name in operator.template_fields}
     assert "K" not in json.dumps(rendered, default=str) and operator.target_spec is None
-    assert operator._resolve_target() == {
-        "kind": "iceberg",
-        "catalog_name": "lake",
-        "catalog_properties": props,
-        "table": "ns.orders",
-    }
+    assert operator._resolve_targets() == [
+        {"kind": "iceberg", "catalog_name": "lake", "catalog_properties": props, "table": "ns.orders"}
+    ]
     files = SparkPreCommitOperator(
         task_id="f",
         sink={"kind": "files", "sink_id": "f", "root": "/data/out/"},
         input={"kind": "sql", "query": "select 1"},
         partition_by=["day"],
     )
-    assert files._resolve_target()["root"] == "/data/out" and files._resolve_target()["partition_by"] == ["day"]
+    (target,) = files._resolve_targets()
+    assert target["root"] == "/data/out" and target["partition_by"] == ["day"]
+
+
+def test_a_fan_out_sink_is_one_write_of_every_table_with_its_selection(monkeypatch: pytest.MonkeyPatch) -> None:
+    props = {"type": "sql", "uri": "sqlite:////secret/catalog.db", "s3.secret-access-key": "K"}
+    monkeypatch.setenv("AIRFLOW_CONN_LAKE", json.dumps({"conn_type": "iceberg", "extra": props}))
+    sink = IcebergSinkConfig(
+        "fan",
+        ("ns.all", "ns.buys", "ns.totals"),
+        iceberg_conn_id="lake",
+        select={
+            "ns.buys": TableSelect(where="event_type = 'purchase'"),
+            "ns.totals": TableSelect(query="SELECT user_id, sum(amount) AS total FROM epoch_input GROUP BY user_id"),
+        },
+    )
+    operator = SparkPreCommitOperator(task_id="w", sink=sink.to_dict(), input={"kind": "sql", "query": "select 1"})
+    rendered = {name: getattr(operator, name) for name in operator.template_fields}
+    assert "K" not in json.dumps(rendered, default=str)
+    base = {"kind": "iceberg", "catalog_name": "lake", "catalog_properties": props}
+    assert operator._resolve_targets() == [
+        {**base, "table": "ns.all"},
+        {**base, "table": "ns.buys", "where": "event_type = 'purchase'"},
+        {**base, "table": "ns.totals", "query": sink.select["ns.totals"].query},
+    ]
 
 
 @pytest.mark.parametrize(
@@ -261,7 +282,6 @@ def test_the_target_is_derived_from_the_sink_when_the_task_runs_and_never_render
     [
         ({}, "exactly one of sink= and sink_id="),
         ({"sink_id": "s"}, "needs target="),
-        ({"sink": IcebergSinkConfig("s", ("a.b", "a.c"))}, "one table per Spark job"),
         ({"sink": IcebergSinkConfig("s", ("a.b",)), "partition_by": ["x"]}, "partitioned by its table"),
         ({"sink": IcebergSinkConfig("s", ("a.b",)), "target": {"kind": "files", "root": "/x"}}, "derived"),
         ({"sink": FileSinkConfig("s", "/x"), "target": {"kind": "files", "root": "/y"}}, "not the sink's root"),

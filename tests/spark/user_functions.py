@@ -40,3 +40,21 @@ def lazily_failing(spark: Any, context: Any) -> Any:
         return value
 
     return spark.range(0, 20).select(explode_on_seven(F.col("id")).alias("id"))
+
+
+def random_amounts(spark: Any, context: Any) -> Any:
+    """Rows whose ``amount`` is drawn anew each time Spark computes them: only one read of the
+    input gives every table of a fan-out the same values."""
+    import random
+
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import DoubleType
+
+    draw = F.udf(lambda _: random.random(), DoubleType()).asNondeterministic()
+    start = context.data_interval_start
+    return spark.range(0, 200, numPartitions=2).select(
+        F.col("id"),
+        F.concat(F.lit("n"), F.col("id").cast("string")).alias("name"),
+        (F.lit(start) + F.make_interval(mins=F.col("id").cast("int"))).alias("ts"),
+        draw(F.col("id")).alias("amount"),
+    )

@@ -8,12 +8,12 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 import sqlalchemy as sa
-from store_helpers import make_pre_commit
 
 from airflow_provider_exactly_once.core.errors import InvalidPreCommit, InvalidSinkConfig, StateConflict
 from airflow_provider_exactly_once.core.ports import ORPHAN_EPOCH
 from airflow_provider_exactly_once.core.precommit import PreCommit
 from airflow_provider_exactly_once.store import SqlSinkStateStore, migrate
+from tests.support.builders import make_pre_commit
 
 EPOCH = 1_700_000_000_000
 

@@ -16,12 +16,13 @@ import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy.engine import Engine
-from store_helpers import make_pre_commit, open_store_and_persist
+from store_helpers import open_store_and_persist
 
 from airflow_provider_exactly_once.core.errors import InvalidSinkConfig, MetaStoreUnavailable
 from airflow_provider_exactly_once.core.status import EpochStatus
 from airflow_provider_exactly_once.store import SqlSinkStateStore, migrate
 from airflow_provider_exactly_once.store.models import VERSION_TABLE, Base
+from tests.support.builders import make_pre_commit
 
 TABLES = {
     "pending_sink_state",
@@ -89,7 +90,7 @@ def test_migrations_run_on_first_use_and_match_the_models(fresh_url: str, statem
 
 def test_the_declared_head_is_the_scripted_head() -> None:
     assert migrate.head_revision() == migrate.scripted_head_revision()
-    assert migrate.known_revisions() == {"0001", "0002", "0003", "0004"}
+    assert migrate.known_revisions() == {"0001", "0002", "0003", "0004", "0005"}
 
 
 def test_a_second_open_does_no_ddl(fresh_url: str, statements: _Statements) -> None:

@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from store_helpers import make_pre_commit
 
 from airflow_provider_exactly_once.core.errors import (
     EpochNotFound,
@@ -24,6 +23,7 @@ from airflow_provider_exactly_once.core.ports import EMPTY, EpochRecord
 from airflow_provider_exactly_once.core.precommit import PreCommit
 from airflow_provider_exactly_once.core.status import EpochStatus
 from airflow_provider_exactly_once.store import SqlSinkStateStore
+from tests.support.builders import make_pre_commit
 
 EPOCH = 1_700_000_000_000
 

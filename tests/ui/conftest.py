@@ -18,7 +18,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -37,8 +36,8 @@ from airflow_provider_exactly_once.core.precommit import PreCommit
 from airflow_provider_exactly_once.core.status import CheckpointStatus
 from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig
 from tests.airflow import conftest as airflow_setup  # noqa: F401 - see below
+from tests.support.builders import empty_write, free_port, register_file_sink_with_root
 from tests.support.pipeline import Pipeline
-from tests.support.rows import empty_write, register_file_sink_with_root
 
 # This process imports Airflow too (the plugin's declarations): the Airflow suite's conftest points
 # it at a private AIRFLOW_HOME first, so a run of this suite alone never touches ~/airflow.
@@ -93,6 +92,9 @@ class UiWorld:
     password: str = field(default_factory=lambda: f"Planted-{uuid.uuid4().hex}")
     dead_conn_id: str = field(default_factory=lambda: f"eo_ui_dead_{uuid.uuid4().hex[:8]}")
     dead_port: int = 0
+    #: The reprocessed epoch of OTHER_SINK: the write its revision replaced, and the one it holds now.
+    replaced: str = ""
+    replacing: str = ""
 
     @property
     def secret_root(self) -> str:
@@ -173,6 +175,15 @@ def _build_world(tmp: Path) -> UiWorld:
         persist(OTHER_SINK, epoch, OTHER_DAG_ID)
         pipeline.checkpoint(OTHER_SINK, epoch, CheckpointStatus.COMPLETED)
         other.commit(OTHER_SINK, epoch)
+    # The first epoch reprocessed: a newer generation's write replaced it (its page lists both revisions).
+    reprocessing = pipeline.coordinator(OTHER_SINK, pipeline.iceberg_committer(), on_reprocess={OTHER_SINK: "replace"})
+    world.replaced = store.get(OTHER_SINK, BASE).write_id  # type: ignore[union-attr]
+    correction = pipeline.write_iceberg(OTHER_SINK, BASE, [OTHER_TABLE]).model_copy(
+        update={"generation": "2030-01-01T00:00:00.000000Z/0000000001"}
+    )
+    reprocessing.persist(correction, run_id=f"scheduled__{BASE}", try_number=2, dag_id=OTHER_DAG_ID)
+    reprocessing.commit(OTHER_SINK, BASE)
+    world.replacing = correction.write_id
     # The operators register each sink they persist for (the recovery DAG and the view read it).
     for sink_id, table in ((SINK, TABLE), (OTHER_SINK, OTHER_TABLE)):
         config = IcebergSinkConfig(sink_id, (f"{pipeline.namespace}.{table}",), iceberg_conn_id=catalog_conn_id)
@@ -206,18 +217,12 @@ def _build_hardening_world(world: UiWorld) -> None:
         error=f"SinkUnavailable: cannot list {root}/_eo/w1: connection reset",
     )
 
-    world.dead_port = _free_port()  # nothing listens there
+    world.dead_port = free_port()  # nothing listens there
     dead_table = f"{pipeline.namespace}.dead"
     dead = IcebergSinkConfig(DEAD_SINK, (dead_table,), iceberg_conn_id=world.dead_conn_id)
     store.registry.register_sink(DEAD_SINK, dead.to_dict(), MetaStoreCheckpoint().to_dict())
     pre = empty_write(DEAD_SINK, DEAD_EPOCH, dead_table, f"file://{pipeline.warehouse}/dead")
     store.insert_pending(pre, run_id=f"scheduled__{DEAD_EPOCH}", try_number=1, dag_id=DAG_ID)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -328,7 +333,7 @@ def api_server() -> Iterator[ApiServer]:
     passwords = {u: f"{u}-{uuid.uuid4().hex[:12]}" for u in USERS}
     passwords_file = home / "passwords.json"
     passwords_file.write_text(json.dumps(passwords))
-    port = _free_port()
+    port = free_port()
     env = _server_env(home, world, port, passwords_file)
     airflow = str(Path(sys.executable).with_name("airflow"))
     # The metadata DB from the ORM (what ``airflow db migrate`` ends with, in a fraction of the time).

@@ -11,7 +11,7 @@ import pytest
 
 from airflow_provider_exactly_once.plugins import ExactlyOncePlugin, urls
 from tests.support.pipeline import write_location_exists
-from tests.ui.conftest import DAG_ID, OTHER_SINK, SINK, ApiServer, Epochs, json_of
+from tests.ui.conftest import BASE, DAG_ID, OTHER_SINK, SINK, ApiServer, Epochs, json_of
 
 ACTIONS = {"abort": {"reason": "test"}, "commit": {}, "cleanup": {}}
 
@@ -196,3 +196,17 @@ def test_users_who_may_edit_the_dag_act(api_server: ApiServer, who: str) -> None
     assert world.status(epoch) == expected
     assert not write_location_exists(world.writes[epoch])
     assert world.snapshots_with_marker(epoch) == []
+
+
+def test_the_epoch_page_lists_the_revisions_of_a_reprocessed_epoch(api_server: ApiServer) -> None:
+    world = api_server.world
+    with api_server.client("viewer") as viewer:
+        detail = json_of(viewer.get(f"/api/sinks/{OTHER_SINK}/epochs/{BASE}"))["epoch"]
+        assert (detail["status"], detail["write_id"], detail["revision"]) == ("Committed", world.replacing, 1)
+        assert [(r["write_id"], r["status"]) for r in detail["revisions"]] == [
+            (world.replaced, "Replaced"),
+            (world.replacing, "Committed"),
+        ]
+        page = viewer.get(f"/sinks/{OTHER_SINK}/epochs/{BASE}")
+        assert page.status_code == 200 and 'id="revisions"' in page.text
+        assert world.replaced in page.text and world.replacing in page.text and "Replaced" in page.text

@@ -7,15 +7,13 @@ has to be worked around to meet it.
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from pyiceberg.catalog import Catalog
-from pyiceberg.manifest import ManifestContent, ManifestEntryStatus
+from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table, TableProperties
-from pyiceberg.table.snapshots import Snapshot
 from pyiceberg.utils.properties import property_as_int
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 
@@ -34,7 +32,7 @@ from airflow_provider_exactly_once.core.errors import (
 )
 from airflow_provider_exactly_once.core.faults import FaultHook, no_faults
 from airflow_provider_exactly_once.core.observe import COMMIT_RETRIES, NO_METRICS, Metrics, safe
-from airflow_provider_exactly_once.core.ports import EMPTY, CommittedTables, VisibleEpoch
+from airflow_provider_exactly_once.core.ports import EMPTY, CommittedTables, ReplacedWrite, VisibleEpoch
 from airflow_provider_exactly_once.core.precommit import PreCommit, TableWrite
 from airflow_provider_exactly_once.sinks.iceberg.catalog_access import UNREACHABLE, load_table
 from airflow_provider_exactly_once.sinks.iceberg.data_files import build_data_files
@@ -48,17 +46,21 @@ from airflow_provider_exactly_once.sinks.iceberg.markers import (
     marker_properties,
     recent_snapshots,
 )
+from airflow_provider_exactly_once.sinks.iceberg.references import AddedFiles, files_live_in_refs
+from airflow_provider_exactly_once.sinks.iceberg.replacement import files_to_replace, still_referenced
 from airflow_provider_exactly_once.sinks.iceberg.schema_check import ColumnToAdd, check_added_field_ids
 from airflow_provider_exactly_once.sinks.iceberg.storage import delete_tree, missing_files
-from airflow_provider_exactly_once.sinks.iceberg.transaction import SinkCommitConflict, SinkTransaction
+from airflow_provider_exactly_once.sinks.iceberg.transaction import (
+    SinkCommitConflict,
+    SinkTransaction,
+    SpecAwareFastAppend,
+    SpecAwareOverwrite,
+)
 from airflow_provider_exactly_once.sinks.iceberg.write_check import check_location, check_table_write, write_spec
 
 #: How long a validated table may stand in for the commit's own load, and how many are kept.
 _HANDOVER_S = 5.0
 _HANDOVER_MAX = 16
-#: How many snapshots' added-file lists one committer remembers (a recovery pass over a sink reads
-#: each snapshot's manifests once instead of once per aborted write that precedes it).
-_ADDED_FILES_CACHE_MAX = 4096
 
 #: Fault points, in the order one commit attempt passes them.
 FAULT_LOADED = "iceberg.loaded"
@@ -71,6 +73,8 @@ class _TablePlan:
     write: TableWrite
     table: Table
     to_add: list[ColumnToAdd]
+    #: A revision's: the replaced write's files in this table, removed by the same snapshot.
+    to_replace: list[DataFile]
 
 
 class IcebergSinkCommitter:
@@ -124,9 +128,7 @@ class IcebergSinkCommitter:
         self._handovers: dict[tuple[str, str], tuple[float, Table, list[ColumnToAdd]]] = {}
         #: Table name -> the UUID of the table this committer last loaded under that name.
         self._uuids: dict[str, str] = {}
-        #: (table uuid, snapshot id) -> the data files that snapshot added. A snapshot never changes
-        #: once written, so this can only save reads, never hide a reference.
-        self._added_files: OrderedDict[tuple[str, int], frozenset[str]] = OrderedDict()
+        self._added_files = AddedFiles()
         #: Conflict retries are reported here (``core.observe.COMMIT_RETRIES``); settable after
         #: construction because sink configs build committers without knowing the metrics backend.
         self.metrics: Metrics = safe(metrics)
@@ -190,7 +192,14 @@ class IcebergSinkCommitter:
     def missing_files(self, pre_commit: PreCommit) -> Sequence[str]:
         return self._missing(pre_commit, [(write, self._load(write.table)) for write in pre_commit.tables])
 
-    def commit(self, pre_commit: PreCommit, since: datetime, *, allow_beyond_horizon: bool = False) -> CommittedTables:
+    def commit(
+        self,
+        pre_commit: PreCommit,
+        since: datetime,
+        *,
+        allow_beyond_horizon: bool = False,
+        replaces: ReplacedWrite | None = None,
+    ) -> CommittedTables:
         not_before_ms = self._not_before_ms(since)
         committed: dict[str, str] = {}
         plans: list[_TablePlan] = []
@@ -199,22 +208,53 @@ class IcebergSinkCommitter:
         for write in pre_commit.tables:
             handed = self._taken_over(pre_commit, write)
             table = handed[0] if handed else self._load(write.table)
-            found = self._marker_of_this_write(table, pre_commit, not_before_ms)
+            found = self._marker_of_this_write(table, pre_commit, not_before_ms, replaces)
             if found is not None:
                 committed[write.table] = str(found)
                 continue
-            if write.is_empty:
+            to_replace = self._to_replace(table, pre_commit, write, replaces)
+            if write.is_empty and not to_replace:
                 committed[write.table] = EMPTY
                 continue
             if not allow_beyond_horizon:
                 self._check_horizon(table, pre_commit, write, since, not_before_ms)
             to_add = handed[1] if handed else self._check(table, pre_commit, write)
-            plans.append(_TablePlan(write, table, to_add))
+            plans.append(_TablePlan(write, table, to_add, to_replace))
 
         self._check_files_exist(pre_commit, plans)
         for plan in plans:
-            committed[plan.write.table] = self._commit_table(pre_commit, plan, not_before_ms)
+            committed[plan.write.table] = self._commit_table(pre_commit, plan, not_before_ms, replaces)
         return {write.table: committed[write.table] for write in pre_commit.tables}
+
+    def check_replaceable(self, pre_commit: PreCommit, replaces: ReplacedWrite) -> None:
+        for write in pre_commit.tables:
+            self._to_replace(self._load(write.table), pre_commit, write, replaces)
+
+    def delete_replaced(
+        self, pre_commit: PreCommit, removed_by: Mapping[str, str], recorded_at: datetime
+    ) -> int | None:
+        """Delete a replaced write's files once no retained snapshot may list them; ``None``: not yet.
+
+        The replacing snapshots removed the files from the table; every older snapshot still lists
+        them (``replacement.still_referenced``), so they wait for the table's snapshot expiry.
+        """
+        recorded_ms = self._not_before_ms(recorded_at)
+        loaded: list[tuple[TableWrite, Table]] = []
+        for write in pre_commit.tables:
+            table = self._load(write.table)
+            check_location(table.metadata, write)
+            if still_referenced(table, removed_by, write.table, recorded_ms) is not None:
+                return None
+            loaded.append((write, table))
+        deleted = 0
+        for write, table in loaded:
+            try:
+                deleted += delete_tree(table.io, write.location)
+            except UNREACHABLE as exc:
+                raise SinkUnavailable(
+                    f"{pre_commit.describe()}: could not delete below {write.location!r}: {type(exc).__name__}: {exc}"
+                ) from exc
+        return deleted
 
     def delete_write(self, pre_commit: PreCommit, since: datetime) -> int:
         not_before_ms = self._not_before_ms(since)
@@ -257,11 +297,17 @@ class IcebergSinkCommitter:
             not_before_ms=not_before_ms,
         )
 
-    def _marker_of_this_write(self, table: Table, pre_commit: PreCommit, not_before_ms: int) -> int | None:
+    def _marker_of_this_write(
+        self, table: Table, pre_commit: PreCommit, not_before_ms: int, replaces: ReplacedWrite | None = None
+    ) -> int | None:
+        """This write's commit snapshot, or ``None``; a revision finds the marker of the write it
+        replaces as the newest until it commits itself."""
         found = self._find_marker(table, pre_commit, not_before_ms)
         if found is None:
             return None
         snapshot_id, write_id = found
+        if replaces is not None and write_id == replaces.write_id:
+            return None
         if write_id != pre_commit.write_id:
             raise ForeignWriteVisible(
                 f"{pre_commit.describe()}: table {table.name()!r} already shows this epoch in snapshot "
@@ -312,7 +358,14 @@ class IcebergSinkCommitter:
                 ) from exc
         return missing
 
-    def _commit_table(self, pre_commit: PreCommit, plan: _TablePlan, not_before_ms: int) -> str:
+    def _to_replace(
+        self, table: Table, pre_commit: PreCommit, write: TableWrite, replaces: ReplacedWrite | None
+    ) -> list[DataFile]:
+        return [] if replaces is None else files_to_replace(table, self._branch, pre_commit, replaces, write.table)
+
+    def _commit_table(
+        self, pre_commit: PreCommit, plan: _TablePlan, not_before_ms: int, replaces: ReplacedWrite | None
+    ) -> str:
         """One table, with our own bounded retry: every attempt re-loads and re-checks the marker."""
         write = plan.write
         retrying = Retrying(
@@ -324,15 +377,17 @@ class IcebergSinkCommitter:
         try:
             for attempt in retrying:
                 with attempt:
-                    table, to_add = plan.table, plan.to_add
+                    table, to_add, to_replace = plan.table, plan.to_add, plan.to_replace
                     if attempt.retry_state.attempt_number > 1:
                         self.metrics.incr(COMMIT_RETRIES, 1, {"sink_id": pre_commit.sink_id, "table": write.table})
                         table = self._load(write.table)
-                        found = self._marker_of_this_write(table, pre_commit, not_before_ms)
+                        found = self._marker_of_this_write(table, pre_commit, not_before_ms, replaces)
                         if found is not None:
                             return str(found)
                         to_add = self._check(table, pre_commit, write)
-                    return str(self._append_once(pre_commit, write, table, to_add))
+                        to_replace = self._to_replace(table, pre_commit, write, replaces)
+                    revision = None if replaces is None else (replaces.revision + 1, to_replace)
+                    return str(self._append_once(pre_commit, write, table, to_add, revision))
         except SinkCommitConflict as exc:
             raise CommitConflictExhausted(
                 f"{pre_commit.describe()}: table {write.table!r} changed under every one of "
@@ -340,8 +395,19 @@ class IcebergSinkCommitter:
             ) from exc
         raise AssertionError("unreachable: tenacity either returned or raised")  # pragma: no cover
 
-    def _append_once(self, pre_commit: PreCommit, write: TableWrite, table: Table, to_add: list[ColumnToAdd]) -> int:
-        """Stage schema changes, name mapping and the marked append in one transaction; commit it once."""
+    def _append_once(
+        self,
+        pre_commit: PreCommit,
+        write: TableWrite,
+        table: Table,
+        to_add: list[ColumnToAdd],
+        revision: tuple[int, list[DataFile]] | None = None,
+    ) -> int:
+        """Stage schema changes, name mapping and the marked append in one transaction; commit it once.
+
+        A revision (its number and the replaced files) makes the snapshot an overwrite that removes
+        exactly those files in the same step as it adds the new ones.
+        """
         tx = SinkTransaction(table)
         try:
             if to_add:
@@ -365,8 +431,15 @@ class IcebergSinkCommitter:
                 format_version=metadata.format_version,
                 table=write.table,
             )
-            marker = marker_properties(pre_commit.sink_id, pre_commit.epoch, pre_commit.write_id)
-            append = tx.fast_append(branch=self._branch, snapshot_properties=marker)
+            number, to_replace = revision or (0, [])
+            marker = marker_properties(pre_commit.sink_id, pre_commit.epoch, pre_commit.write_id, number)
+            append: SpecAwareFastAppend | SpecAwareOverwrite
+            if revision is None:
+                append = tx.fast_append(branch=self._branch, snapshot_properties=marker)
+            else:
+                append = tx.replace_files(branch=self._branch, snapshot_properties=marker)
+                for replaced in to_replace:
+                    append.delete_data_file(replaced)
             for data_file in data_files:
                 append.append_data_file(data_file)
             # Writes the manifests; stages the snapshot and AssertRefSnapshotId(the head checked above).
@@ -428,11 +501,11 @@ class IcebergSinkCommitter:
             self._check_horizon(table, pre_commit, write, since, not_before_ms)
             # Our files can only have entered the table after the row was written: looking at what
             # the recent snapshots added is enough, and costs what happened since, not history.
-            candidates: Iterable[str] = self._files_added_by(table, recent.values())
+            candidates: Iterable[str] = self._added_files.of(table, recent.values())
         except MarkerHorizonExceeded:
             # Snapshots that may have added our files could be expired while the files stay live;
             # only a full look at what every ref can still read proves them unreferenced.
-            candidates = _files_live_in_refs(table)
+            candidates = files_live_in_refs(table)
         root = parse_location(write.location)
         referenced = sorted({path for path in candidates if parse_location(path).is_inside(root)})
         if referenced:
@@ -441,48 +514,3 @@ class IcebergSinkCommitter:
                 f"{pre_commit.describe()}: table {write.table!r} references {len(referenced)} file(s) "
                 f"below the write location {write.location!r}: {shown}; nothing is deleted"
             )
-
-    def _files_added_by(self, table: Table, snapshots: Iterable[Snapshot]) -> Iterator[str]:
-        """Paths of the data files each snapshot itself added, each snapshot's manifests read once.
-
-        Without the memo, a recovery pass deleting the files of k aborted writes re-read every
-        snapshot since each of them: k times the commits since, quadratic on one busy table.
-        """
-        table_uuid = str(table.metadata.table_uuid)
-        for snapshot in snapshots:
-            key = (table_uuid, snapshot.snapshot_id)
-            added = self._added_files.get(key)
-            if added is None:
-                added = frozenset(_files_added_by(table, snapshot))
-                self._added_files[key] = added
-                if len(self._added_files) > _ADDED_FILES_CACHE_MAX:
-                    self._added_files.popitem(last=False)
-            else:
-                self._added_files.move_to_end(key)
-            yield from added
-
-
-def _files_added_by(table: Table, snapshot: Snapshot) -> Iterator[str]:
-    """Paths of the data files one snapshot itself added (read from only the manifests it wrote)."""
-    for manifest in snapshot.manifests(table.io):
-        if manifest.content != ManifestContent.DATA or manifest.added_snapshot_id != snapshot.snapshot_id:
-            continue
-        for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
-            if entry.status == ManifestEntryStatus.ADDED:
-                yield entry.data_file.file_path
-
-
-def _files_live_in_refs(table: Table) -> Iterator[str]:
-    """Every data file any branch or tag can still read: the full (rare, beyond-horizon) check."""
-    metadata = table.metadata
-    by_id = {snapshot.snapshot_id: snapshot for snapshot in metadata.snapshots}
-    heads = {ref.snapshot_id for ref in metadata.refs.values()}
-    for head in heads:
-        snapshot = by_id.get(head)
-        if snapshot is None:
-            continue
-        for manifest in snapshot.manifests(table.io):
-            if manifest.content != ManifestContent.DATA:
-                continue
-            for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
-                yield entry.data_file.file_path

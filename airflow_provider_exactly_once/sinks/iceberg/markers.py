@@ -18,11 +18,16 @@ from pyiceberg.table.snapshots import Snapshot
 SINK_ID_KEY = "exactly-once.sink-id"
 EPOCH_KEY = "exactly-once.epoch"
 WRITE_ID_KEY = "exactly-once.write-id"
+#: Written by a replacement (a revision of the epoch, ``1`` and up); absent from first commits.
+REVISION_KEY = "exactly-once.revision"
 
 
-def marker_properties(sink_id: str, epoch: int, write_id: str) -> dict[str, str]:
+def marker_properties(sink_id: str, epoch: int, write_id: str, revision: int = 0) -> dict[str, str]:
     """The summary properties one commit writes; strings because the summary is a string map."""
-    return {SINK_ID_KEY: sink_id, EPOCH_KEY: str(epoch), WRITE_ID_KEY: write_id}
+    props = {SINK_ID_KEY: sink_id, EPOCH_KEY: str(epoch), WRITE_ID_KEY: write_id}
+    if revision:
+        props[REVISION_KEY] = str(revision)
+    return props
 
 
 def recent_snapshots(metadata: TableMetadata, not_before_ms: int) -> dict[int, Snapshot]:

@@ -23,6 +23,10 @@ one module means an upgrade has one file to re-check.
    summarises partitions with it. Iceberg keeps files of older specs, and a write partitioned for
    the spec of its time must be filed under that spec when the table's spec changed before the
    commit. ``SpecAwareFastAppend`` writes one manifest per spec, as Java's ``FastAppend`` does.
+   ``SpecAwareOverwrite`` does the same for the replacement of an epoch's write (design.md section 5,
+   step 6): pyiceberg's ``_OverwriteFiles`` removes exactly the files given to ``delete_data_file``
+   (refusing, in ``_validate_required_deletes``, one that is no longer in the table) and adds the
+   new ones, in one snapshot.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ from pyiceberg.table import Table, TableProperties, Transaction
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.snapshots import Operation, SnapshotSummaryCollector, Summary, update_snapshot_summaries
 from pyiceberg.table.update import AssertRefSnapshotId, TableRequirement, TableUpdate, update_table_metadata
-from pyiceberg.table.update.snapshot import _FastAppendFiles
+from pyiceberg.table.update.snapshot import _FastAppendFiles, _OverwriteFiles
 from pyiceberg.typedef import EMPTY_DICT
 
 
@@ -64,45 +68,81 @@ def _spec_meaning(requirement: TableRequirement) -> TableRequirement:
     return requirement
 
 
+def _added_by_spec(producer: Any) -> list[ManifestFile]:
+    """The producer's added files, one manifest per partition spec they name."""
+    by_spec: dict[int, list[DataFile]] = {}
+    for data_file in producer._added_data_files:
+        by_spec.setdefault(data_file.spec_id, []).append(data_file)
+    added: list[ManifestFile] = []
+    for spec_id, data_files in by_spec.items():
+        with producer.new_manifest_writer(spec=producer.spec(spec_id)) as writer:
+            for data_file in data_files:
+                writer.add(
+                    ManifestEntry.from_args(
+                        status=ManifestEntryStatus.ADDED,
+                        snapshot_id=producer._snapshot_id,
+                        sequence_number=None,
+                        file_sequence_number=None,
+                        data_file=data_file,
+                    )
+                )
+        added.append(writer.to_manifest_file())
+    return added
+
+
+def _summary_by_spec(producer: Any, snapshot_properties: dict[str, str]) -> Summary:
+    """The snapshot summary, each added and removed file counted under its own spec."""
+    metadata = producer._transaction.table_metadata
+    schema, specs = metadata.schema(), metadata.specs()
+    limit = int(
+        metadata.properties.get(
+            TableProperties.WRITE_PARTITION_SUMMARY_LIMIT, TableProperties.WRITE_PARTITION_SUMMARY_LIMIT_DEFAULT
+        )
+    )
+    collector = SnapshotSummaryCollector(partition_summary_limit=limit)
+    for data_file in producer._added_data_files:
+        collector.add_file(data_file=data_file, partition_spec=specs[data_file.spec_id], schema=schema)
+    for data_file in producer._deleted_data_files:
+        collector.remove_file(data_file=data_file, partition_spec=specs[data_file.spec_id], schema=schema)
+    parent = producer._parent_snapshot_id
+    previous = metadata.snapshot_by_id(parent) if parent is not None else None
+    return update_snapshot_summaries(
+        summary=Summary(operation=producer._operation, **collector.build(), **snapshot_properties),
+        previous_summary=previous.summary if previous is not None else None,
+    )
+
+
 class SpecAwareFastAppend(_FastAppendFiles):
     """A fast append that files each added data file under the partition spec it names."""
 
     def _manifests(self) -> list[ManifestFile]:
-        by_spec: dict[int, list[DataFile]] = {}
-        for data_file in self._added_data_files:
-            by_spec.setdefault(data_file.spec_id, []).append(data_file)
-        added: list[ManifestFile] = []
-        for spec_id, data_files in by_spec.items():
-            with self.new_manifest_writer(spec=self.spec(spec_id)) as writer:
-                for data_file in data_files:
-                    writer.add(
-                        ManifestEntry.from_args(
-                            status=ManifestEntryStatus.ADDED,
-                            snapshot_id=self._snapshot_id,
-                            sequence_number=None,
-                            file_sequence_number=None,
-                            data_file=data_file,
-                        )
-                    )
-            added.append(writer.to_manifest_file())
-        return self._process_manifests(added + self._existing_manifests())
+        return self._process_manifests(_added_by_spec(self) + self._existing_manifests())
 
     def _summary(self, snapshot_properties: dict[str, str] = EMPTY_DICT) -> Summary:
-        metadata = self._transaction.table_metadata
-        schema, specs = metadata.schema(), metadata.specs()
-        limit = int(
-            metadata.properties.get(
-                TableProperties.WRITE_PARTITION_SUMMARY_LIMIT, TableProperties.WRITE_PARTITION_SUMMARY_LIMIT_DEFAULT
-            )
-        )
-        collector = SnapshotSummaryCollector(partition_summary_limit=limit)
-        for data_file in self._added_data_files:
-            collector.add_file(data_file=data_file, partition_spec=specs[data_file.spec_id], schema=schema)
-        previous = metadata.snapshot_by_id(self._parent_snapshot_id) if self._parent_snapshot_id is not None else None
-        return update_snapshot_summaries(
-            summary=Summary(operation=self._operation, **collector.build(), **snapshot_properties),
-            previous_summary=previous.summary if previous is not None else None,
-        )
+        return _summary_by_spec(self, snapshot_properties)
+
+
+class SpecAwareOverwrite(_OverwriteFiles):
+    """An overwrite that removes exactly the given files and adds the new ones under their own specs."""
+
+    def _manifests(self) -> list[ManifestFile]:
+        self._build_delete_files_partition_predicate()
+        # Planned before any manifest is written, so a file no longer in the table fails the commit
+        # with nothing left behind.
+        deleted_entries = self._deleted_entries()
+        by_spec: dict[int, list[ManifestEntry]] = {}
+        for entry in deleted_entries:
+            by_spec.setdefault(entry.data_file.spec_id, []).append(entry)
+        deleted: list[ManifestFile] = []
+        for spec_id, entries in by_spec.items():
+            with self.new_manifest_writer(self.spec(spec_id)) as writer:
+                for entry in entries:
+                    writer.add_entry(entry)
+            deleted.append(writer.to_manifest_file())
+        return self._process_manifests(_added_by_spec(self) + deleted + self._existing_manifests())
+
+    def _summary(self, snapshot_properties: dict[str, str] = EMPTY_DICT) -> Summary:
+        return _summary_by_spec(self, snapshot_properties)
 
 
 class SinkTransaction(Transaction):
@@ -127,6 +167,15 @@ class SinkTransaction(Transaction):
     def fast_append(self, *, branch: str, snapshot_properties: dict[str, str]) -> SpecAwareFastAppend:
         return SpecAwareFastAppend(
             operation=Operation.APPEND,
+            transaction=self,
+            io=self._table.io,
+            branch=branch,
+            snapshot_properties=snapshot_properties,
+        )
+
+    def replace_files(self, *, branch: str, snapshot_properties: dict[str, str]) -> SpecAwareOverwrite:
+        return SpecAwareOverwrite(
+            operation=Operation.OVERWRITE,
             transaction=self,
             io=self._table.io,
             branch=branch,

@@ -1,0 +1,155 @@
+"""Cost of replacing a committed epoch (a revision) against its first commit and pyiceberg's overwrite.
+
+For each size, every round commits an epoch of N prebuilt files (persist + commit: the first commit),
+then replaces it with another write of N files from a newer generation (persist opens the revision,
+the commit is one overwrite snapshot removing the first write's files and adding the new ones). The
+third path is what a job without this package does to redo an epoch: pyiceberg's
+``Table.overwrite(df, overwrite_filter=epoch == e)`` of the same rows, which writes the data again
+and makes two snapshots (a delete and an append).
+
+    uv run python -m bench.replace_cost [--backend sqlite|postgres] [--rounds 3] [--sizes 1000 10000]
+
+Writes bench/results/replace_cost_<backend>.json and .png. Ratios are of medians measured in the
+same run, the three paths interleaved per round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import uuid
+
+import matplotlib
+import pyarrow as pa
+from pyiceberg.expressions import EqualTo
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+from airflow_provider_exactly_once.core.coordinator import TwoPhaseCommitCoordinator
+from airflow_provider_exactly_once.core.precommit import PreCommit, TableWrite
+from airflow_provider_exactly_once.core.status import CheckpointStatus
+from airflow_provider_exactly_once.sinks.iceberg import IcebergSinkCommitter
+from bench._world import RESULTS, median, save, timed, world, write_files
+
+SIZES = [1000, 10000]
+ROWS_PER_FILE = 10
+OLD, NEW = "2024-06-01T00:00:00.000000Z/0000000000", "2024-06-02T00:00:00.000000Z/0000000001"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--backend", choices=["sqlite", "postgres"], default="sqlite")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--sizes", type=int, nargs="*", default=SIZES)
+    args = parser.parse_args()
+
+    results = []
+    with world(args.backend) as w:
+        sink_id = "bench-replace"
+        coordinator = TwoPhaseCommitCoordinator(
+            w.store,
+            {sink_id: IcebergSinkCommitter(w.catalog)},
+            w.checkpoints,
+            on_reprocess={sink_id: "replace"},
+        )
+        epoch = 0
+        for size in args.sizes:
+            eo_table = w.table(f"replace_{size}")
+            w.table(f"overwrite_{size}")
+            first_times, replace_times, overwrite_times = [], [], []
+            for _ in range(args.rounds):
+                epoch += 1
+                w.store.checkpoints.set_checkpoint(sink_id, epoch, CheckpointStatus.COMPLETED)
+                writes = []
+                for generation in (OLD, NEW):
+                    write_id = str(uuid.uuid4())
+                    location = f"{eo_table.location()}/data/_eo/{write_id}"
+                    descriptors = write_files(eo_table, location, size, ROWS_PER_FILE)
+                    writes.append(
+                        PreCommit(
+                            sink_id=sink_id,
+                            epoch=epoch,
+                            write_id=write_id,
+                            generation=generation,
+                            tables=[
+                                TableWrite(table=f"bench.replace_{size}", location=location, data_files=descriptors)
+                            ],
+                        )
+                    )
+
+                def commit(pre: PreCommit) -> None:
+                    coordinator.persist(pre)
+                    coordinator.commit(pre.sink_id, pre.epoch)
+
+                rows = pa.table(
+                    {
+                        "id": pa.array(range(size * ROWS_PER_FILE), pa.int64()),
+                        "epoch": pa.array([epoch] * size * ROWS_PER_FILE, pa.int64()),
+                        "payload": pa.array(["x" * 16] * size * ROWS_PER_FILE, pa.string()),
+                    },
+                    schema=pa.schema(
+                        [
+                            pa.field("id", pa.int64(), nullable=False),
+                            pa.field("epoch", pa.int64()),
+                            pa.field("payload", pa.string()),
+                        ]
+                    ),
+                )
+                bare = w.catalog.load_table(f"bench.overwrite_{size}")
+                bare.append(rows)
+
+                def overwrite(epoch: int = epoch, rows: pa.Table = rows, size: int = size) -> None:
+                    table = w.catalog.load_table(f"bench.overwrite_{size}")
+                    table.overwrite(rows, overwrite_filter=EqualTo("epoch", epoch))
+
+                first, second = writes
+                first_times.append(timed(lambda first=first: commit(first)))  # type: ignore[misc]
+                replace_times.append(timed(lambda second=second: commit(second)))  # type: ignore[misc]
+                overwrite_times.append(timed(overwrite))
+            row = {
+                "files": size,
+                "rows": size * ROWS_PER_FILE,
+                "first_commit_s": median(first_times),
+                "replacement_s": median(replace_times),
+                "pyiceberg_overwrite_s": median(overwrite_times),
+                "replacement_vs_first": median(replace_times) / median(first_times),
+                "replacement_vs_pyiceberg_overwrite": median(replace_times) / median(overwrite_times),
+                "first_all_s": first_times,
+                "replacement_all_s": replace_times,
+                "pyiceberg_overwrite_all_s": overwrite_times,
+            }
+            print(
+                f"{size:>6} files: first commit {row['first_commit_s']:.3f}s  replacement {row['replacement_s']:.3f}s "
+                f"(x{row['replacement_vs_first']:.2f})  pyiceberg overwrite {row['pyiceberg_overwrite_s']:.3f}s "
+                f"(replacement x{row['replacement_vs_pyiceberg_overwrite']:.2f} of it)"
+            )
+            results.append(row)
+
+    path = save(f"replace_cost_{args.backend}", {"backend": args.backend, "rounds": args.rounds, "results": results})
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    files = [r["files"] for r in results]
+    left.loglog(files, [r["first_commit_s"] for r in results], "o-", label="first commit (persist + commit)")
+    left.loglog(files, [r["replacement_s"] for r in results], "s-", label="replacement (revision: persist + overwrite)")
+    left.loglog(files, [r["pyiceberg_overwrite_s"] for r in results], "^:", label="pyiceberg overwrite(df, filter)")
+    left.set_xlabel("data files in the epoch")
+    left.set_ylabel("seconds (median)")
+    left.legend()
+    left.set_title(f"replacement cost ({args.backend})")
+    right.semilogx(files, [r["replacement_vs_first"] for r in results], "o-", label="replacement / first commit")
+    right.semilogx(
+        files,
+        [r["replacement_vs_pyiceberg_overwrite"] for r in results],
+        "^-",
+        label="replacement / pyiceberg overwrite",
+    )
+    right.axhline(1.0, color="grey", linestyle=":")
+    right.set_xlabel("data files in the epoch")
+    right.set_ylabel("ratio")
+    right.legend()
+    fig.tight_layout()
+    fig.savefig(RESULTS / f"replace_cost_{args.backend}.png", dpi=100)
+    print(f"wrote {path} and its PNG")
+
+
+if __name__ == "__main__":
+    main()
