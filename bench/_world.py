@@ -13,7 +13,7 @@ import statistics
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -125,4 +125,44 @@ def save(name: str, payload: dict[str, Any]) -> Path:
     }
     path = RESULTS / f"{name}.json"
     path.write_text(json.dumps(payload, indent=2) + "\n")
+    return path
+
+
+#: One plotted series: legend label, a value per size, matplotlib line style.
+Series = tuple[str, list[float], str]
+
+
+def plot_cost(
+    name: str,
+    title: str,
+    files: list[int],
+    costs: list[Series],
+    ratios: list[Series],
+    *,
+    ratio_label: str,
+    lines: Sequence[tuple[float, str, str | None]] = (),
+) -> Path:
+    """Seconds per size on log-log axes beside the ratios that matter; ``lines``: (y, colour, label)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    for label, values, style in costs:
+        left.loglog(files, values, style, label=label)
+    left.set_xlabel("data files in the epoch")
+    left.set_ylabel("seconds (median)")
+    left.legend()
+    left.set_title(title)
+    for label, values, style in ratios:
+        right.semilogx(files, values, style, label=label)
+    for y, colour, label in lines:
+        right.axhline(y, color=colour, linestyle=":", label=label)
+    right.set_xlabel("data files in the epoch")
+    right.set_ylabel(ratio_label)
+    right.legend()
+    fig.tight_layout()
+    path = RESULTS / f"{name}.png"
+    fig.savefig(path, dpi=100)
     return path

@@ -15,17 +15,13 @@ from __future__ import annotations
 import argparse
 import uuid
 
-import matplotlib
 from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
 
 from airflow_provider_exactly_once.core.precommit import DataFileDescriptor, PreCommit, TableWrite
 from airflow_provider_exactly_once.core.status import CheckpointStatus
 from airflow_provider_exactly_once.sinks.iceberg.data_files import build_data_files
-from bench._world import RESULTS, median, save, timed, world, write_files
+from bench._world import median, plot_cost, save, timed, world, write_files
 
 SIZES = [10, 100, 1000, 10000]
 
@@ -107,24 +103,23 @@ def main() -> None:
             results.append(row)
 
     path = save(f"commit_cost_{args.backend}", {"backend": args.backend, "rounds": args.rounds, "results": results})
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     files = [r["files"] for r in results]
-    left.loglog(files, [r["exactly_once_s"] for r in results], "o-", label="coordinator (persist + commit)")
-    left.loglog(files, [r["bare_fast_append_s"] for r in results], "s--", label="bare fast-append, prebuilt DataFile")
-    left.loglog(files, [r["bare_built_fast_append_s"] for r in results], "^:", label="bare fast-append, DataFile built")
-    left.set_xlabel("data files in the epoch")
-    left.set_ylabel("seconds (median)")
-    left.legend()
-    left.set_title(f"commit cost ({args.backend})")
-    right.semilogx(files, [r["ratio"] for r in results], "o-", label="vs prebuilt DataFile")
-    right.semilogx(files, [r["ratio_vs_built"] for r in results], "^-", label="vs DataFile built from descriptors")
-    right.axhline(1.15, color="orange", linestyle=":", label="1.15 target at 1,000")
-    right.axhline(1.05, color="red", linestyle=":", label="1.05 target at 10,000")
-    right.set_xlabel("data files in the epoch")
-    right.set_ylabel("coordinator / bare")
-    right.legend()
-    fig.tight_layout()
-    fig.savefig(RESULTS / f"commit_cost_{args.backend}.png", dpi=100)
+    plot_cost(
+        f"commit_cost_{args.backend}",
+        f"commit cost ({args.backend})",
+        files,
+        [
+            ("coordinator (persist + commit)", [r["exactly_once_s"] for r in results], "o-"),
+            ("bare fast-append, prebuilt DataFile", [r["bare_fast_append_s"] for r in results], "s--"),
+            ("bare fast-append, DataFile built", [r["bare_built_fast_append_s"] for r in results], "^:"),
+        ],
+        [
+            ("vs prebuilt DataFile", [r["ratio"] for r in results], "o-"),
+            ("vs DataFile built from descriptors", [r["ratio_vs_built"] for r in results], "^-"),
+        ],
+        ratio_label="coordinator / bare",
+        lines=[(1.15, "orange", "1.15 target at 1,000"), (1.05, "red", "1.05 target at 10,000")],
+    )
     print(f"wrote {path} and its PNG")
 
 

@@ -18,18 +18,14 @@ from __future__ import annotations
 import argparse
 import uuid
 
-import matplotlib
 import pyarrow as pa
 from pyiceberg.expressions import EqualTo
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
 
 from airflow_provider_exactly_once.core.coordinator import TwoPhaseCommitCoordinator
 from airflow_provider_exactly_once.core.precommit import PreCommit, TableWrite
 from airflow_provider_exactly_once.core.status import CheckpointStatus
 from airflow_provider_exactly_once.sinks.iceberg import IcebergSinkCommitter
-from bench._world import RESULTS, median, save, timed, world, write_files
+from bench._world import median, plot_cost, save, timed, world, write_files
 
 SIZES = [1000, 10000]
 ROWS_PER_FILE = 10
@@ -126,28 +122,23 @@ def main() -> None:
             results.append(row)
 
     path = save(f"replace_cost_{args.backend}", {"backend": args.backend, "rounds": args.rounds, "results": results})
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     files = [r["files"] for r in results]
-    left.loglog(files, [r["first_commit_s"] for r in results], "o-", label="first commit (persist + commit)")
-    left.loglog(files, [r["replacement_s"] for r in results], "s-", label="replacement (revision: persist + overwrite)")
-    left.loglog(files, [r["pyiceberg_overwrite_s"] for r in results], "^:", label="pyiceberg overwrite(df, filter)")
-    left.set_xlabel("data files in the epoch")
-    left.set_ylabel("seconds (median)")
-    left.legend()
-    left.set_title(f"replacement cost ({args.backend})")
-    right.semilogx(files, [r["replacement_vs_first"] for r in results], "o-", label="replacement / first commit")
-    right.semilogx(
+    plot_cost(
+        f"replace_cost_{args.backend}",
+        f"replacement cost ({args.backend})",
         files,
-        [r["replacement_vs_pyiceberg_overwrite"] for r in results],
-        "^-",
-        label="replacement / pyiceberg overwrite",
+        [
+            ("first commit (persist + commit)", [r["first_commit_s"] for r in results], "o-"),
+            ("replacement (revision: persist + overwrite)", [r["replacement_s"] for r in results], "s-"),
+            ("pyiceberg overwrite(df, filter)", [r["pyiceberg_overwrite_s"] for r in results], "^:"),
+        ],
+        [
+            ("replacement / first commit", [r["replacement_vs_first"] for r in results], "o-"),
+            ("replacement / pyiceberg overwrite", [r["replacement_vs_pyiceberg_overwrite"] for r in results], "^-"),
+        ],
+        ratio_label="ratio",
+        lines=[(1.0, "grey", None)],
     )
-    right.axhline(1.0, color="grey", linestyle=":")
-    right.set_xlabel("data files in the epoch")
-    right.set_ylabel("ratio")
-    right.legend()
-    fig.tight_layout()
-    fig.savefig(RESULTS / f"replace_cost_{args.backend}.png", dpi=100)
     print(f"wrote {path} and its PNG")
 
 

@@ -25,6 +25,7 @@ import time
 from collections.abc import Mapping
 from datetime import timedelta
 
+from .cleanups import run_cleanups
 from .decisions import (
     Action,
     OnReprocess,
@@ -59,6 +60,7 @@ from .outcomes import (
 )
 from .ports import (
     CheckpointSource,
+    CommitPlan,
     EpochRecord,
     SinkCommitter,
     SinkStateStore,
@@ -137,7 +139,7 @@ class TwoPhaseCommitCoordinator:
         """
         pre = PreCommit.parse(pre_commit)
         committer = self._committer(pre.sink_id)
-        committer.validate(pre)  # refuse what can never be committed before it is made durable
+        committer.prepare(pre)  # refuse what can never be committed before it is made durable
 
         for _ in range(_PERSIST_RACE_ROUNDS):
             row = self._store.get(pre.sink_id, pre.epoch)
@@ -279,9 +281,7 @@ class TwoPhaseCommitCoordinator:
             # Once decided, the write can only be committed; so decide only for a write the sink can
             # still take (its table may have changed since persist), and keep the others abortable.
             try:
-                committer.validate(row.pre_commit)
-                if row.replaces is not None:
-                    committer.check_replaceable(row.pre_commit, row.replaces)
+                plan = committer.prepare(row.pre_commit, replaces=row.replaces)
             except Exception as exc:
                 self._note_error(row, exc)
                 raise
@@ -290,14 +290,12 @@ class TwoPhaseCommitCoordinator:
             except StateConflict:
                 return self._settled_by_other(sink_id, epoch, row.write_id)
             self._fault("commit.decided")
+        else:
+            # Decided earlier (a resumed commit): nothing prepared, the committer loads and checks afresh.
+            plan = CommitPlan(row.pre_commit, row.replaces)
 
         try:
-            committed = committer.commit(
-                row.pre_commit,
-                row.created_at,
-                allow_beyond_horizon=self._allow_beyond_horizon,
-                replaces=row.replaces,
-            )
+            committed = committer.commit(plan, row.created_at, allow_beyond_horizon=self._allow_beyond_horizon)
         except Exception as exc:
             self._note_error(row, exc)
             raise
@@ -509,40 +507,8 @@ class TwoPhaseCommitCoordinator:
         return report
 
     def _run_cleanups(self, sink_id: str, epoch: int | None, report: CleanupReport | None = None) -> int:
-        """Delete the files of queued writes that can no longer become visible.
-
-        The committer re-checks the sink itself before deleting (invariant 4); here the store is
-        asked first, so a write that is (again) the epoch's live write is never touched.
-        """
-        deleted = 0
-        committer = self._committer(sink_id)
-        for task in self._store.cleanups(sink_id, epoch):
-            if not task.pre_commit.written:  # the record of an abort without a write has no files
-                self._store.complete_cleanup(task.id)
-                continue
-            row = self._store.get(task.sink_id, task.epoch)
-            if row is not None and row.write_id == task.write_id and row.status is not EpochStatus.ABORTED:
-                if row.status is EpochStatus.COMMITTED:
-                    self._store.complete_cleanup(task.id)  # its files are the table's now
-                continue
-            since = min(row.created_at, task.created_at) if row is not None else task.created_at
-            try:
-                if task.removed_by is not None:
-                    # A write a revision replaced: older snapshots list its files until they expire.
-                    freed = committer.delete_replaced(task.pre_commit, task.removed_by, task.created_at)
-                    if freed is None:
-                        continue
-                    deleted += freed
-                else:
-                    deleted += committer.delete_write(task.pre_commit, since)
-            except Exception as exc:
-                if report is None or isinstance(exc, MetaStoreUnavailable):
-                    raise
-                report.failed[task.epoch] = f"clean-up of write {task.write_id}: {type(exc).__name__}: {exc}"
-                continue
-            self._fault("cleanup.deleted")
-            self._store.complete_cleanup(task.id)
-        return deleted
+        """Delete the files of queued writes that can no longer become visible (``core.cleanups``)."""
+        return run_cleanups(self._store, self._committer(sink_id), sink_id, epoch, report=report, fault=self._fault)
 
     # -- helpers ----------------------------------------------------------------------------------
 

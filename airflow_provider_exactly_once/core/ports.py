@@ -6,11 +6,14 @@ Spark; ``store/``, ``sinks/`` and ``checkpoints/`` implement them.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from types import MappingProxyType
 from typing import Any, Protocol, runtime_checkable
 
+from .errors import InvalidPreCommit
 from .identifiers import EPOCH_MAX
 from .precommit import PreCommit
 from .status import CheckpointStatus, EpochStatus
@@ -278,6 +281,55 @@ class VisibleEpoch:
     write_ids: Mapping[str, str | None]
 
 
+@dataclass(frozen=True)
+class CommitPlan:
+    """One write's commit as a value: what ``SinkCommitter.prepare`` checked, for ``commit`` to apply.
+
+    ``CommitPlan(pre_commit, replaces)``, with nothing prepared, is a valid plan: the committer then
+    loads and checks every table itself (a commit decided earlier, resumed after a crash). A
+    prepared plan also carries, per table, the state the sink checked (opaque here; an Iceberg
+    committer keeps the table it loaded), when and by which committer. A committer uses that state
+    only if it prepared it and only while it is fresh (``fresh_state``), and its commit still
+    asserts what the state showed (an Iceberg append asserts the branch head), so a stale or
+    repeated plan costs a reload or a conflict retry, never a wrong commit. A plan lives in one
+    process for one commit attempt; it is never persisted (``prepared_at`` is a monotonic clock).
+    """
+
+    pre_commit: PreCommit
+    #: A revision's: the committed write whose files the commit removes in the same step.
+    replaces: ReplacedWrite | None = None
+    #: Per table of the write: the sink's prepared state; empty for a plan built without ``prepare``.
+    prepared: Mapping[str, object] = field(default_factory=dict)
+    #: ``time.monotonic()`` when preparing began (so before any state was taken); ``None``: unprepared.
+    prepared_at: float | None = None
+    #: The committer that prepared the state; no other one uses it.
+    prepared_by: object = field(default=None, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        replaced = self.replaces
+        if replaced is not None and (
+            (replaced.pre_commit.sink_id, replaced.pre_commit.epoch) != (self.pre_commit.sink_id, self.pre_commit.epoch)
+            or replaced.write_id == self.pre_commit.write_id
+        ):
+            raise InvalidPreCommit(
+                f"{self.pre_commit.describe()}: a commit can only replace another write of the same epoch, "
+                f"not {replaced.pre_commit.describe()}"
+            )
+        if self.prepared and (self.prepared_at is None or self.prepared_by is None):
+            raise InvalidPreCommit(f"{self.pre_commit.describe()}: prepared state needs prepared_at and prepared_by")
+        unknown = set(self.prepared) - {write.table for write in self.pre_commit.tables}
+        if unknown:
+            raise InvalidPreCommit(f"{self.pre_commit.describe()}: prepared state for other tables {sorted(unknown)}")
+        object.__setattr__(self, "prepared", MappingProxyType(dict(self.prepared)))
+
+    def fresh_state(self, committer: object, max_age_s: float) -> Mapping[str, object]:
+        """The prepared state ``committer`` may use: its own, prepared at most ``max_age_s`` ago; else
+        nothing (the committer loads and checks afresh)."""
+        if self.prepared_by is not committer or self.prepared_at is None:
+            return {}
+        return self.prepared if time.monotonic() - self.prepared_at <= max_age_s else {}
+
+
 @runtime_checkable
 class SinkCommitter(Protocol):
     """Makes one epoch visible in one sink, idempotently (design.md sections 5 and 6).
@@ -286,39 +338,36 @@ class SinkCommitter(Protocol):
     which bounds every look-back by what happened since the write, not by the sink's history.
     """
 
-    def validate(self, pre_commit: PreCommit) -> None:
-        """Refuse what can never be committed, before persisting and again right before the commit
-        decision, so a refusal always leaves the epoch abortable: unknown table, paths outside the
-        table or sink location, partition values that do not match the spec the write was made
-        for, incompatible schema, a table or branch the append would refuse. Raises
-        ``InvalidPreCommit``, ``UnknownTable``, ``SchemaMismatch``, ``CommitRefused``."""
+    def prepare(self, pre_commit: PreCommit, *, replaces: ReplacedWrite | None = None) -> CommitPlan:
+        """Refuse what can never be committed, and return the plan ``commit`` applies.
+
+        Runs before persisting (the plan is dropped) and again right before the commit decision, so
+        a refusal always leaves the epoch abortable: unknown table, paths outside the table or sink
+        location, partition values that do not match the spec the write was made for, incompatible
+        schema, a table or branch the append would refuse. With ``replaces`` (a revision) it also
+        refuses what the commit would: a replaced file no longer in the table
+        (``ReplacedFilesMissing``), or a sink that cannot replace at all (``CommitRefused``).
+        Changes nothing. Raises ``InvalidPreCommit``, ``UnknownTable``, ``SchemaMismatch``,
+        ``CommitRefused``, or ``SinkUnavailable`` (retryable) when the sink cannot be asked.
+        """
         ...
 
     def find_committed(self, pre_commit: PreCommit, since: datetime) -> VisibleEpoch:
         """Which tables already show (sink, epoch), by its marker, from a freshly loaded state."""
         ...
 
-    def commit(
-        self,
-        pre_commit: PreCommit,
-        since: datetime,
-        *,
-        allow_beyond_horizon: bool = False,
-        replaces: ReplacedWrite | None = None,
-    ) -> CommittedTables:
-        """Make the write visible, once per table; return every table's snapshot id or ``EMPTY``.
+    def commit(self, plan: CommitPlan, since: datetime, *, allow_beyond_horizon: bool = False) -> CommittedTables:
+        """Make ``plan.pre_commit`` visible, once per table; return every table's snapshot id or ``EMPTY``.
 
-        Idempotent: a table already showing the epoch is skipped. ``MissingDataFiles``,
-        ``SchemaMismatch`` are refusals; ``CommitOutcomeUnknown``, ``SinkUnavailable`` and
-        ``CommitConflictExhausted`` are retryable and leave nothing to delete. With ``replaces`` (a
-        revision), each table's one snapshot also removes exactly that write's files; a sink that
-        cannot do so atomically refuses.
+        ``plan`` comes from ``prepare`` or is built unprepared (``CommitPlan(pre_commit, replaces)``);
+        either way every table is checked again, on prepared state only while it is fresh, before
+        any is changed. Idempotent: a table already showing the write is skipped, so the same plan
+        or a new one may be committed again. ``MissingDataFiles``, ``SchemaMismatch``,
+        ``CommitRefused``, ``ForeignWriteVisible`` and ``MarkerHorizonExceeded`` are refusals;
+        ``CommitOutcomeUnknown``, ``SinkUnavailable`` and ``CommitConflictExhausted`` are retryable
+        and leave nothing to delete. With ``plan.replaces`` (a revision), each table's one snapshot
+        also removes exactly that write's files; a sink that cannot do so atomically refuses.
         """
-        ...
-
-    def check_replaceable(self, pre_commit: PreCommit, replaces: ReplacedWrite) -> None:
-        """Refuse, before a revision's commit is decided, what its commit would refuse: a replaced
-        file no longer in the table, or a sink that cannot replace at all."""
         ...
 
     def delete_replaced(
@@ -349,7 +398,7 @@ class SinkCommitter(Protocol):
 
     def identities(self, pre_commit: PreCommit) -> Mapping[str, str]:
         """Per target of the write, what tells this incarnation of it from one re-created under the
-        same name (an Iceberg table's UUID), as last seen by ``validate``/``commit``; no I/O.
+        same name (an Iceberg table's UUID), as last seen by ``prepare``/``commit``; no I/O.
 
         A commit recorded against one identity proves nothing for another: a table dropped and
         re-created under the same name does not hold the epochs the old one held. Targets without

@@ -98,9 +98,19 @@ def recovery_alias() -> AssetAlias:
 
 
 def committed_asset_events(
-    catalog: str, tables: Sequence[str], *, sink_id: str, epoch: int, write_id: str, committed: Mapping[str, str]
+    catalog: str,
+    tables: Sequence[str],
+    *,
+    sink_id: str,
+    epoch: int,
+    write_id: str,
+    committed: Mapping[str, str],
+    revision: int = 0,
 ) -> list[tuple[Asset, dict[str, Any]]]:
-    """One ``(asset, extra)`` per table of a commit: what a downstream run needs to find its data."""
+    """One ``(asset, extra)`` per table of a commit: what a downstream run needs to find its data.
+
+    ``revision`` above 0 says the commit replaced the epoch's earlier data (a reprocess): a
+    downstream run must read the epoch again rather than add to what it read before."""
     events: list[tuple[Asset, dict[str, Any]]] = []
     for table in tables:
         extra: dict[str, Any] = {
@@ -108,6 +118,7 @@ def committed_asset_events(
             "epoch": epoch,
             "write_id": write_id,
             "snapshot_id": committed.get(table),
+            "revision": revision,
         }
         events.append((iceberg_asset(catalog, table), extra))
     return events
@@ -125,6 +136,7 @@ def emit_committed(context: Mapping[str, Any], alias: AssetAlias, catalog: str, 
         epoch=record.epoch,
         write_id=record.write_id,
         committed=dict(record.committed or {}),
+        revision=record.revision,
     )
     accessor = context["outlet_events"][alias]
     for asset, extra in events:

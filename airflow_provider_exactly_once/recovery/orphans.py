@@ -27,21 +27,16 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.io import FileIO
 from pyiceberg.io.fsspec import FsspecFileIO
 from pyiceberg.io.pyarrow import PyArrowFileIO
-from pyiceberg.table import TableProperties
 
 from airflow_provider_exactly_once.core.errors import InvalidPreCommit
 from airflow_provider_exactly_once.core.identifiers import check_write_id
 from airflow_provider_exactly_once.core.ports import ORPHAN_EPOCH, SinkRegistry
 from airflow_provider_exactly_once.core.precommit import PreCommit, TableWrite
 from airflow_provider_exactly_once.sinks.config import FileSinkConfig, IcebergSinkConfig, SinkConfig
-from airflow_provider_exactly_once.sinks.files import STAGING_DIR
 from airflow_provider_exactly_once.sinks.iceberg.catalog_access import load_table
+from airflow_provider_exactly_once.sinks.layout import file_writes_folder, iceberg_data_root, iceberg_writes_folder
 
 log = logging.getLogger(__name__)
-
-#: Folder under an Iceberg table's data root holding the epoch writer's write locations
-#: (``spark.targets.ICEBERG_WRITE_DIR``; not imported, so recovery never imports the Spark side).
-ICEBERG_WRITE_DIR = "_eo"
 
 
 @dataclass(frozen=True)
@@ -183,9 +178,7 @@ def _iceberg_locations(sink: IcebergSinkConfig, catalog: Catalog) -> dict[str, l
     found: dict[str, list[tuple[WriteLocation, _Tree, str]]] = {}
     for name in sink.tables:
         table = load_table(catalog, name)
-        default_root = f"{table.location().rstrip('/')}/data"
-        data_root = table.properties.get(TableProperties.WRITE_DATA_PATH, default_root).rstrip("/")
-        parent = f"{data_root}/{ICEBERG_WRITE_DIR}"
+        parent = iceberg_writes_folder(iceberg_data_root(table.location(), table.properties))
         tree, parent_path = _tree_of_io(table.io, parent)
         for write_id in _write_ids(tree.subdirectories(parent_path)):
             location = WriteLocation(name, f"{parent}/{write_id}")
@@ -199,9 +192,10 @@ def _file_sink_locations(sink: FileSinkConfig) -> dict[str, list[tuple[WriteLoca
     root_path = str(filesystem._strip_protocol(committer.root))
     tree = _FsspecTree(filesystem)
     found: dict[str, list[tuple[WriteLocation, _Tree, str]]] = {}
-    for write_id in _write_ids(tree.subdirectories(posixpath.join(root_path, STAGING_DIR))):
+    folder = file_writes_folder(root_path)
+    for write_id in _write_ids(tree.subdirectories(folder)):
         location = WriteLocation(committer.root, committer.staging_location(write_id))
-        found[write_id] = [(location, tree, posixpath.join(root_path, STAGING_DIR, write_id))]
+        found[write_id] = [(location, tree, posixpath.join(folder, write_id))]
     return found
 
 

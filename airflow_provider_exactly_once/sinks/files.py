@@ -45,7 +45,7 @@ from airflow_provider_exactly_once.core.errors import (
 )
 from airflow_provider_exactly_once.core.faults import FaultHook, no_faults
 from airflow_provider_exactly_once.core.identifiers import check_write_id
-from airflow_provider_exactly_once.core.ports import EMPTY, CommittedTables, ReplacedWrite, VisibleEpoch
+from airflow_provider_exactly_once.core.ports import EMPTY, CommitPlan, CommittedTables, ReplacedWrite, VisibleEpoch
 from airflow_provider_exactly_once.core.precommit import (
     DataFileDescriptor,
     PartitionValue,
@@ -184,14 +184,22 @@ class FileSinkCommitter:
         return TableWrite(table=self.root, location=self.staging_location(write_id), data_files=list(data_files))
 
     def plan(self, pre_commit: PreCommit) -> list[PlannedMove]:
-        """Every staged file with its final name, after ``validate``; a pure function of the metadata."""
+        """Every staged file with its final name, after ``prepare``'s checks; a pure function of the metadata."""
         return list(self._plan(pre_commit).moves)
 
     # -- SinkCommitter ----------------------------------------------------------------------------
 
-    def validate(self, pre_commit: PreCommit) -> None:
-        """Refuse metadata that names another sink root or stages files outside this write's folder."""
+    def prepare(self, pre_commit: PreCommit, *, replaces: ReplacedWrite | None = None) -> CommitPlan:
+        """Refuse metadata that names another sink root or stages files outside this write's folder,
+        and any revision: a file sink cannot replace a committed write. Nothing is kept in the plan:
+        the final names are a pure function of the metadata, and ``commit`` looks at every file anyway.
+        """
         self._plan(pre_commit)
+        if replaces is not None:
+            raise CommitRefused(
+                f"{pre_commit.describe()}: a file sink cannot replace committed write {replaces.write_id}"
+            )
+        return CommitPlan(pre_commit)
 
     def identities(self, pre_commit: PreCommit) -> Mapping[str, str]:
         """A directory has no identity apart from its path: re-created, it is the same sink root."""
@@ -212,33 +220,28 @@ class FileSinkCommitter:
                 return VisibleEpoch(tables={}, write_ids={})
         return VisibleEpoch(tables={self.root: _token(plan)}, write_ids={self.root: None})
 
-    def commit(
-        self,
-        pre_commit: PreCommit,
-        since: datetime,
-        *,
-        allow_beyond_horizon: bool = False,
-        replaces: ReplacedWrite | None = None,
-    ) -> CommittedTables:
+    def commit(self, plan: CommitPlan, since: datetime, *, allow_beyond_horizon: bool = False) -> CommittedTables:
         """Move every staged file to its final name; idempotent and safe to run concurrently.
 
         Nothing moves unless every file is found, staged or final, so a refusal leaves the sink as
-        it was. ``allow_beyond_horizon`` has no meaning here: final names never expire. A file sink
-        has no revisions (``FileSinkConfig`` refuses ``on_reprocess="replace"``).
+        it was. A prepared plan and an unprepared one commit alike. ``allow_beyond_horizon`` has no
+        meaning here: final names never expire. A file sink has no revisions (``FileSinkConfig``
+        refuses ``on_reprocess="replace"``), so a plan that ``replaces`` is refused.
         """
-        if replaces is not None:
+        pre_commit = plan.pre_commit
+        if plan.replaces is not None:
             raise CommitRefused(
-                f"{pre_commit.describe()}: a file sink cannot replace committed write {replaces.write_id}; "
+                f"{pre_commit.describe()}: a file sink cannot replace committed write {plan.replaces.write_id}; "
                 "nothing was moved"
             )
-        plan = self._plan(pre_commit)
-        if not plan.moves:
-            self._remove_staging(plan, best_effort=True)
+        layout = self._plan(pre_commit)
+        if not layout.moves:
+            self._remove_staging(layout, best_effort=True)
             return {self.root: EMPTY}
 
         to_move: list[PlannedMove] = []
         missing: list[str] = []
-        for move in plan.moves:
+        for move in layout.moves:
             # Staged first, then final: a concurrent move between the two looks can only turn
             # "staged" into "final", never make a file look missing.
             staged = self._exists(move.staged)
@@ -251,21 +254,21 @@ class FileSinkCommitter:
             raise MissingDataFiles(pre_commit.sink_id, pre_commit.epoch, missing)
 
         if to_move:
-            self._write_commit_started(plan)
+            self._write_commit_started(layout)
         for move in to_move:
             self._fault("files.before_move")
-            self._move(plan, move)
+            self._move(layout, move)
             self._fault("files.after_move")
 
-        self._remove_staging(plan, best_effort=True)
+        self._remove_staging(layout, best_effort=True)
         log.info(
             "%s: %d file(s) committed to %s (%d moved now)",
             pre_commit.describe(),
-            len(plan.moves),
+            len(layout.moves),
             self.root,
             len(to_move),
         )
-        return {self.root: _token(plan)}
+        return {self.root: _token(layout)}
 
     def missing_files(self, pre_commit: PreCommit) -> Sequence[str]:
         """Staged files that are gone; refused once the write's moves began (it is partly visible)."""
@@ -277,9 +280,6 @@ class FileSinkCommitter:
                 "at their final names): it is partly visible, so restore the missing files and commit it"
             )
         return [move.descriptor.path for move in plan.moves if not self._exists(move.staged)]
-
-    def check_replaceable(self, pre_commit: PreCommit, replaces: ReplacedWrite) -> None:
-        raise CommitRefused(f"{pre_commit.describe()}: a file sink cannot replace committed write {replaces.write_id}")
 
     def delete_replaced(
         self, pre_commit: PreCommit, removed_by: Mapping[str, str], recorded_at: datetime

@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from airflow_provider_exactly_once.core.errors import InvalidSinkConfig
 from airflow_provider_exactly_once.core.identifiers import Epoch, SinkId, WriteId
+from airflow_provider_exactly_once.sinks.layout import file_write_location
 
 #: The temporary view a target's ``query`` reads the epoch's input from.
 INPUT_VIEW = "epoch_input"
@@ -151,7 +152,7 @@ class FileSinkTarget(_Spec):
         return root.rstrip("/") or "/"
 
     def write_location(self, write_id: str) -> str:
-        return f"{self.root}/_staging/{write_id}"
+        return file_write_location(self.root, write_id)
 
 
 TargetSpec = Annotated[IcebergTarget | FileSinkTarget, Field(discriminator="kind")]

@@ -37,6 +37,7 @@ from pyiceberg.types import (
 )
 
 from airflow_provider_exactly_once.core.errors import InvalidSinkConfig, SchemaMismatch, UnknownTable
+from airflow_provider_exactly_once.sinks.layout import iceberg_data_root, iceberg_write_location
 from airflow_provider_exactly_once.spark.file_writer import DEFAULT_TARGET_FILE_SIZE
 from airflow_provider_exactly_once.spark.jobspec import FileSinkTarget, IcebergTarget
 
@@ -58,8 +59,6 @@ _TEMPORAL: dict[type[Any], str] = {
     DayTransform: "day",
     HourTransform: "hour",
 }
-#: Sub-directory of the table's data location that holds the files of uncommitted writes.
-ICEBERG_WRITE_DIR = "_eo"
 FILE_SINK_PARTITION_FIELD_ID = 1000
 
 
@@ -158,10 +157,10 @@ def load_iceberg_target(target: IcebergTarget, write_id: str) -> ResolvedTarget:
     spec = table.spec()
     _check_spec(target.table, spec, schema)
     properties = dict(table.properties)
-    data_root = properties.get(TableProperties.WRITE_DATA_PATH, f"{table.location().rstrip('/')}/data")
+    data_root = iceberg_data_root(table.location(), properties)
     return ResolvedTarget(
         name=target.table,
-        location=f"{data_root.rstrip('/')}/{ICEBERG_WRITE_DIR}/{write_id}",
+        location=iceberg_write_location(data_root, write_id),
         schema=schema,
         last_column_id=table.metadata.last_column_id,
         partition_style="iceberg",

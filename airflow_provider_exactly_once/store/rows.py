@@ -88,6 +88,27 @@ def replaced_write(text: str) -> ReplacedWrite:
     )
 
 
+def new_write_values(
+    pre_commit: PreCommit, *, run_id: str | None, try_number: int | None, dag_id: str | None, now: object
+) -> dict[str, Any]:
+    """The columns a row takes when a committed epoch is handed to a new Pending write: nothing of
+    the earlier write's decision, commit, tables or error may stay behind."""
+    return {
+        "status": EpochStatus.PENDING.value,
+        "write_id": pre_commit.write_id,
+        "metadata_json": remembered_json(pre_commit),
+        "run_id": run_id,
+        "try_number": try_number,
+        "dag_id": dag_id,
+        "created_at": now,
+        "updated_at": now,
+        "commit_decided_at": None,
+        "committed": None,
+        "table_uuids": None,
+        "error": None,
+    }
+
+
 def cleanup_task(row: SinkCleanup) -> CleanupTask:
     return CleanupTask(
         id=int(row.id),

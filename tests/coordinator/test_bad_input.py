@@ -20,6 +20,7 @@ from airflow_provider_exactly_once.core.errors import (
     SchemaMismatch,
     UnknownTable,
 )
+from airflow_provider_exactly_once.core.ports import CommitPlan
 from airflow_provider_exactly_once.core.precommit import PreCommit, TableWrite, WrittenColumn
 from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochStatus
 from airflow_provider_exactly_once.store import SqlSinkStateStore
@@ -133,7 +134,7 @@ def test_a_locked_meta_store_fails_the_step_and_a_retry_finishes_it(tmp_path: Pa
         assert impatient_coordinator.persist(pre).outcome is PersistOutcome.PERSISTED
         pipeline.checkpoint(sink_id, 1, CheckpointStatus.COMPLETED)
         impatient.decide_commit(sink_id, 1, write_id=pre.write_id)
-        committer.commit(pre, impatient.get(sink_id, 1).created_at)  # type: ignore[union-attr]
+        committer.commit(CommitPlan(pre), impatient.get(sink_id, 1).created_at)  # type: ignore[union-attr]
         blocker.execute("BEGIN IMMEDIATE")  # the table shows the epoch; the mark cannot be written
         with pytest.raises(MetaStoreUnavailable):
             impatient_coordinator.commit(sink_id, 1)

@@ -18,6 +18,7 @@ from pyiceberg.transforms import IdentityTransform
 
 from airflow_provider_exactly_once.core.coordinator import AbortOutcome, CommitOutcome
 from airflow_provider_exactly_once.core.errors import CommitRefused, InvalidPreCommit
+from airflow_provider_exactly_once.core.ports import CommitPlan
 from airflow_provider_exactly_once.core.precommit import PreCommit
 from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochStatus
 from airflow_provider_exactly_once.sinks.iceberg import IcebergSinkCommitter
@@ -105,7 +106,7 @@ def test_a_tag_where_the_branch_should_be_is_refused_before_the_decision(pipelin
     pre = pipeline.write_iceberg(sink_id, 3, ["orders"], rows=3)
     coordinator.persist(pre)
     other = pipeline.write_iceberg("another-sink", 9, ["orders"], rows=1)
-    IcebergSinkCommitter(pipeline.catalog).commit(other, pipeline.store.now())  # main gets a snapshot
+    IcebergSinkCommitter(pipeline.catalog).commit(CommitPlan(other), pipeline.store.now())  # main gets a snapshot
     table = _table(pipeline, "orders")
     table.manage_snapshots().create_tag(table.metadata.current_snapshot_id, "audit").commit()
     pipeline.checkpoint(sink_id, 3, COMPLETED)
@@ -220,13 +221,13 @@ def test_identities_follow_a_table_dropped_and_recreated_under_the_same_name(pip
     pre = pipeline.write_iceberg(sink_id, 1, ["orders"])
     committer = pipeline.iceberg_committer()
     assert IcebergSinkCommitter(pipeline.catalog).identities(pre) == {name: str(table.metadata.table_uuid)}
-    committer.validate(pre)
+    committer.prepare(pre)
     assert committer.identities(pre) == {name: str(table.metadata.table_uuid)}
 
     pipeline.catalog.drop_table(name)
     recreated = pipeline.create_table("orders")
     assert recreated.metadata.table_uuid != table.metadata.table_uuid
     assert committer.identities(pre) == {name: str(table.metadata.table_uuid)}  # no I/O: as last seen
-    committer.validate(pre)
+    committer.prepare(pre)
     assert committer.identities(pre) == {name: str(recreated.metadata.table_uuid)}
     assert uuid.UUID(committer.identities(pre)[name]) == recreated.metadata.table_uuid

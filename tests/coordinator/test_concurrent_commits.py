@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from airflow_provider_exactly_once.core.coordinator import CommitOutcome
 from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochStatus
 from tests.support.pipeline import Pipeline
-from tests.support.racer import race_commits
+from tests.support.racer import race_commits, race_config
 
 REPETITIONS = 50
 #: The thread race runs on a named branch (its first epoch also creates the branch), the process race
@@ -76,14 +76,7 @@ def test_two_processes_commit_the_same_epoch(pipeline: Pipeline, sink_id: str) -
     barrier = context.Barrier(2)
     results: multiprocessing.Queue[str] = context.Queue()
     queues: list[multiprocessing.Queue[int | None]] = [context.Queue(), context.Queue()]
-    config = {
-        "meta_url": pipeline.meta_url,
-        "catalog_url": pipeline.catalog_url,
-        "warehouse": str(pipeline.warehouse),
-        "catalog_name": pipeline.catalog_name,
-        "namespace": pipeline.namespace,
-        "sink_id": sink_id,
-    }
+    config = race_config(pipeline, sink_id)
     workers = [context.Process(target=race_commits, args=(config, q, results, barrier)) for q in queues]
     for worker in workers:
         worker.start()

@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 from airflow_provider_exactly_once.core.coordinator import PersistOutcome
+from airflow_provider_exactly_once.core.ports import CommitPlan
 from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochStatus
 from airflow_provider_exactly_once.operations import SinkOperations
 from tests.support.pipeline import Pipeline, as_tuples, expected_rows
@@ -29,7 +30,7 @@ def test_the_documented_repair_records_an_epoch_an_expired_snapshot_committed(pi
     coordinator.persist(pre)
     pipeline.checkpoint(sink_id, 5, CheckpointStatus.COMPLETED)
     pipeline.store.decide_commit(sink_id, 5, write_id=pre.write_id)
-    committed = committer.commit(pre, pipeline.store.now())  # the crash came after this, before the record
+    committed = committer.commit(CommitPlan(pre), pipeline.store.now())  # the crash came after this, before the record
     table = f"{pipeline.namespace}.t"
 
     statement = (

@@ -16,7 +16,7 @@ from airflow_provider_exactly_once.core.errors import (
     EpochNotFound,
     InvalidPreCommit,
 )
-from airflow_provider_exactly_once.core.ports import EMPTY
+from airflow_provider_exactly_once.core.ports import EMPTY, CommitPlan
 from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochStatus
 from airflow_provider_exactly_once.sinks.iceberg import IcebergSinkCommitter
 from tests.support.pipeline import Pipeline, as_tuples, expected_rows, write_location_exists
@@ -252,7 +252,7 @@ def test_another_writer_appending_during_the_commit_makes_it_retry_and_land_once
 
     def other_writer_commits() -> None:
         # Another sink's commit to the same branch (pyiceberg's own append cannot create a branch).
-        IcebergSinkCommitter(pipeline.catalog, branch=branch).commit(other, pipeline.store.now())
+        IcebergSinkCommitter(pipeline.catalog, branch=branch).commit(CommitPlan(other), pipeline.store.now())
 
     faults.then("iceberg.before_catalog_update", other_writer_commits)  # type: ignore[attr-defined]
     coordinator.commit(sink_id, 8)
@@ -263,7 +263,7 @@ def test_another_writer_appending_during_the_commit_makes_it_retry_and_land_once
     assert [r for r in as_tuples(rows) if r[2] == pre.write_id] == expected_rows([pre], f"{pipeline.namespace}.orders")
 
 
-def test_the_table_validated_before_the_decision_is_reused_only_while_fresh(
+def test_the_plan_prepared_before_the_decision_is_used_only_while_fresh(
     pipeline: Pipeline, sink_id: str, faults: object, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from airflow_provider_exactly_once.sinks.iceberg import committer as committer_module
@@ -273,8 +273,21 @@ def test_the_table_validated_before_the_decision_is_reused_only_while_fresh(
     for epoch, stale in ((1, False), (2, True)):
         coordinator.persist(pipeline.write_iceberg(sink_id, epoch, ["orders"]))
         pipeline.checkpoint(sink_id, epoch, CheckpointStatus.COMPLETED)
-        monkeypatch.setattr(committer_module, "_HANDOVER_S", -1.0 if stale else 5.0)
+        monkeypatch.setattr(committer_module, "PREPARED_FRESH_S", -1.0 if stale else 5.0)
         before = faults.seen["iceberg.loaded"]  # type: ignore[attr-defined]
         coordinator.commit(sink_id, epoch)
         loads = faults.seen["iceberg.loaded"] - before  # type: ignore[attr-defined]
-        assert loads == (2 if stale else 1), (epoch, loads)  # validate's load, plus the commit's if stale
+        assert loads == (2 if stale else 1), (epoch, loads)  # prepare's load, plus the commit's if stale
+
+
+def test_a_commit_decided_earlier_loads_the_table_afresh(pipeline: Pipeline, sink_id: str, faults: object) -> None:
+    pipeline.create_table("orders")
+    coordinator = pipeline.coordinator(sink_id, pipeline.iceberg_committer())
+    pre = pipeline.write_iceberg(sink_id, 1, ["orders"])
+    coordinator.persist(pre)
+    pipeline.checkpoint(sink_id, 1, CheckpointStatus.COMPLETED)
+    pipeline.store.decide_commit(sink_id, 1, write_id=pre.write_id)  # then the deciding attempt died
+    before = faults.seen["iceberg.loaded"]  # type: ignore[attr-defined]
+    assert coordinator.commit(sink_id, 1).outcome is CommitOutcome.COMMITTED
+    assert faults.seen["iceberg.loaded"] - before == 1  # type: ignore[attr-defined]  # no prepare: the commit's own load
+    assert pipeline.marker_snapshots("orders", sink_id) == {1: [pre.write_id]}

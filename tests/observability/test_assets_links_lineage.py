@@ -3,6 +3,7 @@ into a real pyiceberg SQL catalog, Airflow's own metadata DB for the asset event
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import uuid
 from collections.abc import Iterator
@@ -23,6 +24,7 @@ from airflow_provider_exactly_once.observability.assets import (
 )
 from airflow_provider_exactly_once.observability.links import EpochLink
 from airflow_provider_exactly_once.observability.urls import epoch_page
+from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig
 from airflow_provider_exactly_once.task_groups import exactly_once_epoch
 from tests.airflow.harness import World, run, ti_states, xcom
 
@@ -31,8 +33,8 @@ G = "eo"
 BASE_URL = "http://airflow.example:8080"
 
 
-def epoch_dag(world: World, *, writes: int = 5) -> DAG:
-    sink = world.iceberg_sink()
+def epoch_dag(world: World, *, writes: int = 5, sink: IcebergSinkConfig | None = None) -> DAG:
+    sink = sink or world.iceberg_sink()
     with DAG(
         f"eo_obs_{uuid.uuid4().hex[:10]}",
         schedule="@daily",
@@ -113,7 +115,9 @@ def lineage_capture() -> Iterator[LineageCapture]:
     get_listener_manager().pm.unregister(capture)
 
 
-def test_a_commit_emits_one_asset_event_per_table_and_a_rerun_none(world: World, base_url: str) -> None:
+def test_a_commit_emits_one_asset_event_per_table_a_replacement_another_a_kept_rerun_none(
+    world: World, base_url: str
+) -> None:
     epoch = epoch_from_interval_start(DAY)
     world.mark(epoch, CheckpointStatus.COMPLETED)
     dag = epoch_dag(world)
@@ -132,6 +136,7 @@ def test_a_commit_emits_one_asset_event_per_table_and_a_rerun_none(world: World,
                 "epoch": epoch,
                 "write_id": row.write_id,
                 "snapshot_id": row.committed[world.table],
+                "revision": 0,
             },
             "task_id": f"{G}.commit",
             "run_id": first.run_id,
@@ -140,12 +145,30 @@ def test_a_commit_emits_one_asset_event_per_table_and_a_rerun_none(world: World,
     # The link of the commit task instance opens its epoch's page under Airflow's [api] base_url.
     assert link_xcom(dag.dag_id, first.run_id, f"{G}.commit") == epoch_page(world.sink_id, epoch, BASE_URL)
 
-    second = run(dag, DAY)  # the same interval again: a new write, the epoch is already committed
+    second = run(dag, DAY)  # the same interval reprocessed: the new write replaces the epoch
 
     assert second.state == "success"
-    assert xcom(dag.dag_id, second.run_id, f"{G}.commit")["outcome"] == "already committed"
-    assert len(asset_events(uri)) == 1  # downstream DAGs do not run twice for one epoch
-    assert world.markers() == {epoch: [row.write_id]}
+    assert xcom(dag.dag_id, second.run_id, f"{G}.commit")["outcome"] == "committed"
+    replaced = world.pipeline.store.get(world.sink_id, epoch)
+    assert replaced is not None and replaced.revision == 1 and replaced.committed is not None
+    events = asset_events(uri)
+    assert len(events) == 2  # downstream DAGs see the corrected data
+    assert events[1]["run_id"] == second.run_id and events[1]["extra"] == {
+        "sink_id": world.sink_id,
+        "epoch": epoch,
+        "write_id": replaced.write_id,
+        "snapshot_id": replaced.committed[world.table],
+        "revision": 1,
+    }
+    assert world.markers() == {epoch: [row.write_id, replaced.write_id]}
+
+    kept = epoch_dag(world, sink=dataclasses.replace(world.iceberg_sink(), on_reprocess="keep"))
+    third = run(kept, DAY)  # a sink that keeps its commits: the rerun changes nothing
+
+    assert third.state == "success"
+    assert xcom(kept.dag_id, third.run_id, f"{G}.commit")["outcome"] == "already committed"
+    assert len(asset_events(uri)) == 2  # downstream DAGs do not run again for nothing new
+    assert world.markers() == {epoch: [row.write_id, replaced.write_id]}
 
 
 def test_an_aborted_epoch_emits_no_event_and_its_abort_task_links_to_the_epoch(world: World, base_url: str) -> None:
@@ -315,5 +338,11 @@ def test_an_epoch_committed_by_the_recovery_dag_emits_its_event_once(world: Worl
     assert row is not None and row.status is EpochStatus.COMMITTED and row.committed is not None
     assert row.write_id == left.pending_completed.write_id
     assert [e["extra"] for e in asset_events(uri)] == [
-        {"sink_id": world.sink_id, "epoch": E1, "write_id": row.write_id, "snapshot_id": row.committed[world.table]}
+        {
+            "sink_id": world.sink_id,
+            "epoch": E1,
+            "write_id": row.write_id,
+            "snapshot_id": row.committed[world.table],
+            "revision": 0,
+        }
     ]

@@ -18,6 +18,7 @@ from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.transforms import DayTransform, IdentityTransform
 
 from airflow_provider_exactly_once.core.errors import SchemaMismatch, UnknownTable
+from airflow_provider_exactly_once.core.ports import CommitPlan
 from airflow_provider_exactly_once.core.precommit import PreCommit
 from airflow_provider_exactly_once.sinks.files import FileSinkCommitter
 from airflow_provider_exactly_once.sinks.iceberg.committer import IcebergSinkCommitter
@@ -78,8 +79,7 @@ def check_descriptors_against_files(pre_commit: PreCommit, table: Any) -> None:
 
 def commit_iceberg(catalog: Catalog, pre_commit: PreCommit, **options: Any) -> None:
     committer = IcebergSinkCommitter(catalog, **options)
-    committer.validate(pre_commit)
-    committed = committer.commit(pre_commit, SINCE)
+    committed = committer.commit(committer.prepare(pre_commit), SINCE)
     assert set(committed) == {write.table for write in pre_commit.tables}
 
 
@@ -174,8 +174,7 @@ def test_file_sink_write_stages_then_commits_the_input(spark: Any, tmp_path: Pat
         assert set(content.column("day").to_pylist()) == {descriptor.partition["day"]}
         assert descriptor.record_count == content.num_rows
     committer = FileSinkCommitter(str(root))
-    committer.validate(pre_commit)
-    committer.commit(pre_commit, SINCE)
+    committer.commit(committer.prepare(pre_commit), SINCE)
     visible = ds.dataset(str(root), format="parquet").to_table()  # "_staging" is skipped like "_" names
     assert sorted_rows(visible) == sorted_rows(rows)
 
@@ -217,7 +216,7 @@ def test_empty_interval_gives_an_empty_pre_commit(
         "files": [],
     }
     assert files_under(tmp_path) - before == set()
-    assert IcebergSinkCommitter(catalog).commit(pre_commit, SINCE) == {"ns.empty": "empty"}
+    assert IcebergSinkCommitter(catalog).commit(CommitPlan(pre_commit), SINCE) == {"ns.empty": "empty"}
 
 
 def test_hourly_directories_under_a_daily_epoch(

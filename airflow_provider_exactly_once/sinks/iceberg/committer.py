@@ -14,7 +14,6 @@ from datetime import datetime, timedelta
 from pyiceberg.catalog import Catalog
 from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table, TableProperties
-from pyiceberg.utils.properties import property_as_int
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 
 from airflow_provider_exactly_once.core.errors import (
@@ -32,10 +31,11 @@ from airflow_provider_exactly_once.core.errors import (
 )
 from airflow_provider_exactly_once.core.faults import FaultHook, no_faults
 from airflow_provider_exactly_once.core.observe import COMMIT_RETRIES, NO_METRICS, Metrics, safe
-from airflow_provider_exactly_once.core.ports import EMPTY, CommittedTables, ReplacedWrite, VisibleEpoch
+from airflow_provider_exactly_once.core.ports import EMPTY, CommitPlan, CommittedTables, ReplacedWrite, VisibleEpoch
 from airflow_provider_exactly_once.core.precommit import PreCommit, TableWrite
 from airflow_provider_exactly_once.sinks.iceberg.catalog_access import UNREACHABLE, load_table
 from airflow_provider_exactly_once.sinks.iceberg.data_files import build_data_files
+from airflow_provider_exactly_once.sinks.iceberg.horizon import check_horizon
 from airflow_provider_exactly_once.sinks.iceberg.locations import parse_location
 from airflow_provider_exactly_once.sinks.iceberg.markers import (
     EPOCH_KEY,
@@ -58,9 +58,8 @@ from airflow_provider_exactly_once.sinks.iceberg.transaction import (
 )
 from airflow_provider_exactly_once.sinks.iceberg.write_check import check_location, check_table_write, write_spec
 
-#: How long a validated table may stand in for the commit's own load, and how many are kept.
-_HANDOVER_S = 5.0
-_HANDOVER_MAX = 16
+#: How long a table ``prepare`` loaded may stand in for the commit's own load (``CommitPlan.fresh_state``).
+PREPARED_FRESH_S = 5.0
 
 #: Fault points, in the order one commit attempt passes them.
 FAULT_LOADED = "iceberg.loaded"
@@ -69,7 +68,13 @@ FAULT_AFTER_CATALOG_UPDATE = "iceberg.after_catalog_update"
 
 
 @dataclass(frozen=True)
-class _TablePlan:
+class TablePlan:
+    """One table's prepared state in a ``CommitPlan``: the table as loaded and what its commit does.
+
+    ``table`` is pyiceberg's object, which a commit through it updates in place: committing the same
+    plan again then finds this write's marker at once.
+    """
+
     write: TableWrite
     table: Table
     to_add: list[ColumnToAdd]
@@ -125,7 +130,6 @@ class IcebergSinkCommitter:
         self._backoff_max_s = float(backoff_max_s)
         self._allow_schema_evolution = allow_schema_evolution
         self._fault: Callable[[str], None] = fault
-        self._handovers: dict[tuple[str, str], tuple[float, Table, list[ColumnToAdd]]] = {}
         #: Table name -> the UUID of the table this committer last loaded under that name.
         self._uuids: dict[str, str] = {}
         self._added_files = AddedFiles()
@@ -135,11 +139,23 @@ class IcebergSinkCommitter:
 
     # -- SinkCommitter --------------------------------------------------------------------------
 
-    def validate(self, pre_commit: PreCommit) -> None:
+    def prepare(self, pre_commit: PreCommit, *, replaces: ReplacedWrite | None = None) -> CommitPlan:
+        """Load and check every table of the write (and a revision's replaced files in it).
+
+        The plan keeps each loaded table: the coordinator prepares immediately before recording its
+        commit decision and committing, and loading and checking a table with a long history again
+        milliseconds later would double the commit's metadata cost. ``commit`` uses them only while
+        fresh (``PREPARED_FRESH_S``), and its append asserts the branch head they showed.
+        """
+        prepared_at = time.monotonic()
+        prepared: dict[str, TablePlan] = {}
         for write in pre_commit.tables:
             table = self._load(write.table)
             to_add = self._check(table, pre_commit, write)
-            self._hand_over(pre_commit, write, table, to_add)
+            prepared[write.table] = TablePlan(
+                write, table, to_add, self._to_replace(table, pre_commit, write, replaces)
+            )
+        return CommitPlan(pre_commit, replaces, prepared, prepared_at=prepared_at, prepared_by=self)
 
     def identities(self, pre_commit: PreCommit) -> Mapping[str, str]:
         identities: dict[str, str] = {}
@@ -158,25 +174,6 @@ class IcebergSinkCommitter:
             owner=pre_commit.describe(),
         )
 
-    def _hand_over(self, pre_commit: PreCommit, write: TableWrite, table: Table, to_add: list[ColumnToAdd]) -> None:
-        """Keep a just-validated table for the commit that the coordinator runs right after.
-
-        The coordinator validates immediately before recording its commit decision and committing;
-        loading and checking a table with a long history again milliseconds later would double the
-        commit's metadata cost. Handed over once and only while fresh (``_HANDOVER_S``): any later
-        or retried attempt loads again, and the append still asserts the branch head it saw.
-        """
-        self._handovers[(pre_commit.write_id, write.table)] = (time.monotonic(), table, to_add)
-        while len(self._handovers) > _HANDOVER_MAX:
-            del self._handovers[next(iter(self._handovers))]
-
-    def _taken_over(self, pre_commit: PreCommit, write: TableWrite) -> tuple[Table, list[ColumnToAdd]] | None:
-        handed = self._handovers.pop((pre_commit.write_id, write.table), None)
-        if handed is None or time.monotonic() - handed[0] > _HANDOVER_S:
-            return None
-        self._uuids[write.table] = str(handed[1].metadata.table_uuid)  # the table this commit goes into
-        return handed[1], handed[2]
-
     def find_committed(self, pre_commit: PreCommit, since: datetime) -> VisibleEpoch:
         not_before_ms = self._not_before_ms(since)
         tables: dict[str, str] = {}
@@ -192,43 +189,38 @@ class IcebergSinkCommitter:
     def missing_files(self, pre_commit: PreCommit) -> Sequence[str]:
         return self._missing(pre_commit, [(write, self._load(write.table)) for write in pre_commit.tables])
 
-    def commit(
-        self,
-        pre_commit: PreCommit,
-        since: datetime,
-        *,
-        allow_beyond_horizon: bool = False,
-        replaces: ReplacedWrite | None = None,
-    ) -> CommittedTables:
+    def commit(self, plan: CommitPlan, since: datetime, *, allow_beyond_horizon: bool = False) -> CommittedTables:
+        pre_commit, replaces = plan.pre_commit, plan.replaces
         not_before_ms = self._not_before_ms(since)
+        fresh = plan.fresh_state(self, PREPARED_FRESH_S)
         committed: dict[str, str] = {}
-        plans: list[_TablePlan] = []
+        to_commit: list[TablePlan] = []
         # Every table is checked before any is changed: a refusal on the third table of a fan-out
         # must not leave the first two committed with an epoch that can never complete.
         for write in pre_commit.tables:
-            handed = self._taken_over(pre_commit, write)
-            table = handed[0] if handed else self._load(write.table)
+            ready = fresh.get(write.table)
+            if isinstance(ready, TablePlan):
+                table = ready.table
+                self._uuids[write.table] = str(table.metadata.table_uuid)  # the table this commit goes into
+            else:
+                ready, table = None, self._load(write.table)
             found = self._marker_of_this_write(table, pre_commit, not_before_ms, replaces)
             if found is not None:
                 committed[write.table] = str(found)
                 continue
-            to_replace = self._to_replace(table, pre_commit, write, replaces)
+            to_replace = ready.to_replace if ready else self._to_replace(table, pre_commit, write, replaces)
             if write.is_empty and not to_replace:
                 committed[write.table] = EMPTY
                 continue
             if not allow_beyond_horizon:
-                self._check_horizon(table, pre_commit, write, since, not_before_ms)
-            to_add = handed[1] if handed else self._check(table, pre_commit, write)
-            plans.append(_TablePlan(write, table, to_add, to_replace))
+                self._check_horizon(table, pre_commit, write, since)
+            to_add = ready.to_add if ready else self._check(table, pre_commit, write)
+            to_commit.append(TablePlan(write, table, to_add, to_replace))
 
-        self._check_files_exist(pre_commit, plans)
-        for plan in plans:
-            committed[plan.write.table] = self._commit_table(pre_commit, plan, not_before_ms, replaces)
+        self._check_files_exist(pre_commit, to_commit)
+        for table_plan in to_commit:
+            committed[table_plan.write.table] = self._commit_table(pre_commit, table_plan, not_before_ms, replaces)
         return {write.table: committed[write.table] for write in pre_commit.tables}
-
-    def check_replaceable(self, pre_commit: PreCommit, replaces: ReplacedWrite) -> None:
-        for write in pre_commit.tables:
-            self._to_replace(self._load(write.table), pre_commit, write, replaces)
 
     def delete_replaced(
         self, pre_commit: PreCommit, removed_by: Mapping[str, str], recorded_at: datetime
@@ -288,6 +280,18 @@ class IcebergSinkCommitter:
             raise InvalidPreCommit(f"since must be a timezone-aware datetime, got {since!r}")
         return int((since - self._clock_skew).timestamp() * 1000)
 
+    def _check_horizon(self, table: Table, pre_commit: PreCommit, write: TableWrite, since: datetime) -> None:
+        owner, not_before_ms = pre_commit.describe(), self._not_before_ms(since)
+        check_horizon(
+            table.metadata,
+            self._branch,
+            owner=owner,
+            table=write.table,
+            since=since,
+            not_before_ms=not_before_ms,
+            clock_skew=self._clock_skew,
+        )
+
     def _find_marker(self, table: Table, pre_commit: PreCommit, not_before_ms: int) -> tuple[int, str] | None:
         return find_marker(
             table.metadata,
@@ -315,32 +319,9 @@ class IcebergSinkCommitter:
             )
         return snapshot_id
 
-    def _check_horizon(
-        self, table: Table, pre_commit: PreCommit, write: TableWrite, since: datetime, not_before_ms: int
-    ) -> None:
-        """Refuse when snapshots as old as the write may already be expired (design.md section 5)."""
-        metadata = table.metadata
-        ref = metadata.refs.get(self._branch)
-        max_age_ms = ref.max_snapshot_age_ms if ref is not None and ref.max_snapshot_age_ms else None
-        if max_age_ms is None:
-            max_age_ms = property_as_int(
-                metadata.properties,
-                TableProperties.MAX_SNAPSHOT_AGE_MS,
-                TableProperties.MAX_SNAPSHOT_AGE_MS_DEFAULT,
-            )
-        assert max_age_ms is not None  # the default is not None
-        if not_before_ms < time.time() * 1000 - max_age_ms:
-            raise MarkerHorizonExceeded(
-                f"{pre_commit.describe()}: table {write.table!r} keeps snapshots for "
-                f"{timedelta(milliseconds=max_age_ms)} ({TableProperties.MAX_SNAPSHOT_AGE_MS}), but the "
-                f"write dates from {since.isoformat()} (minus {self._clock_skew} clock skew): its marker "
-                "may have expired, so its absence does not prove the epoch uncommitted. Check the "
-                "table's history, then commit with allow_beyond_horizon=True, or abort."
-            )
-
     # -- committing -----------------------------------------------------------------------------
 
-    def _check_files_exist(self, pre_commit: PreCommit, plans: list[_TablePlan]) -> None:
+    def _check_files_exist(self, pre_commit: PreCommit, plans: list[TablePlan]) -> None:
         """Once per commit call, not per conflict retry: the files do not go away while it runs."""
         missing = self._missing(pre_commit, [(plan.write, plan.table) for plan in plans])
         if missing:
@@ -364,7 +345,7 @@ class IcebergSinkCommitter:
         return [] if replaces is None else files_to_replace(table, self._branch, pre_commit, replaces, write.table)
 
     def _commit_table(
-        self, pre_commit: PreCommit, plan: _TablePlan, not_before_ms: int, replaces: ReplacedWrite | None
+        self, pre_commit: PreCommit, plan: TablePlan, not_before_ms: int, replaces: ReplacedWrite | None
     ) -> str:
         """One table, with our own bounded retry: every attempt re-loads and re-checks the marker."""
         write = plan.write
@@ -454,7 +435,7 @@ class IcebergSinkCommitter:
                 f"{type(exc).__name__}: {exc}"
             ) from exc
         except Exception as exc:
-            # validate() checks what is known to make pyiceberg refuse; anything else it refuses while
+            # prepare() checks what is known to make pyiceberg refuse; anything else it refuses while
             # staging would be refused again on every attempt, with nothing sent to the catalog.
             tx.discard()
             raise CommitRefused(
@@ -498,7 +479,7 @@ class IcebergSinkCommitter:
                     f"{snapshot.snapshot_id}; its files are not deleted"
                 )
         try:
-            self._check_horizon(table, pre_commit, write, since, not_before_ms)
+            self._check_horizon(table, pre_commit, write, since)
             # Our files can only have entered the table after the row was written: looking at what
             # the recent snapshots added is enough, and costs what happened since, not history.
             candidates: Iterable[str] = self._added_files.of(table, recent.values())

@@ -21,9 +21,9 @@ from airflow_provider_exactly_once.sinks.iceberg.schema_check import (
     check_columns,
     column_names_after,
 )
+from airflow_provider_exactly_once.sinks.layout import iceberg_data_root
 
 _EXTENSIONS = {".parquet": "parquet", ".orc": "orc", ".avro": "avro"}
-_WRITE_DATA_PATH = "write.data.path"
 _WRITE_METADATA_PATH = "write.metadata.path"
 #: The highest table format version pyiceberg 0.12 writes manifests for.
 _MAX_FORMAT_VERSION = 2
@@ -43,7 +43,7 @@ def check_location(metadata: TableMetadata, write: TableWrite) -> None:
             f"{metadata.location!r}"
         )
     protected = {
-        "data root": metadata.properties.get(_WRITE_DATA_PATH, metadata.location.rstrip("/") + "/data"),
+        "data root": iceberg_data_root(metadata.location, metadata.properties),
         "metadata root": metadata.properties.get(_WRITE_METADATA_PATH, metadata.location.rstrip("/") + "/metadata"),
     }
     for what, root in protected.items():

@@ -16,8 +16,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from airflow_provider_exactly_once.core.errors import InvalidPreCommit, InvalidSinkConfig
-from airflow_provider_exactly_once.core.ports import EMPTY, SinkCommitter
+from airflow_provider_exactly_once.core.errors import CommitRefused, InvalidPreCommit, InvalidSinkConfig
+from airflow_provider_exactly_once.core.ports import EMPTY, CommitPlan, ReplacedWrite, SinkCommitter
 from airflow_provider_exactly_once.core.precommit import (
     DataFileDescriptor,
     PartitionValue,
@@ -54,7 +54,7 @@ def test_happy_path_readers_see_exactly_the_committed_rows(committer: FileSinkCo
     assert read_ids(sink_root) == []  # staged files are invisible: `_staging` is skipped by readers
     assert committer.find_committed(pre, SINCE).tables == {}
 
-    assert committer.commit(pre, SINCE) == {str(sink_root): "files:3"}
+    assert committer.commit(committer.prepare(pre), SINCE) == {str(sink_root): "files:3"}
 
     assert read_ids(sink_root) == [1, 2, 3, 4, 5, 6]
     assert final_files(committer) == [f"{EPOCH}-0-0.parquet", f"{EPOCH}-1-0.parquet", f"{EPOCH}-1-1.parquet"]
@@ -63,8 +63,8 @@ def test_happy_path_readers_see_exactly_the_committed_rows(committer: FileSinkCo
     assert visible.tables == {str(sink_root): "files:3"}
     assert visible.write_ids == {str(sink_root): None}
 
-    # idempotent: the same commit again changes nothing
-    assert committer.commit(pre, SINCE) == {str(sink_root): "files:3"}
+    # idempotent: the same commit again, unprepared (a resumed commit), changes nothing
+    assert committer.commit(CommitPlan(pre), SINCE) == {str(sink_root): "files:3"}
     assert read_ids(sink_root) == [1, 2, 3, 4, 5, 6]
 
 
@@ -74,7 +74,7 @@ def test_ordinals_follow_the_staged_paths(committer: FileSinkCommitter) -> None:
     )
     by_staged = sorted(committer.plan(pre), key=lambda m: m.descriptor.path)
     assert [os.path.basename(m.final) for m in by_staged] == [f"{EPOCH}-7-{n}.parquet" for n in range(3)]
-    committer.commit(pre, SINCE)
+    committer.commit(CommitPlan(pre), SINCE)
     first = pq.read_table(os.path.join(committer.root, f"{EPOCH}-7-0.parquet")).column("id").to_pylist()
     assert first == [1]  # part-00000 is the first staged path
 
@@ -89,7 +89,7 @@ def test_partitioned_layout_is_hive_style(committer: FileSinkCommitter, sink_roo
             StagedFile([5], partition={"day": 19_700, "country": "nl"}, writer="0"),
         ],
     )
-    committer.commit(pre, SINCE)
+    committer.commit(CommitPlan(pre), SINCE)
     assert final_files(committer) == [
         f"country=__HIVE_DEFAULT_PARTITION__/day=19701/{EPOCH}-2-0.parquet",
         f"country=a%2Fb%3Ac/day=19700/{EPOCH}-0-0.parquet",
@@ -153,8 +153,8 @@ def test_final_names_are_a_pure_function_of_the_metadata(
 def test_empty_epoch_commits_as_empty(committer: FileSinkCommitter, sink_root: Path) -> None:
     pre = stage_write(committer, [])
     assert committer.find_committed(pre, SINCE).tables == {}
-    assert committer.commit(pre, SINCE) == {str(sink_root): EMPTY}
-    assert committer.commit(pre, SINCE) == {str(sink_root): EMPTY}
+    assert committer.commit(CommitPlan(pre), SINCE) == {str(sink_root): EMPTY}
+    assert committer.commit(CommitPlan(pre), SINCE) == {str(sink_root): EMPTY}
     assert final_files(committer) == []
 
 
@@ -163,7 +163,7 @@ def test_staging_by_products_are_removed_after_commit(committer: FileSinkCommitt
     staging = sink_root / "_staging" / pre.write_id
     (staging / "_SUCCESS").write_bytes(b"")
     (staging / "task-0" / ".part-00000.parquet.crc").write_bytes(b"crc")
-    committer.commit(pre, SINCE)
+    committer.commit(CommitPlan(pre), SINCE)
     assert not staging.exists()
     assert final_files(committer) == [f"{EPOCH}-0-0.parquet"]
 
@@ -185,51 +185,51 @@ WID = "0b3d9a47-6f1c-4bb6-9a1e-2a9d3c1f8e55"
 OTHER_WID = "7c9e6679-7425-40de-944b-e07fc1f90ae7"
 
 
-def test_validate_accepts_other_spellings_of_the_root(committer: FileSinkCommitter, sink_root: Path) -> None:
+def test_prepare_accepts_other_spellings_of_the_root(committer: FileSinkCommitter, sink_root: Path) -> None:
     location = f"file://{sink_root}/_staging/{WID}"
-    committer.validate(_pre(committer, f"file://{sink_root}/", location, [f"{location}/a.parquet"], WID))
+    committer.prepare(_pre(committer, f"file://{sink_root}/", location, [f"{location}/a.parquet"], WID))
 
 
-def test_validate_refuses_another_root(committer: FileSinkCommitter, tmp_path: Path) -> None:
+def test_prepare_refuses_another_root(committer: FileSinkCommitter, tmp_path: Path) -> None:
     location = committer.staging_location(WID)
     pre = _pre(committer, str(tmp_path / "elsewhere"), location, [f"{location}/a.parquet"], WID)
     with pytest.raises(InvalidPreCommit, match=r"table '.*elsewhere' is not this file sink's root"):
-        committer.validate(pre)
+        committer.prepare(pre)
 
 
-def test_validate_refuses_a_location_outside_staging(committer: FileSinkCommitter, sink_root: Path) -> None:
+def test_prepare_refuses_a_location_outside_staging(committer: FileSinkCommitter, sink_root: Path) -> None:
     location = str(sink_root / "data")
     pre = _pre(committer, committer.root, location, [f"{location}/a.parquet"], WID)
     with pytest.raises(InvalidPreCommit, match=r"write location '.*/sink/data' is not the write's staging folder"):
-        committer.validate(pre)
+        committer.prepare(pre)
     with pytest.raises(InvalidPreCommit, match="staging folder"):
         committer.delete_write(pre, SINCE)  # nothing outside the staging folder is ever deleted
     assert not sink_root.exists()
 
 
-def test_validate_refuses_another_writes_staging(committer: FileSinkCommitter) -> None:
+def test_prepare_refuses_another_writes_staging(committer: FileSinkCommitter) -> None:
     location = committer.staging_location(OTHER_WID)
     pre = _pre(committer, committer.root, location, [f"{location}/a.parquet"], WID)
     with pytest.raises(InvalidPreCommit, match=OTHER_WID):
-        committer.validate(pre)
+        committer.prepare(pre)
 
 
-def test_validate_normalises_dots_in_the_location(committer: FileSinkCommitter) -> None:
+def test_prepare_normalises_dots_in_the_location(committer: FileSinkCommitter) -> None:
     location = f"{committer.staging_location(WID)}/."
-    committer.validate(_pre(committer, committer.root, location, [f"{location}/a.parquet"], WID))
+    committer.prepare(_pre(committer, committer.root, location, [f"{location}/a.parquet"], WID))
     escaping = f"{committer.staging_location(WID)}/../.."  # an empty write naming the root itself
     with pytest.raises(InvalidPreCommit, match="staging folder"):
-        committer.validate(_pre(committer, committer.root, escaping, [], WID))
+        committer.prepare(_pre(committer, committer.root, escaping, [], WID))
 
 
-def test_validate_refuses_another_filesystem(committer: FileSinkCommitter) -> None:
+def test_prepare_refuses_another_filesystem(committer: FileSinkCommitter) -> None:
     location = f"memory:///sink/_staging/{WID}"
     pre = _pre(committer, committer.root, location, [f"{location}/a.parquet"], WID)
     with pytest.raises(InvalidPreCommit, match="on filesystem 'memory'"):
-        committer.validate(pre)
+        committer.prepare(pre)
 
 
-def test_validate_refuses_two_tables(committer: FileSinkCommitter) -> None:
+def test_prepare_refuses_two_tables(committer: FileSinkCommitter) -> None:
     location = committer.staging_location(WID)
     pre = PreCommit(
         sink_id="s",
@@ -241,7 +241,20 @@ def test_validate_refuses_two_tables(committer: FileSinkCommitter) -> None:
         ],
     )
     with pytest.raises(InvalidPreCommit, match="exactly one table write"):
-        committer.validate(pre)
+        committer.prepare(pre)
+
+
+def test_a_revision_is_refused_by_prepare_and_by_commit(committer: FileSinkCommitter, sink_root: Path) -> None:
+    first = stage_write(committer, [StagedFile([1])])
+    committed = committer.commit(committer.prepare(first), SINCE)
+    replaced = ReplacedWrite(first.write_id, first, committed, None, 0, SINCE)
+    second = stage_write(committer, [StagedFile([2])])
+    with pytest.raises(CommitRefused, match=f"cannot replace committed write {first.write_id}"):
+        committer.prepare(second, replaces=replaced)
+    with pytest.raises(CommitRefused, match="nothing was moved"):
+        committer.commit(CommitPlan(second, replaced), SINCE)
+    assert read_ids(sink_root) == [1]
+    assert len(staged_files(committer, second)) == 1
 
 
 @pytest.mark.parametrize(
@@ -272,9 +285,9 @@ def test_two_roots_keep_to_themselves(tmp_path: Path) -> None:
     pre_a = stage_write(a, [StagedFile([1])])
     pre_b = stage_write(b, [StagedFile([2])])
     with pytest.raises(InvalidPreCommit, match="not this file sink's root"):
-        b.commit(pre_a, SINCE)
-    a.commit(pre_a, SINCE)
-    b.commit(pre_b, SINCE)
+        b.commit(CommitPlan(pre_a), SINCE)
+    a.commit(CommitPlan(pre_a), SINCE)
+    b.commit(CommitPlan(pre_b), SINCE)
     assert read_ids(tmp_path / "a") == [1]
     assert read_ids(tmp_path / "b") == [2]
 
@@ -284,7 +297,7 @@ def test_memory_filesystem(memory_root: str) -> None:
     assert committer.root.startswith("memory:///")
     pre = stage_write(committer, [StagedFile([1, 2], partition={"h": 3}), StagedFile([3])])
     assert pre.tables[0].location.startswith("memory:///")
-    assert committer.commit(pre, SINCE) == {committer.root: "files:2"}
+    assert committer.commit(CommitPlan(pre), SINCE) == {committer.root: "files:2"}
     assert final_files(committer) == [f"{EPOCH}-0-0.parquet", f"h=3/{EPOCH}-0-0.parquet"]
     assert staged_files(committer, pre) == []
     fs = fsspec.filesystem("memory")
@@ -295,4 +308,4 @@ def test_memory_filesystem(memory_root: str) -> None:
     )
     assert ids == [1, 2, 3]
     assert committer.find_committed(pre, SINCE).tables == {committer.root: "files:2"}
-    assert committer.commit(pre, SINCE) == {committer.root: "files:2"}
+    assert committer.commit(CommitPlan(pre), SINCE) == {committer.root: "files:2"}

@@ -10,6 +10,7 @@ import pytest
 
 from airflow_provider_exactly_once.core.errors import AbortRefused, MissingDataFiles
 from airflow_provider_exactly_once.core.faults import SimulatedCrash
+from airflow_provider_exactly_once.core.ports import CommitPlan
 from airflow_provider_exactly_once.sinks.files import COMMIT_STARTED_MARKER, FileSinkCommitter
 from tests.support.faults import FaultSwitch
 
@@ -40,7 +41,7 @@ def test_crash_after_k_of_n_moves_then_commit_again(sink_root: Path, moved: int)
     else:
         faults.crash_at("files.after_move", moved)
     with pytest.raises(SimulatedCrash):
-        committer.commit(pre, SINCE)
+        committer.commit(CommitPlan(pre), SINCE)
     faults.disarm()
     assert len(final_files(committer)) == moved
     assert len(staged_files(committer, pre)) == 5 - moved + 1  # the rest, plus the commit-started marker
@@ -52,7 +53,7 @@ def test_crash_after_k_of_n_moves_then_commit_again(sink_root: Path, moved: int)
     with pytest.raises(AbortRefused, match="has begun"):
         committer.delete_write(pre, SINCE)
 
-    assert committer.commit(pre, SINCE) == {committer.root: "files:5"}
+    assert committer.commit(CommitPlan(pre), SINCE) == {committer.root: "files:5"}
     assert all_ids(committer) == EXPECTED_IDS  # every row once
     assert len(final_files(committer)) == 5
     assert staged_files(committer, pre) == []
@@ -70,12 +71,12 @@ def test_recovery_decisions_from_what_is_visible(tmp_path: Path) -> None:
     some_moved = stage_write(committer, FILES, epoch=EPOCH + 1)
     faults.crash_at("files.after_move", 2)
     with pytest.raises(SimulatedCrash):
-        committer.commit(some_moved, SINCE)
+        committer.commit(CommitPlan(some_moved), SINCE)
     faults.disarm()
     assert committer.find_committed(some_moved, SINCE).tables == {}
     with pytest.raises(AbortRefused):
         committer.delete_write(some_moved, SINCE)
-    committer.commit(some_moved, SINCE)  # finish the moves
+    committer.commit(CommitPlan(some_moved), SINCE)  # finish the moves
 
     assert committer.find_committed(some_moved, SINCE).tables == {committer.root: "files:5"}  # truncate
     with pytest.raises(AbortRefused, match="final names"):
@@ -94,7 +95,7 @@ def test_two_committers_in_threads_move_each_file_once(tmp_path: Path, repetitio
         committer = FileSinkCommitter(root)
         barrier.wait(timeout=10)
         try:
-            results.append(committer.commit(pre, SINCE))
+            results.append(committer.commit(CommitPlan(pre), SINCE))
         except Exception as exc:
             results.append(exc)
 
@@ -116,7 +117,7 @@ def test_missing_files_refuse_the_commit_and_move_nothing(committer: FileSinkCom
     for path in gone:
         Path(path).unlink()
     with pytest.raises(MissingDataFiles) as raised:
-        committer.commit(pre, SINCE)
+        committer.commit(CommitPlan(pre), SINCE)
     assert sorted(raised.value.paths) == gone
     assert all(path in str(raised.value) for path in gone)
     assert final_files(committer) == []
@@ -126,7 +127,7 @@ def test_missing_files_refuse_the_commit_and_move_nothing(committer: FileSinkCom
 
 def test_abort_before_commit_deletes_only_the_staging(committer: FileSinkCommitter, sink_root: Path) -> None:
     earlier = stage_write(committer, [StagedFile([100])], epoch=EPOCH - 1)
-    committer.commit(earlier, SINCE)
+    committer.commit(CommitPlan(earlier), SINCE)
     other = stage_write(committer, [StagedFile([200])], epoch=EPOCH + 1)
     pre = stage_write(committer, FILES)
     (sink_root / "_staging" / pre.write_id / "_SUCCESS").write_bytes(b"")
@@ -137,7 +138,7 @@ def test_abort_before_commit_deletes_only_the_staging(committer: FileSinkCommitt
     assert final_files(committer) == [f"{EPOCH - 1}-0-0.parquet"]
     assert len(staged_files(committer, other)) == 1
     with pytest.raises(MissingDataFiles):
-        committer.commit(pre, SINCE)  # its files are gone, nothing can be committed
+        committer.commit(CommitPlan(pre), SINCE)  # its files are gone, nothing can be committed
 
 
 def test_abort_after_a_partial_move_is_refused(committer: FileSinkCommitter, sink_root: Path) -> None:
@@ -146,7 +147,7 @@ def test_abort_after_a_partial_move_is_refused(committer: FileSinkCommitter, sin
     pre = stage_write(committer, FILES)
     faults.crash_at("files.before_move", 3)
     with pytest.raises(SimulatedCrash):
-        crashing.commit(pre, SINCE)
+        crashing.commit(CommitPlan(pre), SINCE)
     before = (final_files(committer), staged_files(committer, pre))
     assert len(before[0]) == 2
     with pytest.raises(AbortRefused, match=r"commit into .* has begun"):
@@ -168,7 +169,7 @@ def test_a_replaced_write_is_cleaned_up_after_its_successor_committed(committer:
     """Two writes of one epoch share final names; the replaced one's staging must still be deletable."""
     replaced = stage_write(committer, FILES)
     live = stage_write(committer, FILES)
-    assert committer.commit(live, SINCE) == {committer.root: "files:5"}
+    assert committer.commit(CommitPlan(live), SINCE) == {committer.root: "files:5"}
     assert committer.delete_write(replaced, SINCE) == 5
     assert staged_files(committer, replaced) == []
     assert all_ids(committer) == EXPECTED_IDS  # the live write's files are untouched
@@ -180,9 +181,9 @@ def test_crash_after_the_last_move_leaves_a_committed_epoch(committer: FileSinkC
     pre = stage_write(committer, FILES)
     faults.crash_at("files.after_move", 5)
     with pytest.raises(SimulatedCrash):
-        crashing.commit(pre, SINCE)
+        crashing.commit(CommitPlan(pre), SINCE)
     assert committer.find_committed(pre, SINCE).tables == {committer.root: "files:5"}
-    assert committer.commit(pre, SINCE) == {committer.root: "files:5"}  # only tidies the staging folder
+    assert committer.commit(CommitPlan(pre), SINCE) == {committer.root: "files:5"}  # only tidies the staging folder
     assert staged_files(committer, pre) == []
     assert all_ids(committer) == EXPECTED_IDS
 
@@ -193,10 +194,10 @@ def test_memory_filesystem_crash_and_finish(memory_root: str) -> None:
     pre = stage_write(committer, FILES)
     faults.crash_at("files.after_move", 2)
     with pytest.raises(SimulatedCrash):
-        committer.commit(pre, SINCE)
+        committer.commit(CommitPlan(pre), SINCE)
     faults.disarm()
     with pytest.raises(AbortRefused):
         committer.delete_write(pre, SINCE)
-    assert committer.commit(pre, SINCE) == {committer.root: "files:5"}
+    assert committer.commit(CommitPlan(pre), SINCE) == {committer.root: "files:5"}
     assert len(final_files(committer)) == 5
     assert staged_files(committer, pre) == []

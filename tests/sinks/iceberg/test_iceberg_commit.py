@@ -23,7 +23,7 @@ from airflow_provider_exactly_once.core.errors import (
     SchemaMismatch,
     UnknownTable,
 )
-from airflow_provider_exactly_once.core.ports import EMPTY, SinkCommitter
+from airflow_provider_exactly_once.core.ports import EMPTY, CommitPlan, SinkCommitter
 from airflow_provider_exactly_once.core.precommit import PartitionValue, WrittenColumn
 from airflow_provider_exactly_once.sinks.iceberg import IcebergSinkCommitter
 from airflow_provider_exactly_once.sinks.iceberg.markers import EPOCH_KEY, SINK_ID_KEY, WRITE_ID_KEY
@@ -54,7 +54,7 @@ def test_happy_path_one_table(catalog: SqlCatalog, sink_id: str, branch: str) ->
     table = create_table(catalog, "t")
     pc = simple_write(table, sink_id, epoch=1234, count=7, files=2)
 
-    result = IcebergSinkCommitter(catalog, branch=branch).commit(pc, now())
+    result = IcebergSinkCommitter(catalog, branch=branch).commit(CommitPlan(pc), now())
 
     table = table.refresh()
     assert len(table.metadata.snapshots) == 1
@@ -83,9 +83,9 @@ def test_recommit_is_idempotent(catalog: SqlCatalog, sink_id: str, branch: str) 
     committer = IcebergSinkCommitter(catalog, branch=branch)
     since = now()
 
-    first = committer.commit(pc, since)
-    second = committer.commit(pc, since)
-    third = IcebergSinkCommitter(catalog, branch=branch).commit(pc, since)  # a fresh process's retry
+    first = committer.commit(CommitPlan(pc), since)
+    second = committer.commit(CommitPlan(pc), since)
+    third = IcebergSinkCommitter(catalog, branch=branch).commit(CommitPlan(pc), since)  # a fresh process's retry
 
     assert first == second == third
     assert snapshot_count(table) == 1
@@ -104,7 +104,7 @@ def test_fan_out_over_three_tables(catalog: SqlCatalog, sink_id: str, branch: st
     pc = pre_commit(sink_id, 7, writes, write_id=write_id)
     committer = IcebergSinkCommitter(catalog, branch=branch)
 
-    result = committer.commit(pc, now())
+    result = committer.commit(CommitPlan(pc), now())
 
     assert list(result) == ["ns.t0", "ns.t1", "ns.t2"]
     for i, table in enumerate(tables):
@@ -115,7 +115,7 @@ def test_fan_out_over_three_tables(catalog: SqlCatalog, sink_id: str, branch: st
         assert result[f"ns.t{i}"] == str(snapshot.snapshot_id)
         assert snapshot.summary[WRITE_ID_KEY] == write_id
         assert ids_in(table, branch) == [100 * i, 100 * i + 1, 100 * i + 2]
-    assert committer.commit(pc, now()) == result
+    assert committer.commit(CommitPlan(pc), now()) == result
     assert [snapshot_count(t) for t in tables] == [1, 1, 1]
 
 
@@ -138,7 +138,7 @@ def test_fan_out_refusal_on_one_table_commits_none(catalog: SqlCatalog, sink_id:
         write_id=write_id,
     )
     with pytest.raises(SchemaMismatch, match=r"'ns.bad'.*id"):
-        IcebergSinkCommitter(catalog).commit(pc, now())
+        IcebergSinkCommitter(catalog).commit(CommitPlan(pc), now())
     assert snapshot_count(good) == 0 and snapshot_count(bad) == 0
 
 
@@ -146,7 +146,7 @@ def test_empty_epoch_makes_no_snapshot(catalog: SqlCatalog, sink_id: str) -> Non
     table = create_table(catalog, "t")
     pc = pre_commit(sink_id, 5, [table_write(table, write_location(table, "w"), [])])
 
-    assert IcebergSinkCommitter(catalog).commit(pc, now()) == {"ns.t": EMPTY}
+    assert IcebergSinkCommitter(catalog).commit(CommitPlan(pc), now()) == {"ns.t": EMPTY}
     assert snapshot_count(table) == 0
 
 
@@ -157,7 +157,7 @@ def test_missing_data_files_are_named_and_nothing_committed(catalog: SqlCatalog,
     local_path(gone).unlink()
 
     with pytest.raises(MissingDataFiles) as caught:
-        IcebergSinkCommitter(catalog).commit(pc, now())
+        IcebergSinkCommitter(catalog).commit(CommitPlan(pc), now())
 
     assert caught.value.paths == [gone]
     assert gone in str(caught.value)
@@ -169,7 +169,7 @@ def test_incompatible_schema_is_refused_before_anything_is_committed(catalog: Sq
     pc = simple_write(table, sink_id, schema_written=[WrittenColumn(name="score", type="string")])
 
     with pytest.raises(SchemaMismatch, match=r"'ns.t'.*score.*string.*double"):
-        IcebergSinkCommitter(catalog).commit(pc, now())
+        IcebergSinkCommitter(catalog).commit(CommitPlan(pc), now())
     assert snapshot_count(table) == 0
 
 
@@ -194,7 +194,7 @@ def _write_with_new_column(table_name: str, catalog: SqlCatalog, sink_id: str): 
 def test_added_columns_are_added_in_the_same_commit(catalog: SqlCatalog, sink_id: str) -> None:
     table, pc = _write_with_new_column("t", catalog, sink_id)
 
-    result = IcebergSinkCommitter(catalog, allow_schema_evolution=True).commit(pc, now())
+    result = IcebergSinkCommitter(catalog, allow_schema_evolution=True).commit(CommitPlan(pc), now())
 
     table = table.refresh()
     field = table.schema().find_field("country")
@@ -218,7 +218,7 @@ def test_added_columns_refused_without_schema_evolution(catalog: SqlCatalog, sin
     table, pc = _write_with_new_column("t", catalog, sink_id)
 
     with pytest.raises(SchemaMismatch, match=r"country.*allow_schema_evolution"):
-        IcebergSinkCommitter(catalog).commit(pc, now())
+        IcebergSinkCommitter(catalog).commit(CommitPlan(pc), now())
     assert snapshot_count(table) == 0
     assert "country" not in table.refresh().schema().column_names
 
@@ -228,21 +228,21 @@ def test_unknown_table(catalog: SqlCatalog, sink_id: str) -> None:
     pc = simple_write(table, sink_id)
     renamed = pc.model_copy(update={"tables": [pc.tables[0].model_copy(update={"table": "ns.nope"})]})
     with pytest.raises(UnknownTable, match=r"ns\.nope"):
-        IcebergSinkCommitter(catalog).commit(renamed, now())
+        IcebergSinkCommitter(catalog).commit(CommitPlan(renamed), now())
     other_ns = pc.model_copy(update={"tables": [pc.tables[0].model_copy(update={"table": "nons.t"})]})
     with pytest.raises(UnknownTable, match=r"nons\.t"):
-        IcebergSinkCommitter(catalog).validate(other_ns)
+        IcebergSinkCommitter(catalog).prepare(other_ns)
 
 
 def test_foreign_marker_is_not_overwritten(catalog: SqlCatalog, sink_id: str, branch: str) -> None:
     table = create_table(catalog, "t")
     first = simple_write(table, sink_id, epoch=3)
     committer = IcebergSinkCommitter(catalog, branch=branch)
-    committer.commit(first, now())
+    committer.commit(CommitPlan(first), now())
     second = simple_write(table, sink_id, epoch=3, start=50)
 
     with pytest.raises(ForeignWriteVisible, match=first.write_id):
-        committer.commit(second, now())
+        committer.commit(CommitPlan(second), now())
     assert snapshot_count(table) == 1
     assert committer.find_committed(second, now()).write_ids == {"ns.t": first.write_id}
 
@@ -272,7 +272,7 @@ def test_identity_and_day_partitions(catalog: SqlCatalog, sink_id: str) -> None:
         descriptors.append(write_parquet(table, f"{location}/region={region}", data, partition=partition))
     pc = pre_commit(sink_id, 1, [table_write(table, location, descriptors)], write_id=write_id)
 
-    IcebergSinkCommitter(catalog).commit(pc, now())
+    IcebergSinkCommitter(catalog).commit(CommitPlan(pc), now())
 
     table = table.refresh()
     assert sorted(table.scan().to_arrow()["id"].to_pylist()) == [0, 1, 10, 11, 20, 21]
@@ -293,13 +293,13 @@ def test_horizon_refusal_and_override(catalog: SqlCatalog, sink_id: str, branch:
     committer = IcebergSinkCommitter(catalog, clock_skew=timedelta(0), branch=branch)
 
     with pytest.raises(MarkerHorizonExceeded, match=r"history.expire.max-snapshot-age-ms.*allow_beyond_horizon"):
-        committer.commit(pc, long_ago)
+        committer.commit(CommitPlan(pc), long_ago)
     assert snapshot_count(table) == 0
 
-    result = committer.commit(pc, long_ago, allow_beyond_horizon=True)
+    result = committer.commit(CommitPlan(pc), long_ago, allow_beyond_horizon=True)
     assert snapshot_count(table) == 1
     # Within the horizon the same call is an idempotent no-op that finds the marker.
-    assert committer.commit(pc, now() - timedelta(minutes=5)) == result
+    assert committer.commit(CommitPlan(pc), now() - timedelta(minutes=5)) == result
     assert snapshot_count(table) == 1 and ids_in(table, branch) == list(range(5))
 
 
@@ -308,8 +308,8 @@ def test_default_horizon_is_five_days(catalog: SqlCatalog, sink_id: str) -> None
     pc = simple_write(table, sink_id)
     committer = IcebergSinkCommitter(catalog)
     with pytest.raises(MarkerHorizonExceeded):
-        committer.commit(pc, now() - timedelta(days=5, hours=1))
-    committer.commit(pc, now() - timedelta(days=4))
+        committer.commit(CommitPlan(pc), now() - timedelta(days=5, hours=1))
+    committer.commit(CommitPlan(pc), now() - timedelta(days=4))
     assert snapshot_count(table) == 1
 
 
@@ -338,7 +338,7 @@ def test_naive_since_is_refused(catalog: SqlCatalog, sink_id: str) -> None:
     table = create_table(catalog, "t")
     pc = simple_write(table, sink_id)
     with pytest.raises(ValueError, match="timezone"):
-        IcebergSinkCommitter(catalog).commit(pc, dt.datetime.now())
+        IcebergSinkCommitter(catalog).commit(CommitPlan(pc), dt.datetime.now())
 
 
 def test_files_of_an_older_partitioned_spec_keep_their_partition(
@@ -359,7 +359,7 @@ def test_files_of_an_older_partitioned_spec_keep_their_partition(
     with table.update_spec() as update:  # spec 2 between the write and the commit
         update.add_identity("id")
 
-    result = IcebergSinkCommitter(catalog, branch=branch).commit(pc, now())
+    result = IcebergSinkCommitter(catalog, branch=branch).commit(CommitPlan(pc), now())
 
     table = table.refresh()
     assert table.metadata.default_spec_id == 2
@@ -378,7 +378,7 @@ def test_files_of_an_older_partitioned_spec_keep_their_partition(
 def test_a_refusal_while_staging_is_a_package_error_that_retrying_cannot_heal(
     catalog: SqlCatalog, sink_id: str
 ) -> None:
-    """validate() checks what pyiceberg is known to refuse; whatever else it refuses while staging the
+    """prepare() checks what pyiceberg is known to refuse; whatever else it refuses while staging the
     append (here: a column to add that the table has) must still come out as this package's error."""
     table = create_table(catalog, "t")
     pc = simple_write(table, sink_id)

@@ -12,6 +12,7 @@ from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.exceptions import CommitStateUnknownException
 
 from airflow_provider_exactly_once.core.errors import CommitConflictExhausted, CommitOutcomeUnknown
+from airflow_provider_exactly_once.core.ports import CommitPlan
 from airflow_provider_exactly_once.sinks.iceberg import IcebergSinkCommitter
 from airflow_provider_exactly_once.sinks.iceberg.markers import WRITE_ID_KEY
 
@@ -57,7 +58,7 @@ def test_concurrent_append_makes_our_loop_retry_once(
     faults.actions["iceberg.before_catalog_update"] = other_writer_appends
     committer = IcebergSinkCommitter(catalog, fault=faults, backoff_initial_s=0.001, backoff_max_s=0.01, branch=branch)
 
-    result = committer.commit(pc, now())
+    result = committer.commit(CommitPlan(pc), now())
 
     # The conflict came back to our loop (not pyiceberg's rebase): a second fresh load, marker re-checked.
     assert faults.seen["iceberg.loaded"] == 2
@@ -68,7 +69,7 @@ def test_concurrent_append_makes_our_loop_retry_once(
     ours = [s for s in table.metadata.snapshots if s.summary is not None and s.summary.get(WRITE_ID_KEY) == pc.write_id]
     assert [str(s.snapshot_id) for s in ours] == [result["ns.t"]]
     assert ids_in(table, branch) == [0, 1, 2, 500, 1000, 1001]
-    assert committer.commit(pc, now()) == result  # the retry after it finds the marker on the branch
+    assert committer.commit(CommitPlan(pc), now()) == result  # the retry after it finds the marker on the branch
     assert len(table.refresh().metadata.snapshots) == 3
     other.engine.dispose()
 
@@ -84,7 +85,7 @@ def test_failed_attempt_leaves_no_manifests(
 
     committer = IcebergSinkCommitter(catalog, fault=faults, max_attempts=3, backoff_initial_s=0.001, backoff_max_s=0.01)
     with pytest.raises(CommitConflictExhausted, match="3 commit attempts"):
-        committer.commit(pc, now())
+        committer.commit(CommitPlan(pc), now())
 
     assert faults.seen["iceberg.loaded"] == 3
     table = table.refresh()
@@ -129,14 +130,14 @@ def test_lost_response_is_an_unknown_outcome_and_the_next_attempt_finds_the_mark
     files_before = {p for p in Path(local_path(table.location())).rglob("*") if p.is_file()}
 
     with pytest.raises(CommitOutcomeUnknown, match="unknown outcome") as caught:
-        committer.commit(pc, since)
+        committer.commit(CommitPlan(pc), since)
     assert caught.value.retryable
     assert len(calls) == 1  # neither pyiceberg nor we retried an unknown outcome
     files_after = {p for p in Path(local_path(table.location())).rglob("*") if p.is_file()}
     assert files_before <= files_after  # nothing was deleted
 
     catalog.commit_table = real_commit_table  # type: ignore[method-assign]
-    result = committer.commit(pc, since)
+    result = committer.commit(CommitPlan(pc), since)
     assert snapshot_count(table) == 1
     assert result == {"ns.t": str(table.refresh().metadata.snapshots[0].snapshot_id)}
     assert ids_in(table, branch) == list(range(10))

@@ -10,6 +10,7 @@ import pytest
 from pyiceberg.catalog.sql import SqlCatalog
 
 from airflow_provider_exactly_once.core.errors import AbortRefused, UnknownTable
+from airflow_provider_exactly_once.core.ports import CommitPlan
 from airflow_provider_exactly_once.sinks.iceberg import IcebergSinkCommitter
 
 from .iceberg_helpers import (
@@ -37,7 +38,7 @@ def test_refused_while_our_marker_is_visible(catalog: SqlCatalog, sink_id: str) 
     pc = simple_write(table, sink_id, files=2)
     committer = IcebergSinkCommitter(catalog)
     since = now()
-    committer.commit(pc, since)
+    committer.commit(CommitPlan(pc), since)
 
     with pytest.raises(AbortRefused, match="shows this write committed"):
         committer.delete_write(pc, since)
@@ -49,7 +50,7 @@ def test_deletes_only_the_write_location_and_is_idempotent(catalog: SqlCatalog, 
     table = create_table(catalog, "t")
     committer = IcebergSinkCommitter(catalog)
     committed = simple_write(table, sink_id, epoch=1)
-    committer.commit(committed, now())
+    committer.commit(CommitPlan(committed), now())
     aborted = simple_write(table, sink_id, epoch=2, start=100, files=3)
     stray = local_path(aborted.tables[0].location) / "nested" / "_temporary" / "part-0.tmp"
     stray.parent.mkdir(parents=True)
@@ -70,7 +71,7 @@ def test_another_writes_marker_does_not_block_but_its_files_do(catalog: SqlCatal
     table = create_table(catalog, "t")
     committer = IcebergSinkCommitter(catalog)
     winner = simple_write(table, sink_id, epoch=5)
-    committer.commit(winner, now())
+    committer.commit(CommitPlan(winner), now())
     loser = simple_write(table, sink_id, epoch=5, start=50)
 
     assert committer.delete_write(loser, now()) == 1
@@ -136,7 +137,7 @@ def test_many_deletes_read_each_snapshots_manifests_once_and_still_see_reference
     since = now()
     aborted = [simple_write(table, sink_id, epoch=100 + n, start=1000 + 10 * n) for n in range(4)]
     for epoch in range(1, 6):
-        committer.commit(simple_write(table, sink_id, epoch=epoch, start=10 * epoch), now())
+        committer.commit(CommitPlan(simple_write(table, sink_id, epoch=epoch, start=10 * epoch)), now())
 
     reads: list[int] = []
     original = Snapshot.manifests
@@ -152,7 +153,7 @@ def test_many_deletes_read_each_snapshots_manifests_once_and_still_see_reference
 
     # A snapshot added after the memo was filled, referencing a write's files, is still seen.
     late = simple_write(table, sink_id, epoch=200, start=5000)
-    committer.commit(late, now())
+    committer.commit(CommitPlan(late), now())
     sneaky = pre_commit(sink_id, 201, late.tables, write_id=str(uuid.uuid4()))
     with pytest.raises(AbortRefused, match="references 1 file"):
         committer.delete_write(sneaky, since)

@@ -13,6 +13,7 @@ from pyiceberg.table.refs import SnapshotRef, SnapshotRefType
 from pyiceberg.table.snapshots import Operation, Snapshot, Summary
 from pyiceberg.table.sorting import UNSORTED_SORT_ORDER
 
+from airflow_provider_exactly_once.core.ports import CommitPlan
 from airflow_provider_exactly_once.sinks.iceberg import IcebergSinkCommitter
 from airflow_provider_exactly_once.sinks.iceberg.markers import (
     find_marker,
@@ -96,7 +97,7 @@ def test_real_table_only_recent_ancestors_are_walked(catalog: SqlCatalog, sink_i
     table = create_table(catalog, "t")
     committer = IcebergSinkCommitter(catalog)
     old = simple_write(table, sink_id, epoch=1)
-    committer.commit(old, now())
+    committer.commit(CommitPlan(old), now())
     for i in range(6):
         table.refresh().append(rows(100 + i, 1))
     time.sleep(0.02)
@@ -105,7 +106,7 @@ def test_real_table_only_recent_ancestors_are_walked(catalog: SqlCatalog, sink_i
         table.refresh().append(rows(200 + i, 1))
     ours = simple_write(table, sink_id, epoch=2)
     committer_no_skew = IcebergSinkCommitter(catalog, clock_skew=timedelta(0))
-    committer_no_skew.commit(ours, since)
+    committer_no_skew.commit(CommitPlan(ours), since)
 
     metadata = table.refresh().metadata
     assert len(metadata.snapshots) == 10

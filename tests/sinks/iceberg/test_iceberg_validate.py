@@ -1,4 +1,4 @@
-"""validate(): everything that can never be committed is refused before the write is persisted."""
+"""prepare(): everything that can never be committed is refused before the write is persisted."""
 
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ def _columns(*spec: tuple[str, str, bool]) -> list[WrittenColumn]:
 
 def test_valid_write_passes(catalog: SqlCatalog, sink_id: str) -> None:
     table = create_table(catalog, "t")
-    IcebergSinkCommitter(catalog).validate(simple_write(table, sink_id))
+    IcebergSinkCommitter(catalog).prepare(simple_write(table, sink_id))
 
 
 def test_location_outside_the_table(catalog: SqlCatalog, sink_id: str) -> None:
@@ -52,7 +52,7 @@ def test_location_outside_the_table(catalog: SqlCatalog, sink_id: str) -> None:
     elsewhere = create_table(catalog, "u")
     pc = simple_write(elsewhere, sink_id)
     with pytest.raises(InvalidPreCommit, match=r"'ns.t'.*not inside the table location"):
-        IcebergSinkCommitter(catalog).validate(_with(pc, table="ns.t"))
+        IcebergSinkCommitter(catalog).prepare(_with(pc, table="ns.t"))
     assert table  # the target exists; only the location is wrong
 
 
@@ -64,7 +64,7 @@ def test_location_must_not_be_the_table_or_its_roots(catalog: SqlCatalog, sink_i
     descriptor = pc.tables[0].data_files[0].model_copy(update={"path": f"{location}/x.parquet"})
     bad = _with(pc, location=location, data_files=[descriptor])
     with pytest.raises(InvalidPreCommit, match="write location"):
-        IcebergSinkCommitter(catalog).validate(bad)
+        IcebergSinkCommitter(catalog).prepare(bad)
 
 
 def test_plain_path_and_file_uri_are_the_same_location(catalog: SqlCatalog, sink_id: str) -> None:
@@ -72,7 +72,7 @@ def test_plain_path_and_file_uri_are_the_same_location(catalog: SqlCatalog, sink
     pc = simple_write(table, sink_id)
     plain = pc.tables[0].location.removeprefix("file://")
     files = [d.model_copy(update={"path": d.path.removeprefix("file://")}) for d in pc.tables[0].data_files]
-    IcebergSinkCommitter(catalog).validate(_with(pc, location=plain, data_files=files))
+    IcebergSinkCommitter(catalog).prepare(_with(pc, location=plain, data_files=files))
 
 
 def test_partition_keys_must_match_the_spec(catalog: SqlCatalog, sink_id: str) -> None:
@@ -81,12 +81,12 @@ def test_partition_keys_must_match_the_spec(catalog: SqlCatalog, sink_id: str) -
     table = create_table(catalog, "p", schema, spec=spec)
     pc = simple_write(table, sink_id)  # descriptors carry no partition
     with pytest.raises(InvalidPreCommit, match=r"partition keys \[\].*\['name'\]"):
-        IcebergSinkCommitter(catalog).validate(pc)
+        IcebergSinkCommitter(catalog).prepare(pc)
     wrong_type = [d.model_copy(update={"partition": {"name": 5}}) for d in pc.tables[0].data_files]
     with pytest.raises(InvalidPreCommit, match="partition value 5"):
-        IcebergSinkCommitter(catalog).validate(_with(pc, data_files=wrong_type))
+        IcebergSinkCommitter(catalog).prepare(_with(pc, data_files=wrong_type))
     right = [d.model_copy(update={"partition": {"name": "n0"}}) for d in pc.tables[0].data_files]
-    IcebergSinkCommitter(catalog).validate(_with(pc, data_files=right))
+    IcebergSinkCommitter(catalog).prepare(_with(pc, data_files=right))
 
 
 def test_declared_format_must_match_the_file(catalog: SqlCatalog, sink_id: str) -> None:
@@ -94,7 +94,7 @@ def test_declared_format_must_match_the_file(catalog: SqlCatalog, sink_id: str) 
     pc = simple_write(table, sink_id)
     files = [d.model_copy(update={"format": "orc"}) for d in pc.tables[0].data_files]
     with pytest.raises(InvalidPreCommit, match="declared 'orc'"):
-        IcebergSinkCommitter(catalog).validate(_with(pc, data_files=files))
+        IcebergSinkCommitter(catalog).prepare(_with(pc, data_files=files))
 
 
 @pytest.mark.parametrize(
@@ -125,7 +125,7 @@ def test_schema_mismatches_name_table_and_column(
     pc = simple_write(create_table(catalog, "t"), sink_id)
     bad = _with(pc, table="ns.typed", location=f"{table.location()}/data/w", data_files=[], schema_written=written)
     with pytest.raises(SchemaMismatch, match=r"'ns.typed'.*" + match):
-        IcebergSinkCommitter(catalog).validate(bad)
+        IcebergSinkCommitter(catalog).prepare(bad)
 
 
 def test_promotions_and_type_spelling_are_accepted(catalog: SqlCatalog, sink_id: str) -> None:
@@ -139,17 +139,17 @@ def test_promotions_and_type_spelling_are_accepted(catalog: SqlCatalog, sink_id:
     written = _columns(("id", "int", True), ("ratio", "float", False), ("amount", "decimal(10,2)", False))
     pc = simple_write(create_table(catalog, "t"), sink_id)
     ok = _with(pc, table="ns.typed", location=f"{table.location()}/data/w", data_files=[], schema_written=written)
-    IcebergSinkCommitter(catalog).validate(ok)
+    IcebergSinkCommitter(catalog).prepare(ok)
     narrowing = _with(ok, schema_written=_columns(("id", "long", True), ("n", "long", False)))
     with pytest.raises(SchemaMismatch, match="n: written as long, the table has int"):
-        IcebergSinkCommitter(catalog).validate(narrowing)
+        IcebergSinkCommitter(catalog).prepare(narrowing)
 
 
 def test_unknown_type_name_is_invalid(catalog: SqlCatalog, sink_id: str) -> None:
     table = create_table(catalog, "t")
     pc = simple_write(table, sink_id, schema_written=_columns(("id", "bigint", False)))
     with pytest.raises(InvalidPreCommit, match=r"'ns.t'.*'id'.*'bigint'"):
-        IcebergSinkCommitter(catalog).validate(pc)
+        IcebergSinkCommitter(catalog).prepare(pc)
 
 
 def test_stats_of_unknown_columns_are_a_mismatch(catalog: SqlCatalog, sink_id: str) -> None:
@@ -157,16 +157,16 @@ def test_stats_of_unknown_columns_are_a_mismatch(catalog: SqlCatalog, sink_id: s
     pc = simple_write(table, sink_id)
     files = [d.model_copy(update={"value_counts": {**d.value_counts, "ghost": 3}}) for d in pc.tables[0].data_files]
     with pytest.raises(SchemaMismatch, match=r"value counts.*\['ghost'\]"):
-        IcebergSinkCommitter(catalog).validate(_with(pc, data_files=files))
+        IcebergSinkCommitter(catalog).prepare(_with(pc, data_files=files))
 
 
 def test_added_column_already_in_the_table(catalog: SqlCatalog, sink_id: str) -> None:
     table = create_table(catalog, "t")
     same = simple_write(table, sink_id, added_columns=_columns(("name", "string", False)))
-    IcebergSinkCommitter(catalog).validate(same)  # someone else added it: nothing left to add
+    IcebergSinkCommitter(catalog).prepare(same)  # someone else added it: nothing left to add
     clash = simple_write(table, sink_id, added_columns=_columns(("name", "long", False)))
     with pytest.raises(SchemaMismatch, match="added column 'name' already exists"):
-        IcebergSinkCommitter(catalog, allow_schema_evolution=True).validate(clash)
+        IcebergSinkCommitter(catalog, allow_schema_evolution=True).prepare(clash)
 
 
 def test_a_tag_where_the_branch_should_be_is_refused(catalog: SqlCatalog, sink_id: str) -> None:
@@ -175,7 +175,7 @@ def test_a_tag_where_the_branch_should_be_is_refused(catalog: SqlCatalog, sink_i
     table.manage_snapshots().create_tag(table.metadata.current_snapshot_id, "audit").commit()
     pc = simple_write(table, sink_id)
     with pytest.raises(CommitRefused, match=r"sink .* epoch 1000 .*'ns.t'.*'audit' is a tag, not a branch") as caught:
-        IcebergSinkCommitter(catalog, branch="audit").validate(pc)
+        IcebergSinkCommitter(catalog, branch="audit").prepare(pc)
     assert not caught.value.retryable  # a tag does not turn into a branch by itself
 
 
@@ -195,14 +195,14 @@ def test_files_of_an_older_spec_are_accepted_and_an_unknown_spec_is_refused(cata
         update.add_identity("name")
     assert table.refresh().metadata.default_spec_id == 1
     committer = IcebergSinkCommitter(catalog)
-    committer.validate(pc)  # written for spec 0, which the table still has
+    committer.prepare(pc)  # written for spec 0, which the table still has
     with pytest.raises(InvalidPreCommit, match=r"partition keys \[\], but partition spec 1 has \['name'\]") as caught:
-        committer.validate(_with(pc, spec_id=None))  # older metadata: the default spec applies
+        committer.prepare(_with(pc, spec_id=None))  # older metadata: the default spec applies
     assert "records no partition spec" in str(caught.value) and "write it again" in str(caught.value)
     with pytest.raises(InvalidPreCommit, match=r"has no partition spec 7 \(it has \[0, 1\]\).*abort the epoch"):
-        committer.validate(_with(pc, spec_id=7))
+        committer.prepare(_with(pc, spec_id=7))
     with pytest.raises(InvalidPreCommit, match=r"partition keys \[\], but partition spec 1 has \['name'\]"):
-        committer.validate(_with(pc, spec_id=1))  # a write claiming the new spec must carry its keys
+        committer.prepare(_with(pc, spec_id=1))  # a write claiming the new spec must carry its keys
 
 
 def test_a_spec_on_a_dropped_column_is_refused(catalog: SqlCatalog, sink_id: str) -> None:
@@ -213,7 +213,7 @@ def test_a_spec_on_a_dropped_column_is_refused(catalog: SqlCatalog, sink_id: str
     pc = simple_write(table, sink_id)  # for spec 1, on "name"
     partitioned = [d.model_copy(update={"partition": {"name": "n0"}}) for d in pc.tables[0].data_files]
     pc = _with(pc, data_files=partitioned)
-    IcebergSinkCommitter(catalog).validate(pc)
+    IcebergSinkCommitter(catalog).prepare(pc)
     with table.update_spec() as update:
         update.remove_field("name")
     with table.update_schema() as schema_update:
@@ -223,7 +223,7 @@ def test_a_spec_on_a_dropped_column_is_refused(catalog: SqlCatalog, sink_id: str
         for d in partitioned
     ]
     with pytest.raises(InvalidPreCommit, match=r"partition field\(s\) \['name'\] of spec 1 are on columns"):
-        IcebergSinkCommitter(catalog).validate(_with(pc, data_files=stats))
+        IcebergSinkCommitter(catalog).prepare(_with(pc, data_files=stats))
 
 
 _STATS = ("column_sizes", "value_counts", "null_value_counts", "nan_value_counts", "lower_bounds", "upper_bounds")
