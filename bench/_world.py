@@ -88,8 +88,11 @@ def world(backend: str) -> Iterator[World]:
                 admin.dispose()
 
 
-def write_files(table: Table, location: str, count: int, rows_per_file: int = 10) -> list[DataFileDescriptor]:
-    """``count`` small Parquet files under ``location``, described as the Spark writer would."""
+def write_files(
+    table: Table, location: str, count: int, rows_per_file: int = 10, *, epoch: int = 0
+) -> list[DataFileDescriptor]:
+    """``count`` small Parquet files under ``location`` (every row in ``epoch``), described as the
+    Spark writer would."""
     local = location.removeprefix("file://")
     Path(local).mkdir(parents=True, exist_ok=True)
     arrow_schema = pa.schema(
@@ -98,7 +101,7 @@ def write_files(table: Table, location: str, count: int, rows_per_file: int = 10
     descriptors = []
     for n in range(count):
         ids = list(range(n * rows_per_file, (n + 1) * rows_per_file))
-        data = pa.table({"id": ids, "epoch": [0] * len(ids), "payload": ["x" * 16] * len(ids)}, schema=arrow_schema)
+        data = pa.table({"id": ids, "epoch": [epoch] * len(ids), "payload": ["x" * 16] * len(ids)}, schema=arrow_schema)
         path = f"{location}/part-{n:06d}.parquet"
         pq.write_table(data, f"{local}/part-{n:06d}.parquet")
         descriptors.append(describe_parquet_file(path, table_schema=table.schema(), partition={}, writer=str(n)))

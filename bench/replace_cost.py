@@ -5,7 +5,9 @@ then replaces it with another write of N files from a newer generation (persist 
 the commit is one overwrite snapshot removing the first write's files and adding the new ones). The
 third path is what a job without this package does to redo an epoch: pyiceberg's
 ``Table.overwrite(df, overwrite_filter=epoch == e)`` of the same rows, which writes the data again
-and makes two snapshots (a delete and an append).
+and makes two snapshots (a delete and an append). Its table holds the same epoch as the same N
+files first (committed untimed, through a second sink), so both remove N files; pyiceberg then
+writes the rows as few large files where the epoch writer had written N.
 
     uv run python -m bench.replace_cost [--backend sqlite|postgres] [--rounds 3] [--sizes 1000 10000]
 
@@ -42,9 +44,11 @@ def main() -> None:
     results = []
     with world(args.backend) as w:
         sink_id = "bench-replace"
+        bare_sink = "bench-overwritten"
+        committer = IcebergSinkCommitter(w.catalog)
         coordinator = TwoPhaseCommitCoordinator(
             w.store,
-            {sink_id: IcebergSinkCommitter(w.catalog)},
+            {sink_id: committer, bare_sink: committer},
             w.checkpoints,
             on_reprocess={sink_id: "replace"},
         )
@@ -60,7 +64,7 @@ def main() -> None:
                 for generation in (OLD, NEW):
                     write_id = str(uuid.uuid4())
                     location = f"{eo_table.location()}/data/_eo/{write_id}"
-                    descriptors = write_files(eo_table, location, size, ROWS_PER_FILE)
+                    descriptors = write_files(eo_table, location, size, ROWS_PER_FILE, epoch=epoch)
                     writes.append(
                         PreCommit(
                             sink_id=sink_id,
@@ -91,8 +95,26 @@ def main() -> None:
                         ]
                     ),
                 )
-                bare = w.catalog.load_table(f"bench.overwrite_{size}")
-                bare.append(rows)
+                # The overwritten table holds the same epoch as the same N files, committed untimed.
+                bare_table = w.catalog.load_table(f"bench.overwrite_{size}")
+                bare_id = str(uuid.uuid4())
+                bare_location = f"{bare_table.location()}/data/_eo/{bare_id}"
+                bare_write = PreCommit(
+                    sink_id=bare_sink,
+                    epoch=epoch,
+                    write_id=bare_id,
+                    generation=OLD,
+                    tables=[
+                        TableWrite(
+                            table=f"bench.overwrite_{size}",
+                            location=bare_location,
+                            data_files=write_files(bare_table, bare_location, size, ROWS_PER_FILE, epoch=epoch),
+                        )
+                    ],
+                )
+                w.store.checkpoints.set_checkpoint(bare_sink, epoch, CheckpointStatus.COMPLETED)
+                coordinator.persist(bare_write)
+                coordinator.commit(bare_sink, epoch)
 
                 def overwrite(epoch: int = epoch, rows: pa.Table = rows, size: int = size) -> None:
                     table = w.catalog.load_table(f"bench.overwrite_{size}")
@@ -102,6 +124,8 @@ def main() -> None:
                 first_times.append(timed(lambda first=first: commit(first)))  # type: ignore[misc]
                 replace_times.append(timed(lambda second=second: commit(second)))  # type: ignore[misc]
                 overwrite_times.append(timed(overwrite))
+                redone = w.catalog.load_table(f"bench.overwrite_{size}").scan(row_filter=EqualTo("epoch", epoch))
+                assert len(redone.to_arrow()) == size * ROWS_PER_FILE, "the overwrite must replace, not add"
             row = {
                 "files": size,
                 "rows": size * ROWS_PER_FILE,

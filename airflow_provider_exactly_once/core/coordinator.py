@@ -33,6 +33,7 @@ from .decisions import (
     commit_decision,
     discarded_error,
     files_lost_refusal,
+    other_dag_warning,
     persist_decision,
     recovery_decision,
 )
@@ -43,6 +44,7 @@ from .errors import (
     InvalidPreCommit,
     InvalidSinkConfig,
     MetaStoreUnavailable,
+    ReplacedFilesMissing,
     StateConflict,
 )
 from .faults import FaultHook, no_faults
@@ -58,32 +60,15 @@ from .outcomes import (
     PersistResult,
     RecoveryReport,
 )
-from .ports import (
-    CheckpointSource,
-    CommitPlan,
-    EpochRecord,
-    SinkCommitter,
-    SinkStateStore,
-)
+from .ports import CheckpointSource, CommitPlan, EpochRecord, SinkCommitter, SinkStateStore
 from .precommit import PreCommit
 from .status import EpochStatus
 
-__all__ = [
-    "AbortOutcome",
-    "AbortResult",
-    "CleanupReport",
-    "CommitOutcome",
-    "CommitResult",
-    "PersistOutcome",
-    "PersistResult",
-    "RecoveryReport",
-    "TwoPhaseCommitCoordinator",
-    "require_epoch",
-]
+__all__ = ["TwoPhaseCommitCoordinator", "require_epoch"]
 
 log = logging.getLogger(__name__)
 
-#: How often persist re-reads the row after losing a CAS race before it gives up.
+#: How often persist (and abort) re-reads the row after losing a CAS race before it gives up.
 _PERSIST_RACE_ROUNDS = 5
 
 
@@ -156,8 +141,7 @@ class TwoPhaseCommitCoordinator:
                 return PersistResult(outcome, row, row.write_id)
 
             if row is not None and action is Action.DISCARD_OTHER_TABLES:
-                self._store.enqueue_cleanup(pre, reason=f"sink reused: epoch committed with write {row.write_id}")
-                self._run_cleanups(pre.sink_id, pre.epoch)
+                self._discard(pre, f"sink reused: epoch committed with write {row.write_id}")
                 assert decision.error is not None
                 raise decision.error
 
@@ -190,16 +174,14 @@ class TwoPhaseCommitCoordinator:
                 return PersistResult(PersistOutcome.REVISED, record, pre.write_id, warning=decision.why)
 
             if row is not None and action in (Action.DISCARD_OLDER, Action.DISCARD_KEPT):
-                self._store.enqueue_cleanup(pre, reason=f"{action.value}: {decision.why}")
-                self._run_cleanups(pre.sink_id, pre.epoch)
+                self._discard(pre, f"{action.value}: {decision.why}")
                 log.warning("%s: %s", pre.describe(), decision.why)
                 outcome = PersistOutcome.SUPERSEDED if action is Action.DISCARD_OLDER else PersistOutcome.KEPT
                 return PersistResult(outcome, row, row.write_id, warning=decision.why)
 
             if row is not None and action is Action.DISCARD_LATE:
                 # The epoch's data is (or will be) the earlier write's: this one must never be seen.
-                self._store.enqueue_cleanup(pre, reason=f"late write: epoch holds write {row.write_id}")
-                self._run_cleanups(pre.sink_id, pre.epoch)
+                self._discard(pre, f"late write: epoch holds write {row.write_id}")
                 outcome = (
                     PersistOutcome.ALREADY_COMMITTED
                     if row.status is EpochStatus.COMMITTED
@@ -237,24 +219,24 @@ class TwoPhaseCommitCoordinator:
             f"{pre.describe()}: the epoch kept changing under {_PERSIST_RACE_ROUNDS} attempts to persist"
         )
 
+    def _discard(self, pre: PreCommit, reason: str) -> None:
+        """This write must never be the epoch's: its files go, through the clean-up queue."""
+        self._store.enqueue_cleanup(pre, reason=reason)
+        self._run_cleanups(pre.sink_id, pre.epoch)
+
     def _refuse_discarded(self, pre: PreCommit) -> None:
         if self._store.write_discarded(pre.sink_id, pre.epoch, pre.write_id):
             raise discarded_error(pre)
 
     def _warn_other_dag(self, pre: PreCommit, row: EpochRecord, dag_id: str | None) -> str | None:
         """A write from another DAG for an epoch already settled: the sink id may be reused by mistake."""
-        if dag_id is None or row.dag_id is None or dag_id == row.dag_id:
-            return None
-        warning = (
-            f"sink {pre.sink_id!r} epoch {pre.epoch} holds write {row.write_id} of DAG {row.dag_id!r}; a write "
-            f"from DAG {dag_id!r} was discarded. If another pipeline reuses this sink id, give it its own "
-            "sink_id: its epochs are not being written"
-        )
-        log.warning("%s", warning)
-        try:
-            self._store.record_warning(pre.sink_id, pre.epoch, warning=warning)
-        except MetaStoreUnavailable:
-            log.warning("could not record the warning on sink %r epoch %d", pre.sink_id, pre.epoch)
+        warning = other_dag_warning(pre, row, dag_id)
+        if warning is not None:
+            log.warning("%s", warning)
+            try:
+                self._store.record_warning(pre.sink_id, pre.epoch, warning=warning)
+            except MetaStoreUnavailable:
+                log.warning("could not record the warning on sink %r epoch %d", pre.sink_id, pre.epoch)
         return warning
 
     # -- phase two: commit ------------------------------------------------------------------------
@@ -371,27 +353,28 @@ class TwoPhaseCommitCoordinator:
         check_epoch(epoch)
         if write is not None and (write.sink_id, write.epoch) != (sink_id, epoch):
             raise InvalidPreCommit(f"abort of sink {sink_id!r} epoch {epoch} was given {write.describe()}")
-        row = self._store.get(sink_id, epoch)
-        decision = abort_decision(
-            row, write, lambda: self._checkpoints.status(sink_id, epoch), force=force, files_lost=files_lost
-        ).raise_if_refused()
-        action = decision.action
-
-        if row is None:
+        for _ in range(_PERSIST_RACE_ROUNDS):
+            row = self._store.get(sink_id, epoch)
+            decision = abort_decision(
+                row, write, lambda: self._checkpoints.status(sink_id, epoch), force=force, files_lost=files_lost
+            ).raise_if_refused()
+            if row is not None:
+                break
             # A tombstone row, so that a late persist of this write cannot resurrect deleted files;
             # without a write, the record that the epoch was given up and why.
-            tombstone = write or PreCommit.nothing_written(sink_id, epoch)
             try:
-                record = self._store.insert_aborted(tombstone, reason=reason, dag_id=dag_id)
-            except StateConflict:
-                # persist won
-                return self._abort(
-                    sink_id, epoch, reason=reason, write=write, force=force, files_lost=files_lost, dag_id=dag_id
+                record = self._store.insert_aborted(
+                    write or PreCommit.nothing_written(sink_id, epoch), reason=reason, dag_id=dag_id
                 )
+            except StateConflict:
+                continue  # a persist won: decide against its row
             self._fault("abort.marked")
             outcome = AbortOutcome.NOT_PERSISTED if write is not None else AbortOutcome.NO_WRITE
             return AbortResult(outcome, self._run_cleanups(sink_id, epoch), record)
+        else:
+            raise StateConflict(f"sink {sink_id!r} epoch {epoch}: kept changing under {_PERSIST_RACE_ROUNDS} aborts")
 
+        action = decision.action
         if action is Action.REMOVE_OTHER_WRITE:
             assert write is not None
             self._store.enqueue_cleanup(write, reason=f"abort: {reason}")
@@ -405,21 +388,12 @@ class TwoPhaseCommitCoordinator:
             log.warning("%s: giving up a write with %d data file(s) lost", row.pre_commit.describe(), len(missing))
         decided = row.commit_decided_at is not None
         try:
-            if row.replaces is not None:
+            if row.replaces is not None:  # the write it replaces is the epoch's again, Committed
                 record = self._store.revisions.abort_revision(
                     sink_id, epoch, write_id=row.write_id, reason=reason, decided=decided
                 )
-                self._fault("abort.marked")
-                deleted = self._run_cleanups(sink_id, epoch)
-                log.info(
-                    "%s: revision %d aborted (%s); write %s stays",
-                    row.pre_commit.describe(),
-                    row.revision,
-                    reason,
-                    record.write_id,
-                )
-                return AbortResult(AbortOutcome.REVISION_ABORTED, deleted, record)
-            record = self._store.mark_aborted(sink_id, epoch, write_id=row.write_id, reason=reason, decided=decided)
+            else:
+                record = self._store.mark_aborted(sink_id, epoch, write_id=row.write_id, reason=reason, decided=decided)
         except StateConflict:
             latest = self._require(sink_id, epoch)
             if latest.status is EpochStatus.ABORTED and latest.write_id == row.write_id:
@@ -431,19 +405,29 @@ class TwoPhaseCommitCoordinator:
         self._fault("abort.marked")
         deleted = self._run_cleanups(sink_id, epoch)
         self._fault("abort.cleaned")
-        log.info("%s aborted (%s); %d file(s) deleted", row.pre_commit.describe(), reason, deleted)
-        return AbortResult(AbortOutcome.ABORTED, deleted, record)
+        what = "aborted" if row.replaces is None else f"revision {row.revision} aborted, write {record.write_id} stays"
+        log.info("%s %s (%s); %d file(s) deleted", row.pre_commit.describe(), what, reason, deleted)
+        outcome = AbortOutcome.ABORTED if row.replaces is None else AbortOutcome.REVISION_ABORTED
+        return AbortResult(outcome, deleted, record)
 
     def lost_files(self, row: EpochRecord) -> list[str]:
         """The data files of a Pending write that are gone, when that is reason enough to give it up.
 
-        Refused (``AbortRefused``) while a table shows the epoch (it is partly visible: only
+        Refused (``AbortRefused``) while a table shows the epoch's write (it is partly visible: only
         restoring the files and committing keeps it whole) and while every file is there (commit).
+        A revision's files count as lost also when those of the write it replaces left the table
+        (``ReplacedFilesMissing``): the replacement can then never be made, and the earlier write stays.
         """
         committer = self._committer(row.sink_id)
         visible = committer.find_committed(row.pre_commit, row.created_at)
-        missing = [] if visible.tables else list(committer.missing_files(row.pre_commit))
-        refusal = files_lost_refusal(row, list(visible.tables), missing)
+        shown = [t for t in visible.tables if row.replaces is None or visible.write_ids.get(t) == row.write_id]
+        missing = [] if shown else list(committer.missing_files(row.pre_commit))
+        if not shown and row.replaces is not None:
+            try:
+                committer.prepare(row.pre_commit, replaces=row.replaces)
+            except ReplacedFilesMissing as exc:
+                missing += exc.missing
+        refusal = files_lost_refusal(row, shown, missing)
         if refusal is not None:
             raise refusal
         return missing

@@ -185,6 +185,18 @@ def write_kept(row: EpochRecord | None, generation: str | None, on_reprocess: On
     )
 
 
+def other_dag_warning(pre: PreCommit, row: EpochRecord, dag_id: str | None) -> str | None:
+    """What to tell when a write from another DAG meets an epoch already settled: the sink id may be
+    reused by mistake, and that pipeline's epochs are then not being written. ``None``: same DAG."""
+    if dag_id is None or row.dag_id is None or dag_id == row.dag_id:
+        return None
+    return (
+        f"sink {pre.sink_id!r} epoch {pre.epoch} holds write {row.write_id} of DAG {row.dag_id!r}; a write "
+        f"from DAG {dag_id!r} was discarded. If another pipeline reuses this sink id, give it its own "
+        "sink_id: its epochs are not being written"
+    )
+
+
 def discarded_error(write: PreCommit) -> EpochAborted:
     """A write whose files were handed to clean-up must never become the epoch's write."""
     return EpochAborted(

@@ -103,6 +103,19 @@ class MissingDataFiles(ExactlyOnceError):
         )
 
 
+class ReplacedFilesMissing(ExactlyOnceError):
+    """Files of the write a revision replaces are no longer in the sink (compacted or deleted by
+    another engine): replacing them would show the epoch's rows twice, so the revision is refused.
+
+    ``missing`` names the files. Before the commit decision the revision is simply aborted; after
+    it, the abort names them as lost (``files_lost``), and the earlier write stays committed.
+    """
+
+    def __init__(self, message: str, missing: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.missing = missing
+
+
 class SchemaMismatch(ExactlyOnceError):
     """The written schema cannot go into the table; refused before anything was committed."""
 

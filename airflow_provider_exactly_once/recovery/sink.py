@@ -17,7 +17,7 @@ from datetime import timedelta
 from typing import Any
 
 from airflow_provider_exactly_once.checkpoints.config import checkpoint_config_from_dict
-from airflow_provider_exactly_once.core.coordinator import CleanupReport, TwoPhaseCommitCoordinator
+from airflow_provider_exactly_once.core.coordinator import TwoPhaseCommitCoordinator
 from airflow_provider_exactly_once.core.errors import (
     ExactlyOnceError,
     InvalidSinkConfig,
@@ -25,6 +25,7 @@ from airflow_provider_exactly_once.core.errors import (
     StateConflict,
 )
 from airflow_provider_exactly_once.core.observe import report_pending
+from airflow_provider_exactly_once.core.outcomes import CleanupReport
 from airflow_provider_exactly_once.core.ports import ORPHAN_EPOCH, SinkRegistry
 from airflow_provider_exactly_once.defaults import DEFAULT_ORPHAN_GRACE
 from airflow_provider_exactly_once.observability.stats import airflow_metrics

@@ -52,6 +52,7 @@ from airflow_provider_exactly_once.core.precommit import (
     PreCommit,
     TableWrite,
 )
+from airflow_provider_exactly_once.sinks.layout import FILE_STAGING_DIR, file_write_location, file_writes_folder
 
 __all__ = [
     "COMMIT_STARTED_MARKER",
@@ -65,8 +66,8 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: Folder under the sink root that holds every write's staged files; ``_`` keeps readers out.
-STAGING_DIR = "_staging"
+#: Folder under the sink root that holds every write's staged files (``sinks.layout``).
+STAGING_DIR = FILE_STAGING_DIR
 #: Written into a write's staging folder before its first move: "this write's commit has begun".
 COMMIT_STARTED_MARKER = "_COMMIT_STARTED"
 #: Hive's (and Spark's) directory name for a null or empty partition value.
@@ -316,7 +317,7 @@ class FileSinkCommitter:
     # -- internals --------------------------------------------------------------------------------
 
     def _staging_path(self, write_id: str) -> str:
-        return posixpath.join(self._root_path, STAGING_DIR, write_id)
+        return file_write_location(self._root_path, write_id)
 
     def _url(self, path: str) -> str:
         return path if self._local else str(self._fs.unstrip_protocol(path))
@@ -343,7 +344,7 @@ class FileSinkCommitter:
                 f"{pre_commit.describe()}: table {table.table!r} is not this file sink's root {self.root!r}"
             )
         staging = self._staging_path(pre_commit.write_id)
-        staging_root = posixpath.join(self._root_path, STAGING_DIR)
+        staging_root = file_writes_folder(self._root_path)
         if self._to_path(table.location, "write location") != staging:
             raise InvalidPreCommit(
                 f"{pre_commit.describe()}: write location {table.location!r} is not the write's "

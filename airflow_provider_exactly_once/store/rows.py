@@ -63,7 +63,7 @@ def record(row: PendingSinkState) -> EpochRecord:
 
 def replaces_json(record: EpochRecord) -> str:
     """What a revision keeps of the Committed row it replaces (``replaced_write`` reads it back)."""
-    return json.dumps(
+    text = json.dumps(
         {
             "write_id": record.write_id,
             "metadata": record.pre_commit.to_dict(),
@@ -74,13 +74,28 @@ def replaces_json(record: EpochRecord) -> str:
         },
         sort_keys=True,
     )
+    _remember(_replaced_key(record.pre_commit, text), record.pre_commit)
+    return text
+
+
+def _replaced_key(pre_commit: PreCommit | Mapping[str, Any], text: str) -> tuple[object, ...]:
+    if isinstance(pre_commit, PreCommit):
+        return ("replaced", pre_commit.sink_id, pre_commit.epoch, pre_commit.write_id, len(text))
+    return ("replaced", pre_commit["sink_id"], int(pre_commit["epoch"]), pre_commit["write_id"], len(text))
 
 
 def replaced_write(text: str) -> ReplacedWrite:
+    """Parsed once per process: every read of a revision's row carries the replaced write's files."""
     data = json.loads(text)
+    key = _replaced_key(data["metadata"], text)
+    with _parsed_lock:
+        pre_commit = _parsed_cache.get(key)
+    if pre_commit is None:
+        pre_commit = PreCommit.parse(data["metadata"], recorded=True)
+        _remember(key, pre_commit)
     return ReplacedWrite(
         write_id=data["write_id"],
-        pre_commit=PreCommit.parse(data["metadata"], recorded=True),
+        pre_commit=pre_commit,
         committed=data["committed"],
         table_uuids=data["table_uuids"],
         revision=int(data["revision"]),
@@ -162,7 +177,7 @@ def identities_json(identities: Mapping[str, str], sink_id: str, epoch: int) -> 
 #: parses it once: an epoch of 10,000 files would otherwise be re-validated on every row read
 #: (get, decide, mark), which costs more than the Iceberg commit itself.
 _PARSED_CAPACITY = 8
-_parsed_cache: OrderedDict[tuple[str, int, str, int], PreCommit] = OrderedDict()
+_parsed_cache: OrderedDict[tuple[object, ...], PreCommit] = OrderedDict()
 _parsed_lock = threading.Lock()
 
 
@@ -186,7 +201,7 @@ def remembered_json(pre_commit: PreCommit) -> str:
     return text
 
 
-def _remember(key: tuple[str, int, str, int], pre_commit: PreCommit) -> None:
+def _remember(key: tuple[object, ...], pre_commit: PreCommit) -> None:
     with _parsed_lock:
         _parsed_cache[key] = pre_commit
         _parsed_cache.move_to_end(key)

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_exactly_once.core.coordinator import CommitOutcome, PersistOutcome
 from airflow_provider_exactly_once.core.errors import (
     InvalidPreCommit,
     InvalidSinkConfig,
@@ -20,6 +19,7 @@ from airflow_provider_exactly_once.core.errors import (
     SchemaMismatch,
     UnknownTable,
 )
+from airflow_provider_exactly_once.core.outcomes import CommitOutcome, PersistOutcome
 from airflow_provider_exactly_once.core.ports import CommitPlan
 from airflow_provider_exactly_once.core.precommit import PreCommit, TableWrite, WrittenColumn
 from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochStatus

@@ -16,8 +16,8 @@ import pytest
 from pyiceberg.table import Table
 from pyiceberg.transforms import IdentityTransform
 
-from airflow_provider_exactly_once.core.coordinator import AbortOutcome, CommitOutcome
 from airflow_provider_exactly_once.core.errors import CommitRefused, InvalidPreCommit
+from airflow_provider_exactly_once.core.outcomes import AbortOutcome, CommitOutcome
 from airflow_provider_exactly_once.core.ports import CommitPlan
 from airflow_provider_exactly_once.core.precommit import PreCommit
 from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochStatus

@@ -7,7 +7,6 @@ from pathlib import Path
 import pyarrow.dataset as ds
 import pytest
 
-from airflow_provider_exactly_once.core.coordinator import AbortOutcome, CommitOutcome, PersistOutcome
 from airflow_provider_exactly_once.core.errors import (
     AbortRefused,
     CheckpointFailed,
@@ -16,6 +15,7 @@ from airflow_provider_exactly_once.core.errors import (
     EpochNotFound,
     InvalidPreCommit,
 )
+from airflow_provider_exactly_once.core.outcomes import AbortOutcome, CommitOutcome, PersistOutcome
 from airflow_provider_exactly_once.core.ports import EMPTY, CommitPlan
 from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochStatus
 from airflow_provider_exactly_once.sinks.iceberg import IcebergSinkCommitter

@@ -14,17 +14,17 @@ import pytest
 from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.transforms import IdentityTransform
 
-from airflow_provider_exactly_once.core.coordinator import (
-    AbortOutcome,
-    CommitOutcome,
-    PersistOutcome,
-    TwoPhaseCommitCoordinator,
+from airflow_provider_exactly_once.core.coordinator import TwoPhaseCommitCoordinator
+from airflow_provider_exactly_once.core.errors import (
+    AbortRefused,
+    ReplacedFilesMissing,
+    RevisionInProgress,
+    StateConflict,
 )
-from airflow_provider_exactly_once.core.errors import RevisionInProgress, StateConflict
 from airflow_provider_exactly_once.core.faults import SimulatedCrash
+from airflow_provider_exactly_once.core.outcomes import AbortOutcome, CommitOutcome, PersistOutcome
 from airflow_provider_exactly_once.core.precommit import PreCommit
 from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochStatus
-from airflow_provider_exactly_once.sinks.iceberg.replacement import ReplacedFilesMissing
 from tests.support.faults import FaultSwitch
 from tests.support.independent_reader import read_rows
 from tests.support.pipeline import Pipeline, write_location_exists
@@ -181,6 +181,48 @@ def test_a_replaced_file_no_longer_in_the_table_refuses_the_revision(pipeline: P
     # refused before the commit decision, so the revision can be given up as the message says
     assert coordinator.abort(sink_id, 1, reason="compacted").outcome is AbortOutcome.REVISION_ABORTED
     assert {r["write_id"] for r in pipeline.rows("orders")} == {first.write_id}
+
+
+def test_a_compaction_after_the_decision_lets_the_revision_be_given_up_as_lost(
+    pipeline: Pipeline, sink_id: str, faults: FaultSwitch
+) -> None:
+    pipeline.create_table("orders")
+    coordinator = replacing(pipeline, sink_id)
+    first = generation(pipeline.write_iceberg(sink_id, 1, ["orders"], rows=4, files=2), G1)
+    commit(pipeline, coordinator, first)
+    second = generation(pipeline.write_iceberg(sink_id, 1, ["orders"]), G2)
+    coordinator.persist(second)
+    faults.crash_at("commit.decided")  # decided, then the task died before its commit
+    with pytest.raises(SimulatedCrash):
+        coordinator.commit(sink_id, 1)
+    faults.disarm()
+    table = pipeline.catalog.load_table(f"{pipeline.namespace}.orders")
+    gone = first.tables[0].data_files[0].path
+    with table.transaction() as tx, tx.update_snapshot().overwrite() as rewrite:  # compaction in that moment
+        rewrite.delete_data_file(_data_file(table, gone))
+    before = pipeline.catalog.load_table(f"{pipeline.namespace}.orders").metadata.current_snapshot_id
+
+    with pytest.raises(ReplacedFilesMissing, match="--files-lost"):
+        coordinator.commit(sink_id, 1)  # what the commit task and recovery run into, every time
+    with pytest.raises(AbortRefused, match="files_lost=True"):
+        coordinator.abort(sink_id, 1, reason="compacted")
+    result = coordinator.abort(sink_id, 1, reason="replaced files compacted", files_lost=True)
+
+    assert result.outcome is AbortOutcome.REVISION_ABORTED
+    row = pipeline.store.get(sink_id, 1)
+    assert row is not None and row.status is EpochStatus.COMMITTED and row.write_id == first.write_id
+    assert pipeline.catalog.load_table(f"{pipeline.namespace}.orders").metadata.current_snapshot_id == before
+    assert not write_location_exists(second)
+    assert [r.status for r in pipeline.store.revisions.revisions(sink_id, 1)] == ["Committed", "Aborted"]
+
+
+def test_files_lost_is_refused_for_a_revision_whose_files_are_all_there(pipeline: Pipeline, sink_id: str) -> None:
+    pipeline.create_table("orders")
+    coordinator = replacing(pipeline, sink_id)
+    commit(pipeline, coordinator, generation(pipeline.write_iceberg(sink_id, 1, ["orders"]), G1))
+    coordinator.persist(generation(pipeline.write_iceberg(sink_id, 1, ["orders"]), G2))
+    with pytest.raises(AbortRefused, match="nothing is lost"):
+        coordinator.abort(sink_id, 1, reason="no reason", files_lost=True)
 
 
 def test_replaced_files_are_deleted_only_after_older_snapshots_expire(pipeline: Pipeline, sink_id: str) -> None:

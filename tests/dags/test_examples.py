@@ -57,16 +57,17 @@ def test_example_dags_import_cleanly_without_side_effects(tmp_path: Path) -> Non
 
 
 @pytest.mark.spark
-def test_hourly_events_lands_every_hour_once_even_when_rerun(tmp_path: Path) -> None:
+def test_hourly_events_lands_every_hour_once_and_a_rerun_replaces_its_hour(tmp_path: Path) -> None:
     result = example(tmp_path, "run", "hourly_events.py", "2", "rerun")
     assert [r["state"] for r in result["runs"]] == ["success"] * 3
     assert result["runs"][2]["tasks"]["events.commit"][0] == "success"  # the rerun wrote again...
     table = result["tables"]["examples.events"]
     landed = result["landed"]
-    assert table["rows"] == table["distinct_ids"] == sum(landed.values())  # ...and added nothing
+    assert table["rows"] == table["distinct_ids"] == sum(landed.values())  # ...and replaced its hour
     assert table["by_hour"] == result["landed_by_hour"]
-    assert table["marker_snapshots"] == dict.fromkeys(landed, 1)
-    assert table["snapshots"] == 2
+    rerun = max(landed)  # a newer generation of the last hour: one more snapshot, the revision's
+    assert table["marker_snapshots"] == {hour: 2 if hour == rerun else 1 for hour in landed}
+    assert table["snapshots"] == 3
     # one metadata file per commit after the table's first: the table task of each run left none
     assert table["metadata_files"] == table["snapshots"] + 1
     assert table["partition_fields"] == ["event_day"]

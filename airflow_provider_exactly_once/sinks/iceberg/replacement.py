@@ -18,13 +18,9 @@ from collections.abc import Mapping
 from pyiceberg.manifest import DataFile, ManifestContent
 from pyiceberg.table import Table
 
-from airflow_provider_exactly_once.core.errors import ExactlyOnceError
+from airflow_provider_exactly_once.core.errors import ReplacedFilesMissing
 from airflow_provider_exactly_once.core.ports import EMPTY, ReplacedWrite
 from airflow_provider_exactly_once.core.precommit import PreCommit
-
-
-class ReplacedFilesMissing(ExactlyOnceError):
-    """Files of the write a revision replaces are no longer in the table: the replacement is refused."""
 
 
 def files_to_replace(
@@ -65,7 +61,9 @@ def files_to_replace(
             f"write it replaces ({replaced.write_id}) are no longer in the table on branch {branch!r} "
             f"(rewritten by a compaction or deleted): {shown}. Nothing was committed and nothing deleted. "
             "Replacing it would show the epoch's rows twice. Abort the revision to keep what the table shows "
-            "(eo-sink abort SINK EPOCH --reason ...), see docs/operations.md"
+            "(eo-sink abort SINK EPOCH --reason ...; once its commit was decided, add --files-lost), "
+            "see docs/operations.md",
+            tuple(missing),
         )
     return [found[path] for path in sorted(found)]
 

@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 from pyiceberg.catalog.sql import SqlCatalog
 
+from airflow_provider_exactly_once.core.errors import MarkerHorizonExceeded, ReplacedFilesMissing
 from airflow_provider_exactly_once.core.ports import CommitPlan, ReplacedWrite
 from airflow_provider_exactly_once.sinks.iceberg import IcebergSinkCommitter
 from airflow_provider_exactly_once.sinks.iceberg.committer import FAULT_LOADED, PREPARED_FRESH_S, TablePlan
-from airflow_provider_exactly_once.sinks.iceberg.replacement import ReplacedFilesMissing
 
 from .iceberg_helpers import create_table, ids_in, now, rows, simple_write, snapshot_count
 
@@ -140,3 +141,42 @@ def test_prepare_refuses_a_revision_whose_replaced_files_are_not_in_the_table(
     with pytest.raises(ReplacedFilesMissing, match="no longer in the table"):
         IcebergSinkCommitter(catalog).prepare(simple_write(table, sink_id, epoch=3, start=50), replaces=replaced)
     assert snapshot_count(table) == 0
+
+
+def test_a_revision_older_than_the_horizon_is_refused_unless_allowed(catalog: SqlCatalog, sink_id: str) -> None:
+    """The horizon rule of commits holds for revisions too: a revision persisted longer ago than the
+    table keeps snapshots may have committed already, its marker expired since."""
+    table = create_table(catalog, "t", properties={"history.expire.max-snapshot-age-ms": str(3_600_000)})
+    first = simple_write(table, sink_id, epoch=3)
+    committer = IcebergSinkCommitter(catalog, clock_skew=timedelta(0))
+    committed = committer.commit(CommitPlan(first), now())
+    replaced = ReplacedWrite(first.write_id, first, committed, None, 0, now())
+    second = simple_write(table, sink_id, epoch=3, start=50)
+    long_ago = now() - timedelta(hours=2)
+
+    with pytest.raises(MarkerHorizonExceeded, match="allow_beyond_horizon"):
+        committer.commit(CommitPlan(second, replaced), long_ago)
+    assert snapshot_count(table) == 1 and ids_in(table, "main") == list(range(5))
+
+    committer.commit(CommitPlan(second, replaced), long_ago, allow_beyond_horizon=True)
+    assert snapshot_count(table) == 2 and ids_in(table, "main") == list(range(50, 55))
+
+
+def test_a_revision_replaces_by_files_even_after_the_replaced_marker_expired(catalog: SqlCatalog, sink_id: str) -> None:
+    """The replaced write is found by its data files, not by its marker: expiring the snapshot that
+    committed it (a table with a short history) does not keep its rows from being replaced once."""
+    table = create_table(catalog, "t")
+    first = simple_write(table, sink_id, epoch=3)
+    committer = IcebergSinkCommitter(catalog)
+    committed = committer.commit(CommitPlan(first), now())
+    other = simple_write(table, sink_id, epoch=4, start=20)
+    committer.commit(CommitPlan(other), now())
+    table = catalog.load_table("ns.t")
+    marker_snapshot = int(committed["ns.t"])
+    table.maintenance.expire_snapshots().by_id(marker_snapshot).commit()
+    assert catalog.load_table("ns.t").snapshot_by_id(marker_snapshot) is None
+
+    replaced = ReplacedWrite(first.write_id, first, committed, None, 0, now())
+    second = simple_write(table, sink_id, epoch=3, start=50)
+    committer.commit(committer.prepare(second, replaces=replaced), now())
+    assert ids_in(catalog.load_table("ns.t"), "main") == [*range(20, 25), *range(50, 55)]
