@@ -352,7 +352,7 @@ def main() -> None:
         world.enter(root)
         create_tables(world.catalog())
         eo_dag, direct_dag = build_dags(root / "landing")
-        from tests.airflow.harness import register  # after world.enter: it imports Airflow
+        from tests.support.airflow_world import register  # after world.enter: it imports Airflow
 
         register(eo_dag)
         register(direct_dag)

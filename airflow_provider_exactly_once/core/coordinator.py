@@ -175,7 +175,7 @@ class TwoPhaseCommitCoordinator:
 
             if row is not None and action in (Action.DISCARD_OLDER, Action.DISCARD_KEPT):
                 self._discard(pre, f"{action.value}: {decision.why}")
-                log.warning("%s: %s", pre.describe(), decision.why)
+                self._warn(pre, f"{pre.describe()}: {decision.why}")
                 outcome = PersistOutcome.SUPERSEDED if action is Action.DISCARD_OLDER else PersistOutcome.KEPT
                 return PersistResult(outcome, row, row.write_id, warning=decision.why)
 
@@ -232,12 +232,16 @@ class TwoPhaseCommitCoordinator:
         """A write from another DAG for an epoch already settled: the sink id may be reused by mistake."""
         warning = other_dag_warning(pre, row, dag_id)
         if warning is not None:
-            log.warning("%s", warning)
-            try:
-                self._store.record_warning(pre.sink_id, pre.epoch, warning=warning)
-            except MetaStoreUnavailable:
-                log.warning("could not record the warning on sink %r epoch %d", pre.sink_id, pre.epoch)
+            self._warn(pre, warning)
         return warning
+
+    def _warn(self, pre: PreCommit, warning: str) -> None:
+        """Said at WARNING and kept on the epoch's row, where the UI and eo-sink show it."""
+        log.warning("%s", warning)
+        try:
+            self._store.record_warning(pre.sink_id, pre.epoch, warning=warning)
+        except MetaStoreUnavailable:
+            log.warning("could not record the warning on sink %r epoch %d", pre.sink_id, pre.epoch)
 
     # -- phase two: commit ------------------------------------------------------------------------
 

@@ -25,7 +25,7 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 
 from airflow_provider_exactly_once.core.decisions import write_kept
 from airflow_provider_exactly_once.core.epochs import epoch_start
-from airflow_provider_exactly_once.core.errors import InvalidSinkConfig
+from airflow_provider_exactly_once.core.errors import InvalidSinkConfig, MetaStoreUnavailable
 from airflow_provider_exactly_once.core.identifiers import check_epoch, check_sink_id, new_write_id
 from airflow_provider_exactly_once.core.precommit import PreCommit
 from airflow_provider_exactly_once.defaults import DEFAULT_META_CONN_ID
@@ -144,7 +144,7 @@ class SparkPreCommitOperator(SparkSubmitOperator):
             start = epoch_start(epoch)
         end = end or start
         generation = generation_for_context(context)
-        kept = self._kept_write(epoch, generation)
+        kept = self._kept_write(epoch, generation, str(context.get("run_id")))
         if kept is not None:
             return xcom_value(kept, self.xcom_compress_above)
         targets = self._resolve_targets()
@@ -207,16 +207,21 @@ class SparkPreCommitOperator(SparkSubmitOperator):
         )
         return xcom_value(pre_commit, self.xcom_compress_above)
 
-    def _kept_write(self, epoch: int, generation: str | None) -> PreCommit | None:
+    def _kept_write(self, epoch: int, generation: str | None, run_id: str) -> PreCommit | None:
         """The committed write, when the sink keeps it (``on_reprocess="keep"``) and this run would
         only write a newer generation for persist to discard: then no Spark job runs at all."""
         if self.sink is None or self.sink.on_reprocess != "keep" or generation is None:
             return None
-        row = ExactlyOnceMetaStoreHook(self.meta_conn_id).get_store().get(self.sink_id, epoch)
+        store = ExactlyOnceMetaStoreHook(self.meta_conn_id).get_store()
+        row = store.get(self.sink_id, epoch)
         why = write_kept(row, generation, self.sink.on_reprocess)
         if why is None or row is None:
             return None
         self.log.warning("Spark job skipped: %s", why)
+        try:  # the epoch's page and eo-sink show it; Airflow gives a task no way to set its own note
+            store.record_warning(self.sink_id, epoch, warning=f"run {run_id}: {why}")
+        except MetaStoreUnavailable:
+            self.log.warning("could not record the skip on the epoch's row")
         return row.pre_commit
 
     def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:

@@ -74,33 +74,47 @@ def replaces_json(record: EpochRecord) -> str:
         },
         sort_keys=True,
     )
-    _remember(_replaced_key(record.pre_commit, text), record.pre_commit)
+    _remember_replaced(text, _replaced(record))
     return text
 
 
-def _replaced_key(pre_commit: PreCommit | Mapping[str, Any], text: str) -> tuple[object, ...]:
-    if isinstance(pre_commit, PreCommit):
-        return ("replaced", pre_commit.sink_id, pre_commit.epoch, pre_commit.write_id, len(text))
-    return ("replaced", pre_commit["sink_id"], int(pre_commit["epoch"]), pre_commit["write_id"], len(text))
-
-
 def replaced_write(text: str) -> ReplacedWrite:
-    """Parsed once per process: every read of a revision's row carries the replaced write's files."""
-    data = json.loads(text)
-    key = _replaced_key(data["metadata"], text)
+    """Parsed once per process: every read of a revision's row carries the replaced write's files
+    (10,000 descriptors make a JSON text of megabytes), and it never changes."""
+    key = (hash(text), len(text))
     with _parsed_lock:
-        pre_commit = _parsed_cache.get(key)
-    if pre_commit is None:
-        pre_commit = PreCommit.parse(data["metadata"], recorded=True)
-        _remember(key, pre_commit)
-    return ReplacedWrite(
+        cached = _replaced_cache.get(key)
+    if cached is not None:
+        return cached
+    data = json.loads(text)
+    replaced = ReplacedWrite(
         write_id=data["write_id"],
-        pre_commit=pre_commit,
+        pre_commit=PreCommit.parse(data["metadata"], recorded=True),
         committed=data["committed"],
         table_uuids=data["table_uuids"],
         revision=int(data["revision"]),
         committed_at=datetime.fromisoformat(data["committed_at"]),
     )
+    _remember_replaced(text, replaced)
+    return replaced
+
+
+def _replaced(record: EpochRecord) -> ReplacedWrite:
+    return ReplacedWrite(
+        write_id=record.write_id,
+        pre_commit=record.pre_commit,
+        committed=dict(record.committed or {}),
+        table_uuids=None if record.table_uuids is None else dict(record.table_uuids),
+        revision=record.revision,
+        committed_at=record.updated_at,
+    )
+
+
+def _remember_replaced(text: str, replaced: ReplacedWrite) -> None:
+    with _parsed_lock:
+        _replaced_cache[(hash(text), len(text))] = replaced
+        while len(_replaced_cache) > _PARSED_CAPACITY:
+            _replaced_cache.popitem(last=False)
 
 
 def new_write_values(
@@ -177,7 +191,8 @@ def identities_json(identities: Mapping[str, str], sink_id: str, epoch: int) -> 
 #: parses it once: an epoch of 10,000 files would otherwise be re-validated on every row read
 #: (get, decide, mark), which costs more than the Iceberg commit itself.
 _PARSED_CAPACITY = 8
-_parsed_cache: OrderedDict[tuple[object, ...], PreCommit] = OrderedDict()
+_parsed_cache: OrderedDict[tuple[str, int, str, int], PreCommit] = OrderedDict()
+_replaced_cache: OrderedDict[tuple[int, int], ReplacedWrite] = OrderedDict()
 _parsed_lock = threading.Lock()
 
 
@@ -201,7 +216,7 @@ def remembered_json(pre_commit: PreCommit) -> str:
     return text
 
 
-def _remember(key: tuple[object, ...], pre_commit: PreCommit) -> None:
+def _remember(key: tuple[str, int, str, int], pre_commit: PreCommit) -> None:
     with _parsed_lock:
         _parsed_cache[key] = pre_commit
         _parsed_cache.move_to_end(key)

@@ -16,9 +16,9 @@ from sqlalchemy import text
 
 from airflow_provider_exactly_once.cli.main import EXIT_FAILED, EXIT_OK, EXIT_USAGE, duration, main
 from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochStatus
-from tests.airflow.harness import World
 from tests.operations.helpers import coordinator, state, write
 from tests.recovery.helpers import E0, E1, E2, E3, GRACE, exists, leave_crash
+from tests.support.airflow_world import World
 
 EO_SINK = Path(sys.executable).with_name("eo-sink")
 

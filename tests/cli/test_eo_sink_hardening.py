@@ -24,10 +24,10 @@ from airflow_provider_exactly_once.checkpoints.config import MetaStoreCheckpoint
 from airflow_provider_exactly_once.cli.main import EXIT_FAILED, EXIT_OK, EXIT_USAGE, main
 from airflow_provider_exactly_once.core.precommit import PreCommit, TableWrite
 from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig
-from tests.airflow.harness import World
 from tests.cli.test_eo_sink import eo_sink
 from tests.operations.helpers import coordinator, write
 from tests.recovery.helpers import E1
+from tests.support.airflow_world import World
 from tests.support.builders import register_file_sink_with_root
 
 EPOCH_MAX = 2**63 - 1

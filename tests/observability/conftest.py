@@ -9,10 +9,9 @@ import uuid
 
 from airflow_provider_exactly_once.core.epochs import epoch_from_interval_start
 from airflow_provider_exactly_once.core.status import CheckpointStatus
-from tests.airflow.conftest import airflow_home, unique, world
-from tests.airflow.harness import World, run
+from tests.support.airflow_world import World, run
 
-__all__ = ["DAY", "airflow_home", "run_epoch_then_recover", "unique", "world"]
+__all__ = ["DAY", "run_epoch_then_recover"]
 
 DAY = dt.datetime(2024, 6, 1, tzinfo=dt.UTC)
 

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from airflow_provider_exactly_once.observability.stats import legacy_metric_name
-from tests.airflow.harness import World
 from tests.observability.conftest import run_epoch_then_recover
+from tests.support.airflow_world import World
 
 
 class OtlpReceiver:

@@ -26,7 +26,7 @@ from airflow_provider_exactly_once.observability.links import EpochLink
 from airflow_provider_exactly_once.observability.urls import epoch_page
 from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig
 from airflow_provider_exactly_once.task_groups import exactly_once_epoch
-from tests.airflow.harness import World, run, ti_states, xcom
+from tests.support.airflow_world import World, run, ti_states, xcom
 
 DAY = dt.datetime(2024, 5, 1, tzinfo=dt.UTC)
 G = "eo"
@@ -196,7 +196,7 @@ def test_the_downstream_dag_is_scheduled_on_the_same_asset_the_commit_emits(worl
     from airflow.utils.session import create_session
     from sqlalchemy import select, update
 
-    from tests.airflow.harness import register
+    from tests.support.airflow_world import register
 
     register(downstream)
     with create_session() as session:  # new DAGs start paused; a paused DAG is not queued

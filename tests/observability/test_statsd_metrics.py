@@ -24,8 +24,8 @@ import pytest
 
 from airflow_provider_exactly_once.core.observe import write_totals
 from airflow_provider_exactly_once.observability.stats import legacy_metric_name
-from tests.airflow.harness import World
 from tests.observability.conftest import run_epoch_then_recover
+from tests.support.airflow_world import World
 
 #: ``[metrics] statsd_prefix`` for these tests; every line the provider sends starts with it.
 PREFIX = "eo_statsd_test"

@@ -2,8 +2,8 @@
 
 The service rebuilds each sink's coordinator as the recovery DAG does, through Airflow's connection
 lookup (``AIRFLOW_CONN_<ID>`` variables here), so Airflow must be configured before it is imported:
-importing the Airflow suite's conftest points it at that suite's private AIRFLOW_HOME (and refuses
-if another home was set first). No Airflow metadata database is needed.
+tests/conftest.py points it at a private AIRFLOW_HOME first (and refuses if another home was set
+first). No Airflow metadata database is needed.
 """
 
 from __future__ import annotations
@@ -13,9 +13,8 @@ from pathlib import Path
 
 import pytest
 
-import tests.airflow.conftest  # noqa: F401  (sets AIRFLOW_HOME before anything imports Airflow)
-from tests.airflow.harness import World
 from tests.operations.helpers import ops_world
+from tests.support.airflow_world import World
 
 
 @pytest.fixture

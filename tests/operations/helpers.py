@@ -12,7 +12,7 @@ from airflow_provider_exactly_once.checkpoints.config import MetaStoreCheckpoint
 from airflow_provider_exactly_once.core.coordinator import TwoPhaseCommitCoordinator
 from airflow_provider_exactly_once.core.precommit import PreCommit
 from airflow_provider_exactly_once.sinks.config import SinkConfig
-from tests.airflow.harness import TABLE, World
+from tests.support.airflow_world import TABLE, World
 from tests.support.pipeline import write_location_exists
 
 

@@ -19,12 +19,9 @@ from airflow_provider_exactly_once.core.precommit import PreCommit, TableWrite
 from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochStatus
 from airflow_provider_exactly_once.operations import SinkOperations
 from airflow_provider_exactly_once.store import SqlSinkStateStore, migrate
-from tests.airflow.conftest import airflow_home
-from tests.airflow.harness import World, run
 from tests.operations.helpers import coordinator, write
 from tests.recovery.helpers import E1, E2
-
-__all__ = ["airflow_home"]
+from tests.support.airflow_world import World, run
 
 
 def test_persist_replace_and_tombstone_record_the_dag(world: World) -> None:
@@ -94,7 +91,7 @@ def dag_world(airflow_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatc
 
 
 def test_the_epoch_operators_of_a_dag_run_record_its_dag(dag_world: World) -> None:
-    from tests.airflow.test_epoch_dags import epoch_dag
+    from tests.task_groups.test_epoch_dags import epoch_dag
 
     world = dag_world
     day = dt.datetime(2024, 3, 1, tzinfo=dt.UTC)

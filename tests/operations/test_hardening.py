@@ -14,9 +14,9 @@ from airflow_provider_exactly_once.core.errors import SinkUnavailable
 from airflow_provider_exactly_once.core.precommit import PreCommit, TableWrite
 from airflow_provider_exactly_once.operations import InvalidRequest, SinkNotFound, SinkOperations
 from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig
-from tests.airflow.harness import World
 from tests.operations.helpers import coordinator, write
 from tests.recovery.helpers import E1
+from tests.support.airflow_world import World
 from tests.support.builders import empty_write
 
 EPOCH_MAX = 2**63 - 1

@@ -20,9 +20,9 @@ from airflow_provider_exactly_once.core.errors import (
 from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochStatus
 from airflow_provider_exactly_once.operations import InvalidRequest, SinkNotFound, SinkOperations
 from airflow_provider_exactly_once.sinks.config import FileSinkConfig
-from tests.airflow.harness import TABLE, World
 from tests.operations.helpers import coordinator, register, state, write
 from tests.recovery.helpers import E0, E1, E2, E3, E4, E5, GRACE, exists, leave_crash
+from tests.support.airflow_world import TABLE, World
 from tests.support.pipeline import write_location_exists
 
 

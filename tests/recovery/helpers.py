@@ -13,7 +13,7 @@ from airflow_provider_exactly_once.checkpoints.config import MetaStoreCheckpoint
 from airflow_provider_exactly_once.core.precommit import PreCommit
 from airflow_provider_exactly_once.core.status import CheckpointStatus
 from airflow_provider_exactly_once.sinks.config import FileSinkConfig, IcebergSinkConfig, SinkConfig
-from tests.airflow.harness import TABLE, World
+from tests.support.airflow_world import TABLE, World
 from tests.support.pipeline import local_path
 
 BASE = 1_700_000_000_000

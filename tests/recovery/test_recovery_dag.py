@@ -18,7 +18,6 @@ from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochSta
 from airflow_provider_exactly_once.recovery import SinkLocked, recover_sink
 from airflow_provider_exactly_once.recovery.dag import recovery_dag
 from airflow_provider_exactly_once.sinks.config import FileSinkConfig, IcebergSinkConfig
-from tests.airflow.harness import TABLE, World, run
 from tests.recovery.helpers import (
     E0,
     E1,
@@ -31,6 +30,7 @@ from tests.recovery.helpers import (
     mapped_tis,
     mapped_xcom,
 )
+from tests.support.airflow_world import TABLE, World, run
 from tests.support.pipeline import local_path
 
 
@@ -175,7 +175,7 @@ def test_recovery_racing_the_commit_task_commits_once(world: World) -> None:
 
 
 def test_epoch_operators_register_their_sink(world: World) -> None:
-    from tests.airflow.test_epoch_dags import DAY, epoch_dag
+    from tests.task_groups.test_epoch_dags import DAY, epoch_dag
 
     sink = world.iceberg_sink()
     dag = epoch_dag(world, sink, mark_checkpoint=True)

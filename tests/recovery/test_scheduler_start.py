@@ -12,7 +12,7 @@ import pytest
 
 from airflow_provider_exactly_once.plugins import ExactlyOncePlugin, recovery_listener
 from airflow_provider_exactly_once.recovery.dag import recovery_dag
-from tests.airflow.harness import register
+from tests.support.airflow_world import register
 
 
 def _runs(dag_id: str) -> list[tuple[str, str, str]]:

@@ -342,3 +342,53 @@ def _with_ids(schema: Any) -> Any:
     return pa.schema(
         [field.with_metadata({b"PARQUET:field_id": str(i + 1).encode()}) for i, field in enumerate(schema)]
     )
+
+
+def test_a_kept_sink_skips_the_spark_job_of_a_newer_generation_and_says_so(
+    world: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``on_reprocess="keep"``: a cleared run finds its epoch committed and submits nothing."""
+    import dataclasses
+    import datetime as dt
+    import types
+
+    from airflow_provider_exactly_once.core.coordinator import TwoPhaseCommitCoordinator
+    from airflow_provider_exactly_once.core.status import CheckpointStatus
+    from tests.support.pipeline import Pipeline
+
+    pipeline: Pipeline = world.pipeline
+    sink = dataclasses.replace(world.iceberg_sink(), on_reprocess="keep")
+    pipeline.create_table("orders")
+    start = dt.datetime(2024, 6, 1, tzinfo=dt.UTC)
+    epoch = epoch_from_interval_start(start)
+    first = pipeline.write_iceberg(sink.sink_id, epoch, ["orders"]).model_copy(
+        update={"generation": "2024-06-02T00:00:00.000000Z/0000000000"}
+    )
+    coordinator = TwoPhaseCommitCoordinator(
+        pipeline.store, {sink.sink_id: pipeline.iceberg_committer()}, pipeline.checkpoints
+    )
+    coordinator.persist(first)
+    pipeline.checkpoint(sink.sink_id, epoch, CheckpointStatus.COMPLETED)
+    coordinator.commit(sink.sink_id, epoch)
+
+    op = SparkPreCommitOperator(
+        task_id="write", sink=sink, input=files_input(Path("/nowhere")), meta_conn_id=world.meta_conn_id
+    )
+    submitted: list[object] = []
+    monkeypatch.setattr(
+        "airflow.providers.apache.spark.operators.spark_submit.SparkSubmitOperator.execute",
+        lambda self, context: submitted.append(context),
+    )
+    cleared = types.SimpleNamespace(start_date=dt.datetime(2024, 6, 3, tzinfo=dt.UTC), run_after=start, clear_number=1)
+    context = {"data_interval_start": start, "data_interval_end": start, "dag_run": cleared, "run_id": "cleared"}
+
+    value = op._execute(context)
+
+    assert submitted == []  # no Spark job for a write persist would only discard
+    assert PreCommit.parse(value).write_id == first.write_id
+    row = pipeline.store.get(sink.sink_id, epoch)
+    assert row is not None and row.warning is not None
+    assert row.warning.startswith("run cleared: ") and "on_reprocess='keep'" in row.warning
+
+    # a retry inside the committed write's own generation is no reprocess: it writes as usual
+    assert op._kept_write(epoch, "2024-06-02T00:00:00.000000Z/0000000000", "first") is None

@@ -13,7 +13,7 @@ from html.parser import HTMLParser
 import httpx
 import pytest
 
-from tests.ui.conftest import (
+from tests.plugins.ui.conftest import (
     DEAD_EPOCH,
     DEAD_SINK,
     LIMITED,

@@ -16,7 +16,7 @@ import pytest
 from airflow_provider_exactly_once.core.faults import SimulatedCrash
 from airflow_provider_exactly_once.core.precommit import PreCommit
 from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochStatus
-from tests.coordinator.test_reprocessing import (
+from tests.core.coordinator.test_reprocessing import (
     G1,
     G2,
     commit,

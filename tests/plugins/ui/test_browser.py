@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
+from tests.plugins.ui.conftest import OTHER_SINK, SINK, ApiServer, Epochs
 from tests.support.pipeline import write_location_exists
-from tests.ui.conftest import OTHER_SINK, SINK, ApiServer, Epochs
 
 CHROMIUM = Path("/usr/bin/chromium")
 #: Waits for the UI under a loaded machine (the first load of the Airflow UI compiles a lot of JS); not a

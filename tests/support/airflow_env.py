@@ -1,8 +1,9 @@
 """Real Airflow for the operator tests: a private AIRFLOW_HOME, an initialised SQLite metadata DB,
 DAGs run with ``dag.test()``, connections as ``AIRFLOW_CONN_<ID>`` JSON environment variables.
 
-Airflow reads its configuration when first imported, so the environment is set when this conftest
-is imported (pytest imports it before collecting the tests of this directory).
+Airflow reads its configuration when first imported, so the environment is set when this module is
+imported: the root ``tests/conftest.py`` imports it (and its fixtures) before any test module, so
+no suite, however it is selected, touches ``~/airflow``.
 """
 
 from __future__ import annotations
@@ -25,16 +26,18 @@ _ENV = {
 if "airflow.configuration" in sys.modules and os.environ.get("AIRFLOW_HOME") != str(_HOME):
     # Another suite imported Airflow first, with its own configuration: these tests would then
     # write into that home's database. Refuse rather than touch it.
-    raise RuntimeError("tests/airflow must be collected before anything imports Airflow (run it on its own)")
+    raise RuntimeError("tests.support.airflow_env must be imported before anything imports Airflow")
 os.environ.update(_ENV)
 
 import shutil  # noqa: E402
 import uuid  # noqa: E402
 from collections.abc import Iterator  # noqa: E402
+from typing import TYPE_CHECKING  # noqa: E402
 
 import pytest  # noqa: E402
 
-from tests.airflow.harness import World  # noqa: E402
+if TYPE_CHECKING:
+    from tests.support.airflow_world import World
 
 
 @pytest.fixture(scope="session")
@@ -52,6 +55,8 @@ def airflow_home() -> Iterator[Path]:
 @pytest.fixture
 def world(airflow_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[World]:
     """A sink's world on SQLite: meta store, Iceberg SQL catalog, connections for both."""
+    from tests.support.airflow_world import World
+
     w = World.create(tmp_path, monkeypatch, meta_url=f"sqlite:///{tmp_path / 'meta.db'}")
     yield w
     w.dispose()

@@ -24,7 +24,7 @@ from airflow_provider_exactly_once.operators import MarkCheckpointOperator
 from airflow_provider_exactly_once.sinks.config import SinkConfig
 from airflow_provider_exactly_once.task_groups import exactly_once_epoch
 from airflow_provider_exactly_once.triggers.checkpoint import CheckpointTrigger
-from tests.airflow.harness import World, clear_and_resume, run, ti_states, xcom
+from tests.support.airflow_world import World, clear_and_resume, run, ti_states, xcom
 from tests.support.pipeline import expected_rows, local_path, write_location_exists
 
 DAY = dt.datetime(2024, 3, 1, tzinfo=dt.UTC)

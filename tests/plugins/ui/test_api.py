@@ -10,8 +10,8 @@ import httpx
 import pytest
 
 from airflow_provider_exactly_once.plugins import ExactlyOncePlugin, urls
+from tests.plugins.ui.conftest import BASE, DAG_ID, OTHER_SINK, SINK, ApiServer, Epochs, json_of
 from tests.support.pipeline import write_location_exists
-from tests.ui.conftest import BASE, DAG_ID, OTHER_SINK, SINK, ApiServer, Epochs, json_of
 
 ACTIONS = {"abort": {"reason": "test"}, "commit": {}, "cleanup": {}}
 

@@ -13,7 +13,7 @@ from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochSta
 from airflow_provider_exactly_once.operations import SinkOperations
 from tests.support.pipeline import Pipeline, as_tuples, expected_rows
 
-OPERATIONS_MD = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
+OPERATIONS_MD = Path(__file__).resolve().parents[3] / "docs" / "operations.md"
 
 
 def _documented_sql() -> str:

@@ -35,12 +35,11 @@ from airflow_provider_exactly_once.checkpoints.config import MetaStoreCheckpoint
 from airflow_provider_exactly_once.core.precommit import PreCommit
 from airflow_provider_exactly_once.core.status import CheckpointStatus
 from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig
-from tests.airflow import conftest as airflow_setup  # noqa: F401 - see below
 from tests.support.builders import empty_write, free_port, register_file_sink_with_root
 from tests.support.pipeline import Pipeline
 
-# This process imports Airflow too (the plugin's declarations): the Airflow suite's conftest points
-# it at a private AIRFLOW_HOME first, so a run of this suite alone never touches ~/airflow.
+# This process imports Airflow too (the plugin's declarations): tests/conftest.py points it at a
+# private AIRFLOW_HOME first, so a run of this suite alone never touches ~/airflow.
 
 TABLE = "orders"
 OTHER_TABLE = "clicks"
@@ -52,7 +51,7 @@ BASE = 1_767_225_600_000  # 2026-01-01T00:00Z in ms
 HOUR = 3_600_000
 USERS = {"viewer": "VIEWER", "user": "USER", "admin": "ADMIN", "limited": "USER"}
 STARTUP_TIMEOUT_S = 120
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 # The per-DAG world: a sink whose newest epochs belong to a DAG the limited user may not read.
 LIMITED = "limited"
@@ -262,7 +261,7 @@ def _server_env(home: Path, world: UiWorld, port: int, passwords_file: Path) -> 
             "AIRFLOW_HOME": str(home),
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
             "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
-            "AIRFLOW__CORE__AUTH_MANAGER": "tests.ui.auth_manager.PerDagAuthManager",
+            "AIRFLOW__CORE__AUTH_MANAGER": "tests.plugins.ui.auth_manager.PerDagAuthManager",
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": ",".join(f"{u}:{r}" for u, r in USERS.items()),
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords_file),
             "AIRFLOW__API_AUTH__JWT_SECRET": uuid.uuid4().hex,

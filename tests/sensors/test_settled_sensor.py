@@ -14,7 +14,7 @@ from airflow_provider_exactly_once.core.epochs import epoch_from_interval_start
 from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochStatus
 from airflow_provider_exactly_once.sensors import CheckpointSettledSensor
 from airflow_provider_exactly_once.task_groups import exactly_once_epoch
-from tests.airflow.harness import World, run, ti_states
+from tests.support.airflow_world import World, run, ti_states
 from tests.support.pipeline import write_location_exists
 
 DAY = dt.datetime(2024, 3, 1, tzinfo=dt.UTC)

@@ -157,6 +157,8 @@ def test_on_reprocess_keep_keeps_the_committed_write_and_says_so(pipeline: Pipel
     assert result.warning is not None and "on_reprocess='keep'" in result.warning
     assert not write_location_exists(second)
     assert {r["write_id"] for r in pipeline.rows("orders")} == {first.write_id}
+    row = pipeline.store.get(sink_id, 1)  # kept where the UI and eo-sink show the epoch
+    assert row is not None and row.warning is not None and "on_reprocess='keep'" in row.warning
 
 
 def test_a_replaced_file_no_longer_in_the_table_refuses_the_revision(pipeline: Pipeline, sink_id: str) -> None:
