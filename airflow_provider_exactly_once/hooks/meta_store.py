@@ -22,10 +22,8 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
 from airflow_provider_exactly_once.core.errors import InvalidSinkConfig
-from airflow_provider_exactly_once.core.identifiers import check_sink_id
 from airflow_provider_exactly_once.defaults import DEFAULT_META_CONN_ID
 from airflow_provider_exactly_once.get_provider_info import META_STORE_FIELD_BEHAVIOUR
-from airflow_provider_exactly_once.runtime.epochs import epoch_for_context, interval_epoch
 from airflow_provider_exactly_once.store import SqlSinkStateStore
 
 if TYPE_CHECKING:
@@ -143,19 +141,6 @@ class ExactlyOnceMetaStoreHook(BaseHook):
         """``get_store`` without blocking the event loop (the first use may run migrations)."""
         url, options = await self.aget_url()
         return await asyncio.to_thread(_open_store, url, options)
-
-    def epoch_for_context(self, context: Mapping[str, Any], sink_id: str) -> int:
-        """The run's epoch (``runtime.epochs.epoch_for_context``), opening the store only when the run
-        has no data interval and its epoch must be allocated."""
-        epoch = interval_epoch(context)
-        if epoch is not None:
-            check_sink_id(sink_id)
-            return epoch
-        store = self.get_store()
-        try:
-            return epoch_for_context(context, sink_id, store.epochs)
-        finally:
-            store.dispose()
 
     def get_conn(self) -> SqlSinkStateStore:
         return self.get_store()

@@ -32,7 +32,7 @@ from airflow_provider_exactly_once.defaults import DEFAULT_META_CONN_ID
 from airflow_provider_exactly_once.hooks.meta_store import ExactlyOnceMetaStoreHook
 from airflow_provider_exactly_once.operators._common import airflow_errors
 from airflow_provider_exactly_once.operators._targets import check_target_for, targets_for
-from airflow_provider_exactly_once.runtime.assembly import as_sink
+from airflow_provider_exactly_once.runtime.assembly import as_sink, run_epoch
 from airflow_provider_exactly_once.runtime.epochs import epoch_interval, generation_for_context
 from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig, SinkConfig
 from airflow_provider_exactly_once.spark import jobspec
@@ -139,7 +139,7 @@ class SparkPreCommitOperator(SparkSubmitOperator):
         else:
             # The same rule every task of the run applies (interval start, else an allocation keyed by
             # run id in the meta store), so write, persist and commit always agree on the epoch.
-            epoch = ExactlyOnceMetaStoreHook(self.meta_conn_id).epoch_for_context(context, self.sink_id)
+            epoch = run_epoch(context, self.sink_id, self.meta_conn_id)
         if start is None:
             start = epoch_start(epoch)
         end = end or start

@@ -15,9 +15,11 @@ from typing import TYPE_CHECKING, Any
 from airflow_provider_exactly_once.checkpoints.config import CheckpointConfig, checkpoint_config_from_dict
 from airflow_provider_exactly_once.core.coordinator import TwoPhaseCommitCoordinator
 from airflow_provider_exactly_once.core.faults import FaultHook, no_faults
+from airflow_provider_exactly_once.core.identifiers import check_sink_id
 from airflow_provider_exactly_once.core.observe import NO_METRICS, Metrics
 from airflow_provider_exactly_once.defaults import DEFAULT_META_CONN_ID
 from airflow_provider_exactly_once.hooks.meta_store import ExactlyOnceMetaStoreHook
+from airflow_provider_exactly_once.runtime.epochs import epoch_for_context, interval_epoch
 from airflow_provider_exactly_once.runtime.faults import fault_hook_for
 from airflow_provider_exactly_once.sinks.config import SinkConfig, sink_config_from_dict
 
@@ -98,3 +100,17 @@ def coordinator_for(
         allow_beyond_horizon=allow_beyond_horizon,
         on_reprocess={sink.sink_id: sink.on_reprocess},
     )
+
+
+def run_epoch(context: Mapping[str, Any], sink_id: str, meta_conn_id: str) -> int:
+    """The run's epoch (``runtime.epochs.epoch_for_context``), opening the meta store only when the
+    run has no data interval and its epoch must be allocated."""
+    epoch = interval_epoch(context)
+    if epoch is not None:
+        check_sink_id(sink_id)
+        return epoch
+    store = ExactlyOnceMetaStoreHook(meta_conn_id).get_store()
+    try:
+        return epoch_for_context(context, sink_id, store.epochs)
+    finally:
+        store.dispose()

@@ -22,7 +22,7 @@ from airflow_provider_exactly_once.core.identifiers import check_sink_id
 from airflow_provider_exactly_once.core.status import CheckpointStatus
 from airflow_provider_exactly_once.defaults import DEFAULT_META_CONN_ID
 from airflow_provider_exactly_once.hooks.meta_store import ExactlyOnceMetaStoreHook
-from airflow_provider_exactly_once.runtime.assembly import as_checkpoint, as_sink
+from airflow_provider_exactly_once.runtime.assembly import as_checkpoint, as_sink, run_epoch
 from airflow_provider_exactly_once.runtime.epochs import (
     checkpoint_location,
     epoch_for_context,
@@ -116,7 +116,7 @@ class CheckpointSensor(BaseSensorOperator):
             return None
         epoch = interval_epoch(context)
         if epoch is None:
-            epoch = ExactlyOnceMetaStoreHook(self.meta_conn_id).epoch_for_context(context, self.sink_id)
+            epoch = run_epoch(context, self.sink_id, self.meta_conn_id)
         timeout_at = time.time() + self.timeout
         self.defer(
             trigger=CheckpointTrigger(

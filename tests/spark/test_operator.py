@@ -27,6 +27,7 @@ from airflow_provider_exactly_once.operators.spark_precommit import (
     SparkPreCommitOperator,
     xcom_value,
 )
+from airflow_provider_exactly_once.runtime.assembly import run_epoch
 from airflow_provider_exactly_once.sinks.config import FileSinkConfig, IcebergSinkConfig, TableSelect
 from tests.spark.conftest import INTERVAL_START, land, make_table, sample_rows, spark_env
 from tests.spark.test_epoch_writer import commit_iceberg, files_input, sorted_rows
@@ -187,8 +188,6 @@ def test_operator_without_interval_allocates_the_runs_epoch_in_the_meta_store(
 
     import sqlalchemy as sa
 
-    from airflow_provider_exactly_once.hooks.meta_store import ExactlyOnceMetaStoreHook
-
     url = f"sqlite:///{tmp_path / 'meta.db'}"
     monkeypatch.setenv("AIRFLOW_CONN_EO_SPARK_META", json.dumps({"conn_type": "exactly_once_meta", "host": url}))
     operator = SparkPreCommitOperator(
@@ -209,7 +208,7 @@ def test_operator_without_interval_allocates_the_runs_epoch_in_the_meta_store(
         )
     engine.dispose()
     assert len(allocated) == 1
-    assert ExactlyOnceMetaStoreHook("eo_spark_meta").epoch_for_context(context, "s") == allocated[0]
+    assert run_epoch(context, "s", "eo_spark_meta") == allocated[0]
 
 
 def test_operator_refuses_a_bad_target_before_submitting(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ import pytest
 from airflow_provider_exactly_once.checkpoints.config import CheckpointConfig, MetaStoreCheckpoint
 from airflow_provider_exactly_once.core.precommit import PreCommit
 from airflow_provider_exactly_once.core.status import CheckpointStatus
-from airflow_provider_exactly_once.hooks import ExactlyOnceMetaStoreHook
+from airflow_provider_exactly_once.runtime.assembly import run_epoch
 from airflow_provider_exactly_once.sinks.config import FileSinkConfig, IcebergSinkConfig, SinkConfig
 from tests.support.pipeline import Pipeline
 
@@ -95,7 +95,7 @@ class World:
         """
 
         def write(**context: Any) -> Any:
-            epoch = ExactlyOnceMetaStoreHook(self.meta_conn_id).epoch_for_context(context, self.sink_id)
+            epoch = run_epoch(context, self.sink_id, self.meta_conn_id)
             if isinstance(sink, IcebergSinkConfig):
                 pre = self.pipeline.write_iceberg(self.sink_id, epoch, [TABLE], rows)
             else:
