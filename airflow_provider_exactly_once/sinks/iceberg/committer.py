@@ -238,15 +238,7 @@ class IcebergSinkCommitter:
             if still_referenced(table, removed_by, write.table, recorded_ms) is not None:
                 return None
             loaded.append((write, table))
-        deleted = 0
-        for write, table in loaded:
-            try:
-                deleted += delete_tree(table.io, write.location)
-            except UNREACHABLE as exc:
-                raise SinkUnavailable(
-                    f"{pre_commit.describe()}: could not delete below {write.location!r}: {type(exc).__name__}: {exc}"
-                ) from exc
-        return deleted
+        return _delete_locations(pre_commit, loaded)
 
     def delete_write(self, pre_commit: PreCommit, since: datetime) -> int:
         not_before_ms = self._not_before_ms(since)
@@ -257,15 +249,7 @@ class IcebergSinkCommitter:
             check_location(table.metadata, write)
             self._refuse_if_referenced(table, pre_commit, write, since, not_before_ms)
             loaded.append((write, table))
-        deleted = 0
-        for write, table in loaded:
-            try:
-                deleted += delete_tree(table.io, write.location)
-            except UNREACHABLE as exc:
-                raise SinkUnavailable(
-                    f"{pre_commit.describe()}: could not delete below {write.location!r}: {type(exc).__name__}: {exc}"
-                ) from exc
-        return deleted
+        return _delete_locations(pre_commit, loaded)
 
     # -- loading and markers --------------------------------------------------------------------
 
@@ -495,3 +479,16 @@ class IcebergSinkCommitter:
                 f"{pre_commit.describe()}: table {write.table!r} references {len(referenced)} file(s) "
                 f"below the write location {write.location!r}: {shown}; nothing is deleted"
             )
+
+
+def _delete_locations(pre_commit: PreCommit, loaded: list[tuple[TableWrite, Table]]) -> int:
+    """Delete each write location, once every table cleared it: the number of files deleted."""
+    deleted = 0
+    for write, table in loaded:
+        try:
+            deleted += delete_tree(table.io, write.location)
+        except UNREACHABLE as exc:
+            raise SinkUnavailable(
+                f"{pre_commit.describe()}: could not delete below {write.location!r}: {type(exc).__name__}: {exc}"
+            ) from exc
+    return deleted
