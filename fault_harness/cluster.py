@@ -352,7 +352,8 @@ class Cluster:
 
     def dag_runs(self, dag_id: str) -> list[sa.Row[Any]]:
         return self.query(
-            "select run_id, state, run_type, data_interval_start from dag_run where dag_id = :d order by data_interval_start",
+            "select run_id, state, run_type, data_interval_start, clear_number from dag_run where dag_id = :d "
+            "order by data_interval_start",
             d=dag_id,
         )
 

@@ -1,15 +1,26 @@
-"""Pipelines on a running cluster: land their input, create their table and DAG, watch their runs,
-run the recovery DAG and check the result (``checker.check``).
+"""Pipelines on a running cluster: land their input (and land it anew, for reprocessing), create
+their table and DAG, watch their runs, re-run them (CLI, backfill, REST API), run the recovery DAG
+and check the result (``checker.check``).
 
 Nothing here imports Airflow (see ``cluster``): DAG runs are read from Airflow's metadata database
-and driven through the CLI; the Iceberg table is read with pyiceberg directly.
+and driven through the CLI or the api-server's public REST API; the Iceberg table is read with
+pyiceberg directly.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import json
+import os
+import random
+import shutil
+import threading
 import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections import Counter
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,7 +30,7 @@ from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 from pyiceberg.types import DoubleType, LongType, NestedField, StringType, TimestamptzType
 
-from airflow_provider_exactly_once.demo.world import land_hour, mark_hour
+from airflow_provider_exactly_once.demo.world import hour_dir, land_hour, mark_hour
 from fault_harness.checker import CheckResult, check, epoch_of
 from fault_harness.cluster import FINAL_ORPHAN_GRACE_S, ICEBERG_CONN_ID, RECOVERY_DAG_ID, Cluster
 
@@ -49,6 +60,24 @@ class Pipeline:
     late_hours: frozenset[int] = frozenset()
     max_active_runs: int = 3
     hours: list[dt.datetime] = field(default_factory=list)
+    #: Per epoch index: how often a committed epoch was reprocessed for sure (each adds one marked
+    #: snapshot, a revision) and how often it may have been (a backfill racing the scheduled runs).
+    reprocessed: Counter[int] = field(default_factory=Counter)
+    maybe_reprocessed: Counter[int] = field(default_factory=Counter)
+    #: Epoch indexes seen committed (a run of theirs succeeded): a later re-run of them is a revision.
+    committed: set[int] = field(default_factory=set)
+
+    @property
+    def history(self) -> Path:
+        """Where the hours' earlier inputs are kept when an hour is landed anew (``checker``)."""
+        return self.landing.parent.parent / "landing-history" / self.landing.name
+
+    def commits(self) -> dict[int, tuple[int, int]]:
+        """Per epoch (ms): the least and most marked snapshots its table may hold (``checker.check``)."""
+        return {
+            self.epoch(n): (1 + self.reprocessed[n], 1 + self.reprocessed[n] + self.maybe_reprocessed[n])
+            for n in range(len(self.hours))
+        }
 
     @property
     def dag_id(self) -> str:
@@ -74,6 +103,18 @@ class Harness:
         props = cluster.catalog_properties
         self.catalog = SqlCatalog(ICEBERG_CONN_ID, uri=props["uri"], warehouse=props["warehouse"])
         self.catalog.create_namespace_if_not_exists(NAMESPACE)
+        #: The fault plan's rules; ``arm`` adds to them while runs go (the file is rewritten whole).
+        self.plan: list[dict[str, Any]] = []
+        self._plan_lock = threading.Lock()
+        self._api_token: str | None = None
+
+    # -- the fault plan --------------------------------------------------------------------------------
+
+    def arm(self, rules: Iterable[Mapping[str, Any]]) -> None:
+        """Add rules to the fault plan every task try reads (``runtime/faults.py``), atomically."""
+        with self._plan_lock:
+            self.plan.extend(dict(r) for r in rules)
+            self.cluster.write_plan(self.plan)
 
     # -- setting up ----------------------------------------------------------------------------------
 
@@ -114,6 +155,102 @@ class Harness:
         """The upstream finishes the late hours: ``_SUCCESS``, or ``_FAILED`` for the failed ones."""
         for n in sorted(pipeline.late_hours):
             mark_hour(pipeline.landing, pipeline.hours[n], completed=n not in pipeline.failed_hours)
+
+    def reland(
+        self, pipeline: Pipeline, n: int, *, change: bool = True, complete: bool = False, fail: bool = False
+    ) -> str:
+        """The upstream lands hour ``n`` anew (``reland_hour``); what changed, in words."""
+        return reland_hour(
+            pipeline.landing,
+            pipeline.history,
+            pipeline.hours[n],
+            key=f"{pipeline.name}-{n}",
+            change=change,
+            complete=complete,
+            fail=fail,
+        )
+
+    # -- re-running runs ---------------------------------------------------------------------------------
+
+    def run_of(self, pipeline: Pipeline, n: int) -> Any:
+        """The DAG run (row) of hour ``n``."""
+        hour = pipeline.hours[n]
+        for row in self.cluster.dag_runs(pipeline.dag_id):
+            if row.data_interval_start is not None and row.data_interval_start.astimezone(dt.UTC) == hour:
+                return row
+        raise LookupError(f"{pipeline.dag_id}: no run for {hour.isoformat()}")
+
+    def try_numbers(self, pipeline: Pipeline, n: int) -> dict[str, int]:
+        """Per task of hour ``n``'s run: its try number now (a re-run's next try is one more)."""
+        run_id = str(self.run_of(pipeline, n).run_id)
+        return {
+            str(ti.task_id): int(ti.try_number or 0)
+            for ti in self.cluster.task_instances(pipeline.dag_id)
+            if str(ti.run_id) == run_id
+        }
+
+    def clear_cli(self, pipeline: Pipeline, hours: Iterable[int] | None = None) -> str:
+        """``airflow tasks clear -y DAG [-s HOUR -e HOUR]``: every run, or the runs of ``hours``."""
+        if hours is None:
+            return self.cluster.airflow("tasks", "clear", "-y", pipeline.dag_id)
+        out = []
+        for n in sorted(hours):
+            at = pipeline.hours[n].isoformat()
+            out.append(self.cluster.airflow("tasks", "clear", "-y", "-s", at, "-e", at, pipeline.dag_id))
+        return "".join(out)
+
+    def backfill(self, pipeline: Pipeline, first: int, last: int, *, reprocess: str) -> str:
+        """``airflow backfill create`` over hours ``first``..``last`` (logical dates, inclusive)."""
+        return self.cluster.airflow(
+            "backfill",
+            "create",
+            "--dag-id",
+            pipeline.dag_id,
+            "--from-date",
+            pipeline.hours[first].isoformat(),
+            "--to-date",
+            pipeline.hours[last].isoformat(),
+            "--reprocess-behavior",
+            reprocess,
+        )
+
+    def api(self, method: str, path: str, body: Mapping[str, Any] | None = None, *, auth: bool = True) -> Any:
+        """A call to the api-server; JSON in, JSON out. Authenticated as the simple auth manager's
+        ``admin`` with its generated password, through ``POST /auth/token``, as a user script would."""
+        headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        if auth:
+            headers["Authorization"] = f"Bearer {self.api_token()}"
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{self.cluster.api_port}{path}",
+            data=None if body is None else json.dumps(body).encode(),
+            headers=headers,
+            method=method,
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=60) as response:
+                return json.loads(response.read() or b"null")
+        except urllib.error.HTTPError as exc:
+            detail = exc.read().decode(errors="replace")[:1000]
+            raise RuntimeError(f"{method} {path}: HTTP {exc.code}: {detail}") from None
+
+    def api_token(self) -> str:
+        if self._api_token is None:
+            passwords = Path(self.cluster.env["AIRFLOW_HOME"]) / "simple_auth_manager_passwords.json.generated"
+            password = json.loads(passwords.read_text(encoding="utf-8"))["admin"]
+            answer = self.api("POST", "/auth/token", {"username": "admin", "password": password}, auth=False)
+            self._api_token = str(answer["access_token"])
+        return self._api_token
+
+    def clear_api(self, pipeline: Pipeline, n: int) -> dict[str, Any]:
+        """Clear hour ``n``'s run through the public REST API (``POST /api/v2/dags/{dag_id}/clearTaskInstances``):
+        every task, the run reset to queued. Returns the task instances cleared."""
+        run_id = str(self.run_of(pipeline, n).run_id)
+        answer = self.api(
+            "POST",
+            f"/api/v2/dags/{urllib.parse.quote(pipeline.dag_id)}/clearTaskInstances",
+            {"dag_run_id": run_id, "only_failed": False, "reset_dag_runs": True, "dry_run": False},
+        )
+        return dict(answer)
 
     # -- watching --------------------------------------------------------------------------------------
 
@@ -180,9 +317,84 @@ class Harness:
             pipeline.sink_id,
             orphan_grace_s=FINAL_ORPHAN_GRACE_S,
             now=self.orphans_collected_at,
+            history=pipeline.history,
+            commits=pipeline.commits(),
         )
 
     def dispose(self) -> None:
         engine = getattr(self.catalog, "engine", None)
         if engine is not None:
             engine.dispose()
+
+
+def reland_hour(
+    landing: Path,
+    history: Path,
+    hour: dt.datetime,
+    *,
+    key: str,
+    change: bool = True,
+    complete: bool = False,
+    fail: bool = False,
+) -> str:
+    """The upstream lands ``hour`` anew. Its current input is kept first in ``history``
+    (``<history>/YYYY/MM/DD/HH/v<N>/``, for the checker); then, with ``change``, about four in ten
+    rows become purchases with new amounts, two rows go and two new ones (new event ids) come;
+    without, the same rows are written again. ``complete``: the hour's checkpoint becomes
+    ``_SUCCESS`` (a ``_FAILED`` one is removed); ``fail``: it becomes ``_FAILED`` (the upstream gave
+    this delivery up; ``_SUCCESS`` is removed). Files are replaced by rename, so a reader never sees
+    half an input. Deterministic for ``key`` and the version. Returns what changed, in words."""
+    directory = hour_dir(landing, hour)
+    files = sorted(directory.glob("*.json"))
+    archive = history / f"{hour:%Y/%m/%d/%H}"
+    archive.mkdir(parents=True, exist_ok=True)
+    version = sum(1 for p in archive.glob("v*") if p.is_dir())
+    kept = archive / f"v{version}"
+    kept.mkdir()
+    for path in files:
+        shutil.copy2(path, kept / path.name)
+    events = [json.loads(line) for path in files for line in path.read_text(encoding="utf-8").splitlines() if line]
+    what = f"{len(events)} rows landed again unchanged"
+    if change:
+        rng = random.Random(f"{key}-{version}")
+        changed = 0
+        for event in events:
+            if rng.random() < 0.4:
+                event["event_type"] = "purchase"
+                event["amount"] = round(rng.uniform(200, 400), 2)  # above any first-landed amount
+                changed += 1
+        removed = set(rng.sample(range(len(events)), k=min(2, max(0, len(events) - 1))))
+        events = [e for i, e in enumerate(events) if i not in removed]
+        for i in range(2):
+            at = hour + dt.timedelta(seconds=rng.randrange(3600), microseconds=rng.randrange(1_000_000))
+            events.append(
+                {
+                    "event_id": f"{hour:%Y%m%d%H}-v{version + 1}-{i:03d}",
+                    "user_id": rng.randrange(1, 500),
+                    "event_type": "click",
+                    "event_time": at.isoformat(),
+                    "amount": None,
+                }
+            )
+        what = f"{changed} rows changed, {len(removed)} removed, 2 added: {len(events)} rows"
+    count = max(1, len(files))
+    names = [f"events-{i:03d}.json" for i in range(count)]
+    chunks: list[list[str]] = [[] for _ in range(count)]
+    for i, event in enumerate(events):
+        chunks[i % count].append(json.dumps(event))
+    for name, chunk in zip(names, chunks, strict=True):
+        tmp = directory / f".{name}.tmp"
+        tmp.write_text("\n".join(chunk) + "\n", encoding="utf-8")
+        os.replace(tmp, directory / name)
+    for path in files:
+        if path.name not in names:
+            path.unlink()
+    if complete:
+        (directory / "_FAILED").unlink(missing_ok=True)
+        mark_hour(landing, hour, completed=True)
+        what += ", checkpoint now _SUCCESS"
+    elif fail:
+        (directory / "_SUCCESS").unlink(missing_ok=True)
+        mark_hour(landing, hour, completed=False)
+        what += ", checkpoint now _FAILED"
+    return f"{hour:%Y-%m-%dT%H} input v{version + 1}: {what}"

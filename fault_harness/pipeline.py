@@ -72,9 +72,9 @@ def light_write(sink_id: str, table_name: str, landing: str, conn_id: str) -> di
         arrow_schema = schema_to_pyarrow(table.schema(), include_field_ids=True)
         local = Path(location.removeprefix("file://"))
         local.mkdir(parents=True)
-        path = f"{location}/part-00000-{attempt}.parquet"
-        pq.write_table(pa.Table.from_pylist(rows, schema=arrow_schema), path.removeprefix("file://"))
-        descriptors.append(describe_parquet_file(path, table_schema=table.schema(), partition={}, writer="0"))
+        file_path = f"{location}/part-00000-{attempt}.parquet"
+        pq.write_table(pa.Table.from_pylist(rows, schema=arrow_schema), file_path.removeprefix("file://"))
+        descriptors.append(describe_parquet_file(file_path, table_schema=table.schema(), partition={}, writer="0"))
     fault_hook_for(sink_id, epoch, attempt)(WRITE_POINT)
     pre = PreCommit(
         sink_id=sink_id,
@@ -96,7 +96,7 @@ def build(params: dict[str, Any]) -> DAG:
     sink = IcebergSinkConfig(sink_id, (table,), iceberg_conn_id=conn_id)
     checkpoint = MarkerFileCheckpoint(hour_template(landing))
     sensor = params.get("sensor", "poke")
-    quick = {"retries": 3, "retry_delay": dt.timedelta(seconds=3)}
+    quick: dict[str, Any] = {"retries": 3, "retry_delay": dt.timedelta(seconds=3)}
     with DAG(
         dag_id,
         schedule=CronDataIntervalTimetable("@hourly", timezone="UTC"),

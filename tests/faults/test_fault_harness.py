@@ -5,7 +5,8 @@ subprocesses, Airflow's metadata DB on the PostgreSQL at 127.0.0.1:5432, the met
 PostgreSQL server. Every named scenario runs once (at the same time, each on its own pipeline), then a
 short fixed-seed random plan; each table is judged from its input alone. The Spark-write scenario
 uses real spark-submit; the others the light writer (real Parquet files written with pyarrow).
-Nothing is mocked.
+The reprocessing scenarios land committed hours anew and re-run them (CLI clear, reprocess
+backfills, the REST API), so their epochs are replaced by revisions. Nothing is mocked.
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ from fault_harness.scenarios import describe_plan, named_scenarios, random_plan,
 pytestmark = pytest.mark.postgres
 
 #: The CI's random run; the long run is ``scripts/faults --random --epochs 200`` (docs/faults.md).
-CI_SEED = 20261123
+#: This seed's one pipeline also reprocesses: a backfill over a committed and a failed hour, the
+#: committed one landed anew and its revision killed after its commit, before its mark.
+CI_SEED = 20261124
 CI_RANDOM_EPOCHS = 6
 
 
@@ -45,11 +48,12 @@ def _failures(report: dict[str, Any]) -> str:
 
 
 # The runs take minutes under a real scheduler (17 min for the named scenarios on a loaded
-# 2-core machine); the project's 600 s default per test would cut them off.
-@pytest.mark.timeout(2700)
+# 2-core machine before the reprocessing ones were added); the project's 600 s default per test
+# would cut them off.
+@pytest.mark.timeout(3600)
 def test_every_named_scenario_ends_with_no_anomaly(fault_cluster: Cluster) -> None:
     scenarios = list(named_scenarios().values())
-    report = run_scenarios(fault_cluster, scenarios, timeout=1500)
+    report = run_scenarios(fault_cluster, scenarios, timeout=2700)
     assert report["recovery_run"] == "success", _failures(report)
     assert report["anomalies"] == 0 and report["action_errors"] == 0, _failures(report)
     results = report["scenarios"]
@@ -59,9 +63,24 @@ def test_every_named_scenario_ends_with_no_anomaly(fault_cluster: Cluster) -> No
     assert any("second committer exited 0" in line for line in results["zombie"]["actions"]), results["zombie"]
     assert results["other_writer"]["foreign_rows"] > 0
     assert results["failed_checkpoint"]["hours"] == {"completed": 1, "failed": 1}
+    # Reprocessing: each re-run of a committed epoch is one revision (a marked overwrite snapshot).
+    revisions = {name: results[name]["revisions"] for name in results}
+    assert revisions["clear_successful"] == 2, revisions
+    assert revisions["reprocess_completed"] == 2 and results["reprocess_completed"]["relanded_hours"] == 2
+    assert revisions["clear_via_api"] == 1 and results["clear_via_api"]["relanded_hours"] == 1
+    assert revisions["kill_during_replacement"] == 6, revisions
+    assert any("every armed fault fired (6)" in line for line in results["kill_during_replacement"]["actions"])
+    # A revision given up leaves the first write (checked by the action) and no snapshot.
+    given_up = results["revision_given_up"]
+    assert (given_up["revisions"], given_up["marked_snapshots"], given_up["relanded_hours"]) == (1, 2, 1), given_up
+    assert any("still shows the first write" in line for line in given_up["actions"]), given_up["actions"]
+    # Only the failed epoch was re-opened: three first commits, no revision, every hour completed now.
+    failed = results["reprocess_failed"]
+    assert (failed["revisions"], failed["marked_snapshots"], failed["hours"]) == (0, 3, {"completed": 3}), failed
     for name, result in results.items():
         completed = result["hours"].get("completed", 0)
-        assert result["rows_visible"] - result["foreign_rows"] == 12 * completed, name
+        assert result["rows_expected"] == 12 * completed or result["relanded_hours"], name
+        assert result["rows_visible"] - result["foreign_rows"] == result["rows_expected"], name
         assert sum(1 for s in result["runs"].values() if s == "success") >= completed, (name, result["runs"])
 
 
@@ -71,4 +90,5 @@ def test_a_fixed_seed_random_run_ends_with_no_anomaly(fault_cluster: Cluster) ->
     assert describe_plan(scenarios) == describe_plan(random_plan(CI_SEED, CI_RANDOM_EPOCHS, per_pipeline=6))
     report = run_scenarios(fault_cluster, scenarios, timeout=900)
     assert report["faulted_epochs"] == CI_RANDOM_EPOCHS
+    assert report["reprocessed_epochs"] >= 1, report["scenarios"]
     assert report["anomalies"] == 0 and report["action_errors"] == 0, f"seed {CI_SEED}: {_failures(report)}"

@@ -1,0 +1,185 @@
+"""The fault harness's checker (``fault_harness/checker.py``) on tables built by hand with pyiceberg.
+
+No cluster and no product code commits here: each test lands input, commits marked snapshots the
+way a correct or a broken committer would (an append, a replacing overwrite, a second append of a
+replaced hour, a write committed twice, a wrong revision number, a replaced file deleted too early)
+and asserts what the checker calls it. The harness's own runs only ever show the checker passing.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import time
+import uuid
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from pyiceberg.catalog.sql import SqlCatalog
+from pyiceberg.io.pyarrow import parquet_file_to_data_file, schema_to_pyarrow
+from pyiceberg.manifest import DataFile
+from pyiceberg.table import Table
+
+from airflow_provider_exactly_once.demo.world import hour_dir, land_hour, mark_hour
+from airflow_provider_exactly_once.sinks.iceberg.markers import marker_properties
+from fault_harness.checker import check, epoch_of, read_input
+from fault_harness.harness import EVENT_SCHEMA, reland_hour
+
+SINK = "faults-unit"
+H0 = dt.datetime(2025, 1, 1, 0, tzinfo=dt.UTC)
+H1 = dt.datetime(2025, 1, 1, 1, tzinfo=dt.UTC)
+
+
+class World:
+    def __init__(self, root: Path) -> None:
+        self.landing = root / "landing"
+        self.history = root / "history"
+        catalog = SqlCatalog("unit", uri=f"sqlite:///{root / 'catalog.db'}", warehouse=f"file://{root / 'wh'}")
+        catalog.create_namespace("faults")
+        self.table: Table = catalog.create_table("faults.unit", EVENT_SCHEMA)
+        for n, hour in enumerate((H0, H1)):
+            land_hour(self.landing, hour, 12, files=2, seed=n)
+            mark_hour(self.landing, hour, completed=True)
+
+    def write(self, hour: dt.datetime) -> tuple[str, list[DataFile]]:
+        """The hour's current input as one Parquet file in a write's own folder (nothing committed)."""
+        write_id = str(uuid.uuid4())
+        folder = Path(self.table.location().removeprefix("file://")) / "data" / "_eo" / write_id
+        folder.mkdir(parents=True)
+        rows = [
+            {
+                "event_id": r[0],
+                "user_id": r[1],
+                "event_type": r[2],
+                "event_time": None
+                if r[3] is None
+                else dt.datetime(1970, 1, 1, tzinfo=dt.UTC) + dt.timedelta(microseconds=r[3]),
+                "amount": r[4],
+            }
+            for r in read_input(hour_dir(self.landing, hour))
+        ]
+        path = folder / "part-00000.parquet"
+        schema = schema_to_pyarrow(self.table.schema(), include_field_ids=True)
+        pq.write_table(pa.Table.from_pylist(rows, schema=schema), path)
+        return write_id, [parquet_file_to_data_file(self.table.io, self.table.metadata, f"file://{path}")]
+
+    def commit(
+        self,
+        hour: dt.datetime,
+        write: tuple[str, list[DataFile]],
+        *,
+        revision: int = 0,
+        replaces: list[DataFile] | None = None,
+    ) -> None:
+        write_id, files = write
+        marker = marker_properties(SINK, epoch_of(hour), write_id, revision)
+        gone = {f.file_path for f in replaces or []}
+        # the table's own entries of the replaced files (a DataFile read back knows its spec)
+        old = [t.file for t in self.table.scan().plan_files() if t.file.file_path in gone]
+        with self.table.transaction() as tx:
+            update = tx.update_snapshot(snapshot_properties=marker)
+            producer = update.fast_append() if replaces is None else update.overwrite()
+            with producer as snapshot:
+                for data_file in old:
+                    snapshot.delete_data_file(data_file)
+                for data_file in files:
+                    snapshot.append_data_file(data_file)
+
+    def check(self, **commits: tuple[int, int]) -> list[tuple[str, int | None]]:
+        by_epoch = {epoch_of(H0 if name == "h0" else H1): value for name, value in commits.items()}
+        result = check(
+            self.table,
+            self.landing,
+            SINK,
+            orphan_grace_s=0,
+            now=time.time() + 5,
+            history=self.history,
+            commits=by_epoch,
+        )
+        assert result.reader == "duckdb and pyiceberg"
+        return sorted({(a.kind, a.epoch) for a in result.anomalies}, key=str)
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> World:
+    return World(tmp_path)
+
+
+def test_first_commits_and_a_revision_with_new_input_pass(world: World) -> None:
+    first = world.write(H0)
+    world.commit(H0, first)
+    world.commit(H1, world.write(H1))
+    assert world.check() == []
+    reland_hour(world.landing, world.history, H0, key="unit")
+    world.commit(H0, world.write(H0), revision=1, replaces=first[1])
+    assert world.check(h0=(2, 2)) == []
+    # the replaced write's files are still referenced by the first snapshot: not orphans, and there
+    assert all(os.path.exists(f.file_path.removeprefix("file://")) for f in first[1])
+
+
+def test_a_revision_with_the_same_input_passes(world: World) -> None:
+    first = world.write(H0)
+    world.commit(H0, first)
+    world.commit(H1, world.write(H1))
+    reland_hour(world.landing, world.history, H0, key="unit", change=False)
+    world.commit(H0, world.write(H0), revision=1, replaces=first[1])
+    assert world.check(h0=(2, 2)) == []
+    assert world.check() == [("snapshots", epoch_of(H0))]  # one commit expected, two found
+
+
+def test_old_and_new_rows_visible_together(world: World) -> None:
+    world.commit(H0, world.write(H0))
+    world.commit(H1, world.write(H1))
+    reland_hour(world.landing, world.history, H0, key="unit")
+    world.commit(H0, world.write(H0), revision=1)  # added, the old write not removed
+    found = world.check(h0=(2, 2))
+    e0 = epoch_of(H0)
+    assert ("duplicated", e0) in found and ("stale", e0) in found and ("history", e0) in found
+
+
+def test_new_input_not_reprocessed_is_stale(world: World) -> None:
+    world.commit(H0, world.write(H0))
+    world.commit(H1, world.write(H1))
+    reland_hour(world.landing, world.history, H0, key="unit")
+    e0 = epoch_of(H0)
+    assert world.check() == [("missing", e0), ("stale", e0)]
+
+
+def test_a_write_committed_twice_and_wrong_revision_numbers(world: World) -> None:
+    first = world.write(H0)
+    world.commit(H0, first)
+    world.commit(H1, world.write(H1))
+    world.commit(H0, first, revision=1, replaces=first[1])  # the same write again
+    assert ("revisions", epoch_of(H0)) in world.check(h0=(2, 2))
+
+
+def test_revision_numbers_must_count_up_from_zero(world: World) -> None:
+    first = world.write(H0)
+    world.commit(H0, first)
+    world.commit(H1, world.write(H1))
+    reland_hour(world.landing, world.history, H0, key="unit")
+    world.commit(H0, world.write(H0), revision=2, replaces=first[1])
+    assert world.check(h0=(2, 2)) == [("revisions", epoch_of(H0))]
+
+
+def test_a_replaced_file_deleted_before_expiry_is_lost(world: World) -> None:
+    first = world.write(H0)
+    world.commit(H0, first)
+    world.commit(H1, world.write(H1))
+    reland_hour(world.landing, world.history, H0, key="unit")
+    world.commit(H0, world.write(H0), revision=1, replaces=first[1])
+    os.unlink(first[1][0].file_path.removeprefix("file://"))
+    found = world.check(h0=(2, 2))
+    assert ("lost", epoch_of(H0)) in found and ("history", None) in found
+
+
+def test_a_failed_hour_with_a_marker_and_an_orphan(world: World) -> None:
+    (hour_dir(world.landing, H1) / "_FAILED").write_text("", encoding="utf-8")
+    world.commit(H0, world.write(H0))
+    world.commit(H1, world.write(H1))
+    world.write(H0)  # never committed: an orphan once older than the grace
+    found = world.check()
+    e1 = epoch_of(H1)
+    assert ("snapshots", e1) in found and ("visible_failed", e1) in found and ("orphan", None) in found
