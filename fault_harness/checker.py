@@ -446,11 +446,7 @@ def _check_current(
     visible: Counter[str] = Counter(r[0] for r in rows)
     result.rows_visible = len(rows)
     result.foreign_rows = sum(n for i, n in visible.items() if i not in owner)
-    by_hour: dict[int, list[Row]] = defaultdict(list)
-    for row in rows:
-        hour = owner.get(row[0])
-        if hour is not None:
-            by_hour[hour.epoch].append(row)
+    by_hour = _rows_by_hour(rows, owner)
     for hour in hours:
         shown = by_hour.get(hour.epoch, [])
         name = _hour_name(hour)
@@ -568,11 +564,7 @@ def _check_history(
                     f"snapshot {snapshot_id} shows files of write(s) {sorted(shown)}, expected only {last.write_id} "
                     f"(revision {last.revision}, snapshot {last.snapshot_id}; {lacking} of its files not live)"
                 )
-        by_hour: dict[int, list[Row]] = defaultdict(list)
-        for row in rows:
-            hour = owner.get(row[0])
-            if hour is not None:
-                by_hour[hour.epoch].append(row)
+        by_hour = _rows_by_hour(rows, owner)
         for hour in hours:
             shown_rows = by_hour.get(hour.epoch, [])
             if hour.epoch in latest:
@@ -621,3 +613,13 @@ def _check_files(
                 f"{os.path.relpath(path, data_dir)} of {who} is referenced by the table's snapshots but not on disk",
             )
         )
+
+
+def _rows_by_hour(rows: list[Row], owner: Mapping[str, LandedHour]) -> dict[int, list[Row]]:
+    """The rows of each landed hour (by epoch), by the hour that landed their ids; foreign rows left out."""
+    by_hour: dict[int, list[Row]] = defaultdict(list)
+    for row in rows:
+        hour = owner.get(row[0])
+        if hour is not None:
+            by_hour[hour.epoch].append(row)
+    return by_hour
