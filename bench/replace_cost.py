@@ -22,16 +22,23 @@ import uuid
 
 import pyarrow as pa
 from pyiceberg.expressions import EqualTo
+from pyiceberg.table import Table
 
 from airflow_provider_exactly_once.core.coordinator import TwoPhaseCommitCoordinator
 from airflow_provider_exactly_once.core.precommit import PreCommit, TableWrite
 from airflow_provider_exactly_once.core.status import CheckpointStatus
 from airflow_provider_exactly_once.sinks.iceberg import IcebergSinkCommitter
+from airflow_provider_exactly_once.sinks.layout import iceberg_data_root, iceberg_write_location
 from bench._world import median, plot_cost, save, timed, world, write_files
 
 SIZES = [1000, 10000]
 ROWS_PER_FILE = 10
 OLD, NEW = "2024-06-01T00:00:00.000000Z/0000000000", "2024-06-02T00:00:00.000000Z/0000000001"
+
+
+def write_location(table: Table, write_id: str) -> str:
+    """Where the epoch writer would put this write's files in the table (``sinks.layout``)."""
+    return iceberg_write_location(iceberg_data_root(table.location(), table.properties), write_id)
 
 
 def main() -> None:
@@ -63,7 +70,7 @@ def main() -> None:
                 writes = []
                 for generation in (OLD, NEW):
                     write_id = str(uuid.uuid4())
-                    location = f"{eo_table.location()}/data/_eo/{write_id}"
+                    location = write_location(eo_table, write_id)
                     descriptors = write_files(eo_table, location, size, ROWS_PER_FILE, epoch=epoch)
                     writes.append(
                         PreCommit(
@@ -98,7 +105,7 @@ def main() -> None:
                 # The overwritten table holds the same epoch as the same N files, committed untimed.
                 bare_table = w.catalog.load_table(f"bench.overwrite_{size}")
                 bare_id = str(uuid.uuid4())
-                bare_location = f"{bare_table.location()}/data/_eo/{bare_id}"
+                bare_location = write_location(bare_table, bare_id)
                 bare_write = PreCommit(
                     sink_id=bare_sink,
                     epoch=epoch,

@@ -213,16 +213,19 @@ class SparkPreCommitOperator(SparkSubmitOperator):
         if self.sink is None or self.sink.on_reprocess != "keep" or generation is None:
             return None
         store = ExactlyOnceMetaStoreHook(self.meta_conn_id).get_store()
-        row = store.get(self.sink_id, epoch)
-        why = write_kept(row, generation, self.sink.on_reprocess)
-        if why is None or row is None:
-            return None
-        self.log.warning("Spark job skipped: %s", why)
-        try:  # the epoch's page and eo-sink show it; Airflow gives a task no way to set its own note
-            store.record_warning(self.sink_id, epoch, warning=f"run {run_id}: {why}")
-        except MetaStoreUnavailable:
-            self.log.warning("could not record the skip on the epoch's row")
-        return row.pre_commit
+        try:
+            row = store.get(self.sink_id, epoch)
+            why = write_kept(row, generation, self.sink.on_reprocess)
+            if why is None or row is None:
+                return None
+            self.log.warning("Spark job skipped: %s", why)
+            try:  # the epoch's page and eo-sink show it; Airflow gives a task no way to set its own note
+                store.record_warning(self.sink_id, epoch, warning=f"run {run_id}: {why}")
+            except MetaStoreUnavailable:
+                self.log.warning("could not record the skip on the epoch's row")
+            return row.pre_commit
+        finally:
+            store.dispose()
 
     def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
         """Input: the landed files; outputs: the target's tables, with the write's schema, rows, bytes, files."""

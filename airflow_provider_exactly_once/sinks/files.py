@@ -57,7 +57,6 @@ from airflow_provider_exactly_once.sinks.layout import FILE_STAGING_DIR, file_wr
 __all__ = [
     "COMMIT_STARTED_MARKER",
     "HIVE_DEFAULT_PARTITION",
-    "STAGING_DIR",
     "FileSinkCommitter",
     "PlannedMove",
     "escape_path_component",
@@ -66,8 +65,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: Folder under the sink root that holds every write's staged files (``sinks.layout``).
-STAGING_DIR = FILE_STAGING_DIR
 #: Written into a write's staging folder before its first move: "this write's commit has begun".
 COMMIT_STARTED_MARKER = "_COMMIT_STARTED"
 #: Hive's (and Spark's) directory name for a null or empty partition value.
@@ -156,9 +153,9 @@ class FileSinkCommitter:
         if self._root_path in ("", "/", "."):
             raise InvalidSinkConfig(f"file sink root {root!r} names the top of its filesystem; give a directory")
         segments = self._root_path.split("/")
-        if STAGING_DIR in segments:
+        if FILE_STAGING_DIR in segments:
             raise InvalidSinkConfig(
-                f"file sink root {root!r} lies inside a {STAGING_DIR!r} folder: readers would never see its files"
+                f"file sink root {root!r} lies inside a {FILE_STAGING_DIR!r} folder: readers would never see its files"
             )
         if self._local and os.path.exists(self._root_path) and not os.path.isdir(self._root_path):
             raise InvalidSinkConfig(f"file sink root {root!r} exists and is not a directory")

@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from airflow_provider_exactly_once.core.coordinator import TwoPhaseCommitCoordinator
+    from airflow_provider_exactly_once.core.precommit import PreCommit
     from tests.support.pipeline import Pipeline
 
 
@@ -57,7 +59,6 @@ def race_generations(config: dict[str, Any], writes: Queue[str | None], results:
     Paired with another process given another generation's write of the same epoch: the commit
     tasks' retries are what let the newer generation win after a ``RevisionInProgress``.
     """
-    from airflow_provider_exactly_once.core.errors import RevisionInProgress, StateConflict
     from airflow_provider_exactly_once.core.precommit import PreCommit
 
     pipeline = _pipeline(config)
@@ -67,19 +68,25 @@ def race_generations(config: dict[str, Any], writes: Queue[str | None], results:
         while (payload := writes.get()) is not None:
             write = PreCommit.from_json(payload)
             barrier.wait(timeout=60)
-            outcome = "gave up"
             try:
-                for attempt in range(40):  # the tasks' retries, with their delay
-                    try:
-                        persisted = coordinator.persist(write)
-                        outcome = persisted.outcome.name
-                        if persisted.write_id == write.write_id:
-                            coordinator.commit(sink_id, write.epoch)
-                        break
-                    except (RevisionInProgress, StateConflict):
-                        time.sleep(min(0.02 * (attempt + 1), 0.5))
-                results.put(outcome)
+                results.put(persist_and_commit(coordinator, write))
             except Exception as exc:
                 results.put(f"error: {type(exc).__name__}: {exc}\n{traceback.format_exc()}")
     finally:
         pipeline.dispose()
+
+
+def persist_and_commit(coordinator: TwoPhaseCommitCoordinator, write: PreCommit) -> str:
+    """What a run's persist and commit tasks do, retries and their delay included: the name of the
+    last persist outcome, or ``"gave up"`` when every retry met a revision under way or a lost race."""
+    from airflow_provider_exactly_once.core.errors import RevisionInProgress, StateConflict
+
+    for attempt in range(40):
+        try:
+            persisted = coordinator.persist(write)
+            if persisted.write_id == write.write_id:
+                coordinator.commit(write.sink_id, write.epoch)
+            return persisted.outcome.name
+        except (RevisionInProgress, StateConflict):
+            time.sleep(min(0.02 * (attempt + 1), 0.5))
+    return "gave up"

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 from collections import Counter
 
 import pytest
@@ -19,8 +18,6 @@ from airflow_provider_exactly_once.core.coordinator import TwoPhaseCommitCoordin
 from airflow_provider_exactly_once.core.errors import (
     AbortRefused,
     ReplacedFilesMissing,
-    RevisionInProgress,
-    StateConflict,
 )
 from airflow_provider_exactly_once.core.faults import SimulatedCrash
 from airflow_provider_exactly_once.core.outcomes import AbortOutcome, CommitOutcome, PersistOutcome
@@ -29,6 +26,7 @@ from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochSta
 from tests.support.faults import FaultSwitch
 from tests.support.independent_reader import read_rows
 from tests.support.pipeline import Pipeline, write_location_exists
+from tests.support.racer import persist_and_commit
 
 COMPLETED = CheckpointStatus.COMPLETED
 G1 = "2024-06-01T01:00:00.000000Z/0000000000"
@@ -303,16 +301,7 @@ def test_two_generations_racing_end_with_the_newer_visible(pipeline: Pipeline, s
         def run(gen: str, writes: dict[str, PreCommit] = writes, barrier: threading.Barrier = barrier) -> None:
             coordinator = replacing(pipeline, sink_id)
             barrier.wait()
-            for attempt in range(40):  # what the persist and commit tasks' retries do, with their delay
-                try:
-                    result = coordinator.persist(writes[gen])
-                    outcomes[result.outcome.name] += 1
-                    if result.write_id == writes[gen].write_id:
-                        coordinator.commit(sink_id, 1)
-                    return
-                except (RevisionInProgress, StateConflict):
-                    time.sleep(min(0.02 * (attempt + 1), 0.5))
-            outcomes["gave up"] += 1
+            outcomes[persist_and_commit(coordinator, writes[gen])] += 1
 
         threads = [threading.Thread(target=run, args=(gen,)) for gen in writes]
         for thread in threads:
