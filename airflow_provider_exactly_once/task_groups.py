@@ -88,7 +88,9 @@ def exactly_once_epoch(
             meta_conn_id=meta_conn_id,
             **{**retried, **dict(sensor_kwargs or {})},
         )
-        commit = CommitEpochOperator(task_id="commit", checkpoint=checkpoint_cfg, **common, **retried)
+        commit = CommitEpochOperator(
+            task_id="commit", checkpoint=checkpoint_cfg, write_task_id=write_op.task_id, **common, **retried
+        )
         abort = AbortEpochOperator(
             task_id="abort",
             checkpoint=checkpoint_cfg,

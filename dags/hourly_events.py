@@ -14,6 +14,8 @@ has a default under ``$AIRFLOW_HOME``:
 - ``EO_EXAMPLES_ICEBERG_CONN_ID``: the Iceberg connection (default ``iceberg_default``); its extra
   holds the pyiceberg catalog properties, which the write hands to Spark when it runs
 - ``EO_EXAMPLES_SPARK_CONN_ID``: the Spark connection (default ``spark_default``)
+- ``EO_EXAMPLES_STORAGE_CONN_ID``: an ``aws`` connection for a landing root on S3 (default none: local
+  files, or the environment's credentials); the checkpoint markers are read through it
 - ``EO_EXAMPLES_META_CONN_ID``: the meta store connection (default ``exactly_once_default``; without
   it the embedded SQLite file under ``$AIRFLOW_HOME/exactly_once/`` is used)
 """
@@ -57,7 +59,7 @@ HOUR_DIR = LANDING.rstrip("/") + "/{start:%Y/%m/%d/%H}"
 EVENT_SCHEMA = "event_id STRING, user_id BIGINT, event_type STRING, event_time TIMESTAMP, amount DOUBLE"
 
 SINK = IcebergSinkConfig("hourly-events", (TABLE,), iceberg_conn_id=ICEBERG_CONN_ID)
-CHECKPOINT = MarkerFileCheckpoint(HOUR_DIR)
+CHECKPOINT = MarkerFileCheckpoint(HOUR_DIR, storage_conn_id=os.environ.get("EO_EXAMPLES_STORAGE_CONN_ID"))
 
 #: Spark settings for a small machine; a cluster takes its own from the Spark connection.
 SPARK_CONF = {

@@ -2,7 +2,8 @@
 
     python -m fault_harness --scenario NAME [--scenario NAME ...]   (or --scenario all)
     python -m fault_harness --random --seed S --epochs N
-    options: --report FILE (JSON, default faults-report.json), --keep (keep the cluster's temp dir)
+    options: --stack local|production, --report FILE (JSON, default faults-report.json),
+             --keep (keep the cluster's temp dir)
 
 Exit status 0 when every check passed (no anomaly, every action done), 1 otherwise. The report
 prints the seed and the plan first, so any failure can be replayed with the same seed.
@@ -19,7 +20,10 @@ import time
 from pathlib import Path
 
 from fault_harness.cluster import cluster
-from fault_harness.scenarios import describe_plan, named_scenarios, random_plan, run_scenarios
+from fault_harness.plans import describe_plan
+from fault_harness.runner import run_scenarios
+from fault_harness.scenarios import named_scenarios, random_plan, scenarios_for
+from fault_harness.stacks import STACKS
 
 
 def _stop_once(signum: int, _frame: object) -> None:
@@ -40,7 +44,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=None, help="the seed (default: a random one, printed)")
     parser.add_argument("--epochs", type=int, default=200, help="faulted epochs of the random plan")
     parser.add_argument("--per-pipeline", type=int, default=10, help="epochs per pipeline (DAG) of the random plan")
-    parser.add_argument("--parallelism", type=int, default=3, help="LocalExecutor parallelism")
+    parser.add_argument(
+        "--stack",
+        choices=STACKS,
+        default="local",
+        help="local: LocalExecutor, SQL catalog, local files; production: CeleryExecutor with two workers "
+        "(Redis), SeaweedFS's Iceberg REST catalog and S3",
+    )
+    parser.add_argument("--parallelism", type=int, default=3, help="task slots (LocalExecutor, or the workers' total)")
     parser.add_argument("--timeout", type=float, default=None, help="seconds to wait for the runs")
     parser.add_argument("--report", type=Path, default=Path("faults-report.json"))
     parser.add_argument("--keep", action="store_true", help="keep the cluster's directory (logs) at the end")
@@ -54,11 +65,13 @@ def main(argv: list[str] | None = None) -> int:
     known = named_scenarios()
     if args.list:
         for name, s in known.items():
-            print(f"{name:28} {s.description}")
+            where = ", ".join(stack for stack in STACKS if name not in scenarios_for(stack, [name])[1])
+            print(f"{name:34} [{where}] {s.description}")
         return 0
     if args.random == bool(args.scenario):
         parser.error("give --random or --scenario (one or more), not both, not neither")
     seed = None
+    skipped: dict[str, str] = {}
     if args.random:
         seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**31)
         scenarios = random_plan(seed, args.epochs, per_pipeline=args.per_pipeline)
@@ -67,16 +80,18 @@ def main(argv: list[str] | None = None) -> int:
         unknown = [n for n in names if n not in known]
         if unknown:
             parser.error(f"unknown scenario(s) {unknown}; known: {sorted(known)}")
-        scenarios = [known[n] for n in names]
+        scenarios, skipped = scenarios_for(args.stack, names)
+        if "all" not in args.scenario and skipped:
+            parser.error(f"not on the {args.stack} stack: {skipped}")
     plan = describe_plan(scenarios)
-    print(json.dumps({"seed": seed, "plan": plan}, indent=1), flush=True)
+    print(json.dumps({"seed": seed, "stack": args.stack, "plan": plan, "skipped": skipped}, indent=1), flush=True)
     if seed is not None:
         print(f"seed {seed}: replay with scripts/faults --random --seed {seed} --epochs {args.epochs}", flush=True)
     timeout = args.timeout or 600 + 40 * sum(s.epochs for s in scenarios)
     t0 = time.monotonic()
-    report: dict[str, object] = {"seed": seed, "plan": plan}
+    report: dict[str, object] = {"seed": seed, "stack": args.stack, "plan": plan, "skipped": skipped}
     try:
-        with cluster(keep_root=args.keep, parallelism=args.parallelism) as c:
+        with cluster(keep_root=args.keep, parallelism=args.parallelism, stack=args.stack) as c:
             print(f"cluster in {c.root}", flush=True)
             report.update(run_scenarios(c, scenarios, timeout=timeout))
     except Exception as exc:
@@ -85,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     args.report.write_text(json.dumps(report, indent=1, default=str), encoding="utf-8")
     summary = {
         k: report.get(k)
-        for k in ("seed", "epochs", "faulted_epochs", "anomalies", "action_errors", "error", "wall_seconds")
+        for k in ("seed", "stack", "epochs", "faulted_epochs", "anomalies", "action_errors", "error", "wall_seconds")
     }
     print(json.dumps(summary), flush=True)
     for name, result in dict(report.get("scenarios") or {}).items():  # type: ignore[call-overload]

@@ -36,11 +36,13 @@ in the table's history (every snapshot carrying a marker of the sink):
   hour's inputs; an hour not yet committed shows rows; or the snapshot cannot be read;
 - ``readers``: DuckDB and pyiceberg read different rows from the current snapshot;
 
-and on disk:
+and on disk (the table's data directory, local or on S3):
 
-- ``orphan``: a data file on disk, referenced by no snapshot in the table's history, older than the
-  grace period (recovery must have removed it). Files of a replaced write stay referenced by the
-  snapshots before the replacement, so they are not orphans;
+- ``orphan``: a data file in the sink's write locations (``data/_eo/<write id>/``), referenced by no
+  snapshot in the table's history, older than the grace period (recovery must have removed it).
+  Files of a replaced write stay referenced by the snapshots before the replacement, so they are not
+  orphans. Another writer's unreferenced files (pyiceberg's append leaves its data file behind when
+  the catalog commit fails) are counted, not judged: recovery must never touch them;
 - ``lost``: a data file some snapshot of the table's history references is not on disk (a replaced
   write's files are deleted only after snapshot expiry, and the harness expires none).
 
@@ -49,9 +51,7 @@ Rows whose ids were never landed (another writer's) are counted, never judged.
 
 from __future__ import annotations
 
-import datetime as dt
-import json
-import os
+import posixpath
 import time
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
@@ -59,17 +59,18 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import pyarrow as pa
-from pyiceberg.manifest import ManifestEntryStatus
 from pyiceberg.table import Table
-from pyiceberg.table.snapshots import Snapshot
 
-from airflow_provider_exactly_once.sinks.iceberg.markers import (
-    EPOCH_KEY,
-    REVISION_KEY,
-    SINK_ID_KEY,
-    WRITE_ID_KEY,
-    marker_of,
+from airflow_provider_exactly_once.sinks.layout import ICEBERG_WRITE_DIR
+from fault_harness.landed import LandedHour, Row, landed_hours
+from fault_harness.table_reads import (
+    IndependentReader,
+    Marked,
+    Storage,
+    local_path,
+    marked_snapshots,
+    pyiceberg_rows,
+    referenced_files,
 )
 
 AnomalyKind = Literal[
@@ -85,11 +86,6 @@ AnomalyKind = Literal[
     "orphan",
     "lost",
 ]
-#: One row as both the input and the table give it: event id, user id, event type, event time
-#: (microseconds since the epoch, UTC) and amount.
-Row = tuple[str, int | None, str | None, int | None, float | None]
-COLUMNS = ("event_id", "user_id", "event_type", "event_time", "amount")
-_UNIX = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
 
 @dataclass(frozen=True)
@@ -103,23 +99,6 @@ class Anomaly:
         return asdict(self)
 
 
-@dataclass(frozen=True)
-class LandedHour:
-    start: dt.datetime
-    epoch: int
-    #: The event ids of the hour's latest input.
-    ids: tuple[str, ...]
-    status: Literal["completed", "failed", "unsettled"]
-    #: The hour's latest input, row by row.
-    rows: tuple[Row, ...] = ()
-    #: Every earlier input of the hour (from the history folder), oldest first.
-    earlier: tuple[tuple[Row, ...], ...] = ()
-
-    @property
-    def versions(self) -> tuple[tuple[Row, ...], ...]:
-        return (*self.earlier, self.rows)
-
-
 @dataclass
 class CheckResult:
     anomalies: list[Anomaly] = field(default_factory=list)
@@ -129,6 +108,8 @@ class CheckResult:
     rows_expected: int = 0
     foreign_rows: int = 0
     files_on_disk: int = 0
+    #: Unreferenced files outside the sink's write locations (another writer's): counted, not judged.
+    foreign_unreferenced_files: int = 0
     #: Snapshots carrying the sink's marker; of those, revisions (replacements of a committed write).
     marked_snapshots: int = 0
     revisions: int = 0
@@ -146,211 +127,13 @@ class CheckResult:
             "rows_expected": self.rows_expected,
             "foreign_rows": self.foreign_rows,
             "files_on_disk": self.files_on_disk,
+            "foreign_unreferenced_files": self.foreign_unreferenced_files,
             "marked_snapshots": self.marked_snapshots,
             "revisions": self.revisions,
             "relanded_hours": self.relanded_hours,
             "snapshots_checked": self.snapshots_checked,
             "reader": self.reader,
         }
-
-
-def epoch_of(start: dt.datetime) -> int:
-    return int((start - _UNIX).total_seconds() * 1000)
-
-
-# -- the input ------------------------------------------------------------------------------------------
-
-
-def _micros(value: dt.datetime) -> int:
-    delta = value.astimezone(dt.UTC) - _UNIX
-    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
-
-
-def row_of_event(event: Mapping[str, Any]) -> Row:
-    """An event as landed (one JSON line) in the form the table's rows are compared in."""
-    at = event.get("event_time")
-    amount = event.get("amount")
-    user = event.get("user_id")
-    return (
-        str(event["event_id"]),
-        None if user is None else int(user),
-        event.get("event_type"),
-        None if at is None else _micros(dt.datetime.fromisoformat(str(at))),
-        None if amount is None else float(amount),
-    )
-
-
-def read_input(directory: Path) -> tuple[Row, ...]:
-    """The rows of the ``*.json`` files directly in ``directory`` (JSON lines), in file order."""
-    rows: list[Row] = []
-    for path in sorted(directory.glob("*.json")):
-        rows += [row_of_event(json.loads(line)) for line in path.read_text(encoding="utf-8").splitlines() if line]
-    return tuple(rows)
-
-
-def _version_number(path: Path) -> int:
-    return int(path.name[1:]) if path.name[1:].isdigit() else -1
-
-
-def landed_hours(landing: Path, history: Path | None = None) -> list[LandedHour]:
-    """Every hour directory ``YYYY/MM/DD/HH`` under ``landing``: its rows, marker and earlier inputs."""
-    hours = []
-    for directory in sorted(landing.glob("[0-9]*/[0-9]*/[0-9]*/[0-9]*")):
-        relative = directory.relative_to(landing)
-        y, m, d, h = (int(p) for p in relative.parts)
-        start = dt.datetime(y, m, d, h, tzinfo=dt.UTC)
-        rows = read_input(directory)
-        earlier: list[tuple[Row, ...]] = []
-        if history is not None and (history / relative).is_dir():
-            versions = [p for p in (history / relative).glob("v*") if p.is_dir() and _version_number(p) >= 0]
-            earlier = [read_input(p) for p in sorted(versions, key=_version_number)]
-        status: Literal["completed", "failed", "unsettled"] = (
-            # _FAILED wins over _SUCCESS, as for the checkpoint source.
-            "failed"
-            if (directory / "_FAILED").exists()
-            else "completed"
-            if (directory / "_SUCCESS").exists()
-            else "unsettled"
-        )
-        hours.append(LandedHour(start, epoch_of(start), tuple(r[0] for r in rows), status, rows, tuple(earlier)))
-    return hours
-
-
-# -- the table ------------------------------------------------------------------------------------------
-
-
-def _local(path: str) -> str:
-    return path.removeprefix("file://")
-
-
-def referenced_files(table: Table) -> set[str]:
-    """Every data file any snapshot of the table's history references (added or still live)."""
-    io = table.io
-    paths: set[str] = set()
-    seen_manifests: set[str] = set()
-    for snapshot in table.metadata.snapshots:
-        for manifest in snapshot.manifests(io):
-            if manifest.manifest_path in seen_manifests:
-                continue
-            seen_manifests.add(manifest.manifest_path)
-            for entry in manifest.fetch_manifest_entry(io, discard_deleted=False):
-                paths.add(_local(entry.data_file.file_path))
-    return paths
-
-
-@dataclass(frozen=True)
-class Marked:
-    """A snapshot carrying the sink's marker: which epoch and write it committed, as which revision."""
-
-    order: int
-    snapshot: Snapshot
-    epoch: int
-    write_id: str
-    revision: int
-    #: The data files the snapshot added (the write's files).
-    added: frozenset[str]
-
-    @property
-    def snapshot_id(self) -> int:
-        return self.snapshot.snapshot_id
-
-
-def _in_commit_order(table: Table) -> list[Snapshot]:
-    indexed = list(enumerate(table.metadata.snapshots))
-    indexed.sort(key=lambda p: (p[1].sequence_number or 0, p[0]))
-    return [s for _, s in indexed]
-
-
-def added_files(table: Table, snapshot: Snapshot) -> frozenset[str]:
-    paths: set[str] = set()
-    for manifest in snapshot.manifests(table.io):
-        if manifest.added_snapshot_id != snapshot.snapshot_id:
-            continue
-        for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
-            if entry.status == ManifestEntryStatus.ADDED:
-                paths.add(_local(entry.data_file.file_path))
-    return frozenset(paths)
-
-
-def marked_snapshots(table: Table, sink_id: str) -> list[Marked]:
-    """The snapshots carrying ``sink_id``'s marker, in commit order."""
-    found = []
-    for order, snapshot in enumerate(_in_commit_order(table)):
-        marker = marker_of(snapshot)
-        if marker is None or marker[SINK_ID_KEY] != sink_id:
-            continue
-        try:
-            revision = int(marker.get(REVISION_KEY, "0"))
-        except ValueError:
-            revision = -1
-        found.append(
-            Marked(
-                order,
-                snapshot,
-                int(marker[EPOCH_KEY]),
-                marker.get(WRITE_ID_KEY, ""),
-                revision,
-                added_files(table, snapshot),
-            )
-        )
-    return found
-
-
-def _rows_of_arrow(data: pa.Table) -> list[Row]:
-    data = data.select(list(COLUMNS))
-    columns = [data.column(name) for name in COLUMNS]
-    columns[3] = columns[3].cast(pa.int64())  # timestamp[us, UTC] -> microseconds
-    return [(str(e), u, t, at, a) for e, u, t, at, a in zip(*(c.to_pylist() for c in columns), strict=True)]
-
-
-def pyiceberg_rows(table: Table, snapshot_id: int | None = None) -> list[Row]:
-    if snapshot_id is None and table.metadata.current_snapshot_id is None:
-        return []
-    return _rows_of_arrow(table.scan(snapshot_id=snapshot_id, selected_fields=COLUMNS).to_arrow())
-
-
-class IndependentReader:
-    """DuckDB's iceberg extension, loaded from its PyPI packages (never the network), as in
-    ``tests/support/independent_reader.py``: a bug shared by the commit path and pyiceberg's scan
-    cannot hide from it. ``None`` from ``open`` when DuckDB is not installed (the dev group)."""
-
-    name = "duckdb"
-
-    def __init__(self, connection: Any) -> None:
-        self._con = connection
-
-    @classmethod
-    def open(cls) -> IndependentReader | None:
-        try:
-            import duckdb
-            import duckdb_extension_avro  # type: ignore[import-untyped]
-            import duckdb_extension_iceberg  # type: ignore[import-untyped]
-        except ImportError:
-            return None
-
-        def extension(package: Any, name: str) -> str:
-            found = sorted(Path(package.__path__[0]).glob(f"extensions/*/{name}.duckdb_extension"))
-            if not found:
-                raise RuntimeError(f"{package.__name__} ships no {name}.duckdb_extension")
-            return str(found[-1])
-
-        con = duckdb.connect(config={"autoinstall_known_extensions": False, "autoload_known_extensions": False})
-        con.execute(f"LOAD '{extension(duckdb_extension_avro, 'avro')}'")
-        con.execute(f"LOAD '{extension(duckdb_extension_iceberg, 'iceberg')}'")
-        return cls(con)
-
-    def rows(self, table: Table, snapshot_id: int) -> list[Row]:
-        query = (
-            "SELECT event_id, user_id, event_type, epoch_us(event_time), amount "
-            f"FROM iceberg_scan(?, snapshot_from_id => {int(snapshot_id)})"
-        )
-        return [
-            (str(e), u, t, at, a)
-            for e, u, t, at, a in self._con.execute(query, [_local(table.metadata_location)]).fetchall()
-        ]
-
-    def close(self) -> None:
-        self._con.close()
 
 
 # -- the verdict ----------------------------------------------------------------------------------------
@@ -384,6 +167,7 @@ def check(
     history: Path | None = None,
     commits: Mapping[int, tuple[int, int]] | None = None,
     independent: bool = True,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> CheckResult:
     """Judge one sink's table against its landed input (see the module docstring).
 
@@ -391,6 +175,7 @@ def check(
     most marked snapshots a checkpointed hour may have (default one and one): one more for each
     reprocessing of the committed epoch, a range where the run cannot know (a backfill racing the
     scheduled runs). ``independent``: read the snapshots with DuckDB as well (when installed).
+    ``storage_options``: s3fs's options, for a table on S3 (its files listed and read through them).
     """
     now = time.time() if now is None else now
     result = CheckResult()
@@ -402,7 +187,8 @@ def check(
     owner: dict[str, LandedHour] = {row[0]: h for h in hours for version in h.versions for row in version}
     commits = dict(commits or {})
 
-    reader = IndependentReader.open() if independent else None
+    on_s3 = table.location().startswith("s3://")
+    reader = IndependentReader.open(storage_options if on_s3 else None) if independent else None
     result.reader = "duckdb and pyiceberg" if reader is not None else "pyiceberg"
     try:
         _check_current(table, hours, owner, result, reader)
@@ -412,7 +198,7 @@ def check(
     finally:
         if reader is not None:
             reader.close()
-    _check_files(table, marked, orphan_grace_s, now, result)
+    _check_files(table, marked, orphan_grace_s, now, result, Storage(storage_options))
     return result
 
 
@@ -546,7 +332,7 @@ def _check_history(
             if m.order <= order:
                 latest[m.epoch] = m  # commit order: the last one wins
         try:
-            live = {_local(task.file.file_path) for task in table.scan(snapshot_id=snapshot_id).plan_files()}
+            live = {local_path(task.file.file_path) for task in table.scan(snapshot_id=snapshot_id).plan_files()}
             rows = reader.rows(table, snapshot_id) if reader is not None else pyiceberg_rows(table, snapshot_id)
         except Exception as exc:
             problems[None].append(f"snapshot {snapshot_id} cannot be read: {type(exc).__name__}: {exc}")
@@ -582,27 +368,30 @@ def _check_history(
 
 
 def _check_files(
-    table: Table, marked: Iterable[Marked], orphan_grace_s: float, now: float, result: CheckResult
+    table: Table,
+    marked: Iterable[Marked],
+    orphan_grace_s: float,
+    now: float,
+    result: CheckResult,
+    storage: Storage,
 ) -> None:
     referenced = referenced_files(table)
     added_by = {path: m for m in marked for path in m.added}
-    data_dir = Path(_local(table.location())) / "data"
-    on_disk: set[str] = set()
-    for root, _dirs, files in os.walk(data_dir):
-        for name in files:
-            if not name.endswith(".parquet"):
-                continue
-            path = os.path.join(root, name)
-            on_disk.add(path)
-            result.files_on_disk += 1
-            if path in referenced:
-                continue
-            age = now - os.stat(path).st_mtime
-            if age > orphan_grace_s:
-                rel = os.path.relpath(path, data_dir)
-                result.anomalies.append(Anomaly("orphan", None, f"{rel} ({age:.0f} s old, referenced by no snapshot)"))
-    for path in sorted(referenced - on_disk):
-        if os.path.exists(path):
+    data_dir = local_path(table.location()).rstrip("/") + "/data"
+    on_disk = storage.files(data_dir)
+    result.files_on_disk = len(on_disk)
+    for path, mtime in sorted(on_disk.items()):
+        if path in referenced:
+            continue
+        if f"/{ICEBERG_WRITE_DIR}/" not in path.removeprefix(data_dir):
+            result.foreign_unreferenced_files += 1
+            continue
+        age = now - mtime
+        if age > orphan_grace_s:
+            rel = posixpath.relpath(path, data_dir)
+            result.anomalies.append(Anomaly("orphan", None, f"{rel} ({age:.0f} s old, referenced by no snapshot)"))
+    for path in sorted(referenced - set(on_disk)):
+        if storage.exists(path):
             continue  # outside the data directory (another writer's location): it is there
         m = added_by.get(path)
         who = f"write {m.write_id} (revision {m.revision})" if m is not None else "no marked write"
@@ -610,7 +399,7 @@ def _check_files(
             Anomaly(
                 "lost",
                 None if m is None else m.epoch,
-                f"{os.path.relpath(path, data_dir)} of {who} is referenced by the table's snapshots but not on disk",
+                f"{posixpath.relpath(path, data_dir)} of {who} is referenced by the table's snapshots but not on disk",
             )
         )
 

@@ -2,10 +2,11 @@
 
     api-server ─┐
     scheduler ──┼── Airflow's metadata DB: a fresh database on the PostgreSQL at 127.0.0.1:5432
-    (LocalExecutor: task processes)
+    (LocalExecutor: task processes; or CeleryExecutor and two Celery workers: ``stacks``)
     dag-processor, triggerer
     meta store ─── its own PostgreSQL server (initdb + pg_ctl in the temp dir), so that stopping it
                    leaves Airflow's own database running
+    Iceberg catalog ─── a SQL catalog and local files, or SeaweedFS's REST catalog and S3 (``stacks``)
 
 Every component is a subprocess in its own session (so ``kill -9`` of a component takes its children
 with it, as losing a machine would), with its log in ``<root>/logs/<name>.log``. Nothing here
@@ -34,6 +35,8 @@ from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
+
+from fault_harness.stacks import Stack, kill_worker, make_stack
 
 REPO = Path(__file__).resolve().parents[1]
 PG_ADMIN_URL = os.environ.get("EO_TEST_PG_URL", "postgresql+psycopg2://postgres@127.0.0.1:5432/test")
@@ -136,6 +139,7 @@ class Cluster:
     catalog_db: str
     api_port: int
     env: dict[str, str]
+    stack: Stack
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     log_files: dict[str, Any] = field(default_factory=dict)
     _engine: sa.Engine | None = None
@@ -150,6 +154,7 @@ class Cluster:
         parallelism: int = 3,
         orphan_grace_s: int = IN_FLIGHT_ORPHAN_GRACE_S,
         extra_env: Mapping[str, str] | None = None,
+        stack: str = "local",
     ) -> Cluster:
         root = Path(tempfile.mkdtemp(prefix="eo-faults-")) if root is None else root
         root.mkdir(parents=True, exist_ok=True)
@@ -166,7 +171,7 @@ class Cluster:
         pg_base = PG_ADMIN_URL.rsplit("/", 1)[0]
         meta = PostgresServer(root / "meta-pg")
         api_port = free_port()
-        catalog = {"type": "sql", "uri": f"{pg_base}/{catalog_db}", "warehouse": f"file://{root / 'warehouse'}"}
+        platform = make_stack(stack, root, suffix, parallelism)
         venv_bin = str(Path(sys.executable).parent)
         env = {
             **{k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "EXACTLY_ONCE", "EO_"))},
@@ -174,7 +179,6 @@ class Cluster:
             "AIRFLOW__CORE__DAGS_FOLDER": str(root / "dags"),
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
             "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
-            "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
             "AIRFLOW__CORE__PARALLELISM": str(parallelism),
             "AIRFLOW__CORE__LAZY_DISCOVER_PROVIDERS": "False",
             "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
@@ -192,7 +196,6 @@ class Cluster:
             "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{api_port}",
             "AIRFLOW__API__WORKERS": "1",
             "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_hex(16),
-            "AIRFLOW__SIMPLE_AUTH_MANAGER__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
             "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "40",
             "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": "5",
             "AIRFLOW__SCHEDULER__ORPHANED_TASKS_CHECK_INTERVAL": "15",
@@ -204,7 +207,6 @@ class Cluster:
             "AIRFLOW__EXACTLY_ONCE__RECOVERY_SCHEDULE": "none",
             "AIRFLOW__EXACTLY_ONCE__RECOVERY_ORPHAN_GRACE_SECONDS": str(orphan_grace_s),
             f"AIRFLOW_CONN_{META_CONN_ID.upper()}": json.dumps({"conn_type": "exactly_once_meta", "host": meta.url()}),
-            f"AIRFLOW_CONN_{ICEBERG_CONN_ID.upper()}": json.dumps({"conn_type": "iceberg", "extra": catalog}),
             "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": "local[1]"}),
             "EXACTLY_ONCE_FAULT_PLAN": str(root / "fault-plan.json"),
             "EO_FAULTS_PIPELINES": str(root / "pipelines"),
@@ -213,11 +215,17 @@ class Cluster:
             "SPARK_LOCAL_IP": "127.0.0.1",
             "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p),
             "PATH": venv_bin + os.pathsep + os.environ.get("PATH", ""),
-            **dict(extra_env or {}),
         }
-        cluster = cls(root, airflow_db, meta, catalog_db, api_port, env)
+        cluster = cls(root, airflow_db, meta, catalog_db, api_port, env, platform)
         cluster.write_plan([])
         try:
+            platform.open()
+            catalog = platform.catalog_properties(pg_base=pg_base, catalog_db=catalog_db)
+            env.update(platform.env(pg_base=pg_base, airflow_db=airflow_db))
+            env[f"AIRFLOW_CONN_{ICEBERG_CONN_ID.upper()}"] = json.dumps({"conn_type": "iceberg", "extra": catalog})
+            for conn_id, extra in platform.more_catalogs().items():
+                env[f"AIRFLOW_CONN_{conn_id.upper()}"] = json.dumps({"conn_type": "iceberg", "extra": extra})
+            env.update(extra_env or {})
             meta.init()
             (root / "dags" / "exactly_once_recovery.py").write_text(
                 "from airflow_provider_exactly_once.recovery.dag import recovery_dag\n\ndag = recovery_dag()\n",
@@ -248,9 +256,19 @@ class Cluster:
 
     # -- components ----------------------------------------------------------------------------------
 
+    @property
+    def components(self) -> tuple[str, ...]:
+        """Every component ``start``, ``kill``, ``stop`` and ``restart`` know, the stack's included."""
+        return (*COMPONENTS, *self.stack.workers, *self.stack.servers)
+
     def start(self, name: str) -> None:
-        if name not in COMPONENTS:
-            raise ValueError(f"unknown component {name!r}; known: {COMPONENTS}")
+        if name not in self.components:
+            raise ValueError(f"unknown component {name!r}; known: {self.components}")
+        if name in self.stack.servers:
+            server = self.stack.servers[name]
+            if not server.running:
+                server.start()  # on the ports it had: clients built before keep reaching it
+            return
         if name in self.procs and self.procs[name].poll() is None:
             return
         args = {
@@ -258,7 +276,7 @@ class Cluster:
             "scheduler": ["scheduler", "--skip-serve-logs"],
             "dag-processor": ["dag-processor"],
             "triggerer": ["triggerer", "--skip-serve-logs"],
-        }[name]
+        }.get(name) or self.stack.worker_args(name)
         out = (self.root / "logs" / f"{name}.log").open("ab")
         self.log_files[name] = out
         self.procs[name] = subprocess.Popen(
@@ -271,7 +289,7 @@ class Cluster:
         )
 
     def start_all(self) -> None:
-        for name in COMPONENTS:
+        for name in (*COMPONENTS, *self.stack.workers):
             self.start(name)
         self.wait_for_api()
 
@@ -288,15 +306,30 @@ class Cluster:
                 time.sleep(1)
         raise RuntimeError(f"the api-server did not listen on {self.api_port} within {timeout} s")
 
-    def kill(self, name: str) -> None:
-        """``kill -9`` of a component and every process of its session (its task processes too)."""
+    def kill(self, name: str) -> list[int]:
+        """``kill -9`` of a component and every process of its session (its task processes too, for
+        LocalExecutor's); of a Celery worker, every process below it as well (``kill_worker``).
+        The pids killed (the component's own first)."""
+        if name in self.stack.servers:
+            server = self.stack.servers[name]
+            pid = server.process.pid if server.running else None
+            server.kill()
+            return [] if pid is None else [pid]
         proc = self.procs.get(name)
         if proc is None or proc.poll() is not None:
-            return
-        os.killpg(proc.pid, signal.SIGKILL)
+            return []
+        if name in self.stack.workers:
+            killed = kill_worker(proc.pid)
+        else:
+            os.killpg(proc.pid, signal.SIGKILL)
+            killed = [proc.pid]
         proc.wait(timeout=30)
+        return killed
 
     def stop(self, name: str, timeout: float = 30) -> None:
+        if name in self.stack.servers:
+            self.stack.servers[name].stop()
+            return
         proc = self.procs.get(name)
         if proc is None or proc.poll() is not None:
             return
@@ -304,7 +337,10 @@ class Cluster:
             os.killpg(proc.pid, signal.SIGTERM)
             proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+            if name in self.stack.workers:
+                kill_worker(proc.pid)  # its task processes too, which are not in its group
+            else:
+                os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=30)
         except ProcessLookupError:
             pass
@@ -314,6 +350,8 @@ class Cluster:
         self.start(name)
 
     def alive(self, name: str) -> bool:
+        if name in self.stack.servers:
+            return bool(self.stack.servers[name].running)
         proc = self.procs.get(name)
         return proc is not None and proc.poll() is None
 
@@ -375,8 +413,8 @@ class Cluster:
             time.sleep(2)
         raise TimeoutError(f"DAG {dag_id} was not parsed within {timeout} s; see {self.root}/logs/dag-processor.log")
 
-    def check_alive(self, names: tuple[str, ...] = COMPONENTS) -> None:
-        for name in names:
+    def check_alive(self, names: tuple[str, ...] | None = None) -> None:
+        for name in (*COMPONENTS, *self.stack.workers) if names is None else names:
             proc = self.procs.get(name)
             if proc is not None and proc.poll() is not None and proc.returncode not in (-signal.SIGKILL,):
                 raise RuntimeError(f"{name} exited ({proc.returncode}); see {self.root}/logs/{name}.log")
@@ -385,9 +423,11 @@ class Cluster:
 
     def close(self, *, keep_root: bool = False) -> None:
         """Stop everything and drop the databases; safe to call twice and after a failed start."""
-        for name in reversed(COMPONENTS):
+        for name in reversed((*COMPONENTS, *self.stack.workers)):
             with suppress(Exception):  # keep tearing down whatever else there is
                 self.stop(name, timeout=20)
+        with suppress(Exception):
+            self.stack.close()
         for out in self.log_files.values():
             out.close()
         if self._engine is not None:

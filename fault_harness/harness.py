@@ -25,14 +25,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pyiceberg.catalog.sql import SqlCatalog
+from pyiceberg.catalog import load_catalog
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 from pyiceberg.types import DoubleType, LongType, NestedField, StringType, TimestamptzType
 
 from airflow_provider_exactly_once.demo.world import hour_dir, land_hour, mark_hour
-from fault_harness.checker import CheckResult, check, epoch_of
+from fault_harness.checker import CheckResult, check
 from fault_harness.cluster import FINAL_ORPHAN_GRACE_S, ICEBERG_CONN_ID, RECOVERY_DAG_ID, Cluster
+from fault_harness.landed import epoch_of
 
 NAMESPACE = "faults"
 START = dt.datetime(2025, 1, 1, tzinfo=dt.UTC)
@@ -59,6 +60,8 @@ class Pipeline:
     failed_hours: frozenset[int] = frozenset()
     late_hours: frozenset[int] = frozenset()
     max_active_runs: int = 3
+    #: The Iceberg connection its DAG writes through (another than the cluster's main one: a proxy).
+    conn_id: str = ICEBERG_CONN_ID
     hours: list[dt.datetime] = field(default_factory=list)
     #: Per epoch index: how often a committed epoch was reprocessed for sure (each adds one marked
     #: snapshot, a revision) and how often it may have been (a backfill racing the scheduled runs).
@@ -100,8 +103,8 @@ class Harness:
         self.cluster = cluster
         #: When the last ``collect_orphans`` started: the orphan check's clock.
         self.orphans_collected_at: float | None = None
-        props = cluster.catalog_properties
-        self.catalog = SqlCatalog(ICEBERG_CONN_ID, uri=props["uri"], warehouse=props["warehouse"])
+        # The connection's own properties, as IcebergHook loads them: a SQL catalog, or the REST one.
+        self.catalog = load_catalog(ICEBERG_CONN_ID, **cluster.catalog_properties)
         self.catalog.create_namespace_if_not_exists(NAMESPACE)
         #: The fault plan's rules; ``arm`` adds to them while runs go (the file is rewritten whole).
         self.plan: list[dict[str, Any]] = []
@@ -141,7 +144,7 @@ class Harness:
             "epochs": pipeline.epochs,
             "writer": pipeline.writer,
             "sensor": pipeline.sensor,
-            "conn_id": ICEBERG_CONN_ID,
+            "conn_id": pipeline.conn_id,
             "max_active_runs": pipeline.max_active_runs,
         }
         pipelines = self.cluster.root / "pipelines"
@@ -319,6 +322,7 @@ class Harness:
             now=self.orphans_collected_at,
             history=pipeline.history,
             commits=pipeline.commits(),
+            storage_options=self.cluster.stack.storage_options(),
         )
 
     def dispose(self) -> None:

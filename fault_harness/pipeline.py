@@ -40,7 +40,10 @@ EVENT_SCHEMA_DDL = "event_id STRING, user_id BIGINT, event_type STRING, event_ti
 
 def light_write(sink_id: str, table_name: str, landing: str, conn_id: str) -> dict[str, Any]:
     """One epoch's write without Spark: the hour's JSON lines as one real Parquet file with Iceberg
-    field ids, in the write's own location, returned as pre-commit metadata (nothing visible)."""
+    field ids, in the write's own location, returned as pre-commit metadata (nothing visible).
+
+    The file goes through the table's own FileIO (``table.io``), which carries the catalog's storage
+    properties: the write lands where the table lives, local disk or S3, as a real writer's would."""
     import pyarrow as pa
     import pyarrow.parquet as pq
     from airflow.providers.apache.iceberg.hooks.iceberg import IcebergHook
@@ -70,11 +73,21 @@ def light_write(sink_id: str, table_name: str, landing: str, conn_id: str) -> di
     descriptors = []
     if rows:
         arrow_schema = schema_to_pyarrow(table.schema(), include_field_ids=True)
-        local = Path(location.removeprefix("file://"))
-        local.mkdir(parents=True)
         file_path = f"{location}/part-00000-{attempt}.parquet"
-        pq.write_table(pa.Table.from_pylist(rows, schema=arrow_schema), file_path.removeprefix("file://"))
-        descriptors.append(describe_parquet_file(file_path, table_schema=table.schema(), partition={}, writer="0"))
+        with table.io.new_output(file_path).create() as stream, pq.ParquetWriter(stream, arrow_schema) as writer:
+            writer.write_table(pa.Table.from_pylist(rows, schema=arrow_schema))
+        # The metadata and size from the writer and the table's FileIO: describe_parquet_file would
+        # otherwise read the file back through a FileIO without the catalog's S3 credentials.
+        descriptors.append(
+            describe_parquet_file(
+                file_path,
+                table_schema=table.schema(),
+                partition={},
+                writer="0",
+                parquet_metadata=writer.writer.metadata,
+                file_size_in_bytes=len(table.io.new_input(file_path)),
+            )
+        )
     fault_hook_for(sink_id, epoch, attempt)(WRITE_POINT)
     pre = PreCommit(
         sink_id=sink_id,

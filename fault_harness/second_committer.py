@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import sys
 
-from pyiceberg.catalog.sql import SqlCatalog
+from pyiceberg.catalog import load_catalog
 
 from airflow_provider_exactly_once.checkpoints.config import MarkerFileCheckpoint
 from airflow_provider_exactly_once.core.coordinator import TwoPhaseCommitCoordinator
@@ -20,7 +20,7 @@ from airflow_provider_exactly_once.store import SqlSinkStateStore
 
 def main(argv: list[str]) -> int:
     args = json.loads(argv[0])
-    catalog = SqlCatalog(args["catalog_name"], **args["catalog"])
+    catalog = load_catalog(args["catalog_name"], **args["catalog"])
     store = SqlSinkStateStore(args["meta_url"])
     try:
         coordinator = TwoPhaseCommitCoordinator(

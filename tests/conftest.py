@@ -19,6 +19,7 @@ import sqlalchemy as sa
 # First of all: a private AIRFLOW_HOME for every suite, and the Airflow fixtures (airflow_home, world,
 # unique) for the suites that run DAGs; a suite's own conftest may override ``world``.
 from tests.support.airflow_env import airflow_home, unique, world  # noqa: F401
+from tests.support.stack import moto, seaweed  # noqa: F401
 
 PG_ADMIN_URL = os.environ.get("EO_TEST_PG_URL", "postgresql+psycopg2://postgres@127.0.0.1:5432/test")
 BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]

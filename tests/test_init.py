@@ -34,3 +34,42 @@ def test_the_exported_names_are_exactly_the_lazy_ones() -> None:
 def test_an_unknown_name_is_an_attribute_error() -> None:
     with pytest.raises(AttributeError, match="no_such_thing"):
         eo.no_such_thing  # noqa: B018
+
+
+#: What a DAG file must not pay for at every parse: the commit path's libraries, loaded by the tasks
+#: that commit, never by the dag-processor. (SQLAlchemy and pydantic are Airflow's own imports.)
+HEAVY = ("pyiceberg", "pyarrow", "pandas", "numpy", "pyspark", "botocore", "aiohttp", "s3fs", "alembic", "duckdb")
+#: Names whose signature takes pyiceberg's own types: a DAG using them builds a ``Schema`` anyway.
+NEEDS_PYICEBERG = {"ensure_table"}
+
+
+def test_the_dag_facing_names_import_nothing_heavy_beyond_airflow() -> None:
+    """In a fresh interpreter, after what any Spark DAG imports (Airflow's SDK and the Spark provider):
+    resolving every DAG-facing name adds none of the heavy libraries."""
+    names = sorted(set(eo.__all__) - NEEDS_PYICEBERG)
+    code = (
+        "import json, sys\n"
+        "from airflow.sdk import DAG, BaseOperator\n"
+        "from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator\n"
+        "before = {m.split('.')[0] for m in sys.modules}\n"
+        "import airflow_provider_exactly_once as eo\n"
+        f"for name in {names!r}: getattr(eo, name)\n"
+        "import airflow_provider_exactly_once.operators as ops\n"
+        "for name in ops.__all__: getattr(ops, name)\n"
+        f"print(json.dumps(sorted({{m.split('.')[0] for m in sys.modules}} - before & set({HEAVY!r}))))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+
+
+def test_the_heavy_check_sees_a_heavy_import() -> None:
+    """The check above can fail: ``ensure_table`` does bring pyiceberg."""
+    code = (
+        "import json, sys\n"
+        "import airflow_provider_exactly_once as eo\n"
+        "eo.ensure_table\n"
+        "print(json.dumps('pyiceberg' in {m.split('.')[0] for m in sys.modules}))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert json.loads(out.stdout.strip().splitlines()[-1]) is True

@@ -1,10 +1,13 @@
-"""What the file-based checkpoint sources share: path templates and strict, cache-free look-ups.
+"""What the file-based checkpoint sources (and the file sink) share: path templates, strict and
+cache-free look-ups, and the rules that keep storage secrets out of serialised configs.
 
 Two things matter for a checkpoint read that ``fs.exists`` gets wrong:
 
 * an unreachable store must be an error, not "absent": ``exists`` swallows every exception, and
   a sensor reading PENDING where the truth is COMPLETED merely waits, but one reading "no
-  ``_FAILED``" during an outage could let a commit through;
+  ``_FAILED``" during an outage could let a commit through. s3fs reports a refused connection as
+  botocore's ``EndpointConnectionError``, which is no ``OSError``, so ``store_errors()`` names those
+  too;
 * object-store filesystems cache listings, and a poller must never keep seeing the old answer, so
   every look-up invalidates the cache for its path first.
 """
@@ -12,6 +15,7 @@ Two things matter for a checkpoint read that ``fs.exists`` gets wrong:
 from __future__ import annotations
 
 import asyncio
+import functools
 import re
 import string
 from collections.abc import Collection, Mapping
@@ -30,14 +34,118 @@ from airflow_provider_exactly_once.core.redact import has_userinfo, mask_userinf
 _SAMPLE = {"sink_id": "sink", "epoch": 1_700_000_000_000, "start": datetime(2023, 11, 14, 22, 13, tzinfo=UTC)}
 
 
+@functools.cache
+def store_errors() -> tuple[type[BaseException], ...]:
+    """What a filesystem raises when the store could not answer (checked after ``FileNotFoundError``):
+    ``OSError`` plus the transport errors of the object-store clients that are installed.
+
+    A function, called only once an exception is being matched: botocore and aiohttp take half a
+    second to import, and DAG files import the checkpoint configs at every parse.
+
+    Only clients that raise their own exception types through fsspec are named: botocore (s3fs
+    lets ``EndpointConnectionError`` and other ``BotoCoreError`` through untranslated) and aiohttp
+    (under every HTTP-based fsspec filesystem). Each is optional, like the filesystem that uses it.
+    """
+    errors: list[type[BaseException]] = [OSError]
+    try:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        errors += [BotoCoreError, ClientError]
+    except ImportError:  # pragma: no cover - botocore comes with s3fs, which is optional
+        pass
+    try:
+        from aiohttp import ClientError as AiohttpClientError
+
+        errors.append(AiohttpClientError)
+    except ImportError:  # pragma: no cover - aiohttp comes with fsspec's async filesystems
+        pass
+    return tuple(errors)
+
+
+#: Option names that carry a secret in some fsspec filesystem (s3fs, gcsfs, adlfs, sshfs, ...).
+SECRET_OPTION_NAMES = frozenset(
+    {
+        "key",
+        "secret",
+        "token",
+        "password",
+        "passwd",
+        "access_key",
+        "secret_key",
+        "secret_access_key",
+        "session_token",
+        "aws_access_key_id",
+        "aws_secret_access_key",
+        "aws_session_token",
+        "account_key",
+        "sas_token",
+        "connection_string",
+        "client_secret",
+        "credentials",
+        "private_key",
+    }
+)
+
+
+def refuse_secret_options(options: object, *, what: str) -> dict[str, Any]:
+    """``storage_options`` travel with the config into the sink registry, XCom, the trigger's
+    arguments, the UI and ``eo-sink``: a secret there would be shown in all of them. Refuse one by
+    its name (at any depth, e.g. in ``client_kwargs``), never repeating its value."""
+    if not isinstance(options, Mapping):
+        raise InvalidSinkConfig(f"{what}: storage_options must be a mapping of fsspec options, got {options!r}")
+    found = sorted(_secret_names(options, ""))
+    if found:
+        raise InvalidSinkConfig(
+            f"{what}: storage_options holds credentials ({', '.join(found)}), which would be stored with "
+            "the config and shown by the UI, eo-sink and the logs; put them in an Airflow connection of "
+            "type 'aws' and name it in storage_conn_id"
+        )
+    return dict(options)
+
+
+def _secret_names(options: Mapping[Any, Any], prefix: str) -> list[str]:
+    found = []
+    for name, value in options.items():
+        dotted = f"{prefix}{name}"
+        if str(name).lower() in SECRET_OPTION_NAMES:
+            found.append(dotted)
+        elif isinstance(value, Mapping):
+            found.extend(_secret_names(value, dotted + "."))
+    return found
+
+
+def check_storage_conn_id(conn_id: object, *, what: str) -> None:
+    if conn_id is not None and (not isinstance(conn_id, str) or not conn_id.strip()):
+        raise InvalidSinkConfig(f"{what}: storage_conn_id must be a connection id or None, got {conn_id!r}")
+
+
+def resolve_storage_options(options: Mapping[str, Any], conn_id: str | None) -> dict[str, Any]:
+    """A config's non-secret ``options`` with the credentials of its ``storage_conn_id`` (an ``aws``
+    connection), read now: call it only where files are touched, never while a DAG is parsed."""
+    if conn_id is None:
+        return dict(options)
+    from airflow_provider_exactly_once.hooks.storage import ObjectStorageHook
+
+    return ObjectStorageHook(conn_id).storage_options(options)
+
+
+async def aresolve_storage_options(options: Mapping[str, Any], conn_id: str | None) -> dict[str, Any]:
+    """``resolve_storage_options`` for the triggerer's event loop."""
+    if conn_id is None:
+        return dict(options)
+    from airflow_provider_exactly_once.hooks.storage import ObjectStorageHook
+
+    return await ObjectStorageHook(conn_id).astorage_options(options)
+
+
 def refuse_credentials(location: str, *, what: str) -> None:
     """A checkpoint location is registered with its sink and shown by the UI, eo-sink and the logs:
-    credentials in it would be shown everywhere, so they belong in ``storage_options``."""
+    credentials in it would be shown everywhere, so they belong in a connection."""
     if isinstance(location, str) and has_userinfo(location):
         raise InvalidSinkConfig(
-            f"{what} {mask_userinfo(location)!r} holds credentials (user:password@); pass them in "
-            "storage_options (e.g. {'key': ..., 'secret': ...}) or through the filesystem's Airflow "
-            "connection, and keep the location plain"
+            f"{what} {mask_userinfo(location)!r} holds credentials (user:password@); keep them out of the "
+            "location and out of storage_options: put them in an Airflow connection of type 'aws' and "
+            "name it in storage_conn_id"
         )
 
 
@@ -111,14 +219,16 @@ class FsLookup:
         return bool(getattr(self.fs, "async_impl", False)) and isinstance(self.fs, AsyncFileSystem)
 
     def exists(self, path: str) -> bool:
+        """Whether a *file* is there: on an object store any object below ``path`` makes it a
+        "folder", and a folder named ``_SUCCESS`` (or ``commits/7``) is not the upstream's word."""
         self.fs.invalidate_cache(path)
         try:
-            self.fs.info(path)
+            info = self.fs.info(path)
         except FileNotFoundError:
             return False
-        except OSError as exc:
+        except store_errors() as exc:
             raise self._unavailable(path, exc) from exc
-        return True
+        return _is_file(info)
 
     def listdir(self, path: str) -> list[str]:
         """Base names in a folder; a missing folder is empty."""
@@ -127,19 +237,19 @@ class FsLookup:
             entries = self.fs.ls(path, detail=False)
         except FileNotFoundError:
             return []
-        except OSError as exc:
+        except store_errors() as exc:
             raise self._unavailable(path, exc) from exc
         return [str(entry).rstrip("/").rsplit("/", 1)[-1] for entry in entries]
 
     async def aexists(self, path: str) -> bool:
         self.fs.invalidate_cache(path)
         try:
-            await self._on_fs_loop(self.fs._info(path))
+            info = await self._on_fs_loop(self.fs._info(path))
         except FileNotFoundError:
             return False
-        except OSError as exc:
+        except store_errors() as exc:
             raise self._unavailable(path, exc) from exc
-        return True
+        return _is_file(info)
 
     async def alistdir(self, path: str) -> list[str]:
         self.fs.invalidate_cache(path)
@@ -147,7 +257,7 @@ class FsLookup:
             entries = await self._on_fs_loop(self.fs._ls(path, detail=False))
         except FileNotFoundError:
             return []
-        except OSError as exc:
+        except store_errors() as exc:
             raise self._unavailable(path, exc) from exc
         return [str(entry).rstrip("/").rsplit("/", 1)[-1] for entry in entries]
 
@@ -165,3 +275,7 @@ class FsLookup:
 
     def _unavailable(self, path: str, exc: BaseException) -> SinkUnavailable:
         return SinkUnavailable(mask_userinfo(f"{self._what}: cannot look up {path!r}: {exc}"))
+
+
+def _is_file(info: Any) -> bool:
+    return not isinstance(info, Mapping) or info.get("type") != "directory"

@@ -10,6 +10,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from airflow_provider_exactly_once.checkpoints._fs import (
+    aresolve_storage_options,
+    check_storage_conn_id,
+    refuse_secret_options,
+    resolve_storage_options,
+)
 from airflow_provider_exactly_once.checkpoints.markers import MarkerFileCheckpointSource
 from airflow_provider_exactly_once.checkpoints.metastore import CheckpointTable, MetaStoreCheckpointSource
 from airflow_provider_exactly_once.checkpoints.streaming import StructuredStreamingCheckpointSource
@@ -35,25 +41,65 @@ class MetaStoreCheckpoint:
         return {"kind": self.kind, "name_template": self.name_template}
 
 
+class _StoredOnObjectStorage:
+    """What the file-based checkpoints share: credentials named by a connection, read late.
+
+    ``storage_conn_id`` (an Airflow connection of type ``aws``) is resolved only where the source is
+    built to be read: the sensor's task, the triggerer, the recovery run. ``__post_init__`` builds
+    a source too, to validate, but with the non-secret ``storage_options`` alone, so parsing a DAG
+    never reads a connection.
+    """
+
+    storage_options: Mapping[str, Any]
+    storage_conn_id: str | None
+
+    def _check_storage(self, what: str) -> None:
+        object.__setattr__(self, "storage_options", refuse_secret_options(self.storage_options, what=what))
+        check_storage_conn_id(self.storage_conn_id, what=what)
+
+    def resolve_storage_options(self) -> dict[str, Any]:
+        """The filesystem's options with the connection's credentials."""
+        return resolve_storage_options(self.storage_options, self.storage_conn_id)
+
+    async def aresolve_storage_options(self) -> dict[str, Any]:
+        """``resolve_storage_options`` for the triggerer's event loop."""
+        return await aresolve_storage_options(self.storage_options, self.storage_conn_id)
+
+    def _options(self, storage_options: Mapping[str, Any] | None) -> Mapping[str, Any]:
+        return self.resolve_storage_options() if storage_options is None else storage_options
+
+    def _storage_dict(self) -> dict[str, Any]:
+        return {
+            "storage_options": dict(self.storage_options),
+            # Left out when unset, so the registered form of a checkpoint without one is unchanged.
+            **({"storage_conn_id": self.storage_conn_id} if self.storage_conn_id is not None else {}),
+        }
+
+
 @dataclass(frozen=True)
-class MarkerFileCheckpoint:
+class MarkerFileCheckpoint(_StoredOnObjectStorage):
     """``_SUCCESS`` / ``_FAILED`` objects at a templated path (``{sink_id}``, ``{epoch}``, ``{start:%Y/%m/%d/%H}``)."""
 
     path_template: str
     success_marker: str = "_SUCCESS"
     failed_marker: str = "_FAILED"
     storage_options: Mapping[str, Any] = field(default_factory=dict)
+    storage_conn_id: str | None = None
     kind: Literal["markers"] = field(default="markers", init=False)
 
     def __post_init__(self) -> None:
-        self.source()  # validates the template and markers once, here
+        self._check_storage("marker checkpoint")
+        self.source(storage_options=self.storage_options)  # validates the template and markers once, here
 
-    def source(self, table: CheckpointTable | None = None) -> CheckpointSource:
+    def source(
+        self, table: CheckpointTable | None = None, *, storage_options: Mapping[str, Any] | None = None
+    ) -> CheckpointSource:
+        """``storage_options``: already resolved by the caller; by default the connection is read now."""
         return MarkerFileCheckpointSource(
             self.path_template,
             success_marker=self.success_marker,
             failed_marker=self.failed_marker,
-            storage_options=self.storage_options,
+            storage_options=self._options(storage_options),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -62,30 +108,33 @@ class MarkerFileCheckpoint:
             "path_template": self.path_template,
             "success_marker": self.success_marker,
             "failed_marker": self.failed_marker,
-            "storage_options": dict(self.storage_options),
+            **self._storage_dict(),
         }
 
 
 @dataclass(frozen=True)
-class StreamingCheckpoint:
+class StreamingCheckpoint(_StoredOnObjectStorage):
     """A Spark Structured Streaming checkpoint location; epochs map to batch ids one to one."""
 
     checkpoint_location: str
     storage_options: Mapping[str, Any] = field(default_factory=dict)
+    storage_conn_id: str | None = None
     kind: Literal["streaming"] = field(default="streaming", init=False)
 
     def __post_init__(self) -> None:
-        self.source()
+        self._check_storage("streaming checkpoint")
+        self.source(storage_options=self.storage_options)
 
-    def source(self, table: CheckpointTable | None = None) -> CheckpointSource:
-        return StructuredStreamingCheckpointSource(self.checkpoint_location, storage_options=self.storage_options)
+    def source(
+        self, table: CheckpointTable | None = None, *, storage_options: Mapping[str, Any] | None = None
+    ) -> CheckpointSource:
+        """``storage_options``: already resolved by the caller; by default the connection is read now."""
+        return StructuredStreamingCheckpointSource(
+            self.checkpoint_location, storage_options=self._options(storage_options)
+        )
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "kind": self.kind,
-            "checkpoint_location": self.checkpoint_location,
-            "storage_options": dict(self.storage_options),
-        }
+        return {"kind": self.kind, "checkpoint_location": self.checkpoint_location, **self._storage_dict()}
 
 
 CheckpointConfig = MetaStoreCheckpoint | MarkerFileCheckpoint | StreamingCheckpoint

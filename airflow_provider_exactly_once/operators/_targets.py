@@ -5,13 +5,19 @@ connection and the schema-evolution setting the commit uses; deriving the write'
 means the two cannot disagree. The catalog properties (which may hold credentials) are read from
 the Iceberg connection in ``execute`` and go only into the job spec file handed to
 ``spark-submit``: they are never a templated field, so they never appear in Rendered Templates.
+A file sink's credentials come the same way from its config's ``storage_options`` (what its
+committer uses), translated into the FileIO properties the Spark executors write with. The
+templated ``input=`` and ``target=`` are refused when they hold credentials (``check_no_credentials``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
+from urllib.parse import urlparse
 
 from airflow_provider_exactly_once.core.errors import InvalidSinkConfig
+from airflow_provider_exactly_once.core.redact import CREDENTIAL_PROPERTY_MARKS
 from airflow_provider_exactly_once.sinks.config import FileSinkConfig, IcebergSinkConfig, SinkConfig
 from airflow_provider_exactly_once.spark.jobspec import FileSinkTarget, IcebergTarget
 
@@ -29,6 +35,89 @@ def iceberg_catalog_properties(conn_id: str) -> dict[str, str]:
     properties.setdefault("type", "rest")
     if properties["type"] == "rest" and conn.login and conn.password:
         properties["credential"] = f"{conn.login}:{conn.password}"
+    return properties
+
+
+_S3_SCHEMES = ("s3", "s3a", "s3n")
+
+
+def check_no_credentials(what: str, properties: Mapping[str, Any]) -> None:
+    """Refuse credentials in a templated field: Airflow stores and shows every rendered value."""
+    found = sorted(k for k in properties if any(mark in str(k).lower() for mark in CREDENTIAL_PROPERTY_MARKS))
+    if found:
+        raise InvalidSinkConfig(
+            f"{what} holds credentials ({', '.join(found)}), and it is a templated field the UI shows once "
+            "rendered: put them in the sink's connection (Iceberg) or storage_options (file sink), or leave "
+            "them to the executors' environment (instance profile, web identity)"
+        )
+
+
+def check_templated_specs(
+    task_id: object, input_spec: Mapping[str, Any], target_spec: Mapping[str, Any] | None
+) -> None:
+    """The operator's ``input=`` and ``target=`` are rendered and stored by Airflow: no credentials."""
+    for name in ("io_properties", "options"):
+        check_no_credentials(f"task {task_id}: input {name}", dict(input_spec.get(name) or {}))
+    if target_spec is not None:
+        check_no_credentials(f"task {task_id}: target io_properties", dict(target_spec.get("io_properties") or {}))
+
+
+#: s3fs options (top level or in ``client_kwargs``) and the FileIO properties that say the same.
+_S3FS_TO_FILEIO = {
+    "key": "s3.access-key-id",
+    "secret": "s3.secret-access-key",
+    "token": "s3.session-token",
+    "profile": "s3.profile-name",
+    "endpoint_url": "s3.endpoint",
+    "region_name": "s3.region",
+}
+#: botocore ``Config`` settings with a FileIO equivalent; the rest (retries, pool sizes) only tune
+#: the client and are left to pyarrow's defaults.
+_BOTOCORE_TO_FILEIO = {"connect_timeout": "s3.connect-timeout", "read_timeout": "s3.request-timeout"}
+
+
+def file_sink_io_properties(root: str, storage_options: Mapping[str, Any]) -> dict[str, str]:
+    """The FileIO properties (for the Spark executors' pyarrow) equivalent to a file sink's resolved
+    fsspec ``storage_options`` (for its committer), so both reach the root as the same principal.
+
+    Only s3fs's options are translated. An option that would change where or as whom the writer
+    connects, and has no FileIO equivalent, is refused rather than dropped: the writer would then
+    reach the store differently from the committer.
+    """
+    scheme = urlparse(root).scheme.lower()
+    if not storage_options or scheme in ("", "file", "local"):
+        return {}  # local options (auto_mkdir...) concern fsspec alone
+    if scheme not in _S3_SCHEMES:
+        raise InvalidSinkConfig(
+            f"file sink root {root!r}: storage_options are translated for the Spark writer only on S3; give "
+            "the writer its FileIO settings in target=FileSinkTarget(io_properties=...) and its credentials "
+            "through the executors' environment"
+        )
+    properties: dict[str, str] = {}
+    unknown: list[str] = []
+    flat = [(k, v) for k, v in storage_options.items() if k not in ("client_kwargs", "config_kwargs")]
+    flat += [(f"client_kwargs.{k}", v) for k, v in dict(storage_options.get("client_kwargs") or {}).items()]
+    for name, value in flat:
+        short = name.removeprefix("client_kwargs.")
+        if short in _S3FS_TO_FILEIO and value is not None:
+            properties[_S3FS_TO_FILEIO[short]] = str(value)
+        elif name == "anon":
+            properties["s3.anonymous"] = "true" if value else "false"
+        elif not (name == "client_kwargs.verify" and value is True):  # certificate checks are pyarrow's default
+            unknown.append(name)
+    config = dict(storage_options.get("config_kwargs") or {})
+    for name, value in config.items():
+        if name in _BOTOCORE_TO_FILEIO:
+            properties[_BOTOCORE_TO_FILEIO[name]] = str(value)
+        elif name == "s3" and isinstance(value, Mapping) and set(value) <= {"addressing_style"}:
+            properties["s3.force-virtual-addressing"] = (
+                "true" if value.get("addressing_style") == "virtual" else "false"
+            )
+    if unknown:
+        raise InvalidSinkConfig(
+            f"file sink root {root!r}: storage options {sorted(unknown)} have no pyiceberg FileIO equivalent for "
+            "the Spark writer; give it its FileIO settings in target=FileSinkTarget(io_properties=...)"
+        )
     return properties
 
 
@@ -68,6 +157,13 @@ def targets_for(sink: SinkConfig, target: FileSinkTarget | None, partition_by: l
         return targets
     assert isinstance(sink, FileSinkConfig)
     base = target or FileSinkTarget(root=sink.root)
+    update: dict[str, Any] = {
+        # Resolved here, in the task: the storage connection's secret goes into the spec file only.
+        "io_properties": {
+            **file_sink_io_properties(sink.root, sink.resolve_storage_options()),
+            **base.io_properties,
+        }
+    }
     if partition_by:
-        base = base.model_copy(update={"partition_by": list(partition_by)})
-    return [base.model_dump(mode="json")]
+        update["partition_by"] = list(partition_by)
+    return [base.model_copy(update=update).model_dump(mode="json")]

@@ -19,7 +19,7 @@ from airflow.sdk.exceptions import AirflowFailException
 from airflow_provider_exactly_once.checkpoints.config import CheckpointConfig
 from airflow_provider_exactly_once.core.coordinator import TwoPhaseCommitCoordinator
 from airflow_provider_exactly_once.core.errors import AbortRefused, ExactlyOnceError, InvalidPreCommit
-from airflow_provider_exactly_once.core.outcomes import CommitOutcome
+from airflow_provider_exactly_once.core.outcomes import CommitOutcome, CommitResult
 from airflow_provider_exactly_once.core.precommit import PreCommit
 from airflow_provider_exactly_once.defaults import DEFAULT_META_CONN_ID
 from airflow_provider_exactly_once.hooks.meta_store import ExactlyOnceMetaStoreHook
@@ -148,19 +148,31 @@ class CommitEpochOperator(_EpochOperator):
     For an Iceberg sink the task's outlet is the alias ``exactly_once.<sink_id>.committed``: when
     (and only when) this task made the epoch visible it adds one event per table, for the asset
     ``iceberg://<iceberg_conn_id>/<namespace>/<table>`` (``observability.assets.iceberg_asset``),
-    so DAGs scheduled on a table run on committed data only. A rerun that finds the epoch already
-    committed adds none: downstream DAGs already ran for it.
+    so DAGs scheduled on a table run on committed data only. A rerun that finds the epoch committed
+    with another run's write (a sink with ``on_reprocess="keep"``) adds none: there is nothing new.
+    A retry that finds *this run's* write already committed adds them: its earlier try may have died
+    between the commit and the task's success, when Airflow records the events. So events are at
+    least once: a downstream DAG may run twice for one commit (a cleared commit task), never zero times.
 
+    :param write_task_id: the run's write task, whose write a retry finds already committed.
     :param emit_assets: add the alias outlet and its events (Iceberg sinks; default True).
     :return: ``{"sink_id", "epoch", "outcome", "write_id", "committed"}`` (per table: snapshot id or "empty").
     """
 
     operator_extra_links = (EpochLink(),)
 
+    template_fields: Sequence[str] = ("write_task_id",)
+
     def __init__(
-        self, *, checkpoint: CheckpointConfig | Mapping[str, Any], emit_assets: bool = True, **kwargs: Any
+        self,
+        *,
+        checkpoint: CheckpointConfig | Mapping[str, Any],
+        write_task_id: str = "write",
+        emit_assets: bool = True,
+        **kwargs: Any,
     ) -> None:
         super().__init__(checkpoint=checkpoint, **kwargs)
+        self.write_task_id = write_task_id
         self.emit_assets = emit_assets and isinstance(self.sink, IcebergSinkConfig)
         if self.emit_assets:
             self.add_outlets([commit_alias(self.sink.sink_id)])
@@ -172,7 +184,7 @@ class CommitEpochOperator(_EpochOperator):
         record = result.record
         committed_now = result.outcome is CommitOutcome.COMMITTED
         self._committed = (record, committed_now)
-        if committed_now and isinstance(self.sink, IcebergSinkConfig) and self.emit_assets:
+        if self.emit_assets and isinstance(self.sink, IcebergSinkConfig) and self._announces(context, result):
             emitted = emit_committed(context, commit_alias(self.sink.sink_id), self.sink.iceberg_conn_id, record)
             self.log.info("%d asset event(s) for the committed table(s)", emitted)
         self.log.info(
@@ -190,6 +202,16 @@ class CommitEpochOperator(_EpochOperator):
             "write_id": record.write_id,
             "committed": dict(record.committed or {}),
         }
+
+    def _announces(self, context: Mapping[str, Any], result: CommitResult) -> bool:
+        """Whether the epoch's committed write is news of this run: committed now, or by an earlier try."""
+        if result.outcome is CommitOutcome.COMMITTED:
+            return True
+        value = pull_pre_commit(context, self.write_task_id)
+        try:
+            return value is not None and PreCommit.parse(value).write_id == result.record.write_id
+        except InvalidPreCommit:
+            return False
 
     def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
         """Outputs: the tables committed to, with row, byte and file counts when this try made them visible."""

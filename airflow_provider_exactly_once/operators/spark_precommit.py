@@ -31,7 +31,7 @@ from airflow_provider_exactly_once.core.precommit import PreCommit
 from airflow_provider_exactly_once.defaults import DEFAULT_META_CONN_ID
 from airflow_provider_exactly_once.hooks.meta_store import ExactlyOnceMetaStoreHook
 from airflow_provider_exactly_once.operators._common import airflow_errors
-from airflow_provider_exactly_once.operators._targets import check_target_for, targets_for
+from airflow_provider_exactly_once.operators._targets import check_target_for, check_templated_specs, targets_for
 from airflow_provider_exactly_once.runtime.assembly import as_sink, run_epoch
 from airflow_provider_exactly_once.runtime.epochs import epoch_interval, generation_for_context
 from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig, SinkConfig
@@ -51,11 +51,14 @@ class SparkPreCommitOperator(SparkSubmitOperator):
         its ``select``), their catalog (the sink's Iceberg connection, read when the task runs) and
         ``allow_schema_evolution`` come from it; for a file sink, its root. One ``spark-submit``
         writes every table from one read of the input and returns one pre-commit listing them all.
-    :param input: where the epoch's rows come from (``spark.jobspec`` input spec, or its dict).
+    :param input: where the epoch's rows come from (``spark.jobspec`` input spec, or its dict). A
+        landing directory on S3 is read with the storage properties of the sink's catalog or file
+        sink unless its ``io_properties`` say otherwise; being templated, it may hold no credentials.
     :param partition_by: identity partition columns of a file sink (Iceberg tables have their spec).
     :param target: only for a file sink whose files need FileIO properties or Parquet settings
         (a ``FileSinkTarget`` on the sink's root); or, with ``sink_id`` instead of ``sink``, the
-        explicit target of a write no sink config describes.
+        explicit target of a write no sink config describes. Templated, so no credentials: a file
+        sink's come from its ``storage_options``, translated for the writer.
     :param sink_id: instead of ``sink``, with an explicit ``target``.
     :param allow_schema_evolution: with ``sink_id``; with ``sink`` it is the sink's.
     :param writers: number of parallel write tasks (see ``EpochJobSpec.writers``).
@@ -102,6 +105,7 @@ class SparkPreCommitOperator(SparkSubmitOperator):
         self.target_spec = (
             None if target is None else target.model_dump(mode="json") if not isinstance(target, dict) else target
         )
+        check_templated_specs(self.task_id, self.input_spec, self.target_spec)
         self.allow_schema_evolution = (
             sink_cfg.allow_schema_evolution if isinstance(sink_cfg, IcebergSinkConfig) else allow_schema_evolution
         )

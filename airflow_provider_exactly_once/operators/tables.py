@@ -6,8 +6,6 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
-from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC, PartitionSpec
-from pyiceberg.schema import Schema
 
 from airflow_provider_exactly_once.core.errors import InvalidSinkConfig
 from airflow_provider_exactly_once.operators._common import airflow_errors
@@ -16,6 +14,8 @@ from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig, SinkCo
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
+    from pyiceberg.partitioning import PartitionSpec
+    from pyiceberg.schema import Schema
 
 
 class EnsureTableOperator(BaseOperator):
@@ -23,7 +23,8 @@ class EnsureTableOperator(BaseOperator):
 
     :param sink: an Iceberg sink (config or dict); its connection reaches the catalog.
     :param schema: the table's schema (pyiceberg ``Schema``) when it has to be created.
-    :param partition_spec: its partitioning (``PartitionSpec``; unpartitioned by default).
+    :param partition_spec: its partitioning (``PartitionSpec``; unpartitioned by default). The
+        operator imports pyiceberg only when it runs: the DAG's own ``Schema`` is all a parse pays.
     :param table: which of the sink's tables (default: its only one).
     :param properties: table properties at creation.
     :return: the table's metadata location.
@@ -36,7 +37,7 @@ class EnsureTableOperator(BaseOperator):
         *,
         sink: SinkConfig | Mapping[str, Any],
         schema: Schema,
-        partition_spec: PartitionSpec = UNPARTITIONED_PARTITION_SPEC,
+        partition_spec: PartitionSpec | None = None,
         table: str | None = None,
         properties: Mapping[str, str] | None = None,
         **kwargs: Any,
@@ -57,11 +58,13 @@ class EnsureTableOperator(BaseOperator):
 
     def execute(self, context: Context) -> str:
         from airflow.providers.apache.iceberg.hooks.iceberg import IcebergHook
+        from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC
 
         from airflow_provider_exactly_once.tables import ensure_table
 
         with airflow_errors():
             catalog = IcebergHook(self.sink.iceberg_conn_id).catalog
-            table = ensure_table(catalog, self.table, self.schema, self.partition_spec, self.properties)
+            spec = UNPARTITIONED_PARTITION_SPEC if self.partition_spec is None else self.partition_spec
+            table = ensure_table(catalog, self.table, self.schema, spec, self.properties)
         self.log.info("Table %r of sink %r: %s", self.table, self.sink.sink_id, table.metadata_location)
         return str(table.metadata_location)

@@ -10,6 +10,10 @@ committers' own checks (invariant 4) decide whether anything may go.
 Cost: one listing of the write-location folders, one store query for their ids, and a recursive
 listing only of the locations the store does not know (committed Iceberg writes keep their folder,
 so the folder count grows with history, their files are never listed).
+
+On an object store the "folders" are key prefixes: the listing of ``_eo/`` is one delimited prefix
+listing, a write location whose objects are all gone is simply absent from it, and a location is
+dated by the objects below it, never by a directory's own time (there is none).
 """
 
 from __future__ import annotations
@@ -21,11 +25,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
-import fsspec
 from pyarrow import fs as pafs
 from pyiceberg.catalog import Catalog
 from pyiceberg.io import FileIO
-from pyiceberg.io.fsspec import FsspecFileIO
 from pyiceberg.io.pyarrow import PyArrowFileIO
 
 from airflow_provider_exactly_once.core.errors import InvalidPreCommit
@@ -34,6 +36,7 @@ from airflow_provider_exactly_once.core.ports import ORPHAN_EPOCH, SinkRegistry
 from airflow_provider_exactly_once.core.precommit import PreCommit, TableWrite
 from airflow_provider_exactly_once.sinks.config import FileSinkConfig, IcebergSinkConfig, SinkConfig
 from airflow_provider_exactly_once.sinks.iceberg.catalog_access import load_table
+from airflow_provider_exactly_once.sinks.iceberg.storage import fsspec_filesystem
 from airflow_provider_exactly_once.sinks.layout import file_writes_folder, iceberg_data_root, iceberg_writes_folder
 
 log = logging.getLogger(__name__)
@@ -154,12 +157,9 @@ def _tree_of_io(io: FileIO, location: str) -> tuple[_Tree, str]:
     if isinstance(io, PyArrowFileIO):
         scheme, netloc, path = io.parse_location(location, io.properties)
         return _ArrowTree(io.fs_by_scheme(scheme, netloc)), path
-    if isinstance(io, FsspecFileIO):
-        scheme = location.split("://", 1)[0] if "://" in location else "file"
-        filesystem = io.get_fs(scheme)
-        return _FsspecTree(filesystem), str(filesystem._strip_protocol(location))
-    filesystem, path = fsspec.core.url_to_fs(location)
-    return _FsspecTree(filesystem), str(path)
+    # Any other FileIO: fsspec configured from the same properties, never a bare URL (no credentials).
+    filesystem, path = fsspec_filesystem(io, location)
+    return _FsspecTree(filesystem), path
 
 
 def _write_ids(names: Iterable[str]) -> list[str]:

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow_provider_exactly_once.checkpoints.config import checkpoint_config_from_dict
 from airflow_provider_exactly_once.core.coordinator import TwoPhaseCommitCoordinator
@@ -29,10 +29,12 @@ from airflow_provider_exactly_once.core.outcomes import CleanupReport
 from airflow_provider_exactly_once.core.ports import ORPHAN_EPOCH, SinkRegistry
 from airflow_provider_exactly_once.defaults import DEFAULT_ORPHAN_GRACE
 from airflow_provider_exactly_once.observability.stats import airflow_metrics
-from airflow_provider_exactly_once.recovery.orphans import OrphanCandidate, find_orphans
 from airflow_provider_exactly_once.runtime.assembly import coordinator_for
 from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig, SinkConfig, sink_config_from_dict
 from airflow_provider_exactly_once.store import SqlSinkStateStore
+
+if TYPE_CHECKING:
+    from airflow_provider_exactly_once.recovery.orphans import OrphanCandidate
 
 log = logging.getLogger(__name__)
 
@@ -176,6 +178,10 @@ def queue_orphans(registry: SinkRegistry, sink: SinkConfig, grace: timedelta, re
     """Queue every orphan older than ``grace`` for the coordinator's clean-up path; their write ids."""
     try:
         catalog = sink_catalog(sink)
+        # Imported here: the orphan scan brings pyarrow's filesystems, and the recovery DAG's file is
+        # parsed by the dag-processor, which never scans.
+        from airflow_provider_exactly_once.recovery.orphans import find_orphans
+
         old, young = find_orphans(sink, registry, grace=grace, catalog=catalog)
     except MetaStoreUnavailable:
         raise

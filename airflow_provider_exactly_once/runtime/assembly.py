@@ -14,9 +14,11 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_provider_exactly_once.checkpoints.config import CheckpointConfig, checkpoint_config_from_dict
 from airflow_provider_exactly_once.core.coordinator import TwoPhaseCommitCoordinator
+from airflow_provider_exactly_once.core.errors import SinkUnavailable
 from airflow_provider_exactly_once.core.faults import FaultHook, no_faults
 from airflow_provider_exactly_once.core.identifiers import check_sink_id
 from airflow_provider_exactly_once.core.observe import NO_METRICS, Metrics
+from airflow_provider_exactly_once.core.redact import mask_userinfo
 from airflow_provider_exactly_once.defaults import DEFAULT_META_CONN_ID
 from airflow_provider_exactly_once.hooks.meta_store import ExactlyOnceMetaStoreHook
 from airflow_provider_exactly_once.runtime.epochs import epoch_for_context, interval_epoch
@@ -47,7 +49,22 @@ def sink_committer(sink: SinkConfig, *, fault: FaultHook = no_faults, metrics: M
     if isinstance(sink, IcebergSinkConfig):
         from airflow.providers.apache.iceberg.hooks.iceberg import IcebergHook
 
-        committer = sink.committer(IcebergHook(sink.iceberg_conn_id).catalog, fault=fault)
+        from airflow_provider_exactly_once.sinks.iceberg.catalog_access import UNREACHABLE, describe_error
+
+        hook = IcebergHook(sink.iceberg_conn_id)
+        try:
+            catalog = hook.catalog
+        except UNREACHABLE as exc:
+            # A REST catalog is contacted as it is loaded: down, it must read "try again" like any
+            # other unreachable catalog call, not as an unknown failure (its connection's secrets masked).
+            conn = hook.get_connection(sink.iceberg_conn_id)
+            extra = conn.extra_dejson or {}
+            properties = {**extra, "password": conn.password or ""}
+            uri = conn.host or extra.get("uri")  # the host wins, as in IcebergHook
+            where = f"catalog of connection {sink.iceberg_conn_id!r}" + (f" ({uri})" if uri else "")
+            what = mask_userinfo(f"sink {sink.sink_id!r}: {where} could not be loaded")
+            raise SinkUnavailable(f"{what}: {describe_error(exc, properties)}") from exc
+        committer = sink.committer(catalog, fault=fault)
         committer.metrics = metrics  # its conflict retries (``core.observe.COMMIT_RETRIES``)
         return committer
     return sink.committer(fault=fault)

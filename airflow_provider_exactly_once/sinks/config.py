@@ -10,17 +10,26 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from pyiceberg.catalog import Catalog
-
+from airflow_provider_exactly_once.checkpoints._fs import (
+    check_storage_conn_id,
+    refuse_secret_options,
+    resolve_storage_options,
+)
 from airflow_provider_exactly_once.core.decisions import ON_REPROCESS, OnReprocess
 from airflow_provider_exactly_once.core.errors import InvalidPreCommit, InvalidSinkConfig
 from airflow_provider_exactly_once.core.faults import FaultHook, no_faults
 from airflow_provider_exactly_once.core.identifiers import check_sink_id
 from airflow_provider_exactly_once.core.redact import has_userinfo, mask_userinfo
-from airflow_provider_exactly_once.sinks.files import FileSinkCommitter
-from airflow_provider_exactly_once.sinks.iceberg import IcebergSinkCommitter
+
+if TYPE_CHECKING:
+    # The committers bring pyiceberg, pyarrow and fsspec's filesystems: DAG files import these configs
+    # at every parse, and only the tasks that commit need them (imported in ``committer``).
+    from pyiceberg.catalog import Catalog
+
+    from airflow_provider_exactly_once.sinks.files import FileSinkCommitter
+    from airflow_provider_exactly_once.sinks.iceberg import IcebergSinkCommitter
 
 
 def _sink_id(sink_id: str) -> None:
@@ -113,6 +122,8 @@ class IcebergSinkConfig:
         _on_reprocess(self.sink_id, self.on_reprocess)
 
     def committer(self, catalog: Catalog, *, fault: FaultHook = no_faults) -> IcebergSinkCommitter:
+        from airflow_provider_exactly_once.sinks.iceberg import IcebergSinkCommitter
+
         return IcebergSinkCommitter(
             catalog,
             branch=self.branch,
@@ -167,13 +178,20 @@ def _selections(sink_id: str, tables: tuple[str, ...], select: object) -> dict[s
 
 @dataclass(frozen=True)
 class FileSinkConfig:
-    """A directory of Parquet files (local path or fsspec URL) with deterministic final names."""
+    """A directory of Parquet files (local path or fsspec URL) with deterministic final names.
+
+    ``storage_conn_id`` names an Airflow connection of type ``aws`` holding the object store's
+    credentials; it is read only where the filesystem is opened (``committer``), so the config that
+    is registered, passed through XCom and shown by the UI carries the id, never the secret.
+    ``storage_options`` takes the other, non-secret fsspec options and refuses credentials.
+    """
 
     sink_id: str
     root: str
     storage_options: Mapping[str, Any] = field(default_factory=dict)
     #: Only ``"keep"``: see ``__post_init__``.
     on_reprocess: OnReprocess = "keep"
+    storage_conn_id: str | None = None
     kind: Literal["files"] = field(default="files", init=False)
 
     def __post_init__(self) -> None:
@@ -193,12 +211,25 @@ class FileSinkConfig:
             # The root is recorded in the sink registry and shown by the UI, eo-sink and the logs.
             raise InvalidSinkConfig(
                 f"sink {self.sink_id!r}: root {mask_userinfo(self.root)!r} holds credentials (user:password@); "
-                "pass them in storage_options (e.g. {'key': ..., 'secret': ...}) or through the filesystem's "
-                "Airflow connection, and keep the root a plain location"
+                "keep them out of the root and out of storage_options: put them in an Airflow connection of "
+                "type 'aws' and name it in storage_conn_id"
             )
+        what = f"sink {self.sink_id!r}"
+        object.__setattr__(self, "storage_options", refuse_secret_options(self.storage_options, what=what))
+        check_storage_conn_id(self.storage_conn_id, what=what)
 
-    def committer(self, *, fault: FaultHook = no_faults) -> FileSinkCommitter:
-        return FileSinkCommitter(self.root, storage_options=self.storage_options, fault=fault)
+    def resolve_storage_options(self) -> dict[str, Any]:
+        """The filesystem's options with the connection's credentials: call it where files are touched."""
+        return resolve_storage_options(self.storage_options, self.storage_conn_id)
+
+    def committer(
+        self, *, fault: FaultHook = no_faults, storage_options: Mapping[str, Any] | None = None
+    ) -> FileSinkCommitter:
+        """``storage_options``: already resolved by the caller; by default the connection is read now."""
+        options = self.resolve_storage_options() if storage_options is None else storage_options
+        from airflow_provider_exactly_once.sinks.files import FileSinkCommitter
+
+        return FileSinkCommitter(self.root, storage_options=options, fault=fault)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -206,6 +237,8 @@ class FileSinkConfig:
             "sink_id": self.sink_id,
             "root": self.root,
             "storage_options": dict(self.storage_options),
+            # Left out when unset, so the registered form of a sink without one is unchanged.
+            **({"storage_conn_id": self.storage_conn_id} if self.storage_conn_id is not None else {}),
         }
 
 

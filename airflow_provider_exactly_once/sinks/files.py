@@ -35,6 +35,7 @@ import fsspec
 from fsspec.core import split_protocol
 from fsspec.implementations.local import LocalFileSystem
 
+from airflow_provider_exactly_once.checkpoints._fs import store_errors
 from airflow_provider_exactly_once.core.errors import (
     AbortRefused,
     CommitRefused,
@@ -126,9 +127,11 @@ class _Plan:
 class FileSinkCommitter:
     """``SinkCommitter`` for a directory of data files, local or on any fsspec filesystem.
 
-    Moves are atomic renames on a local disk; elsewhere they are ``fs.mv`` (copy then delete on
-    object stores), which is still safe because a final name is only ever written with the one
-    staged file that maps to it, and a staged file is only deleted once its final copy exists.
+    Moves are atomic renames on a local disk; elsewhere they are a copy then a delete (an object
+    store has no rename), which is still safe because a final name is only ever written with the
+    one staged file that maps to it, and a staged file is only deleted once its final copy exists.
+    Object stores have no folders either: every look-up is of one object by its full name, and the
+    only listing (tidying the staging folder) is a prefix listing.
     """
 
     def __init__(
@@ -379,7 +382,7 @@ class FileSinkCommitter:
             self._fs.info(path)
         except FileNotFoundError:
             return False
-        except OSError as exc:
+        except store_errors() as exc:
             raise SinkUnavailable(f"file sink {self.root!r}: cannot look up {self._url(path)!r}: {exc}") from exc
         return True
 
@@ -391,7 +394,7 @@ class FileSinkCommitter:
             # The staging folder is gone: a concurrent committer of this write finished every move
             # and tidied up since we looked; the moves below will find each final name in place.
             log.debug("file sink %r: staging folder of %s already removed", self.root, plan.pre_commit.describe())
-        except OSError as exc:
+        except store_errors() as exc:
             raise SinkUnavailable(f"file sink {self.root!r}: cannot write {self._url(marker)!r}: {exc}") from exc
 
     def _move(self, plan: _Plan, move: PlannedMove) -> None:
@@ -400,14 +403,18 @@ class FileSinkCommitter:
                 os.makedirs(posixpath.dirname(move.final), exist_ok=True)
                 os.rename(move.staged, move.final)
             else:
+                # An object store's move is a copy and a delete: the final name exists before the
+                # staged copy goes, so a crash in between leaves both, which a retry tidies.
                 self._fs.makedirs(posixpath.dirname(move.final), exist_ok=True)
-                self._fs.mv(move.staged, move.final)
+                self._fs.cp_file(move.staged, move.final)
+                self._fault("files.after_copy")
+                self._fs.rm_file(move.staged)
         except FileNotFoundError:
             # Another committer of the same write moved it first: its final name is the proof.
             if self._exists(move.final):
                 return
             raise MissingDataFiles(plan.pre_commit.sink_id, plan.pre_commit.epoch, [move.descriptor.path]) from None
-        except OSError as exc:
+        except store_errors() as exc:
             raise SinkUnavailable(
                 f"file sink {self.root!r}: cannot move {self._url(move.staged)!r} to {self._url(move.final)!r}: {exc}"
             ) from exc
@@ -419,14 +426,19 @@ class FileSinkCommitter:
         failure there is logged rather than raised: the commit itself is done.
         """
         try:
-            files = self._fs.find(plan.staging)
+            # Listed afresh (an object store's listing cache may predate a concurrent write), and
+            # files only: some stores (SeaweedFS, S3 with folder-marker objects) list an emptied
+            # folder as an entry of its own.
+            self._fs.invalidate_cache(plan.staging)
+            found = self._fs.find(plan.staging, detail=True)
+            files = [name for name, info in found.items() if info.get("type") != "directory"]
             if self._local:
                 shutil.rmtree(plan.staging, onerror=_ignore_missing)
             elif files or self._fs.isdir(plan.staging):
                 self._fs.rm(plan.staging, recursive=True)
         except FileNotFoundError:
             return 0
-        except OSError as exc:
+        except store_errors() as exc:
             if best_effort:
                 log.warning("file sink %r: could not remove staging folder %s: %s", self.root, plan.staging, exc)
                 return 0

@@ -14,6 +14,11 @@ Exit status: 0 with the metadata written; 1 on a failed write, with one line sta
 2 for a spec that cannot be read. A failed write deletes what it wrote in every target, best effort:
 its locations are its own, nothing else can reference them, and whatever is left there is an orphan
 recovery removes.
+
+Object stores (``s3://``...) are reached without Spark's Hadoop connectors: the executors write and
+read with pyarrow through pyiceberg's FileIO, configured from the FileIO properties in the spec
+(``storage``). The spec is the one place those credentials are: nothing here logs it or its
+properties.
 """
 
 from __future__ import annotations
@@ -42,12 +47,21 @@ from airflow_provider_exactly_once.spark.alignment import (
 from airflow_provider_exactly_once.spark.file_writer import DESCRIPTOR_COLUMN, FileWriteConfig, spark_task
 from airflow_provider_exactly_once.spark.inputs import read_input
 from airflow_provider_exactly_once.spark.jobspec import INPUT_VIEW, EpochJobSpec, IcebergTarget, TargetSpec
+from airflow_provider_exactly_once.spark.storage import remove_tree
 from airflow_provider_exactly_once.spark.targets import ResolvedTarget, load_file_target, load_iceberg_target
 
 ERROR_PREFIX = "EXACTLY-ONCE WRITE FAILED:"
 EXIT_OK, EXIT_FAILED, EXIT_BAD_SPEC = 0, 1, 2
 
 log = logging.getLogger("airflow_provider_exactly_once.spark.epoch_writer")
+
+
+@dataclass(frozen=True)
+class WriteLocation:
+    """A folder this write may have put files in, and how to reach it to remove them."""
+
+    location: str
+    io_properties: dict[str, str]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -72,7 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         .config("spark.speculation", "false")
         .getOrCreate()
     )
-    written: list[str] = []
+    written: list[WriteLocation] = []
     try:
         pre_commit = run(spark, spec, written)
         _write_text(spec.output_path, pre_commit.model_dump_json(exclude_defaults=True))
@@ -93,10 +107,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         spark.stop()
 
 
-def run(spark: SparkSession, spec: EpochJobSpec, written: list[str]) -> PreCommit:
+def run(spark: SparkSession, spec: EpochJobSpec, written: list[WriteLocation]) -> PreCommit:
     """The write itself: every target from one read of the input, as one pre-commit.
 
-    ``written`` receives each write location just before the first file can appear there. When any
+    ``written`` receives each write location (with the FileIO properties that reach it) just before
+    the first file can appear there. When any
     target fails, the locations of all of them are removed before the error goes on: the tables of
     one epoch are committed together, so the first table's files could never be committed alone.
     """
@@ -107,7 +122,7 @@ def run(spark: SparkSession, spec: EpochJobSpec, written: list[str]) -> PreCommi
         raise
 
 
-def _write_targets(spark: SparkSession, spec: EpochJobSpec, written: list[str]) -> PreCommit:
+def _write_targets(spark: SparkSession, spec: EpochJobSpec, written: list[WriteLocation]) -> PreCommit:
     # Every table is loaded and checked before the input is read, and every table's rows are fitted
     # to its schema before the first file is written: a refusal writes nothing anywhere.
     targets = [
@@ -202,7 +217,7 @@ def _plan(spark: SparkSession, spec: EpochJobSpec, target: ResolvedTarget, frame
 
 
 def _write_table(
-    spec: EpochJobSpec, target: ResolvedTarget, planned: _Planned | None, written: list[str]
+    spec: EpochJobSpec, target: ResolvedTarget, planned: _Planned | None, written: list[WriteLocation]
 ) -> TableWrite:
     if planned is None:
         schema_written = (
@@ -222,7 +237,7 @@ def _write_table(
         checked_required=tuple(plan.checked_required),
         target_file_size=spec.target_file_size_bytes or target.target_file_size,
     )
-    written.append(target.location)
+    written.append(WriteLocation(target.location, target.io_properties))
     rows = planned.frame.mapInArrow(functools.partial(spark_task, config), f"{DESCRIPTOR_COLUMN} string").collect()
     return TableWrite(
         table=target.name,
@@ -272,14 +287,12 @@ def _write_text(path: str, text: str) -> None:
     fs.mv(temporary, raw)
 
 
-def _remove_locations(locations: list[str]) -> None:
-    for location in locations:
+def _remove_locations(locations: list[WriteLocation]) -> None:
+    for written in locations:
         try:
-            fs, raw = fsspec.core.url_to_fs(location)
-            if fs.exists(raw):
-                fs.rm(raw, recursive=True)
+            remove_tree(written.location, written.io_properties)
         except Exception as exc:  # an orphan left behind is recovery's to remove
-            print(f"could not remove the failed write's location {location}: {exc}", file=sys.stderr)
+            print(f"could not remove the failed write's location {written.location}: {exc}", file=sys.stderr)
 
 
 if __name__ == "__main__":

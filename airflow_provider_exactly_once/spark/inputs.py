@@ -3,6 +3,10 @@
 Each reader returns ``None`` when it can tell without a Spark job that the interval holds nothing
 (no landing files), so an empty epoch costs no cluster work and never trips schema inference on an
 empty directory; otherwise a DataFrame, possibly empty, and the source positions to keep.
+
+Landing files on an object store (``s3://`` and the other ``storage.OBJECT_STORE_SCHEMES``) are
+listed on the driver and read by the executors with pyarrow (``object_inputs``), so Spark needs no
+s3a connector; local and HDFS paths are read by Spark's own file sources.
 """
 
 from __future__ import annotations
@@ -17,7 +21,16 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from airflow_provider_exactly_once.core.errors import ExactlyOnceError, InvalidSinkConfig
-from airflow_provider_exactly_once.spark.jobspec import EpochJobSpec, FilesInput, FunctionInput, SqlInput, TableInput
+from airflow_provider_exactly_once.spark.jobspec import (
+    EpochJobSpec,
+    FilesInput,
+    FunctionInput,
+    IcebergTarget,
+    SqlInput,
+    TableInput,
+)
+from airflow_provider_exactly_once.spark.object_inputs import list_object_files, read_object_files
+from airflow_provider_exactly_once.spark.storage import is_object_store, storage_properties
 
 #: Up to this many input files are listed in the source positions; beyond, a count and a digest,
 #: so that a huge landing directory cannot blow up the pre-commit metadata that travels by XCom.
@@ -68,8 +81,8 @@ def read_input(spark: SparkSession, spec: EpochJobSpec) -> EpochInput:
 
 
 def list_input_files(spark: SparkSession, paths: list[str]) -> list[str]:
-    """Files the expanded paths select (see ``jobspec``), through Hadoop's FileSystem so any
-    scheme Spark can read (``s3a://``, ``hdfs://``, ``file:``) is listed the way Spark will read it."""
+    """Files the expanded paths select (see ``jobspec``), through Hadoop's FileSystem so a path
+    Spark reads itself (``hdfs://``, ``file:``, a plain path) is listed the way Spark will read it."""
     jvm = spark._jvm
     assert jvm is not None, "the epoch writer needs a classic (JVM) Spark session, not Spark Connect"
     hadoop_conf = spark._jsc.hadoopConfiguration()
@@ -89,14 +102,28 @@ def list_input_files(spark: SparkSession, paths: list[str]) -> list[str]:
     return sorted(found)
 
 
+def input_io_properties(spec: EpochJobSpec, source: FilesInput) -> dict[str, str]:
+    """FileIO properties for reading the landing files: the input's own over the storage
+    properties configured for the first target (its catalog's, or the file sink's).
+
+    A landing bucket usually lives in the store the tables do, reached with the same credentials;
+    a REST catalog's vended credentials are left out on purpose, scoped as they are to the table.
+    """
+    target = spec.targets[0]
+    configured = target.catalog_properties if isinstance(target, IcebergTarget) else target.io_properties
+    return {**storage_properties(configured), **source.io_properties}
+
+
 def _read_files(spark: SparkSession, spec: EpochJobSpec, source: FilesInput) -> EpochInput:
     patterns = source.expanded_paths(spec.data_interval_start, spec.data_interval_end, spec.epoch)
+    if is_object_store(source.path):
+        properties = input_io_properties(spec, source)
+        listed = list_object_files(patterns, properties)
+        positions = _file_positions(patterns, [f.url for f in listed])
+        frame = read_object_files(spark, source, listed, properties) if listed else None
+        return EpochInput(frame, positions)
     files = list_input_files(spark, patterns)
-    positions: dict[str, Any] = {"kind": "files", "patterns": patterns, "file_count": len(files)}
-    if len(files) <= LISTED_FILES_MAX:
-        positions["files"] = files
-    else:
-        positions["files_sha256"] = hashlib.sha256("\n".join(files).encode()).hexdigest()
+    positions = _file_positions(patterns, files)
     if not files:
         return EpochInput(None, positions)
     options = dict(source.options)
@@ -108,6 +135,16 @@ def _read_files(spark: SparkSession, spec: EpochJobSpec, source: FilesInput) -> 
     if source.schema_ddl:
         reader = reader.schema(source.schema_ddl)
     return EpochInput(reader.load(files), positions)
+
+
+def _file_positions(patterns: list[str], files: list[str]) -> dict[str, Any]:
+    """The input files as source positions: listed up to ``LISTED_FILES_MAX``, else a digest."""
+    positions: dict[str, Any] = {"kind": "files", "patterns": patterns, "file_count": len(files)}
+    if len(files) <= LISTED_FILES_MAX:
+        positions["files"] = files
+    else:
+        positions["files_sha256"] = hashlib.sha256("\n".join(files).encode()).hexdigest()
+    return positions
 
 
 def _call_function(spark: SparkSession, spec: EpochJobSpec, source: FunctionInput) -> DataFrame:

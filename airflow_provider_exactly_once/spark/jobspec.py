@@ -8,7 +8,8 @@ worker can build a spec without either.
 Input selection rule for landing directories (``FilesInput``): the path template is expanded with
 Python's ``str.format`` at the instants ``start, start + step, ...`` strictly before ``end`` (only at
 ``start`` when no step is given), with the names ``start`` (that instant, a UTC ``datetime``),
-``interval_start``, ``interval_end`` and ``epoch``. Each expansion is a Hadoop path or glob; a
+``interval_start``, ``interval_end`` and ``epoch``. Each expansion is a Hadoop path or glob (an
+fsspec glob on an object store, ``s3://...``, where ``{a,b}`` alternatives are not understood); a
 directory contributes the files directly inside it, a file itself. Names starting with ``_`` or
 ``.`` (``_SUCCESS``, ``.crc``, in-progress uploads) are skipped. An expansion that matches nothing
 contributes nothing, so an interval whose directories are absent or empty is an empty epoch, not an
@@ -18,6 +19,7 @@ so the same interval could select different files on a rerun.
 
 from __future__ import annotations
 
+import os
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Annotated, Any, Literal, Self
@@ -59,6 +61,11 @@ class FilesInput(_Spec):
     options: dict[str, str] = Field(default_factory=dict)
     #: Schema as a Spark DDL string; without it JSON and CSV are inferred, which costs a pass.
     schema_ddl: str | None = None
+    #: FileIO properties for a landing directory on an object store (``s3.endpoint``,
+    #: ``s3.region``...), over the storage properties of the first target, which reach it when the
+    #: landing bucket is in the tables' store. The operator keeps credentials out of this field:
+    #: the input is a templated field, shown in the UI once rendered.
+    io_properties: dict[str, str] = Field(default_factory=dict)
 
     def expanded_paths(self, start: datetime, end: datetime, epoch: int) -> list[str]:
         instants = [start]
@@ -243,4 +250,8 @@ class EpochJobSpec(_Spec):
 
 
 def dump_spec(spec: EpochJobSpec, path: str | Path) -> None:
-    Path(path).write_text(spec.to_json(), encoding="utf-8")
+    """Write the spec readable by its owner alone: it holds the storage and catalog credentials."""
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(descriptor, 0o600)  # a file that existed keeps its mode otherwise
+    with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+        handle.write(spec.to_json())

@@ -1,7 +1,8 @@
 """Where an epoch's files go: an Iceberg table (loaded on the driver) or a file sink's staging area.
 
 Both are reduced to the same few facts the write needs (location, schema, partitioning, writer
-properties), so the write path has no branch per sink kind. Partitioning is checked here, before
+properties, and the FileIO properties that reach the files), so the write path has no branch per
+sink kind. Partitioning is checked here, before
 the input is read: a spec the writer cannot honour is refused before anything is written.
 """
 
@@ -40,6 +41,7 @@ from airflow_provider_exactly_once.core.errors import InvalidSinkConfig, SchemaM
 from airflow_provider_exactly_once.sinks.layout import iceberg_data_root, iceberg_write_location
 from airflow_provider_exactly_once.spark.file_writer import DEFAULT_TARGET_FILE_SIZE
 from airflow_provider_exactly_once.spark.jobspec import FileSinkTarget, IcebergTarget
+from airflow_provider_exactly_once.spark.storage import storage_properties
 
 #: Source types whose identity partition value fits the pre-commit's JSON scalars.
 _IDENTITY_SOURCES = (
@@ -167,7 +169,9 @@ def load_iceberg_target(target: IcebergTarget, write_id: str) -> ResolvedTarget:
         spec=spec,
         spec_id=spec.spec_id,
         write_properties=properties,
-        io_properties={**target.catalog_properties, **properties},
+        # The catalog's storage properties, then what the loaded table's FileIO holds: a REST catalog
+        # that vends credentials puts them there, scoped to this table, and they win.
+        io_properties=storage_properties({**target.catalog_properties, **table.io.properties}),
         target_file_size=int(properties.get(TableProperties.WRITE_TARGET_FILE_SIZE_BYTES, DEFAULT_TARGET_FILE_SIZE)),
     )
 

@@ -1,8 +1,9 @@
 """Wait for an epoch's checkpoint in the triggerer, without holding a worker slot.
 
 The trigger is rebuilt in another process from ``serialize()``, so it carries only plain JSON: the
-sink id, the epoch, the checkpoint configuration as a dict (``CheckpointConfig.to_dict()``), the
-meta-store connection id, the poll interval and an absolute deadline. It polls the source's async
+sink id, the epoch, the checkpoint configuration as a dict (``CheckpointConfig.to_dict()``, which
+names its storage connection but holds no secret), the meta-store connection id, the poll interval
+and an absolute deadline. It polls the source's async
 ``astatus`` and fires once, with the final status, a timeout, or a refusal.
 """
 
@@ -90,7 +91,9 @@ class CheckpointTrigger(BaseTrigger):
                     store = await ExactlyOnceMetaStoreHook(self.meta_conn_id).aget_store()
                     source = config.source(store.checkpoints)
                 else:
-                    source = config.source()
+                    # The storage connection is fetched asynchronously here (a synchronous fetch
+                    # may not run on the triggerer's loop), and the filesystem is made in this run.
+                    source = config.source(storage_options=await config.aresolve_storage_options())
             except ExactlyOnceError as exc:
                 yield self._event(ERROR, error=f"{type(exc).__name__}: {exc}", retryable=exc.retryable)
                 return

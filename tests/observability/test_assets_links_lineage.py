@@ -24,6 +24,7 @@ from airflow_provider_exactly_once.observability.assets import (
 )
 from airflow_provider_exactly_once.observability.links import EpochLink
 from airflow_provider_exactly_once.observability.urls import epoch_page
+from airflow_provider_exactly_once.runtime.faults import FAULT_ENV_VAR
 from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig
 from airflow_provider_exactly_once.task_groups import exactly_once_epoch
 from tests.support.airflow_world import World, run, ti_states, xcom
@@ -33,7 +34,7 @@ G = "eo"
 BASE_URL = "http://airflow.example:8080"
 
 
-def epoch_dag(world: World, *, writes: int = 5, sink: IcebergSinkConfig | None = None) -> DAG:
+def epoch_dag(world: World, *, writes: int = 5, sink: IcebergSinkConfig | None = None, commit_retries: int = 0) -> DAG:
     sink = sink or world.iceberg_sink()
     with DAG(
         f"eo_obs_{uuid.uuid4().hex[:10]}",
@@ -50,7 +51,8 @@ def epoch_dag(world: World, *, writes: int = 5, sink: IcebergSinkConfig | None =
             meta_conn_id=world.meta_conn_id,
             group_id=G,
             sensor_kwargs={"poke_interval": 0.2, "timeout": 30},
-            commit_retries=0,
+            commit_retries=commit_retries,
+            commit_retry_delay=dt.timedelta(0),
         )
     return dag
 
@@ -169,6 +171,30 @@ def test_a_commit_emits_one_asset_event_per_table_a_replacement_another_a_kept_r
     assert xcom(kept.dag_id, third.run_id, f"{G}.commit")["outcome"] == "already committed"
     assert len(asset_events(uri)) == 2  # downstream DAGs do not run again for nothing new
     assert world.markers() == {epoch: [row.write_id, replaced.write_id]}
+
+
+def test_a_commit_retried_after_its_first_try_died_past_the_commit_still_emits_the_events(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first try makes the write visible and marks the epoch Committed, then dies before the task
+    succeeds (when Airflow records events); the retry finds the epoch committed with this run's write."""
+    epoch = epoch_from_interval_start(DAY)
+    world.mark(epoch, CheckpointStatus.COMPLETED)
+    dag = epoch_dag(world, commit_retries=1)
+    uri = iceberg_asset_uri(world.iceberg_conn_id, world.table)
+    monkeypatch.setenv(FAULT_ENV_VAR, "commit.marked:crash")
+
+    dr = run(dag, DAY)
+
+    assert dr.state == "success"
+    assert ti_states(dag.dag_id, dr.run_id)[f"{G}.commit"] == ("success", 2)
+    assert xcom(dag.dag_id, dr.run_id, f"{G}.commit")["outcome"] == "already committed"
+    row = world.pipeline.store.get(world.sink_id, epoch)
+    assert row is not None and row.status is EpochStatus.COMMITTED and row.committed is not None
+    events = asset_events(uri)
+    assert [(e["run_id"], e["extra"]["write_id"], e["extra"]["snapshot_id"]) for e in events] == [
+        (dr.run_id, row.write_id, row.committed[world.table])
+    ]
 
 
 def test_an_aborted_epoch_emits_no_event_and_its_abort_task_links_to_the_epoch(world: World, base_url: str) -> None:

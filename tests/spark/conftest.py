@@ -16,6 +16,7 @@ import time
 import urllib.request
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -178,12 +179,27 @@ def local(path: str) -> str:
     return path.removeprefix("file://").removeprefix("file:")
 
 
+@dataclass(frozen=True)
+class StandaloneCluster:
+    url: str
+    #: The worker's work directory: each executor's stdout and stderr end up below it.
+    work: Path
+
+
 @pytest.fixture(scope="session")
-def standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def standalone(standalone_cluster: StandaloneCluster) -> str:
+    return standalone_cluster.url
+
+
+@pytest.fixture(scope="session")
+def standalone_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandaloneCluster]:
     """A real Spark standalone master and one worker (1 core, 1 GiB) on 127.0.0.1."""
     work = tmp_path_factory.mktemp("standalone")
     port, ui_port, worker_ui = free_port(), free_port(), free_port()
-    env = spark_env()
+    # No object-store credentials in the worker's (and so its executors') environment: whatever
+    # they reach, they reach with what the job spec gives them.
+    env = {k: v for k, v in spark_env().items() if not k.startswith("AWS_")}
+    env["AWS_EC2_METADATA_DISABLED"] = "true"
     env["SPARK_LOG_DIR"] = str(work)
     spark_class = str(VENV_BIN / "spark-class")
     master = subprocess.Popen(
@@ -233,7 +249,7 @@ def standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             if time.monotonic() > deadline or master.poll() is not None or worker.poll() is not None:
                 pytest.fail(f"standalone cluster did not come up: {(work / 'master.log').read_text()[-2000:]}")
             time.sleep(1)
-        yield f"spark://127.0.0.1:{port}"
+        yield StandaloneCluster(f"spark://127.0.0.1:{port}", work / "work")
     finally:
         for process in (worker, master):
             process.terminate()
@@ -242,3 +258,29 @@ def standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
                 process.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 process.kill()
+
+
+@pytest.fixture(scope="session")
+def airflow_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """A migrated Airflow home (SQLite) for DAG runs in child processes, with a ``spark_local`` connection."""
+    home = tmp_path_factory.mktemp("airflow_home")
+    env = spark_env()
+    env.update(
+        {
+            "AIRFLOW_HOME": str(home),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
+            "AIRFLOW_CONN_SPARK_LOCAL": json.dumps({"conn_type": "spark", "host": "local[2]"}),
+            "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+        }
+    )
+    migrate = subprocess.run(
+        [str(Path(sys.executable).parent / "airflow"), "db", "migrate"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert migrate.returncode == 0, migrate.stderr[-3000:]
+    return env

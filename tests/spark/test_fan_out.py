@@ -15,7 +15,7 @@ from pyiceberg.transforms import DayTransform, IdentityTransform
 from airflow_provider_exactly_once.core.errors import InvalidSinkConfig, SchemaMismatch
 from airflow_provider_exactly_once.core.precommit import PreCommit
 from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig, TableSelect, sink_config_from_dict
-from airflow_provider_exactly_once.spark.epoch_writer import describe_failure, run
+from airflow_provider_exactly_once.spark.epoch_writer import WriteLocation, describe_failure, run
 from airflow_provider_exactly_once.spark.jobspec import EpochJobSpec, FileSinkTarget, IcebergTarget
 from tests.spark.conftest import (
     EPOCH,
@@ -110,13 +110,13 @@ def test_a_failing_second_table_leaves_no_files_of_the_first(
         ],
     )
     before = files_under(tmp_path)
-    written: list[str] = []
+    written: list[WriteLocation] = []
 
     with pytest.raises(Exception) as caught:
         run(spark, job, written)
 
     assert describe_failure(caught.value).startswith("RequiredColumnHasNulls: required column 'id'")
-    assert [Path(local(location)).parent.parent.parent.name for location in written] == ["first", "second"]
+    assert [Path(local(w.location)).parent.parent.parent.name for w in written] == ["first", "second"]
     assert files_under(tmp_path) == before
     assert not spark.catalog.tableExists("epoch_input")  # the view is the write's, not the session's
 
@@ -137,7 +137,7 @@ def test_a_second_table_the_input_does_not_fit_is_refused_before_any_table_is_wr
         ],
     )
     before = files_under(tmp_path)
-    written: list[str] = []
+    written: list[WriteLocation] = []
 
     with pytest.raises(SchemaMismatch, match=r"input does not fit table 'ns\.second': required table column 'id'"):
         run(spark, job, written)

@@ -29,7 +29,7 @@ from airflow_provider_exactly_once.operators.spark_precommit import (
 )
 from airflow_provider_exactly_once.runtime.assembly import run_epoch
 from airflow_provider_exactly_once.sinks.config import FileSinkConfig, IcebergSinkConfig, TableSelect
-from tests.spark.conftest import INTERVAL_START, land, make_table, sample_rows, spark_env
+from tests.spark.conftest import INTERVAL_START, land, make_table, sample_rows
 from tests.spark.test_epoch_writer import commit_iceberg, files_input, sorted_rows
 
 DAG_SCRIPT = textwrap.dedent(
@@ -89,31 +89,6 @@ DAG_SCRIPT = textwrap.dedent(
         print("DAG RUN STATE", run.state)
     """
 )
-
-
-@pytest.fixture(scope="module")
-def airflow_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    home = tmp_path_factory.mktemp("airflow_home")
-    env = spark_env()
-    env.update(
-        {
-            "AIRFLOW_HOME": str(home),
-            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-            "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
-            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
-            "AIRFLOW_CONN_SPARK_LOCAL": json.dumps({"conn_type": "spark", "host": "local[2]"}),
-            "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
-        }
-    )
-    migrate = subprocess.run(
-        [str(Path(sys.executable).parent / "airflow"), "db", "migrate"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert migrate.returncode == 0, migrate.stderr[-3000:]
-    return env
 
 
 def test_operator_in_a_dag_run_puts_the_pre_commit_in_xcom(

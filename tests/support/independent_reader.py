@@ -2,7 +2,12 @@
 
 Tests judge a table by what another engine reads from its metadata file, so a bug shared by our
 commit path and pyiceberg's scan cannot hide. The extensions come from the installed
-``duckdb-extension-iceberg`` and ``duckdb-extension-avro`` packages, never from the network.
+``duckdb-extension-iceberg``, ``duckdb-extension-avro`` and (for ``s3://`` tables)
+``duckdb-extension-httpfs`` packages, never from the network.
+
+A table on S3 is read with the storage settings of the table's own FileIO (``s3.endpoint``,
+``s3.access-key-id``, ...), the ones the catalog handed to pyiceberg: the reader reaches the same
+bucket without being told anything else.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from typing import Any
 
 import duckdb
 import duckdb_extension_avro
+import duckdb_extension_httpfs
 import duckdb_extension_iceberg
 from pyiceberg.table import Table
 
@@ -30,6 +36,29 @@ def connect() -> duckdb.DuckDBPyConnection:
     return con
 
 
+def _configure_s3(con: duckdb.DuckDBPyConnection, properties: dict[str, Any]) -> None:
+    """Load httpfs and one S3 secret for the endpoint the table's FileIO uses."""
+    con.execute(f"LOAD '{_extension(duckdb_extension_httpfs, 'httpfs')}'")
+    endpoint = str(properties.get("s3.endpoint", ""))
+    options = {
+        "KEY_ID": properties.get("s3.access-key-id"),
+        "SECRET": properties.get("s3.secret-access-key"),
+        "SESSION_TOKEN": properties.get("s3.session-token"),
+        "REGION": properties.get("s3.region") or properties.get("client.region"),
+    }
+    if endpoint:
+        scheme, _, host = endpoint.partition("://")
+        options["ENDPOINT"] = host.rstrip("/") if host else scheme
+        options["URL_STYLE"] = "path"
+        options["USE_SSL"] = "true" if scheme == "https" else "false"
+    clauses = ", ".join(
+        f"{key} {value}" if key == "USE_SSL" else f"{key} '{value}'"
+        for key, value in options.items()
+        if value is not None
+    )
+    con.execute(f"CREATE SECRET (TYPE S3, {clauses})")
+
+
 def read_rows(table: Table, columns: str = "*", *, snapshot_id: int | None = None) -> list[tuple[Any, ...]]:
     """Every row of ``table`` at ``snapshot_id`` (its current snapshot when ``None``), sorted.
 
@@ -43,6 +72,8 @@ def read_rows(table: Table, columns: str = "*", *, snapshot_id: int | None = Non
     metadata = table.metadata_location.removeprefix("file://")
     con = connect()
     try:
+        if metadata.startswith(("s3://", "s3a://")):
+            _configure_s3(con, dict(table.io.properties))
         query = f"SELECT {columns} FROM iceberg_scan(?, snapshot_from_id => {int(snapshot_id)})"
         return sorted(con.execute(query, [metadata]).fetchall())
     finally:

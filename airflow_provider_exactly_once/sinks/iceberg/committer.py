@@ -33,7 +33,12 @@ from airflow_provider_exactly_once.core.faults import FaultHook, no_faults
 from airflow_provider_exactly_once.core.observe import COMMIT_RETRIES, NO_METRICS, Metrics, safe
 from airflow_provider_exactly_once.core.ports import EMPTY, CommitPlan, CommittedTables, ReplacedWrite, VisibleEpoch
 from airflow_provider_exactly_once.core.precommit import PreCommit, TableWrite
-from airflow_provider_exactly_once.sinks.iceberg.catalog_access import UNREACHABLE, load_table
+from airflow_provider_exactly_once.sinks.iceberg.catalog_access import (
+    UNREACHABLE,
+    describe_error,
+    load_table,
+    unavailable_when_unreachable,
+)
 from airflow_provider_exactly_once.sinks.iceberg.data_files import build_data_files
 from airflow_provider_exactly_once.sinks.iceberg.horizon import check_horizon
 from airflow_provider_exactly_once.sinks.iceberg.locations import parse_location
@@ -235,8 +240,10 @@ class IcebergSinkCommitter:
         for write in pre_commit.tables:
             table = self._load(write.table)
             check_location(table.metadata, write)
-            if still_referenced(table, removed_by, write.table, recorded_ms) is not None:
-                return None
+            what = f"{pre_commit.describe()}: could not read the history of table {write.table!r}"
+            with unavailable_when_unreachable(what, table.io.properties):
+                if still_referenced(table, removed_by, write.table, recorded_ms) is not None:
+                    return None
             loaded.append((write, table))
         return _delete_locations(pre_commit, loaded)
 
@@ -247,7 +254,10 @@ class IcebergSinkCommitter:
         for write in pre_commit.tables:
             table = self._load(write.table)
             check_location(table.metadata, write)
-            self._refuse_if_referenced(table, pre_commit, write, since, not_before_ms)
+            # Reads the manifests of the snapshots since the write: object storage, which may be down.
+            what = f"{pre_commit.describe()}: could not check what table {write.table!r} references"
+            with unavailable_when_unreachable(what, table.io.properties):
+                self._refuse_if_referenced(table, pre_commit, write, since, not_before_ms)
             loaded.append((write, table))
         return _delete_locations(pre_commit, loaded)
 
@@ -314,19 +324,20 @@ class IcebergSinkCommitter:
     def _missing(self, pre_commit: PreCommit, writes: Sequence[tuple[TableWrite, Table]]) -> list[str]:
         missing: list[str] = []
         for write, table in writes:
-            try:
-                missing.extend(missing_files(table.io, [descriptor.path for descriptor in write.data_files]))
-            except UNREACHABLE as exc:
-                raise SinkUnavailable(
-                    f"{pre_commit.describe()}: could not check the data files of table {write.table!r}: "
-                    f"{type(exc).__name__}: {exc}"
-                ) from exc
+            what = f"{pre_commit.describe()}: could not check the data files of table {write.table!r}"
+            with unavailable_when_unreachable(what, table.io.properties):
+                paths = [descriptor.path for descriptor in write.data_files]
+                missing.extend(missing_files(table.io, paths, under=write.location))
         return missing
 
     def _to_replace(
         self, table: Table, pre_commit: PreCommit, write: TableWrite, replaces: ReplacedWrite | None
     ) -> list[DataFile]:
-        return [] if replaces is None else files_to_replace(table, self._branch, pre_commit, replaces, write.table)
+        if replaces is None:
+            return []
+        what = f"{pre_commit.describe()}: could not read the replaced files in table {write.table!r}"
+        with unavailable_when_unreachable(what, table.io.properties):  # reads the table's manifests
+            return files_to_replace(table, self._branch, pre_commit, replaces, write.table)
 
     def _commit_table(
         self, pre_commit: PreCommit, plan: TablePlan, not_before_ms: int, replaces: ReplacedWrite | None
@@ -416,7 +427,7 @@ class IcebergSinkCommitter:
             tx.discard()
             raise SinkUnavailable(
                 f"{pre_commit.describe()}: could not prepare the commit of table {write.table!r}: "
-                f"{type(exc).__name__}: {exc}"
+                f"{describe_error(exc, table.io.properties)}"
             ) from exc
         except Exception as exc:
             # prepare() checks what is known to make pyiceberg refuse; anything else it refuses while
@@ -437,7 +448,7 @@ class IcebergSinkCommitter:
             # or may not have landed: delete nothing, the next attempt's marker check decides.
             raise CommitOutcomeUnknown(
                 f"{pre_commit.describe()}: the commit of table {write.table!r} "
-                f"(snapshot {append.snapshot_id}) has an unknown outcome: {type(exc).__name__}: {exc}"
+                f"(snapshot {append.snapshot_id}) has an unknown outcome: {describe_error(exc, table.io.properties)}"
             ) from exc
         self._fault(FAULT_AFTER_CATALOG_UPDATE)
         return int(append.snapshot_id)
@@ -485,10 +496,7 @@ def _delete_locations(pre_commit: PreCommit, loaded: list[tuple[TableWrite, Tabl
     """Delete each write location, once every table cleared it: the number of files deleted."""
     deleted = 0
     for write, table in loaded:
-        try:
+        what = f"{pre_commit.describe()}: could not delete below {write.location!r}"
+        with unavailable_when_unreachable(what, table.io.properties):
             deleted += delete_tree(table.io, write.location)
-        except UNREACHABLE as exc:
-            raise SinkUnavailable(
-                f"{pre_commit.describe()}: could not delete below {write.location!r}: {type(exc).__name__}: {exc}"
-            ) from exc
     return deleted

@@ -62,14 +62,20 @@ def stage_write(
     )
 
 
+def _files(committer: FileSinkCommitter, path: str) -> list[str]:
+    """Files only, listed afresh: an object store may list an emptied folder as an entry of its own."""
+    fs = committer.filesystem
+    fs.invalidate_cache(path)
+    return sorted(name for name, info in fs.find(path, detail=True).items() if info.get("type") != "directory")
+
+
 def final_files(committer: FileSinkCommitter) -> list[str]:
     """Every file under the root outside the staging folder, relative to the root, sorted."""
-    fs = committer.filesystem
-    root = fs._strip_protocol(committer.root)
-    found = [posixpath.relpath(p, root) for p in fs.find(root)]
+    root = committer.filesystem._strip_protocol(committer.root)
+    found = [posixpath.relpath(p, root) for p in _files(committer, root)]
     return sorted(p for p in found if not p.startswith("_staging/"))
 
 
 def staged_files(committer: FileSinkCommitter, pre_commit: PreCommit) -> list[str]:
     fs = committer.filesystem
-    return sorted(fs.find(fs._strip_protocol(committer.staging_location(pre_commit.write_id))))
+    return _files(committer, fs._strip_protocol(committer.staging_location(pre_commit.write_id)))

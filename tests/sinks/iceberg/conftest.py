@@ -28,3 +28,8 @@ def catalog(catalog_url: str, warehouse: Path) -> Iterator[SqlCatalog]:
     catalog.create_namespace(NAMESPACE)
     yield catalog
     catalog.engine.dispose()
+
+
+# Object storage (tests/support/object_store.py): ``lake`` runs a test on the REST catalog of SeaweedFS
+# and on Glue on moto, ``pipeline_s3`` is the coordinator's pipeline on it.
+from tests.support.object_store import lake, pipeline_s3  # noqa: E402, F401

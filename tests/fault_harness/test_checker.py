@@ -24,8 +24,9 @@ from pyiceberg.table import Table
 
 from airflow_provider_exactly_once.demo.world import hour_dir, land_hour, mark_hour
 from airflow_provider_exactly_once.sinks.iceberg.markers import marker_properties
-from fault_harness.checker import check, epoch_of, read_input
+from fault_harness.checker import check
 from fault_harness.harness import EVENT_SCHEMA, reland_hour
+from fault_harness.landed import epoch_of, read_input
 
 SINK = "faults-unit"
 H0 = dt.datetime(2025, 1, 1, 0, tzinfo=dt.UTC)

@@ -11,15 +11,16 @@ backfills, the REST API), so their epochs are replaced by revisions. Nothing is 
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
 from fault_harness.cluster import Cluster, cluster
-from fault_harness.scenarios import describe_plan, named_scenarios, random_plan, run_scenarios
+from fault_harness.plans import describe_plan
+from fault_harness.runner import run_scenarios
+from fault_harness.scenarios import random_plan, scenarios_for
+from tests.fault_harness.reports import failures
 
 pytestmark = pytest.mark.postgres
 
@@ -36,26 +37,15 @@ def fault_cluster(pg_url: str) -> Iterator[Cluster]:  # pg_url: skips (fails und
         yield c
 
 
-def _failures(report: dict[str, Any]) -> str:
-    return json.dumps(
-        {
-            n: {k: r[k] for k in ("anomalies", "action_error", "runs", "actions")}
-            for n, r in report["scenarios"].items()
-        },
-        indent=1,
-        default=str,
-    )
-
-
 # The runs take minutes under a real scheduler (17 min for the named scenarios on a loaded
 # 2-core machine before the reprocessing ones were added); the project's 600 s default per test
 # would cut them off.
 @pytest.mark.timeout(3600)
 def test_every_named_scenario_ends_with_no_anomaly(fault_cluster: Cluster) -> None:
-    scenarios = list(named_scenarios().values())
+    scenarios, _production_only = scenarios_for("local")
     report = run_scenarios(fault_cluster, scenarios, timeout=2700)
-    assert report["recovery_run"] == "success", _failures(report)
-    assert report["anomalies"] == 0 and report["action_errors"] == 0, _failures(report)
+    assert report["recovery_run"] == "success", failures(report)
+    assert report["anomalies"] == 0 and report["action_errors"] == 0, failures(report)
     results = report["scenarios"]
     # The faults did happen: each action left its note, and the checked tables hold what they should.
     for name in ("kill_spark_write", "kill_sensor_wait", "kill_scheduler", "kill_triggerer", "meta_store_outage"):
@@ -91,4 +81,4 @@ def test_a_fixed_seed_random_run_ends_with_no_anomaly(fault_cluster: Cluster) ->
     report = run_scenarios(fault_cluster, scenarios, timeout=900)
     assert report["faulted_epochs"] == CI_RANDOM_EPOCHS
     assert report["reprocessed_epochs"] >= 1, report["scenarios"]
-    assert report["anomalies"] == 0 and report["action_errors"] == 0, f"seed {CI_SEED}: {_failures(report)}"
+    assert report["anomalies"] == 0 and report["action_errors"] == 0, f"seed {CI_SEED}: {failures(report)}"

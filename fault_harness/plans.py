@@ -1,0 +1,102 @@
+"""What a fault scenario is, as data: one pipeline, the fault-plan rules its epochs get, and the
+actions the harness itself takes while its runs go.
+
+A ``Scenario`` is one pipeline (its own DAG, sink, table and landed hours); its ``rules`` are read
+by every task try through ``EXACTLY_ONCE_FAULT_PLAN`` (by epoch index); its ``actions`` run in
+threads beside the runs, each given a ``Context`` (``fault_harness.actions`` and
+``fault_harness.reprocessing`` make them). ``describe_plan`` is what a report records of a plan.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from fault_harness.cluster import ICEBERG_CONN_ID, Cluster
+from fault_harness.harness import Harness, Pipeline
+
+#: Every action gives up after this long; a scenario that cannot reach its fault is a failure. Long:
+#: on a loaded machine a pipeline's sensor may start many minutes after the DAG was parsed.
+ACTION_TIMEOUT_S = 1500.0
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A fault-plan rule for the scenario's epoch number ``epoch`` (0-based)."""
+
+    epoch: int
+    point: str
+    mode: str = "kill"
+    try_number: int | None = 1
+    occurrence: int = 1
+    seconds: float = 0.0
+
+
+@dataclass
+class Context:
+    harness: Harness
+    pipeline: Pipeline
+    log: list[str]
+    #: Set once every pipeline's runs have finished the first time.
+    settled: threading.Event
+    #: ``time.monotonic()`` by which the whole run must have ended (the driver's own timeout).
+    deadline: float = float("inf")
+
+    @property
+    def cluster(self) -> Cluster:
+        return self.harness.cluster
+
+    def note(self, text: str) -> None:
+        self.log.append(f"{time.strftime('%H:%M:%S')} {text}")
+
+
+Action = Callable[[Context], None]
+
+
+@dataclass
+class Scenario:
+    name: str
+    epochs: int = 2
+    writer: str = "light"
+    sensor: str = "poke"
+    failed_hours: frozenset[int] = frozenset()
+    late_hours: frozenset[int] = frozenset()
+    rules: tuple[Rule, ...] = ()
+    actions: tuple[Action, ...] = ()
+    #: Actions run after every scenario's runs finished (then the runs are awaited again).
+    after: tuple[Action, ...] = ()
+    description: str = ""
+    max_active_runs: int = 3
+    #: The Iceberg connection of the pipeline's DAG (``stacks.PROXIED_ICEBERG_CONN_ID``: through the proxy).
+    conn_id: str = ICEBERG_CONN_ID
+    pipeline: Pipeline | None = field(default=None, repr=False)
+
+
+def describe_plan(scenarios: Sequence[Scenario]) -> list[dict[str, Any]]:
+    return [
+        {
+            "name": s.name,
+            "description": s.description,
+            "epochs": s.epochs,
+            "writer": s.writer,
+            "sensor": s.sensor,
+            "failed_hours": sorted(s.failed_hours),
+            "late_hours": sorted(s.late_hours),
+            "rules": [r.__dict__ for r in s.rules],
+            "actions": [getattr(a, "__qualname__", repr(a)).split(".<locals>")[0] for a in (*s.actions, *s.after)],
+        }
+        for s in scenarios
+    ]
+
+
+def wait_for(ctx: Context, what: str, predicate: Callable[[], Any], timeout: float = ACTION_TIMEOUT_S) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.5)
+    raise TimeoutError(f"{ctx.pipeline.name}: {what} did not happen within {timeout:.0f} s")

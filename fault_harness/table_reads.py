@@ -1,0 +1,215 @@
+"""What the table of a fault run holds, read without our own code's help: the data files its
+history references, the snapshots carrying the sink's marker, the files in its data directory
+(local disk, or S3 through s3fs), and its rows by pyiceberg and by an independent reader (DuckDB's
+iceberg extension, with its httpfs extension for tables on S3).
+"""
+
+from __future__ import annotations
+
+import os
+import urllib.parse
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+from pyiceberg.manifest import ManifestEntryStatus
+from pyiceberg.table import Table
+from pyiceberg.table.snapshots import Snapshot
+
+from airflow_provider_exactly_once.sinks.iceberg.markers import (
+    EPOCH_KEY,
+    REVISION_KEY,
+    SINK_ID_KEY,
+    WRITE_ID_KEY,
+    marker_of,
+)
+from fault_harness.landed import COLUMNS, Row
+
+
+def local_path(path: str) -> str:
+    return path.removeprefix("file://")
+
+
+class Storage:
+    """Where a table's files lie, as the checker looks at them: local disk by ``os``, S3 by s3fs
+    (fsspec) with the storage options given (``SeaweedFS.s3fs_options()``), never by the table's
+    own FileIO, which is what the committer used."""
+
+    def __init__(self, options: Mapping[str, Any] | None = None) -> None:
+        self._options = dict(options or {})
+        self._s3: Any = None
+
+    def _fs(self) -> Any:
+        if self._s3 is None:
+            import s3fs
+
+            self._s3 = s3fs.S3FileSystem(**self._options, skip_instance_cache=True)
+        return self._s3
+
+    def files(self, directory: str) -> dict[str, float]:
+        """Every ``*.parquet`` file under ``directory`` (a table location's ``data``), with its mtime."""
+        if not directory.startswith("s3://"):
+            found = {}
+            for root, _dirs, names in os.walk(directory):
+                for name in names:
+                    if name.endswith(".parquet"):
+                        path = os.path.join(root, name)
+                        found[path] = os.stat(path).st_mtime
+            return found
+        listing = self._fs().find(directory.removeprefix("s3://"), detail=True)
+        return {
+            f"s3://{key}": info["LastModified"].timestamp() for key, info in listing.items() if key.endswith(".parquet")
+        }
+
+    def exists(self, path: str) -> bool:
+        if not path.startswith("s3://"):
+            return os.path.exists(path)
+        return bool(self._fs().exists(path.removeprefix("s3://")))
+
+
+def referenced_files(table: Table) -> set[str]:
+    """Every data file any snapshot of the table's history references (added or still live)."""
+    io = table.io
+    paths: set[str] = set()
+    seen_manifests: set[str] = set()
+    for snapshot in table.metadata.snapshots:
+        for manifest in snapshot.manifests(io):
+            if manifest.manifest_path in seen_manifests:
+                continue
+            seen_manifests.add(manifest.manifest_path)
+            for entry in manifest.fetch_manifest_entry(io, discard_deleted=False):
+                paths.add(local_path(entry.data_file.file_path))
+    return paths
+
+
+@dataclass(frozen=True)
+class Marked:
+    """A snapshot carrying the sink's marker: which epoch and write it committed, as which revision."""
+
+    order: int
+    snapshot: Snapshot
+    epoch: int
+    write_id: str
+    revision: int
+    #: The data files the snapshot added (the write's files).
+    added: frozenset[str]
+
+    @property
+    def snapshot_id(self) -> int:
+        return self.snapshot.snapshot_id
+
+
+def _in_commit_order(table: Table) -> list[Snapshot]:
+    indexed = list(enumerate(table.metadata.snapshots))
+    indexed.sort(key=lambda p: (p[1].sequence_number or 0, p[0]))
+    return [s for _, s in indexed]
+
+
+def added_files(table: Table, snapshot: Snapshot) -> frozenset[str]:
+    paths: set[str] = set()
+    for manifest in snapshot.manifests(table.io):
+        if manifest.added_snapshot_id != snapshot.snapshot_id:
+            continue
+        for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
+            if entry.status == ManifestEntryStatus.ADDED:
+                paths.add(local_path(entry.data_file.file_path))
+    return frozenset(paths)
+
+
+def marked_snapshots(table: Table, sink_id: str) -> list[Marked]:
+    """The snapshots carrying ``sink_id``'s marker, in commit order."""
+    found = []
+    for order, snapshot in enumerate(_in_commit_order(table)):
+        marker = marker_of(snapshot)
+        if marker is None or marker[SINK_ID_KEY] != sink_id:
+            continue
+        try:
+            revision = int(marker.get(REVISION_KEY, "0"))
+        except ValueError:
+            revision = -1
+        found.append(
+            Marked(
+                order,
+                snapshot,
+                int(marker[EPOCH_KEY]),
+                marker.get(WRITE_ID_KEY, ""),
+                revision,
+                added_files(table, snapshot),
+            )
+        )
+    return found
+
+
+def _rows_of_arrow(data: pa.Table) -> list[Row]:
+    data = data.select(list(COLUMNS))
+    columns = [data.column(name) for name in COLUMNS]
+    columns[3] = columns[3].cast(pa.int64())  # timestamp[us, UTC] -> microseconds
+    return [(str(e), u, t, at, a) for e, u, t, at, a in zip(*(c.to_pylist() for c in columns), strict=True)]
+
+
+def pyiceberg_rows(table: Table, snapshot_id: int | None = None) -> list[Row]:
+    if snapshot_id is None and table.metadata.current_snapshot_id is None:
+        return []
+    return _rows_of_arrow(table.scan(snapshot_id=snapshot_id, selected_fields=COLUMNS).to_arrow())
+
+
+class IndependentReader:
+    """DuckDB's iceberg extension, loaded from its PyPI packages (never the network), as in
+    ``tests/support/independent_reader.py``: a bug shared by the commit path and pyiceberg's scan
+    cannot hide from it. ``None`` from ``open`` when DuckDB is not installed (the dev group)."""
+
+    name = "duckdb"
+
+    def __init__(self, connection: Any) -> None:
+        self._con = connection
+
+    @classmethod
+    def open(cls, s3: Mapping[str, Any] | None = None) -> IndependentReader | None:
+        """``s3``: s3fs's options for the tables' S3 (``SeaweedFS.s3fs_options()``), for tables there."""
+        try:
+            import duckdb
+            import duckdb_extension_avro  # type: ignore[import-untyped]
+            import duckdb_extension_httpfs  # type: ignore[import-untyped]
+            import duckdb_extension_iceberg  # type: ignore[import-untyped]
+        except ImportError:
+            return None
+
+        def extension(package: Any, name: str) -> str:
+            found = sorted(Path(package.__path__[0]).glob(f"extensions/*/{name}.duckdb_extension"))
+            if not found:
+                raise RuntimeError(f"{package.__name__} ships no {name}.duckdb_extension")
+            return str(found[-1])
+
+        con = duckdb.connect(config={"autoinstall_known_extensions": False, "autoload_known_extensions": False})
+        con.execute(f"LOAD '{extension(duckdb_extension_avro, 'avro')}'")
+        con.execute(f"LOAD '{extension(duckdb_extension_iceberg, 'iceberg')}'")
+        if s3 is not None:
+            con.execute(f"LOAD '{extension(duckdb_extension_httpfs, 'httpfs')}'")
+            client = s3.get("client_kwargs", {})
+            endpoint = urllib.parse.urlsplit(client["endpoint_url"])
+            con.execute(
+                f"CREATE SECRET (TYPE S3, KEY_ID {_literal(s3['key'])}, SECRET {_literal(s3['secret'])}, "
+                f"ENDPOINT {_literal(endpoint.netloc)}, URL_STYLE 'path', USE_SSL {endpoint.scheme == 'https'}, "
+                f"REGION {_literal(client.get('region_name', 'us-east-1'))})"
+            )
+        return cls(con)
+
+    def rows(self, table: Table, snapshot_id: int) -> list[Row]:
+        query = (
+            "SELECT event_id, user_id, event_type, epoch_us(event_time), amount "
+            f"FROM iceberg_scan(?, snapshot_from_id => {int(snapshot_id)})"
+        )
+        return [
+            (str(e), u, t, at, a)
+            for e, u, t, at, a in self._con.execute(query, [local_path(table.metadata_location)]).fetchall()
+        ]
+
+    def close(self) -> None:
+        self._con.close()
+
+
+def _literal(value: str) -> str:
+    """A SQL string literal: DuckDB's ``CREATE SECRET`` takes no parameters."""
+    return "'" + str(value).replace("'", "''") + "'"
