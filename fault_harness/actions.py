@@ -28,7 +28,9 @@ def kill_task(task_id: str, *, with_java_child: bool = False, then: Action | Non
     """``kill -9`` of the task process of ``task_id`` (the first running try), as a lost worker.
 
     ``with_java_child``: wait until the task runs its Spark driver (a ``java`` child of ``spark-submit``)
-    so the kill lands during the Spark write; the driver is left running, as it would be.
+    so the kill lands during the Spark write; the driver is left running, as it would be. On a stack
+    with a Spark standalone master, also until the master runs the write's application, so that the
+    kill finds executors on the worker, outside the task's process tree.
     """
 
     def action(ctx: Context) -> None:
@@ -46,12 +48,25 @@ def kill_task(task_id: str, *, with_java_child: bool = False, then: Action | Non
             return int(ti.pid)
 
         pid = wait_for(ctx, f"a running {task_id}", target)
+        standalone = ctx.cluster.stack.servers.get("spark-standalone")
+        if with_java_child and standalone is not None:
+            apps = wait_for(ctx, "the write's application on the Spark master", lambda: _active_apps(standalone))
+            ctx.note(f"Spark standalone master {standalone.url} runs application(s) {', '.join(apps)}")
         os.kill(pid, signal.SIGKILL)
         ctx.note(f"kill -9 of the task process of {task_id} (pid {pid})")
         if then is not None:
             then(ctx)
 
     return action
+
+
+def _active_apps(standalone: Any) -> list[str] | None:
+    """The ids of the applications the standalone master runs with an executor core, if any."""
+    try:
+        apps = standalone.status().get("activeapps") or []
+    except (OSError, ValueError):
+        return None
+    return [str(a["id"]) for a in apps if a.get("cores", 0) > 0] or None
 
 
 def settle_late(ctx: Context) -> None:

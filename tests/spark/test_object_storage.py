@@ -34,7 +34,8 @@ from airflow_provider_exactly_once.core.status import CheckpointStatus
 from airflow_provider_exactly_once.demo.servers import SECRET_KEY, SeaweedFS
 from airflow_provider_exactly_once.sinks.files import FileSinkCommitter
 from airflow_provider_exactly_once.sinks.iceberg.committer import IcebergSinkCommitter
-from airflow_provider_exactly_once.spark.inputs import read_input
+from airflow_provider_exactly_once.spark.inputs import input_io_properties, read_input
+from airflow_provider_exactly_once.spark.jobspec import FilesInput
 from airflow_provider_exactly_once.store import SqlSinkStateStore
 from tests.spark.conftest import (
     TABLE_SCHEMA,
@@ -393,3 +394,80 @@ def test_storage_options_the_writer_cannot_honour_are_refused() -> None:
         file_sink_io_properties("s3://b/o", {"requester_pays": True, "client_kwargs": {"verify": False}})
     with pytest.raises(InvalidSinkConfig, match="only on S3"):
         file_sink_io_properties("gs://b/o", {"project": "p"})
+
+
+def test_a_landing_bucket_of_another_store_is_read_with_its_own_connection(
+    spark: Any,
+    tmp_path: Path,
+    seaweed: SeaweedFS,
+    s3: s3fs.S3FileSystem,
+    prefix: str,
+    catalog: Catalog,
+    catalog_props: dict[str, str],
+    storage_connection: str,
+) -> None:
+    """The tables on local disk, the landing on S3: the target's properties say nothing of that
+    store, the input's connection does, and only through the private spec (never a rendered field)."""
+    from airflow_provider_exactly_once.operators.spark_precommit import SparkPreCommitOperator
+    from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig
+
+    rows = sample_rows(300)
+    land_parquet(s3, prefix, rows)
+    catalog.create_namespace("db")
+    make_table(catalog, "db.landed_elsewhere")
+    target = iceberg_target(catalog_props, "db.landed_elsewhere")
+    without = job_spec(tmp_path, input=parquet_input(prefix), target=target)
+    assert "s3.endpoint" not in input_io_properties(without, FilesInput.model_validate(parquet_input(prefix)))
+
+    operator = SparkPreCommitOperator(
+        task_id="w",
+        sink=IcebergSinkConfig("landed-elsewhere", ("db.landed_elsewhere",)),
+        input=parquet_input(prefix),
+        input_storage_conn_id=storage_connection,
+    )
+    rendered = json.dumps({name: getattr(operator, name) for name in operator.template_fields}, default=str)
+    assert SECRET_KEY not in rendered
+    properties = operator._input_io_properties()
+    assert properties == seaweed.s3_properties()
+
+    pre_commit = run_in_process(
+        spark, job_spec(tmp_path, input=parquet_input(prefix), target=target, input_io_properties=properties)
+    )
+
+    assert pre_commit.record_count == 300
+    assert pre_commit.source_positions is not None
+    assert pre_commit.source_positions["files"] == [f"{landing(prefix)}/2024/01/01/part-{i}.parquet" for i in range(2)]
+
+
+def test_an_input_connection_is_refused_for_an_input_that_is_no_landing_directory() -> None:
+    from airflow_provider_exactly_once.core.errors import InvalidSinkConfig
+    from airflow_provider_exactly_once.operators.spark_precommit import SparkPreCommitOperator
+    from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig
+
+    with pytest.raises(InvalidSinkConfig, match=r"task w: input_storage_conn_id is for a landing directory .* 'table'"):
+        SparkPreCommitOperator(
+            task_id="w",
+            sink=IcebergSinkConfig("s", ("db.t",)),
+            input={"kind": "table", "table": "src.events", "time_column": "ts"},
+            input_storage_conn_id="eo_s3",
+        )
+
+
+def test_an_input_connection_the_reader_cannot_honour_names_the_task_and_the_fix(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from airflow_provider_exactly_once.core.errors import InvalidSinkConfig
+    from airflow_provider_exactly_once.operators.spark_precommit import SparkPreCommitOperator
+    from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig
+
+    extra = {"endpoint_url": "http://127.0.0.1:1", "config_kwargs": {"proxies": {"http": "p"}}, "requester_pays": True}
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_ODD_S3", json.dumps({"conn_type": "aws", "login": "k", "password": "s", "extra": extra})
+    )
+    operator = SparkPreCommitOperator(
+        task_id="w", sink=IcebergSinkConfig("s", ("db.t",)), input=parquet_input("p"), input_storage_conn_id="odd_s3"
+    )
+    with pytest.raises(
+        InvalidSinkConfig, match=r"task w: landing path \(input_storage_conn_id 'odd_s3'\).*FilesInput\(io_properties"
+    ):
+        operator._input_io_properties()
