@@ -12,13 +12,18 @@ partitioning (``day(event_time)``, as ``dags/hourly_events.py``):
 - **direct** (at-least-once): one task, the same operator followed in the same task by a bare
   pyiceberg fast-append of the files the job wrote (no meta store, no sensor, no marker).
 
+``--stack s3`` puts the tables behind SeaweedFS's Iceberg REST catalog with their files on its S3,
+and the landed hours and their markers on its S3 too (``demo.stacks.S3Stack``: the connections a
+user defines for that platform): the executors read and write ``s3://`` through pyarrow, the
+sensor reads the marker through the ``aws`` connection, the commit is HTTP round trips.
+
 What differs is exactly the exactly-once machinery: three more tasks (persist, sensor, commit) and
 what they do. Each repetition lands a fresh hour (the same rows, hard-linked) and runs both sides,
 alternating which goes first; the report gives medians of the run's wall time (``dag.test()`` call),
 rows/s, the direct/exactly-once throughput ratio, and where the exactly-once run's extra time goes
 (task durations from the task instances, and the time between tasks).
 
-    uv run python -m bench.e2e_epoch [--rows 1000000 10000000] [--reps 3]
+    uv run python -m bench.e2e_epoch [--rows 1000000 10000000] [--reps 3] [--stack local|s3]
 """
 
 from __future__ import annotations
@@ -75,6 +80,50 @@ def link_hour(source: Path, target: Path) -> None:
     (target / "_SUCCESS").write_text("")
 
 
+class Landing:
+    """Where the hours are landed: a local directory, or a prefix on S3 (``s3fs`` options given)."""
+
+    def __init__(self, root: str, storage_options: dict[str, Any] | None = None) -> None:
+        self.root = root
+        self.fs: Any = None
+        if storage_options is not None:
+            import s3fs
+
+            self.fs = s3fs.S3FileSystem(**storage_options, skip_instance_cache=True)
+
+    def hour(self, hour: dt.datetime) -> str:
+        return f"{self.root}/{hour:%Y/%m/%d/%H}"
+
+    def land(self, scratch: Path, hour: dt.datetime, rows: int) -> int:
+        """Land ``rows`` events and the hour's ``_SUCCESS``; the input's bytes."""
+        if self.fs is None:
+            directory = Path(self.hour(hour))
+            land(directory, hour, rows)
+            (directory / "_SUCCESS").write_text("")
+            settle(directory)
+            return sum(p.stat().st_size for p in directory.glob("events-*.json"))
+        staged = scratch / f"{hour:%Y%m%d%H}"
+        land(staged, hour, rows)
+        for path in sorted(staged.glob("events-*.json")):
+            self.fs.put_file(str(path), f"{self.hour(hour)}/{path.name}")
+        self.fs.pipe_file(f"{self.hour(hour)}/_SUCCESS", b"")
+        size = sum(p.stat().st_size for p in staged.glob("events-*.json"))
+        for path in staged.glob("events-*.json"):
+            path.unlink()
+        return size
+
+    def copy(self, source: dt.datetime, target: dt.datetime) -> None:
+        """The same landed rows for another hour (the writer does not filter rows by time)."""
+        if self.fs is None:
+            link_hour(Path(self.hour(source)), Path(self.hour(target)))
+            return
+        for key in self.fs.ls(self.hour(source), refresh=True):
+            name = key.rsplit("/", 1)[-1]
+            if name.startswith("events-"):
+                self.fs.copy(key, f"{self.hour(target)}/{name}")
+        self.fs.pipe_file(f"{self.hour(target)}/_SUCCESS", b"")
+
+
 def settle(directory: Path) -> None:
     """Flush the landed files to disk and read them once, so that neither side runs against the
     write-back of gigabytes just landed or a colder page cache than the other side (at 10M rows the
@@ -99,7 +148,7 @@ def create_tables(catalog: Any) -> None:
         catalog.create_table(name, EVENT_SCHEMA, partition_spec=spec)
 
 
-def build_dags(landing: Path) -> tuple[Any, Any]:
+def build_dags(landing: str, storage_conn_id: str | None = None) -> tuple[Any, Any]:
     """The two DAGs; built after ``world.enter`` because importing Airflow reads its configuration."""
     from airflow.providers.apache.iceberg.hooks.iceberg import IcebergHook
     from airflow.sdk import DAG
@@ -114,7 +163,7 @@ def build_dags(landing: Path) -> tuple[Any, Any]:
     from airflow_provider_exactly_once.spark.jobspec import FilesInput
     from airflow_provider_exactly_once.task_groups import exactly_once_epoch
 
-    hour_dir = str(landing) + "/{start:%Y/%m/%d/%H}"
+    hour_dir = landing + "/{start:%Y/%m/%d/%H}"
 
     class DirectAppendOperator(SparkPreCommitOperator):
         """At-least-once: the same Spark job, then its files appended as they are (no marker, no meta store)."""
@@ -137,20 +186,19 @@ def build_dags(landing: Path) -> tuple[Any, Any]:
                         append.append_data_file(data_file)
             return pre.record_count
 
-    def writer(cls: type[SparkPreCommitOperator], task_id: str, sink_id: str, table: str) -> Any:
+    def writer(cls: type[SparkPreCommitOperator], task_id: str, sink: IcebergSinkConfig) -> Any:
+        # The target comes from the sink's Iceberg connection when the task runs (as in the
+        # example DAG): a REST catalog's credentials never pass through a rendered field.
         return cls(
             task_id=task_id,
             conn_id="spark_default",
-            sink_id=sink_id,
+            sink=sink,
             input=FilesInput(format="json", path=hour_dir, schema_ddl=EVENT_SCHEMA),
-            target={
-                "kind": "iceberg",
-                "catalog_name": ICEBERG_CONN_ID,
-                "catalog_properties": "{{ conn.get('" + ICEBERG_CONN_ID + "').extra_dejson }}",
-                "table": table,
-            },
             conf={**SPARK_CONF, "spark.pyspark.python": os.environ["PYSPARK_PYTHON"]},
         )
+
+    eo_sink = IcebergSinkConfig(SINK_ID, (EO_TABLE,), iceberg_conn_id=ICEBERG_CONN_ID)
+    direct_sink = IcebergSinkConfig("bench-e2e-direct", (DIRECT_TABLE,), iceberg_conn_id=ICEBERG_CONN_ID)
 
     common: dict[str, Any] = {
         "schedule": CronDataIntervalTimetable("@hourly", timezone="UTC"),
@@ -159,16 +207,16 @@ def build_dags(landing: Path) -> tuple[Any, Any]:
         "render_template_as_native_obj": True,
     }
     with DAG("bench_e2e_exactly_once", **common) as eo_dag:
-        write = writer(SparkPreCommitOperator, "write", SINK_ID, EO_TABLE)
+        write = writer(SparkPreCommitOperator, "write", eo_sink)
         exactly_once_epoch(
             write,
-            sink=IcebergSinkConfig(SINK_ID, (EO_TABLE,), iceberg_conn_id=ICEBERG_CONN_ID),
-            checkpoint=MarkerFileCheckpoint(hour_dir),
+            sink=eo_sink,
+            checkpoint=MarkerFileCheckpoint(hour_dir, storage_conn_id=storage_conn_id),
             group_id="epoch",
             sensor_kwargs={"poke_interval": 5, "timeout": 600, "mode": "poke"},
         )
     with DAG("bench_e2e_direct", **common) as direct_dag:
-        writer(DirectAppendOperator, "write_and_append", "bench-e2e-direct", DIRECT_TABLE)
+        writer(DirectAppendOperator, "write_and_append", direct_sink)
     return eo_dag, direct_dag
 
 
@@ -214,18 +262,15 @@ def check(catalog: Any, rows: int, reps: int, offset: int) -> dict[str, Any]:
     return out
 
 
-def measure(root: Path, eo_dag: Any, direct_dag: Any, rows: int, reps: int, hour_index: int) -> dict[str, Any]:
+def measure(
+    root: Path, landing: Landing, eo_dag: Any, direct_dag: Any, rows: int, reps: int, hour_index: int
+) -> dict[str, Any]:
     from airflow_provider_exactly_once.demo import world
 
-    landing = root / "landing"
     first = FIRST_HOUR + dt.timedelta(hours=hour_index)
-    source = landing / f"{first:%Y/%m/%d/%H}"
     began = time.perf_counter()
-    land(source, first, rows)
-    (source / "_SUCCESS").write_text("")
+    input_bytes = landing.land(root / "staging", first, rows)
     landed_s = time.perf_counter() - began
-    settle(source)
-    input_bytes = sum(p.stat().st_size for p in source.glob("events-*.json"))
     catalog = world.catalog()
     offsets = {n: len(catalog.load_table(n).metadata.snapshots) for n in (EO_TABLE, DIRECT_TABLE)}
     assert offsets[EO_TABLE] == offsets[DIRECT_TABLE]
@@ -234,7 +279,7 @@ def measure(root: Path, eo_dag: Any, direct_dag: Any, rows: int, reps: int, hour
     for rep in range(reps):
         hour = first + dt.timedelta(hours=rep)
         if rep:
-            link_hour(source, landing / f"{hour:%Y/%m/%d/%H}")
+            landing.copy(first, hour)
         order = [(eo_dag, eo_runs), (direct_dag, direct_runs)]
         for dag, runs in order if rep % 2 == 0 else reversed(order):
             runs.append(run(dag, hour))
@@ -305,7 +350,7 @@ def machinery(eo_runs: list[dict[str, Any]], direct_runs: list[dict[str, Any]]) 
     return {"machinery_s_median": extra, "ratio_from_machinery": direct_wall / (direct_wall + extra)}
 
 
-def plot(results: list[dict[str, Any]], path: Path) -> None:
+def plot(results: list[dict[str, Any]], path: Path, stack: str = "local") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -320,7 +365,8 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
         left.annotate(f"{r['throughput_ratio_eo_over_direct']:.2f}x", (i + 0.2, r["exactly_once"]["rows_per_s"]))
     left.set_xticks(x, labels)
     left.set_ylabel("rows/s (median run)")
-    left.set_title("one epoch, dag.test(), spark-submit local[2]")
+    where = "local disk, SQL catalog" if stack == "local" else "SeaweedFS S3, REST catalog"
+    left.set_title(f"one epoch, dag.test(), spark-submit local[2], {where}")
     left.legend()
     bottom = [0.0] * len(results)
     for part in results[0]["exactly_once"]["breakdown_s_median"]:
@@ -340,34 +386,50 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, nargs="*", default=[1_000_000, 10_000_000])
     parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--name", default="e2e_epoch", help="result file name (without extension)")
+    parser.add_argument("--name", default=None, help="result file name (default: e2e_epoch, e2e_epoch_s3)")
+    parser.add_argument("--stack", choices=("local", "s3"), default="local", help="local disk, or SeaweedFS")
     args = parser.parse_args()
+    name = args.name or ("e2e_epoch" if args.stack == "local" else "e2e_epoch_s3")
     for value in [*args.rows, args.reps]:
         if value < 1:
             parser.error(f"--rows and --reps must be at least 1, got {value}")
     from airflow_provider_exactly_once.demo import world
+    from airflow_provider_exactly_once.demo.stacks import STORAGE_CONN_ID, make_stack
 
     with tempfile.TemporaryDirectory(prefix="eo-bench-e2e-") as tmp:
         root = Path(tmp)
-        world.enter(root)
-        create_tables(world.catalog())
-        eo_dag, direct_dag = build_dags(root / "landing")
-        from tests.support.airflow_world import register  # after world.enter: it imports Airflow
+        stack = make_stack(args.stack, root)
+        stack.start()
+        try:
+            world.enter(root, overrides=stack.environment())
+            create_tables(world.catalog())
+            if args.stack == "s3":
+                seaweed = stack.seaweed  # type: ignore[attr-defined]
+                landing = Landing(f"s3://{seaweed.bucket}/bench/landing", seaweed.s3fs_options())
+                eo_dag, direct_dag = build_dags(landing.root, STORAGE_CONN_ID)
+            else:
+                landing = Landing(str(root / "landing"))
+                eo_dag, direct_dag = build_dags(landing.root)
+            from tests.support.airflow_world import register  # after world.enter: it imports Airflow
 
-        register(eo_dag)
-        register(direct_dag)
-        # Not measured: the first runs in a process pay one-time imports and connection set-up.
-        warm_up = FIRST_HOUR + dt.timedelta(days=60)
-        land(root / "landing" / f"{warm_up:%Y/%m/%d/%H}", warm_up, 1000)
-        (root / "landing" / f"{warm_up:%Y/%m/%d/%H}" / "_SUCCESS").write_text("")
-        run(eo_dag, warm_up)
-        run(direct_dag, warm_up)
-        results = []
-        for k, rows in enumerate(args.rows):
-            results.append(measure(root, eo_dag, direct_dag, rows, args.reps, hour_index=k * 24))
-            save(args.name, {"master": "local[2]", "spark_conf": SPARK_CONF, "results": results})
-    plot(results, RESULTS / f"{args.name}.png")
-    print(f"wrote {RESULTS / (args.name + '.json')} and its PNG")
+            register(eo_dag)
+            register(direct_dag)
+            # Not measured: the first runs in a process pay one-time imports and connection set-up.
+            warm_up = FIRST_HOUR + dt.timedelta(days=60)
+            landing.land(root / "staging", warm_up, 1000)
+            run(eo_dag, warm_up)
+            run(direct_dag, warm_up)
+            results = []
+            for k, rows in enumerate(args.rows):
+                results.append(measure(root, landing, eo_dag, direct_dag, rows, args.reps, hour_index=k * 24))
+                save(
+                    name,
+                    {"master": "local[2]", "stack": stack.description, "spark_conf": SPARK_CONF, "results": results},
+                )
+        finally:
+            stack.stop()
+    plot(results, RESULTS / f"{name}.png", args.stack)
+    print(f"wrote {RESULTS / (name + '.json')} and its PNG")
 
 
 if __name__ == "__main__":
