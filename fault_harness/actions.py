@@ -94,11 +94,16 @@ def kill_component(name: str, *, when_task: str, state: str = "running", down_s:
 def stop_meta_store(*, when_task: str, down_s: float = 12.0) -> Action:
     def action(ctx: Context) -> None:
         wait_for(ctx, f"{when_task} running", lambda: ctx.harness.running_task(ctx.pipeline, when_task))
-        ctx.cluster.meta.stop("immediate")
-        ctx.note("meta store stopped (immediate)")
-        time.sleep(down_s)
-        ctx.cluster.meta.start()
-        ctx.note("meta store started again")
+        with ctx.cluster.meta.outage("immediate") as stopped_here:
+            ctx.note(
+                "meta store stopped (immediate)" if stopped_here else "meta store already down (an overlapping outage)"
+            )
+            time.sleep(down_s)
+        ctx.note(
+            "meta store started again"
+            if ctx.cluster.meta.running()
+            else "meta store kept down by an overlapping outage"
+        )
 
     return action
 

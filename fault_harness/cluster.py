@@ -26,6 +26,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Iterator, Mapping
@@ -91,6 +92,8 @@ class PostgresServer:
         self.port = free_port()
         self.bin = _pg_bin()
         self.log = root / "postgres.log"
+        self._outages = 0
+        self._outage_lock = threading.Lock()
 
     def _run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         command = [str(self.bin / args[0]), *args[1:]]
@@ -127,6 +130,24 @@ class PostgresServer:
 
     def running(self) -> bool:
         return self._run("pg_ctl", "-D", str(self.data), "status", check=False).returncode == 0
+
+    @contextmanager
+    def outage(self, mode: str = "immediate") -> Iterator[bool]:
+        """The server down for the block. Pipelines run their actions in threads and share this
+        server, so outages can overlap: they merge, the first stopping it and the last starting it
+        again (a second ``pg_ctl start`` of a running server fails). Yields whether this block stopped it."""
+        with self._outage_lock:
+            self._outages += 1
+            first = self._outages == 1
+            if first:
+                self.stop(mode)
+        try:
+            yield first
+        finally:
+            with self._outage_lock:
+                self._outages -= 1
+                if self._outages == 0:
+                    self.start()
 
 
 @dataclass
