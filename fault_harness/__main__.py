@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     skipped: dict[str, str] = {}
     if args.random:
         seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**31)
-        scenarios = random_plan(seed, args.epochs, per_pipeline=args.per_pipeline)
+        scenarios = random_plan(seed, args.epochs, per_pipeline=args.per_pipeline, stack=args.stack)
     else:
         names = list(known) if "all" in args.scenario else args.scenario
         unknown = [n for n in names if n not in known]
@@ -86,7 +86,10 @@ def main(argv: list[str] | None = None) -> int:
     plan = describe_plan(scenarios)
     print(json.dumps({"seed": seed, "stack": args.stack, "plan": plan, "skipped": skipped}, indent=1), flush=True)
     if seed is not None:
-        print(f"seed {seed}: replay with scripts/faults --random --seed {seed} --epochs {args.epochs}", flush=True)
+        print(
+            f"seed {seed}: replay with scripts/faults --random --seed {seed} --epochs {args.epochs} --stack {args.stack}",
+            flush=True,
+        )
     timeout = args.timeout or 600 + 40 * sum(s.epochs for s in scenarios)
     t0 = time.monotonic()
     report: dict[str, object] = {"seed": seed, "stack": args.stack, "plan": plan, "skipped": skipped}

@@ -21,6 +21,7 @@ from fault_harness.actions import (
     settle_late,
     stop_meta_store,
 )
+from fault_harness.cluster import ICEBERG_CONN_ID
 from fault_harness.layout import WRITE_POINT
 from fault_harness.plans import Action, Rule, Scenario
 from fault_harness.reprocessing import (
@@ -244,12 +245,13 @@ COMMIT_POINTS = (
 ABORT_POINTS = (WRITE_POINT, "persist.inserted", "abort.marked", "abort.cleaned")
 
 
-def random_plan(seed: int, epochs: int, *, per_pipeline: int = 10) -> list[Scenario]:
+def random_plan(seed: int, epochs: int, *, per_pipeline: int = 10, stack: str = "local") -> list[Scenario]:
     """Seed -> pipelines of up to ``per_pipeline`` epochs, every epoch faulted: a fault point and
     mode (crash or kill, on the first try, sometimes on the second as well), about one hour in six
     with a failed checkpoint, some hours settled late, one process-level event per pipeline
-    (kill -9 of the scheduler or the triggerer, or a meta-store outage) at a random moment, and for
-    some pipelines a reprocessing of committed hours once their runs ended (``_random_reprocess``)."""
+    (kill -9 of the scheduler or the triggerer, or a meta-store outage) at a random moment, for
+    some pipelines a reprocessing of committed hours once their runs ended (``_random_reprocess``),
+    and on the production stack one fault of its platform per pipeline (``_random_platform_fault``)."""
     rng = random.Random(seed)
     scenarios = []
     for n, first in enumerate(range(0, epochs, per_pipeline)):
@@ -280,6 +282,11 @@ def random_plan(seed: int, epochs: int, *, per_pipeline: int = 10) -> list[Scena
         again = _random_reprocess(seed, n, count, failed)
         if again is not None:
             actions.append(again)
+        conn_id, platform = ICEBERG_CONN_ID, "none"
+        if stack == "production":
+            conn_id, platform, fault = _random_platform_fault(seed, n, count, failed)
+            if fault is not None:
+                actions.append(fault)
         scenarios.append(
             Scenario(
                 f"random_{seed}_{n}",
@@ -289,10 +296,35 @@ def random_plan(seed: int, epochs: int, *, per_pipeline: int = 10) -> list[Scena
                 late_hours=late,
                 rules=tuple(rules),
                 actions=tuple(actions),
-                description=f"seed {seed} pipeline {n}: {sensor} sensor, event {event} at {when}",
+                conn_id=conn_id,
+                description=f"seed {seed} pipeline {n}: {sensor} sensor, event {event} at {when}"
+                + ("" if stack != "production" else f", platform fault {platform}"),
             )
         )
     return scenarios
+
+
+def _random_platform_fault(seed: int, n: int, count: int, failed: frozenset[int]) -> tuple[str, str, Action | None]:
+    """Pipeline ``n``'s fault of the production platform, from its own generator (so the local
+    stack's plan of a seed is the same on both stacks): kill -9 of the Celery worker running one of
+    its tasks (restarted 3-10 s later), SeaweedFS (REST catalog and S3) killed while one of its
+    commits runs and restarted 10-20 s later, its first commit's response dropped by the proxy (the
+    pipeline then commits through it), or none. The connection, the fault's name and the action.
+
+    The outage stays within what every pipeline's tries outlast (it hits them all: their writes,
+    sensors on S3 and commits), beside the plan's own crashes of a try or two: an hour whose tries
+    all met it would be a run given up, not a fault the product must survive."""
+    rng = random.Random(f"{seed}-platform-{n}")
+    kind = rng.choice(("celery_worker", "catalog", "drop_response", "none"))
+    when = rng.choice(("transform", "events.persist", "events.commit"))
+    if kind == "celery_worker":
+        return ICEBERG_CONN_ID, f"{kind} at {when}", kill_worker_of(when, down_s=rng.uniform(3, 10))
+    if kind == "catalog":
+        down_s = rng.uniform(10, 20)
+        return ICEBERG_CONN_ID, f"{kind} for {down_s:.0f} s", kill_catalog(when_task="events.commit", down_s=down_s)
+    if kind == "drop_response" and len(failed) < count:  # a pipeline that commits nothing has no response to lose
+        return PROXIED_ICEBERG_CONN_ID, kind, drop_commit_response()
+    return ICEBERG_CONN_ID, "none", None
 
 
 def _random_reprocess(seed: int, n: int, count: int, failed: frozenset[int]) -> Action | None:
