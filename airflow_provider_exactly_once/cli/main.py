@@ -305,6 +305,17 @@ def _show_command(ops: SinkOperations, args: argparse.Namespace, out: TextIO, er
         [(t.name, t.files, t.rows, t.bytes, t.snapshot or "", t.table_uuid or "") for t in view.tables],
         ["table", "files", "rows", "bytes", "snapshot", "table uuid"],
     )
+    upserts = [t for t in view.tables if t.changes is not None]
+    if upserts:
+        out.write("\n")
+        _table(
+            out,
+            [
+                (t.name, *(t.changes[k] for k in ("inserted", "updated", "deleted", "files_rewritten")))  # type: ignore[index]
+                for t in upserts
+            ],
+            ["table", "inserted", "updated", "deleted", "files rewritten"],
+        )
     if view.revisions:
         out.write("\n")
         _table(

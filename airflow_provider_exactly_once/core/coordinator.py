@@ -36,6 +36,7 @@ from .decisions import (
     other_dag_warning,
     persist_decision,
     recovery_decision,
+    upsert_order_refusal,
 )
 from .errors import (
     AbortRefused,
@@ -46,6 +47,7 @@ from .errors import (
     MetaStoreUnavailable,
     ReplacedFilesMissing,
     StateConflict,
+    UpsertConflict,
 )
 from .faults import FaultHook, no_faults
 from .identifiers import check_epoch, check_sink_id
@@ -140,8 +142,8 @@ class TwoPhaseCommitCoordinator:
                 )
                 return PersistResult(outcome, row, row.write_id)
 
-            if row is not None and action is Action.DISCARD_OTHER_TABLES:
-                self._discard(pre, f"sink reused: epoch committed with write {row.write_id}")
+            if row is not None and action in (Action.DISCARD_OTHER_TABLES, Action.DISCARD_REFUSED):
+                self._discard(pre, f"{action.value}: epoch committed with write {row.write_id}")
                 assert decision.error is not None
                 raise decision.error
 
@@ -264,6 +266,10 @@ class TwoPhaseCommitCoordinator:
             return CommitResult(CommitOutcome.ALREADY_COMMITTED, row)
 
         if decision.action is Action.DECIDE_AND_COMMIT:
+            pending = (r.epoch for r in self._store.epochs_with_status(sink_id, EpochStatus.PENDING))
+            refusal = upsert_order_refusal(row, pending)
+            if refusal is not None:
+                raise refusal
             # Once decided, the write can only be committed; so decide only for a write the sink can
             # still take (its table may have changed since persist), and keep the others abortable.
             try:
@@ -421,16 +427,20 @@ class TwoPhaseCommitCoordinator:
         restoring the files and committing keeps it whole) and while every file is there (commit).
         A revision's files count as lost also when those of the write it replaces left the table
         (``ReplacedFilesMissing``): the replacement can then never be made, and the earlier write stays.
+        So do an upsert's when the table moved under it (``UpsertConflict``): its changes can then
+        never be committed as written, and must be written again.
         """
         committer = self._committer(row.sink_id)
         visible = committer.find_committed(row.pre_commit, row.created_at)
         shown = [t for t in visible.tables if row.replaces is None or visible.write_ids.get(t) == row.write_id]
         missing = [] if shown else list(committer.missing_files(row.pre_commit))
-        if not shown and row.replaces is not None:
+        if not shown and (row.replaces is not None or any(t.is_upsert for t in row.pre_commit.tables)):
             try:
                 committer.prepare(row.pre_commit, replaces=row.replaces)
             except ReplacedFilesMissing as exc:
                 missing += exc.missing
+            except UpsertConflict as exc:
+                missing += exc.conflicting
         refusal = files_lost_refusal(row, shown, missing)
         if refusal is not None:
             raise refusal

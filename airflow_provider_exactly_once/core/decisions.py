@@ -12,7 +12,7 @@ settled epoch never needs it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Literal
@@ -21,9 +21,11 @@ from .errors import (
     AbortRefused,
     CheckpointFailed,
     CheckpointNotReady,
+    EarlierEpochUndecided,
     EpochAborted,
     ExactlyOnceError,
     InvalidPreCommit,
+    ReprocessRefused,
     RevisionInProgress,
     SinkReused,
 )
@@ -51,6 +53,7 @@ class Action(StrEnum):
     REOPEN = "re-open the Committed epoch for the re-created table"
     DISCARD_LATE = "discard the late write: the epoch holds an earlier one"
     DISCARD_OTHER_TABLES = "discard the write: the epoch was committed to other tables"
+    DISCARD_REFUSED = "discard the newer generation's write and refuse: an upsert epoch is never replaced"
     DISCARD_OLDER = "discard the write: a newer generation's write holds the epoch"
     DISCARD_KEPT = "discard the newer generation's write: the sink keeps what it committed (on_reprocess='keep')"
     REVISE = "open a revision: the newer generation's write replaces the committed one once it commits"
@@ -143,6 +146,17 @@ def persist_decision(
             return Decision(Action.REOPEN, why=recreated)
         if is_newer(write.generation, row.pre_commit.generation):
             newer = f"generation {write.generation} is newer than the committed write's ({row.pre_commit.generation})"
+            if any(t.is_upsert for t in (*write.tables, *row.pre_commit.tables)):
+                return Decision(
+                    Action.DISCARD_REFUSED,
+                    ReprocessRefused(
+                        f"{write.describe()}: {newer}, but the epoch was committed as changes by key (an upsert "
+                        f"sink, write {row.write_id}), and replacing changes is not defined once later epochs may "
+                        "have changed the same keys; the new write was removed and the table keeps what it shows. "
+                        "To correct an upsert epoch, send the corrections as a new epoch's changes "
+                        "(docs/operators.md, 'Upsert sinks')"
+                    ),
+                )
             if on_reprocess == "replace":
                 return Decision(
                     Action.REVISE, why=f"{newer}: revision {row.revision + 1} will replace write {row.write_id}"
@@ -194,6 +208,23 @@ def other_dag_warning(pre: PreCommit, row: EpochRecord, dag_id: str | None) -> s
         f"sink {pre.sink_id!r} epoch {pre.epoch} holds write {row.write_id} of DAG {row.dag_id!r}; a write "
         f"from DAG {dag_id!r} was discarded. If another pipeline reuses this sink id, give it its own "
         "sink_id: its epochs are not being written"
+    )
+
+
+def upsert_order_refusal(row: EpochRecord, pending_epochs: Iterable[int]) -> EarlierEpochUndecided | None:
+    """Upsert epochs of a sink commit in epoch order (design.md section 5, step 7): changes by key
+    applied out of order would leave an older state of a key visible. ``pending_epochs``: the sink's
+    undecided epochs. Asked before a commit is decided; a decided commit goes on."""
+    if not any(t.is_upsert for t in row.pre_commit.tables):
+        return None
+    earlier = sorted(epoch for epoch in pending_epochs if epoch < row.epoch)
+    if not earlier:
+        return None
+    shown = ", ".join(str(e) for e in earlier[:5]) + (f" (and {len(earlier) - 5} more)" if len(earlier) > 5 else "")
+    return EarlierEpochUndecided(
+        f"{row.pre_commit.describe()}: upsert epochs commit in epoch order, and {len(earlier)} earlier epoch(s) of "
+        f"the sink are still undecided (Pending): {shown}. Nothing was committed; the commit is retried, and goes "
+        "ahead once they are committed or aborted (eo-sink show SINK EPOCH says why one waits)"
     )
 
 

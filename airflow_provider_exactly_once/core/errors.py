@@ -116,6 +116,37 @@ class ReplacedFilesMissing(ExactlyOnceError):
         self.missing = missing
 
 
+class InvalidChanges(ExactlyOnceError, ValueError):
+    """An upsert epoch's input that cannot be applied as changes by key (a null key, an unknown
+    operation, two changes of one key the sink's rule cannot order); refused before any write."""
+
+
+class UpsertConflict(ExactlyOnceError):
+    """The table changed under an upsert write in a way its copy-on-write cannot absorb: a file it
+    rewrote is gone (a compaction, another upsert), or a file added since its read may hold the
+    epoch's keys. Committing it would resurrect deleted rows or lose updates, so nothing is
+    committed; the epoch's changes must be written again against the table as it is now.
+
+    ``conflicting`` names what conflicts: files gone or added, a delete manifest, a snapshot.
+    """
+
+    def __init__(self, message: str, conflicting: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.conflicting = conflicting
+
+
+class ReprocessRefused(ExactlyOnceError):
+    """A newer generation's write for an epoch committed as changes by key: replacing an upsert
+    epoch's changes is refused, and the new write removed; corrections go in as new changes."""
+
+
+class EarlierEpochUndecided(ExactlyOnceError):
+    """An upsert epoch may not commit while an earlier epoch of its sink is still undecided: changes
+    by key only mean something applied in epoch order. Retrying later succeeds once it is decided."""
+
+    retryable = True
+
+
 class SchemaMismatch(ExactlyOnceError):
     """The written schema cannot go into the table; refused before anything was committed."""
 

@@ -33,6 +33,10 @@ COMMIT_ERRORS = "commit.errors"
 COMMIT_FILES = "commit.files"
 COMMIT_ROWS = "commit.rows"
 COMMIT_BYTES = "commit.bytes"
+#: An upsert epoch's committed changes: rows inserted, updated and deleted by key.
+COMMIT_INSERTED = "commit.rows_inserted"
+COMMIT_UPDATED = "commit.rows_updated"
+COMMIT_DELETED = "commit.rows_deleted"
 #: Iceberg commit conflicts that sent a table's commit back to reload and re-check its marker.
 COMMIT_RETRIES = "commit.retries"
 #: Aborts by ``outcome`` and the files they deleted.
@@ -143,6 +147,11 @@ def count_commit(metrics: Metrics, sink_id: str, result: CommitResult, took: tim
         metrics.incr(COMMIT_FILES, files, tags)
         metrics.incr(COMMIT_ROWS, rows, tags)
         metrics.incr(COMMIT_BYTES, size, tags)
+        changes = [t.changes for t in result.record.pre_commit.tables if t.changes is not None]
+        if changes:
+            metrics.incr(COMMIT_INSERTED, sum(c.inserted for c in changes), tags)
+            metrics.incr(COMMIT_UPDATED, sum(c.updated for c in changes), tags)
+            metrics.incr(COMMIT_DELETED, sum(c.deleted for c in changes), tags)
 
 
 def count_abort(metrics: Metrics, sink_id: str, result: AbortResult) -> None:

@@ -37,6 +37,7 @@ from .errors import InvalidPreCommit
 from .generations import check_generation
 from .identifiers import Epoch, SinkId, WriteId
 from .redact import find_control
+from .upserts import ChangeCounts, RewrittenFile
 
 #: Validation context key: accept the record of an abort without a write (``PreCommit.nothing_written``).
 _NO_WRITE = "no_write"
@@ -131,6 +132,20 @@ class TableWrite(_Frozen):
     #: them under this one. ``None`` (metadata from before it was recorded, file sinks) means the
     #: table's default spec at commit time.
     spec_id: int | None = Field(default=None, ge=0)
+    #: An upsert write (``core.upserts``): the table's data files it rewrote, which its commit
+    #: removes in the snapshot that adds ``data_files``.
+    rewritten: list[RewrittenFile] = Field(default_factory=list)
+    #: An upsert write: the snapshot of the table it read (``None``: the table had none). Files the
+    #: table gained since that may hold the epoch's keys make the commit refuse: the write did not
+    #: see them.
+    read_snapshot_id: int | None = None
+    #: An upsert write: the epoch's key range per key column, Iceberg single-value serialisation,
+    #: base64 (as descriptors' bounds), deletes included: what a file added since the read is
+    #: compared with.
+    key_lower_bounds: dict[str, str] = Field(default_factory=dict)
+    key_upper_bounds: dict[str, str] = Field(default_factory=dict)
+    #: An upsert write: rows inserted, updated and deleted, as counted against the table it read.
+    changes: ChangeCounts | None = None
 
     _names_printable = field_validator("table", "location")(_no_control)
 
@@ -157,7 +172,12 @@ class TableWrite(_Frozen):
 
     @property
     def is_empty(self) -> bool:
-        return not self.data_files
+        """Nothing to add and nothing to remove: an epoch of only deletes of absent keys is empty."""
+        return not self.data_files and not self.rewritten
+
+    @property
+    def is_upsert(self) -> bool:
+        return self.changes is not None
 
 
 class PreCommit(_Frozen):

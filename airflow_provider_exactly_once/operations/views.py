@@ -15,7 +15,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from airflow_provider_exactly_once.core.ports import EpochRecord
-from airflow_provider_exactly_once.core.precommit import PreCommit
+from airflow_provider_exactly_once.core.precommit import PreCommit, TableWrite
 from airflow_provider_exactly_once.core.redact import mask_userinfo
 
 
@@ -79,6 +79,19 @@ class SinkSummary:
         }
 
 
+def change_counts(table: TableWrite) -> dict[str, int] | None:
+    """What an upsert write does to its table, as the operator reads it; ``None`` for an append."""
+    if table.changes is None:
+        return None
+    return {
+        "inserted": table.changes.inserted,
+        "updated": table.changes.updated,
+        "deleted": table.changes.deleted,
+        "deletes_of_absent_keys": table.changes.deletes_of_absent_keys,
+        "files_rewritten": len(table.rewritten),
+    }
+
+
 @dataclass(frozen=True)
 class TableView:
     """One table (or file-sink root) of an epoch's write."""
@@ -91,6 +104,8 @@ class TableView:
     snapshot: str | None
     #: The table's UUID when the epoch was committed (which incarnation holds it), else ``None``.
     table_uuid: str | None = None
+    #: An upsert write's rows inserted, updated and deleted (and files rewritten); ``None`` for an append.
+    changes: dict[str, int] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -100,6 +115,7 @@ class TableView:
             "bytes": self.bytes,
             "snapshot": self.snapshot,
             "table_uuid": self.table_uuid,
+            "changes": self.changes,
         }
 
 
@@ -150,6 +166,7 @@ class EpochView:
                 bytes=sum(f.file_size_in_bytes for f in table.data_files),
                 snapshot=committed.get(table.table),
                 table_uuid=uuids.get(table.table),
+                changes=change_counts(table),
             )
             for table in record.pre_commit.tables
         )

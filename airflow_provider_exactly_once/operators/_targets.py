@@ -160,6 +160,8 @@ def targets_for(sink: SinkConfig, target: FileSinkTarget | None, partition_by: l
                     table=table,
                     where=None if selection is None else selection.where,
                     query=None if selection is None else selection.query,
+                    branch=sink.branch,
+                    upsert=sink.upsert,
                 ).model_dump(mode="json", exclude_none=True)
             )
         return targets

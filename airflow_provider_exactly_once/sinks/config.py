@@ -22,6 +22,7 @@ from airflow_provider_exactly_once.core.errors import InvalidPreCommit, InvalidS
 from airflow_provider_exactly_once.core.faults import FaultHook, no_faults
 from airflow_provider_exactly_once.core.identifiers import check_sink_id
 from airflow_provider_exactly_once.core.redact import has_userinfo, mask_userinfo
+from airflow_provider_exactly_once.core.upserts import UpsertSpec
 
 if TYPE_CHECKING:
     # The committers bring pyiceberg, pyarrow and fsspec's filesystems: DAG files import these configs
@@ -96,6 +97,16 @@ class IcebergSinkConfig:
     #: ``"replace"`` it atomically (a revision), or ``"keep"`` what was committed, for inputs that
     #: cannot be read again (the write task then skips its Spark job).
     on_reprocess: OnReprocess = "replace"
+    #: ``"append"`` (every row is new) or ``"upsert"``: every row is a change by ``key`` (insert or
+    #: update, or a delete where ``op_column`` says so), applied copy-on-write (``core.upserts``).
+    mode: Literal["append", "upsert"] = "append"
+    #: The primary key of an upsert sink (the tables' identifier fields).
+    key: tuple[str, ...] = ()
+    #: An upsert's operation column, its values (``{"insert": [...], "update": [...], "delete":
+    #: [...]}``, defaults in ``UpsertSpec``), and the column ordering two changes of one key.
+    op_column: str | None = None
+    op_values: Mapping[str, tuple[str, ...]] = field(default_factory=dict, hash=False)
+    order_by: str | None = None
     kind: Literal["iceberg"] = field(default="iceberg", init=False)
 
     def __post_init__(self) -> None:
@@ -120,6 +131,15 @@ class IcebergSinkConfig:
             raise InvalidSinkConfig(f"sink {self.sink_id!r}: max_commit_attempts must be at least 1")
         object.__setattr__(self, "select", _selections(self.sink_id, self.tables, self.select))
         _on_reprocess(self.sink_id, self.on_reprocess)
+        if isinstance(self.key, str):
+            object.__setattr__(self, "key", (self.key,))
+        object.__setattr__(self, "key", tuple(self.key))
+        self.upsert  # noqa: B018 - validated once, here
+
+    @property
+    def upsert(self) -> UpsertSpec | None:
+        """The upsert settings, or ``None`` for an append sink."""
+        return _upsert_spec(self)
 
     def committer(self, catalog: Catalog, *, fault: FaultHook = no_faults) -> IcebergSinkCommitter:
         from airflow_provider_exactly_once.sinks.iceberg import IcebergSinkCommitter
@@ -146,7 +166,53 @@ class IcebergSinkConfig:
             # Left out when empty, so the registered form of a sink without selections is unchanged.
             **({"select": {t: s.to_dict() for t, s in self.select.items()}} if self.select else {}),
             **({"on_reprocess": self.on_reprocess} if self.on_reprocess != "replace" else {}),
+            **(
+                {
+                    "mode": self.mode,
+                    "key": list(self.key),
+                    "op_column": self.op_column,
+                    "op_values": {k: list(v) for k, v in self.op_values.items()},
+                    "order_by": self.order_by,
+                }
+                if self.mode != "append"
+                else {}
+            ),
         }
+
+
+def _upsert_spec(sink: IcebergSinkConfig) -> UpsertSpec | None:
+    from pydantic import ValidationError
+
+    if sink.mode not in ("append", "upsert"):
+        raise InvalidSinkConfig(f"sink {sink.sink_id!r}: mode must be 'append' or 'upsert', got {sink.mode!r}")
+    extra = [n for n in ("op_column", "order_by") if getattr(sink, n) is not None] + (
+        ["op_values"] if sink.op_values else []
+    )
+    if sink.mode == "append":
+        if sink.key or extra:
+            raise InvalidSinkConfig(
+                f"sink {sink.sink_id!r}: key, op_column, op_values and order_by are for mode='upsert' "
+                f"(given: {['key'] * bool(sink.key) + extra}); an append sink adds every row"
+            )
+        return None
+    values = dict(sink.op_values)
+    unknown = sorted(set(values) - {"insert", "update", "delete"})
+    if unknown:
+        raise InvalidSinkConfig(f"sink {sink.sink_id!r}: op_values keys are insert, update and delete, not {unknown}")
+    try:
+        return UpsertSpec(
+            key=sink.key,
+            op_column=sink.op_column,
+            order_by=sink.order_by,
+            **{f"{name}_values": tuple(v) for name, v in values.items()},
+        )
+    except ValidationError as exc:
+        faults = "; ".join(
+            f"{'.'.join(map(str, e['loc'])) or 'upsert'}: {e['msg']}" for e in exc.errors(include_url=False)
+        )
+        raise InvalidSinkConfig(
+            f"sink {sink.sink_id!r}: mode='upsert' needs key=(column, ...) naming the primary key; {faults}"
+        ) from None
 
 
 def _on_reprocess(sink_id: str, value: object) -> None:
@@ -254,6 +320,10 @@ def sink_config_from_dict(data: Mapping[str, Any]) -> SinkConfig:
             if "clock_skew_s" in values:
                 values["clock_skew"] = timedelta(seconds=float(values.pop("clock_skew_s")))
             values["tables"] = tuple(values.get("tables", ()))
+            if "key" in values:
+                values["key"] = tuple(values["key"])
+            if "op_values" in values:
+                values["op_values"] = {k: tuple(v) for k, v in dict(values["op_values"]).items()}
             return IcebergSinkConfig(**values)
         if kind == "files":
             return FileSinkConfig(**values)

@@ -38,17 +38,28 @@ from pyspark.sql import functions as F
 
 from airflow_provider_exactly_once.core.errors import ExactlyOnceError
 from airflow_provider_exactly_once.core.precommit import DataFileDescriptor, PreCommit, TableWrite
+from airflow_provider_exactly_once.core.upserts import ChangeCounts
 from airflow_provider_exactly_once.spark.alignment import (
     AlignmentPlan,
     ColumnPlan,
     plan_alignment,
     spark_schema_to_iceberg,
 )
+from airflow_provider_exactly_once.spark.changes import (
+    OP,
+    ORDER,
+    Owner,
+    check_changes,
+    last_change_per_key,
+    read_changes,
+    row_columns,
+)
 from airflow_provider_exactly_once.spark.file_writer import DESCRIPTOR_COLUMN, FileWriteConfig, spark_task
 from airflow_provider_exactly_once.spark.inputs import read_input
 from airflow_provider_exactly_once.spark.jobspec import INPUT_VIEW, EpochJobSpec, IcebergTarget, TargetSpec
 from airflow_provider_exactly_once.spark.storage import remove_tree
 from airflow_provider_exactly_once.spark.targets import ResolvedTarget, load_file_target, load_iceberg_target
+from airflow_provider_exactly_once.spark.upsert import Rewrite, check_key, copy_on_write
 
 ERROR_PREFIX = "EXACTLY-ONCE WRITE FAILED:"
 EXIT_OK, EXIT_FAILED, EXIT_BAD_SPEC = 0, 1, 2
@@ -145,8 +156,11 @@ def _write_targets(spark: SparkSession, spec: EpochJobSpec, written: list[WriteL
     try:
         if frame is not None and viewed:
             frame.createOrReplaceTempView(INPUT_VIEW)
-        planned = [(target, _plan(spark, spec, target, _select(spark, frame, t))) for t, target in targets]
-        tables = [_write_table(spec, target, plan, written) for target, plan in planned]
+        planned = [(target, _plan(spark, spec, t, target, _select(spark, frame, t))) for t, target in targets]
+        tables = [
+            _write_table(spec, target, plan, written, upsert=isinstance(t, IcebergTarget) and t.upsert is not None)
+            for (target, plan), (t, _) in zip(planned, targets, strict=True)
+        ]
     finally:
         if viewed:
             spark.catalog.dropTempView(INPUT_VIEW)
@@ -178,14 +192,44 @@ class _Planned:
 
     frame: DataFrame
     alignment: AlignmentPlan
+    #: An upsert's copy-on-write (``frame`` is then its rows).
+    rewrite: Rewrite | None = None
 
 
-def _plan(spark: SparkSession, spec: EpochJobSpec, target: ResolvedTarget, frame: DataFrame | None) -> _Planned | None:
+def _plan(
+    spark: SparkSession, spec: EpochJobSpec, given: TargetSpec, target: ResolvedTarget, frame: DataFrame | None
+) -> _Planned | None:
+    upsert = given.upsert if isinstance(given, IcebergTarget) else None
+    if upsert is None or not isinstance(given, IcebergTarget):
+        return None if frame is None else _distribute(spark, spec, target, _align(spec, target, frame))
+    owner = Owner(spec.sink_id, spec.epoch, target.name)
+    check_key(target.table, upsert, owner)
     if frame is None:
-        return None
+        return None  # no input: an epoch without changes (``_write_table``)
+    changes = read_changes(frame, upsert, owner)
+    check_changes(changes, upsert, owner)
+    table_columns = {f.name for f in target.table.schema().fields}
+    changes = row_columns(last_change_per_key(changes, upsert), upsert, table_columns)
+    aligned = _align(spec, target, changes, carry=(OP, ORDER))
+    rewrite = copy_on_write(
+        spark,
+        target.table,
+        given.branch,
+        upsert,
+        aligned.frame,
+        owner,
+        target.io_properties,
+    )
+    return _distribute(spark, spec, target, _Planned(rewrite.rows, aligned.alignment, rewrite))
+
+
+def _align(spec: EpochJobSpec, target: ResolvedTarget, frame: DataFrame, carry: tuple[str, ...] = ()) -> _Planned:
+    """The rows fitted to the table's schema; ``carry`` columns pass through unaligned."""
+    carried = [name for name in carry if name in frame.columns]
+    data = frame.drop(*carried) if carried else frame
     if target.schema is not None:
         plan = plan_alignment(
-            frame.schema,
+            data.schema,
             target.schema,
             table=target.name,
             last_column_id=target.last_column_id,
@@ -193,8 +237,8 @@ def _plan(spark: SparkSession, spec: EpochJobSpec, target: ResolvedTarget, frame
         )
     else:
         plan = AlignmentPlan(
-            columns=[ColumnPlan(source=f.name, target=f.name, cast_to=None) for f in frame.schema.fields],
-            write_schema=spark_schema_to_iceberg(frame.schema),
+            columns=[ColumnPlan(source=f.name, target=f.name, cast_to=None) for f in data.schema.fields],
+            write_schema=spark_schema_to_iceberg(data.schema),
         )
     target.check_partition_sources(plan.write_schema)
     aligned = frame.select(
@@ -203,8 +247,14 @@ def _plan(spark: SparkSession, spec: EpochJobSpec, target: ResolvedTarget, frame
                 c.target
             )
             for c in plan.columns
-        ]
+        ],
+        *[F.col(_quote(name)) for name in carried],
     )
+    return _Planned(aligned, plan)
+
+
+def _distribute(spark: SparkSession, spec: EpochJobSpec, target: ResolvedTarget, planned: _Planned) -> _Planned:
+    plan, aligned = planned.alignment, planned.frame
     keys = target.spark_sort_keys(plan.write_schema, {c.target for c in plan.columns})
     if keys:
         # Hash-partition by the partition values: each value goes to one task, so it becomes one
@@ -213,18 +263,22 @@ def _plan(spark: SparkSession, spec: EpochJobSpec, target: ResolvedTarget, frame
         aligned = aligned.repartition(writers, *keys).sortWithinPartitions(*keys)
     elif spec.writers:
         aligned = aligned.repartition(spec.writers)
-    return _Planned(aligned, plan)
+    return _Planned(aligned, plan, planned.rewrite)
 
 
 def _write_table(
-    spec: EpochJobSpec, target: ResolvedTarget, planned: _Planned | None, written: list[WriteLocation]
+    spec: EpochJobSpec, target: ResolvedTarget, planned: _Planned | None, written: list[WriteLocation], *, upsert: bool
 ) -> TableWrite:
     if planned is None:
         schema_written = (
             AlignmentPlan(columns=[], write_schema=target.schema).written_columns() if target.schema is not None else []
         )
         return TableWrite(
-            table=target.name, location=target.location, schema_written=schema_written, spec_id=target.spec_id
+            table=target.name,
+            location=target.location,
+            schema_written=schema_written,
+            spec_id=target.spec_id,
+            **({"changes": ChangeCounts()} if upsert else {}),
         )
     plan = planned.alignment
     config = FileWriteConfig(
@@ -238,7 +292,12 @@ def _write_table(
         target_file_size=spec.target_file_size_bytes or target.target_file_size,
     )
     written.append(WriteLocation(target.location, target.io_properties))
-    rows = planned.frame.mapInArrow(functools.partial(spark_task, config), f"{DESCRIPTOR_COLUMN} string").collect()
+    try:
+        rows = planned.frame.mapInArrow(functools.partial(spark_task, config), f"{DESCRIPTOR_COLUMN} string").collect()
+    finally:
+        for cached in planned.rewrite.cached if planned.rewrite is not None else ():
+            cached.unpersist()
+    rewrite = planned.rewrite
     return TableWrite(
         table=target.name,
         location=target.location,
@@ -246,6 +305,17 @@ def _write_table(
         schema_written=plan.written_columns(),
         added_columns=plan.added_columns,
         spec_id=target.spec_id,
+        **(
+            {}
+            if rewrite is None
+            else {
+                "rewritten": rewrite.rewritten,
+                "read_snapshot_id": rewrite.read_snapshot_id,
+                "key_lower_bounds": rewrite.key_lower_bounds,
+                "key_upper_bounds": rewrite.key_upper_bounds,
+                "changes": rewrite.changes,
+            }
+        ),
     )
 
 

@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from airflow_provider_exactly_once.core.errors import InvalidSinkConfig
 from airflow_provider_exactly_once.core.identifiers import Epoch, SinkId, WriteId
+from airflow_provider_exactly_once.core.upserts import UpsertSpec
 from airflow_provider_exactly_once.sinks.layout import file_write_location
 
 #: The temporary view a target's ``query`` reads the epoch's input from.
@@ -134,6 +135,10 @@ class IcebergTarget(_Spec):
     #: A Spark SQL query over the epoch's input, read as the temporary view ``INPUT_VIEW``; the
     #: table gets its result (a projection, a filter, an aggregate of the epoch).
     query: str | None = None
+    #: The sink's branch: an upsert reads the table's files as this branch's head shows them.
+    branch: str = Field(default="main", min_length=1)
+    #: Set for an upsert sink: the epoch's rows are changes by key, applied copy-on-write.
+    upsert: UpsertSpec | None = None
 
     @model_validator(mode="after")
     def _one_selection(self) -> Self:

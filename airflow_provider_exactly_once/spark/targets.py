@@ -80,6 +80,8 @@ class ResolvedTarget:
     write_properties: dict[str, str] = field(default_factory=dict)
     io_properties: dict[str, str] = field(default_factory=dict)
     target_file_size: int = DEFAULT_TARGET_FILE_SIZE
+    #: The loaded pyiceberg table (an Iceberg target): an upsert plans its rewrite from it.
+    table: Any = None
 
     def spec_for(self, write_schema: Schema) -> PartitionSpec:
         if self.spec is not None:
@@ -173,6 +175,7 @@ def load_iceberg_target(target: IcebergTarget, write_id: str) -> ResolvedTarget:
         # that vends credentials puts them there, scoped to this table, and they win.
         io_properties=storage_properties({**target.catalog_properties, **table.io.properties}),
         target_file_size=int(properties.get(TableProperties.WRITE_TARGET_FILE_SIZE_BYTES, DEFAULT_TARGET_FILE_SIZE)),
+        table=table,
     )
 
 

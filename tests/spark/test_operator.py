@@ -29,6 +29,7 @@ from airflow_provider_exactly_once.operators.spark_precommit import (
 )
 from airflow_provider_exactly_once.runtime.assembly import run_epoch
 from airflow_provider_exactly_once.sinks.config import FileSinkConfig, IcebergSinkConfig, TableSelect
+from airflow_provider_exactly_once.spark.jobspec import IcebergTarget
 from tests.spark.conftest import INTERVAL_START, land, make_table, sample_rows
 from tests.spark.test_epoch_writer import commit_iceberg, files_input, sorted_rows
 
@@ -243,12 +244,23 @@ def test_a_fan_out_sink_is_one_write_of_every_table_with_its_selection(monkeypat
     operator = SparkPreCommitOperator(task_id="w", sink=sink.to_dict(), input={"kind": "sql", "query": "select 1"})
     rendered = {name: getattr(operator, name) for name in operator.template_fields}
     assert "K" not in json.dumps(rendered, default=str)
-    base = {"kind": "iceberg", "catalog_name": "lake", "catalog_properties": props}
+    base = {"kind": "iceberg", "catalog_name": "lake", "catalog_properties": props, "branch": "main"}
     assert operator._resolve_targets() == [
         {**base, "table": "ns.all"},
         {**base, "table": "ns.buys", "where": "event_type = 'purchase'"},
         {**base, "table": "ns.totals", "query": sink.select["ns.totals"].query},
     ]
+
+
+def test_an_upsert_sinks_key_and_branch_reach_the_job_spec(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AIRFLOW_CONN_LAKE", json.dumps({"conn_type": "iceberg", "extra": {"type": "sql", "uri": "x"}}))
+    sink = IcebergSinkConfig(
+        "cdc", ("ns.accounts",), iceberg_conn_id="lake", branch="audit", mode="upsert", key=("id",), op_column="op"
+    )
+    operator = SparkPreCommitOperator(task_id="w", sink=sink.to_dict(), input={"kind": "sql", "query": "select 1"})
+    (target,) = operator._resolve_targets()
+    assert target["branch"] == "audit"
+    assert IcebergTarget.model_validate(target).upsert == sink.upsert
 
 
 @pytest.mark.parametrize(

@@ -61,6 +61,7 @@ from airflow_provider_exactly_once.sinks.iceberg.transaction import (
     SpecAwareFastAppend,
     SpecAwareOverwrite,
 )
+from airflow_provider_exactly_once.sinks.iceberg.upserts import files_to_rewrite, identifier_update
 from airflow_provider_exactly_once.sinks.iceberg.write_check import check_location, check_table_write, write_spec
 
 #: How long a table ``prepare`` loaded may stand in for the commit's own load (``CommitPlan.fresh_state``).
@@ -333,6 +334,11 @@ class IcebergSinkCommitter:
     def _to_replace(
         self, table: Table, pre_commit: PreCommit, write: TableWrite, replaces: ReplacedWrite | None
     ) -> list[DataFile]:
+        if write.is_upsert:
+            # An upsert's own rewritten files (a revision of an upsert epoch is refused at persist).
+            what = f"{pre_commit.describe()}: could not read the files the upsert rewrote in table {write.table!r}"
+            with unavailable_when_unreachable(what, table.io.properties):
+                return files_to_rewrite(table, self._branch, pre_commit, write)
         if replaces is None:
             return []
         what = f"{pre_commit.describe()}: could not read the replaced files in table {write.table!r}"
@@ -363,6 +369,8 @@ class IcebergSinkCommitter:
                         to_add = self._check(table, pre_commit, write)
                         to_replace = self._to_replace(table, pre_commit, write, replaces)
                     revision = None if replaces is None else (replaces.revision + 1, to_replace)
+                    if revision is None and to_replace:
+                        revision = (0, to_replace)  # an upsert: overwrite the files it rewrote
                     return str(self._append_once(pre_commit, write, table, to_add, revision))
         except SinkCommitConflict as exc:
             raise CommitConflictExhausted(
@@ -381,8 +389,10 @@ class IcebergSinkCommitter:
     ) -> int:
         """Stage schema changes, name mapping and the marked append in one transaction; commit it once.
 
-        A revision (its number and the replaced files) makes the snapshot an overwrite that removes
-        exactly those files in the same step as it adds the new ones.
+        A revision (its number and the replaced files), or an upsert (revision 0 and the files it
+        rewrote), makes the snapshot an overwrite that removes exactly those files in the same step
+        as it adds the new ones. An upsert's key becomes the table's identifier fields when the table
+        has none and its columns allow it.
         """
         tx = SinkTransaction(table)
         try:
@@ -391,6 +401,10 @@ class IcebergSinkCommitter:
                     for column in to_add:
                         update.add_column(column.name, column.type, doc=column.doc, required=False)
                 check_added_field_ids(tx.table_metadata.schema(), write)  # the ids the files carry
+            key = identifier_update(tx.table_metadata, write)
+            if key:
+                with tx.update_schema() as update:
+                    update.set_identifier_fields(*key)
             # Spark and pyarrow write Parquet without Iceberg field ids; readers resolve columns through
             # the name mapping. update_schema keeps an existing mapping current (it is staged above),
             # but does not create one, so a table without a mapping gets one from the final schema.

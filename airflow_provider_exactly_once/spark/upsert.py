@@ -1,0 +1,269 @@
+"""Copy-on-write of an upsert epoch (design.md section 5, step 7): the Spark half.
+
+pyiceberg 0.12 can neither write nor read delete files, so an epoch of changes is applied by
+rewriting the data files that hold its keys:
+
+1. the driver plans the table's live data files on the sink's branch that can hold any of the
+   epoch's keys: pyiceberg's scan planning with a filter on the key columns (the key values
+   themselves when they are few, their range otherwise) prunes by partition and by column
+   statistics. The partition of a changed row is deliberately not used: an update may move a key
+   to another partition, and its old row must still be found;
+2. the executors read those files with pyiceberg's own Arrow reader (field ids, name mapping and
+   schema evolution resolved as any Iceberg reader does), each row tagged with its file;
+3. the files that really hold a changed key are rewritten without the changed and deleted keys,
+   and the epoch's inserted and updated rows are written beside them, by the same writer as an
+   append (``file_writer``);
+4. the pre-commit names the rewritten files, the snapshot they were read from and the epoch's key
+   range: the commit removes exactly those files in the snapshot that adds the new ones, and
+   refuses when the table moved in a way that could hide a key from this write (``UpsertConflict``).
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, cast
+
+import pyarrow as pa
+from pyiceberg.conversions import to_bytes
+from pyiceberg.expressions import (
+    AlwaysTrue,
+    And,
+    BooleanExpression,
+    GreaterThanOrEqual,
+    In,
+    LessThanOrEqual,
+)
+from pyiceberg.io import load_file_io
+from pyiceberg.io.pyarrow import ArrowScan
+from pyiceberg.manifest import DataFile
+from pyiceberg.table import FileScanTask, Table
+from pyiceberg.table.metadata import TableMetadata, TableMetadataUtil
+from pyiceberg.types import (
+    DateType,
+    IcebergType,
+    IntegerType,
+    LongType,
+    PrimitiveType,
+    StringType,
+    TimestampType,
+    TimestamptzType,
+)
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as st
+
+from airflow_provider_exactly_once.core.errors import InvalidSinkConfig
+from airflow_provider_exactly_once.core.upserts import ChangeCounts, RewrittenFile, UpsertSpec
+from airflow_provider_exactly_once.spark.changes import DELETE, OP, ORDER, UPSERT, Owner, quote
+
+#: The column a read row carries: the data file it came from.
+FILE = "__eo_file"
+#: Up to this many distinct values of a key column are planned with ``In``; past it, with the range.
+IN_LIMIT = 1000
+#: Key column types the epoch's key range can be recorded for (Iceberg identifier fields are
+#: primitives, never floating; these are the ones a copy-on-write plan can bound).
+KEY_TYPES = (IntegerType, LongType, StringType, DateType, TimestampType, TimestamptzType)
+
+
+@dataclass(frozen=True)
+class Rewrite:
+    """What copy-on-write produced for one table: the rows to write and what the commit needs."""
+
+    rows: DataFrame
+    rewritten: list[RewrittenFile]
+    read_snapshot_id: int | None
+    key_lower_bounds: dict[str, str]
+    key_upper_bounds: dict[str, str]
+    changes: ChangeCounts
+    cached: tuple[DataFrame, ...]
+
+
+def check_key(table: Table, upsert: UpsertSpec, owner: Owner) -> None:
+    """The key against the table: its columns exist with a type the plan can bound, and the
+    table's identifier fields, when it has any, are exactly the key."""
+    schema = table.schema()
+    faults = []
+    for name in upsert.key:
+        try:
+            field = schema.find_field(name)
+        except ValueError:
+            faults.append(f"key column {name!r} is not in the table")
+            continue
+        if not isinstance(field.field_type, KEY_TYPES):
+            faults.append(
+                f"key column {name!r} has type {field.field_type}; keys may be int, long, string, date or timestamp"
+            )
+    identifiers = schema.identifier_field_names()
+    if identifiers and identifiers != set(upsert.key):
+        faults.append(f"the table's identifier fields are {sorted(identifiers)}, the sink's key is {list(upsert.key)}")
+    if faults:
+        raise InvalidSinkConfig(f"{owner}: cannot upsert by key: {'; '.join(faults)}. Nothing was written.")
+
+
+def copy_on_write(
+    spark: SparkSession,
+    table: Table,
+    branch: str,
+    upsert: UpsertSpec,
+    changes: DataFrame,
+    owner: Owner,
+    io_properties: dict[str, str],
+) -> Rewrite:
+    """``changes``: one change per key, the table's columns (as written) plus ``OP``; the result's
+    rows are in the same columns, without ``OP``."""
+    columns = [c for c in changes.columns if c not in (OP, ORDER)]
+    keys = list(upsert.key)
+    changes = changes.select(*[quote(c) for c in columns], OP).persist()
+    head = table.metadata.snapshot_by_name(branch)
+    lower, upper, key_filter, totals = _key_range(table, changes, keys)
+    tasks: list[FileScanTask] = []
+    if head is not None and lower:
+        tasks = list(table.scan(row_filter=key_filter, snapshot_id=head.snapshot_id).plan_files())
+    with_deletes = [t.file.file_path for t in tasks if t.delete_files]
+    if with_deletes:
+        raise InvalidSinkConfig(
+            f"{owner}: {len(with_deletes)} data file(s) holding the epoch's keys have delete files (merge-on-read "
+            f"writes by another engine), e.g. {with_deletes[0]}; copy-on-write cannot rewrite them. Rewrite the "
+            "table's delete files first (Spark: CALL system.rewrite_position_delete_files / rewrite_data_files)."
+        )
+    schema = changes.select(*[quote(c) for c in columns]).schema
+    existing = _read_files(spark, table.metadata, [t.file for t in tasks], schema, io_properties).persist()
+    key_cols = [quote(k) for k in keys]
+    # One job finds the files that really hold a changed key, and how many rows each change hits there.
+    matched = existing.select(*key_cols, FILE).join(changes.select(*key_cols, OP), on=keys, how="inner")
+    per_file = (
+        matched.groupBy(FILE)
+        .agg(
+            F.sum(F.when(F.col(OP) == UPSERT, 1).otherwise(0)).alias("updated"),
+            F.sum(F.when(F.col(OP) == DELETE, 1).otherwise(0)).alias("deleted"),
+        )
+        .collect()
+    )
+    touched = sorted(str(row[FILE]) for row in per_file)
+    updated = sum(int(row["updated"]) for row in per_file)
+    deleted = sum(int(row["deleted"]) for row in per_file)
+    kept = (
+        existing.where(F.col(FILE).isin(touched)).join(changes.select(*key_cols), on=keys, how="left_anti").drop(FILE)
+    )
+    upserts = changes.where(F.col(OP) == UPSERT)
+    by_path = {t.file.file_path: t.file for t in tasks}
+    rewritten = [RewrittenFile(path=p, record_count=int(by_path[p].record_count)) for p in touched]
+    change_counts = ChangeCounts(
+        inserted=max(totals[UPSERT] - updated, 0),
+        updated=updated,
+        deleted=deleted,
+        deletes_of_absent_keys=max(totals[DELETE] - deleted, 0),
+        rows_rewritten=max(sum(f.record_count for f in rewritten) - updated - deleted, 0),
+    )
+    rows = kept.unionByName(upserts.drop(OP))
+    return Rewrite(
+        rows=rows,
+        rewritten=rewritten,
+        read_snapshot_id=head.snapshot_id if head is not None else None,
+        key_lower_bounds=lower,
+        key_upper_bounds=upper,
+        changes=change_counts,
+        cached=(changes, existing),
+    )
+
+
+def _key_range(
+    table: Table, changes: DataFrame, keys: Sequence[str]
+) -> tuple[dict[str, str], dict[str, str], BooleanExpression, dict[str, int]]:
+    """Per key column: its lower and upper bound over the epoch's changes (deletes included), in
+    Iceberg's single-value serialisation; the filter that plans the files that can hold them; and
+    how many changes are upserts and deletes."""
+    schema = table.schema()
+    as_numbers = {k: _comparable(k, schema.find_field(k).field_type) for k in keys}
+    aggregates = []
+    for key in keys:
+        aggregates += [
+            F.min(as_numbers[key]).alias(f"lo_{key}"),
+            F.max(as_numbers[key]).alias(f"hi_{key}"),
+            F.count_distinct(as_numbers[key]).alias(f"n_{key}"),
+        ]
+    aggregates += [
+        F.sum(F.when(F.col(OP) == UPSERT, 1).otherwise(0)).alias(UPSERT),
+        F.sum(F.when(F.col(OP) == DELETE, 1).otherwise(0)).alias(DELETE),
+    ]
+    bounds = changes.agg(*aggregates).first()
+    if bounds is None or bounds[f"lo_{keys[0]}"] is None:
+        return {}, {}, AlwaysTrue(), {UPSERT: 0, DELETE: 0}
+    totals = {UPSERT: int(bounds[UPSERT] or 0), DELETE: int(bounds[DELETE] or 0)}
+    lower: dict[str, str] = {}
+    upper: dict[str, str] = {}
+    expression: BooleanExpression = AlwaysTrue()
+    for key in keys:
+        field_type = cast(PrimitiveType, schema.find_field(key).field_type)  # KEY_TYPES, checked
+        lo, hi, distinct = bounds[f"lo_{key}"], bounds[f"hi_{key}"], int(bounds[f"n_{key}"])
+        lower[key] = base64.b64encode(to_bytes(field_type, lo)).decode("ascii")
+        upper[key] = base64.b64encode(to_bytes(field_type, hi)).decode("ascii")
+        if distinct <= IN_LIMIT:
+            values = [row[0] for row in changes.select(as_numbers[key]).distinct().collect()]
+            term: BooleanExpression = In(term=key, literals=values)
+        else:
+            term = And(GreaterThanOrEqual(term=key, value=lo), LessThanOrEqual(term=key, value=hi))
+        expression = term if isinstance(expression, AlwaysTrue) else And(expression, term)
+    return lower, upper, expression, totals
+
+
+def _comparable(name: str, field_type: IcebergType) -> Any:
+    """The key as Iceberg's literal value: dates as days, timestamps as microseconds, from Spark
+    itself (collecting them as Python datetimes would apply the driver's local time zone)."""
+    column = F.col(quote(name))
+    if isinstance(field_type, DateType):
+        return F.unix_date(column)
+    if isinstance(field_type, TimestampType | TimestamptzType):
+        return F.unix_micros(column.cast("timestamp"))
+    return column
+
+
+def _read_files(
+    spark: SparkSession,
+    metadata: TableMetadata,
+    files: list[DataFile],
+    schema: st.StructType,
+    io_properties: dict[str, str],
+) -> DataFrame:
+    """The rows of ``files`` in ``schema`` (the table's columns as written) plus ``FILE``."""
+    out = st.StructType([*schema.fields, st.StructField(FILE, st.StringType(), False)])
+    if not files:
+        return spark.createDataFrame([], out)
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    arrow = to_arrow_schema(out, timezone="UTC")
+    by_path = {f.file_path: f for f in files}
+    reader = functools.partial(_read_task, metadata.model_dump_json(), io_properties, by_path, arrow)
+    count = min(len(files), max(spark.sparkContext.defaultParallelism, 1))
+    paths = spark.sparkContext.parallelize([(path,) for path in sorted(by_path)], count)
+    return spark.createDataFrame(paths, "path string").mapInArrow(reader, out)
+
+
+def _read_task(
+    metadata_json: str,
+    io_properties: dict[str, str],
+    files: dict[str, DataFile],
+    schema: pa.Schema,
+    batches: Iterator[pa.RecordBatch],
+) -> Iterator[pa.RecordBatch]:
+    """A ``mapInArrow`` task: each of its files read with pyiceberg's reader (the table's current
+    schema, so renamed and added columns resolve by field id or name mapping, identity partition
+    values from the manifest), cast to ``schema``, path attached."""
+    metadata = TableMetadataUtil.parse_raw(metadata_json)
+    io = load_file_io({**metadata.properties, **io_properties}, metadata.location)
+    scan = ArrowScan(metadata, io, metadata.schema(), AlwaysTrue())
+    for batch in batches:
+        for path in batch.column("path").to_pylist():
+            for part in scan.to_record_batches([FileScanTask(files[path])]):
+                arrays = []
+                for field in schema:
+                    if field.name == FILE:
+                        arrays.append(pa.array([path] * part.num_rows, type=field.type))
+                    elif field.name in part.schema.names:
+                        arrays.append(part.column(field.name).cast(field.type))
+                    else:
+                        arrays.append(pa.nulls(part.num_rows, type=field.type))
+                yield pa.RecordBatch.from_arrays(arrays, schema=schema)

@@ -1,0 +1,269 @@
+"""An upsert epoch against pyiceberg's ``Table.upsert`` and a rewrite of the touched partitions.
+
+One table of ``--rows`` rows (``id``, a partition column ``part`` = ``id // (rows / 20)``, a payload),
+built three times alike with pyiceberg. Each epoch changes a fraction of it (``--fractions``): nine
+in ten changes update random existing keys, one in ten inserts a new key (no deletes:
+``Table.upsert`` has none). The same changes go three ways:
+
+1. this package: the changes landed as Parquet, the epoch writer's Spark job (``local[2]``,
+   in-process: ``spark.epoch_writer.run``) applies them copy-on-write, then persist and commit
+   through the coordinator (one overwrite snapshot);
+2. ``Table.upsert(changes, join_cols=["id"])``, pyiceberg 0.12's own copy-on-write;
+3. what a job does without either: read the touched partitions, apply the changes with pyarrow,
+   ``Table.overwrite(rows, overwrite_filter=In("part", touched))``.
+
+Measured per way: wall seconds (for 1, the Spark job and the commit apart), bytes written and
+files removed (from the snapshots' summaries), bytes written per changed row. Every table is
+checked equal to the others afterwards (row count and an order-free checksum). Ratios are of
+times measured in the same run.
+
+    uv run python -m bench.upsert_cost [--rows 1000000] [--fractions 0.01 0.1]
+    uv run python -m bench.upsert_cost --rows 10000000          # the issue's size; about an hour here
+
+Writes bench/results/upsert_cost_<rows>.json and .png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from pyiceberg.catalog.sql import SqlCatalog
+from pyiceberg.expressions import In
+from pyiceberg.partitioning import PartitionField, PartitionSpec
+from pyiceberg.schema import Schema
+from pyiceberg.table import Table
+from pyiceberg.transforms import IdentityTransform
+from pyiceberg.types import DoubleType, LongType, NestedField, StringType
+
+from bench._world import RESULTS, save
+
+SCHEMA = Schema(
+    NestedField(1, "id", LongType(), required=True),
+    NestedField(2, "part", LongType(), required=True),
+    NestedField(3, "payload", StringType(), required=False),
+    NestedField(4, "value", DoubleType(), required=False),
+    identifier_field_ids=[1],
+)
+SPEC = PartitionSpec(PartitionField(2, 1000, IdentityTransform(), "part"))
+PARTITIONS = 20
+CHUNK = 1_000_000
+WAYS = ("exactly_once", "pyiceberg_upsert", "partition_rewrite")
+
+
+def arrow_rows(ids: pa.Array, span: int, version: str) -> pa.Table:
+    return pa.table(
+        {
+            "id": ids,
+            "part": pc.divide(ids, pa.scalar(span, pa.int64())),
+            "payload": pc.binary_join_element_wise(pa.scalar(version), pc.cast(ids, pa.string()), "-"),
+            "value": pc.multiply(pc.cast(ids, pa.float64()), 0.5),
+        },
+        schema=SCHEMA.as_arrow(),
+    )
+
+
+def build(catalog: SqlCatalog, name: str, rows: int, span: int) -> Table:
+    table = catalog.create_table(f"bench.{name}", SCHEMA, partition_spec=SPEC)
+    for start in range(0, rows, CHUNK):
+        ids = pa.array(range(start, min(rows, start + CHUNK)), pa.int64())
+        table.append(arrow_rows(ids, span, "v0"))
+    return catalog.load_table(f"bench.{name}")
+
+
+def changes_of(rng: random.Random, rows: int, count: int, span: int, epoch: int, next_id: int) -> pa.Table:
+    updates = rng.sample(range(rows), count - count // 10)
+    inserts = list(range(next_id, next_id + count // 10))
+    return arrow_rows(pa.array(sorted(updates) + inserts, pa.int64()), span, f"v{epoch}")
+
+
+def summary_totals(table: Table, since_id: int | None) -> dict[str, int]:
+    """Bytes added and files removed by the snapshots after ``since_id``."""
+    added = removed = snapshots = 0
+    seen = since_id is None
+    for snapshot in table.metadata.snapshots:
+        if seen and snapshot.summary is not None:
+            added += int(snapshot.summary.get("added-files-size", "0") or 0)
+            removed += int(snapshot.summary.get("deleted-data-files", "0") or 0)
+            snapshots += 1
+        if snapshot.snapshot_id == since_id:
+            seen = True
+    return {"bytes_written": added, "files_removed": removed, "snapshots": snapshots}
+
+
+def checksum(table: Table) -> tuple[int, int]:
+    data = table.scan(selected_fields=("id", "payload")).to_arrow()
+    hashed = pc.sum(pc.cast(pc.utf8_length(data.column("payload")), pa.int64())).as_py() or 0
+    return data.num_rows, int(pc.sum(data.column("id")).as_py() or 0) * 31 + int(hashed)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--fractions", type=float, nargs="*", default=[0.01, 0.1])
+    parser.add_argument("--seed", type=int, default=16)
+    args = parser.parse_args()
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    from airflow_provider_exactly_once.checkpoints.metastore import MetaStoreCheckpointSource
+    from airflow_provider_exactly_once.core.coordinator import TwoPhaseCommitCoordinator
+    from airflow_provider_exactly_once.core.status import CheckpointStatus
+    from airflow_provider_exactly_once.sinks.iceberg import IcebergSinkCommitter
+    from airflow_provider_exactly_once.spark.epoch_writer import run
+    from airflow_provider_exactly_once.spark.jobspec import EpochJobSpec
+    from airflow_provider_exactly_once.store.sql import SqlSinkStateStore
+
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .appName("eo-bench-upsert")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "4")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.driver.memory", "6g")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    span = max(args.rows // PARTITIONS, 1)
+    rng = random.Random(args.seed)
+    results = []
+    with tempfile.TemporaryDirectory(prefix="eo-bench-upsert-") as tmp:
+        root = Path(tmp)
+        props = {"type": "sql", "uri": f"sqlite:///{root / 'catalog.db'}", "warehouse": f"file://{root / 'wh'}"}
+        (root / "wh").mkdir()
+        catalog = SqlCatalog("bench", **{k: v for k, v in props.items() if k != "type"})
+        catalog.create_namespace("bench")
+        started = time.perf_counter()
+        for way in WAYS:
+            build(catalog, way, args.rows, span)
+        print(f"built 3 tables of {args.rows:,} rows in {time.perf_counter() - started:.0f} s", flush=True)
+        store = SqlSinkStateStore(f"sqlite:///{root / 'meta.db'}")
+        coordinator = TwoPhaseCommitCoordinator(
+            store, {"bench-upsert": IcebergSinkCommitter(catalog)}, MetaStoreCheckpointSource(store.checkpoints)
+        )
+        next_id = args.rows
+        for epoch, fraction in enumerate(args.fractions, start=1):
+            count = max(int(args.rows * fraction), 10)
+            changes = changes_of(rng, args.rows, count, span, epoch, next_id)
+            next_id += count // 10
+            landing = root / f"changes-{epoch}"
+            landing.mkdir()
+            pq.write_table(changes, landing / "part-0.parquet")
+            before = {way: catalog.load_table(f"bench.{way}").metadata.current_snapshot_id for way in WAYS}
+            seconds: dict[str, float] = {}
+
+            # 1. this package: the Spark job, then persist and commit.
+            spec = EpochJobSpec.model_validate(
+                {
+                    "sink_id": "bench-upsert",
+                    "epoch": epoch,
+                    "write_id": str(uuid.uuid4()),
+                    "data_interval_start": "2024-01-01T00:00:00Z",
+                    "data_interval_end": "2024-01-02T00:00:00Z",
+                    "input": {"kind": "files", "format": "parquet", "path": str(landing)},
+                    "target": {
+                        "kind": "iceberg",
+                        "catalog_name": "bench",
+                        "catalog_properties": props,
+                        "table": "bench.exactly_once",
+                        "upsert": {"key": ["id"]},
+                    },
+                    "output_path": str(root / f"out-{epoch}.json"),
+                }
+            )
+            t0 = time.perf_counter()
+            pre_commit = run(spark, spec, [])
+            t1 = time.perf_counter()
+            coordinator.persist(pre_commit)
+            store.checkpoints.set_checkpoint("bench-upsert", epoch, CheckpointStatus.COMPLETED)
+            coordinator.commit("bench-upsert", epoch)
+            t2 = time.perf_counter()
+            seconds["exactly_once"] = t2 - t0
+            write_s, commit_s = t1 - t0, t2 - t1
+
+            # 2. pyiceberg's Table.upsert.
+            t0 = time.perf_counter()
+            outcome = catalog.load_table("bench.pyiceberg_upsert").upsert(changes, join_cols=["id"])
+            seconds["pyiceberg_upsert"] = time.perf_counter() - t0
+
+            # 3. a rewrite of the touched partitions with pyarrow.
+            t0 = time.perf_counter()
+            table = catalog.load_table("bench.partition_rewrite")
+            touched = sorted(set(changes.column("part").to_pylist()))
+            current = table.scan(row_filter=In("part", touched)).to_arrow()
+            kept = current.filter(pc.invert(pc.is_in(current.column("id"), value_set=changes.column("id"))))
+            table.overwrite(pa.concat_tables([kept, changes]), overwrite_filter=In("part", touched))
+            seconds["partition_rewrite"] = time.perf_counter() - t0
+
+            sums = {way: checksum(catalog.load_table(f"bench.{way}")) for way in WAYS}
+            assert len(set(sums.values())) == 1, f"the three ways disagree: {sums}"
+            assert sums["exactly_once"][0] == next_id, sums
+            totals = {way: summary_totals(catalog.load_table(f"bench.{way}"), before[way]) for way in WAYS}
+            changes_counts = pre_commit.tables[0].changes
+            row: dict[str, Any] = {
+                "fraction": fraction,
+                "changed_rows": count,
+                "table_rows_after": sums["exactly_once"][0],
+                "seconds": seconds,
+                "exactly_once_write_s": write_s,
+                "exactly_once_commit_s": commit_s,
+                "exactly_once_vs_pyiceberg_upsert": seconds["exactly_once"] / seconds["pyiceberg_upsert"],
+                "exactly_once_vs_partition_rewrite": seconds["exactly_once"] / seconds["partition_rewrite"],
+                "files_rewritten": len(pre_commit.tables[0].rewritten),
+                "changes": None if changes_counts is None else changes_counts.model_dump(),
+                "pyiceberg_upsert": {"rows_updated": outcome.rows_updated, "rows_inserted": outcome.rows_inserted},
+                "written": totals,
+                "bytes_per_changed_row": {way: totals[way]["bytes_written"] / count for way in WAYS},
+            }
+            results.append(row)
+            print(
+                f"{fraction:.0%} ({count:,} changes): exactly-once {seconds['exactly_once']:.1f} s "
+                f"(Spark {write_s:.1f} s, commit {commit_s:.2f} s), pyiceberg upsert {seconds['pyiceberg_upsert']:.1f} s, "
+                f"partition rewrite {seconds['partition_rewrite']:.1f} s; bytes per changed row "
+                + ", ".join(f"{w} {v:.0f}" for w, v in row["bytes_per_changed_row"].items()),
+                flush=True,
+            )
+        store.dispose()
+        catalog.engine.dispose()
+    spark.stop()
+    name = f"upsert_cost_{args.rows}"
+    path = save(name, {"rows": args.rows, "partitions": PARTITIONS, "seed": args.seed, "results": results})
+    _plot(name, args.rows, results)
+    print(f"wrote {path} and its PNG")
+
+
+def _plot(name: str, rows: int, results: list[dict[str, Any]]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [f"{r['fraction']:.0%}" for r in results]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    width = 0.25
+    for n, way in enumerate(WAYS):
+        xs = [i + (n - 1) * width for i in range(len(results))]
+        left.bar(xs, [r["seconds"][way] for r in results], width, label=way.replace("_", " "))
+        right.bar(xs, [r["bytes_per_changed_row"][way] for r in results], width, label=way.replace("_", " "))
+    for axis, title in ((left, "wall seconds"), (right, "bytes written per changed row")):
+        axis.set_xticks(range(len(results)), labels)
+        axis.set_xlabel(f"changed fraction of {rows:,} rows")
+        axis.set_title(title)
+        axis.legend()
+    fig.tight_layout()
+    fig.savefig(RESULTS / f"{name}.png", dpi=100)
+
+
+if __name__ == "__main__":
+    main()
