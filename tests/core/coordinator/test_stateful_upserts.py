@@ -1,0 +1,178 @@
+"""Hypothesis interleaves upsert epochs' writes, persists, commits, aborts, crashes, recoveries and
+another writer's compaction, and checks the table against a model: the committed epochs' changes
+applied one after the other, in the order their snapshots were committed.
+
+What that catches: a change applied twice or lost, a deleted key back, a key visible twice (a write
+committed over rows it never saw), an epoch visible before its checkpoint completed, and epochs
+committed out of epoch order while an earlier one was undecided. The writes come from the test's
+own copy-on-write writer (``tests/support/upsert_writer.py``), which follows the Spark job's rule.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import uuid
+from pathlib import Path
+
+import hypothesis.strategies as st
+from hypothesis import HealthCheck, settings
+from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, rule
+
+from airflow_provider_exactly_once.core.errors import (
+    AbortRefused,
+    CheckpointFailed,
+    CheckpointNotReady,
+    EarlierEpochUndecided,
+    EpochAborted,
+    EpochNotFound,
+    UpsertConflict,
+)
+from airflow_provider_exactly_once.core.faults import SimulatedCrash
+from airflow_provider_exactly_once.core.precommit import PreCommit
+from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochStatus
+from tests.core.coordinator.test_stateful_invariants import ABORT_CRASHES, COMMIT_CRASHES, PERSIST_CRASHES
+from tests.support.faults import FaultSwitch
+from tests.support.upsert_writer import ARROW, Changes, keyed_pipeline, write_upsert
+
+SINK = "stateful-upserts"
+EPOCHS = st.integers(min_value=0, max_value=2)
+CHANGES = st.dictionaries(
+    st.integers(min_value=0, max_value=3), st.none() | st.sampled_from(["a", "b", "c"]), min_size=1, max_size=4
+)
+EXPECTED = (
+    CheckpointNotReady,
+    CheckpointFailed,
+    EpochNotFound,
+    EpochAborted,
+    AbortRefused,
+    EarlierEpochUndecided,
+    UpsertConflict,
+)
+
+
+class UpsertLifecycle(RuleBasedStateMachine):
+    writes = Bundle("writes")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tmp = Path(tempfile.mkdtemp(prefix="eo-stateful-upserts-"))
+        self.faults = FaultSwitch()
+        self.pipeline = keyed_pipeline(self.tmp, self.faults)
+        self.coordinator = self.pipeline.coordinator(SINK, self.pipeline.iceberg_committer())
+        self.changes: dict[str, Changes] = {}
+        self.checkpoints: dict[int, CheckpointStatus] = {}
+
+    def _attempt(self, crash: str | None, action: object) -> None:
+        if crash is not None:
+            self.faults.crash_at(crash)
+        try:
+            action()  # type: ignore[operator]
+        except (SimulatedCrash, *EXPECTED):
+            pass
+        finally:
+            self.faults.disarm()
+
+    # -- rules ----------------------------------------------------------------------------------------
+
+    @rule(target=writes, epoch=EPOCHS, changes=CHANGES)
+    def write(self, epoch: int, changes: Changes) -> PreCommit:
+        pre = write_upsert(self.pipeline.catalog, "ns.t", SINK, epoch, changes, str(uuid.uuid4()))
+        self.changes[pre.write_id] = changes
+        return pre
+
+    @rule(pre=writes, crash=PERSIST_CRASHES)
+    def persist(self, pre: PreCommit, crash: str | None) -> None:
+        self._attempt(crash, lambda: self.coordinator.persist(pre))
+
+    @rule(epoch=EPOCHS, status=st.sampled_from([CheckpointStatus.COMPLETED, CheckpointStatus.FAILED]))
+    def checkpoint(self, epoch: int, status: CheckpointStatus) -> None:
+        if epoch not in self.checkpoints:
+            self.checkpoints[epoch] = status
+            self.pipeline.checkpoint(SINK, epoch, status)
+
+    @rule(epoch=EPOCHS, crash=COMMIT_CRASHES)
+    def commit(self, epoch: int, crash: str | None) -> None:
+        undecided = [
+            e
+            for e in range(epoch)
+            if (row := self.pipeline.store.get(SINK, e)) is not None and row.status is EpochStatus.PENDING
+        ]
+        before = self._marked()
+        self._attempt(crash, lambda: self.coordinator.commit(SINK, epoch))
+        if epoch in self._marked() - before:
+            assert not undecided, f"epoch {epoch} committed while earlier epoch(s) {undecided} were undecided"
+
+    def _marked(self) -> set[int]:
+        return set(self.pipeline.marker_snapshots("t", SINK))
+
+    @rule(epoch=EPOCHS, crash=ABORT_CRASHES)
+    def abort_epoch(self, epoch: int, crash: str | None) -> None:
+        self._attempt(crash, lambda: self.coordinator.abort(SINK, epoch, reason="test"))
+
+    @rule()
+    def compaction(self) -> None:
+        """Another writer rewrites every data file with the same rows (a compaction)."""
+        table = self.pipeline.catalog.load_table("ns.t")
+        if table.current_snapshot() is not None:
+            table.overwrite(table.scan().to_arrow().cast(ARROW))
+
+    @rule()
+    def recover(self) -> None:
+        self.coordinator.recover(SINK)  # an epoch refused for a conflict or the order stays in the report
+
+    # -- invariants -------------------------------------------------------------------------------------
+
+    @invariant()
+    def the_table_is_the_committed_changes_applied_in_commit_order(self) -> None:
+        table = self.pipeline.catalog.load_table("ns.t")
+        model: dict[int, str] = {}
+        seen: set[int] = set()
+        for snapshot in table.snapshots():
+            summary = snapshot.summary.additional_properties if snapshot.summary else {}
+            if summary.get("exactly-once.sink-id") != SINK:
+                continue
+            epoch = int(summary["exactly-once.epoch"])
+            assert epoch not in seen, f"epoch {epoch} applied twice"
+            seen.add(epoch)
+            assert self.checkpoints.get(epoch) is CheckpointStatus.COMPLETED, f"epoch {epoch} visible before COMPLETED"
+            for key, value in self.changes[summary["exactly-once.write-id"]].items():
+                if value is None:
+                    model.pop(key, None)
+                else:
+                    model[key] = value
+        rows = table.scan().to_arrow().to_pylist() if table.current_snapshot() is not None else []
+        shown = {r["id"]: r["value"] for r in rows}
+        assert len(shown) == len(rows), f"a key is visible twice: {sorted(r['id'] for r in rows)}"
+        assert shown == model
+
+    def teardown(self) -> None:
+        try:
+            for epoch in range(3):
+                self.checkpoint(epoch, CheckpointStatus.COMPLETED)
+            for _ in range(3):  # in epoch order, each pass can unblock the next epoch
+                self.coordinator.recover(SINK)
+            self.the_table_is_the_committed_changes_applied_in_commit_order()
+            pending: list[int] = []
+            for epoch in range(3):
+                row = self.pipeline.store.get(SINK, epoch)
+                if row is None or row.status is not EpochStatus.PENDING:
+                    continue
+                # Only a conflict keeps a completed epoch Pending (it must be written again), and so
+                # does an earlier epoch held that way: later ones wait for it.
+                conflict = row.error is not None and "UpsertConflict" in row.error
+                assert conflict or (pending and "EarlierEpochUndecided" in str(row.error)), (epoch, row.error)
+                pending.append(epoch)
+        finally:
+            self.pipeline.dispose()
+            shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+UpsertLifecycle.TestCase.settings = settings(
+    max_examples=int(os.environ.get("EO_STATEFUL_EXAMPLES", "60")),
+    stateful_step_count=24,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
+test_upsert_lifecycle = UpsertLifecycle.TestCase
