@@ -16,6 +16,7 @@ the run writes the epoch again with a new write, which re-opens the Aborted epoc
 from __future__ import annotations
 
 import re
+import warnings
 from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
@@ -66,6 +67,7 @@ def exactly_once_epoch(
     if commit_retries < 0:
         raise InvalidSinkConfig(f"commit_retries must not be negative, got {commit_retries}")
     group_id = group_id or "exactly_once_" + re.sub(r"[^\w-]", "_", sink_cfg.sink_id)
+    _warn_if_upserts_overlap(sink_cfg, write_op)
     common: dict[str, Any] = {"sink": sink_cfg, "meta_conn_id": meta_conn_id}
     retried: dict[str, Any] = {
         "retries": commit_retries,
@@ -104,3 +106,20 @@ def exactly_once_epoch(
     write_op >> persist
     write_op >> abort
     return group
+
+
+def _warn_if_upserts_overlap(sink: SinkConfig, write_op: BaseOperator) -> None:
+    """An upsert epoch written while an earlier one is not yet committed has not seen its rows, and
+    its commit is refused whenever their key ranges overlap (design.md D14): said when the DAG is
+    parsed, where the author can still set ``max_active_runs=1``."""
+    if getattr(sink, "mode", "append") != "upsert" or write_op.dag is None:
+        return
+    runs = write_op.dag.max_active_runs
+    if runs != 1:
+        warnings.warn(
+            f"sink {sink.sink_id!r} is an upsert sink, and DAG {write_op.dag.dag_id!r} runs up to {runs} epochs at "
+            "once: an epoch written before the previous one committed conflicts with it (UpsertConflict) and must "
+            "be cleared to write it again. Give the DAG max_active_runs=1.",
+            UserWarning,
+            stacklevel=3,
+        )
