@@ -217,7 +217,7 @@ def test_the_target_is_derived_from_the_sink_when_the_task_runs_and_never_render
     rendered = {name: getattr(operator, name) for name in operator.template_fields}
     assert "K" not in json.dumps(rendered, default=str) and operator.target_spec is None
     assert operator._resolve_targets() == [
-        {"kind": "iceberg", "catalog_name": "lake", "catalog_properties": props, "table": "ns.orders"}
+        {"kind": "iceberg", "catalog_name": "lake", "catalog_properties": props, "table": "ns.orders", "branch": "main"}
     ]
     files = SparkPreCommitOperator(
         task_id="f",
