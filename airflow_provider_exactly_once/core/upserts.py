@@ -72,13 +72,18 @@ class UpsertSpec(BaseModel):
         """The operation an ``op_column`` value names; ``None`` for a value it does not know."""
         if value in self.delete_values:
             return "delete"
-        if value in self.insert_values or value in self.update_values:
+        if value in self.upsert_values:
             return "upsert"
         return None
 
     @property
+    def upsert_values(self) -> tuple[str, ...]:
+        """Values meaning insert or update: both are applied alike, as the row's new state."""
+        return (*self.insert_values, *self.update_values)
+
+    @property
     def known_values(self) -> tuple[str, ...]:
-        return (*self.insert_values, *self.update_values, *self.delete_values)
+        return (*self.upsert_values, *self.delete_values)
 
     def change_columns(self) -> tuple[str, ...]:
         """Input columns that describe the change rather than the row."""

@@ -58,7 +58,7 @@ def read_changes(frame: DataFrame, upsert: UpsertSpec, owner: Owner) -> DataFram
         text = F.col(quote(upsert.op_column)).cast("string")
         op = (
             F.when(text.isin(list(upsert.delete_values)), F.lit(DELETE))
-            .when(text.isin([*upsert.insert_values, *upsert.update_values]), F.lit(UPSERT))
+            .when(text.isin(list(upsert.upsert_values)), F.lit(UPSERT))
             .otherwise(F.lit(None))
         )
     order = F.col(quote(upsert.order_by)) if upsert.order_by is not None else F.lit(None)

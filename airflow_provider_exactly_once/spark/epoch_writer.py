@@ -102,7 +102,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         pre_commit = run(spark, spec, written)
         _write_text(spec.output_path, pre_commit.model_dump_json(exclude_defaults=True))
         files = sum(len(t.data_files) for t in pre_commit.tables)
-        print(f"exactly-once write done: {pre_commit.describe()}: {files} file(s)", file=sys.stderr)
+        changes = "".join(
+            f"; {t.table}: {t.changes.describe()}, {len(t.rewritten)} file(s) rewritten"
+            for t in pre_commit.tables
+            if t.changes is not None
+        )
+        print(f"exactly-once write done: {pre_commit.describe()}: {files} file(s){changes}", file=sys.stderr)
         return EXIT_OK
     except Exception as exc:
         message = f"sink {spec.sink_id!r} epoch {spec.epoch} write {spec.write_id}: {describe_failure(exc)}"
