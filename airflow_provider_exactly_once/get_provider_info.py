@@ -46,6 +46,7 @@ def get_provider_info() -> dict[str, Any]:
                     "airflow_provider_exactly_once.operators.epoch",
                     "airflow_provider_exactly_once.operators.checkpoint",
                     "airflow_provider_exactly_once.operators.spark_precommit",
+                    "airflow_provider_exactly_once.operators.rewrite",
                 ],
             }
         ],

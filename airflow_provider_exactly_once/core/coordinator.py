@@ -22,11 +22,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from datetime import timedelta
 
+from .bookkeeping import note_error, record_warning, require_epoch
 from .cleanups import run_cleanups
 from .decisions import (
+    REWRITE_REASON,
     Action,
     OnReprocess,
     abort_decision,
@@ -36,11 +38,11 @@ from .decisions import (
     other_dag_warning,
     persist_decision,
     recovery_decision,
+    rewrite_decision,
     upsert_order_refusal,
 )
 from .errors import (
     AbortRefused,
-    EpochNotFound,
     ExactlyOnceError,
     InvalidPreCommit,
     InvalidSinkConfig,
@@ -61,6 +63,8 @@ from .outcomes import (
     PersistOutcome,
     PersistResult,
     RecoveryReport,
+    RewriteOutcome,
+    RewriteResult,
 )
 from .ports import CheckpointSource, CommitPlan, EpochRecord, SinkCommitter, SinkStateStore
 from .precommit import PreCommit
@@ -126,7 +130,13 @@ class TwoPhaseCommitCoordinator:
         """
         pre = PreCommit.parse(pre_commit)
         committer = self._committer(pre.sink_id)
-        committer.prepare(pre)  # refuse what can never be committed before it is made durable
+        try:
+            committer.prepare(pre)  # refuse what can never be committed before it is made durable
+        except UpsertConflict as exc:
+            # The table moved while the write ran: recorded as given up for a rewrite, so that the
+            # group's rewrite task (``prepare_rewrite``) writes the epoch again.
+            self.abort(pre.sink_id, pre.epoch, reason=f"{REWRITE_REASON}: {exc}", write=pre, dag_id=dag_id)
+            raise
 
         for _ in range(_PERSIST_RACE_ROUNDS):
             row = self._store.get(pre.sink_id, pre.epoch)
@@ -177,7 +187,7 @@ class TwoPhaseCommitCoordinator:
 
             if row is not None and action in (Action.DISCARD_OLDER, Action.DISCARD_KEPT):
                 self._discard(pre, f"{action.value}: {decision.why}")
-                self._warn(pre, f"{pre.describe()}: {decision.why}")
+                record_warning(self._store, pre, f"{pre.describe()}: {decision.why}")
                 outcome = PersistOutcome.SUPERSEDED if action is Action.DISCARD_OLDER else PersistOutcome.KEPT
                 return PersistResult(outcome, row, row.write_id, warning=decision.why)
 
@@ -234,16 +244,8 @@ class TwoPhaseCommitCoordinator:
         """A write from another DAG for an epoch already settled: the sink id may be reused by mistake."""
         warning = other_dag_warning(pre, row, dag_id)
         if warning is not None:
-            self._warn(pre, warning)
+            record_warning(self._store, pre, warning)
         return warning
-
-    def _warn(self, pre: PreCommit, warning: str) -> None:
-        """Said at WARNING and kept on the epoch's row, where the UI and eo-sink show it."""
-        log.warning("%s", warning)
-        try:
-            self._store.record_warning(pre.sink_id, pre.epoch, warning=warning)
-        except MetaStoreUnavailable:
-            log.warning("could not record the warning on sink %r epoch %d", pre.sink_id, pre.epoch)
 
     # -- phase two: commit ------------------------------------------------------------------------
 
@@ -275,7 +277,7 @@ class TwoPhaseCommitCoordinator:
             try:
                 plan = committer.prepare(row.pre_commit, replaces=row.replaces)
             except Exception as exc:
-                self._note_error(row, exc)
+                note_error(self._store, row, exc)
                 raise
             try:
                 row = self._store.decide_commit(sink_id, epoch, write_id=row.write_id)
@@ -289,7 +291,7 @@ class TwoPhaseCommitCoordinator:
         try:
             committed = committer.commit(plan, row.created_at, allow_beyond_horizon=self._allow_beyond_horizon)
         except Exception as exc:
-            self._note_error(row, exc)
+            note_error(self._store, row, exc)
             raise
         self._fault("commit.visible")
 
@@ -446,6 +448,38 @@ class TwoPhaseCommitCoordinator:
             raise refusal
         return missing
 
+    # -- rewrite after an upsert conflict -----------------------------------------------------------
+
+    def prepare_rewrite(self, sink_id: str, epoch: int, *, run_writes: Collection[str] = ()) -> RewriteResult:
+        """Make way for writing an upsert epoch again after its write conflicted (``rewrite_decision``).
+
+        A write persist refused for a conflict is Aborted already. An undecided write stays Pending: the next write's persist replaces it and removes its files.
+        A decided one is given up as lost (``lost_files`` checks that no table shows it), so that the
+        next write re-opens the epoch. Refused (``RewriteRefused``) for a write that can still commit.
+        ``run_writes``: the writes the run made so far (its write task's and earlier rewrites').
+        """
+        committer = self._committer(sink_id)
+        row = self._require(sink_id, epoch)
+
+        def conflict() -> UpsertConflict | None:
+            try:
+                committer.prepare(row.pre_commit, replaces=row.replaces)
+            except UpsertConflict as exc:
+                return exc
+            return None
+
+        decision = rewrite_decision(
+            row, run_writes, conflict, lambda: self._checkpoints.status(sink_id, epoch)
+        ).raise_if_refused()
+        if decision.action is Action.ALREADY_COMMITTED:
+            return RewriteResult(RewriteOutcome.ALREADY_COMMITTED, row, decision.why)
+        if decision.action is Action.GIVE_UP_AND_REWRITE:
+            given_up = self.abort(sink_id, epoch, reason=f"{REWRITE_REASON}: {decision.why}", files_lost=True)
+            log.warning("%s: %s", row.pre_commit.describe(), decision.why)
+            return RewriteResult(RewriteOutcome.GAVE_UP, given_up.record or row, decision.why)
+        log.warning("%s: %s", row.pre_commit.describe(), decision.why)
+        return RewriteResult(RewriteOutcome.REWRITE, row, decision.why)
+
     # -- recovery ---------------------------------------------------------------------------------
 
     def recover(self, sink_id: str) -> RecoveryReport:
@@ -484,7 +518,7 @@ class TwoPhaseCommitCoordinator:
                     exc_info=not isinstance(exc, ExactlyOnceError),
                 )
                 report.failed[row.epoch] = f"{type(exc).__name__}: {exc}"
-                self._note_error(row, exc)
+                note_error(self._store, row, exc)
         report.files_deleted += self._run_cleanups(sink_id, None, report)
         return report
 
@@ -521,22 +555,3 @@ class TwoPhaseCommitCoordinator:
 
     def _require(self, sink_id: str, epoch: int) -> EpochRecord:
         return require_epoch(self._store, sink_id, epoch)
-
-    def _note_error(self, row: EpochRecord, exc: Exception) -> None:
-        """Keep the last failure on the row for operators; never let that hide the failure itself."""
-        try:
-            self._store.record_error(
-                row.sink_id, row.epoch, write_id=row.write_id, error=f"{type(exc).__name__}: {exc}"
-            )
-        except MetaStoreUnavailable:
-            log.warning("could not record the error on sink %r epoch %d", row.sink_id, row.epoch)
-
-
-def require_epoch(store: SinkStateStore, sink_id: str, epoch: int) -> EpochRecord:
-    """The epoch's row; ``EpochNotFound`` (naming sink and epoch) when it was never persisted."""
-    check_sink_id(sink_id)
-    check_epoch(epoch)
-    row = store.get(sink_id, epoch)
-    if row is None:
-        raise EpochNotFound(f"sink {sink_id!r} epoch {epoch} was never persisted")
-    return row

@@ -12,7 +12,7 @@ settled epoch never needs it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Literal
@@ -27,12 +27,15 @@ from .errors import (
     InvalidPreCommit,
     ReprocessRefused,
     RevisionInProgress,
+    RewriteRefused,
     SinkReused,
+    UpsertConflict,
 )
 from .generations import is_newer, is_older
 from .ports import EpochRecord
 from .precommit import PreCommit
 from .status import CheckpointStatus, EpochStatus
+from .upsert_revisions import revision_refusal
 
 CheckpointLookup = Callable[[], CheckpointStatus]
 
@@ -53,7 +56,7 @@ class Action(StrEnum):
     REOPEN = "re-open the Committed epoch for the re-created table"
     DISCARD_LATE = "discard the late write: the epoch holds an earlier one"
     DISCARD_OTHER_TABLES = "discard the write: the epoch was committed to other tables"
-    DISCARD_REFUSED = "discard the newer generation's write and refuse: an upsert epoch is never replaced"
+    DISCARD_REFUSED = "discard the newer generation's write and refuse: it cannot replace the upsert epoch's changes"
     DISCARD_OLDER = "discard the write: a newer generation's write holds the epoch"
     DISCARD_KEPT = "discard the newer generation's write: the sink keeps what it committed (on_reprocess='keep')"
     REVISE = "open a revision: the newer generation's write replaces the committed one once it commits"
@@ -71,6 +74,9 @@ class Action(StrEnum):
     ABORT_REVISION = "give up the revision: the write it replaces stays visible and the epoch Committed"
     # recovery
     WAIT = "wait for the checkpoint"
+    # rewrite after an upsert conflict
+    REWRITE = "write the epoch again: its write conflicts with the table, the next write replaces it"
+    GIVE_UP_AND_REWRITE = "give up the decided write (it can never be committed) and write the epoch again"
 
 
 @dataclass(frozen=True)
@@ -146,15 +152,16 @@ def persist_decision(
             return Decision(Action.REOPEN, why=recreated)
         if is_newer(write.generation, row.pre_commit.generation):
             newer = f"generation {write.generation} is newer than the committed write's ({row.pre_commit.generation})"
-            if any(t.is_upsert for t in (*write.tables, *row.pre_commit.tables)):
+            upsert = any(t.is_upsert for t in (*write.tables, *row.pre_commit.tables))
+            refusal = revision_refusal(write, row.write_id, row.pre_commit) if upsert else None
+            if on_reprocess == "replace" and refusal is not None:
+                # Changes by key replace the committed ones only when planned against the table
+                # before them (core.upsert_revisions); the commit checks what came after.
                 return Decision(
                     Action.DISCARD_REFUSED,
                     ReprocessRefused(
-                        f"{write.describe()}: {newer}, but the epoch was committed as changes by key (an upsert "
-                        f"sink, write {row.write_id}), and replacing changes is not defined once later epochs may "
-                        "have changed the same keys; the new write was removed and the table keeps what it shows. "
-                        "To correct an upsert epoch, send the corrections as a new epoch's changes "
-                        "(docs/operators.md, 'Upsert sinks')"
+                        f"{write.describe()}: {newer}, but {refusal}. The new write was removed; the epoch keeps "
+                        f"write {row.write_id} and the table what it shows"
                     ),
                 )
             if on_reprocess == "replace":
@@ -360,3 +367,75 @@ def recovery_decision(row: EpochRecord, checkpoint: CheckpointLookup) -> Decisio
     if status is CheckpointStatus.FAILED:
         return Decision(Action.ABORT if row.replaces is None else Action.ABORT_REVISION, why="checkpoint FAILED")
     return Decision(Action.DECIDE_AND_COMMIT, why="checkpoint COMPLETED")
+
+
+# -- rewrite after an upsert conflict ---------------------------------------------------------------
+
+#: The reason recorded on a decided write given up for a rewrite; a rewrite task that crashed after
+#: giving it up recognises its own abort by it and writes again.
+REWRITE_REASON = "upsert conflict: the epoch is written again"
+
+ConflictLookup = Callable[[], UpsertConflict | None]
+
+
+def rewrite_decision(
+    row: EpochRecord, run_writes: Collection[str], conflict: ConflictLookup, checkpoint: CheckpointLookup
+) -> Decision:
+    """Whether a rewrite task writes the epoch again after its persist or commit failed (design.md D14).
+
+    Only a write that can never be committed as written is written again: an upsert write whose
+    table moved under it (``conflict`` checks that against the table now), or one that persist
+    already gave up for that reason. A commit that failed for any other reason keeps its write,
+    which a retry of the commit can still make visible; writing again would only discard it. A
+    decided write is given up first, through the same check as ``files_lost`` (no table shows it),
+    because the next write's persist cannot replace it. A failed checkpoint is never written again,
+    nor a revision of a committed epoch (``core.upsert_revisions``): it conflicts with what was
+    committed after the epoch, which a new write meets again. ``run_writes`` are the writes of this
+    run: an epoch committed with another write means this run's was refused, which the run must show.
+    """
+    if row.status is EpochStatus.COMMITTED:
+        if row.write_id in run_writes:
+            return Decision(Action.ALREADY_COMMITTED, why=f"write {row.write_id} of this run is committed")
+        return _refuse(
+            RewriteRefused(
+                f"{_name(row)} is committed with write {row.write_id}, which is not one of this run's "
+                f"({', '.join(sorted(run_writes)) or 'none'}): this run's write was refused or discarded, and "
+                "writing it again would meet the same refusal; the failed task upstream says why"
+            )
+        )
+    if row.replaces is not None:
+        return _refuse(
+            RewriteRefused(
+                f"{_name(row)}: revision {row.revision} (write {row.write_id}) conflicts with the table; a revision "
+                f"of an upsert epoch meets the same later changes when written again. Give it up (eo-sink abort "
+                f"{row.sink_id} {row.epoch} --reason ...; add --files-lost once its commit was decided): "
+                f"write {row.replaces.write_id} stays committed"
+            )
+        )
+    if row.status is EpochStatus.ABORTED and not (row.error or "").startswith(REWRITE_REASON):
+        return _refuse(
+            RewriteRefused(
+                f"{_name(row)} is Aborted ({row.error or 'no reason recorded'}), not for an upsert conflict; "
+                "nothing is written again here. Clear the run to write the epoch again once its input is right"
+            )
+        )
+    if row.commit_decided_at is None and checkpoint() is CheckpointStatus.FAILED:
+        return _refuse(RewriteRefused(f"{_name(row)}: checkpoint FAILED; the epoch is aborted, not written again"))
+    if row.status is EpochStatus.ABORTED:
+        return Decision(Action.REWRITE, why=f"write {row.write_id} was given up: {row.error}")
+    if not any(t.is_upsert for t in row.pre_commit.tables):
+        return _refuse(
+            RewriteRefused(f"{_name(row)}: write {row.write_id} is not an upsert; only an upsert conflict is rewritten")
+        )
+    found = conflict()
+    if found is None:
+        return _refuse(
+            RewriteRefused(
+                f"{_name(row)}: write {row.write_id} can still be committed (its commit failed for another reason: "
+                f"{row.error or 'see the commit task log'}); it is kept, not written again. Clear the commit task "
+                f"or run eo-sink commit {row.sink_id} {row.epoch}"
+            )
+        )
+    if row.commit_decided_at is not None:
+        return Decision(Action.GIVE_UP_AND_REWRITE, why=str(found))
+    return Decision(Action.REWRITE, why=str(found))

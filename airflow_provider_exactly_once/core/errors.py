@@ -127,6 +127,9 @@ class UpsertConflict(ExactlyOnceError):
     epoch's keys. Committing it would resurrect deleted rows or lose updates, so nothing is
     committed; the epoch's changes must be written again against the table as it is now.
 
+    A revision of a committed upsert epoch meets it when a later commit changed what the revision
+    must undo (``sinks.iceberg.upsert_revisions``); writing it again cannot help there.
+
     ``conflicting`` names what conflicts: files gone or added, a delete manifest, a snapshot.
     """
 
@@ -135,9 +138,16 @@ class UpsertConflict(ExactlyOnceError):
         self.conflicting = conflicting
 
 
+class RewriteRefused(ExactlyOnceError):
+    """A rewrite task found nothing it may write again: the epoch's commit did not fail on an
+    upsert conflict (it failed for another reason, or the epoch was aborted), so its write is kept
+    for the commit to retry, or the run's failure is somebody else's to look at."""
+
+
 class ReprocessRefused(ExactlyOnceError):
-    """A newer generation's write for an epoch committed as changes by key: replacing an upsert
-    epoch's changes is refused, and the new write removed; corrections go in as new changes."""
+    """A newer generation's write for an epoch committed as changes by key that cannot revise it:
+    not planned against the committed write (``core.upsert_revisions``), or planned against a table
+    state that is gone. The new write is removed; the epoch keeps what it committed."""
 
 
 class EarlierEpochUndecided(ExactlyOnceError):

@@ -39,6 +39,12 @@ class AbortOutcome(StrEnum):
     NO_WRITE = "recorded Aborted: the run produced no write"
 
 
+class RewriteOutcome(StrEnum):
+    ALREADY_COMMITTED = "already committed: nothing to write again"
+    REWRITE = "write again: the write conflicts with the table; the next write replaces it"
+    GAVE_UP = "the decided write can never be committed and was given up; write again"
+
+
 @dataclass(frozen=True)
 class PersistResult:
     outcome: PersistOutcome
@@ -54,6 +60,14 @@ class PersistResult:
 class CommitResult:
     outcome: CommitOutcome
     record: EpochRecord
+
+
+@dataclass(frozen=True)
+class RewriteResult:
+    outcome: RewriteOutcome
+    record: EpochRecord
+    #: What conflicts (the ``UpsertConflict`` message), or why nothing is written again.
+    why: str
 
 
 @dataclass(frozen=True)

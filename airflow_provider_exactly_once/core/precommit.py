@@ -37,7 +37,7 @@ from .errors import InvalidPreCommit
 from .generations import check_generation
 from .identifiers import Epoch, SinkId, WriteId
 from .redact import find_control
-from .upserts import ChangeCounts, RewrittenFile
+from .upserts import ChangeCounts, RevisedWrite, RewrittenFile
 
 #: Validation context key: accept the record of an abort without a write (``PreCommit.nothing_written``).
 _NO_WRITE = "no_write"
@@ -146,6 +146,9 @@ class TableWrite(_Frozen):
     key_upper_bounds: dict[str, str] = Field(default_factory=dict)
     #: An upsert write: rows inserted, updated and deleted, as counted against the table it read.
     changes: ChangeCounts | None = None
+    #: An upsert revision (design.md D14): the committed write it replaces. ``read_snapshot_id`` is
+    #: then the table as it was before that write, and ``rewritten`` includes that write's.
+    revises: RevisedWrite | None = None
 
     _names_printable = field_validator("table", "location")(_no_control)
 
@@ -164,6 +167,13 @@ class TableWrite(_Frozen):
         required_added = [c.name for c in self.added_columns if c.required]
         if required_added:
             raise ValueError(f"table {self.table!r}: added columns must be optional, not {required_added}")
+        if self.revises is not None:
+            # The commit removes only the files the revision rewrote beyond the revised write's.
+            unrewritten = set(self.revises.rewritten) - {r.path for r in self.rewritten}
+            if self.changes is None or unrewritten:
+                raise ValueError(
+                    f"table {self.table!r}: an upsert revision rewrites every file the write it revises rewrote"
+                )
         return self
 
     @property

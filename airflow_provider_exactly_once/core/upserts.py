@@ -113,6 +113,42 @@ class ChangeCounts(BaseModel):
         return text
 
 
+class RevisedWrite(BaseModel):
+    """In the pre-commit of an upsert revision, per table: the committed write of the epoch it
+    replaces (design.md D14). The revision was planned at the table as it was before that write,
+    so its commit removes that write's files and undoes its changes; these lists let the commit
+    check that nothing committed since depends on them, even before the revision is persisted."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    write_id: str = Field(min_length=1)
+    #: The data files the revised write added: its overwrite removes them.
+    added: list[str] = Field(default_factory=list)
+    #: The files the revised write rewrote: the revision rewrites them again, from their rows before
+    #: it, so that the revised write's changes of keys the revision does not change are undone.
+    rewritten: list[str] = Field(default_factory=list)
+    #: The revised write's key range (as ``TableWrite.key_lower_bounds``): a file committed since
+    #: that may hold one of its keys makes the revision ill-defined.
+    key_lower_bounds: dict[str, str] = Field(default_factory=dict)
+    key_upper_bounds: dict[str, str] = Field(default_factory=dict)
+
+
+class RevisionBasis(RevisedWrite):
+    """What the write task hands the Spark job of an upsert revision (``core.upsert_revisions``):
+    the write it revises, and the table state to plan the revision at. That state is the parent
+    of ``parent_of`` (the revised write's own commit) when set, else ``snapshot_id`` (``None``:
+    the table before its first snapshot)."""
+
+    parent_of: int | None = None
+    snapshot_id: int | None = None
+    #: The table the revised write was committed to: a table re-created since holds none of its
+    #: files, so the write is an ordinary one there (persist re-opens the epoch for it).
+    table_uuid: str | None = None
+
+    def revised(self) -> RevisedWrite:
+        return RevisedWrite.model_validate(self.model_dump(include=set(RevisedWrite.model_fields)))
+
+
 class RewrittenFile(BaseModel):
     """A data file of the table an upsert write rewrote: the commit removes it in the same snapshot
     that adds the write's files, and refuses when it is no longer in the table."""

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
         CommitEpochOperator,
         PersistPendingOperator,
     )
+    from airflow_provider_exactly_once.operators.rewrite import RewriteEpochOperator
     from airflow_provider_exactly_once.operators.spark_precommit import SparkPreCommitOperator
     from airflow_provider_exactly_once.operators.tables import EnsureTableOperator
 
@@ -25,6 +26,7 @@ _WHERE = {
     "EnsureTableOperator": "tables",
     "MarkCheckpointOperator": "checkpoint",
     "PersistPendingOperator": "epoch",
+    "RewriteEpochOperator": "rewrite",
     "SparkPreCommitOperator": "spark_precommit",
 }
 
@@ -34,6 +36,7 @@ __all__ = [
     "EnsureTableOperator",
     "MarkCheckpointOperator",
     "PersistPendingOperator",
+    "RewriteEpochOperator",
     "SparkPreCommitOperator",
 ]
 

@@ -28,6 +28,7 @@ from airflow_provider_exactly_once.core.epochs import epoch_start
 from airflow_provider_exactly_once.core.errors import InvalidSinkConfig, MetaStoreUnavailable
 from airflow_provider_exactly_once.core.identifiers import check_epoch, check_sink_id, new_write_id
 from airflow_provider_exactly_once.core.precommit import PreCommit
+from airflow_provider_exactly_once.core.upsert_revisions import revision_basis
 from airflow_provider_exactly_once.defaults import DEFAULT_META_CONN_ID
 from airflow_provider_exactly_once.hooks.meta_store import ExactlyOnceMetaStoreHook
 from airflow_provider_exactly_once.operators._common import airflow_errors
@@ -167,7 +168,7 @@ class SparkPreCommitOperator(SparkSubmitOperator):
         kept = self._kept_write(epoch, generation, str(context.get("run_id")))
         if kept is not None:
             return xcom_value(kept, self.xcom_compress_above)
-        targets = self._resolve_targets()
+        targets = self._revision_targets(self._resolve_targets(), epoch, generation)
         # Lineage names the write's tables from the pre-commit; the target gives their catalog.
         self._target = targets[0]
         write_id = new_write_id()
@@ -258,6 +259,35 @@ class SparkPreCommitOperator(SparkSubmitOperator):
             return row.pre_commit
         finally:
             store.dispose()
+
+    def _revision_targets(
+        self, targets: list[dict[str, Any]], epoch: int, generation: str | None
+    ) -> list[dict[str, Any]]:
+        """The targets, each with its revision basis when this write revises the epoch's committed
+        changes by key (``core.upsert_revisions`` decides from the epoch's row)."""
+        sink = self.sink
+        if not isinstance(sink, IcebergSinkConfig) or sink.upsert is None or generation is None:
+            return targets
+        if sink.on_reprocess != "replace":
+            return targets
+        store = ExactlyOnceMetaStoreHook(self.meta_conn_id).get_store()
+        try:
+            basis = revision_basis(store.get(self.sink_id, epoch), generation, sink.on_reprocess)
+        finally:
+            store.dispose()
+        if not basis:
+            return targets
+        self.log.warning(
+            "sink %r epoch %d is committed with write %s: this write revises its changes, planned against the "
+            "table as it was before them",
+            self.sink_id,
+            epoch,
+            next(iter(basis.values())).write_id,
+        )
+        return [
+            {**t, "revision": basis[t["table"]].model_dump(mode="json")} if t.get("table") in basis else t
+            for t in targets
+        ]
 
     def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
         """Input: the landed files; outputs: the target's tables, with the write's schema, rows, bytes, files."""

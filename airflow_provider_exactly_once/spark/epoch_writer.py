@@ -30,6 +30,7 @@ import sys
 import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import fsspec
 from pyspark import StorageLevel
@@ -59,7 +60,7 @@ from airflow_provider_exactly_once.spark.inputs import read_input
 from airflow_provider_exactly_once.spark.jobspec import INPUT_VIEW, EpochJobSpec, IcebergTarget, TargetSpec
 from airflow_provider_exactly_once.spark.storage import remove_tree
 from airflow_provider_exactly_once.spark.targets import ResolvedTarget, load_file_target, load_iceberg_target
-from airflow_provider_exactly_once.spark.upsert import Rewrite, check_key, copy_on_write
+from airflow_provider_exactly_once.spark.upsert import Rewrite, check_key, copy_on_write, no_changes
 
 ERROR_PREFIX = "EXACTLY-ONCE WRITE FAILED:"
 EXIT_OK, EXIT_FAILED, EXIT_BAD_SPEC = 0, 1, 2
@@ -163,7 +164,7 @@ def _write_targets(spark: SparkSession, spec: EpochJobSpec, written: list[WriteL
             frame.createOrReplaceTempView(INPUT_VIEW)
         planned = [(target, _plan(spark, spec, t, target, _select(spark, frame, t))) for t, target in targets]
         tables = [
-            _write_table(spec, target, plan, written, upsert=isinstance(t, IcebergTarget) and t.upsert is not None)
+            _write_table(spec, target, plan, written, upsert=_empty_upsert(t, target))
             for (target, plan), (t, _) in zip(planned, targets, strict=True)
         ]
     finally:
@@ -209,8 +210,14 @@ def _plan(
         return None if frame is None else _distribute(spark, spec, target, _align(spec, target, frame))
     owner = Owner(spec.sink_id, spec.epoch, target.name)
     check_key(target.table, upsert, owner)
+    revision = given.revision
+    if revision is not None and revision.table_uuid not in (None, str(target.table.metadata.table_uuid)):
+        revision = None  # the table was re-created since the epoch's commit: persist re-opens the epoch
     if frame is None:
-        return None  # no input: an epoch without changes (``_write_table``)
+        if revision is None:
+            return None  # no input: an epoch without changes (``_write_table``)
+        # A revision without changes still undoes the revised write's: no change rows, same path.
+        frame = no_changes(spark, target.table.schema(), upsert, owner)
     changes = read_changes(frame, upsert, owner)
     check_changes(changes, upsert, owner)
     table_columns = {f.name for f in target.table.schema().fields}
@@ -224,6 +231,7 @@ def _plan(
         aligned.frame,
         owner,
         target.io_properties,
+        revision,
     )
     return _distribute(spark, spec, target, _Planned(rewrite.rows, aligned.alignment, rewrite))
 
@@ -271,8 +279,22 @@ def _distribute(spark: SparkSession, spec: EpochJobSpec, target: ResolvedTarget,
     return _Planned(aligned, plan, planned.rewrite)
 
 
+def _empty_upsert(given: TargetSpec, target: ResolvedTarget) -> dict[str, Any]:
+    """What an upsert epoch without input records: no changes, and the snapshot it saw, which a
+    later revision of the epoch is planned at (``core.upsert_revisions``)."""
+    if not isinstance(given, IcebergTarget) or given.upsert is None:
+        return {}
+    head = target.table.metadata.snapshot_by_name(given.branch)
+    return {"changes": ChangeCounts(), "read_snapshot_id": None if head is None else head.snapshot_id}
+
+
 def _write_table(
-    spec: EpochJobSpec, target: ResolvedTarget, planned: _Planned | None, written: list[WriteLocation], *, upsert: bool
+    spec: EpochJobSpec,
+    target: ResolvedTarget,
+    planned: _Planned | None,
+    written: list[WriteLocation],
+    *,
+    upsert: dict[str, Any],
 ) -> TableWrite:
     if planned is None:
         schema_written = (
@@ -283,7 +305,7 @@ def _write_table(
             location=target.location,
             schema_written=schema_written,
             spec_id=target.spec_id,
-            **({"changes": ChangeCounts()} if upsert else {}),
+            **upsert,
         )
     plan = planned.alignment
     config = FileWriteConfig(
@@ -319,6 +341,7 @@ def _write_table(
                 "key_lower_bounds": rewrite.key_lower_bounds,
                 "key_upper_bounds": rewrite.key_upper_bounds,
                 "changes": rewrite.changes,
+                "revises": rewrite.revises,
             }
         ),
     )

@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from airflow_provider_exactly_once.core.errors import InvalidSinkConfig
 from airflow_provider_exactly_once.core.identifiers import Epoch, SinkId, WriteId
-from airflow_provider_exactly_once.core.upserts import UpsertSpec
+from airflow_provider_exactly_once.core.upserts import RevisionBasis, UpsertSpec
 from airflow_provider_exactly_once.sinks.layout import file_write_location
 
 #: The temporary view a target's ``query`` reads the epoch's input from.
@@ -139,10 +139,15 @@ class IcebergTarget(_Spec):
     branch: str = Field(default="main", min_length=1)
     #: Set for an upsert sink: the epoch's rows are changes by key, applied copy-on-write.
     upsert: UpsertSpec | None = None
+    #: Set when the write revises the epoch's committed changes (``core.upsert_revisions``): the
+    #: write they were and the table state the revision is planned at.
+    revision: RevisionBasis | None = None
 
     @model_validator(mode="after")
     def _one_selection(self) -> Self:
         check_selection(self.table, self.where, self.query)
+        if self.revision is not None and self.upsert is None:
+            raise ValueError(f"table {self.table!r}: a revision of changes by key needs upsert settings")
         return self
 
 

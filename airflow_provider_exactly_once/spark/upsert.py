@@ -16,6 +16,10 @@ rewriting the data files that hold its keys:
 4. the pre-commit names the rewritten files, the snapshot they were read from and the epoch's key
    range: the commit removes exactly those files in the snapshot that adds the new ones, and
    refuses when the table moved in a way that could hide a key from this write (``UpsertConflict``).
+
+A revision of a committed epoch (``core.upsert_revisions``) does the same at the table as it was
+before the write it revises, and rewrites that write's rewritten files as well, even where no key of
+this epoch is in them: their rows there are what undoes the revised write's other changes.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 import pyarrow as pa
-from pyiceberg.conversions import to_bytes
+from pyiceberg.conversions import from_bytes, to_bytes
 from pyiceberg.expressions import (
     AlwaysTrue,
     And,
@@ -39,6 +43,7 @@ from pyiceberg.expressions import (
 from pyiceberg.io import load_file_io
 from pyiceberg.io.pyarrow import ArrowScan
 from pyiceberg.manifest import DataFile
+from pyiceberg.schema import Schema
 from pyiceberg.table import FileScanTask, Table
 from pyiceberg.table.metadata import TableMetadata, TableMetadataUtil
 from pyiceberg.types import (
@@ -55,8 +60,15 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as st
 
-from airflow_provider_exactly_once.core.errors import InvalidSinkConfig
-from airflow_provider_exactly_once.core.upserts import ChangeCounts, RewrittenFile, UpsertSpec
+from airflow_provider_exactly_once.core.errors import InvalidSinkConfig, ReprocessRefused
+from airflow_provider_exactly_once.core.upserts import (
+    ChangeCounts,
+    RevisedWrite,
+    RevisionBasis,
+    RewrittenFile,
+    UpsertSpec,
+)
+from airflow_provider_exactly_once.spark.alignment import iceberg_to_spark
 from airflow_provider_exactly_once.spark.changes import DELETE, OP, ORDER, UPSERT, Owner, quote
 
 #: The column a read row carries: the data file it came from.
@@ -79,6 +91,8 @@ class Rewrite:
     key_upper_bounds: dict[str, str]
     changes: ChangeCounts
     cached: tuple[DataFrame, ...]
+    #: A revision's: the committed write it replaces (``core.upsert_revisions``).
+    revises: RevisedWrite | None = None
 
 
 def check_key(table: Table, upsert: UpsertSpec, owner: Owner) -> None:
@@ -111,17 +125,25 @@ def copy_on_write(
     changes: DataFrame,
     owner: Owner,
     io_properties: dict[str, str],
+    revision: RevisionBasis | None = None,
 ) -> Rewrite:
     """``changes``: one change per key, the table's columns (as written) plus ``OP``; the result's
-    rows are in the same columns, without ``OP``."""
+    rows are in the same columns, without ``OP``.
+
+    A ``revision`` is planned at the table as it was before the write it revises, and rewrites that
+    write's rewritten files too, from their rows there: keys it changed and this epoch does not get
+    their earlier rows back (``core.upsert_revisions``).
+    """
     columns = [c for c in changes.columns if c not in (OP, ORDER)]
     keys = list(upsert.key)
     changes = changes.select(*[quote(c) for c in columns], OP).persist()
-    head = table.metadata.snapshot_by_name(branch)
+    read_id = _planned_at(table, branch, revision, owner)
     lower, upper, key_filter, totals = _key_range(table, changes, keys)
     tasks: list[FileScanTask] = []
-    if head is not None and lower:
-        tasks = list(table.scan(row_filter=key_filter, snapshot_id=head.snapshot_id).plan_files())
+    if read_id is not None and lower:
+        tasks = list(table.scan(row_filter=key_filter, snapshot_id=read_id).plan_files())
+    if revision is not None:
+        tasks += _revised_files(table, read_id, revision, tasks, owner)
     with_deletes = [t.file.file_path for t in tasks if t.delete_files]
     if with_deletes:
         raise InvalidSinkConfig(
@@ -142,7 +164,7 @@ def copy_on_write(
         )
         .collect()
     )
-    touched = sorted(str(row[FILE]) for row in per_file)
+    touched = sorted({str(row[FILE]) for row in per_file} | set(revision.rewritten if revision else ()))
     updated = sum(int(row["updated"]) for row in per_file)
     deleted = sum(int(row["deleted"]) for row in per_file)
     kept = (
@@ -162,12 +184,93 @@ def copy_on_write(
     return Rewrite(
         rows=rows,
         rewritten=rewritten,
-        read_snapshot_id=head.snapshot_id if head is not None else None,
+        read_snapshot_id=read_id,
         key_lower_bounds=lower,
         key_upper_bounds=upper,
         changes=change_counts,
         cached=(changes, existing),
+        revises=None if revision is None else revision.revised(),
     )
+
+
+def _planned_at(table: Table, branch: str, revision: RevisionBasis | None, owner: Owner) -> int | None:
+    """The snapshot the write reads: the branch head, or for a revision the table before the write
+    it revises (``None``: no snapshot, an empty table)."""
+    metadata = table.metadata
+    if revision is None:
+        head = metadata.snapshot_by_name(branch)
+        return None if head is None else head.snapshot_id
+    refused = f"{owner}: cannot revise write {revision.write_id}"
+    base = revision.snapshot_id
+    if revision.parent_of is not None:
+        committed = metadata.snapshot_by_id(revision.parent_of)
+        if committed is None:
+            raise ReprocessRefused(
+                f"{refused}: snapshot {revision.parent_of}, which committed it, is no longer in the table (expired, "
+                "or the table was re-created), so the table as it was before it is unknown. Nothing was written; "
+                "correct the epoch with a new epoch's changes"
+            )
+        base = committed.parent_snapshot_id
+    if base is not None and metadata.snapshot_by_id(base) is None:
+        raise ReprocessRefused(
+            f"{refused}: snapshot {base}, the table as it was before that write, has expired, so the rows the write "
+            "changed can no longer be read as they were. Nothing was written; correct the epoch with a new epoch's "
+            "changes"
+        )
+    return base
+
+
+def _revised_files(
+    table: Table, read_id: int | None, revision: RevisionBasis, planned: list[FileScanTask], owner: Owner
+) -> list[FileScanTask]:
+    """The files the revised write rewrote that ``planned`` lacks, as snapshot ``read_id`` holds them.
+
+    They hold that write's keys, so a plan filtered by its key range finds them without reading
+    every manifest of the table.
+    """
+    wanted = set(revision.rewritten) - {t.file.file_path for t in planned}
+    if not wanted:
+        return []
+    found: list[FileScanTask] = []
+    if read_id is not None:
+        in_range = _range_filter(table, revision.key_lower_bounds, revision.key_upper_bounds)
+        found = [
+            t for t in table.scan(row_filter=in_range, snapshot_id=read_id).plan_files() if t.file.file_path in wanted
+        ]
+    missing = sorted(wanted - {t.file.file_path for t in found})
+    if missing:
+        raise ReprocessRefused(
+            f"{owner}: cannot revise write {revision.write_id}: {len(missing)} file(s) it rewrote are not in snapshot "
+            f"{read_id}, the table as it was before it, e.g. {missing[0]}. Nothing was written"
+        )
+    return found
+
+
+def _range_filter(table: Table, lower: dict[str, str], upper: dict[str, str]) -> BooleanExpression:
+    """Rows whose key lies in the recorded range, in every key column (values as ``_key_range`` gives them)."""
+    schema = table.schema()
+    expression: BooleanExpression = AlwaysTrue()
+    for key, encoded in lower.items():
+        field_type = cast(PrimitiveType, schema.find_field(key).field_type)
+        lo = from_bytes(field_type, base64.b64decode(encoded))
+        hi = from_bytes(field_type, base64.b64decode(upper[key]))
+        term = And(GreaterThanOrEqual(term=key, value=lo), LessThanOrEqual(term=key, value=hi))
+        expression = term if isinstance(expression, AlwaysTrue) else And(expression, term)
+    return expression
+
+
+def no_changes(spark: SparkSession, schema: Schema, upsert: UpsertSpec, owner: Owner) -> DataFrame:
+    """The change rows of a revision whose epoch has no input: none, in the table's columns and the
+    change columns, so that the revision still rewrites the revised write's files and undoes it."""
+    fields = []
+    for field in schema.fields:
+        spark_type = iceberg_to_spark(field.field_type)
+        if spark_type is None:
+            raise InvalidSinkConfig(f"{owner}: column {field.name!r} ({field.field_type}) has no Spark type")
+        fields.append(st.StructField(field.name, spark_type, True))
+    names = {f.name for f in fields}
+    fields += [st.StructField(name, st.StringType(), True) for name in upsert.change_columns() if name not in names]
+    return spark.createDataFrame([], st.StructType(fields))
 
 
 def _key_range(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 
 import pytest
@@ -9,11 +10,13 @@ import pytest
 from airflow_provider_exactly_once.core.decisions import Action, persist_decision, upsert_order_refusal
 from airflow_provider_exactly_once.core.errors import EarlierEpochUndecided, InvalidSinkConfig, ReprocessRefused
 from airflow_provider_exactly_once.core.generations import generation_of
-from airflow_provider_exactly_once.core.precommit import PreCommit
+from airflow_provider_exactly_once.core.ports import EpochRecord, ReplacedWrite
+from airflow_provider_exactly_once.core.precommit import PreCommit, TableWrite
 from airflow_provider_exactly_once.core.status import EpochStatus
-from airflow_provider_exactly_once.core.upserts import ChangeCounts, UpsertSpec
+from airflow_provider_exactly_once.core.upsert_revisions import revision_basis
+from airflow_provider_exactly_once.core.upserts import ChangeCounts, RewrittenFile, UpsertSpec
 from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig, sink_config_from_dict
-from tests.core.test_decisions import EPOCH, row, write
+from tests.core.test_decisions import AT, EPOCH, row, write
 
 
 def upsert_write(*, generation: str | None = None, upsert: bool = True) -> PreCommit:
@@ -95,10 +98,99 @@ def test_upsert_epochs_commit_in_epoch_order_and_appends_do_not_wait() -> None:
     assert upsert_order_refusal(row(EpochStatus.PENDING, upsert_write(upsert=False)), [EPOCH - 2]) is None
 
 
-def test_a_newer_generation_of_a_committed_upsert_epoch_is_discarded_and_refused() -> None:
-    first = generation_of(dt.datetime(2024, 1, 1, tzinfo=dt.UTC), 0)
-    committed = row(EpochStatus.COMMITTED, upsert_write(generation=first))
-    again = upsert_write(generation=generation_of(dt.datetime(2024, 1, 1, tzinfo=dt.UTC), 1))
-    decision = persist_decision(committed, again, lambda: {}, on_reprocess="replace")
+G0 = generation_of(dt.datetime(2024, 1, 1, tzinfo=dt.UTC), 0)
+G1 = generation_of(dt.datetime(2024, 1, 1, tzinfo=dt.UTC), 1)
+
+
+def committed_row(pre: PreCommit, committed: str = "42") -> EpochRecord:
+    return dataclasses.replace(row(EpochStatus.COMMITTED, pre), committed={"ns.t": committed})
+
+
+def revising(committed: EpochRecord, **basis: object) -> PreCommit:
+    """A newer generation's upsert write planned as a revision of ``committed`` (as the Spark job records it)."""
+    (revised,) = revision_basis(committed, G1, "replace").values()  # type: ignore[union-attr]
+    pre = upsert_write(generation=G1)
+    (table,) = pre.tables
+    revises = revised.revised().model_copy(update=basis)
+    rewritten = [RewrittenFile(path=p, record_count=1) for p in revises.rewritten]
+    return pre.model_copy(update={"tables": [table.model_copy(update={"revises": revises, "rewritten": rewritten})]})
+
+
+def test_a_newer_generation_revises_a_committed_upsert_epoch_only_when_planned_against_it() -> None:
+    first = upsert_write(generation=G0)
+    committed = committed_row(first)
+    planned = revising(committed)
+    decision = persist_decision(committed, planned, lambda: {}, on_reprocess="replace")
+    assert decision.action is Action.REVISE and f"will replace write {first.write_id}" in decision.why
+
+    unplanned = upsert_write(generation=G1)  # written against the table as it is now
+    decision = persist_decision(committed, unplanned, lambda: {}, on_reprocess="replace")
     assert decision.action is Action.DISCARD_REFUSED and isinstance(decision.error, ReprocessRefused)
-    assert "committed as changes by key" in str(decision.error)
+    assert "planned against the table as it is now, not as it was before write" in str(decision.error)
+    assert "Reprocessing an upsert epoch" in str(decision.error)
+
+    other = revising(committed, write_id="0b6f5c1e-8d0a-4d35-9a8e-4f0b7f1d2c3e")  # another write, since replaced
+    decision = persist_decision(committed, other, lambda: {}, on_reprocess="replace")
+    assert decision.action is Action.DISCARD_REFUSED
+    assert "planned as a revision of write 0b6f5c1e-8d0a-4d35-9a8e-4f0b7f1d2c3e" in str(decision.error)
+
+    rows = upsert_write(generation=G1, upsert=False)  # the sink's mode changed
+    decision = persist_decision(committed, rows, lambda: {}, on_reprocess="replace")
+    assert decision.action is Action.DISCARD_REFUSED and "the sink's mode changed" in str(decision.error)
+
+    kept = persist_decision(committed, unplanned, lambda: {}, on_reprocess="keep")
+    assert kept.action is Action.DISCARD_KEPT and kept.error is None
+
+
+def test_a_revision_is_planned_before_the_write_it_revises() -> None:
+    first = upsert_write(generation=G0)
+    (table,) = first.tables
+    first = first.model_copy(
+        update={
+            "tables": [
+                table.model_copy(update={"rewritten": [RewrittenFile(path="/lake/old.parquet", record_count=3)]})
+            ]
+        }
+    )
+    committed = committed_row(first, "42")
+    (basis,) = revision_basis(committed, G1, "replace").values()  # type: ignore[union-attr]
+    assert (basis.write_id, basis.parent_of, basis.snapshot_id) == (first.write_id, 42, None)
+    assert basis.rewritten == ["/lake/old.parquet"] and basis.key_lower_bounds == {"id": "AQ=="}
+    assert basis.added == [f.path for f in first.tables[0].data_files]
+    # the table it went into: a table re-created since gets an ordinary write (persist re-opens the epoch)
+    identified = revision_basis(dataclasses.replace(committed, table_uuids={"ns.t": "u-1"}), G1, "replace")
+    assert identified is not None and identified["ns.t"].table_uuid == "u-1"
+
+    # a revision's own revision is planned at the same state: the one the first revision read
+    second = revising(committed).model_copy(update={"generation": G1})
+    (table,) = second.tables
+    second = second.model_copy(update={"tables": [table.model_copy(update={"read_snapshot_id": 7})]})
+    (again,) = revision_basis(
+        committed_row(second, "43"), generation_of(dt.datetime(2024, 1, 2, tzinfo=dt.UTC), 0), "replace"
+    ).values()  # type: ignore[union-attr]
+    assert (again.write_id, again.parent_of, again.snapshot_id) == (second.write_id, None, 7)
+
+    # a write that committed nothing: planned at the table it read
+    (table,) = first.tables
+    empty = first.model_copy(update={"tables": [table.model_copy(update={"read_snapshot_id": 5, "rewritten": []})]})
+    (at_read,) = revision_basis(committed_row(empty, "empty"), G1, "replace").values()  # type: ignore[union-attr]
+    assert (at_read.parent_of, at_read.snapshot_id) == (None, 5)
+
+    # not a revision: keep, a retry of the committed generation, an append epoch
+    assert revision_basis(committed, G1, "keep") is None
+    assert revision_basis(committed, G0, "replace") is None
+    assert revision_basis(committed_row(upsert_write(generation=G0, upsert=False)), G1, "replace") is None
+    # a revision in flight is written again (a retry, a rewrite) against the write it replaces
+    replaced = ReplacedWrite(first.write_id, first, {"ns.t": "42"}, None, 0, AT)
+    pending = dataclasses.replace(row(EpochStatus.PENDING, upsert_write(generation=G1)), replaces=replaced)
+    (in_flight,) = revision_basis(pending, G1, "replace").values()  # type: ignore[union-attr]
+    assert (in_flight.write_id, in_flight.parent_of) == (first.write_id, 42)
+    assert revision_basis(pending, G0, "replace") is None  # a zombie of an older generation
+
+
+def test_a_revision_rewrites_every_file_the_revised_write_rewrote() -> None:
+    committed = committed_row(upsert_write(generation=G0))
+    (table,) = revising(committed, rewritten=["/lake/old.parquet"]).tables
+    assert [r.path for r in table.rewritten] == ["/lake/old.parquet"]
+    with pytest.raises(ValueError, match="rewrites every file the write it revises rewrote"):
+        TableWrite.model_validate({**table.model_dump(), "rewritten": []})

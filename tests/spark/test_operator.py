@@ -378,3 +378,75 @@ def test_a_kept_sink_skips_the_spark_job_of_a_newer_generation_and_says_so(
 
     # a retry inside the committed write's own generation is no reprocess: it writes as usual
     assert op._kept_write(epoch, "2024-06-02T00:00:00.000000Z/0000000000", "first") is None
+
+
+def test_a_reprocessed_upsert_epoch_is_planned_as_a_revision_of_the_committed_write(
+    world: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An upsert sink replacing on reprocess: a cleared run finds its epoch committed as changes by
+    key, and its Spark job gets the committed write to revise and the table state to plan at."""
+    import dataclasses
+    import datetime as dt
+    import types
+    import uuid
+
+    from airflow_provider_exactly_once.core.precommit import TableWrite
+    from airflow_provider_exactly_once.core.upserts import ChangeCounts, RewrittenFile
+
+    sink = dataclasses.replace(world.iceberg_sink(), mode="upsert", key=("id",))
+    start = dt.datetime(2024, 6, 1, tzinfo=dt.UTC)
+    epoch = epoch_from_interval_start(start)
+    write_id = str(uuid.uuid4())
+    location = f"/lake/t/_eo/{write_id}"
+    committed = PreCommit(
+        sink_id=sink.sink_id,
+        epoch=epoch,
+        write_id=write_id,
+        generation="2024-06-02T00:00:00.000000Z/0000000000",
+        tables=[
+            TableWrite(
+                table=world.table,
+                location=location,
+                rewritten=[RewrittenFile(path="/lake/t/data/old.parquet", record_count=3)],
+                read_snapshot_id=7,
+                key_lower_bounds={"id": "AQAAAAAAAAA="},
+                key_upper_bounds={"id": "AgAAAAAAAAA="},
+                changes=ChangeCounts(updated=1),
+            )
+        ],
+    )
+    store = world.pipeline.store
+    store.insert_pending(committed, run_id="first", try_number=1)
+    store.decide_commit(sink.sink_id, epoch, write_id=write_id)
+    store.mark_committed(sink.sink_id, epoch, write_id=write_id, committed={world.table: "123"})
+
+    op = SparkPreCommitOperator(
+        task_id="write", sink=sink, input=files_input(Path("/nowhere")), meta_conn_id=world.meta_conn_id
+    )
+    specs: list[dict[str, Any]] = []
+    monkeypatch.setattr(
+        "airflow.providers.apache.spark.operators.spark_submit.SparkSubmitOperator.execute",
+        lambda self, context: specs.append(json.loads(Path(self.application_args[0]).read_text())),
+    )
+    cleared = types.SimpleNamespace(start_date=dt.datetime(2024, 6, 3, tzinfo=dt.UTC), run_after=start, clear_number=1)
+    context = {"data_interval_start": start, "data_interval_end": start, "dag_run": cleared, "run_id": "cleared"}
+
+    with pytest.raises(RuntimeError, match="wrote no pre-commit metadata"):  # no Spark job ran
+        op._execute(context)
+
+    (target,) = specs[0]["targets"]
+    assert target["revision"] == {
+        "write_id": write_id,
+        "added": [],
+        "rewritten": ["/lake/t/data/old.parquet"],
+        "key_lower_bounds": {"id": "AQAAAAAAAAA="},
+        "key_upper_bounds": {"id": "AgAAAAAAAAA="},
+        "parent_of": 123,  # planned at the table just before the committed write's snapshot
+        "snapshot_id": None,
+        "table_uuid": None,  # the row recorded no table identity: the Spark job does not compare
+    }
+    # a retry inside the committed write's generation writes as usual
+    first = types.SimpleNamespace(start_date=dt.datetime(2024, 6, 2, tzinfo=dt.UTC), run_after=start, clear_number=0)
+    with pytest.raises(RuntimeError, match="wrote no pre-commit metadata"):
+        op._execute({**context, "dag_run": first, "run_id": "first"})
+    assert specs[1]["targets"][0]["revision"] is None

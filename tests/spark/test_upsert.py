@@ -29,9 +29,10 @@ from airflow_provider_exactly_once.core.errors import (
     UpsertConflict,
 )
 from airflow_provider_exactly_once.core.generations import generation_of
-from airflow_provider_exactly_once.core.outcomes import CommitOutcome
+from airflow_provider_exactly_once.core.outcomes import CommitOutcome, PersistOutcome
 from airflow_provider_exactly_once.core.precommit import PreCommit
 from airflow_provider_exactly_once.core.status import CheckpointStatus
+from airflow_provider_exactly_once.core.upsert_revisions import revision_basis
 from airflow_provider_exactly_once.sinks.iceberg import IcebergSinkCommitter
 from airflow_provider_exactly_once.store.sql import SqlSinkStateStore
 from tests.spark.conftest import INTERVAL_END, INTERVAL_START, run_in_process
@@ -56,19 +57,35 @@ class Upserts:
         self.store = SqlSinkStateStore(f"sqlite:///{tmp_path / 'meta.db'}")
         self.committer = IcebergSinkCommitter(catalog)
         self.coordinator = TwoPhaseCommitCoordinator(
-            self.store, {"up": self.committer}, MetaStoreCheckpointSource(self.store.checkpoints)
+            self.store,
+            {"up": self.committer},
+            MetaStoreCheckpointSource(self.store.checkpoints),
+            on_reprocess={"up": "replace"},
         )
         self.epochs = 0
 
-    def write(self, changes: pa.Table, **upsert: Any) -> PreCommit:
-        """The Spark write of one epoch's changes (nothing persisted)."""
-        self.epochs += 1
-        landing = self.tmp_path / f"changes-{self.epochs}-{uuid.uuid4().hex[:6]}"
+    def write(self, changes: pa.Table | None, *, revising: tuple[int, str] | None = None, **upsert: Any) -> PreCommit:
+        """The Spark write of one epoch's changes (nothing persisted); ``None``: an epoch without input.
+
+        ``revising``: (epoch, generation) of a reprocess of a committed epoch, planned as the write
+        task plans it (``core.upsert_revisions.revision_basis``).
+        """
+        revision: dict[str, Any] = {}
+        if revising is None:
+            self.epochs += 1
+            epoch = self.epochs
+        else:
+            epoch, generation = revising
+            basis = revision_basis(self.store.get("up", epoch), generation, "replace")
+            assert basis is not None, "the epoch is not committed as changes by key"
+            revision = {"revision": basis[self.table].model_dump(mode="json")}
+        landing = self.tmp_path / f"changes-{epoch}-{uuid.uuid4().hex[:6]}"
         landing.mkdir()
-        pq.write_table(changes, landing / "part-0.parquet")
+        if changes is not None:
+            pq.write_table(changes, landing / "part-0.parquet")
         spec = {
             "sink_id": "up",
-            "epoch": self.epochs,
+            "epoch": epoch,
             "write_id": str(uuid.uuid4()),
             "data_interval_start": INTERVAL_START,
             "data_interval_end": INTERVAL_END,
@@ -78,12 +95,14 @@ class Upserts:
                 "catalog_properties": self.props,
                 "table": self.table,
                 "upsert": {"key": ["id"], "op_column": "op", **upsert},
+                **revision,
             },
             "output_path": str(self.tmp_path / f"out-{uuid.uuid4().hex[:6]}.json"),
         }
         from airflow_provider_exactly_once.spark.jobspec import EpochJobSpec
 
-        return run_in_process(self.spark, EpochJobSpec.model_validate(spec))
+        pre_commit = run_in_process(self.spark, EpochJobSpec.model_validate(spec))
+        return pre_commit if revising is None else pre_commit.model_copy(update={"generation": revising[1]})
 
     def persist(self, pre_commit: PreCommit) -> None:
         self.coordinator.persist(pre_commit)
@@ -299,19 +318,96 @@ def test_a_concurrent_append_of_a_key_in_the_epochs_range_refuses_the_commit(
     assert model[50] == ("eu", "x") and model[20] == ("us", "appender") and model[60] == ("us", "b")
 
 
-def test_a_reprocessed_upsert_epoch_is_refused_and_its_write_removed(
+G0 = generation_of(dt.datetime(2024, 1, 1, tzinfo=dt.UTC), 0)
+G1 = generation_of(dt.datetime(2024, 1, 1, tzinfo=dt.UTC), 1)
+G2 = generation_of(dt.datetime(2024, 1, 1, tzinfo=dt.UTC), 2)
+
+
+def three_epochs(sink: Upserts, later: list[Any]) -> tuple[Model, PreCommit]:
+    """Epoch 1 inserts keys 0..9 (P); epoch 2 (E, generation G0) updates 1, deletes 2, inserts 20;
+    epoch 3 applies ``later``. Returns P and E."""
+    first = [(k, "eu", "v1", "I") for k in range(10)]
+    sink.apply(changes_of(first))
+    before = {k: ("eu", "v1") for k in range(10)}
+    committed = sink.write(changes_of([(1, "eu", "e", "U"), (2, "eu", None, "D"), (20, "us", "e", "I")]))
+    committed = committed.model_copy(update={"generation": G0})
+    sink.persist(committed)
+    sink.commit(committed)
+    sink.apply(changes_of(later))
+    return before, committed
+
+
+def test_a_reprocessed_upsert_epoch_replaces_its_changes_and_keeps_the_later_epochs(
     spark: Any, tmp_path: Path, catalog: Catalog, catalog_props: dict[str, str]
 ) -> None:
     catalog.create_table("ns.again", SCHEMA)
     sink = Upserts(spark, tmp_path, catalog, catalog_props, "ns.again")
+    later = [(30, "ap", "f", "I")]  # epoch 3: other keys, outside the files epoch 2 wrote
+    model, committed = three_epochs(sink, later)
+    shown = {**model, 1: ("eu", "e"), 20: ("us", "e"), 30: ("ap", "f")}
+    del shown[2]
+    assert sink.rows() == shown
+
+    # The cleared run of epoch 2 sees other changes: it updates 3 and inserts 21, and no longer
+    # mentions keys 1, 2 and 20, so epoch 2's update, delete and insert of them are undone.
+    revision = sink.write(changes_of([(3, "eu", "r", "U"), (21, "us", "r", "I")]), revising=(2, G1))
+    (write,) = revision.tables
+    assert write.revises is not None and write.revises.write_id == committed.write_id
+    assert write.changes is not None and (write.changes.updated, write.changes.inserted) == (1, 1)  # against P
+    assert sink.coordinator.persist(revision).outcome is PersistOutcome.REVISED
+    sink.commit(revision)
+
+    apply_to_model(model, [(3, "eu", "r", "U"), (21, "us", "r", "I"), *later])
+    assert sink.rows() == model
+    row = sink.store.get("up", 2)
+    assert row is not None and (row.write_id, row.revision) == (revision.write_id, 1)
+    table = catalog.load_table("ns.again")
+    snapshot = table.current_snapshot()
+    assert snapshot is not None and snapshot.summary is not None
+    assert snapshot.summary.additional_properties["exactly-once.revision"] == "1"
+
+    # Reprocessed once more, with no input at all: the epoch had no changes after all.
+    empty = sink.write(None, revising=(2, G2))
+    sink.persist(empty)
+    sink.commit(empty)
+    assert sink.rows() == {**{k: ("eu", "v1") for k in range(10)}, 30: ("ap", "f")}
+
+
+def test_a_reprocessed_upsert_epoch_whose_keys_a_later_epoch_changed_is_refused(
+    spark: Any, tmp_path: Path, catalog: Catalog, catalog_props: dict[str, str]
+) -> None:
+    catalog.create_table("ns.refused", SCHEMA)
+    sink = Upserts(spark, tmp_path, catalog, catalog_props, "ns.refused")
+    _, committed = three_epochs(sink, [(4, "eu", "f", "U")])  # epoch 3 rewrote the file epoch 2 wrote
+    shown = sink.rows()
+    head = catalog.load_table("ns.refused").metadata.current_snapshot_id
+    revision = sink.write(changes_of([(3, "eu", "r", "U")]), revising=(2, G1))
+
+    with pytest.raises(UpsertConflict) as refused:
+        sink.coordinator.persist(revision)
+
+    message = str(refused.value)
+    assert f"sink 'up' epoch 2 write {revision.write_id}: revision of write {committed.write_id}" in message
+    assert "no longer in the table" in message and "epoch 3 of sink 'up'" in message
+    assert "Reprocessing an upsert epoch" in message
+    assert catalog.load_table("ns.refused").metadata.current_snapshot_id == head
+    assert sink.rows() == shown
+    row = sink.store.get("up", 2)
+    assert row is not None and (row.status.value, row.write_id) == ("Committed", committed.write_id)
+
+
+def test_a_reprocessed_upsert_epoch_not_planned_as_a_revision_is_refused_and_its_write_removed(
+    spark: Any, tmp_path: Path, catalog: Catalog, catalog_props: dict[str, str]
+) -> None:
+    catalog.create_table("ns.unplanned", SCHEMA)
+    sink = Upserts(spark, tmp_path, catalog, catalog_props, "ns.unplanned")
     first = sink.write(changes_of([(1, "eu", "a", "I")]))
-    first = first.model_copy(update={"generation": generation_of(dt.datetime(2024, 1, 1, tzinfo=dt.UTC), 0)})
+    first = first.model_copy(update={"generation": G0})
     sink.persist(first)
     sink.commit(first)
-    sink.epochs -= 1  # the same epoch again, from a newer generation (a cleared run)
-    again = sink.write(changes_of([(1, "eu", "b", "U")]))
-    again = again.model_copy(update={"generation": generation_of(dt.datetime(2024, 1, 1, tzinfo=dt.UTC), 1)})
-    with pytest.raises(ReprocessRefused, match="committed as changes by key"):
+    sink.epochs -= 1  # the same epoch again, from a newer generation, written against the table as it is
+    again = sink.write(changes_of([(1, "eu", "b", "U")])).model_copy(update={"generation": G1})
+    with pytest.raises(ReprocessRefused, match="planned against the table as it is now"):
         sink.coordinator.persist(again)
     assert sink.rows() == {1: ("eu", "a")}
     assert not (Path(again.tables[0].location.removeprefix("file://"))).exists()

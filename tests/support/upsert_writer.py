@@ -2,8 +2,9 @@
 coordinator and the committer through many interleavings without paying for a Spark job each time.
 
 It produces what ``spark/upsert.py`` produces (the files holding a changed key rewritten without
-those keys, the changed rows in a new file, the snapshot read, the key range, the counts), by the
-same rule, on a local unpartitioned table ``(id long required, value string)``. The Spark job
+those keys, the changed rows in a new file, the snapshot read, the key range, the counts; for a
+revision, planned before the write it revises), by the same rule, on a local unpartitioned table
+``(id long required, value string)``. The Spark job
 itself is tested against the table in ``tests/spark/test_upsert.py``.
 """
 
@@ -18,13 +19,13 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyiceberg.catalog import Catalog
 from pyiceberg.conversions import to_bytes
-from pyiceberg.expressions import In
 from pyiceberg.schema import Schema
+from pyiceberg.table import Table
 from pyiceberg.types import LongType, NestedField, StringType
 
 from airflow_provider_exactly_once.core.faults import FaultHook
 from airflow_provider_exactly_once.core.precommit import PreCommit, TableWrite
-from airflow_provider_exactly_once.core.upserts import ChangeCounts, RewrittenFile
+from airflow_provider_exactly_once.core.upserts import ChangeCounts, RevisionBasis, RewrittenFile
 from airflow_provider_exactly_once.sinks.iceberg.descriptors import describe_parquet_file
 from airflow_provider_exactly_once.sinks.layout import iceberg_data_root, iceberg_write_location
 from tests.support.pipeline import Pipeline
@@ -56,26 +57,37 @@ def _bound(value: int) -> str:
 
 
 def write_upsert(
-    catalog: Catalog, table_name: str, sink_id: str, epoch: int, changes: Changes, write_id: str
+    catalog: Catalog,
+    table_name: str,
+    sink_id: str,
+    epoch: int,
+    changes: Changes,
+    write_id: str,
+    *,
+    revision: RevisionBasis | None = None,
 ) -> PreCommit:
-    """The epoch's changes applied copy-on-write against the head of ``main`` as it is now."""
+    """The epoch's changes applied copy-on-write against the head of ``main`` as it is now; or, as
+    a ``revision`` (``core.upsert_revisions.revision_basis``), against the table before the write it
+    revises, rewriting that write's rewritten files too (what ``spark/upsert.py`` does)."""
     table = catalog.load_table(table_name)
-    head = table.metadata.snapshot_by_name("main")
+    read_id = _planned_at(table, revision)
     location = iceberg_write_location(iceberg_data_root(table.location(), table.properties), write_id)
     folder = Path(location.removeprefix("file://"))
     keys = pa.array(sorted(changes), pa.int64())
+    forced = set(revision.rewritten) if revision is not None else set()
     rewritten: list[RewrittenFile] = []
     kept: list[pa.Table] = []
     found: set[int] = set()
-    if head is not None and len(keys):
-        for task in table.scan(row_filter=In("id", keys.to_pylist()), snapshot_id=head.snapshot_id).plan_files():
+    if read_id is not None and (len(keys) or forced):
+        for task in table.scan(snapshot_id=read_id).plan_files():
             data = pq.read_table(task.file.file_path.removeprefix("file://")).select(["id", "value"]).cast(ARROW)
             hit = pc.is_in(data.column("id"), value_set=keys)
-            if not pc.any(hit).as_py():
+            if not pc.any(hit).as_py() and task.file.file_path not in forced:
                 continue
             found.update(data.filter(hit).column("id").to_pylist())
             rewritten.append(RewrittenFile(path=task.file.file_path, record_count=data.num_rows))
             kept.append(data.filter(pc.invert(hit)))
+    assert forced <= {r.path for r in rewritten}, "a file the revised write rewrote is not in the table before it"
     upserts = {k: v for k, v in changes.items() if v is not None}
     new = pa.table({"id": list(upserts), "value": list(upserts.values())}, schema=ARROW)
     rows = pa.concat_tables([*kept, new])
@@ -88,19 +100,35 @@ def write_upsert(
         )
     updated = sum(1 for k in upserts if k in found)
     deleted = sum(1 for k, v in changes.items() if v is None and k in found)
-    bounds = {"key_lower_bounds": {"id": _bound(min(changes))}, "key_upper_bounds": {"id": _bound(max(changes))}}
+    bounds = (
+        {"key_lower_bounds": {"id": _bound(min(changes))}, "key_upper_bounds": {"id": _bound(max(changes))}}
+        if changes
+        else {}
+    )
     write = TableWrite(
         table=table_name,
         location=location,
         data_files=data_files,
         rewritten=rewritten,
-        read_snapshot_id=None if head is None else head.snapshot_id,
+        read_snapshot_id=read_id,
         changes=ChangeCounts(
             inserted=len(upserts) - updated,
             updated=updated,
             deleted=deleted,
             deletes_of_absent_keys=len(changes) - len(upserts) - deleted,
         ),
-        **(bounds if changes else {}),  # type: ignore[arg-type]
+        revises=None if revision is None else revision.revised(),
+        **bounds,  # type: ignore[arg-type]
     )
     return PreCommit(sink_id=sink_id, epoch=epoch, write_id=write_id, tables=[write])
+
+
+def _planned_at(table: Table, revision: RevisionBasis | None) -> int | None:
+    if revision is None:
+        head = table.metadata.snapshot_by_name("main")
+        return None if head is None else head.snapshot_id
+    if revision.parent_of is None:
+        return revision.snapshot_id
+    committed = table.metadata.snapshot_by_id(revision.parent_of)
+    assert committed is not None, "the revised write's snapshot expired"
+    return committed.parent_snapshot_id

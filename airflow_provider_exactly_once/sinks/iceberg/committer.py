@@ -61,7 +61,8 @@ from airflow_provider_exactly_once.sinks.iceberg.transaction import (
     SpecAwareFastAppend,
     SpecAwareOverwrite,
 )
-from airflow_provider_exactly_once.sinks.iceberg.upserts import files_to_rewrite, identifier_update
+from airflow_provider_exactly_once.sinks.iceberg.upsert_revisions import upsert_files_to_replace
+from airflow_provider_exactly_once.sinks.iceberg.upserts import identifier_update
 from airflow_provider_exactly_once.sinks.iceberg.write_check import check_location, check_table_write, write_spec
 
 #: How long a table ``prepare`` loaded may stand in for the commit's own load (``CommitPlan.fresh_state``).
@@ -335,10 +336,10 @@ class IcebergSinkCommitter:
         self, table: Table, pre_commit: PreCommit, write: TableWrite, replaces: ReplacedWrite | None
     ) -> list[DataFile]:
         if write.is_upsert:
-            # An upsert's own rewritten files (a revision of an upsert epoch is refused at persist).
+            # The files it rewrote; a revision's also the revised write's (``upsert_revisions``).
             what = f"{pre_commit.describe()}: could not read the files the upsert rewrote in table {write.table!r}"
             with unavailable_when_unreachable(what, table.io.properties):
-                return files_to_rewrite(table, self._branch, pre_commit, write)
+                return upsert_files_to_replace(table, self._branch, pre_commit, write, replaces)
         if replaces is None:
             return []
         what = f"{pre_commit.describe()}: could not read the replaced files in table {write.table!r}"
@@ -368,9 +369,8 @@ class IcebergSinkCommitter:
                             return str(found)
                         to_add = self._check(table, pre_commit, write)
                         to_replace = self._to_replace(table, pre_commit, write, replaces)
-                    revision = None if replaces is None else (replaces.revision + 1, to_replace)
-                    if revision is None and to_replace:
-                        revision = (0, to_replace)  # an upsert: overwrite the files it rewrote
+                    number = replaces.revision + 1 if replaces else 0  # 0: an upsert's overwrite of what it rewrote
+                    revision = (number, to_replace) if replaces or to_replace else None
                     return str(self._append_once(pre_commit, write, table, to_add, revision))
         except SinkCommitConflict as exc:
             raise CommitConflictExhausted(

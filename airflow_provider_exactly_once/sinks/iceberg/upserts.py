@@ -22,7 +22,7 @@ model; this is the same rule with the key range as the filter.
 from __future__ import annotations
 
 import base64
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any, cast
 
 from pyiceberg.conversions import from_bytes
@@ -45,6 +45,8 @@ def files_to_rewrite(table: Table, branch: str, pre_commit: PreCommit, write: Ta
     metadata = table.metadata
     head = metadata.snapshot_by_name(branch)
     wanted = {r.path for r in write.rewritten}
+    if not wanted and not write.key_lower_bounds:
+        return []  # no changes: nothing to remove, no key to collide with, whatever the table did since
     if head is None:
         if wanted or write.read_snapshot_id is not None:
             _conflict(
@@ -118,19 +120,26 @@ def snapshots_since(metadata: TableMetadata, head_id: int, read_id: int | None) 
 def may_hold_keys(metadata: TableMetadata, data_file: DataFile, write: TableWrite) -> bool:
     """Whether a file's key statistics overlap the write's key range in every key column (a file
     without statistics for a key column may hold anything)."""
-    if not write.key_lower_bounds:
+    return may_hold_range(metadata, data_file, write.key_lower_bounds, write.key_upper_bounds)
+
+
+def may_hold_range(
+    metadata: TableMetadata, data_file: DataFile, key_lower: Mapping[str, str], key_upper: Mapping[str, str]
+) -> bool:
+    """``may_hold_keys`` for a key range given as bounds (``TableWrite.key_lower_bounds``' form)."""
+    if not key_lower:
         return False  # an epoch without changes has no keys to collide with
     schema = metadata.schema()
     lower_bounds = data_file.lower_bounds or {}
     upper_bounds = data_file.upper_bounds or {}
-    for name, encoded_low in write.key_lower_bounds.items():
+    for name, encoded_low in key_lower.items():
         field = schema.find_field(name)
         field_type = cast(PrimitiveType, field.field_type)
         file_low, file_high = lower_bounds.get(field.field_id), upper_bounds.get(field.field_id)
         if file_low is None or file_high is None:
             continue  # unknown: may overlap
         low = _value(field_type, base64.b64decode(encoded_low))
-        high = _value(field_type, base64.b64decode(write.key_upper_bounds[name]))
+        high = _value(field_type, base64.b64decode(key_upper[name]))
         if _value(field_type, file_high) < low or high < _value(field_type, file_low):
             return False  # disjoint in this column: no key of the epoch can be in the file
     return True
@@ -165,7 +174,7 @@ def _show(paths: Iterable[str]) -> str:
 def _conflict(owner: str, why: str, conflicting: Iterable[str]) -> None:
     raise UpsertConflict(
         f"{owner} refused: the table changed since the write read it: {why}. Nothing was committed and nothing "
-        "deleted; the epoch's changes must be written again against the table as it is now: clear the run "
-        "(see docs/operations.md, 'An upsert conflict')",
+        "deleted; the epoch's changes must be written again against the table as it is now: the task group's "
+        "rewrite task does that (rewrites=), or clear the run (see docs/operations.md, 'An upsert conflict')",
         tuple(conflicting),
     )

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import uuid
+from datetime import UTC, datetime
 
 import pyarrow as pa
 import pytest
@@ -13,9 +14,12 @@ from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.conversions import to_bytes
 from pyiceberg.types import LongType, StringType
 
-from airflow_provider_exactly_once.core.errors import UpsertConflict
+from airflow_provider_exactly_once.core.errors import InvalidPreCommit, UpsertConflict
+from airflow_provider_exactly_once.core.ports import ReplacedWrite
 from airflow_provider_exactly_once.core.precommit import PreCommit, TableWrite
-from airflow_provider_exactly_once.core.upserts import ChangeCounts, RewrittenFile
+from airflow_provider_exactly_once.core.upserts import ChangeCounts, RevisedWrite, RewrittenFile
+from airflow_provider_exactly_once.sinks.iceberg.markers import marker_properties
+from airflow_provider_exactly_once.sinks.iceberg.upsert_revisions import upsert_files_to_replace
 from airflow_provider_exactly_once.sinks.iceberg.upserts import files_to_rewrite, may_hold_keys, snapshots_since
 
 from .iceberg_helpers import NAMESPACE, create_table, rows
@@ -110,3 +114,34 @@ def test_the_files_it_rewrote_are_found_and_a_file_gone_or_added_in_range_confli
         files_to_rewrite(table, "main", pre, pre.tables[0])
     assert gone.value.conflicting == (path,)
     assert "clear the run" in str(gone.value) and "Nothing was committed and nothing deleted" in str(gone.value)
+
+
+def test_a_revision_removes_the_revised_writes_files_and_only_when_planned_against_it(catalog: SqlCatalog) -> None:
+    table = create_table(catalog, "revised")
+    table.append(rows(0, 10))  # P
+    base = table.metadata.current_snapshot_id
+    (before,) = data_files(table)
+    committed = upsert("revised", base, [before], 3, 4)
+    # The revised write E, committed with the epoch's marker: it rewrote P's file into one of its own.
+    table.overwrite(rows(0, 10), snapshot_properties=marker_properties("s", 1, committed.write_id))
+    table = catalog.load_table(f"{NAMESPACE}.revised")
+    (written,) = data_files(table)
+    revised = RevisedWrite(
+        write_id=committed.write_id,
+        added=[written],
+        rewritten=[before],
+        **key_range(3, 4),  # type: ignore[arg-type]
+    )
+    pre = upsert("revised", base, [before], 5, 6)
+    revision = pre.tables[0].model_copy(update={"revises": revised})
+    pre = pre.model_copy(update={"tables": [revision]})
+
+    found = upsert_files_to_replace(table, "main", pre, revision, None)
+
+    assert [f.file_path for f in found] == [written]  # E's own file; P's is gone since E
+    replaces = ReplacedWrite(committed.write_id, committed, {revision.table: "1"}, None, 0, datetime.now(UTC))
+    with pytest.raises(InvalidPreCommit, match="planned against write"):  # E as committed lists other files
+        upsert_files_to_replace(table, "main", pre, revision, replaces)
+    unplanned = revision.model_copy(update={"revises": None})
+    with pytest.raises(UpsertConflict, match="planned against the table as it was when it ran"):
+        upsert_files_to_replace(table, "main", pre, unplanned, replaces)
