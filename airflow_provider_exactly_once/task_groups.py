@@ -78,6 +78,12 @@ def exactly_once_epoch(
         raise InvalidSinkConfig(f"commit_retries must not be negative, got {commit_retries}")
     if rewrites < 0:
         raise InvalidSinkConfig(f"rewrites must not be negative, got {rewrites}")
+    upsert = getattr(sink_cfg, "mode", "append") == "upsert"
+    if upsert and rewrites and not getattr(write_op, "allow_nested_operators", True):
+        raise InvalidSinkConfig(
+            f"task {write_op.task_id}: a rewrite runs the write task's operator inside its own task, which "
+            "allow_nested_operators=False forbids; allow it, or give exactly_once_epoch rewrites=0"
+        )
     group_id = group_id or "exactly_once_" + re.sub(r"[^\w-]", "_", sink_cfg.sink_id)
     _warn_if_upserts_overlap(sink_cfg, write_op)
     common: dict[str, Any] = {"sink": sink_cfg, "meta_conn_id": meta_conn_id}
@@ -115,7 +121,7 @@ def exactly_once_epoch(
         )
         persist >> wait >> commit
         [persist, wait] >> abort
-        if getattr(sink_cfg, "mode", "append") == "upsert":
+        if upsert:
             sensing = {**retried, **dict(sensor_kwargs or {})}
             _rewrite_chain(commit, write_op, checkpoint_cfg, rewrites, common, retried, sensing)
     write_op >> persist

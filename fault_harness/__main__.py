@@ -45,6 +45,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--epochs", type=int, default=200, help="faulted epochs of the random plan")
     parser.add_argument("--per-pipeline", type=int, default=10, help="epochs per pipeline (DAG) of the random plan")
     parser.add_argument(
+        "--no-upserts",
+        action="store_true",
+        help="no upsert pipelines in the random plan: a seed's plan as it was before they were added",
+    )
+    parser.add_argument(
         "--stack",
         choices=STACKS,
         default="local",
@@ -74,7 +79,9 @@ def main(argv: list[str] | None = None) -> int:
     skipped: dict[str, str] = {}
     if args.random:
         seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**31)
-        scenarios = random_plan(seed, args.epochs, per_pipeline=args.per_pipeline, stack=args.stack)
+        scenarios = random_plan(
+            seed, args.epochs, per_pipeline=args.per_pipeline, stack=args.stack, upserts=not args.no_upserts
+        )
     else:
         names = list(known) if "all" in args.scenario else args.scenario
         unknown = [n for n in names if n not in known]
@@ -87,7 +94,9 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps({"seed": seed, "stack": args.stack, "plan": plan, "skipped": skipped}, indent=1), flush=True)
     if seed is not None:
         print(
-            f"seed {seed}: replay with scripts/faults --random --seed {seed} --epochs {args.epochs} --stack {args.stack}",
+            f"seed {seed}: replay with scripts/faults --random --seed {seed} --epochs {args.epochs} --stack {args.stack}"
+            + (f" --per-pipeline {args.per_pipeline}" if args.per_pipeline != 10 else "")
+            + (" --no-upserts" if args.no_upserts else ""),
             flush=True,
         )
     timeout = args.timeout or 600 + 40 * sum(s.epochs for s in scenarios)

@@ -85,6 +85,10 @@ AnomalyKind = Literal[
     "readers",
     "orphan",
     "lost",
+    # An upsert pipeline's (``upsert_checker``): an update lost, a delete undone, epochs out of order.
+    "lost_update",
+    "resurrected",
+    "order",
 ]
 
 
@@ -193,22 +197,17 @@ def check(
     try:
         _check_current(table, hours, owner, result, reader)
         marked = marked_snapshots(table, sink_id)
-        _check_markers(marked, hours, by_epoch, commits, result)
+        check_markers(marked, hours, by_epoch, commits, result)
         _check_history(table, marked, hours, owner, result, reader)
     finally:
         if reader is not None:
             reader.close()
-    _check_files(table, marked, orphan_grace_s, now, result, Storage(storage_options))
+    check_files(table, marked, orphan_grace_s, now, result, Storage(storage_options))
     return result
 
 
-def _check_current(
-    table: Table,
-    hours: list[LandedHour],
-    owner: Mapping[str, LandedHour],
-    result: CheckResult,
-    reader: IndependentReader | None,
-) -> None:
+def current_rows(table: Table, result: CheckResult, reader: IndependentReader | None) -> list[Row]:
+    """The current snapshot's rows as pyiceberg reads them; an anomaly when DuckDB reads others."""
     rows = pyiceberg_rows(table)
     current = table.metadata.current_snapshot_id
     if reader is not None and current is not None:
@@ -229,6 +228,17 @@ def _check_current(
                         f"current snapshot {current}: {only_duck} rows only DuckDB reads, {only_py} only pyiceberg",
                     )
                 )
+    return rows
+
+
+def _check_current(
+    table: Table,
+    hours: list[LandedHour],
+    owner: Mapping[str, LandedHour],
+    result: CheckResult,
+    reader: IndependentReader | None,
+) -> None:
+    rows = current_rows(table, result, reader)
     visible: Counter[str] = Counter(r[0] for r in rows)
     result.rows_visible = len(rows)
     result.foreign_rows = sum(n for i, n in visible.items() if i not in owner)
@@ -267,7 +277,7 @@ def _check_current(
             result.anomalies.append(Anomaly(kind, hour.epoch, f"{len(shown)} rows of {name} visible"))
 
 
-def _check_markers(
+def check_markers(
     marked: list[Marked],
     hours: list[LandedHour],
     by_epoch: Mapping[int, LandedHour],
@@ -367,7 +377,7 @@ def _check_history(
         result.anomalies.append(Anomaly("history", where, found[0] + more))
 
 
-def _check_files(
+def check_files(
     table: Table,
     marked: Iterable[Marked],
     orphan_grace_s: float,

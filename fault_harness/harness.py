@@ -34,6 +34,8 @@ from airflow_provider_exactly_once.demo.world import hour_dir, land_hour, mark_h
 from fault_harness.checker import CheckResult, check
 from fault_harness.cluster import FINAL_ORPHAN_GRACE_S, ICEBERG_CONN_ID, RECOVERY_DAG_ID, Cluster
 from fault_harness.landed import epoch_of
+from fault_harness.upsert_changes import hour_changes, land_changes
+from fault_harness.upsert_checker import check_upsert
 
 NAMESPACE = "faults"
 START = dt.datetime(2025, 1, 1, tzinfo=dt.UTC)
@@ -44,6 +46,12 @@ EVENT_SCHEMA = Schema(
     NestedField(3, "event_type", StringType()),
     NestedField(4, "event_time", TimestamptzType()),
     NestedField(5, "amount", DoubleType()),
+)
+#: The upsert pipeline's table: the same columns, keyed by ``event_id`` (required, the identifier field).
+KEYED_EVENT_SCHEMA = Schema(
+    NestedField(1, "event_id", StringType(), required=True),
+    *EVENT_SCHEMA.fields[1:],
+    identifier_field_ids=[1],
 )
 
 
@@ -62,6 +70,8 @@ class Pipeline:
     max_active_runs: int = 3
     #: The Iceberg connection its DAG writes through (another than the cluster's main one: a proxy).
     conn_id: str = ICEBERG_CONN_ID
+    #: ``append``, or ``upsert``: hours of changes by key into a keyed table (``upsert_pipeline``).
+    mode: str = "append"
     hours: list[dt.datetime] = field(default_factory=list)
     #: Per epoch index: how often a committed epoch was reprocessed for sure (each adds one marked
     #: snapshot, a revision) and how often it may have been (a backfill racing the scheduled runs).
@@ -126,10 +136,14 @@ class Harness:
         pipeline.landing.mkdir(parents=True, exist_ok=True)
         pipeline.hours = [START + dt.timedelta(hours=n) for n in range(pipeline.epochs)]
         for n, hour in enumerate(pipeline.hours):
-            land_hour(pipeline.landing, hour, pipeline.rows, files=2, seed=n)
+            if pipeline.mode == "upsert":
+                land_changes(pipeline.landing, hour, hour_changes(pipeline.name, n, hour))
+            else:
+                land_hour(pipeline.landing, hour, pipeline.rows, files=2, seed=n)
             if n not in pipeline.late_hours:
                 mark_hour(pipeline.landing, hour, completed=n not in pipeline.failed_hours)
-        self.catalog.create_table_if_not_exists(pipeline.table, EVENT_SCHEMA)
+        schema = KEYED_EVENT_SCHEMA if pipeline.mode == "upsert" else EVENT_SCHEMA
+        self.catalog.create_table_if_not_exists(pipeline.table, schema)
         if start_dag:
             self.start_dag(pipeline)
         return pipeline
@@ -146,6 +160,7 @@ class Harness:
             "sensor": pipeline.sensor,
             "conn_id": pipeline.conn_id,
             "max_active_runs": pipeline.max_active_runs,
+            "mode": pipeline.mode,
         }
         pipelines = self.cluster.root / "pipelines"
         tmp = pipelines / f".{pipeline.dag_id}.tmp"
@@ -314,6 +329,15 @@ class Harness:
     def check(self, pipeline: Pipeline) -> CheckResult:
         # An unreferenced file older than the final grace when the last collection started is one it
         # should have removed (a file a lingering Spark driver wrote later is not).
+        if pipeline.mode == "upsert":
+            return check_upsert(
+                self.load_table(pipeline),
+                pipeline.landing,
+                pipeline.sink_id,
+                orphan_grace_s=FINAL_ORPHAN_GRACE_S,
+                now=self.orphans_collected_at,
+                storage_options=self.cluster.stack.storage_options(),
+            )
         return check(
             self.load_table(pipeline),
             pipeline.landing,

@@ -14,7 +14,9 @@ the cluster's DAGs folder. The differences from the example, each for a reason:
 - no ``hour_settled`` gate before the write: the harness lands every hour's files before the run
   and only the markers arrive late, so the epoch's own sensor is the one that waits;
 - short retry delays and poke intervals, so that recovery from a fault takes seconds;
-- an unpartitioned table (partitioning is not what the harness tests).
+- an unpartitioned table (partitioning is not what the harness tests);
+- ``mode="upsert"``: an upsert sink whose light write applies each hour's changes copy-on-write
+  (``upsert_pipeline``).
 
 This module imports Airflow: only the DAG files of the cluster import it, never the harness.
 """
@@ -34,8 +36,22 @@ from airflow_provider_exactly_once.checkpoints.config import MarkerFileCheckpoin
 from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig
 from airflow_provider_exactly_once.task_groups import exactly_once_epoch
 from fault_harness.layout import WRITE_POINT, hour_template
+from fault_harness.upsert_pipeline import light_upsert_write, upsert_sink
 
 EVENT_SCHEMA_DDL = "event_id STRING, user_id BIGINT, event_type STRING, event_time TIMESTAMP, amount DOUBLE"
+
+
+def running_write(conn_id: str, table_name: str) -> tuple[dt.datetime, int, int, Any]:
+    """What a light write task needs of its run: the hour, its epoch, the try, the table loaded now."""
+    from airflow.providers.apache.iceberg.hooks.iceberg import IcebergHook
+
+    from airflow_provider_exactly_once.core.epochs import epoch_from_interval_start
+
+    context = get_current_context()
+    start = context["data_interval_start"]
+    assert start is not None
+    table = IcebergHook(conn_id).catalog.load_table(table_name)
+    return start, epoch_from_interval_start(start), int(context["ti"].try_number), table
 
 
 def light_write(sink_id: str, table_name: str, landing: str, conn_id: str) -> dict[str, Any]:
@@ -45,21 +61,13 @@ def light_write(sink_id: str, table_name: str, landing: str, conn_id: str) -> di
     The file goes through the table's own FileIO (``table.io``), which carries the catalog's storage
     properties: the write lands where the table lives, local disk or S3, as a real writer's would."""
     import pyarrow as pa
-    import pyarrow.parquet as pq
-    from airflow.providers.apache.iceberg.hooks.iceberg import IcebergHook
     from pyiceberg.io.pyarrow import schema_to_pyarrow
 
-    from airflow_provider_exactly_once.core.epochs import epoch_from_interval_start
     from airflow_provider_exactly_once.core.precommit import PreCommit, TableWrite
     from airflow_provider_exactly_once.runtime.faults import fault_hook_for
-    from airflow_provider_exactly_once.sinks.iceberg.descriptors import describe_parquet_file
+    from fault_harness.table_writes import write_data_file
 
-    context = get_current_context()
-    start = context["data_interval_start"]
-    assert start is not None
-    epoch = epoch_from_interval_start(start)
-    attempt = int(context["ti"].try_number)
-    table = IcebergHook(conn_id).catalog.load_table(table_name)
+    start, epoch, attempt, table = running_write(conn_id, table_name)
     write_id = str(uuid.uuid4())
     location = f"{table.location().rstrip('/')}/data/_eo/{write_id}"
     hour = Path(hour_template(landing).format(start=start))
@@ -74,20 +82,7 @@ def light_write(sink_id: str, table_name: str, landing: str, conn_id: str) -> di
     if rows:
         arrow_schema = schema_to_pyarrow(table.schema(), include_field_ids=True)
         file_path = f"{location}/part-00000-{attempt}.parquet"
-        with table.io.new_output(file_path).create() as stream, pq.ParquetWriter(stream, arrow_schema) as writer:
-            writer.write_table(pa.Table.from_pylist(rows, schema=arrow_schema))
-        # The metadata and size from the writer and the table's FileIO: describe_parquet_file would
-        # otherwise read the file back through a FileIO without the catalog's S3 credentials.
-        descriptors.append(
-            describe_parquet_file(
-                file_path,
-                table_schema=table.schema(),
-                partition={},
-                writer="0",
-                parquet_metadata=writer.writer.metadata,
-                file_size_in_bytes=len(table.io.new_input(file_path)),
-            )
-        )
+        descriptors.append(write_data_file(table, file_path, pa.Table.from_pylist(rows, schema=arrow_schema)))
     fault_hook_for(sink_id, epoch, attempt)(WRITE_POINT)
     pre = PreCommit(
         sink_id=sink_id,
@@ -101,12 +96,20 @@ def light_write(sink_id: str, table_name: str, landing: str, conn_id: str) -> di
 
 def build(params: dict[str, Any]) -> DAG:
     """The DAG of one scenario. ``params``: dag_id, sink_id, table, landing, start (ISO hour), epochs,
-    writer (light|spark), sensor (poke|reschedule|deferrable), conn_id, max_active_runs."""
+    writer (light|spark), sensor (poke|reschedule|deferrable), conn_id, max_active_runs, mode
+    (append|upsert: ``upsert_pipeline``, light writer only, one run at a time)."""
     dag_id, sink_id, table, landing = params["dag_id"], params["sink_id"], params["table"], params["landing"]
     conn_id = params["conn_id"]
     start = dt.datetime.fromisoformat(params["start"])
     end = start + dt.timedelta(hours=int(params["epochs"]) - 1)
-    sink = IcebergSinkConfig(sink_id, (table,), iceberg_conn_id=conn_id)
+    upsert = params.get("mode", "append") == "upsert"
+    if upsert and (params.get("writer", "light") != "light" or int(params.get("max_active_runs", 1)) != 1):
+        raise ValueError(f"{dag_id}: an upsert pipeline has the light writer and max_active_runs=1, got {params}")
+    sink = (
+        upsert_sink(sink_id, table, conn_id)
+        if upsert
+        else IcebergSinkConfig(sink_id, (table,), iceberg_conn_id=conn_id)
+    )
     checkpoint = MarkerFileCheckpoint(hour_template(landing))
     sensor = params.get("sensor", "poke")
     quick: dict[str, Any] = {"retries": 3, "retry_delay": dt.timedelta(seconds=3)}
@@ -140,7 +143,9 @@ def build(params: dict[str, Any]) -> DAG:
                 **quick,
             )
         else:
-            write = task(task_id="transform", **quick)(light_write)(sink_id, table, landing, conn_id)
+            write = task(task_id="transform", **quick)(light_upsert_write if upsert else light_write)(
+                sink_id, table, landing, conn_id
+            )
         exactly_once_epoch(
             write,
             sink=sink,

@@ -72,7 +72,16 @@ class Scenario:
     max_active_runs: int = 3
     #: The Iceberg connection of the pipeline's DAG (``stacks.PROXIED_ICEBERG_CONN_ID``: through the proxy).
     conn_id: str = ICEBERG_CONN_ID
+    #: ``append`` (the example pipeline) or ``upsert`` (``upsert_pipeline``: changes by key, judged
+    #: against a key model by ``upsert_checker``; light writer, one run at a time).
+    mode: str = "append"
     pipeline: Pipeline | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("append", "upsert"):
+            raise ValueError(f"scenario {self.name}: mode is append or upsert, not {self.mode!r}")
+        if self.mode == "upsert" and (self.writer != "light" or self.max_active_runs != 1):
+            raise ValueError(f"scenario {self.name}: an upsert pipeline has the light writer and max_active_runs=1")
 
 
 def describe_plan(scenarios: Sequence[Scenario]) -> list[dict[str, Any]]:
@@ -80,6 +89,7 @@ def describe_plan(scenarios: Sequence[Scenario]) -> list[dict[str, Any]]:
         {
             "name": s.name,
             "description": s.description,
+            "mode": s.mode,
             "epochs": s.epochs,
             "writer": s.writer,
             "sensor": s.sensor,

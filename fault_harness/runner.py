@@ -41,6 +41,7 @@ def run_scenarios(cluster: Cluster, scenarios: Sequence[Scenario], *, timeout: f
                     late_hours=s.late_hours,
                     max_active_runs=s.max_active_runs,
                     conn_id=s.conn_id,
+                    mode=s.mode,
                 ),
                 start_dag=False,
             )
@@ -109,6 +110,7 @@ def run_scenarios(cluster: Cluster, scenarios: Sequence[Scenario], *, timeout: f
             results[s.name] = {
                 "description": s.description,
                 "writer": "spark-submit (real Spark)" if s.writer == "spark" else "light (pyarrow, no JVM)",
+                "mode": s.mode,
                 "runs": harness.runs(s.pipeline),
                 "actions": logs[s.name],
                 "action_error": errors.get(s.name),

@@ -33,6 +33,7 @@ from fault_harness.reprocessing import (
     revision_given_up,
 )
 from fault_harness.stacks import PROXIED_ICEBERG_CONN_ID
+from fault_harness.upsert_actions import compaction_rule, concurrent_compaction
 
 #: How long ``catalog_restart`` keeps SeaweedFS down: inside the 10-30 s of the issue, and within what
 #: a commit's retries (6, 2 s apart, each a task start of several seconds) outlast.
@@ -180,6 +181,39 @@ def named_scenarios() -> dict[str, Scenario]:
             description="a re-run whose checkpoint fails gives its revision up (the first write stays); a second one replaces it",
         ),
         Scenario(
+            "upsert_kill_commit",
+            epochs=3,
+            mode="upsert",
+            max_active_runs=1,
+            rules=(
+                Rule(0, "commit.decided"),
+                Rule(1, "iceberg.after_catalog_update"),
+                Rule(2, "commit.visible"),
+            ),
+            description="upsert pipeline: each epoch's commit killed -9 at another step (after the decision, "
+            "after the catalog update, before the Committed mark); retries and recovery apply each epoch once",
+        ),
+        Scenario(
+            "upsert_failed_hour",
+            epochs=3,
+            mode="upsert",
+            max_active_runs=1,
+            failed_hours=frozenset({1}),
+            rules=(Rule(0, WRITE_POINT), Rule(1, "abort.marked"), Rule(2, "iceberg.before_catalog_update")),
+            description="upsert pipeline: a write killed after its files exist, a failed hour whose abort is "
+            "killed after its mark (its changes never applied), a commit killed before the catalog update",
+        ),
+        Scenario(
+            "upsert_compaction",
+            epochs=2,
+            mode="upsert",
+            max_active_runs=1,
+            rules=(compaction_rule(1),),
+            actions=(concurrent_compaction(1),),
+            description="upsert pipeline: a compaction replaces a file holding keys hour 1 changes between its "
+            "write and its commit: the commit is refused (UpsertConflict), the epoch written again and committed once",
+        ),
+        Scenario(
             "kill_celery_worker_during_commit",
             epochs=2,
             # Held just after the catalog update (the epoch visible, not yet marked Committed), so the
@@ -245,13 +279,17 @@ COMMIT_POINTS = (
 ABORT_POINTS = (WRITE_POINT, "persist.inserted", "abort.marked", "abort.cleaned")
 
 
-def random_plan(seed: int, epochs: int, *, per_pipeline: int = 10, stack: str = "local") -> list[Scenario]:
+def random_plan(
+    seed: int, epochs: int, *, per_pipeline: int = 10, stack: str = "local", upserts: bool = True
+) -> list[Scenario]:
     """Seed -> pipelines of up to ``per_pipeline`` epochs, every epoch faulted: a fault point and
     mode (crash or kill, on the first try, sometimes on the second as well), about one hour in six
     with a failed checkpoint, some hours settled late, one process-level event per pipeline
     (kill -9 of the scheduler or the triggerer, or a meta-store outage) at a random moment, for
     some pipelines a reprocessing of committed hours once their runs ended (``_random_reprocess``),
-    and on the production stack one fault of its platform per pipeline (``_random_platform_fault``)."""
+    and on the production stack one fault of its platform per pipeline (``_random_platform_fault``).
+    One pipeline in each five is an upsert pipeline (``is_upsert_pipeline``; ``upserts=False``: none,
+    the plans from before upsert pipelines were added), changed by ``_as_upsert``."""
     rng = random.Random(seed)
     scenarios = []
     for n, first in enumerate(range(0, epochs, per_pipeline)):
@@ -279,7 +317,10 @@ def random_plan(seed: int, epochs: int, *, per_pipeline: int = 10, stack: str = 
             actions.append(kill_component("triggerer", when_task=when, down_s=rng.uniform(2, 10)))
         elif event == "meta_store":
             actions.append(stop_meta_store(when_task=when, down_s=rng.uniform(3, 15)))
-        again = _random_reprocess(seed, n, count, failed)
+        upsert = upserts and is_upsert_pipeline(seed, n)
+        # The upsert checker's model applies each epoch's changes once; a revision's (the epoch's
+        # changes replaced, every later epoch's kept) is not modelled yet, so an upsert pipeline draws none.
+        again = None if upsert else _random_reprocess(seed, n, count, failed)
         if again is not None:
             actions.append(again)
         conn_id, platform = ICEBERG_CONN_ID, "none"
@@ -287,21 +328,65 @@ def random_plan(seed: int, epochs: int, *, per_pipeline: int = 10, stack: str = 
             conn_id, platform, fault = _random_platform_fault(seed, n, count, failed)
             if fault is not None:
                 actions.append(fault)
-        scenarios.append(
-            Scenario(
-                f"random_{seed}_{n}",
-                epochs=count,
-                sensor=sensor,
-                failed_hours=failed,
-                late_hours=late,
-                rules=tuple(rules),
-                actions=tuple(actions),
-                conn_id=conn_id,
-                description=f"seed {seed} pipeline {n}: {sensor} sensor, event {event} at {when}"
-                + ("" if stack != "production" else f", platform fault {platform}"),
-            )
+        scenario = Scenario(
+            f"random_{seed}_{n}",
+            epochs=count,
+            sensor=sensor,
+            failed_hours=failed,
+            late_hours=late,
+            rules=tuple(rules),
+            actions=tuple(actions),
+            conn_id=conn_id,
+            description=f"seed {seed} pipeline {n}: {sensor} sensor, event {event} at {when}"
+            + ("" if stack != "production" else f", platform fault {platform}"),
         )
+        scenarios.append(_as_upsert(scenario, seed, n) if upsert else scenario)
     return scenarios
+
+
+#: One pipeline in this many of a random plan is an upsert pipeline.
+UPSERT_EVERY = 5
+
+
+def is_upsert_pipeline(seed: int, n: int) -> bool:
+    """Whether pipeline ``n`` of seed ``seed``'s random plan is an upsert pipeline: one in each block
+    of ``UPSERT_EVERY`` consecutive pipelines, which one drawn from a generator of the block's own
+    (every other draw of the plan stays what it was before upsert pipelines were added)."""
+    return random.Random(f"{seed}-upsert-{n // UPSERT_EVERY}").randrange(UPSERT_EVERY) == n % UPSERT_EVERY
+
+
+def _as_upsert(scenario: Scenario, seed: int, n: int) -> Scenario:
+    """Pipeline ``n``'s plan as an upsert pipeline: the same faults, hours and events, one run at a
+    time, and in one of two such pipelines a concurrent compaction of a file an epoch's write
+    rewrote, between that write and its commit (``upsert_actions``), drawn from a generator of its
+    own. The compacted hour is checkpointed and comes after a checkpointed hour, so that the table
+    holds a file to compact; its commit's conflict is only noted (a recovery run started by a
+    scheduler kill may commit the epoch before the compaction lands)."""
+    rng = random.Random(f"{seed}-upsert-pipeline-{n}")
+    rules, actions = list(scenario.rules), list(scenario.actions)
+    ok = [k for k in range(1, scenario.epochs) if k not in scenario.failed_hours]
+    ok = [k for k in ok if any(i not in scenario.failed_hours for i in range(k))]
+    compaction = ""
+    if ok and rng.random() < 0.5:
+        k = rng.choice(ok)
+        rules.insert(0, compaction_rule(k))
+        actions.append(concurrent_compaction(k, expect_conflict=False))
+        compaction = f", compaction during hour {k}"
+    head, _, tail = scenario.description.partition(": ")
+    tail, platform, fault = tail.partition(", platform fault")  # the production stack's, kept last
+    return Scenario(
+        scenario.name,
+        epochs=scenario.epochs,
+        sensor=scenario.sensor,
+        failed_hours=scenario.failed_hours,
+        late_hours=scenario.late_hours,
+        rules=tuple(rules),
+        actions=tuple(actions),
+        conn_id=scenario.conn_id,
+        mode="upsert",
+        max_active_runs=1,
+        description=f"{head}: upsert, {tail}{compaction}{platform}{fault}",
+    )
 
 
 def _random_platform_fault(seed: int, n: int, count: int, failed: frozenset[int]) -> tuple[str, str, Action | None]:

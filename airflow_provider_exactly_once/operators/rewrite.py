@@ -72,7 +72,8 @@ class RewriteEpochOperator(_EpochOperator):
             result.why,
             self.write_task_id,
         )
-        # The write's templates, rendered for this run as its own task would render them.
+        # The write's templates, rendered for this run as its own task would render them. Airflow
+        # logs that the write's execute is "called outside of the Task Runner": it is, on purpose.
         write.render_template_fields(context)
         self._write = write
         return write.execute(context)

@@ -3,7 +3,8 @@
 One cluster for the module: api-server, scheduler (LocalExecutor), dag-processor and triggerer as
 subprocesses, Airflow's metadata DB on the PostgreSQL at 127.0.0.1:5432, the meta store on its own
 PostgreSQL server. Every named scenario runs once (at the same time, each on its own pipeline), then a
-short fixed-seed random plan; each table is judged from its input alone. The Spark-write scenario
+short fixed-seed random plan; each table is judged from its input alone (an upsert pipeline's
+against the key model its checkpointed hours' changes add up to). The Spark-write scenario
 uses real spark-submit; the others the light writer (real Parquet files written with pyarrow).
 The reprocessing scenarios land committed hours anew and re-run them (CLI clear, reprocess
 backfills, the REST API), so their epochs are replaced by revisions. Nothing is mocked.
@@ -25,10 +26,13 @@ from tests.fault_harness.reports import failures
 pytestmark = pytest.mark.postgres
 
 #: The CI's random run; the long run is ``scripts/faults --random --epochs 200`` (docs/faults.md).
-#: This seed's one pipeline also reprocesses: a backfill over a committed and a failed hour, the
-#: committed one landed anew and its revision killed after its commit, before its mark.
-CI_SEED = 20261124
-CI_RANDOM_EPOCHS = 6
+#: This seed's plan has two pipelines: an append pipeline of 6 hours that also reprocesses (a clear
+#: of a committed hour, landed anew, its revision crashed before the catalog update) and an upsert
+#: pipeline of 3 hours (a failed hour, a compaction between an epoch's write and its commit); the
+#: scheduler is killed once.
+CI_SEED = 20261163
+CI_RANDOM_EPOCHS = 9
+CI_PER_PIPELINE = 6
 
 
 @pytest.fixture(scope="module")
@@ -67,8 +71,22 @@ def test_every_named_scenario_ends_with_no_anomaly(fault_cluster: Cluster) -> No
     # Only the failed epoch was re-opened: three first commits, no revision, every hour completed now.
     failed = results["reprocess_failed"]
     assert (failed["revisions"], failed["marked_snapshots"], failed["hours"]) == (0, 3, {"completed": 3}), failed
+    # Upsert pipelines: one marked snapshot per checkpointed hour, the table equal to the key model
+    # (the checker's verdict above); the compaction landed between hour 1's write and its commit.
+    upserts = {name: r for name, r in results.items() if r["mode"] == "upsert"}
+    assert {name: r["marked_snapshots"] for name, r in upserts.items()} == {
+        "upsert_kill_commit": 3,
+        "upsert_failed_hour": 2,
+        "upsert_compaction": 2,
+    }, upserts
+    compaction = results["upsert_compaction"]["actions"]
+    assert any(line.split(" ", 1)[1].startswith("compaction: ") for line in compaction), compaction
     for name, result in results.items():
         completed = result["hours"].get("completed", 0)
+        if result["mode"] == "upsert":
+            assert result["rows_expected"] > 0, name  # the model's size, not 12 rows an hour
+            assert result["runs"] and sum(1 for s in result["runs"].values() if s == "success") == completed, name
+            continue
         assert result["rows_expected"] == 12 * completed or result["relanded_hours"], name
         assert result["rows_visible"] - result["foreign_rows"] == result["rows_expected"], name
         assert sum(1 for s in result["runs"].values() if s == "success") >= completed, (name, result["runs"])
@@ -76,9 +94,10 @@ def test_every_named_scenario_ends_with_no_anomaly(fault_cluster: Cluster) -> No
 
 @pytest.mark.timeout(1800)
 def test_a_fixed_seed_random_run_ends_with_no_anomaly(fault_cluster: Cluster) -> None:
-    scenarios = random_plan(CI_SEED, CI_RANDOM_EPOCHS, per_pipeline=CI_RANDOM_EPOCHS)
+    scenarios = random_plan(CI_SEED, CI_RANDOM_EPOCHS, per_pipeline=CI_PER_PIPELINE)
     assert describe_plan(scenarios) == describe_plan(random_plan(CI_SEED, CI_RANDOM_EPOCHS, per_pipeline=6))
-    report = run_scenarios(fault_cluster, scenarios, timeout=900)
+    assert [s.mode for s in scenarios] == ["append", "upsert"]
+    report = run_scenarios(fault_cluster, scenarios, timeout=1200)
     assert report["faulted_epochs"] == CI_RANDOM_EPOCHS
     assert report["reprocessed_epochs"] >= 1, report["scenarios"]
     assert report["anomalies"] == 0 and report["action_errors"] == 0, f"seed {CI_SEED}: {failures(report)}"

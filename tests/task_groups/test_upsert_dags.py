@@ -15,6 +15,7 @@ from airflow.sdk import DAG
 from airflow_provider_exactly_once.checkpoints.config import MarkerFileCheckpoint
 from airflow_provider_exactly_once.core.decisions import REWRITE_REASON
 from airflow_provider_exactly_once.core.epochs import epoch_from_interval_start
+from airflow_provider_exactly_once.core.errors import InvalidSinkConfig
 from airflow_provider_exactly_once.core.identifiers import new_write_id
 from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochStatus
 from airflow_provider_exactly_once.runtime.assembly import run_epoch
@@ -160,3 +161,13 @@ def test_without_rewrites_the_conflict_fails_the_run_and_clearing_it_writes_agai
     tasks = ["write", *(f"{G}.{t}" for t in ("persist", "wait_for_checkpoint", "commit", "abort"))]
     assert clear_and_resume(dag, dr.run_id, tasks).state == "success"
     assert shown(world) == {0: "v0", 2: "v0"}
+
+
+def test_a_write_that_forbids_nesting_is_refused_at_parse_time_unless_rewrites_are_off() -> None:
+    with DAG("d_nested", schedule=None, start_date=dt.datetime(2024, 1, 1), max_active_runs=1):
+        write = PythonOperator(task_id="write", python_callable=lambda: None, allow_nested_operators=False)
+        with pytest.raises(InvalidSinkConfig, match=r"allow_nested_operators=False.*rewrites=0"):
+            exactly_once_epoch(write, sink=UPSERT, checkpoint=MarkerFileCheckpoint(path_template="/x/{epoch}"))
+        exactly_once_epoch(
+            write, sink=UPSERT, checkpoint=MarkerFileCheckpoint(path_template="/x/{epoch}"), rewrites=0, group_id="g0"
+        )
