@@ -48,6 +48,7 @@ from .errors import (
     InvalidSinkConfig,
     MetaStoreUnavailable,
     ReplacedFilesMissing,
+    ReprocessRefused,
     StateConflict,
     UpsertConflict,
 )
@@ -69,6 +70,7 @@ from .outcomes import (
 from .ports import CheckpointSource, CommitPlan, EpochRecord, SinkCommitter, SinkStateStore
 from .precommit import PreCommit
 from .status import EpochStatus
+from .upsert_revisions import later_deletes_refusal
 
 __all__ = ["TwoPhaseCommitCoordinator", "require_epoch"]
 
@@ -176,6 +178,11 @@ class TwoPhaseCommitCoordinator:
             if row is not None and action is Action.REVISE:
                 self._refuse_discarded(pre)
                 try:
+                    self._refuse_untellable_revision(pre)
+                except ReprocessRefused:
+                    self._discard(pre, "revision refused: later epochs deleted keys the table did not hold")
+                    raise
+                try:
                     record = self._store.revisions.open_revision(
                         pre, expected_write_id=row.write_id, run_id=run_id, try_number=try_number, dag_id=dag_id
                     )
@@ -231,6 +238,15 @@ class TwoPhaseCommitCoordinator:
             f"{pre.describe()}: the epoch kept changing under {_PERSIST_RACE_ROUNDS} attempts to persist"
         )
 
+    def _refuse_untellable_revision(self, pre: PreCommit) -> None:
+        """An upsert revision the table cannot prove well defined (``later_deletes_refusal``); asks the
+        store for the sink's committed epochs, so only of an upsert revision."""
+        if not any(t.revises is not None for t in pre.tables):
+            return
+        why = later_deletes_refusal(pre, self._store.epochs_with_status(pre.sink_id, EpochStatus.COMMITTED))
+        if why is not None:
+            raise ReprocessRefused(f"{pre.describe()}: revision refused: {why}")
+
     def _discard(self, pre: PreCommit, reason: str) -> None:
         """This write must never be the epoch's: its files go, through the clean-up queue."""
         self._store.enqueue_cleanup(pre, reason=reason)
@@ -272,6 +288,8 @@ class TwoPhaseCommitCoordinator:
             refusal = upsert_order_refusal(row, pending)
             if refusal is not None:
                 raise refusal
+            if row.replaces is not None:
+                self._refuse_untellable_revision(row.pre_commit)  # a later epoch may have committed since persist
             # Once decided, the write can only be committed; so decide only for a write the sink can
             # still take (its table may have changed since persist), and keep the others abortable.
             try:

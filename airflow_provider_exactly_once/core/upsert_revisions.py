@@ -19,7 +19,7 @@ of what the job produced. No I/O here: the row says everything.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from .generations import is_newer, is_older
 from .ports import EMPTY, CommittedTables, EpochRecord
@@ -123,3 +123,31 @@ def revision_refusal(write: PreCommit, committed_write_id: str, committed: PreCo
             f"to revise what the table shows ({DOCUMENTED})"
         )
     return None
+
+
+def later_deletes_refusal(write: PreCommit, committed: Iterable[EpochRecord]) -> str | None:
+    """Why a revision cannot be told well defined from the meta store, when the table cannot tell.
+
+    A later epoch's delete of a key the table did not hold leaves no file behind, so the commit's
+    checks against the table never see it; yet had this revision inserted that key, the later
+    delete would have removed it. ``committed``: the sink's Committed epochs (their counts say
+    whether such deletes happened). ``None`` when no later epoch of the revised tables made one.
+    """
+    tables = {t.table for t in write.tables if t.revises is not None}
+    later = sorted(
+        {
+            row.epoch
+            for row in committed
+            if row.epoch > write.epoch
+            for t in row.pre_commit.tables
+            if t.table in tables and t.changes is not None and t.changes.deletes_of_absent_keys
+        }
+    )
+    if not later:
+        return None
+    shown = ", ".join(str(e) for e in later[:5]) + (f" (and {len(later) - 5} more)" if len(later) > 5 else "")
+    return (
+        f"later epoch(s) {shown} deleted keys the table did not hold; such a delete leaves nothing in the table, so "
+        "whether this revision inserts one of those keys (which the later delete would have removed) cannot be "
+        f"told. Correct the keys with a new epoch's changes instead ({DOCUMENTED})"
+    )

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from airflow_provider_exactly_once.core.coordinator import TwoPhaseCommitCoordinator
-from airflow_provider_exactly_once.core.errors import UpsertConflict
+from airflow_provider_exactly_once.core.errors import ReprocessRefused, UpsertConflict
 from airflow_provider_exactly_once.core.faults import SimulatedCrash
 from airflow_provider_exactly_once.core.outcomes import AbortOutcome, CommitOutcome, PersistOutcome
 from airflow_provider_exactly_once.core.precommit import PreCommit
@@ -226,3 +226,36 @@ def test_a_revision_its_run_gives_up_is_aborted_and_the_epoch_keeps_its_write(ep
     assert row is not None and (row.status, row.write_id) == (EpochStatus.COMMITTED, first.write_id)
     assert epochs.shown() == BEFORE
     assert epochs.replacing().recover(SINK).ok and epochs.shown() == BEFORE
+
+
+@pytest.mark.parametrize("when", ["persist", "commit"])
+def test_a_later_delete_of_an_absent_key_refuses_the_revision(epochs: Epochs, faults: FaultSwitch, when: str) -> None:
+    """F deletes key 21, which the table never held: nothing in the table shows it, yet E' inserting
+    21 would have to stay deleted after F. The meta store's counts tell, so the revision is refused."""
+    _, later = epochs.three_epochs({30: "f"} if when == "commit" else {30: "f", 21: None})
+    revision = epochs.write(1, {3: "r", 21: "r"}, G1, revise=True)
+    if when == "commit":
+        # A later epoch whose commit was decided before the revision's persist commits after it.
+        epochs.coordinator.persist(epochs.write(3, {21: None}, G0))
+        epochs.pipeline.checkpoint(SINK, 3, CheckpointStatus.COMPLETED)
+        faults.crash_at("commit.decided")
+        with pytest.raises(SimulatedCrash):
+            epochs.coordinator.commit(SINK, 3)
+        faults.disarm()
+        assert epochs.coordinator.persist(revision).outcome is PersistOutcome.REVISED
+        assert epochs.coordinator.commit(SINK, 3).outcome is CommitOutcome.COMMITTED
+        before = epochs.shown()
+        with pytest.raises(ReprocessRefused, match=r"later epoch\(s\) 3 deleted keys the table did not hold"):
+            epochs.coordinator.commit(SINK, 1)
+        row = epochs.pipeline.store.get(SINK, 1)
+        assert row is not None and row.status is EpochStatus.PENDING and row.commit_decided_at is None
+        assert epochs.coordinator.abort(SINK, 1, reason="revision refused").outcome is AbortOutcome.REVISION_ABORTED
+    else:
+        assert later.tables[0].changes is not None and later.tables[0].changes.deletes_of_absent_keys == 1
+        before = epochs.shown()
+        with pytest.raises(ReprocessRefused, match=r"later epoch\(s\) 2 deleted keys the table did not hold"):
+            epochs.coordinator.persist(revision)
+        assert not Path(revision.tables[0].location.removeprefix("file://")).exists(), "the refused write is removed"
+    assert epochs.shown() == before
+    row = epochs.pipeline.store.get(SINK, 1)
+    assert row is not None and row.status is EpochStatus.COMMITTED and row.revision == 0
