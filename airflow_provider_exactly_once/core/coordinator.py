@@ -284,8 +284,9 @@ class TwoPhaseCommitCoordinator:
             return CommitResult(CommitOutcome.ALREADY_COMMITTED, row)
 
         if decision.action is Action.DECIDE_AND_COMMIT:
-            pending = (r.epoch for r in self._store.epochs_with_status(sink_id, EpochStatus.PENDING))
-            refusal = upsert_order_refusal(row, pending)
+            refusal = upsert_order_refusal(
+                row, lambda: [r.epoch for r in self._store.epochs_with_status(sink_id, EpochStatus.PENDING)]
+            )
             if refusal is not None:
                 raise refusal
             if row.replaces is not None:

@@ -218,13 +218,14 @@ def other_dag_warning(pre: PreCommit, row: EpochRecord, dag_id: str | None) -> s
     )
 
 
-def upsert_order_refusal(row: EpochRecord, pending_epochs: Iterable[int]) -> EarlierEpochUndecided | None:
+def upsert_order_refusal(row: EpochRecord, pending_epochs: Callable[[], Iterable[int]]) -> EarlierEpochUndecided | None:
     """Upsert epochs of a sink commit in epoch order (design.md section 5, step 7): changes by key
     applied out of order would leave an older state of a key visible. ``pending_epochs``: the sink's
-    undecided epochs. Asked before a commit is decided; a decided commit goes on."""
+    undecided epochs, listed only for an upsert write (a backlog of appends must not list its Pending
+    rows at every commit). Asked before a commit is decided; a decided commit goes on."""
     if not any(t.is_upsert for t in row.pre_commit.tables):
         return None
-    earlier = sorted(epoch for epoch in pending_epochs if epoch < row.epoch)
+    earlier = sorted(epoch for epoch in pending_epochs() if epoch < row.epoch)
     if not earlier:
         return None
     shown = ", ".join(str(e) for e in earlier[:5]) + (f" (and {len(earlier) - 5} more)" if len(earlier) > 5 else "")

@@ -91,11 +91,11 @@ def test_a_bad_upsert_sink_is_refused_naming_it(settings: dict[str, object], ref
 
 def test_upsert_epochs_commit_in_epoch_order_and_appends_do_not_wait() -> None:
     pending = row(EpochStatus.PENDING, upsert_write())
-    refusal = upsert_order_refusal(pending, [EPOCH - 2, EPOCH, EPOCH + 1])
+    refusal = upsert_order_refusal(pending, lambda: [EPOCH - 2, EPOCH, EPOCH + 1])
     assert isinstance(refusal, EarlierEpochUndecided) and refusal.retryable
     assert f"1 earlier epoch(s) of the sink are still undecided (Pending): {EPOCH - 2}" in str(refusal)
-    assert upsert_order_refusal(pending, [EPOCH, EPOCH + 1]) is None
-    assert upsert_order_refusal(row(EpochStatus.PENDING, upsert_write(upsert=False)), [EPOCH - 2]) is None
+    assert upsert_order_refusal(pending, lambda: [EPOCH, EPOCH + 1]) is None
+    assert upsert_order_refusal(row(EpochStatus.PENDING, upsert_write(upsert=False)), pytest.fail) is None
 
 
 G0 = generation_of(dt.datetime(2024, 1, 1, tzinfo=dt.UTC), 0)
