@@ -37,16 +37,13 @@ from .decisions import (
     files_lost_refusal,
     other_dag_warning,
     persist_decision,
-    recovery_decision,
     rewrite_decision,
     upsert_order_refusal,
 )
 from .errors import (
     AbortRefused,
-    ExactlyOnceError,
     InvalidPreCommit,
     InvalidSinkConfig,
-    MetaStoreUnavailable,
     ReplacedFilesMissing,
     ReprocessRefused,
     StateConflict,
@@ -69,6 +66,7 @@ from .outcomes import (
 )
 from .ports import CheckpointSource, CommitPlan, EpochRecord, SinkCommitter, SinkStateStore
 from .precommit import PreCommit
+from .recovery import recover_pending
 from .status import EpochStatus
 from .upsert_revisions import later_deletes_refusal
 
@@ -502,42 +500,10 @@ class TwoPhaseCommitCoordinator:
     # -- recovery ---------------------------------------------------------------------------------
 
     def recover(self, sink_id: str) -> RecoveryReport:
-        """Finish what crashes left half done for one sink; costs O(pending), not O(history).
-
-        Pending epochs whose commit was decided or whose checkpoint completed are committed; those
-        whose checkpoint failed are aborted; the rest keep waiting. Then every queued clean-up runs.
-        One epoch's failure is reported and does not stop the others.
-        """
+        """Finish what crashes left half done for one sink (``core.recovery``): each Pending epoch
+        committed, aborted or left waiting by ``decisions.recovery_decision``, then the clean-ups."""
         self._committer(sink_id)
-        report = RecoveryReport(sink_id)
-        for row in sorted(self._store.epochs_with_status(sink_id, EpochStatus.PENDING), key=lambda r: r.epoch):
-            try:
-                decision = recovery_decision(row, lambda: self._checkpoints.status(sink_id, row.epoch))  # noqa: B023
-                if decision.action is Action.WAIT:
-                    report.waiting.append(row.epoch)
-                    continue
-                if decision.action in (Action.ABORT, Action.ABORT_REVISION):
-                    aborted = self.abort(sink_id, row.epoch, reason="recovery: checkpoint FAILED")
-                    report.aborted.append(row.epoch)
-                    report.files_deleted += aborted.files_deleted
-                    continue
-                self.commit(sink_id, row.epoch)
-                report.committed.append(row.epoch)
-            except MetaStoreUnavailable:
-                raise  # nothing else can make progress either; the recovery task is retried whole
-            except Exception as exc:
-                # Whatever one epoch raises (a refusal, a driver's error, a bug) is that epoch's: it is
-                # kept on its row and reported, and the sink's other epochs are still tried.
-                log.warning(
-                    "recovery of sink %r epoch %d failed: %s: %s",
-                    sink_id,
-                    row.epoch,
-                    type(exc).__name__,
-                    exc,
-                    exc_info=not isinstance(exc, ExactlyOnceError),
-                )
-                report.failed[row.epoch] = f"{type(exc).__name__}: {exc}"
-                note_error(self._store, row, exc)
+        report = recover_pending(self, self._store, self._checkpoints, sink_id)
         report.files_deleted += self._run_cleanups(sink_id, None, report)
         return report
 
