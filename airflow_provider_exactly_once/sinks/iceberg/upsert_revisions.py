@@ -33,10 +33,7 @@ from airflow_provider_exactly_once.core.ports import ReplacedWrite
 from airflow_provider_exactly_once.core.precommit import PreCommit, TableWrite
 from airflow_provider_exactly_once.core.upsert_revisions import DOCUMENTED
 from airflow_provider_exactly_once.sinks.iceberg.markers import EPOCH_KEY, SINK_ID_KEY, marker_of
-from airflow_provider_exactly_once.sinks.iceberg.upserts import files_to_rewrite, may_hold_range, snapshots_since
-
-#: Files (and the commits that changed them) an error names at most.
-SHOWN = 5
+from airflow_provider_exactly_once.sinks.iceberg.upserts import files_to_rewrite, may_hold_range, shown, snapshots_since
 
 
 def upsert_files_to_replace(
@@ -122,18 +119,18 @@ def files_to_revise(table: Table, branch: str, pre_commit: PreCommit, write: Tab
     removed, overlapping = later.changes(table, owner, write)
     gone = sorted(to_remove - set(found))
     if gone:
-        shown = (f"{path} ({removed.get(path, 'removed outside the commits since')})" for path in gone)
+        named = (f"{path} ({removed.get(path, 'removed outside the commits since')})" for path in gone)
         _refuse(
             owner,
             f"{len(gone)} file(s) it must remove are no longer in the table: a later commit rewrote them, changing "
-            f"keys of the epoch or rows beside them: {_show(shown)}",
+            f"keys of the epoch or rows beside them: {shown(named)}",
             gone,
         )
     if overlapping:
         _refuse(
             owner,
             f"{len(overlapping)} data file(s) committed since may hold keys the epoch changed: "
-            f"{_show(f'{path} (added by {commit})' for path, commit in overlapping)}",
+            f"{shown(f'{path} (added by {commit})' for path, commit in overlapping)}",
             [path for path, _ in overlapping],
         )
     return [found[path] for path in sorted(found)]
@@ -195,11 +192,6 @@ def _epochs_own(snapshot: Snapshot, pre_commit: PreCommit) -> bool:
     return (
         marker is not None and marker[SINK_ID_KEY] == pre_commit.sink_id and marker[EPOCH_KEY] == str(pre_commit.epoch)
     )
-
-
-def _show(items: Iterable[str]) -> str:
-    listed = list(items)
-    return ", ".join(listed[:SHOWN]) + (f" (and {len(listed) - SHOWN} more)" if len(listed) > SHOWN else "")
 
 
 def _refuse(owner: str, why: str, conflicting: Iterable[str]) -> None:

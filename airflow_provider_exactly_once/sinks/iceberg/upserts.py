@@ -91,11 +91,11 @@ def files_to_rewrite(table: Table, branch: str, pre_commit: PreCommit, write: Ta
                 overlapping.append(data_file.file_path)
     missing = sorted(wanted - set(found))
     if missing:
-        _conflict(owner, f"{len(missing)} file(s) it rewrote are no longer in the table: {_show(missing)}", missing)
+        _conflict(owner, f"{len(missing)} file(s) it rewrote are no longer in the table: {shown(missing)}", missing)
     if overlapping:
         _conflict(
             owner,
-            f"{len(overlapping)} data file(s) added since its read may hold the epoch's keys: {_show(overlapping)}",
+            f"{len(overlapping)} data file(s) added since its read may hold the epoch's keys: {shown(overlapping)}",
             overlapping,
         )
     return [found[path] for path in sorted(found)]
@@ -166,7 +166,8 @@ def _value(field_type: PrimitiveType, raw: bytes) -> Any:
     return value.encode("utf-8") if isinstance(field_type, StringType) else value
 
 
-def _show(paths: Iterable[str]) -> str:
+def shown(paths: Iterable[str]) -> str:
+    """The first few of ``paths`` and how many more: an error names what conflicts, readably."""
     listed = list(paths)
     return ", ".join(listed[:SHOWN]) + (f" (and {len(listed) - SHOWN} more)" if len(listed) > SHOWN else "")
 

@@ -23,6 +23,7 @@ from airflow_provider_exactly_once.core.outcomes import AbortOutcome, CommitOutc
 from airflow_provider_exactly_once.core.precommit import PreCommit
 from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochStatus
 from airflow_provider_exactly_once.core.upsert_revisions import revision_basis
+from tests.core.coordinator.test_reprocessing import STEPS  # every step of a revision's persist and commit
 from tests.support.faults import FaultSwitch
 from tests.support.independent_reader import read_rows
 from tests.support.pipeline import Pipeline
@@ -39,14 +40,6 @@ P = {k: "v0" for k in range(6)}
 BEFORE = {0: "v0", 1: "e", 3: "v0", 4: "v0", 5: "v0", 20: "e", 30: "f"}
 #: After the revision E' = {3: "r", 21: "r"} of epoch 1: P with E' applied, then F.
 AFTER = {0: "v0", 1: "v0", 2: "v0", 3: "r", 4: "v0", 5: "v0", 21: "r", 30: "f"}
-STEPS = [
-    "persist.revised",
-    "commit.decided",
-    "iceberg.before_catalog_update",
-    "iceberg.after_catalog_update",
-    "commit.visible",
-    "commit.marked",
-]
 
 
 class Epochs:
