@@ -66,7 +66,7 @@ from .outcomes import (
 )
 from .ports import CheckpointSource, CommitPlan, EpochRecord, SinkCommitter, SinkStateStore
 from .precommit import PreCommit
-from .recovery import recover_pending
+from .recovery import EpochBatches, recover_pending
 from .status import EpochStatus
 from .upsert_revisions import later_deletes_refusal
 
@@ -500,10 +500,10 @@ class TwoPhaseCommitCoordinator:
     # -- recovery ---------------------------------------------------------------------------------
 
     def recover(self, sink_id: str) -> RecoveryReport:
-        """Finish what crashes left half done for one sink (``core.recovery``): each Pending epoch
-        committed, aborted or left waiting by ``decisions.recovery_decision``, then the clean-ups."""
-        self._committer(sink_id)
-        report = recover_pending(self, self._store, self._checkpoints, sink_id)
+        """Finish what crashes left half done for one sink: its Pending epochs (``core.recovery``), then clean-ups."""
+        committer, beyond = self._committer(sink_id), self._allow_beyond_horizon
+        batches = EpochBatches.of(sink_id, self._store, committer, self._fault, self._metrics, beyond)
+        report = recover_pending(self, self._store, self._checkpoints, sink_id, batches)
         report.files_deleted += self._run_cleanups(sink_id, None, report)
         return report
 

@@ -370,6 +370,21 @@ def recovery_decision(row: EpochRecord, checkpoint: CheckpointLookup) -> Decisio
     return Decision(Action.DECIDE_AND_COMMIT, why="checkpoint COMPLETED")
 
 
+def commits_in_batch(row: EpochRecord, decision: Decision) -> bool:
+    """Whether recovery may commit the epoch together with its neighbours (``core/batch.py``): one
+    sink commit holding one marked snapshot per epoch, in epoch order, instead of one commit each.
+
+    Only a plain append qualifies. A revision replaces files that the table must still hold when
+    its own snapshot is made, and an upsert epoch is checked against the table just before it; both
+    depend on what the epoch before them left, so they commit on their own, as does a write the sink
+    cannot batch (``BatchCommitter.prepare_batch``). Nothing else about the epoch changes: the same
+    decision (``recovery_decision``), the same commit decision by CAS before anything is visible.
+    """
+    if decision.action not in (Action.DECIDE_AND_COMMIT, Action.COMMIT_DECIDED):
+        return False
+    return row.replaces is None and row.pre_commit.written and not any(t.is_upsert for t in row.pre_commit.tables)
+
+
 # -- rewrite after an upsert conflict ---------------------------------------------------------------
 
 #: The reason recorded on a decided write given up for a rewrite; a rewrite task that crashed after

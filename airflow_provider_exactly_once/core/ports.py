@@ -82,6 +82,16 @@ class CleanupTask:
     removed_by: Mapping[str, str] | None = None
 
 
+@dataclass(frozen=True)
+class CommitMark:
+    """One epoch of a batch to mark Committed (``SinkStateStore.mark_committed_batch``)."""
+
+    epoch: int
+    write_id: str
+    committed: CommittedTables
+    identities: Mapping[str, str]
+
+
 class SinkRevisions(Protocol):
     """The store's transitions of an epoch's revisions (``store.revisions``): a newer generation's
     write replacing the committed one, atomically (invariant 1)."""
@@ -174,6 +184,16 @@ class SinkStateStore(Protocol):
         identities: Mapping[str, str] | None = None,
     ) -> EpochRecord:
         """``Pending -> Committed`` for this write, with the identity of each table it went into; clears ``error``."""
+        ...
+
+    def decide_commits(self, sink_id: str, writes: Sequence[tuple[int, str]]) -> Sequence[int]:
+        """``decide_commit`` for several ``(epoch, write_id)`` of a sink in one transaction, each by its
+        own CAS, in order, stopping at the first whose row moved: the epochs decided, a prefix."""
+        ...
+
+    def mark_committed_batch(self, sink_id: str, marks: Sequence[CommitMark]) -> Sequence[int]:
+        """``mark_committed`` for several decided Pending writes (no revision) in one transaction, each
+        by its own CAS; a row that moved is left as it is. The epochs marked."""
         ...
 
     def reopen_committed(
@@ -404,6 +424,25 @@ class SinkCommitter(Protocol):
         re-created under the same name does not hold the epochs the old one held. Targets without
         such an identity (a file sink's directory) are left out.
         """
+        ...
+
+
+@runtime_checkable
+class BatchCommitter(SinkCommitter, Protocol):
+    """A committer that can make several epochs' appends visible in one sink commit, each epoch still
+    with its own snapshot and marker (invariant 1), in epoch order: how recovery clears a backlog
+    (``core/batch.py``). Optional: a committer without it commits every epoch on its own."""
+
+    def prepare_batch(self, pre_commits: Sequence[PreCommit]) -> Sequence[CommitPlan | None]:
+        """``SinkCommitter.prepare`` for each write, sharing what can be shared (a table loaded once);
+        ``None`` for a write that must be committed on its own (refused, or more than an append)."""
+        ...
+
+    def commit_batch(
+        self, plans: Sequence[CommitPlan], since: Sequence[datetime], *, allow_beyond_horizon: bool = False
+    ) -> Sequence[CommittedTables]:
+        """``SinkCommitter.commit`` of every plan (``since[i]`` for ``plans[i]``), in order, landing per
+        table whole or not at all; raises what ``commit`` raises, for the batch as a whole."""
         ...
 
 

@@ -229,6 +229,20 @@ class IcebergSinkCommitter:
             committed[table_plan.write.table] = self._commit_table(pre_commit, table_plan, not_before_ms, replaces)
         return {write.table: committed[write.table] for write in pre_commit.tables}
 
+    def prepare_batch(self, pre_commits: Sequence[PreCommit]) -> list[CommitPlan | None]:
+        """``core.ports.BatchCommitter``: each table loaded once for the batch (``batch.py``)."""
+        from airflow_provider_exactly_once.sinks.iceberg.batch import prepare_batch
+
+        return prepare_batch(self, pre_commits)
+
+    def commit_batch(
+        self, plans: Sequence[CommitPlan], since: Sequence[datetime], *, allow_beyond_horizon: bool = False
+    ) -> list[CommittedTables]:
+        """``core.ports.BatchCommitter``: the epochs' appends stacked in one catalog commit per table."""
+        from airflow_provider_exactly_once.sinks.iceberg.batch import commit_batch
+
+        return commit_batch(self, plans, since, allow_beyond_horizon=allow_beyond_horizon)
+
     def delete_replaced(
         self, pre_commit: PreCommit, removed_by: Mapping[str, str], recorded_at: datetime
     ) -> int | None:

@@ -87,3 +87,21 @@ def find_marker(
         if props is not None and props[SINK_ID_KEY] == sink_id and props[EPOCH_KEY] == wanted_epoch:
             return snapshot.snapshot_id, props.get(WRITE_ID_KEY, "")
     return None
+
+
+def sink_markers(
+    metadata: TableMetadata, sink_id: str, *, branch: str, not_before_ms: int
+) -> dict[str, tuple[int, str, int]]:
+    """Per epoch (as the marker writes it): ``(snapshot_id, write_id, timestamp_ms)`` of the newest
+    snapshot on ``branch`` with the sink's marker, as far back as ``not_before_ms``.
+
+    One walk answers ``find_marker`` for every epoch of a batch: asking per epoch would walk the same
+    recent snapshots once per epoch. A caller whose epochs have different bounds passes the oldest
+    and compares each epoch's own bound with the timestamp.
+    """
+    found: dict[str, tuple[int, str, int]] = {}
+    for snapshot in recent_ancestry(metadata, branch=branch, not_before_ms=not_before_ms):
+        props = marker_of(snapshot)
+        if props is not None and props[SINK_ID_KEY] == sink_id and props[EPOCH_KEY] not in found:
+            found[props[EPOCH_KEY]] = (snapshot.snapshot_id, props.get(WRITE_ID_KEY, ""), snapshot.timestamp_ms)
+    return found

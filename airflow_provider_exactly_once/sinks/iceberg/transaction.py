@@ -12,13 +12,18 @@ one module means an upgrade has one file to re-check.
    (every snapshot of the table's history) on each access, and one fast append reads it about sixteen
    times. A table with a long history then makes every commit, and so recovery of many epochs,
    cost O(history) many times over. The metadata only changes when an update is staged, so it is
-   cached until then.
+   cached until then, and only the updates staged since are applied to the cached copy: a batch of
+   epochs stacked in one transaction (``sinks/iceberg/batch.py``) would otherwise re-apply every
+   earlier epoch's snapshot at each new one, quadratic in the batch.
 3. pyiceberg's ``AssertRefSnapshotId`` refuses any ref but ``main`` on a table without snapshots, so
    the first commit to a named branch of a new table fails while staging. The Iceberg spec (and Java
    Iceberg, whose REST servers check the same requirement) only asks that a ref expected absent is
    absent; a table without snapshots has no refs at all, so the first commit creates the branch, as
    Flink's committer does. ``_stage`` swaps the requirement for one with the spec's meaning; it
-   serialises identically, so a REST catalog receives the standard requirement.
+   serialises identically, so a REST catalog receives the standard requirement. Several snapshots
+   stacked on one branch in one transaction each assert the head before them; only the first
+   assertion per ref is a requirement on the catalog's table (pyiceberg keeps one per requirement
+   type, and the spec-meaning one has a type of its own), the others hold by construction.
 4. A fast append writes every added file into one manifest of the table's *default* spec and
    summarises partitions with it. Iceberg keeps files of older specs, and a write partitioned for
    the spec of its time must be filed under that spec when the table's spec changed before the
@@ -27,18 +32,33 @@ one module means an upgrade has one file to re-check.
    step 6): pyiceberg's ``_OverwriteFiles`` removes exactly the files given to ``delete_data_file``
    (refusing, in ``_validate_required_deletes``, one that is no longer in the table) and adds the
    new ones, in one snapshot.
+5. A snapshot producer lists its parent's manifests by reading the parent's manifest list back from
+   storage. When the parent is the producer staged just before it in the same transaction (a batch
+   of epochs, ``sinks/iceberg/batch.py``), that list was written milliseconds earlier and is still
+   in memory: ``StackedFastAppend`` takes it from there, as the manifest list writer stamped it.
 """
 
 from __future__ import annotations
 
+from copy import copy
 from typing import Any
 
 from pyiceberg.exceptions import CommitFailedException
-from pyiceberg.manifest import DataFile, ManifestEntry, ManifestEntryStatus, ManifestFile
+from pyiceberg.manifest import UNASSIGNED_SEQ, DataFile, ManifestEntry, ManifestEntryStatus, ManifestFile
 from pyiceberg.table import Table, TableProperties, Transaction
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.snapshots import Operation, SnapshotSummaryCollector, Summary, update_snapshot_summaries
-from pyiceberg.table.update import AssertRefSnapshotId, TableRequirement, TableUpdate, update_table_metadata
+from pyiceberg.table.update import (
+    AddSnapshotUpdate,
+    AssertRefSnapshotId,
+    SetSnapshotRefUpdate,
+    TableRequirement,
+    TableUpdate,
+    UpdatesAndRequirements,
+    _apply_table_update,
+    _TableMetadataUpdateContext,
+    update_table_metadata,
+)
 from pyiceberg.table.update.snapshot import _FastAppendFiles, _OverwriteFiles
 from pyiceberg.typedef import EMPTY_DICT
 
@@ -60,6 +80,19 @@ class RefMustBeAbsent(AssertRefSnapshotId):
             raise CommitFailedException(
                 f"Requirement failed: {ref.snapshot_ref_type} {self.ref} was created concurrently"
             )
+
+
+def _apply(metadata: TableMetadata, updates: tuple[TableUpdate, ...]) -> TableMetadata:
+    """``update_table_metadata`` for updates staged after ``metadata`` was made. Snapshots and their
+    refs alone cannot break the schema or partition spec, and the metadata models are never changed
+    in place, so those are applied without the deep copy of the whole history pyiceberg makes; any
+    other update goes through pyiceberg's checks (the catalog applies every update again anyway)."""
+    if not all(isinstance(update, AddSnapshotUpdate | SetSnapshotRefUpdate) for update in updates):
+        return update_table_metadata(metadata, updates)
+    context = _TableMetadataUpdateContext()
+    for update in updates:
+        metadata = _apply_table_update(update, metadata, context)
+    return metadata
 
 
 def _spec_meaning(requirement: TableRequirement) -> TableRequirement:
@@ -122,6 +155,56 @@ class SpecAwareFastAppend(_FastAppendFiles):
         return _summary_by_spec(self, snapshot_properties)
 
 
+class StackedFastAppend(SpecAwareFastAppend):
+    """A ``SpecAwareFastAppend`` that may follow another one staged in the same transaction, and
+    then lists its manifests from memory instead of reading back the manifest list just written."""
+
+    def __init__(self, *, previous: StackedFastAppend | None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._previous = previous
+        self._new_manifests: list[ManifestFile] = []
+        #: The manifests as this snapshot's manifest list holds them, once staged.
+        self._listed: list[ManifestFile] | None = None
+
+    def _existing_manifests(self) -> list[ManifestFile]:
+        previous = self._previous
+        if previous is None or previous._listed is None or previous._snapshot_id != self._parent_snapshot_id:
+            return super()._existing_manifests()
+        # The filter of pyiceberg's _FastAppendFiles._existing_manifests, on the same manifests.
+        return [
+            m
+            for m in previous._listed
+            if m.has_added_files() or m.has_existing_files() or m.added_snapshot_id == self._snapshot_id
+        ]
+
+    def _manifests(self) -> list[ManifestFile]:
+        self._new_manifests = super()._manifests()
+        return self._new_manifests
+
+    def _commit(self) -> UpdatesAndRequirements:
+        updates, requirements = super()._commit()
+        snapshot = next(u.snapshot for u in updates if isinstance(u, AddSnapshotUpdate))
+        version = self._transaction.table_metadata.format_version
+        self._listed = [
+            _as_listed(m, version, snapshot.sequence_number) if m.added_snapshot_id == self._snapshot_id else m
+            for m in self._new_manifests
+        ]
+        return updates, requirements
+
+
+def _as_listed(manifest: ManifestFile, format_version: int, sequence_number: int | None) -> ManifestFile:
+    """The manifest as pyiceberg's manifest list writer stores it (``ManifestListWriterV2.prepare_manifest``):
+    a manifest new in this snapshot takes the snapshot's sequence number; v1 has none."""
+    if format_version == 1 or sequence_number is None:
+        return manifest
+    listed = copy(manifest)
+    if listed.sequence_number == UNASSIGNED_SEQ:
+        listed.sequence_number = sequence_number
+    if listed.min_sequence_number == UNASSIGNED_SEQ:
+        listed.min_sequence_number = sequence_number
+    return listed
+
+
 class SpecAwareOverwrite(_OverwriteFiles):
     """An overwrite that removes exactly the given files and adds the new ones under their own specs."""
 
@@ -156,16 +239,43 @@ class SinkTransaction(Transaction):
     def table_metadata(self) -> TableMetadata:
         if not self._updates:
             return self._table.metadata  # nothing to apply; the model is immutable, so no copy is needed
-        key = (id(self._table.metadata), len(self._updates))
-        if self._applied is None or self._applied[:2] != key:
-            self._applied = (*key, update_table_metadata(self._table.metadata, self._updates))
-        return self._applied[2]
+        base, staged = id(self._table.metadata), len(self._updates)
+        applied = self._applied
+        if applied is not None and applied[0] == base and applied[1] == staged:
+            return applied[2]
+        if applied is not None and applied[0] == base and applied[1] < staged:
+            # Updates are only ever appended: apply the new ones to what the earlier ones made.
+            metadata = _apply(applied[2], self._updates[applied[1] :])
+        else:
+            metadata = update_table_metadata(self._table.metadata, self._updates)
+        self._applied = (base, staged, metadata)
+        return metadata
 
     def _stage(self, updates: tuple[TableUpdate, ...], requirements: tuple[TableRequirement, ...] = ()) -> Transaction:
-        return super()._stage(updates, tuple(_spec_meaning(requirement) for requirement in requirements))
+        asserted = {r.ref for r in self._requirements if isinstance(r, AssertRefSnapshotId)}
+        kept = tuple(
+            _spec_meaning(requirement)
+            for requirement in requirements
+            if not (isinstance(requirement, AssertRefSnapshotId) and requirement.ref in asserted)
+        )
+        return super()._stage(updates, kept)
 
     def fast_append(self, *, branch: str, snapshot_properties: dict[str, str]) -> SpecAwareFastAppend:
         return SpecAwareFastAppend(
+            operation=Operation.APPEND,
+            transaction=self,
+            io=self._table.io,
+            branch=branch,
+            snapshot_properties=snapshot_properties,
+        )
+
+    def stacked_append(
+        self, *, branch: str, snapshot_properties: dict[str, str], previous: StackedFastAppend | None
+    ) -> StackedFastAppend:
+        """A fast append on ``branch`` after ``previous``, the last one staged in this transaction
+        (``None``: the first); stage the previous one before creating the next, so parents chain."""
+        return StackedFastAppend(
+            previous=previous,
             operation=Operation.APPEND,
             transaction=self,
             io=self._table.io,
