@@ -11,8 +11,21 @@ provider discovery all import it, and none of them needs the whole DAG-author su
 
 from __future__ import annotations
 
+import sys
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
+
+#: The one version: the wheel's metadata (hatch reads it from here) and ``get_provider_info`` agree.
+__version__ = "0.2.0"
+
+#: Python versions the package is tested on (docs/compatibility.md); the published metadata says the
+#: same, so only an install that bypassed the resolver meets this.
+SUPPORTED_PYTHON = ((3, 11), (3, 13))
+if not SUPPORTED_PYTHON[0] <= sys.version_info[:2] <= SUPPORTED_PYTHON[1]:
+    raise ImportError(
+        f"airflow-provider-exactly-once {__version__} supports Python 3.11 to 3.13, not "
+        f"{sys.version_info[0]}.{sys.version_info[1]}: install it into a Python 3.11, 3.12 or 3.13 environment"
+    )
 
 if TYPE_CHECKING:
     from airflow_provider_exactly_once.checkpoints.config import (

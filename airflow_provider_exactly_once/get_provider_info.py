@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from airflow_provider_exactly_once import __version__
+
 #: The meta-store connection form: one SQLAlchemy URL field (``host``), an optional password kept
 #: masked, extra for timeouts. Python-style keys, as ``BaseHook.get_ui_field_behaviour`` returns them.
 META_STORE_FIELD_BEHAVIOUR: dict[str, Any] = {
@@ -28,7 +30,7 @@ def get_provider_info() -> dict[str, Any]:
         "package-name": "airflow-provider-exactly-once",
         "name": "Exactly-once sinks",
         "description": "Exactly-once delivery from PySpark into Apache Iceberg tables and file sinks.",
-        "versions": ["0.1.0"],
+        "versions": [__version__],
         "integrations": [
             {
                 "integration-name": _INTEGRATION,

@@ -27,6 +27,11 @@ BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
 
 def _pg_unreachable_reason() -> str | None:
     try:
+        import psycopg2  # noqa: F401
+    except ImportError:
+        # A compatibility cell without the extra (scripts/compat): nothing of PostgreSQL to test there.
+        return "the [postgres] extra is not installed (psycopg2 missing)"
+    try:
         engine = sa.create_engine(PG_ADMIN_URL, connect_args={"connect_timeout": 3})
         with engine.connect() as conn:
             conn.execute(sa.text("select 1"))
@@ -41,7 +46,7 @@ def pg_url() -> Iterator[str]:
     """URL of a fresh PostgreSQL database for this test session."""
     reason = _pg_unreachable_reason()
     if reason:
-        if os.environ.get("CI") == "true":
+        if os.environ.get("CI") == "true" and "extra" not in reason:
             pytest.fail(f"CI needs PostgreSQL: {reason}")
         pytest.skip(reason)
     name = f"eo_test_{uuid.uuid4().hex[:12]}"

@@ -22,13 +22,13 @@ from collections.abc import Collection, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-import fsspec
 from fsspec.asyn import AsyncFileSystem
 
 from airflow_provider_exactly_once.core.epochs import epoch_start
 from airflow_provider_exactly_once.core.errors import InvalidPreCommit, InvalidSinkConfig, SinkUnavailable
 from airflow_provider_exactly_once.core.identifiers import check_epoch, check_sink_id
 from airflow_provider_exactly_once.core.redact import has_userinfo, mask_userinfo
+from airflow_provider_exactly_once.extras import url_to_fs
 
 #: Sample values that every valid template must render with (validated at construction).
 _SAMPLE = {"sink_id": "sink", "epoch": 1_700_000_000_000, "start": datetime(2023, 11, 14, 22, 13, tzinfo=UTC)}
@@ -204,7 +204,7 @@ class FsLookup:
 
     def __init__(self, sample_url: str, storage_options: Mapping[str, Any] | None, *, what: str) -> None:
         try:
-            fs, _ = fsspec.core.url_to_fs(sample_url, **dict(storage_options or {}))
+            fs, _ = url_to_fs(sample_url, storage_options, feature=f"{what} {sample_url!r}")
         except (ValueError, ImportError, TypeError) as exc:
             raise InvalidSinkConfig(mask_userinfo(f"{what} {sample_url!r}: cannot open its filesystem: {exc}")) from exc
         self.fs: Any = fs

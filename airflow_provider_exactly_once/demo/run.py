@@ -71,7 +71,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--root", type=Path, default=DEFAULT_ROOT, help="the demo's directory (wiped first)")
     parser.add_argument("--hours", type=int, default=5, help=f"hours to run, at least {len(SCENARIOS)}")
     parser.add_argument("--rows", type=int, default=120, help="events landed in the first hour (later hours vary)")
-    parser.add_argument("--dags-folder", type=Path, default=world.DEFAULT_DAGS_FOLDER)
+    parser.add_argument(
+        "--dags-folder",
+        type=Path,
+        default=world.DEFAULT_DAGS_FOLDER,
+        help="the example DAGs (dags/ of a source checkout; a wheel does not carry them)",
+    )
     parser.add_argument(
         "--stack",
         choices=stacks.STACKS,
@@ -81,6 +86,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.hours < len(SCENARIOS):
         parser.error(f"--hours must be at least {len(SCENARIOS)} (one per scenario)")
+    if not (args.dags_folder / DAG_FILE).is_file():
+        parser.error(
+            f"no example DAG {DAG_FILE} in {args.dags_folder}: run the demo from a source checkout "
+            "(./scripts/demo) or point --dags-folder at its dags/ directory"
+        )
 
     began = time.monotonic()
     root = prepare_root(args.root.resolve())

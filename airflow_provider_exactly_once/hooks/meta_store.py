@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseHook
-from airflow.sdk.exceptions import AirflowNotFoundException
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
@@ -25,6 +24,7 @@ from airflow_provider_exactly_once.core.errors import InvalidSinkConfig
 from airflow_provider_exactly_once.defaults import DEFAULT_META_CONN_ID
 from airflow_provider_exactly_once.get_provider_info import META_STORE_FIELD_BEHAVIOUR
 from airflow_provider_exactly_once.store import SqlSinkStateStore
+from airflow_provider_exactly_once.version_compat import AirflowNotFoundException
 
 if TYPE_CHECKING:
     pass

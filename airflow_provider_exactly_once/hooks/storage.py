@@ -20,9 +20,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from airflow.sdk import BaseHook
-from airflow.sdk.exceptions import AirflowNotFoundException
 
 from airflow_provider_exactly_once.core.errors import InvalidSinkConfig
+from airflow_provider_exactly_once.version_compat import AirflowNotFoundException
 
 __all__ = ["STORAGE_CONN_TYPE", "ObjectStorageHook", "storage_options_from_connection"]
 

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 def api_base_url() -> str:
     """Airflow's ``[api] base_url``: where the API server, and so the plugin's pages, are reached."""
-    from airflow.sdk.configuration import conf
+    from airflow_provider_exactly_once.version_compat import conf
 
     return str(conf.get("api", "base_url", fallback="") or "")
 

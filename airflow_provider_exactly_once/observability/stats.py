@@ -16,9 +16,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from datetime import timedelta
 
-from airflow.sdk.observability import stats
-
 from airflow_provider_exactly_once.core.observe import Metrics, safe
+from airflow_provider_exactly_once.version_compat import normalize_stat_name, stats
 
 #: Every metric of this provider starts with this.
 PREFIX = "exactly_once"
@@ -35,11 +34,11 @@ def legacy_metric_name(name: str, sink_id: str) -> str:
     A dot inside a sink id would add a level to StatsD's hierarchy, so it becomes ``__`` (Airflow
     does the same to task ids inside task groups); other characters StatsD refuses become ``_``.
     """
-    return stats.normalize_name_for_stats(f"{PREFIX}.{name}.{sink_id.replace('.', '__')}", log_warning=False)
+    return normalize_stat_name(f"{PREFIX}.{name}.{sink_id.replace('.', '__')}")
 
 
 class AirflowStatsMetrics:
-    """Forwards to ``airflow.sdk.observability.stats``; see the module docstring for the names.
+    """Forwards to Airflow's stats (``version_compat.stats``); see the module docstring for the names.
 
     :param legacy_names: also emit the sink-in-the-name form; ``None`` reads
         ``[metrics] legacy_names_on`` (default true), as Airflow's own metrics do.
@@ -47,7 +46,7 @@ class AirflowStatsMetrics:
 
     def __init__(self, *, legacy_names: bool | None = None) -> None:
         if legacy_names is None:
-            from airflow.sdk.configuration import conf
+            from airflow_provider_exactly_once.version_compat import conf
 
             legacy_names = conf.getboolean("metrics", "legacy_names_on", fallback=True)
         self.legacy_names = legacy_names

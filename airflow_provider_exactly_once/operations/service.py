@@ -367,9 +367,8 @@ class SinkOperations(SinkReads):
         errors are the driver's own: turned here into one refusal that says which connection and
         catalog failed, with any credentials masked, instead of a traceback or a bare 500.
         """
-        from airflow.sdk.exceptions import AirflowNotFoundException
-
         from airflow_provider_exactly_once.runtime.assembly import coordinator_for
+        from airflow_provider_exactly_once.version_compat import AirflowNotFoundException
 
         try:
             return coordinator_for(

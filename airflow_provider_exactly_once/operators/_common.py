@@ -6,10 +6,9 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from airflow.sdk.exceptions import AirflowFailException
-
 from airflow_provider_exactly_once.core.errors import ExactlyOnceError, InvalidSinkConfig
 from airflow_provider_exactly_once.core.precommit import PreCommit
+from airflow_provider_exactly_once.version_compat import AirflowFailException
 
 
 @contextmanager

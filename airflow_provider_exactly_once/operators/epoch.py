@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
-from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_provider_exactly_once.checkpoints.config import CheckpointConfig
 from airflow_provider_exactly_once.core.coordinator import TwoPhaseCommitCoordinator
@@ -35,6 +34,7 @@ from airflow_provider_exactly_once.runtime.assembly import as_checkpoint, as_sin
 from airflow_provider_exactly_once.runtime.epochs import epoch_for_context, epoch_interval, generation_for_context
 from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig, SinkConfig
 from airflow_provider_exactly_once.store import SqlSinkStateStore
+from airflow_provider_exactly_once.version_compat import AirflowFailException
 
 if TYPE_CHECKING:
     from airflow.sdk import Context

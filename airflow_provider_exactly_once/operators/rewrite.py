@@ -15,7 +15,6 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
-from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from airflow_provider_exactly_once.checkpoints.config import CheckpointConfig
 from airflow_provider_exactly_once.core.errors import InvalidPreCommit
@@ -23,6 +22,7 @@ from airflow_provider_exactly_once.core.outcomes import RewriteOutcome
 from airflow_provider_exactly_once.core.precommit import PreCommit
 from airflow_provider_exactly_once.operators._common import airflow_errors, pull_pre_commit
 from airflow_provider_exactly_once.operators.epoch import _EpochOperator
+from airflow_provider_exactly_once.version_compat import AirflowFailException, AirflowSkipException
 
 if TYPE_CHECKING:
     from airflow.sdk import Context

@@ -39,10 +39,12 @@ from airflow_provider_exactly_once.operators._targets import (
     file_sink_io_properties,
     targets_for,
 )
+from airflow_provider_exactly_once.operators.spark_binary import check_spark_submit
 from airflow_provider_exactly_once.runtime.assembly import as_sink, run_epoch
 from airflow_provider_exactly_once.runtime.epochs import epoch_interval, generation_for_context
 from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig, SinkConfig
 from airflow_provider_exactly_once.spark import jobspec
+from airflow_provider_exactly_once.version_compat import spark_submit_has_durable
 
 #: Above this many bytes of compact JSON the XCom value is compressed (``xcom_value``).
 XCOM_COMPRESS_ABOVE = 64 * 1024
@@ -108,7 +110,9 @@ class SparkPreCommitOperator(SparkSubmitOperator):
     ) -> None:
         sink_cfg, sink_id = _sink_and_id(sink, sink_id, target, partition_by, kwargs.get("task_id"))
         kwargs.setdefault("name", f"exactly-once-{sink_id}")
-        super().__init__(application=application, durable=durable, **kwargs)
+        if spark_submit_has_durable():
+            kwargs["durable"] = durable
+        super().__init__(application=application, **kwargs)
         self.sink = sink_cfg
         self.sink_id = sink_id
         self.partition_by = list(partition_by)
@@ -197,7 +201,8 @@ class SparkPreCommitOperator(SparkSubmitOperator):
             spec_path = work / "job.json"
             jobspec.dump_spec(spec, spec_path)
             self.application_args = [str(spec_path)]
-            self._hook = None  # the hook captures application_args when built
+            self._hook = self._get_hook()  # built anew: the hook captures application_args
+            check_spark_submit(self.task_id, self._hook._connection["spark_binary"], self._conn_id)
             self.log.info(
                 "Writing sink %r %s as write %s into %s",
                 spec.sink_id,

@@ -63,6 +63,8 @@ def trigger_recovery(dag_id: str, *, now: datetime | None = None) -> str | None:
     from airflow.utils.types import DagRunTriggeredByType
     from sqlalchemy import func, select
 
+    from airflow_provider_exactly_once.version_compat import AIRFLOW_V_3_2_PLUS
+
     with create_session() as session:
         active = session.scalar(
             select(func.count())
@@ -77,12 +79,11 @@ def trigger_recovery(dag_id: str, *, now: datetime | None = None) -> str | None:
     run_id = f"{RUN_ID_PREFIX}{started.isoformat()}"
     try:
         # The CLI trigger type: the run comes from the `airflow scheduler` command starting.
-        trigger_dag(
-            dag_id,
-            run_id=run_id,
-            triggered_by=DagRunTriggeredByType.CLI,
-            note="queued by the exactly-once plugin when the scheduler started",
+        # A run note is 3.2's; before, the run id alone says where the run came from.
+        note: dict[str, Any] = (
+            {"note": "queued by the exactly-once plugin when the scheduler started"} if AIRFLOW_V_3_2_PLUS else {}
         )
+        trigger_dag(dag_id, run_id=run_id, triggered_by=DagRunTriggeredByType.CLI, **note)
     except DagNotFound:
         log.warning(
             "Recovery DAG %r is not parsed yet (add dags/exactly_once_recovery.py to a DAG bundle): no run queued; "

@@ -8,7 +8,6 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
-from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from airflow_provider_exactly_once.core.status import EpochStatus
 from airflow_provider_exactly_once.defaults import DEFAULT_META_CONN_ID, DEFAULT_ORPHAN_GRACE
@@ -24,6 +23,7 @@ from airflow_provider_exactly_once.recovery.sink import (
 from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig
 from airflow_provider_exactly_once.store import SqlSinkStateStore
 from airflow_provider_exactly_once.store.models import LOCK_HOLDER_LENGTH
+from airflow_provider_exactly_once.version_compat import AirflowFailException, AirflowSkipException
 
 if TYPE_CHECKING:
     from airflow.sdk import Context

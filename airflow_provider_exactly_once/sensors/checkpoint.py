@@ -14,7 +14,6 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseSensorOperator
-from airflow.sdk.exceptions import AirflowException, AirflowFailException, AirflowSensorTimeout
 
 from airflow_provider_exactly_once.checkpoints.config import CheckpointConfig, MetaStoreCheckpoint
 from airflow_provider_exactly_once.core.errors import ExactlyOnceError, InvalidSinkConfig
@@ -31,6 +30,7 @@ from airflow_provider_exactly_once.runtime.epochs import (
 )
 from airflow_provider_exactly_once.sinks.config import SinkConfig
 from airflow_provider_exactly_once.triggers.checkpoint import ERROR, TIMEOUT, CheckpointTrigger
+from airflow_provider_exactly_once.version_compat import AirflowException, AirflowFailException, AirflowSensorTimeout
 
 if TYPE_CHECKING:
     from airflow.sdk import Context

@@ -31,7 +31,6 @@ from datetime import datetime
 from types import TracebackType
 from typing import Any
 
-import fsspec
 from fsspec.core import split_protocol
 from fsspec.implementations.local import LocalFileSystem
 
@@ -53,6 +52,7 @@ from airflow_provider_exactly_once.core.precommit import (
     PreCommit,
     TableWrite,
 )
+from airflow_provider_exactly_once.extras import url_to_fs
 from airflow_provider_exactly_once.sinks.layout import FILE_STAGING_DIR, file_write_location, file_writes_folder
 
 __all__ = [
@@ -144,7 +144,7 @@ class FileSinkCommitter:
         if not isinstance(root, str) or not root.strip():
             raise InvalidSinkConfig(f"file sink root must be a non-empty path or URL, got {root!r}")
         try:
-            fs, path = fsspec.core.url_to_fs(root, **dict(storage_options or {}))
+            fs, path = url_to_fs(root, storage_options, feature=f"file sink root {root!r}")
         except (ValueError, ImportError, TypeError) as exc:
             raise InvalidSinkConfig(f"file sink root {root!r}: cannot open its filesystem: {exc}") from exc
         self._fs: Any = fs

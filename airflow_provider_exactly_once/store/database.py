@@ -23,6 +23,7 @@ from sqlalchemy.pool import StaticPool
 
 from airflow_provider_exactly_once.core.errors import InvalidSinkConfig, MetaStoreUnavailable
 from airflow_provider_exactly_once.core.redact import mask_userinfo
+from airflow_provider_exactly_once.extras import require
 from airflow_provider_exactly_once.store import migrate
 
 _WRITE = "exactly_once_write"
@@ -123,6 +124,8 @@ class MetaStoreDatabase:
         return engine
 
     def _postgresql_engine(self, connect_timeout_s: float, busy_timeout_s: float, echo: bool) -> Engine:
+        if self._url.get_driver_name() == "psycopg2":
+            require("psycopg2", extra="postgres", feature="a meta store on PostgreSQL")
         return create_engine(
             self._url,
             echo=echo,

@@ -4,20 +4,23 @@ the meta-store hook's resolution, the trigger's serialization, the error mapping
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 import json
 from pathlib import Path
 
 import pytest
-from airflow.sdk.exceptions import AirflowFailException
 
+import airflow_provider_exactly_once as eo
 from airflow_provider_exactly_once.checkpoints.config import MarkerFileCheckpoint, MetaStoreCheckpoint
 from airflow_provider_exactly_once.core.errors import CheckpointFailed, InvalidSinkConfig, MetaStoreUnavailable
 from airflow_provider_exactly_once.core.status import CheckpointStatus
+from airflow_provider_exactly_once.get_provider_info import get_provider_info
 from airflow_provider_exactly_once.hooks import ExactlyOnceMetaStoreHook, embedded_meta_store_url
 from airflow_provider_exactly_once.operators._common import airflow_errors
 from airflow_provider_exactly_once.runtime.epochs import epoch_for_context
 from airflow_provider_exactly_once.store import SqlSinkStateStore
 from airflow_provider_exactly_once.triggers.checkpoint import CheckpointTrigger
+from airflow_provider_exactly_once.version_compat import AirflowFailException
 
 PACKAGE = "airflow-provider-exactly-once"
 
@@ -27,7 +30,9 @@ def test_providers_manager_sees_the_package_and_its_connection_type(airflow_home
 
     manager = ProvidersManager()
     assert PACKAGE in manager.providers
-    assert manager.providers[PACKAGE].version == "0.1.0"
+    # One version everywhere: the wheel's metadata, get_provider_info and the package's __version__.
+    assert manager.providers[PACKAGE].version == importlib.metadata.version(PACKAGE) == eo.__version__
+    assert get_provider_info()["versions"][0] == eo.__version__
     hook = manager.hooks["exactly_once_meta"]
     assert hook is not None
     assert hook.hook_class_name == "airflow_provider_exactly_once.hooks.meta_store.ExactlyOnceMetaStoreHook"
@@ -35,6 +40,19 @@ def test_providers_manager_sees_the_package_and_its_connection_type(airflow_home
     assert manager.field_behaviours["exactly_once_meta"]["relabeling"]["host"] == "SQLAlchemy URL"
     modules = {m for trigger in manager.trigger for m in [trigger.trigger_class_name]}
     assert any("airflow_provider_exactly_once.triggers.checkpoint" in m for m in modules)
+
+
+def test_provider_info_is_valid_for_airflows_provider_schema() -> None:
+    """What Airflow's providers list and connection form read: validated as Airflow validates it."""
+    import jsonschema
+    from airflow.providers_manager import _create_provider_info_schema_validator
+
+    info = get_provider_info()
+    _create_provider_info_schema_validator().validate({k: v for k, v in info.items() if k != "versions"})
+    assert info["package-name"] == PACKAGE
+    assert info["connection-types"][0]["connection-type"] == "exactly_once_meta"
+    with pytest.raises(jsonschema.ValidationError):  # the check can fail
+        _create_provider_info_schema_validator().validate({"name": "x"})
 
 
 def test_hook_uses_the_connections_url_and_masked_password(

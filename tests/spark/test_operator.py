@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from airflow.sdk.exceptions import AirflowFailException
 from pyiceberg.catalog import Catalog
 from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.transforms import IdentityTransform
@@ -30,6 +29,7 @@ from airflow_provider_exactly_once.operators.spark_precommit import (
 from airflow_provider_exactly_once.runtime.assembly import run_epoch
 from airflow_provider_exactly_once.sinks.config import FileSinkConfig, IcebergSinkConfig, TableSelect
 from airflow_provider_exactly_once.spark.jobspec import IcebergTarget
+from airflow_provider_exactly_once.version_compat import AirflowFailException
 from tests.spark.conftest import INTERVAL_START, land, make_table, sample_rows
 from tests.spark.test_epoch_writer import commit_iceberg, files_input, sorted_rows
 

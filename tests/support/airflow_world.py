@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import uuid
 from collections.abc import Callable
@@ -131,6 +132,8 @@ def register(dag: Any) -> None:
     from airflow.serialization.serialized_objects import LazyDeserializedDAG
     from airflow.utils.session import create_session
 
+    # ``files_parsed`` is Airflow 3.1.6's; before, every parse result counted as the whole bundle.
+    since_3_1_6 = "files_parsed" in inspect.signature(update_dag_parsing_results_in_db).parameters
     with create_session() as session:
         update_dag_parsing_results_in_db(
             "dags-folder",
@@ -139,8 +142,8 @@ def register(dag: Any) -> None:
             {},
             None,
             set(),
-            files_parsed=set(),
             session=session,
+            **({"files_parsed": set()} if since_3_1_6 else {}),
         )
 
 
@@ -189,7 +192,13 @@ def clear_and_resume(dag: Any, run_id: str, task_ids: list[str]) -> Any:
     from airflow.models.taskinstance import TaskInstance, clear_task_instances
     from airflow.sdk import DagRunState, TaskInstanceState
     from airflow.sdk.definitions.dag import _run_task
-    from airflow.serialization.serialized_objects import DagSerialization
+
+    from airflow_provider_exactly_once.version_compat import AIRFLOW_V_3_2_PLUS
+
+    if AIRFLOW_V_3_2_PLUS:
+        from airflow.serialization.serialized_objects import DagSerialization
+    else:  # 3.1: the same two calls on SerializedDAG
+        from airflow.serialization.serialized_objects import SerializedDAG as DagSerialization
     from airflow.utils.session import create_session
     from sqlalchemy import select
 

@@ -54,6 +54,7 @@ from airflow_provider_exactly_once.plugins.ui.security import (
     require_same_origin_json,
     security_headers,
 )
+from airflow_provider_exactly_once.version_compat import HTTP_422
 
 if TYPE_CHECKING:
     from airflow_provider_exactly_once.operations import SinkOperations
@@ -136,7 +137,7 @@ class AbortBody(ActionBody):
 #: Refusals of the core, by what they mean to a client of the view.
 _ERROR_STATUS: tuple[tuple[type[Exception], int], ...] = (
     (EpochNotFound, status.HTTP_404_NOT_FOUND),
-    (InvalidRequest, status.HTTP_422_UNPROCESSABLE_CONTENT),
+    (InvalidRequest, HTTP_422),
     (AbortRefused, status.HTTP_409_CONFLICT),
     (CheckpointNotReady, status.HTTP_409_CONFLICT),
     (EpochAborted, status.HTTP_409_CONFLICT),
@@ -173,7 +174,7 @@ def _checked(sink_id: str, epoch: int) -> tuple[str, int]:
     try:
         return check_sink_id(sink_id), check_epoch(epoch)
     except InvalidPreCommit as exc:
-        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(exc)) from None
+        raise HTTPException(HTTP_422, str(exc)) from None
 
 
 def _not_found(sink_id: str, epoch: int) -> EpochNotFound:
@@ -219,7 +220,7 @@ def create_app(operations: OperationsFactory = default_operations) -> FastAPI:
         detail = [
             {"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")} for e in error.errors()
         ]
-        return render.error_response(request, templates, status.HTTP_422_UNPROCESSABLE_CONTENT, detail)
+        return render.error_response(request, templates, HTTP_422, detail)
 
     @app.exception_handler(StarletteHTTPException)
     async def _refused(request: Request, error: StarletteHTTPException) -> Response:

@@ -18,13 +18,14 @@ from fastapi.templating import Jinja2Templates
 from airflow_provider_exactly_once.core.redact import mask_userinfo
 from airflow_provider_exactly_once.core.status import EpochStatus
 from airflow_provider_exactly_once.observability import urls
+from airflow_provider_exactly_once.version_compat import HTTP_422
 
 _TITLES = {
     status.HTTP_400_BAD_REQUEST: "Bad request",
     status.HTTP_403_FORBIDDEN: "Refused",
     status.HTTP_404_NOT_FOUND: "Not found",
     status.HTTP_409_CONFLICT: "Refused",
-    status.HTTP_422_UNPROCESSABLE_CONTENT: "Bad request",
+    HTTP_422: "Bad request",
     status.HTTP_503_SERVICE_UNAVAILABLE: "Unavailable",
 }
 
