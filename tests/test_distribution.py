@@ -120,7 +120,13 @@ def fresh_env(dist: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     shutil.rmtree(base, ignore_errors=True)
 
 
+@pytest.mark.spark
+@pytest.mark.slow
+# The demo's own 900 s, plus the fresh environment's install (the fixture counts against the first test).
+@pytest.mark.timeout(1500)
 def test_the_installed_wheel_runs_the_example_dag(fresh_env: Path, tmp_path: Path) -> None:
+    """The demo on the local stack, as ``./scripts/demo`` runs it, but from the wheel (its run from
+    the source tree is the same code; the S3 stack's run in tests/demo stays on the source tree)."""
     python = fresh_env / "bin" / "python"
     env = {
         k: v
