@@ -44,6 +44,17 @@ COMMIT_CRASHES = st.none() | st.sampled_from(
 )
 ABORT_CRASHES = st.none() | st.sampled_from(["abort.marked", "cleanup.deleted", "abort.cleaned"])
 PERSIST_CRASHES = st.none() | st.sampled_from(["persist.inserted", "persist.replaced", "cleanup.deleted"])
+#: Recovery commits the Pending appends together (``core/batch.py``); a crash at each of its steps.
+RECOVER_CRASHES = st.none() | st.sampled_from(
+    [
+        "batch.decided",
+        "iceberg.before_catalog_update",
+        "iceberg.after_catalog_update",
+        "batch.visible",
+        "batch.marked",
+        "abort.marked",
+    ]
+)
 EXPECTED_REFUSALS = (CheckpointNotReady, CheckpointFailed, EpochNotFound, EpochAborted, AbortRefused)
 
 
@@ -139,8 +150,11 @@ class EpochLifecycle(RuleBasedStateMachine):
         self.pipeline.catalog.drop_table(self.table)
         self.pipeline.create_table("t")
 
-    @rule()
-    def recover(self) -> None:
+    @rule(crash=RECOVER_CRASHES)
+    def recover(self, crash: str | None = None) -> None:
+        if crash is not None:
+            self._attempt(crash, lambda: self.coordinator.recover(SINK))
+            return
         report = self.coordinator.recover(SINK)
         assert report.ok, report.failed
 

@@ -1,0 +1,118 @@
+"""Hypothesis builds a backlog of Pending epochs and recovers it with a crash at any step of a batch
+(``core/batch.py``), again and again: every epoch whose checkpoint completed ends committed exactly
+once, each in its own marked snapshot, in epoch order on the table's history, and nothing else is
+ever visible (invariants 1 to 3).
+
+Checkpoints are final when an epoch is persisted, so every pass commits everything it can and epoch
+order is a property of the table; ``test_stateful_invariants.py`` interleaves everything else.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+import hypothesis.strategies as st
+from hypothesis import HealthCheck, settings
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+
+from airflow_provider_exactly_once.core.faults import SimulatedCrash
+from airflow_provider_exactly_once.core.precommit import PreCommit
+from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochStatus
+from tests.core.coordinator.test_batch_recovery import history
+from tests.support.faults import FaultSwitch
+from tests.support.pipeline import Pipeline, as_tuples, expected_rows
+
+SINK = "backlog"
+CRASHES = st.none() | st.sampled_from(
+    [
+        "iceberg.loaded",
+        "batch.decided",
+        "iceberg.before_catalog_update",
+        "iceberg.after_catalog_update",
+        "batch.visible",
+        "batch.marked",
+        "abort.marked",
+    ]
+)
+
+
+class BacklogRecovery(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.tmp = Path(tempfile.mkdtemp(prefix="eo-backlog-"))
+        (self.tmp / "warehouse").mkdir()
+        self.faults = FaultSwitch()
+        self.pipeline = Pipeline(
+            meta_url=f"sqlite:///{self.tmp / 'meta.db'}",
+            catalog_url=f"sqlite:///{self.tmp / 'catalog.db'}",
+            warehouse=self.tmp / "warehouse",
+            catalog_name="backlog",
+            namespace="ns",
+            fault=self.faults,
+        )
+        self.pipeline.create_table("t")
+        self.coordinator = self.pipeline.coordinator(SINK, self.pipeline.iceberg_committer())
+        self.writes: dict[int, PreCommit] = {}
+        self.checkpoints: dict[int, CheckpointStatus] = {}
+
+    @rule(
+        rows=st.sampled_from([0, 2, 3]),
+        status=st.sampled_from([CheckpointStatus.COMPLETED, CheckpointStatus.COMPLETED, CheckpointStatus.FAILED]),
+    )
+    def persist_epoch(self, rows: int, status: CheckpointStatus) -> None:
+        epoch = len(self.writes)
+        pre = self.pipeline.write_iceberg(SINK, epoch, ["t"], rows=rows)
+        self.coordinator.persist(pre)
+        self.pipeline.checkpoint(SINK, epoch, status)
+        self.writes[epoch], self.checkpoints[epoch] = pre, status
+
+    @rule(crash=CRASHES)
+    def recover(self, crash: str | None) -> None:
+        if crash is not None:
+            self.faults.crash_at(crash)
+        try:
+            report = self.coordinator.recover(SINK)
+            assert report.ok, report.failed
+        except SimulatedCrash:
+            pass
+        finally:
+            self.faults.disarm()
+
+    @invariant()
+    def each_epoch_once_in_order_and_only_when_completed(self) -> None:
+        shown = history(self.pipeline, "t", SINK, "main")
+        epochs = [epoch for epoch, _ in shown]
+        assert epochs == sorted(set(epochs)), f"invariant 1 or epoch order: the branch shows epochs {epochs}"
+        for epoch, write_id in shown:
+            assert write_id == self.writes[epoch].write_id
+            assert self.checkpoints[epoch] is CheckpointStatus.COMPLETED, f"invariant 2: epoch {epoch}"
+        for epoch, pre in self.writes.items():
+            row = self.pipeline.store.get(SINK, epoch)
+            if row is not None and row.status is EpochStatus.COMMITTED and not pre.is_empty:
+                assert (epoch, pre.write_id) in shown, f"epoch {epoch} is Committed but not in the table"
+
+    def teardown(self) -> None:
+        try:
+            self.recover(None)
+            self.each_epoch_once_in_order_and_only_when_completed()
+            for epoch, status in self.checkpoints.items():
+                row = self.pipeline.store.get(SINK, epoch)
+                assert row is not None
+                wanted = EpochStatus.COMMITTED if status is CheckpointStatus.COMPLETED else EpochStatus.ABORTED
+                assert row.status is wanted, f"invariant 3: epoch {epoch} left {row.status}"
+            committed = [pre for e, pre in self.writes.items() if self.checkpoints[e] is CheckpointStatus.COMPLETED]
+            assert as_tuples(self.pipeline.rows("t")) == expected_rows(committed, "ns.t")
+        finally:
+            self.pipeline.dispose()
+            shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+BacklogRecovery.TestCase.settings = settings(
+    max_examples=25,
+    stateful_step_count=12,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
+test_backlog_recovery = BacklogRecovery.TestCase
