@@ -191,7 +191,11 @@ def test_a_row_replaced_while_its_batch_is_prepared_ends_the_batch_before_it(
     writes = _persisted(pipeline, sink_id, range(1, 6), ["orders"])
     newer = pipeline.write_iceberg(sink_id, 3, ["orders"], rows=3)
     other = pipeline.coordinator(sink_id, pipeline.iceberg_committer())
-    faults.then("iceberg.loaded", lambda: other.persist(newer))
+
+    def replace() -> None:
+        other.persist(newer)
+
+    faults.then("iceberg.loaded", replace)
     coordinator = pipeline.coordinator(sink_id, pipeline.iceberg_committer())
 
     report = coordinator.recover(sink_id)
