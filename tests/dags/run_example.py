@@ -27,7 +27,12 @@ def files_under(root: Path) -> list[str]:
 
 
 def parse(root: Path) -> dict[str, Any]:
-    from airflow.dag_processing.dagbag import DagBag
+    from airflow_provider_exactly_once.version_compat import AIRFLOW_V_3_2_PLUS
+
+    if AIRFLOW_V_3_2_PLUS:
+        from airflow.dag_processing.dagbag import DagBag
+    else:  # 3.1 keeps it among the models
+        from airflow.models.dagbag import DagBag
 
     before = files_under(root)
     result: dict[str, Any] = {}
