@@ -53,6 +53,8 @@ class Cell:
     detail: str = ""
     #: CI's cell runs a share of the DAG tests (``CI_SELECTION``): the locked run covers all of them.
     ci: bool = False
+    #: ``--quick``: the same share of the DAG tests as CI's cell, in every cell.
+    quick: bool = False
 
     @property
     def name(self) -> str:
@@ -132,7 +134,7 @@ def run_cell(cell: Cell, wheel: Path, work: Path) -> Cell:
         ("checks", [str(python), str(ROOT / "scripts" / "compat_cell.py")], base, 600),
     ]
     tests = list(E2E) + (list(E2E_SPARK) if "spark" in cell.extras.split(",") else [])
-    selection = ["-k", CI_SELECTION] if cell.ci else []
+    selection = ["-k", CI_SELECTION] if cell.ci or cell.quick else []
     steps.append(
         ("e2e", [str(python), "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rs", *tests, *selection], ROOT, 2400)
     )
@@ -164,6 +166,16 @@ def run_cell(cell: Cell, wheel: Path, work: Path) -> Cell:
     return cell
 
 
+def record(cells: list[Cell], args: argparse.Namespace) -> None:
+    if args.json:
+        args.json.write_text(json.dumps([asdict(c) for c in cells], indent=2) + "\n", encoding="utf-8")
+    if args.write_docs:
+        text = DOC.read_text(encoding="utf-8")
+        head, _, rest = text.partition(BEGIN)
+        _, _, tail = rest.partition(END)
+        DOC.write_text(f"{head}{BEGIN}\n{table(cells)}\n{END}{tail}", encoding="utf-8")
+
+
 def table(cells: list[Cell]) -> str:
     lines = [
         "| cell | Airflow | Python | extras | resolution | result | install | checks | e2e tests | resolved |",
@@ -191,7 +203,25 @@ def plan(args: argparse.Namespace) -> list[Cell]:
     ]
     if args.lowest:
         cells.append(Cell("3.1", "3.11", ALL_EXTRAS, resolution="lowest-direct"))
-    return cells
+    for cell in cells:
+        cell.quick = args.quick
+    return spread(cells)
+
+
+def spread(cells: list[Cell]) -> list[Cell]:
+    """Each Airflow minor, Python version and install kind early on, so that a run cut short still
+    says something about each of them."""
+    seen: dict[str, int] = {}
+    ordered: list[Cell] = []
+    pool = list(cells)
+    while pool:
+        best = min(pool, key=lambda c: (max(seen.get(c.airflow, 0), seen.get(c.python, 0)), c.resolution == "highest"))
+        pool.remove(best)
+        ordered.append(best)
+        kind = "base" if not best.extras else "extras"
+        for key in (best.airflow, best.python, kind):
+            seen[key] = seen.get(key, 0) + 1
+    return ordered
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -205,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--ci", action="store_true", help="only the cell CI runs: Airflow 3.1, Python 3.12, every extra"
     )
+    parser.add_argument("--quick", action="store_true", help="in every cell, only the DAG tests CI's cell runs")
     parser.add_argument(
         "--work", type=Path, default=None, help="where the cells' environments go (default: a temporary directory)"
     )
@@ -217,17 +248,12 @@ def main(argv: list[str] | None = None) -> int:
     cells = plan(args)
     wheel = build_wheel(work)
     print(f"{len(cells)} cell(s), wheel {wheel.name}, under {work}", flush=True)
+    done: list[Cell] = []
     for cell in cells:
-        run_cell(cell, wheel, work)
+        done.append(run_cell(cell, wheel, work))
         print(f"{cell.name}: {cell.status} {cell.seconds} {cell.detail}", flush=True)
-    print(table(cells))
-    if args.json:
-        args.json.write_text(json.dumps([asdict(c) for c in cells], indent=2) + "\n", encoding="utf-8")
-    if args.write_docs:
-        text = DOC.read_text(encoding="utf-8")
-        head, _, rest = text.partition(BEGIN)
-        _, _, tail = rest.partition(END)
-        DOC.write_text(f"{head}{BEGIN}\n{table(cells)}\n{END}{tail}", encoding="utf-8")
+        record(done, args)  # after every cell: a run cut short still leaves its results
+    print(table(done))
     failed = [c for c in cells if c.status != "pass"]
     if failed and not args.keep:
         print("failed cells keep their logs under", work)
