@@ -175,9 +175,17 @@ class AlignmentPlan:
 
     def written_columns(self) -> list[WrittenColumn]:
         return [
-            WrittenColumn(name=f.name, type=str(f.field_type), required=f.required, doc=f.doc, field_id=f.field_id)
+            WrittenColumn(
+                name=f.name, type=type_text(f.field_type), required=f.required, doc=f.doc, field_id=f.field_id
+            )
             for f in self.write_schema.fields
         ]
+
+
+def type_text(iceberg: IcebergType) -> str:
+    """A written column's type as the commit parses it back: the name of a primitive type, the
+    JSON form of a nested one (its ``str`` form is for people and cannot be parsed)."""
+    return str(iceberg) if isinstance(iceberg, PrimitiveType) else iceberg.model_dump_json()
 
 
 def plan_alignment(

@@ -15,10 +15,13 @@ from __future__ import annotations
 
 import base64
 import itertools
+import math
 from collections.abc import Mapping
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from pyiceberg.conversions import from_bytes
 from pyiceberg.io.pyarrow import (
     PyArrowFileIO,
     compute_statistics_plan,
@@ -28,6 +31,7 @@ from pyiceberg.io.pyarrow import (
 )
 from pyiceberg.schema import Schema, assign_fresh_schema_ids
 from pyiceberg.table.name_mapping import MappedField, NameMapping
+from pyiceberg.types import DoubleType, FloatType
 
 from airflow_provider_exactly_once.core.errors import InvalidPreCommit
 from airflow_provider_exactly_once.core.precommit import DataFileDescriptor, PartitionValue
@@ -67,6 +71,7 @@ def describe_parquet_file(
     except KeyError as exc:
         raise InvalidPreCommit(f"data file {path!r}: column {exc.args[0]!r} does not match the table schema") from None
     serialized = statistics.to_serialized_dict()
+    _drop_nan_bounds(schema, serialized)
 
     def by_name(values: Mapping[int, int]) -> dict[str, int]:
         return {_name(schema, field_id): value for field_id, value in values.items()}
@@ -89,6 +94,19 @@ def describe_parquet_file(
         split_offsets=list(serialized["split_offsets"]),
         writer=writer,
     )
+
+
+def _drop_nan_bounds(schema: Schema, serialized: dict[str, Any]) -> None:
+    """Iceberg bounds are never NaN (readers would prune on them); parquet-java, unlike pyarrow,
+    puts a NaN into a floating column's footer minimum or maximum. Such a column gets no bounds."""
+    for field_id in set(serialized["lower_bounds"]) | set(serialized["upper_bounds"]):
+        field_type = schema.find_type(field_id)
+        if not isinstance(field_type, FloatType | DoubleType):
+            continue
+        bounds = [serialized[key].get(field_id) for key in ("lower_bounds", "upper_bounds")]
+        if any(b is not None and math.isnan(float(from_bytes(field_type, b))) for b in bounds):
+            serialized["lower_bounds"].pop(field_id, None)
+            serialized["upper_bounds"].pop(field_id, None)
 
 
 def _name(schema: Schema, field_id: int) -> str:
