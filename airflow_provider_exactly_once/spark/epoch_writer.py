@@ -40,6 +40,7 @@ from pyspark.sql import functions as F
 from airflow_provider_exactly_once.core.errors import ExactlyOnceError
 from airflow_provider_exactly_once.core.precommit import DataFileDescriptor, PreCommit, TableWrite
 from airflow_provider_exactly_once.core.upserts import ChangeCounts
+from airflow_provider_exactly_once.spark import parquet_writer
 from airflow_provider_exactly_once.spark.alignment import (
     AlignmentPlan,
     ColumnPlan,
@@ -207,7 +208,7 @@ def _plan(
 ) -> _Planned | None:
     upsert = given.upsert if isinstance(given, IcebergTarget) else None
     if upsert is None or not isinstance(given, IcebergTarget):
-        return None if frame is None else _distribute(spark, spec, target, _align(spec, target, frame))
+        return None if frame is None else _align(spec, target, frame)
     owner = Owner(spec.sink_id, spec.epoch, target.name)
     check_key(target.table, upsert, owner)
     revision = given.revision
@@ -233,7 +234,7 @@ def _plan(
         target.io_properties,
         revision,
     )
-    return _distribute(spark, spec, target, _Planned(rewrite.rows, aligned.alignment, rewrite))
+    return _Planned(rewrite.rows, aligned.alignment, rewrite)
 
 
 def _align(spec: EpochJobSpec, target: ResolvedTarget, frame: DataFrame, carry: tuple[str, ...] = ()) -> _Planned:
@@ -266,17 +267,20 @@ def _align(spec: EpochJobSpec, target: ResolvedTarget, frame: DataFrame, carry: 
     return _Planned(aligned, plan)
 
 
-def _distribute(spark: SparkSession, spec: EpochJobSpec, target: ResolvedTarget, planned: _Planned) -> _Planned:
+def _distribute(spec: EpochJobSpec, target: ResolvedTarget, planned: _Planned) -> DataFrame:
+    """The rows as the pyarrow writer needs them: a task closes its file whenever the partition
+    value changes, so rows of one value must be adjacent."""
     plan, aligned = planned.alignment, planned.frame
     keys = target.spark_sort_keys(plan.write_schema, {c.target for c in plan.columns})
     if keys:
         # Hash-partition by the partition values: each value goes to one task, so it becomes one
         # file (or a few, past the target size) instead of one per input split.
+        spark = aligned.sparkSession
         writers = spec.writers or int(spark.conf.get("spark.sql.shuffle.partitions") or "200")
         aligned = aligned.repartition(writers, *keys).sortWithinPartitions(*keys)
     elif spec.writers:
         aligned = aligned.repartition(spec.writers)
-    return _Planned(aligned, plan, planned.rewrite)
+    return aligned
 
 
 def _empty_upsert(given: TargetSpec, target: ResolvedTarget) -> dict[str, Any]:
@@ -308,19 +312,9 @@ def _write_table(
             **upsert,
         )
     plan = planned.alignment
-    config = FileWriteConfig(
-        location=target.location,
-        write_schema=plan.write_schema,
-        spec=target.spec_for(plan.write_schema),
-        partition_style=target.partition_style,
-        table_properties=target.write_properties,
-        io_properties=target.io_properties,
-        checked_required=tuple(plan.checked_required),
-        target_file_size=spec.target_file_size_bytes or target.target_file_size,
-    )
     written.append(WriteLocation(target.location, target.io_properties))
     try:
-        rows = planned.frame.mapInArrow(functools.partial(spark_task, config), f"{DESCRIPTOR_COLUMN} string").collect()
+        data_files = _write_files(spec, target, planned)
     finally:
         for cached in planned.rewrite.cached if planned.rewrite is not None else ():
             cached.unpersist()
@@ -328,7 +322,7 @@ def _write_table(
     return TableWrite(
         table=target.name,
         location=target.location,
-        data_files=[DataFileDescriptor.model_validate_json(row[0]) for row in rows],
+        data_files=data_files,
         schema_written=plan.written_columns(),
         added_columns=plan.added_columns,
         spec_id=target.spec_id,
@@ -345,6 +339,51 @@ def _write_table(
             }
         ),
     )
+
+
+def _write_files(spec: EpochJobSpec, target: ResolvedTarget, planned: _Planned) -> list[DataFileDescriptor]:
+    """Spark's own Parquet writer where its files can be what the table needs (``parquet_writer``),
+    else the pyarrow writer on the executors: object stores, file sinks, list and map columns, and
+    upserts, whose rewrite reads and writes on the executors as one step."""
+    plan = planned.alignment
+    file_spec = target.spec_for(plan.write_schema)
+    target_file_size = spec.target_file_size_bytes or target.target_file_size
+    reason = (
+        "a file sink"
+        if target.partition_style != "iceberg"
+        else "an upsert"
+        if planned.rewrite is not None
+        else parquet_writer.refusal(target.location, plan.write_schema, file_spec, target.write_properties)
+    )
+    if reason is None:
+        log.info("%s: Spark's Parquet writer writes the files", target.name)
+        return parquet_writer.write(
+            planned.frame,
+            parquet_writer.SparkParquetWrite(
+                location=target.location,
+                write_schema=plan.write_schema,
+                spec=file_spec,
+                table_properties=target.write_properties,
+                io_properties=target.io_properties,
+                checked_required=tuple(plan.checked_required),
+                target_file_size=target_file_size,
+                writers=spec.writers,
+            ),
+        )
+    log.info("%s: the pyarrow writer writes the files (%s)", target.name, reason)
+    config = FileWriteConfig(
+        location=target.location,
+        write_schema=plan.write_schema,
+        spec=file_spec,
+        partition_style=target.partition_style,
+        table_properties=target.write_properties,
+        io_properties=target.io_properties,
+        checked_required=tuple(plan.checked_required),
+        target_file_size=target_file_size,
+    )
+    frame = _distribute(spec, target, planned)
+    rows = frame.mapInArrow(functools.partial(spark_task, config), f"{DESCRIPTOR_COLUMN} string").collect()
+    return [DataFileDescriptor.model_validate_json(row[0]) for row in rows]
 
 
 def _quote(name: str) -> str:

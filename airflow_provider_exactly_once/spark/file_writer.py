@@ -53,7 +53,11 @@ ROW_GROUP_BYTES = 64 * 1024 * 1024
 
 
 class RequiredColumnHasNulls(ValueError):
-    """A required column received a null: the task fails before the batch is written."""
+    """A required column received a null: the write fails, and its location is removed with it."""
+
+
+def required_nulls_message(name: str, count: int) -> str:
+    return f"required column {name!r} holds {count} null value(s); the table refuses them (filter or fill them in the input)"
 
 
 @dataclass(frozen=True)
@@ -109,10 +113,7 @@ def _conform(batch: pa.RecordBatch, schema: pa.Schema, config: FileWriteConfig) 
     for name in config.checked_required:
         column = batch.column(name)
         if column.null_count:
-            raise RequiredColumnHasNulls(
-                f"required column {name!r} holds {column.null_count} null value(s); "
-                "the table refuses them (filter or fill them in the input)"
-            )
+            raise RequiredColumnHasNulls(required_nulls_message(name, column.null_count))
     arrays = []
     names = set(batch.schema.names)
     for target in schema:

@@ -193,8 +193,9 @@ class EpochJobSpec(_Spec):
     #: hold credentials: the spec file is private to the task and never rendered.
     input_io_properties: dict[str, str] = Field(default_factory=dict)
     allow_schema_evolution: bool = False
-    #: Number of parallel write tasks; ``None`` keeps the input's parallelism (unpartitioned) or
-    #: ``spark.sql.shuffle.partitions`` (partitioned, where rows are shuffled by partition value).
+    #: Number of parallel write tasks, rows shuffled by partition value; ``None`` keeps the input's
+    #: parallelism (Spark's Parquet writer, unless the table's ``write.distribution-mode`` is ``hash``
+    #: or ``range``) or ``spark.sql.shuffle.partitions`` (the pyarrow writer, partitioned).
     writers: int | None = Field(default=None, gt=0)
     #: Roll to a new file after this many uncompressed Arrow bytes; ``None``: the table's
     #: ``write.target-file-size-bytes`` (512 MiB by default).

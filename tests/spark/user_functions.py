@@ -58,3 +58,61 @@ def random_amounts(spark: Any, context: Any) -> Any:
         (F.lit(start) + F.make_interval(mins=F.col("id").cast("int"))).alias("ts"),
         draw(F.col("id")).alias("amount"),
     )
+
+
+def typed_rows_list() -> list[tuple[Any, ...]]:
+    """Rows of every type Spark's Parquet writer takes, with values that trip partition encodings:
+    instants before 1970 and at day and hour edges, the empty string beside null, characters Spark
+    escapes in directory names, and a NaN."""
+    import datetime as dt
+    from decimal import Decimal
+
+    utc = dt.UTC
+    instants = [
+        dt.datetime(1969, 12, 31, 23, 59, 59, 999999, tzinfo=utc),
+        dt.datetime(1970, 1, 1, tzinfo=utc),
+        dt.datetime(2024, 2, 29, 23, 30, tzinfo=utc),
+        dt.datetime(1900, 3, 1, 1, tzinfo=utc),
+        dt.datetime(2024, 1, 1, 0, 0, 0, 1, tzinfo=utc),
+        None,
+    ]
+    names = ["", None, "a/b", "x=y", "100%", "é t", "plain", "#{[^]}"]
+    rows = []
+    for i in range(48):
+        instant = instants[i % len(instants)]
+        rows.append(
+            (
+                i,
+                names[i % len(names)],
+                instant,
+                instant.replace(tzinfo=None) + dt.timedelta(hours=i) if instant is not None else None,
+                None if i % 7 == 3 else dt.date(1969, 12, 25) + dt.timedelta(days=i * 3),
+                i % 3 == 0 if i % 5 else None,
+                float("nan") if i % 9 == 4 else i / 4,
+                Decimal(i * 101) / 100,
+                None if i % 6 == 5 else (f"city-{i % 4}", i if i % 4 else None),
+            )
+        )
+    return rows
+
+
+def typed_rows(spark: Any, context: Any) -> Any:
+    from pyspark.sql import types as st
+
+    schema = st.StructType(
+        [
+            st.StructField("id", st.LongType(), nullable=False),
+            st.StructField("name", st.StringType()),
+            st.StructField("ts", st.TimestampType()),
+            st.StructField("local", st.TimestampNTZType()),
+            st.StructField("day", st.DateType()),
+            st.StructField("flag", st.BooleanType()),
+            st.StructField("ratio", st.DoubleType()),
+            st.StructField("price", st.DecimalType(10, 2)),
+            st.StructField(
+                "addr",
+                st.StructType([st.StructField("city", st.StringType()), st.StructField("zip", st.LongType())]),
+            ),
+        ]
+    )
+    return spark.createDataFrame(typed_rows_list(), schema, verifySchema=False).repartition(3)

@@ -1,0 +1,487 @@
+"""An epoch's files written by Spark's own Parquet writer, described from their footers afterwards.
+
+The pyarrow writer (``file_writer``) hands every row from the JVM to a Python worker as Arrow and
+back; Spark's writer keeps the rows in the JVM, which is what a plain ``df.write.parquet`` costs. It
+is used wherever it can give the files everything the pyarrow writer would:
+
+* **Field ids, not a name mapping.** Spark (3.3 and later) writes a column's Parquet field id from its
+  ``parquet.field.id`` metadata, for top-level columns and struct fields. Files that carry their ids
+  keep resolving after any rename or drop-and-re-add of a column, with any Iceberg reader, whatever
+  the table's name mapping says. Spark cannot give list elements and map keys and values an id,
+  and a file with ids on some fields only is read by id by Iceberg readers (the mapping is only for
+  files without any): a table with list or map columns keeps the pyarrow writer.
+* **Partition values as Iceberg has them.** Rows go to ``partitionBy`` directories of computed
+  columns holding the Iceberg partition value itself (the day ordinal for ``day(ts)``, the days or
+  microseconds of an identity date or timestamp), so each file holds one partition value and the
+  directory names it exactly. Strings get a one-character prefix because Spark writes the empty
+  string and null to the same directory.
+* **Spark's default commit protocol** (``FileOutputCommitter``, algorithm 1). Each task attempt
+  writes below ``_temporary``, the driver lets one attempt per task commit, and only the job commit
+  moves the committed tasks' files into the write location: a failed or speculative attempt never
+  adds rows, and listing the location after the job lists exactly the committed files. Algorithm 2
+  or a committer writing straight into the location would save renames, which on local disk and
+  HDFS are metadata operations (no gain the benchmark could see), and would make a task commit
+  that dies half way leave files the listing could not tell apart. Object stores, where renames
+  are copies, are written by the pyarrow writer anyway: pyspark has no connector for them.
+* **Rows as they come**, as a plain write takes them: each task sorts its rows by partition value
+  and writes one file per value it holds. Shuffling them by partition value first (fewer files)
+  is a full exchange of the rows; a table asks for it with ``write.distribution-mode`` ``hash`` or
+  ``range``, a job with ``writers``.
+* **Descriptors from the footers, on the executors**, by ``describe_parquet_file`` as for the pyarrow
+  writer's files, after the job: one footer read per file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import posixpath
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow.parquet as pq
+from pyiceberg.io import load_file_io
+from pyiceberg.partitioning import PartitionSpec
+from pyiceberg.schema import Schema
+from pyiceberg.table import TableProperties
+from pyiceberg.transforms import (
+    DayTransform,
+    HourTransform,
+    IdentityTransform,
+    MonthTransform,
+    Transform,
+    VoidTransform,
+    YearTransform,
+)
+from pyiceberg.types import (
+    BinaryType,
+    BooleanType,
+    DateType,
+    DecimalType,
+    FloatType,
+    IcebergType,
+    IntegerType,
+    ListType,
+    LongType,
+    MapType,
+    StringType,
+    StructType,
+    TimestampType,
+    TimestamptzType,
+)
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as st
+
+from airflow_provider_exactly_once.core.precommit import DataFileDescriptor, PartitionValue
+from airflow_provider_exactly_once.sinks.iceberg.descriptors import describe_parquet_file
+from airflow_provider_exactly_once.spark.alignment import iceberg_to_spark
+from airflow_provider_exactly_once.spark.file_writer import RequiredColumnHasNulls, required_nulls_message
+from airflow_provider_exactly_once.spark.storage import driver_filesystem, is_object_store
+
+#: What Spark writes for a null partition value (it is not configurable).
+NULL_DIRECTORY = "__HIVE_DEFAULT_PARTITION__"
+#: Prefix of a string partition value in its directory name (Spark writes "" as null otherwise).
+STRING_PREFIX = "_"
+#: Iceberg's codec names, as Spark's ``compression`` option spells them.
+_CODECS = {
+    "zstd": "zstd",
+    "snappy": "snappy",
+    "gzip": "gzip",
+    "lz4": "lz4_raw",
+    "brotli": "brotli",
+    "uncompressed": "uncompressed",
+    "none": "uncompressed",
+}
+#: Iceberg's table property for how rows are spread over write tasks (``none``, ``hash``, ``range``).
+DISTRIBUTION_MODE = "write.distribution-mode"
+_DAY_MICROS = 86_400_000_000
+_HOUR_MICROS = 3_600_000_000
+_IDENTITY_SOURCES = (BooleanType, IntegerType, LongType, StringType, DateType, TimestampType, TimestamptzType)
+_PART_FILE = re.compile(r"^part-(\d+)-")
+
+
+def refusal(
+    location: str, write_schema: Schema, spec: PartitionSpec, table_properties: Mapping[str, str]
+) -> str | None:
+    """Why Spark's writer cannot write this table's files as the pyarrow writer would; ``None`` when
+    it can. Each reason is a case where its files would differ from what the table needs."""
+    if is_object_store(location):
+        return "the table is on an object store, which pyspark reaches through no connector"
+    for column in write_schema.fields:
+        found = _unwritable(column.field_type)
+        if found is not None:
+            return f"column {column.name!r} holds {found}"
+    for partition_field in spec.fields:
+        transform = partition_field.transform
+        source = write_schema.find_field(partition_field.source_id).field_type
+        if isinstance(transform, IdentityTransform) and not isinstance(source, _IDENTITY_SOURCES):
+            return f"identity partition field {partition_field.name!r} on {source}"
+    codec = table_properties.get(TableProperties.PARQUET_COMPRESSION, TableProperties.PARQUET_COMPRESSION_DEFAULT)
+    if codec.lower() not in _CODECS:
+        return f"compression codec {codec!r}"
+    if TableProperties.PARQUET_COMPRESSION_LEVEL in table_properties and codec.lower() != "zstd":
+        return f"a compression level for {codec!r}"
+    return None
+
+
+def _unwritable(iceberg: IcebergType) -> str | None:
+    if isinstance(iceberg, ListType | MapType):
+        return f"a {'list' if isinstance(iceberg, ListType) else 'map'}, whose element ids Spark cannot write"
+    if isinstance(iceberg, StructType):
+        return next((found for f in iceberg.fields if (found := _unwritable(f.field_type)) is not None), None)
+    if iceberg_to_spark(iceberg) is None:
+        return f"type {iceberg}, which Spark cannot produce"
+    return None
+
+
+@dataclass(frozen=True)
+class SparkParquetWrite:
+    """One table's write by Spark; the parts the describing tasks need are pickled to the executors."""
+
+    location: str
+    write_schema: Schema
+    spec: PartitionSpec
+    table_properties: dict[str, str] = field(default_factory=dict)
+    io_properties: dict[str, str] = field(default_factory=dict)
+    checked_required: tuple[str, ...] = ()
+    target_file_size: int = 512 * 1024 * 1024
+    #: Tasks to write with, rows hash-distributed by partition value; ``None``: as the input comes.
+    writers: int | None = None
+
+
+def write(frame: DataFrame, config: SparkParquetWrite) -> list[DataFileDescriptor]:
+    """Write ``frame`` (aligned to the write schema) below the write location; describe its files."""
+    spark = frame.sparkSession
+    columns = _file_columns(frame, config.write_schema)
+    staged = frame.select(*columns.values())
+    partitions = _partition_columns(config, list(columns))
+    out = staged.select(*[F.col(_quote(name)) for name in columns], *[p.column.alias(p.directory) for p in partitions])
+    keys = [F.col(_quote(p.directory)) for p in partitions]
+    distribution = config.table_properties.get(DISTRIBUTION_MODE, "none")
+    if config.writers is not None:
+        out = out.repartition(config.writers, *keys)
+    elif keys and distribution in ("hash", "range"):
+        out = out.repartition(*keys)
+    writer = out.write.options(**_writer_options(config)).mode("errorifexists")
+    if partitions:
+        writer = writer.partitionBy(*[p.directory for p in partitions])
+    with _session_conf(spark, _SESSION_CONF):
+        writer.parquet(config.location)
+    return _describe(spark, config, partitions)
+
+
+#: Session settings the Parquet writer reads from the session alone: Iceberg's timestamps are
+#: INT64 microseconds, its types are the non-legacy Parquet ones, dates before 1582 are proleptic
+#: Gregorian as written, and the ids are what readers resolve columns by.
+_SESSION_CONF = {
+    "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
+    "spark.sql.parquet.writeLegacyFormat": "false",
+    "spark.sql.parquet.fieldId.write.enabled": "true",
+    "spark.sql.parquet.datetimeRebaseModeInWrite": "CORRECTED",
+}
+
+
+@contextlib.contextmanager
+def _session_conf(spark: SparkSession, settings: Mapping[str, str]) -> Iterator[None]:
+    before = {key: spark.conf.get(key, None) for key in settings}
+    for key, value in settings.items():
+        spark.conf.set(key, value)
+    try:
+        yield
+    finally:
+        for key, previous in before.items():
+            if previous is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, previous)
+
+
+def _writer_options(config: SparkParquetWrite) -> dict[str, str]:
+    """The table's Parquet properties as Spark's writer options (they reach the job's Hadoop conf)."""
+    properties = config.table_properties
+
+    def number(key: str, default: int) -> str:
+        return str(int(properties.get(key, default)))
+
+    codec = properties.get(TableProperties.PARQUET_COMPRESSION, TableProperties.PARQUET_COMPRESSION_DEFAULT)
+    options = {
+        "compression": _CODECS[codec.lower()],
+        "parquet.block.size": number(TableProperties.PARQUET_ROW_GROUP_SIZE_BYTES, 128 * 1024 * 1024),
+        "parquet.block.row.count.limit": number(
+            TableProperties.PARQUET_ROW_GROUP_LIMIT, TableProperties.PARQUET_ROW_GROUP_LIMIT_DEFAULT
+        ),
+        "parquet.page.size": number(
+            TableProperties.PARQUET_PAGE_SIZE_BYTES, TableProperties.PARQUET_PAGE_SIZE_BYTES_DEFAULT
+        ),
+        "parquet.page.row.count.limit": number(
+            TableProperties.PARQUET_PAGE_ROW_LIMIT, TableProperties.PARQUET_PAGE_ROW_LIMIT_DEFAULT
+        ),
+        "parquet.dictionary.page.size": number(
+            TableProperties.PARQUET_DICT_SIZE_BYTES, TableProperties.PARQUET_DICT_SIZE_BYTES_DEFAULT
+        ),
+        # Spark rolls files by rows only: the target size over Spark's estimate of a row's
+        # uncompressed size, as the pyarrow writer rolls on uncompressed bytes.
+        "maxRecordsPerFile": str(max(1, config.target_file_size // _row_size(config.write_schema.as_struct()))),
+        # The location is the write's own: no _SUCCESS marker, and no .crc files beside local files
+        # (Hadoop's checksummed local filesystem writes one per file; nothing would ever read them).
+        "mapreduce.fileoutputcommitter.marksuccessfuljobs": "false",
+        "fs.file.impl": "org.apache.hadoop.fs.RawLocalFileSystem",
+        "fs.file.impl.disable.cache": "true",
+    }
+    level = properties.get(TableProperties.PARQUET_COMPRESSION_LEVEL)
+    if level is not None:
+        options["parquet.compression.codec.zstd.level"] = str(int(level))
+    return options
+
+
+def _row_size(iceberg: IcebergType) -> int:
+    """Spark's estimate of a value's uncompressed size (``DataType.defaultSize``): 20 bytes a string,
+    100 a binary, the width of everything else."""
+    if isinstance(iceberg, StructType):
+        return max(1, sum(_row_size(f.field_type) for f in iceberg.fields))
+    if isinstance(iceberg, StringType):
+        return 20
+    if isinstance(iceberg, BinaryType):
+        return 100
+    if isinstance(iceberg, DecimalType):
+        return 8 if iceberg.precision <= 18 else 16
+    if isinstance(iceberg, BooleanType):
+        return 1
+    return 4 if isinstance(iceberg, IntegerType | DateType | FloatType) else 8
+
+
+def _quote(name: str) -> str:
+    """A top-level column reference; a dot in ``name`` is part of the name."""
+    return "`" + name.replace("`", "``") + "`"
+
+
+def _file_columns(frame: DataFrame, schema: Schema) -> dict[str, Column]:
+    """Every column of the write schema, in its order, carrying its field ids; absent optional
+    columns as typed nulls, so every file has every column with its statistics."""
+    present = set(frame.columns)
+    columns: dict[str, Column] = {}
+    for column in schema.fields:
+        spark_type = _with_ids(column.field_type)
+        if column.name in present:
+            value = F.col(_quote(column.name))
+            if isinstance(column.field_type, StructType):
+                value = value.cast(spark_type)  # the cast carries the nested fields' ids
+        else:
+            value = F.lit(None).cast(spark_type)
+        columns[column.name] = value.alias(column.name, metadata={"parquet.field.id": column.field_id})
+    return columns
+
+
+def _with_ids(iceberg: IcebergType) -> st.DataType:
+    if isinstance(iceberg, StructType):
+        return st.StructType(
+            [
+                st.StructField(
+                    nested.name,
+                    _with_ids(nested.field_type),
+                    nullable=not nested.required,
+                    metadata={"parquet.field.id": nested.field_id},
+                )
+                for nested in iceberg.fields
+            ]
+        )
+    spark_type = iceberg_to_spark(iceberg)
+    assert spark_type is not None  # refusal() sent every other type to the pyarrow writer
+    return spark_type
+
+
+@dataclass(frozen=True)
+class _PartitionColumn:
+    """A computed column whose directory holds one Iceberg partition field's value."""
+
+    field_name: str
+    directory: str
+    column: Column
+    #: How the directory's text reads back: ``int``, ``bool`` or ``str`` (prefixed); ``None`` for a
+    #: void transform, always null.
+    kind: str | None
+
+
+def _partition_columns(config: SparkParquetWrite, columns: Sequence[str]) -> list[_PartitionColumn]:
+    taken = {name.lower() for name in columns}
+    result = []
+    for partition_field in config.spec.fields:
+        transform = partition_field.transform
+        if isinstance(transform, VoidTransform):
+            continue  # null in every file: no directory level needed
+        name = config.write_schema.find_column_name(partition_field.source_id)
+        assert name is not None
+        source_type = config.write_schema.find_field(partition_field.source_id).field_type
+        top, *nested = name.split(".")
+        source = F.col(_quote(top))
+        for part in nested:
+            source = source.getField(part)
+        directory = partition_field.name
+        while directory.lower() in taken:
+            directory += "_"
+        taken.add(directory.lower())
+        value, kind = partition_value(transform, source_type, source)
+        result.append(_PartitionColumn(partition_field.name, directory, value, kind))
+    return result
+
+
+def partition_value(transform: Transform[Any, Any], source_type: IcebergType, source: Column) -> tuple[Column, str]:
+    """A Spark expression for the Iceberg partition value of ``source``, independent of the session
+    time zone, and how its directory name reads back."""
+    if isinstance(transform, IdentityTransform):
+        if isinstance(source_type, StringType):
+            return F.concat(F.lit(STRING_PREFIX), source), "str"
+        if isinstance(source_type, BooleanType):
+            return source, "bool"
+        if isinstance(source_type, DateType):
+            return F.unix_date(source), "int"
+        if isinstance(source_type, TimestampType | TimestamptzType):
+            return _micros(source_type, source), "int"
+        return source, "int"
+    if isinstance(source_type, DateType):
+        days = F.unix_date(source)
+        date = source
+    else:
+        micros = _micros(source_type, source)
+        if isinstance(transform, HourTransform):
+            return _floor_div(micros, _HOUR_MICROS), "int"
+        days = _floor_div(micros, _DAY_MICROS)
+        date = F.date_from_unix_date(days)
+    if isinstance(transform, DayTransform):
+        return days.cast("int"), "int"
+    if isinstance(transform, MonthTransform):
+        return ((F.year(date) - 1970) * 12 + F.month(date) - 1).cast("int"), "int"
+    if isinstance(transform, YearTransform):
+        return (F.year(date) - 1970).cast("int"), "int"
+    raise TypeError(f"transform {transform} is not written by Spark's writer")  # pragma: no cover - refused
+
+
+def _micros(source_type: IcebergType, source: Column) -> Column:
+    if isinstance(source_type, TimestamptzType):
+        return F.unix_micros(source)
+    # timestamp without zone: microseconds of its wall-clock time since 1970-01-01 00:00, which is
+    # what Iceberg stores; no session time zone is involved.
+    return F.timestamp_diff("MICROSECOND", F.lit("1970-01-01 00:00:00").cast("timestamp_ntz"), source)
+
+
+def _floor_div(micros: Column, unit: int) -> Column:
+    """Exact floor division of a 64-bit count: the difference is a multiple of ``unit``, and the
+    quotient (below 2^31) survives the double division within far less than 0.5."""
+    return F.round((micros - F.pmod(micros, F.lit(unit))) / F.lit(unit)).cast("int")
+
+
+def _describe(
+    spark: SparkSession, config: SparkParquetWrite, partitions: Sequence[_PartitionColumn]
+) -> list[DataFileDescriptor]:
+    files = _committed_files(config, partitions)
+    if not files:
+        return []
+    slices = max(1, min(len(files), spark.sparkContext.defaultParallelism))
+    described = (
+        spark.sparkContext.parallelize(files, slices)
+        .mapPartitions(functools.partial(_describe_files, config))
+        .collect()
+    )
+    nulls: dict[str, int] = {}
+    descriptors = []
+    for text, counts in described:
+        for name, count in counts.items():
+            nulls[name] = nulls.get(name, 0) + count
+        descriptors.append(DataFileDescriptor.model_validate_json(text))
+    for name in config.checked_required:
+        if nulls.get(name):
+            raise RequiredColumnHasNulls(required_nulls_message(name, nulls[name]))
+    empty = [d.path for d in descriptors if not d.record_count]
+    if empty:  # Spark writes one file without rows for a task without rows; the table needs none
+        fs, _ = driver_filesystem(config.location, config.io_properties)
+        fs.rm([driver_filesystem(path, config.io_properties)[1] for path in empty])
+    return [d for d in descriptors if d.record_count]
+
+
+def _committed_files(
+    config: SparkParquetWrite, partitions: Sequence[_PartitionColumn]
+) -> list[tuple[str, int, dict[str, PartitionValue]]]:
+    """Every data file the job committed, with its size and partition; Spark's commit put exactly the
+    files of one successful attempt per task here and removed its ``_temporary`` folder."""
+    fs, root = driver_filesystem(config.location, config.io_properties)
+    fs.invalidate_cache()
+    root = root.rstrip("/")
+    found = []
+    for path, info in sorted(fs.find(root, detail=True).items()):
+        relative = posixpath.relpath(path, root)
+        if not relative.endswith(".parquet") or any(p.startswith(("_", ".")) for p in relative.split("/")):
+            continue
+        found.append((f"{config.location}/{relative}", int(info["size"]), _directory_partition(relative, partitions)))
+    return found
+
+
+def _directory_partition(relative: str, partitions: Sequence[_PartitionColumn]) -> dict[str, PartitionValue]:
+    levels = dict(_unescape(level).split("=", 1) for level in relative.split("/")[:-1])
+    values: dict[str, PartitionValue] = {}
+    by_directory = {p.directory: p for p in partitions}
+    if set(levels) != set(by_directory):
+        raise ValueError(f"file {relative!r} is not in a directory of every partition column {sorted(by_directory)}")
+    for directory, text in levels.items():
+        partition = by_directory[directory]
+        values[partition.field_name] = _read_back(text, partition.kind)
+    return values
+
+
+def _read_back(text: str, kind: str | None) -> PartitionValue:
+    if text == NULL_DIRECTORY or kind is None:
+        return None
+    if kind == "str":
+        if not text.startswith(STRING_PREFIX):
+            raise ValueError(f"partition directory value {text!r} lacks its prefix")
+        return text[len(STRING_PREFIX) :]
+    if kind == "bool":
+        return {"true": True, "false": False}[text]
+    return int(text)
+
+
+def _unescape(text: str) -> str:
+    """Spark's ``unescapePathName``: ``%XX`` back to the character it escaped."""
+    return re.sub(r"%([0-9A-Fa-f]{2})", lambda m: chr(int(m.group(1), 16)), text)
+
+
+def _describe_files(
+    config: SparkParquetWrite, files: Iterator[tuple[str, int, dict[str, PartitionValue]]]
+) -> Iterator[tuple[str, dict[str, int]]]:
+    """On an executor: each file's descriptor from its footer, and the nulls of the required columns
+    Spark could not prove non-null (the footer counts them per column chunk)."""
+    for path, size, partition in files:
+        with load_file_io(config.io_properties, path).new_input(path).open() as stream:
+            metadata = pq.read_metadata(stream)
+        descriptor = describe_parquet_file(
+            path,
+            table_schema=config.write_schema,
+            partition=partition,
+            writer=_writer_of(path),
+            table_properties=config.table_properties,
+            parquet_metadata=metadata,
+            file_size_in_bytes=size,
+        )
+        yield (
+            descriptor.model_dump_json(exclude_defaults=True),
+            {name: _null_count(path, metadata, name, config.io_properties) for name in config.checked_required},
+        )
+
+
+def _writer_of(path: str) -> str | None:
+    """The Spark task that wrote the file, from the name Spark gave it (``part-00003-<job>.c000...``)."""
+    found = _PART_FILE.match(posixpath.basename(path))
+    return found.group(1) if found else None
+
+
+def _null_count(path: str, metadata: pq.FileMetaData, name: str, io_properties: Mapping[str, str]) -> int:
+    leaf = next((i for i in range(metadata.num_columns) if metadata.schema.column(i).path == name), None)
+    if leaf is not None:
+        counts = [metadata.row_group(g).column(leaf).statistics for g in range(metadata.num_row_groups)]
+        if all(c is not None and c.has_null_count for c in counts):  # Spark writes them
+            return sum(c.null_count for c in counts if c is not None)
+    # A struct's nulls are not its fields' nulls, and a missing count is never guessed: read it.
+    with load_file_io(dict(io_properties), path).new_input(path).open() as stream:
+        return int(pq.read_table(stream, columns=[name]).column(name).null_count)
