@@ -95,8 +95,7 @@ class SqlSinkStateStore:
         check_sink_id(sink_id)
         check_epoch(epoch)
         with self._db.transaction(f"reading sink {sink_id!r} epoch {epoch}", write=False) as session:
-            row = rows.load(session, sink_id, epoch)
-            return None if row is None else rows.record(row)
+            return rows.load_light(session, sink_id, epoch)
 
     def epochs_with_status(self, sink_id: str, status: EpochStatus) -> Sequence[EpochRecord]:
         check_sink_id(sink_id)
@@ -156,9 +155,9 @@ class SqlSinkStateStore:
                             updated_at=now,
                         )
                     )
-                    row = rows.load(session, sink_id, epoch)
-                    assert row is not None
-                    return rows.record(row)
+                    record = rows.load_light(session, sink_id, epoch)
+                    assert record is not None
+                    return record
         except IntegrityError:
             # A concurrent attempt inserted between our read and our insert; report what it wrote.
             existing = self._reload(sink_id, epoch, action)
@@ -366,7 +365,7 @@ class SqlSinkStateStore:
                 )
                 if not already:
                     raise cas.conflict(row, sink_id, epoch, f"decide to commit Pending write {write_id}")
-            return cas.reloaded(session, sink_id, epoch)
+            return self._reloaded(session, sink_id, epoch)
 
     def mark_committed(
         self,
@@ -394,7 +393,7 @@ class SqlSinkStateStore:
                 epoch,
                 f"mark Pending write {write_id} Committed",
             )
-            record = cas.reloaded(session, sink_id, epoch)
+            record = self._reloaded(session, sink_id, epoch)
             tables = {t.table for t in record.pre_commit.tables}
             if set(committed) != tables:
                 # Raising here rolls the CAS back: an epoch is Committed only when every table is.
@@ -404,7 +403,7 @@ class SqlSinkStateStore:
                 )
             if record.replaces is not None:
                 commit_revision(session, record, committed)
-                record = cas.reloaded(session, sink_id, epoch)
+                record = self._reloaded(session, sink_id, epoch)
             return record
 
     def decide_commits(self, sink_id: str, writes: Sequence[tuple[int, str]]) -> Sequence[int]:
@@ -533,6 +532,13 @@ class SqlSinkStateStore:
             )
             if rows.rowcount(session, statement) != 1 and session.get(SinkCleanup, cleanup_id) is None:
                 raise StateConflict(f"meta store {self._db.url_for_display}: there is no clean-up {cleanup_id}")
+
+    @staticmethod
+    def _reloaded(session: Session, sink_id: str, epoch: int) -> EpochRecord:
+        """``cas.reloaded`` without fetching the metadata again when it was parsed (``rows.load_light``)."""
+        record = rows.load_light(session, sink_id, epoch)
+        assert record is not None
+        return record
 
     def _reload(self, sink_id: str, epoch: int, action: str) -> EpochRecord | None:
         with self._db.transaction(action, write=False) as session:

@@ -63,7 +63,7 @@ from airflow_provider_exactly_once.sinks.iceberg.transaction import (
 )
 from airflow_provider_exactly_once.sinks.iceberg.upsert_revisions import upsert_files_to_replace
 from airflow_provider_exactly_once.sinks.iceberg.upserts import identifier_update
-from airflow_provider_exactly_once.sinks.iceberg.write_check import check_location, check_table_write, write_spec
+from airflow_provider_exactly_once.sinks.iceberg.write_check import CheckedWrites, check_location, write_spec
 
 #: How long a table ``prepare`` loaded may stand in for the commit's own load (``CommitPlan.fresh_state``).
 PREPARED_FRESH_S = 5.0
@@ -140,6 +140,7 @@ class IcebergSinkCommitter:
         #: Table name -> the UUID of the table this committer last loaded under that name.
         self._uuids: dict[str, str] = {}
         self._added_files = AddedFiles()
+        self._checked = CheckedWrites()
         #: Conflict retries are reported here (``core.observe.COMMIT_RETRIES``); settable after
         #: construction because sink configs build committers without knowing the metrics backend.
         self.metrics: Metrics = safe(metrics)
@@ -173,8 +174,9 @@ class IcebergSinkCommitter:
         return identities
 
     def _check(self, table: Table, pre_commit: PreCommit, write: TableWrite) -> list[ColumnToAdd]:
-        return check_table_write(
+        return self._checked.check(
             table.metadata,
+            table.metadata_location,
             write,
             branch=self._branch,
             allow_schema_evolution=self._allow_schema_evolution,

@@ -8,6 +8,9 @@ the table itself, or contains its data or metadata root, must never get that far
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
+
 from pyiceberg.partitioning import PartitionSpec
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.refs import SnapshotRefType
@@ -167,3 +170,46 @@ def check_table_write(
     )
     check_stats_columns(write, column_names_after(schema, to_add))
     return to_add
+
+
+class CheckedWrites:
+    """``check_table_write`` answered once per write and table version within a process.
+
+    The check is a pure function of the write and the table's metadata, and a metadata location
+    names one version of a table for good. A process that persists a write and then decides its
+    commit (``eo-sink``, recovery, a test) would otherwise check its 10,000 descriptors twice against
+    a table that did not change in between; any commit to the table in between makes a new version,
+    and the write is checked afresh against it. Only successful checks are kept, for the very write
+    object that passed (a look-alike write is checked itself), and only the latest few.
+    """
+
+    _CAPACITY = 8
+
+    def __init__(self) -> None:
+        self._passed: OrderedDict[tuple[str, str, str, bool], tuple[TableWrite, list[ColumnToAdd]]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def check(
+        self,
+        metadata: TableMetadata,
+        metadata_location: str,
+        write: TableWrite,
+        *,
+        branch: str,
+        allow_schema_evolution: bool,
+        owner: str,
+    ) -> list[ColumnToAdd]:
+        key = (write.table, metadata_location, branch, allow_schema_evolution)
+        with self._lock:
+            passed = self._passed.get(key)
+        if passed is not None and passed[0] is write:
+            return list(passed[1])
+        to_add = check_table_write(
+            metadata, write, branch=branch, allow_schema_evolution=allow_schema_evolution, owner=owner
+        )
+        with self._lock:
+            self._passed[key] = (write, list(to_add))
+            self._passed.move_to_end(key)
+            while len(self._passed) > self._CAPACITY:
+                self._passed.popitem(last=False)
+        return to_add
