@@ -27,12 +27,14 @@ is used wherever it can give the files everything the pyarrow writer would:
   and writes one file per value it holds. Shuffling them by partition value first (fewer files)
   is a full exchange of the rows; a table asks for it with ``write.distribution-mode`` ``hash`` or
   ``range``, a job with ``writers``.
-* **Descriptors from the footers, on the executors**, by ``describe_parquet_file`` as for the pyarrow
-  writer's files, after the job: one footer read per file.
+* **Descriptors from the footers**, by ``describe_parquet_file`` as for the pyarrow writer's files,
+  after the job: one footer read per file, on the executors, or on the driver for a few files,
+  where a Spark job would cost more than the reads.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import functools
 import posixpath
@@ -101,6 +103,9 @@ _DAY_MICROS = 86_400_000_000
 _HOUR_MICROS = 3_600_000_000
 _IDENTITY_SOURCES = (BooleanType, IntegerType, LongType, StringType, DateType, TimestampType, TimestamptzType)
 _PART_FILE = re.compile(r"^part-(\d+)-")
+#: Up to this many files are described on the driver: a Spark job costs a tenth of a second or more
+#: to schedule its Python tasks, the driver reads and describes a local footer in about a millisecond.
+DRIVER_DESCRIBES_UP_TO = 64
 
 
 def refusal(
@@ -379,12 +384,17 @@ def _describe(
     files = _committed_files(config, partitions)
     if not files:
         return []
-    slices = max(1, min(len(files), spark.sparkContext.defaultParallelism))
-    described = (
-        spark.sparkContext.parallelize(files, slices)
-        .mapPartitions(functools.partial(_describe_files, config))
-        .collect()
-    )
+    described: list[tuple[str, dict[str, int]]]
+    if len(files) <= DRIVER_DESCRIBES_UP_TO:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=8) as pool:  # footer reads wait on storage
+            described = list(pool.map(lambda f: next(_describe_files(config, iter([f]))), files))
+    else:
+        slices = max(1, min(len(files), spark.sparkContext.defaultParallelism))
+        described = (
+            spark.sparkContext.parallelize(files, slices)
+            .mapPartitions(functools.partial(_describe_files, config))
+            .collect()
+        )
     nulls: dict[str, int] = {}
     descriptors = []
     for text, counts in described:
@@ -450,8 +460,8 @@ def _unescape(text: str) -> str:
 def _describe_files(
     config: SparkParquetWrite, files: Iterator[tuple[str, int, dict[str, PartitionValue]]]
 ) -> Iterator[tuple[str, dict[str, int]]]:
-    """On an executor: each file's descriptor from its footer, and the nulls of the required columns
-    Spark could not prove non-null (the footer counts them per column chunk)."""
+    """Each file's descriptor from its footer, and the nulls of the required columns Spark could not
+    prove non-null (the footer counts them per column chunk); on the executors, or on the driver."""
     for path, size, partition in files:
         with load_file_io(config.io_properties, path).new_input(path).open() as stream:
             metadata = pq.read_metadata(stream)

@@ -42,9 +42,16 @@ from pyiceberg.types import (
 )
 
 from airflow_provider_exactly_once.sinks.iceberg.descriptors import describe_parquet_file
+from airflow_provider_exactly_once.spark import parquet_writer
 from airflow_provider_exactly_once.spark.parquet_writer import refusal
-from tests.spark.conftest import files_under, job_spec, local, make_table, run_in_process
-from tests.spark.test_epoch_writer import commit_iceberg, iceberg_target
+from tests.spark.conftest import files_under, job_spec, land, local, make_table, run_in_process, sample_rows
+from tests.spark.test_epoch_writer import (
+    check_descriptors_against_files,
+    commit_iceberg,
+    files_input,
+    iceberg_target,
+    sorted_rows,
+)
 from tests.spark.user_functions import typed_rows_list
 from tests.support import independent_reader
 
@@ -120,9 +127,7 @@ def test_spark_writes_files_with_field_ids_and_the_iceberg_partition_value_of_th
         path = local(descriptor.path)
         assert Path(path).name.startswith("part-")  # Spark's writer, not the pyarrow one
         schema = pq.read_schema(path)
-        assert [f.metadata[b"PARQUET:field_id"] for f in schema] == [
-            str(i).encode() for i in range(1, 11)
-        ]
+        assert [f.metadata[b"PARQUET:field_id"] for f in schema] == [str(i).encode() for i in range(1, 11)]
         assert [f.metadata[b"PARQUET:field_id"] for f in schema.field("addr").type] == [b"11", b"12"]
         assert (
             describe_parquet_file(
@@ -284,3 +289,27 @@ def test_sample_rows_are_written_by_spark_with_the_tables_compression(
         assert max(metadata.row_group(g).num_rows for g in range(metadata.num_row_groups)) <= 100
         assert len(descriptor.split_offsets or []) == metadata.num_row_groups
     assert pre_commit.record_count == 200
+
+
+@pytest.mark.parametrize("on_driver_up_to", [0, parquet_writer.DRIVER_DESCRIBES_UP_TO], ids=["executors", "driver"])
+def test_files_are_described_alike_on_the_executors_and_on_the_driver(
+    spark: Any,
+    tmp_path: Path,
+    catalog: Catalog,
+    catalog_props: dict[str, str],
+    monkeypatch: pytest.MonkeyPatch,
+    on_driver_up_to: int,
+) -> None:
+    monkeypatch.setattr(parquet_writer, "DRIVER_DESCRIBES_UP_TO", on_driver_up_to)
+    rows = sample_rows(1000)
+    land(tmp_path / "landing", rows)
+    table = make_table(catalog, "ns.by_day", spec((3, DayTransform(), "ts_day")))
+    job = job_spec(tmp_path, input=files_input(tmp_path / "landing"), target=iceberg_target(catalog_props, "ns.by_day"))
+
+    pre_commit = run_in_process(spark, job)
+
+    check_descriptors_against_files(pre_commit, table)
+    assert all(Path(local(d.path)).name.startswith("part-") for d in pre_commit.tables[0].data_files)
+    assert len({d.partition["ts_day"] for d in pre_commit.tables[0].data_files}) == 5
+    commit_iceberg(catalog, pre_commit)
+    assert sorted_rows(catalog.load_table("ns.by_day").scan().to_arrow()) == sorted_rows(rows)
