@@ -10,5 +10,7 @@ DEFAULT_META_CONN_ID = "exactly_once_default"
 #: How old a write location must be before the orphan clean-up may delete it: longer than any
 #: write task can take between writing its files and persisting them (docs/operations.md).
 DEFAULT_ORPHAN_GRACE = timedelta(hours=6)
+#: How long a recovery holds a sink's lock at most; a killed recovery task blocks the next one this long.
+DEFAULT_LOCK_TTL = timedelta(hours=1)
 #: The ``airflow.cfg`` section of the package's options (declared in ``get_provider_info``).
 CONFIG_SECTION = "exactly_once"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from airflow_provider_exactly_once.checkpoints._fs import (
     aresolve_storage_options,
@@ -20,8 +20,10 @@ from airflow_provider_exactly_once.checkpoints.markers import MarkerFileCheckpoi
 from airflow_provider_exactly_once.checkpoints.metastore import CheckpointTable, MetaStoreCheckpointSource
 from airflow_provider_exactly_once.checkpoints.streaming import StructuredStreamingCheckpointSource
 from airflow_provider_exactly_once.core.errors import InvalidSinkConfig
-from airflow_provider_exactly_once.core.ports import CheckpointSource
 from airflow_provider_exactly_once.core.redact import mask_userinfo
+
+if TYPE_CHECKING:
+    from airflow_provider_exactly_once.core.ports import CheckpointSource
 
 
 @dataclass(frozen=True)

@@ -23,10 +23,11 @@ from sqlalchemy.exc import ArgumentError
 from airflow_provider_exactly_once.core.errors import InvalidSinkConfig
 from airflow_provider_exactly_once.defaults import DEFAULT_META_CONN_ID
 from airflow_provider_exactly_once.get_provider_info import META_STORE_FIELD_BEHAVIOUR
-from airflow_provider_exactly_once.store import SqlSinkStateStore
 from airflow_provider_exactly_once.version_compat import AirflowNotFoundException
 
 if TYPE_CHECKING:
+    from airflow_provider_exactly_once.store import SqlSinkStateStore
+
     pass
 
 META_CONN_TYPE = "exactly_once_meta"
@@ -159,6 +160,8 @@ class ExactlyOnceMetaStoreHook(BaseHook):
 
 
 def _open_store(url: str, options: Mapping[str, float]) -> SqlSinkStateStore:
+    from airflow_provider_exactly_once.store import SqlSinkStateStore
+
     store_kwargs: dict[str, float] = {key: options[key] for key in _STORE_OPTIONS if key in options}
     if not store_kwargs:
         return SqlSinkStateStore(url)

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow_provider_exactly_once.core.errors import ExactlyOnceError, InvalidSinkConfig
-from airflow_provider_exactly_once.core.precommit import PreCommit
 from airflow_provider_exactly_once.version_compat import AirflowFailException
+
+if TYPE_CHECKING:
+    from airflow_provider_exactly_once.core.precommit import PreCommit
 
 
 @contextmanager
@@ -50,3 +52,11 @@ def check_write_matches(pre: PreCommit, sink_id: str, epoch: int, task_id: str) 
 def try_number(context: Mapping[str, Any]) -> int | None:
     number = getattr(context.get("ti"), "try_number", None)
     return number if isinstance(number, int) else None
+
+
+def parse_pre_commit(value: Any) -> PreCommit:
+    """``PreCommit.parse``, importing the pre-commit models only when a task runs: DAG files import
+    the operators at every parse and never need them."""
+    from airflow_provider_exactly_once.core.precommit import PreCommit
+
+    return PreCommit.parse(value)

@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseOperator
 
 from airflow_provider_exactly_once.checkpoints.config import MetaStoreCheckpoint
-from airflow_provider_exactly_once.checkpoints.metastore import MetaStoreCheckpointSource
 from airflow_provider_exactly_once.core.errors import InvalidSinkConfig
 from airflow_provider_exactly_once.core.identifiers import check_epoch
 from airflow_provider_exactly_once.core.status import CheckpointStatus
@@ -21,10 +20,11 @@ from airflow_provider_exactly_once.defaults import DEFAULT_META_CONN_ID
 from airflow_provider_exactly_once.hooks.meta_store import ExactlyOnceMetaStoreHook
 from airflow_provider_exactly_once.operators._common import airflow_errors
 from airflow_provider_exactly_once.runtime.epochs import epoch_for_context, interval_epoch
-from airflow_provider_exactly_once.store import SqlSinkStateStore
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
+
+    from airflow_provider_exactly_once.store import SqlSinkStateStore
 
 
 class MarkCheckpointOperator(BaseOperator):
@@ -78,6 +78,8 @@ class MarkCheckpointOperator(BaseOperator):
                 ) from None
             store = ExactlyOnceMetaStoreHook(self.meta_conn_id).get_store()
             try:
+                from airflow_provider_exactly_once.checkpoints.metastore import MetaStoreCheckpointSource
+
                 name = self.checkpoint_name or MetaStoreCheckpointSource(
                     store.checkpoints, name_template=self.checkpoint.name_template
                 ).name(str(self.sink_id))

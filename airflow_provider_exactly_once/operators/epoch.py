@@ -16,10 +16,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseOperator
 
 from airflow_provider_exactly_once.checkpoints.config import CheckpointConfig
-from airflow_provider_exactly_once.core.coordinator import TwoPhaseCommitCoordinator
 from airflow_provider_exactly_once.core.errors import AbortRefused, ExactlyOnceError, InvalidPreCommit
-from airflow_provider_exactly_once.core.outcomes import CommitOutcome, CommitResult
-from airflow_provider_exactly_once.core.precommit import PreCommit
 from airflow_provider_exactly_once.defaults import DEFAULT_META_CONN_ID
 from airflow_provider_exactly_once.hooks.meta_store import ExactlyOnceMetaStoreHook
 from airflow_provider_exactly_once.observability.assets import commit_alias, emit_committed
@@ -27,17 +24,22 @@ from airflow_provider_exactly_once.observability.links import EpochLink
 from airflow_provider_exactly_once.operators._common import (
     airflow_errors,
     check_write_matches,
+    parse_pre_commit,
     pull_pre_commit,
     try_number,
 )
 from airflow_provider_exactly_once.runtime.assembly import as_checkpoint, as_sink, coordinator_for
 from airflow_provider_exactly_once.runtime.epochs import epoch_for_context, epoch_interval, generation_for_context
 from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig, SinkConfig
-from airflow_provider_exactly_once.store import SqlSinkStateStore
 from airflow_provider_exactly_once.version_compat import AirflowFailException
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
+
+    from airflow_provider_exactly_once.core.coordinator import TwoPhaseCommitCoordinator
+    from airflow_provider_exactly_once.core.outcomes import CommitResult
+    from airflow_provider_exactly_once.core.precommit import PreCommit
+    from airflow_provider_exactly_once.store import SqlSinkStateStore
 
 
 @dataclass(frozen=True)
@@ -117,7 +119,7 @@ class PersistPendingOperator(_EpochOperator):
                 f"task {self.write_task_id!r} returned no pre-commit metadata in this run; nothing to persist"
             )
         with airflow_errors(), self._step(context) as step:
-            pre = PreCommit.parse(value)
+            pre = parse_pre_commit(value)
             check_write_matches(pre, self.sink.sink_id, step.epoch, self.task_id)
             if pre.generation is None:
                 # A write task of the author's own that did not stamp one: the run's generation now.
@@ -182,6 +184,8 @@ class CommitEpochOperator(_EpochOperator):
         with airflow_errors(), self._step(context) as step:
             result = step.coordinator.commit(self.sink.sink_id, step.epoch)
         record = result.record
+        from airflow_provider_exactly_once.core.outcomes import CommitOutcome
+
         committed_now = result.outcome is CommitOutcome.COMMITTED
         self._committed = (record, committed_now)
         if self.emit_assets and isinstance(self.sink, IcebergSinkConfig) and self._announces(context, result):
@@ -205,11 +209,13 @@ class CommitEpochOperator(_EpochOperator):
 
     def _announces(self, context: Mapping[str, Any], result: CommitResult) -> bool:
         """Whether the epoch's committed write is news of this run: committed now, or by an earlier try."""
+        from airflow_provider_exactly_once.core.outcomes import CommitOutcome
+
         if result.outcome is CommitOutcome.COMMITTED:
             return True
         value = pull_pre_commit(context, self.write_task_id)
         try:
-            return value is not None and PreCommit.parse(value).write_id == result.record.write_id
+            return value is not None and parse_pre_commit(value).write_id == result.record.write_id
         except InvalidPreCommit:
             return False
 
@@ -295,7 +301,7 @@ class AbortEpochOperator(_EpochOperator):
             )
             return None
         try:
-            pre = PreCommit.parse(value)
+            pre = parse_pre_commit(value)
             check_write_matches(pre, self.sink.sink_id, epoch, self.task_id)
         except (InvalidPreCommit, ExactlyOnceError) as exc:
             # Nothing of such a write can have been persisted (persist refuses the same mismatch),

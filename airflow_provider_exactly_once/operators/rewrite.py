@@ -18,9 +18,7 @@ from airflow.sdk import BaseOperator
 
 from airflow_provider_exactly_once.checkpoints.config import CheckpointConfig
 from airflow_provider_exactly_once.core.errors import InvalidPreCommit
-from airflow_provider_exactly_once.core.outcomes import RewriteOutcome
-from airflow_provider_exactly_once.core.precommit import PreCommit
-from airflow_provider_exactly_once.operators._common import airflow_errors, pull_pre_commit
+from airflow_provider_exactly_once.operators._common import airflow_errors, parse_pre_commit, pull_pre_commit
 from airflow_provider_exactly_once.operators.epoch import _EpochOperator
 from airflow_provider_exactly_once.version_compat import AirflowFailException, AirflowSkipException
 
@@ -61,6 +59,8 @@ class RewriteEpochOperator(_EpochOperator):
         with airflow_errors(), self._step(context) as step:
             run_writes = self._run_writes(context)
             result = step.coordinator.prepare_rewrite(self.sink.sink_id, step.epoch, run_writes=run_writes)
+        from airflow_provider_exactly_once.core.outcomes import RewriteOutcome
+
         if result.outcome is RewriteOutcome.ALREADY_COMMITTED:
             raise AirflowSkipException(f"sink {self.sink.sink_id!r} epoch {step.epoch}: {result.why}")
         write = self._write_operator()
@@ -91,7 +91,7 @@ class RewriteEpochOperator(_EpochOperator):
             if value is None:
                 continue
             try:
-                found.add(PreCommit.parse(value).write_id)
+                found.add(parse_pre_commit(value).write_id)
             except InvalidPreCommit:
                 self.log.warning("Ignoring the unusable XCom of task %r", task_id)
         return found

@@ -19,16 +19,13 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
-from airflow_provider_exactly_once.core.decisions import write_kept
 from airflow_provider_exactly_once.core.epochs import epoch_start
 from airflow_provider_exactly_once.core.errors import InvalidSinkConfig, MetaStoreUnavailable
 from airflow_provider_exactly_once.core.identifiers import check_epoch, check_sink_id, new_write_id
-from airflow_provider_exactly_once.core.precommit import PreCommit
-from airflow_provider_exactly_once.core.upsert_revisions import revision_basis
 from airflow_provider_exactly_once.defaults import DEFAULT_META_CONN_ID
 from airflow_provider_exactly_once.hooks.meta_store import ExactlyOnceMetaStoreHook
 from airflow_provider_exactly_once.operators._common import airflow_errors
@@ -45,6 +42,9 @@ from airflow_provider_exactly_once.runtime.epochs import epoch_interval, generat
 from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig, SinkConfig
 from airflow_provider_exactly_once.spark import jobspec
 from airflow_provider_exactly_once.version_compat import spark_submit_has_durable
+
+if TYPE_CHECKING:
+    from airflow_provider_exactly_once.core.precommit import PreCommit
 
 #: Above this many bytes of compact JSON the XCom value is compressed (``xcom_value``).
 XCOM_COMPRESS_ABOVE = 64 * 1024
@@ -222,6 +222,8 @@ class SparkPreCommitOperator(SparkSubmitOperator):
                     f"the epoch writer finished but wrote no pre-commit metadata at {output} "
                     "(in cluster deploy mode work_dir must be shared with the driver)"
                 )
+            from airflow_provider_exactly_once.core.precommit import PreCommit
+
             pre_commit = PreCommit.from_json(output.read_bytes()).model_copy(update={"generation": generation})
         finally:
             shutil.rmtree(work, ignore_errors=True)
@@ -253,6 +255,8 @@ class SparkPreCommitOperator(SparkSubmitOperator):
         store = ExactlyOnceMetaStoreHook(self.meta_conn_id).get_store()
         try:
             row = store.get(self.sink_id, epoch)
+            from airflow_provider_exactly_once.core.decisions import write_kept
+
             why = write_kept(row, generation, self.sink.on_reprocess)
             if why is None or row is None:
                 return None
@@ -277,6 +281,8 @@ class SparkPreCommitOperator(SparkSubmitOperator):
             return targets
         store = ExactlyOnceMetaStoreHook(self.meta_conn_id).get_store()
         try:
+            from airflow_provider_exactly_once.core.upsert_revisions import revision_basis
+
             basis = revision_basis(store.get(self.sink_id, epoch), generation, sink.on_reprocess)
         finally:
             store.dispose()

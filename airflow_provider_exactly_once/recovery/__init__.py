@@ -1,15 +1,27 @@
 """Recovery: finish every epoch a crash left half done, and remove orphaned write locations.
 
 ``recover_sink`` is one sink's recovery; ``recovery_dag`` maps it over the meta store's sink registry;
-the ``plugins`` listener triggers a run when the scheduler starts.
+the ``plugins`` listener triggers a run when the scheduler starts. The names are resolved on first
+use (PEP 562): the recovery DAG's file imports this package at every parse, and only its tasks need
+the coordinator and the committers behind ``recover_sink``.
 """
 
-from airflow_provider_exactly_once.defaults import DEFAULT_ORPHAN_GRACE
-from airflow_provider_exactly_once.recovery.sink import (
-    DEFAULT_LOCK_TTL,
-    SinkLocked,
-    SinkRecoveryReport,
-    recover_sink,
-)
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+from airflow_provider_exactly_once.defaults import DEFAULT_LOCK_TTL, DEFAULT_ORPHAN_GRACE
+
+if TYPE_CHECKING:
+    from airflow_provider_exactly_once.recovery.sink import SinkLocked, SinkRecoveryReport, recover_sink
 
 __all__ = ["DEFAULT_LOCK_TTL", "DEFAULT_ORPHAN_GRACE", "SinkLocked", "SinkRecoveryReport", "recover_sink"]
+
+_FROM_SINK = {"SinkLocked", "SinkRecoveryReport", "recover_sink"}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _FROM_SINK:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(import_module(f"{__name__}.sink"), name)

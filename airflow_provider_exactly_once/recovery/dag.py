@@ -23,10 +23,14 @@ from typing import Any
 
 from airflow.sdk import DAG
 
-from airflow_provider_exactly_once.defaults import CONFIG_SECTION, DEFAULT_META_CONN_ID, DEFAULT_ORPHAN_GRACE
+from airflow_provider_exactly_once.defaults import (
+    CONFIG_SECTION,
+    DEFAULT_LOCK_TTL,
+    DEFAULT_META_CONN_ID,
+    DEFAULT_ORPHAN_GRACE,
+)
 from airflow_provider_exactly_once.observability.assets import recovery_alias
 from airflow_provider_exactly_once.recovery.operators import ListRegisteredSinksOperator, RecoverSinkOperator
-from airflow_provider_exactly_once.recovery.sink import DEFAULT_LOCK_TTL
 from airflow_provider_exactly_once.version_compat import conf
 
 DEFAULT_RECOVERY_DAG_ID = "exactly_once_recovery"

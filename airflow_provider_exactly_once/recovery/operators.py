@@ -10,23 +10,17 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseOperator
 
 from airflow_provider_exactly_once.core.status import EpochStatus
-from airflow_provider_exactly_once.defaults import DEFAULT_META_CONN_ID, DEFAULT_ORPHAN_GRACE
+from airflow_provider_exactly_once.defaults import DEFAULT_LOCK_TTL, DEFAULT_META_CONN_ID, DEFAULT_ORPHAN_GRACE
 from airflow_provider_exactly_once.hooks.meta_store import ExactlyOnceMetaStoreHook
 from airflow_provider_exactly_once.observability.assets import emit_committed, recovery_alias
 from airflow_provider_exactly_once.operators._common import airflow_errors
-from airflow_provider_exactly_once.recovery.sink import (
-    DEFAULT_LOCK_TTL,
-    SinkLocked,
-    recover_sink,
-    registered_sink,
-)
 from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig
-from airflow_provider_exactly_once.store import SqlSinkStateStore
-from airflow_provider_exactly_once.store.models import LOCK_HOLDER_LENGTH
 from airflow_provider_exactly_once.version_compat import AirflowFailException, AirflowSkipException
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
+
+    from airflow_provider_exactly_once.store import SqlSinkStateStore
 
 
 class ListRegisteredSinksOperator(BaseOperator):
@@ -84,6 +78,9 @@ class RecoverSinkOperator(BaseOperator):
         self.lock_ttl = lock_ttl
 
     def execute(self, context: Context) -> dict[str, Any]:
+        # The recovery machinery (coordinator, committers) loads in the task, not at every parse.
+        from airflow_provider_exactly_once.recovery.sink import SinkLocked, recover_sink
+
         with airflow_errors():
             store = ExactlyOnceMetaStoreHook(self.meta_conn_id).get_store()
             try:
@@ -118,6 +115,8 @@ class RecoverSinkOperator(BaseOperator):
         alias = recovery_alias()
         if not committed or alias not in self.outlets:
             return
+        from airflow_provider_exactly_once.recovery.sink import registered_sink
+
         try:
             sink, _ = registered_sink(store.registry, self.sink_id)
             if not isinstance(sink, IcebergSinkConfig):
@@ -139,4 +138,6 @@ def _holder(context: Context) -> str:
         f"{getattr(ti, 'dag_id', '?')}/{getattr(ti, 'run_id', '?')}/{getattr(ti, 'task_id', '?')}"
         f"[{getattr(ti, 'map_index', -1)}]#{getattr(ti, 'try_number', 0)}@{socket.gethostname()}"
     )
+    from airflow_provider_exactly_once.store.models import LOCK_HOLDER_LENGTH
+
     return name[:LOCK_HOLDER_LENGTH]

@@ -27,7 +27,7 @@ from airflow_provider_exactly_once.core.errors import (
 from airflow_provider_exactly_once.core.observe import report_pending
 from airflow_provider_exactly_once.core.outcomes import CleanupReport
 from airflow_provider_exactly_once.core.ports import ORPHAN_EPOCH, SinkRegistry
-from airflow_provider_exactly_once.defaults import DEFAULT_ORPHAN_GRACE
+from airflow_provider_exactly_once.defaults import DEFAULT_LOCK_TTL, DEFAULT_ORPHAN_GRACE
 from airflow_provider_exactly_once.observability.stats import airflow_metrics
 from airflow_provider_exactly_once.runtime.assembly import coordinator_for
 from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig, SinkConfig, sink_config_from_dict
@@ -37,9 +37,6 @@ if TYPE_CHECKING:
     from airflow_provider_exactly_once.recovery.orphans import OrphanCandidate
 
 log = logging.getLogger(__name__)
-
-#: How long a recovery holds a sink's lock at most; a killed recovery task blocks the next one this long.
-DEFAULT_LOCK_TTL = timedelta(hours=1)
 
 
 class SinkLocked(ExactlyOnceError):

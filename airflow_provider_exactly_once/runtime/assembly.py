@@ -13,11 +13,9 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_exactly_once.checkpoints.config import CheckpointConfig, checkpoint_config_from_dict
-from airflow_provider_exactly_once.core.coordinator import TwoPhaseCommitCoordinator
 from airflow_provider_exactly_once.core.errors import SinkUnavailable
 from airflow_provider_exactly_once.core.faults import FaultHook, no_faults
 from airflow_provider_exactly_once.core.identifiers import check_sink_id
-from airflow_provider_exactly_once.core.observe import NO_METRICS, Metrics
 from airflow_provider_exactly_once.core.redact import mask_userinfo
 from airflow_provider_exactly_once.defaults import DEFAULT_META_CONN_ID
 from airflow_provider_exactly_once.hooks.meta_store import ExactlyOnceMetaStoreHook
@@ -26,6 +24,8 @@ from airflow_provider_exactly_once.runtime.faults import fault_hook_for
 from airflow_provider_exactly_once.sinks.config import SinkConfig, sink_config_from_dict
 
 if TYPE_CHECKING:
+    from airflow_provider_exactly_once.core.coordinator import TwoPhaseCommitCoordinator
+    from airflow_provider_exactly_once.core.observe import Metrics
     from airflow_provider_exactly_once.core.ports import SinkCommitter
     from airflow_provider_exactly_once.store import SqlSinkStateStore
 
@@ -39,11 +39,16 @@ def as_checkpoint(checkpoint: CheckpointConfig | Mapping[str, Any]) -> Checkpoin
     return checkpoint if not isinstance(checkpoint, Mapping) else checkpoint_config_from_dict(checkpoint)
 
 
-def sink_committer(sink: SinkConfig, *, fault: FaultHook = no_faults, metrics: Metrics = NO_METRICS) -> SinkCommitter:
+def sink_committer(sink: SinkConfig, *, fault: FaultHook = no_faults, metrics: Metrics | None = None) -> SinkCommitter:
     """The committer of a sink, its Iceberg catalog built from the sink's Iceberg connection.
 
-    ``fault`` is the fault-injection hook (``core.faults``); production passes none.
+    ``fault`` is the fault-injection hook (``core.faults``); production passes none. ``metrics``:
+    none by default (``core.observe`` is imported here, not where DAG files import this module).
     """
+    if metrics is None:
+        from airflow_provider_exactly_once.core.observe import NO_METRICS
+
+        metrics = NO_METRICS
     from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig
 
     if isinstance(sink, IcebergSinkConfig):
@@ -108,6 +113,8 @@ def coordinator_for(
     if metrics is None:
         metrics = airflow_metrics()
     committer = sink_committer(sink, fault=fault, metrics=metrics)
+    from airflow_provider_exactly_once.core.coordinator import TwoPhaseCommitCoordinator
+
     return TwoPhaseCommitCoordinator(
         store,
         {sink.sink_id: committer},

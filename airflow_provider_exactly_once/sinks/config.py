@@ -17,7 +17,6 @@ from airflow_provider_exactly_once.checkpoints._fs import (
     refuse_secret_options,
     resolve_storage_options,
 )
-from airflow_provider_exactly_once.core.decisions import ON_REPROCESS, OnReprocess
 from airflow_provider_exactly_once.core.errors import InvalidPreCommit, InvalidSinkConfig
 from airflow_provider_exactly_once.core.faults import FaultHook, no_faults
 from airflow_provider_exactly_once.core.identifiers import check_sink_id
@@ -29,6 +28,7 @@ if TYPE_CHECKING:
     # at every parse, and only the tasks that commit need them (imported in ``committer``).
     from pyiceberg.catalog import Catalog
 
+    from airflow_provider_exactly_once.core.decisions import OnReprocess
     from airflow_provider_exactly_once.sinks.files import FileSinkCommitter
     from airflow_provider_exactly_once.sinks.iceberg import IcebergSinkCommitter
 
@@ -216,6 +216,10 @@ def _upsert_spec(sink: IcebergSinkConfig) -> UpsertSpec | None:
 
 
 def _on_reprocess(sink_id: str, value: object) -> None:
+    from airflow_provider_exactly_once.core.decisions import (
+        ON_REPROCESS,  # the rule's own module; heavy for a DAG parse
+    )
+
     if value not in ON_REPROCESS:
         raise InvalidSinkConfig(
             f"sink {sink_id!r}: on_reprocess must be one of {list(ON_REPROCESS)}, got {value!r}: 'replace' makes a "

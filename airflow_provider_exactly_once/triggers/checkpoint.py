@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
@@ -22,7 +22,9 @@ from airflow_provider_exactly_once.core.status import CheckpointStatus
 from airflow_provider_exactly_once.defaults import DEFAULT_META_CONN_ID
 from airflow_provider_exactly_once.hooks.meta_store import ExactlyOnceMetaStoreHook
 from airflow_provider_exactly_once.runtime.epochs import checkpoint_location, epoch_interval
-from airflow_provider_exactly_once.store import SqlSinkStateStore
+
+if TYPE_CHECKING:
+    from airflow_provider_exactly_once.store import SqlSinkStateStore
 
 #: Event ``status`` values besides the final checkpoint statuses.
 TIMEOUT = "TIMEOUT"

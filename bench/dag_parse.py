@@ -1,0 +1,129 @@
+"""What a DAG file of ours costs the dag-processor at every parse, against the same DAG shape made
+of ``EmptyOperator``s (issue 18's target: at most 1.5x).
+
+Each measurement is a fresh interpreter that has already imported ``airflow.sdk`` (as the
+dag-processor's parsing process has) and then runs the DAG file: the time of that run is what the
+file adds, its own imports included. The twin has the example's dag id, task ids and dependencies,
+generated from the parsed example. Pairs are interleaved (ours, twin, ours, twin, ...) and the
+ratio is of the medians, measured in the same run. Also recorded: which heavy libraries the
+example's parse loads beyond what ``airflow.sdk`` already loaded.
+
+    uv run python -m bench.dag_parse [--rounds 7] [--dag dags/hourly_events.py]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+from bench._world import RESULTS, save
+
+ROOT = Path(__file__).resolve().parents[1]
+HEAVY = ("pyiceberg", "pyarrow", "pyspark", "pandas", "numpy", "sqlalchemy", "pydantic", "fsspec", "alembic", "s3fs")
+
+#: Run in a child: import what the dag-processor has, then time the DAG file; print JSON.
+CHILD = """
+import json, runpy, sys, time
+import airflow.sdk  # noqa: F401  the parsing process has the SDK already
+before = {m.split('.')[0] for m in sys.modules}
+ours = {m for m in sys.modules if m.startswith('airflow_provider_exactly_once')}
+start = time.perf_counter()
+namespace = runpy.run_path(sys.argv[1])
+elapsed = time.perf_counter() - start
+after = {m.split('.')[0] for m in sys.modules}
+mine = sorted(m for m in sys.modules if m.startswith('airflow_provider_exactly_once') and m not in ours)
+dags = [v for v in namespace.values() if type(v).__name__ == 'DAG']
+shape = {t.task_id: sorted(t.upstream_task_ids) for d in dags for t in d.tasks}
+print(json.dumps({'seconds': elapsed, 'new_top_level': sorted(after - before), 'modules_of_ours': mine,
+                  'dag_ids': [d.dag_id for d in dags], 'shape': shape}))
+"""
+
+
+def parse_once(path: Path, env: dict[str, str]) -> dict[str, object]:
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD, str(path)], capture_output=True, text=True, env=env, timeout=600
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"parsing {path} failed: {done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def twin_source(dag_id: str, shape: dict[str, list[str]]) -> str:
+    """The same dag id, task ids and edges, every task an ``EmptyOperator``."""
+    return (
+        "import datetime as dt\n"
+        "from airflow.sdk import DAG\n"
+        "from airflow.providers.standard.operators.empty import EmptyOperator\n"
+        f"SHAPE = {shape!r}\n"
+        f"with DAG({dag_id!r}, schedule='@hourly', start_date=dt.datetime(2024, 1, 1), catchup=False) as dag:\n"
+        "    tasks = {task_id: EmptyOperator(task_id=task_id.replace('.', '__')) for task_id in SHAPE}\n"
+        "    for task_id, upstream in SHAPE.items():\n"
+        "        for up in upstream:\n"
+        "            tasks[up] >> tasks[task_id]\n"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.dag_parse", description=__doc__)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--dag", type=Path, default=ROOT / "dags" / "hourly_events.py")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="eo-parse-") as home:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "EO_EXAMPLES"))}
+        env.update({"AIRFLOW_HOME": home, "AIRFLOW__CORE__LOAD_EXAMPLES": "False", "PYTHONPATH": str(ROOT)})
+        first = parse_once(args.dag, env)
+        (dag_id,) = first["dag_ids"]  # type: ignore[misc]
+        twin = Path(home) / "twin.py"
+        twin.write_text(twin_source(dag_id, first["shape"]), encoding="utf-8")  # type: ignore[arg-type]
+        ours: list[float] = []
+        empty: list[float] = []
+        for _ in range(args.rounds):
+            ours.append(float(parse_once(args.dag, env)["seconds"]))  # type: ignore[arg-type]
+            empty.append(float(parse_once(twin, env)["seconds"]))  # type: ignore[arg-type]
+    ratio = statistics.median(ours) / statistics.median(empty)
+    heavy = sorted(set(first["new_top_level"]) & set(HEAVY))  # type: ignore[arg-type]
+    payload = {
+        "dag": str(args.dag.relative_to(ROOT)),
+        "tasks": len(first["shape"]),  # type: ignore[arg-type]
+        "rounds": args.rounds,
+        "load_average": os.getloadavg(),
+        "ours_s": ours,
+        "empty_operators_s": empty,
+        "median_ours_s": statistics.median(ours),
+        "median_empty_operators_s": statistics.median(empty),
+        "ratio": ratio,
+        "heavy_libraries_loaded_by_the_parse": heavy,
+        "modules_of_ours_loaded": first["modules_of_ours"],
+    }
+    path = save("dag_parse", payload)
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.boxplot([ours, empty], tick_labels=[f"{payload['dag']}", "same shape, EmptyOperator"])
+    ax.set_ylabel("seconds to run the DAG file (airflow.sdk loaded)")
+    ax.set_title(f"DAG parse: {ratio:.2f}x of EmptyOperators (median of {args.rounds})")
+    fig.tight_layout()
+    fig.savefig(RESULTS / "dag_parse.png", dpi=120)
+    print(
+        json.dumps(
+            {
+                k: payload[k]
+                for k in ("median_ours_s", "median_empty_operators_s", "ratio", "heavy_libraries_loaded_by_the_parse")
+            }
+        )
+    )
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
