@@ -32,6 +32,13 @@ TEST_TOOLS = ("pytest>=8", "pytest-timeout>=2.3")
 #: Spark's Connect client (a dependency of the Spark provider) unpacks into pyspark's own directory
 #: and has no release for every pyspark: kept out, as the project's lock keeps it out (README).
 OVERRIDES = 'pyspark-client ; sys_platform == "never"\n'
+#: Pins that Airflow's own constraints files carry and a fresh resolution lacks, by Airflow minor:
+#: without them Airflow itself fails, whatever is installed beside it (docs/compatibility.md). Airflow
+#: 3.2.2's in-process execution API (``dag.test()``) fails with svcs 26 ("'State' object has no
+#: attribute 'svcs_registry'") and with fastapi 0.165 ("Model 'TITerminalStatePayload' needs a
+#: discriminator field"); Airflow 3.1.1's task SDK imports ``structlog.dev.Styles``, gone in structlog 26.
+UPSTREAM_PINS = {"3.2": ("svcs<26", "fastapi<0.137")}
+LOWEST_UPSTREAM_PINS = ("structlog<26",)
 E2E = ("tests/task_groups/test_epoch_dags.py",)
 E2E_SPARK = ("tests/dags/test_examples.py",)
 #: What CI's cell runs of them, to stay within CI's time: the happy path, a failed checkpoint, a
@@ -91,6 +98,24 @@ def run(cmd: list[str], log: Path, *, cwd: Path, env: dict[str, str] | None = No
             return 124
 
 
+def wheel_requirements(wheel: Path, extras: str) -> list[str]:
+    """The wheel's ``Requires-Dist`` for the base install and ``extras``, markers evaluated by uv."""
+    import email
+    import zipfile
+
+    with zipfile.ZipFile(wheel) as zf:
+        (name,) = [n for n in zf.namelist() if n.endswith(".dist-info/METADATA")]
+        meta = email.message_from_bytes(zf.read(name))
+    wanted = set(filter(None, extras.split(",")))
+    out = []
+    for requirement in meta.get_all("Requires-Dist") or []:
+        spec, _, marker = requirement.partition(";")
+        extra = marker.split("extra ==")[-1].strip().strip("'\"") if "extra ==" in marker else None
+        if extra is None or extra in wanted:
+            out.append(spec.strip())
+    return out
+
+
 def build_wheel(work: Path) -> Path:
     dist = work / "dist"
     subprocess.run(["uv", "build", "--wheel", "--out-dir", str(dist), str(ROOT)], check=True, capture_output=True)
@@ -106,6 +131,13 @@ def run_cell(cell: Cell, wheel: Path, work: Path) -> Cell:
     python = venv / "bin" / "python"
     overrides = base / "overrides.txt"
     overrides.write_text(OVERRIDES, encoding="utf-8")
+    pins = UPSTREAM_PINS.get(cell.airflow, ()) + (LOWEST_UPSTREAM_PINS if cell.resolution != "highest" else ())
+    constraints = base / "constraints.txt"
+    constraints.write_text("".join(f"{pin}\n" for pin in pins), encoding="utf-8")
+    # lowest-direct lowers what is named on the command line: the wheel's own requirements are named
+    # there too, so that it is the package's floors (not only the wheel and Airflow) that are tried.
+    direct = base / "direct.txt"
+    direct.write_text("".join(f"{r}\n" for r in wheel_requirements(wheel, cell.extras)), encoding="utf-8")
     env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", "AIRFLOW_HOME")}
     # The cell's own bin first: spark-submit is the [spark] extra's, as on a worker.
     env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
@@ -121,6 +153,10 @@ def run_cell(cell: Cell, wheel: Path, work: Path) -> Cell:
                 str(python),
                 "--override",
                 str(overrides),
+                "--constraint",
+                str(constraints),
+                "--requirement",
+                str(direct),
                 "--resolution",
                 cell.resolution,
                 "--quiet",
