@@ -1,11 +1,19 @@
 """The store's batch transitions (recovery's commit of a backlog): a compare-and-swap per epoch, in one
-transaction, with the same refusals as the single ``decide_commit`` and ``mark_committed`` (invariant 5)."""
+transaction, with the same refusals as the single ``decide_commit`` and ``mark_committed`` (invariant 5);
+and the reads of a commit's steps, which fetch an epoch's metadata only when the process lacks it."""
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
 from airflow_provider_exactly_once.core.ports import CommitMark
 from airflow_provider_exactly_once.core.status import EpochStatus
-from airflow_provider_exactly_once.store import SqlSinkStateStore
+from airflow_provider_exactly_once.store import SqlSinkStateStore, rows
 from tests.support.builders import make_pre_commit
 
 EPOCH = 1_700_000_000_000
@@ -76,3 +84,46 @@ def test_mark_committed_batch_leaves_a_revision_to_its_own_commit(store: SqlSink
     assert list(store.mark_committed_batch(sink_id, [_mark(epoch, newer.write_id)])) == []
     row = store.get(sink_id, epoch)
     assert row is not None and row.status is EpochStatus.PENDING and row.replaces is not None
+
+
+def _selected_metadata(store: SqlSinkStateStore, action: Callable[[], object]) -> bool:
+    """Whether ``action`` made the store select the metadata column itself (not only its size)."""
+    statements: list[str] = []
+
+    def before(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        statements.append(statement)
+
+    sa.event.listen(store.engine, "before_cursor_execute", before)
+    try:
+        action()
+    finally:
+        sa.event.remove(store.engine, "before_cursor_execute", before)
+    column = re.compile(r"(?<![(])pending_sink_state\.metadata(?![_\w])")  # not inside length(...)
+    return any(s.lstrip().upper().startswith("SELECT") and column.search(s.split("FROM")[0]) for s in statements)
+
+
+@pytest.mark.parametrize("writer", ["task-0", "tâche-0"])
+def test_a_write_this_process_stored_is_read_back_without_its_metadata(
+    store: SqlSinkStateStore, sink_id: str, writer: str
+) -> None:
+    """Megabytes of metadata are fetched again only when the process has not parsed them; the size in
+    bytes names them, also for text that is not ASCII."""
+    pre = make_pre_commit(sink_id, EPOCH)
+    files = [f.model_copy(update={"writer": writer}) for f in pre.tables[0].data_files]
+    pre = pre.model_copy(update={"tables": [pre.tables[0].model_copy(update={"data_files": files})]})
+    store.insert_pending(pre, run_id="scheduled__1", try_number=1)
+
+    assert not _selected_metadata(store, lambda: store.get(sink_id, EPOCH))
+    assert not _selected_metadata(store, lambda: store.decide_commit(sink_id, EPOCH, write_id=pre.write_id))
+    row = store.get(sink_id, EPOCH)
+    assert row is not None and row.pre_commit is pre
+
+
+def test_a_write_this_process_never_parsed_is_read_whole(store: SqlSinkStateStore, sink_id: str) -> None:
+    pre = make_pre_commit(sink_id, EPOCH)
+    store.insert_pending(pre, run_id="scheduled__1", try_number=1)
+    rows._parsed_cache.clear()  # as in another process: the commit task after the persist task
+
+    assert _selected_metadata(store, lambda: store.get(sink_id, EPOCH))
+    row = store.get(sink_id, EPOCH)
+    assert row is not None and row.pre_commit == pre and row.pre_commit is not pre
