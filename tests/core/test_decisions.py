@@ -18,6 +18,7 @@ from airflow_provider_exactly_once.core.decisions import (
     Decision,
     abort_decision,
     commit_decision,
+    commits_in_batch,
     files_lost_refusal,
     persist_decision,
     recovery_decision,
@@ -34,6 +35,7 @@ from airflow_provider_exactly_once.core.errors import (
 from airflow_provider_exactly_once.core.ports import EpochRecord, ReplacedWrite
 from airflow_provider_exactly_once.core.precommit import PreCommit, TableWrite
 from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochStatus
+from airflow_provider_exactly_once.core.upserts import ChangeCounts
 
 SINK, EPOCH = "orders", 1_717_200_000_000
 AT = datetime(2024, 6, 1, tzinfo=UTC)
@@ -323,3 +325,27 @@ def test_a_revision_is_given_up_by_restoring_what_it_replaces() -> None:
     assert abort_decision(revision, None, checkpoint(None), force=True).action is Action.ABORT_REVISION
     assert recovery_decision(revision, checkpoint(FAILED)).action is Action.ABORT_REVISION
     assert recovery_decision(revision, checkpoint(DONE)).action is Action.DECIDE_AND_COMMIT
+
+
+# -- recovery's batches -------------------------------------------------------------------------------
+
+
+def test_only_plain_appends_to_commit_join_a_batch() -> None:
+    plain = row(PENDING)
+    assert commits_in_batch(plain, recovery_decision(plain, checkpoint(DONE)))
+    decided = row(PENDING, decided=True)
+    assert commits_in_batch(decided, recovery_decision(decided, checkpoint(None)))
+    assert not commits_in_batch(plain, recovery_decision(plain, checkpoint(WAITING)))
+    assert not commits_in_batch(plain, recovery_decision(plain, checkpoint(FAILED)))
+
+    upsert_write = write()
+    upsert_write = upsert_write.model_copy(
+        update={"tables": [upsert_write.tables[0].model_copy(update={"changes": ChangeCounts(inserted=1)})]}
+    )
+    upsert = row(PENDING, upsert_write)
+    assert not commits_in_batch(upsert, recovery_decision(upsert, checkpoint(DONE)))
+
+    committed = row(COMMITTED, of_generation(OLD))
+    replaced = ReplacedWrite(committed.write_id, committed.pre_commit, {"db.t": "1"}, None, 0, AT)
+    revision = replace(row(PENDING, of_generation(NEW)), revision=1, replaces=replaced)
+    assert not commits_in_batch(revision, recovery_decision(revision, checkpoint(DONE)))
