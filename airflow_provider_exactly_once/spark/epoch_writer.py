@@ -97,6 +97,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         .config("spark.sql.session.timeZone", "UTC")
         # A speculative duplicate of a write task would only leave an unreferenced file; no gain.
         .config("spark.speculation", "false")
+        # What Spark's Parquet writer needs for Iceberg's files, set once instead of around each write.
+        .config(map=dict[str, Any](parquet_writer.SESSION_CONF))
         .getOrCreate()
     )
     written: list[WriteLocation] = []

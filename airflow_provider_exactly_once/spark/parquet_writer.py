@@ -160,10 +160,9 @@ class SparkParquetWrite:
 def write(frame: DataFrame, config: SparkParquetWrite) -> list[DataFileDescriptor]:
     """Write ``frame`` (aligned to the write schema) below the write location; describe its files."""
     spark = frame.sparkSession
-    columns = _file_columns(frame, config.write_schema)
-    staged = frame.select(*columns.values())
-    partitions = _partition_columns(config, list(columns))
-    out = staged.select(*[F.col(_quote(name)) for name in columns], *[p.column.alias(p.directory) for p in partitions])
+    columns, values = _file_columns(frame, config.write_schema)
+    partitions = _partition_columns(config, values)
+    out = frame.select(*columns.values(), *[p.column.alias(p.directory) for p in partitions])
     keys = [F.col(_quote(p.directory)) for p in partitions]
     distribution = config.table_properties.get(DISTRIBUTION_MODE, "none")
     if config.writers is not None:
@@ -173,7 +172,7 @@ def write(frame: DataFrame, config: SparkParquetWrite) -> list[DataFileDescripto
     writer = out.write.options(**_writer_options(config)).mode("errorifexists")
     if partitions:
         writer = writer.partitionBy(*[p.directory for p in partitions])
-    with _session_conf(spark, _SESSION_CONF):
+    with _session_conf(spark, SESSION_CONF):
         writer.parquet(config.location)
     return _describe(spark, config, partitions)
 
@@ -181,7 +180,7 @@ def write(frame: DataFrame, config: SparkParquetWrite) -> list[DataFileDescripto
 #: Session settings the Parquet writer reads from the session alone: Iceberg's timestamps are
 #: INT64 microseconds, its types are the non-legacy Parquet ones, dates before 1582 are proleptic
 #: Gregorian as written, and the ids are what readers resolve columns by.
-_SESSION_CONF = {
+SESSION_CONF = {
     "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
     "spark.sql.parquet.writeLegacyFormat": "false",
     "spark.sql.parquet.fieldId.write.enabled": "true",
@@ -191,9 +190,12 @@ _SESSION_CONF = {
 
 @contextlib.contextmanager
 def _session_conf(spark: SparkSession, settings: Mapping[str, str]) -> Iterator[None]:
-    before = {key: spark.conf.get(key, None) for key in settings}
-    for key, value in settings.items():
-        spark.conf.set(key, value)
+    """``settings`` for the duration of the write, leaving the session as it was; a session built
+    with them (``epoch_writer.main``) costs one round trip to the JVM."""
+    current = spark.conf.getAll
+    before = {key: current.get(key) for key, value in settings.items() if current.get(key) != value}
+    for key in before:
+        spark.conf.set(key, settings[key])
     try:
         yield
     finally:
@@ -263,11 +265,13 @@ def _quote(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
 
 
-def _file_columns(frame: DataFrame, schema: Schema) -> dict[str, Column]:
-    """Every column of the write schema, in its order, carrying its field ids; absent optional
-    columns as typed nulls, so every file has every column with its statistics."""
+def _file_columns(frame: DataFrame, schema: Schema) -> tuple[dict[str, Column], dict[str, Column]]:
+    """Every column of the write schema, in its order, carrying its field ids (and the same without
+    its name, for the partition values); absent optional columns as typed nulls, so every file has
+    every column with its statistics."""
     present = set(frame.columns)
     columns: dict[str, Column] = {}
+    values: dict[str, Column] = {}
     for column in schema.fields:
         spark_type = _with_ids(column.field_type)
         if column.name in present:
@@ -277,7 +281,8 @@ def _file_columns(frame: DataFrame, schema: Schema) -> dict[str, Column]:
         else:
             value = F.lit(None).cast(spark_type)
         columns[column.name] = value.alias(column.name, metadata={"parquet.field.id": column.field_id})
-    return columns
+        values[column.name] = value
+    return columns, values
 
 
 def _with_ids(iceberg: IcebergType) -> st.DataType:
@@ -310,7 +315,7 @@ class _PartitionColumn:
     kind: str | None
 
 
-def _partition_columns(config: SparkParquetWrite, columns: Sequence[str]) -> list[_PartitionColumn]:
+def _partition_columns(config: SparkParquetWrite, columns: Mapping[str, Column]) -> list[_PartitionColumn]:
     taken = {name.lower() for name in columns}
     result = []
     for partition_field in config.spec.fields:
@@ -321,7 +326,7 @@ def _partition_columns(config: SparkParquetWrite, columns: Sequence[str]) -> lis
         assert name is not None
         source_type = config.write_schema.find_field(partition_field.source_id).field_type
         top, *nested = name.split(".")
-        source = F.col(_quote(top))
+        source = columns[top]
         for part in nested:
             source = source.getField(part)
         directory = partition_field.name
