@@ -310,9 +310,8 @@ class _PartitionColumn:
     field_name: str
     directory: str
     column: Column
-    #: How the directory's text reads back: ``int``, ``bool`` or ``str`` (prefixed); ``None`` for a
-    #: void transform, always null.
-    kind: str | None
+    #: How the directory's text reads back: ``int``, ``bool`` or ``str`` (prefixed).
+    kind: str
 
 
 def _partition_columns(config: SparkParquetWrite, columns: Mapping[str, Column]) -> list[_PartitionColumn]:
@@ -421,6 +420,7 @@ def _committed_files(
 ) -> list[tuple[str, int, dict[str, PartitionValue]]]:
     """Every data file the job committed, with its size and partition; Spark's commit put exactly the
     files of one successful attempt per task here and removed its ``_temporary`` folder."""
+    void = [f.name for f in config.spec.fields if isinstance(f.transform, VoidTransform)]
     fs, root = driver_filesystem(config.location, config.io_properties)
     fs.invalidate_cache()
     root = root.rstrip("/")
@@ -429,7 +429,8 @@ def _committed_files(
         relative = posixpath.relpath(path, root)
         if not relative.endswith(".parquet") or any(p.startswith(("_", ".")) for p in relative.split("/")):
             continue
-        found.append((f"{config.location}/{relative}", int(info["size"]), _directory_partition(relative, partitions)))
+        partition = dict.fromkeys(void, None) | _directory_partition(relative, partitions)
+        found.append((f"{config.location}/{relative}", int(info["size"]), partition))
     return found
 
 
@@ -445,8 +446,8 @@ def _directory_partition(relative: str, partitions: Sequence[_PartitionColumn]) 
     return values
 
 
-def _read_back(text: str, kind: str | None) -> PartitionValue:
-    if text == NULL_DIRECTORY or kind is None:
+def _read_back(text: str, kind: str) -> PartitionValue:
+    if text == NULL_DIRECTORY:
         return None
     if kind == "str":
         if not text.startswith(STRING_PREFIX):

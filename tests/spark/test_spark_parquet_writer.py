@@ -21,6 +21,7 @@ from pyiceberg.transforms import (
     IdentityTransform,
     MonthTransform,
     Transform,
+    VoidTransform,
     YearTransform,
 )
 from pyiceberg.types import (
@@ -99,7 +100,9 @@ PARTITIONINGS = {
     "identity date and boolean": spec((5, IdentityTransform(), "day"), (6, IdentityTransform(), "flag")),
     "identity instants": spec((3, IdentityTransform(), "ts"), (4, IdentityTransform(), "local")),
     "month and hour": spec((3, MonthTransform(), "ts_month"), (4, HourTransform(), "local_hour")),
-    "year and day": spec((5, YearTransform(), "day_year"), (4, DayTransform(), "local_day")),
+    "year, day and void": spec(
+        (5, YearTransform(), "day_year"), (4, DayTransform(), "local_day"), (2, VoidTransform(), "name_void")
+    ),
     "nested identity": spec((11, IdentityTransform(), "addr.city")),
 }
 
