@@ -197,8 +197,9 @@ class EpochJobSpec(_Spec):
     #: parallelism (Spark's Parquet writer, unless the table's ``write.distribution-mode`` is ``hash``
     #: or ``range``) or ``spark.sql.shuffle.partitions`` (the pyarrow writer, partitioned).
     writers: int | None = Field(default=None, gt=0)
-    #: Roll to a new file after this many uncompressed Arrow bytes; ``None``: the table's
-    #: ``write.target-file-size-bytes`` (512 MiB by default).
+    #: Roll to a new file after this many uncompressed bytes (Arrow's count in the pyarrow writer;
+    #: in Spark's, which rolls by rows, that many rows of Spark's estimated size); ``None``: the
+    #: table's ``write.target-file-size-bytes`` (512 MiB by default).
     target_file_size_bytes: int | None = Field(default=None, gt=0)
 
     @model_validator(mode="before")
