@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_exactly_once.core.errors import ExactlyOnceError, InvalidSinkConfig
 from airflow_provider_exactly_once.version_compat import AirflowFailException
 
 if TYPE_CHECKING:
+    from airflow.sdk import BaseOperator
+
     from airflow_provider_exactly_once.core.precommit import PreCommit
 
 
@@ -27,6 +30,29 @@ def airflow_errors() -> Iterator[None]:
         if exc.retryable:
             raise
         raise AirflowFailException(f"{type(exc).__name__}: {exc}") from exc
+
+
+def execute_nested(operator: BaseOperator, context: Any) -> Any:
+    """Run another operator's ``execute`` inside this task, as its own task would.
+
+    Airflow's SDK warns whenever an operator's ``execute`` is called by anything but its task runner,
+    to catch DAG authors calling operators by hand; here it is the design (the write runs the Spark
+    provider's operator, a rewrite runs the write), so the warning would only be noise in every
+    epoch's log. Where the SDK keeps its guard in a context variable, the inner operator is marked as
+    the one being run; elsewhere the call is made plainly and the warning stays.
+    """
+    try:
+        from airflow.sdk.bases.operator import ExecutorSafeguard
+    except ImportError:  # pragma: no cover - an SDK without the guard
+        return operator.execute(context)
+    tracker = getattr(ExecutorSafeguard, "tracker", None)
+    if not isinstance(tracker, ContextVar):  # pragma: no cover - an SDK that guards differently
+        return operator.execute(context)
+    token = tracker.set(operator)
+    try:
+        return operator.execute(context)
+    finally:
+        tracker.reset(token)
 
 
 def pull_pre_commit(context: Mapping[str, Any], write_task_id: str) -> object | None:

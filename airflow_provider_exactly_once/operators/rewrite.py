@@ -18,7 +18,12 @@ from airflow.sdk import BaseOperator
 
 from airflow_provider_exactly_once.checkpoints.config import CheckpointConfig
 from airflow_provider_exactly_once.core.errors import InvalidPreCommit
-from airflow_provider_exactly_once.operators._common import airflow_errors, parse_pre_commit, pull_pre_commit
+from airflow_provider_exactly_once.operators._common import (
+    airflow_errors,
+    execute_nested,
+    parse_pre_commit,
+    pull_pre_commit,
+)
 from airflow_provider_exactly_once.operators.epoch import _EpochOperator
 from airflow_provider_exactly_once.version_compat import AirflowFailException, AirflowSkipException
 
@@ -72,11 +77,10 @@ class RewriteEpochOperator(_EpochOperator):
             result.why,
             self.write_task_id,
         )
-        # The write's templates, rendered for this run as its own task would render them. Airflow
-        # logs that the write's execute is "called outside of the Task Runner": it is, on purpose.
+        # The write's templates, rendered for this run as its own task would render them.
         write.render_template_fields(context)
         self._write = write
-        return write.execute(context)
+        return execute_nested(write, context)
 
     def on_kill(self) -> None:
         """A killed rewrite kills the write it runs (a Spark driver, say), as the write task would."""

@@ -5,6 +5,11 @@ interval, a fresh write id per try, where to put the result), submits through th
 own ``SparkSubmitOperator`` (connection handling, kill on task kill, cluster tracking), and returns
 the validated pre-commit metadata.
 
+It runs that operator inside its task rather than subclassing it: the dag-processor imports every
+DAG file's operators at every parse, and importing the Spark provider's operator costs a second or
+more (it loads OpenLineage's Spark integration), many times what the rest of a DAG file costs. The
+operator takes the same Spark parameters, templated the same way, and hands them over when it runs.
+
 Every try gets a new ``write_id`` and so a new write location: a retry never touches the files of an
 earlier try, which may still be read by a zombie or already be persisted. For the same reason
 ``durable`` defaults to False: re-attaching a retry to the previous try's driver would return a
@@ -19,16 +24,16 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.sdk import BaseOperator
 
 from airflow_provider_exactly_once.core.epochs import epoch_start
 from airflow_provider_exactly_once.core.errors import InvalidSinkConfig, MetaStoreUnavailable
 from airflow_provider_exactly_once.core.identifiers import check_epoch, check_sink_id, new_write_id
 from airflow_provider_exactly_once.defaults import DEFAULT_META_CONN_ID
 from airflow_provider_exactly_once.hooks.meta_store import ExactlyOnceMetaStoreHook
-from airflow_provider_exactly_once.operators._common import airflow_errors
+from airflow_provider_exactly_once.operators._common import airflow_errors, execute_nested
 from airflow_provider_exactly_once.operators._targets import (
     INPUT_FIX,
     check_target_for,
@@ -44,6 +49,8 @@ from airflow_provider_exactly_once.spark import jobspec
 from airflow_provider_exactly_once.version_compat import spark_submit_has_durable
 
 if TYPE_CHECKING:
+    from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+
     from airflow_provider_exactly_once.core.precommit import PreCommit
 
 #: Above this many bytes of compact JSON the XCom value is compressed (``xcom_value``).
@@ -51,9 +58,60 @@ XCOM_COMPRESS_ABOVE = 64 * 1024
 #: The application ``spark-submit`` runs: the epoch writer module's own file.
 EPOCH_WRITER_APPLICATION = str(Path(jobspec.__file__).with_name("epoch_writer.py"))
 
+#: ``SparkSubmitOperator``'s parameters it templates (Spark provider 6.3; a test checks them against
+#: the installed provider): the same ones are templated here and handed over rendered.
+SPARK_SUBMIT_TEMPLATE_FIELDS = (
+    "application",
+    "conf",
+    "files",
+    "py_files",
+    "jars",
+    "driver_class_path",
+    "packages",
+    "exclude_packages",
+    "keytab",
+    "principal",
+    "proxy_user",
+    "name",
+    "env_vars",
+    "post_submit_commands",
+    "properties_file",
+)
+#: Its other parameters, handed over as given. ``application_args`` is not one: the writer's only
+#: argument is the job spec this operator writes.
+SPARK_SUBMIT_OTHER_PARAMETERS = frozenset(
+    {
+        "conn_id",
+        "archives",
+        "java_class",
+        "repositories",
+        "total_executor_cores",
+        "executor_cores",
+        "executor_memory",
+        "driver_memory",
+        "num_executors",
+        "status_poll_interval",
+        "verbose",
+        "spark_binary",
+        "yarn_queue",
+        "deploy_mode",
+        "use_krb5ccache",
+        "track_driver_via_k8s_api",
+        "yarn_track_via_rm_api",
+        "yarn_rm_auth",
+        "openlineage_inject_parent_job_info",
+        "openlineage_inject_transport_info",
+        "reconnect_on_retry",
+    }
+)
 
-class SparkPreCommitOperator(SparkSubmitOperator):
+
+class SparkPreCommitOperator(BaseOperator):
     """Write one epoch with Spark and return its pre-commit metadata (a dict) as the task's XCom.
+
+    Spark parameters are ``SparkSubmitOperator``'s (``conn_id``, ``conf``, ``executor_memory``,
+    ``deploy_mode``, ...), given here, or in the DAG's ``default_args``, as they would be there; the
+    task runs a ``SparkSubmitOperator`` with them. ``application`` defaults to the epoch writer.
 
     :param sink: the sink the epoch is written for (``IcebergSinkConfig``, ``FileSinkConfig`` or a
         dict): the same config the epoch group gets. The tables (every one of a fan-out, each with
@@ -86,7 +144,14 @@ class SparkPreCommitOperator(SparkSubmitOperator):
 
     # The derived target (with the catalog's properties) is deliberately not a field: rendered
     # fields are stored and shown in the UI, and catalog properties may hold credentials.
-    template_fields = (*SparkSubmitOperator.template_fields, "sink_id", "input_spec", "target_spec")
+    template_fields = (*SPARK_SUBMIT_TEMPLATE_FIELDS, "sink_id", "input_spec", "target_spec")
+    template_fields_renderers: ClassVar[dict[str, str]] = {
+        "conf": "json",
+        "env_vars": "json",
+        "input_spec": "json",
+        "target_spec": "json",
+    }
+    ui_color = "#fde9d9"
 
     def __init__(
         self,
@@ -109,10 +174,17 @@ class SparkPreCommitOperator(SparkSubmitOperator):
         **kwargs: Any,
     ) -> None:
         sink_cfg, sink_id = _sink_and_id(sink, sink_id, target, partition_by, kwargs.get("task_id"))
-        kwargs.setdefault("name", f"exactly-once-{sink_id}")
-        if spark_submit_has_durable():
-            kwargs["durable"] = durable
-        super().__init__(application=application, **kwargs)
+        spark = _spark_parameters(kwargs, kwargs.get("task_id"))
+        super().__init__(**kwargs)
+        self.application = application
+        self.name: str = spark.pop("name", None) or f"exactly-once-{sink_id}"
+        for field in SPARK_SUBMIT_TEMPLATE_FIELDS:
+            if field not in ("application", "name"):
+                setattr(self, field, spark.pop(field, None))
+        self.conn_id: str = spark.pop("conn_id", "spark_default")
+        self.spark_submit_kwargs = spark
+        self.durable = durable
+        self._submit: SparkSubmitOperator | None = None  # this try's spark-submit, for on_kill
         self.sink = sink_cfg
         self.sink_id = sink_id
         self.partition_by = list(partition_by)
@@ -150,8 +222,7 @@ class SparkPreCommitOperator(SparkSubmitOperator):
                 raise InvalidSinkConfig(f"task {self.task_id}: invalid file sink target: {exc}") from None
         return targets_for(self.sink, file_target, self.partition_by)
 
-    # The parent returns None; returning the metadata is what puts it in XCom.
-    def execute(self, context: Any) -> dict[str, Any] | str:  # type: ignore[override]
+    def execute(self, context: Any) -> dict[str, Any] | str:
         # A wrong sink, target or input fails the task without retries: a retry would fail the same way.
         with airflow_errors():
             return self._execute(context)
@@ -200,9 +271,8 @@ class SparkPreCommitOperator(SparkSubmitOperator):
                 raise InvalidSinkConfig(f"task {self.task_id}: invalid epoch writer settings: {exc}") from None
             spec_path = work / "job.json"
             jobspec.dump_spec(spec, spec_path)
-            self.application_args = [str(spec_path)]
-            self._hook = self._get_hook()  # built anew: the hook captures application_args
-            check_spark_submit(self.task_id, self._hook._connection["spark_binary"], self._conn_id)
+            submit = self._spark_submit(spec_path)
+            check_spark_submit(self.task_id, submit._get_hook()._connection["spark_binary"], self.conn_id)
             self.log.info(
                 "Writing sink %r %s as write %s into %s",
                 spec.sink_id,
@@ -211,7 +281,8 @@ class SparkPreCommitOperator(SparkSubmitOperator):
                 ", ".join(t.table if isinstance(t, jobspec.IcebergTarget) else t.root for t in spec.targets),
             )
             try:
-                super().execute(context)
+                self._submit = submit
+                execute_nested(submit, context)
             except Exception as exc:
                 error_file = Path(str(output) + ".error")
                 if error_file.exists():
@@ -235,6 +306,32 @@ class SparkPreCommitOperator(SparkSubmitOperator):
             pre_commit.record_count,
         )
         return xcom_value(pre_commit, self.xcom_compress_above)
+
+    def _spark_submit(self, spec_path: Path) -> SparkSubmitOperator:
+        """The Spark provider's operator for this try, with this task's id and rendered Spark settings."""
+        from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+
+        given = {f: getattr(self, f) for f in SPARK_SUBMIT_TEMPLATE_FIELDS if getattr(self, f) is not None}
+        extra: dict[str, Any] = {"durable": self.durable} if spark_submit_has_durable() else {}
+        try:
+            return SparkSubmitOperator(
+                task_id=self.task_id,
+                conn_id=self.conn_id,
+                application_args=[str(spec_path)],
+                **given,
+                **self.spark_submit_kwargs,
+                **extra,
+            )
+        except TypeError as exc:  # a parameter this installed Spark provider does not know
+            raise InvalidSinkConfig(
+                f"task {self.task_id}: the installed Spark provider's SparkSubmitOperator refused the Spark "
+                f"settings: {exc}; drop the parameter or upgrade apache-airflow-providers-apache-spark"
+            ) from None
+
+    def on_kill(self) -> None:
+        """A killed task kills its ``spark-submit`` (and, where the provider can, the driver)."""
+        if self._submit is not None:
+            self._submit.on_kill()
 
     def _input_io_properties(self) -> dict[str, str]:
         """The landing directory's FileIO properties from ``input_storage_conn_id``, read now, in the task."""
@@ -305,6 +402,21 @@ class SparkPreCommitOperator(SparkSubmitOperator):
         from airflow_provider_exactly_once.observability.lineage import write_lineage
 
         return write_lineage(self.input_spec, self._target or dict(self.target_spec or {}), self._pre_commit)
+
+
+def _spark_parameters(kwargs: dict[str, Any], task_id: object) -> dict[str, Any]:
+    """Take ``SparkSubmitOperator``'s parameters out of ``kwargs`` (the rest are ``BaseOperator``'s),
+    with the DAG's ``default_args`` filling those not given, as they fill the provider's own."""
+    if "application_args" in kwargs:
+        raise InvalidSinkConfig(
+            f"task {task_id}: application_args is the epoch writer's job spec, which this operator writes; "
+            "put the input in input= and Spark settings in conf="
+        )
+    names = {*SPARK_SUBMIT_TEMPLATE_FIELDS[1:], *SPARK_SUBMIT_OTHER_PARAMETERS}
+    defaults = kwargs.get("default_args") or {}
+    spark = {name: defaults[name] for name in names if name in defaults}
+    spark.update({name: kwargs.pop(name) for name in names & kwargs.keys()})
+    return spark
 
 
 def _sink_and_id(

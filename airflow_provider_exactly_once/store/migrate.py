@@ -99,8 +99,14 @@ def forget_applied() -> None:
 
 
 def check_known(revision: str | None, where: str) -> None:
-    """Refuse a database migrated by a newer version of the package rather than guess at its schema."""
-    if revision is not None and revision not in known_revisions():
+    """Refuse a database migrated by a newer version of the package rather than guess at its schema.
+
+    A database at this package's head is known without asking Alembic: that is every task start
+    once the store exists, and walking the revision files costs Alembic's import.
+    """
+    if revision is None or revision == head_revision():
+        return
+    if revision not in known_revisions():
         raise InvalidSinkConfig(
             f"meta store {where} is at schema revision {revision!r}, which this version of "
             "airflow-provider-exactly-once does not know; upgrade the package"
