@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
             {
                 "AIRFLOW_HOME": home,
                 "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-                "AIRFLOW_CONN_BENCH_LAKE": json.dumps(
+                "AIRFLOW_CONN_BENCH": json.dumps(
                     {
                         "conn_type": "iceberg",
                         "extra": {"type": "sql", "uri": catalog_uri, "warehouse": f"file://{w.root / 'warehouse'}"},
@@ -126,7 +126,8 @@ def main(argv: list[str] | None = None) -> int:
                 ),
             }
         )
-        sink = {"kind": "iceberg", "sink_id": SINK_ID, "tables": ["bench.task_start"], "iceberg_conn_id": "bench_lake"}
+        # pyiceberg keys a SQL catalog's rows by catalog name, and IcebergHook names it after the connection.
+        sink = {"kind": "iceberg", "sink_id": SINK_ID, "tables": ["bench.task_start"], "iceberg_conn_id": "bench"}
         epoch = 0
         for _ in range(args.rounds):
             for name, tree in trees_p.items():

@@ -160,7 +160,10 @@ class ExactlyOnceMetaStoreHook(BaseHook):
 
 
 def _open_store(url: str, options: Mapping[str, float]) -> SqlSinkStateStore:
+    from airflow_provider_exactly_once.hooks.orm_setup import configure_store_mappers
     from airflow_provider_exactly_once.store import SqlSinkStateStore
+
+    configure_store_mappers()
 
     store_kwargs: dict[str, float] = {key: options[key] for key in _STORE_OPTIONS if key in options}
     if not store_kwargs:

@@ -15,15 +15,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import fsspec
-from pyarrow import fs as pafs
-from pyiceberg.io import FileIO
-from pyiceberg.io.fsspec import FsspecFileIO
-from pyiceberg.io.pyarrow import PyArrowFileIO
+if TYPE_CHECKING:
+    from pyiceberg.io import FileIO
+    from pyiceberg.io.pyarrow import PyArrowFileIO
 
 #: Existence checks are latency-bound (one request each on an object store), not CPU-bound.
 _EXISTS_THREADS = 16
@@ -54,14 +53,23 @@ def missing_files(io: FileIO, paths: Sequence[str], *, under: str | None = None)
     return [path for path, ok in zip(unseen, found, strict=True) if not ok]
 
 
+def _as_pyarrow_io(io: FileIO) -> PyArrowFileIO | None:
+    """``io`` when it is pyiceberg's pyarrow FileIO. Asked without importing that module (pyarrow's
+    datasets, about 0.15 s of every task start that commits): a FileIO of that class has loaded it."""
+    module = sys.modules.get("pyiceberg.io.pyarrow")
+    return io if module is not None and isinstance(io, module.PyArrowFileIO) else None
+
+
 def _not_listed(io: FileIO, paths: Sequence[str], under: str) -> list[str]:
     """The paths a recursive listing of ``under`` does not show (all of them when it is not there)."""
-    if isinstance(io, PyArrowFileIO):
-        scheme, netloc, folder = io.parse_location(under, io.properties)
-        filesystem = io.fs_by_scheme(scheme, netloc)
+    if (pa_io := _as_pyarrow_io(io)) is not None:
+        from pyarrow import fs as pafs
+
+        scheme, netloc, folder = pa_io.parse_location(under, pa_io.properties)
+        filesystem = pa_io.fs_by_scheme(scheme, netloc)
         infos = filesystem.get_file_info(pafs.FileSelector(folder, recursive=True, allow_not_found=True))
         listed = {info.path for info in infos if info.type == pafs.FileType.File}
-        return [path for path in paths if io.parse_location(path, io.properties)[2] not in listed]
+        return [path for path in paths if pa_io.parse_location(path, pa_io.properties)[2] not in listed]
     filesystem, folder = fsspec_filesystem(io, under)
     # Never from s3fs's listing cache: a file deleted since an earlier listing would read as there.
     filesystem.invalidate_cache(folder)
@@ -106,14 +114,17 @@ def _missing_local(paths: Sequence[str], local: Sequence[str]) -> list[str]:
 
 def delete_tree(io: FileIO, location: str) -> int:
     """Delete every file below ``location``; return how many were deleted. Missing is not an error."""
-    if isinstance(io, PyArrowFileIO):
-        return _delete_tree_pyarrow(io, location)
+    if (pa_io := _as_pyarrow_io(io)) is not None:
+        return _delete_tree_pyarrow(pa_io, location)
     filesystem, path = fsspec_filesystem(io, location)
     return _delete_tree_fsspec(filesystem, path)
 
 
 def fsspec_filesystem(io: FileIO, location: str) -> tuple[Any, str]:
     """fsspec's file system for ``location`` configured from the FileIO's properties, and the path in it."""
+    import fsspec
+    from pyiceberg.io.fsspec import FsspecFileIO
+
     scheme = location.split("://", 1)[0] if "://" in location else "file"
     fsspec_io = io if isinstance(io, FsspecFileIO) else FsspecFileIO(dict(io.properties))
     try:
@@ -125,6 +136,8 @@ def fsspec_filesystem(io: FileIO, location: str) -> tuple[Any, str]:
 
 
 def _delete_tree_pyarrow(io: PyArrowFileIO, location: str) -> int:
+    from pyarrow import fs as pafs
+
     scheme, netloc, path = io.parse_location(location, io.properties)
     filesystem = io.fs_by_scheme(scheme, netloc)
     infos = filesystem.get_file_info(pafs.FileSelector(path, recursive=True, allow_not_found=True))
