@@ -1,46 +1,63 @@
-"""The meta store's SQLAlchemy mappers, configured without Airflow's import of every Airflow model.
+"""SQLAlchemy mappers of ours and pyiceberg's, configured without Airflow's import of every Airflow model.
 
 Airflow listens (``airflow.utils.orm_event_handlers``), once per process, for the first configuration
 of any SQLAlchemy mapper, and then imports all of its own models so that their relationships
-resolve: about 0.3 s. In a task process the meta store's first query is that first configuration,
-so every persist, commit and abort task start paid for models the task never uses. The store's
-mappers relate to none of Airflow's, so they are configured alone: Airflow's listener is set aside
-for that moment and put back for the first configuration of Airflow's own mappers, which then
-imports them as before. Where Airflow has no such listener, this is a plain configuration.
+resolve: about 0.3 s. In a task process the first configuration is the meta store's first query, or
+pyiceberg's SQL catalog's, so every persist, commit and abort task start paid for models it never
+uses. Neither registry relates to Airflow's models, so each is configured alone: Airflow's listener
+is set aside for that moment and put back for the first configuration of Airflow's own mappers,
+which then imports them as before. Where Airflow has no such listener, this is a plain configuration.
 """
 
 from __future__ import annotations
 
+import sys
 import threading
+from typing import Any
 
 _lock = threading.Lock()
-_configured = False
+_configured: set[int] = set()
 
 
-def configure_store_mappers() -> None:
-    """Configure the store's mappers now (once per process), without firing Airflow's listener."""
-    global _configured
-    if _configured:
+def configure_alone(registry: Any) -> None:
+    """Configure ``registry``'s mappers now (once per process), without firing Airflow's listener.
+
+    ``registry``: a SQLAlchemy ``registry`` whose mappers have no relationship to Airflow's.
+    """
+    if id(registry) in _configured:
         return
     with _lock:
-        if _configured:
+        if id(registry) in _configured:
             return
         from sqlalchemy import event
         from sqlalchemy.orm import Mapper
 
-        from airflow_provider_exactly_once.store.models import Base
-
         try:
             from airflow.models import import_all_models
         except ImportError:  # pragma: no cover - an Airflow without it
-            Base.registry.configure()
+            registry.configure()
         else:
             if event.contains(Mapper, "before_configured", import_all_models):
                 event.remove(Mapper, "before_configured", import_all_models)
                 try:
-                    Base.registry.configure()
+                    registry.configure()
                 finally:
                     event.listen(Mapper, "before_configured", import_all_models, once=True)
             else:
-                Base.registry.configure()
-        _configured = True
+                registry.configure()
+        _configured.add(id(registry))
+
+
+def configure_store_mappers() -> None:
+    """The meta store's mappers."""
+    from airflow_provider_exactly_once.store.models import Base
+
+    configure_alone(Base.registry)
+
+
+def configure_catalog_mappers(catalog: object) -> None:
+    """pyiceberg's SQL catalog's mappers, when ``catalog`` is one (other catalogs have none; a SQL
+    catalog has imported its module, so another kind of catalog imports nothing here)."""
+    sql = sys.modules.get("pyiceberg.catalog.sql")
+    if sql is not None and isinstance(catalog, sql.SqlCatalog):
+        configure_alone(sql.SqlCatalogBaseTable.registry)

@@ -69,6 +69,9 @@ def sink_committer(sink: SinkConfig, *, fault: FaultHook = no_faults, metrics: M
             where = f"catalog of connection {sink.iceberg_conn_id!r}" + (f" ({uri})" if uri else "")
             what = mask_userinfo(f"sink {sink.sink_id!r}: {where} could not be loaded")
             raise SinkUnavailable(f"{what}: {describe_error(exc, properties)}") from exc
+        from airflow_provider_exactly_once.hooks.orm_setup import configure_catalog_mappers
+
+        configure_catalog_mappers(catalog)
         committer = sink.committer(catalog, fault=fault)
         committer.metrics = metrics  # its conflict retries (``core.observe.COMMIT_RETRIES``)
         return committer

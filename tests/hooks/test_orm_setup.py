@@ -25,6 +25,7 @@ store.dispose()
 
 def _run(code: str, tmp_path: Path) -> list[object]:
     env_conn = json.dumps({"conn_type": "exactly_once_meta", "host": f"sqlite:///{tmp_path / 'meta.db'}"})
+    catalog = {"type": "sql", "uri": f"sqlite:///{tmp_path / 'catalog.db'}", "warehouse": f"file://{tmp_path}"}
     out = subprocess.run(
         [sys.executable, "-c", code],
         capture_output=True,
@@ -34,6 +35,7 @@ def _run(code: str, tmp_path: Path) -> list[object]:
             **{k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")},
             "AIRFLOW_HOME": str(tmp_path / "home"),
             "AIRFLOW_CONN_EO_META": env_conn,
+            "AIRFLOW_CONN_LAKE": json.dumps({"conn_type": "iceberg", "extra": catalog}),
         },
     )
     assert out.returncode == 0, out.stderr[-3000:]
@@ -56,3 +58,19 @@ def test_airflows_own_mappers_still_import_every_model_when_they_are_configured(
         "DagRun.task_instances.property.mapper.class_.__name__]))\n"
     )
     assert _run(code, tmp_path) == [False, True, "TaskInstance"]
+
+
+def test_a_sql_catalogs_first_query_leaves_airflows_models_unimported(tmp_path: Path) -> None:
+    """pyiceberg's SQL catalog maps its tables with SQLAlchemy's ORM too: the committer's catalog
+    configures them alone."""
+    code = (
+        "import json, sys\n"
+        "import airflow.sdk\n"
+        "from airflow_provider_exactly_once.runtime.assembly import sink_committer\n"
+        "from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig\n"
+        "committer = sink_committer(IcebergSinkConfig('s', ('ns.t',), iceberg_conn_id='lake'))\n"
+        "committer._catalog.create_namespace('ns')  # an ORM query of pyiceberg's\n"
+        "print(json.dumps([committer._catalog.list_namespaces(), "
+        "'airflow.models.taskinstancehistory' in sys.modules]))\n"
+    )
+    assert _run(code, tmp_path) == [[["ns"]], False]
