@@ -15,7 +15,8 @@ connections to a SQLite meta store and a SQLite catalog) and times every phase:
 
 ``--tree`` names source trees (checkouts of this repository, each with its own ``.venv``, or sharing
 this one) measured in alternation, so that "before" and "after" are compared in the same run on the
-same machine. Medians of ``--rounds``.
+same machine. Medians of ``--rounds``. Each tree's environment and sources are compiled to bytecode
+first (``bench._bytecode``), as an installed deployment's are.
 
     uv run python -m bench.task_start [--rounds 7] [--tree before=/tmp/before --tree after=.]
 """
@@ -39,6 +40,7 @@ import matplotlib.pyplot as plt
 
 from airflow_provider_exactly_once.core.precommit import PreCommit, TableWrite
 from airflow_provider_exactly_once.core.status import CheckpointStatus
+from bench._bytecode import compile_bytecode
 from bench._world import RESULTS, save, world, write_files
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -104,6 +106,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     trees = dict(t.split("=", 1) for t in args.tree) or {"this tree": str(ROOT)}
     trees_p = {name: Path(path).resolve() for name, path in trees.items()}
+    for tree in trees_p.values():
+        python = tree / ".venv" / "bin" / "python"
+        if python.exists():  # its own environment: compiled by its own interpreter
+            subprocess.run([str(python), "-m", "compileall", "-q", "-j", "0", str(tree / ".venv" / "lib")], check=False)
+        compile_bytecode(tree / "airflow_provider_exactly_once", tree / "dags")
     results: dict[str, dict[str, dict[str, list[float]]]] = {
         name: {step: {phase: [] for phase in PHASES} for step in ("persist", "commit")} for name in trees_p
     }
