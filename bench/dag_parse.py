@@ -3,10 +3,13 @@ of ``EmptyOperator``s (issue 18's target: at most 1.5x).
 
 Each measurement is a fresh interpreter that has already imported ``airflow.sdk`` (as the
 dag-processor's parsing process has) and then runs the DAG file: the time of that run is what the
-file adds, its own imports included. The twin has the example's dag id, task ids and dependencies,
-generated from the parsed example. Pairs are interleaved (ours, twin, ours, twin, ...) and the
+file adds, its own imports included. The twin has the example's dag id, task ids, dependencies and
+schedule (the same timetable class, built from its serialized form), generated from the parsed
+example: what is left between the two is what the provider's operators and configs cost. Pairs are interleaved (ours, twin, ours, twin, ...) and the
 ratio is of the medians, measured in the same run. Also recorded: which heavy libraries the
 example's parse loads beyond what ``airflow.sdk`` already loaded.
+
+The sources are compiled to bytecode first (``bench._bytecode``), as an installed deployment's are.
 
     uv run python -m bench.dag_parse [--rounds 7] [--dag dags/hourly_events.py]
 """
@@ -27,6 +30,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from bench._bytecode import compile_bytecode
 from bench._world import RESULTS, save
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,8 +49,9 @@ after = {m.split('.')[0] for m in sys.modules}
 mine = sorted(m for m in sys.modules if m.startswith('airflow_provider_exactly_once') and m not in ours)
 dags = [v for v in namespace.values() if type(v).__name__ == 'DAG']
 shape = {t.task_id: sorted(t.upstream_task_ids) for d in dags for t in d.tasks}
+timetables = [[type(d.timetable).__module__, type(d.timetable).__qualname__, d.timetable.serialize()] for d in dags]
 print(json.dumps({'seconds': elapsed, 'new_top_level': sorted(after - before), 'modules_of_ours': mine,
-                  'dag_ids': [d.dag_id for d in dags], 'shape': shape}))
+                  'dag_ids': [d.dag_id for d in dags], 'shape': shape, 'timetables': timetables}))
 """
 
 
@@ -59,14 +64,17 @@ def parse_once(path: Path, env: dict[str, str]) -> dict[str, object]:
     return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 
-def twin_source(dag_id: str, shape: dict[str, list[str]]) -> str:
-    """The same dag id, task ids and edges, every task an ``EmptyOperator``."""
+def twin_source(dag_id: str, shape: dict[str, list[str]], timetable: list[object]) -> str:
+    """The same dag id, task ids, edges and timetable, every task an ``EmptyOperator``."""
+    module, name, data = timetable
     return (
         "import datetime as dt\n"
+        "from importlib import import_module\n"
         "from airflow.sdk import DAG\n"
         "from airflow.providers.standard.operators.empty import EmptyOperator\n"
         f"SHAPE = {shape!r}\n"
-        f"with DAG({dag_id!r}, schedule='@hourly', start_date=dt.datetime(2024, 1, 1), catchup=False) as dag:\n"
+        f"schedule = getattr(import_module({module!r}), {name!r}).deserialize({data!r})\n"
+        f"with DAG({dag_id!r}, schedule=schedule, start_date=dt.datetime(2024, 1, 1), catchup=False) as dag:\n"
         "    tasks = {task_id: EmptyOperator(task_id=task_id.replace('.', '__')) for task_id in SHAPE}\n"
         "    for task_id, upstream in SHAPE.items():\n"
         "        for up in upstream:\n"
@@ -79,13 +87,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--dag", type=Path, default=ROOT / "dags" / "hourly_events.py")
     args = parser.parse_args(argv)
+    compile_bytecode(ROOT / "airflow_provider_exactly_once", ROOT / "dags")
     with tempfile.TemporaryDirectory(prefix="eo-parse-") as home:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "EO_EXAMPLES"))}
         env.update({"AIRFLOW_HOME": home, "AIRFLOW__CORE__LOAD_EXAMPLES": "False", "PYTHONPATH": str(ROOT)})
         first = parse_once(args.dag, env)
         (dag_id,) = first["dag_ids"]  # type: ignore[misc]
         twin = Path(home) / "twin.py"
-        twin.write_text(twin_source(dag_id, first["shape"]), encoding="utf-8")  # type: ignore[arg-type]
+        (timetable,) = first["timetables"]  # type: ignore[misc]
+        twin.write_text(twin_source(dag_id, first["shape"], timetable), encoding="utf-8")  # type: ignore[arg-type]
         ours: list[float] = []
         empty: list[float] = []
         for _ in range(args.rounds):

@@ -30,7 +30,6 @@ from .cleanups import run_cleanups
 from .decisions import (
     REWRITE_REASON,
     Action,
-    OnReprocess,
     abort_decision,
     commit_decision,
     discarded_error,
@@ -50,6 +49,7 @@ from .errors import (
     UpsertConflict,
 )
 from .faults import FaultHook, no_faults
+from .generations import OnReprocess
 from .identifiers import check_epoch, check_sink_id
 from .observe import COMMIT_ERRORS, NO_METRICS, Metrics, count_abort, count_commit, safe
 from .outcomes import (

@@ -15,7 +15,6 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Literal
 
 from .errors import (
     AbortRefused,
@@ -31,18 +30,13 @@ from .errors import (
     SinkReused,
     UpsertConflict,
 )
-from .generations import is_newer, is_older
+from .generations import OnReprocess, is_newer, is_older
 from .ports import EpochRecord
 from .precommit import PreCommit
 from .status import CheckpointStatus, EpochStatus
 from .upsert_revisions import revision_refusal
 
 CheckpointLookup = Callable[[], CheckpointStatus]
-
-#: What a sink does with a newer generation's write for a committed epoch: replace it (a revision)
-#: or keep what it committed (for inputs that cannot be re-read).
-OnReprocess = Literal["replace", "keep"]
-ON_REPROCESS: tuple[OnReprocess, ...] = ("replace", "keep")
 
 
 class Action(StrEnum):

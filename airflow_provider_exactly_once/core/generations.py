@@ -19,8 +19,14 @@ from __future__ import annotations
 
 import re
 from datetime import UTC, datetime
+from typing import Literal
 
 from .errors import InvalidPreCommit
+
+#: What a sink does with a newer generation's write for a committed epoch: replace it (a revision)
+#: or keep what it committed (for inputs that cannot be re-read). ``core.decisions`` applies it.
+OnReprocess = Literal["replace", "keep"]
+ON_REPROCESS: tuple[OnReprocess, ...] = ("replace", "keep")
 
 _FORMAT = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{6}Z/\d{10}$")
 

@@ -20,7 +20,6 @@ from airflow_provider_exactly_once.core.redact import mask_userinfo
 from airflow_provider_exactly_once.defaults import DEFAULT_META_CONN_ID
 from airflow_provider_exactly_once.hooks.meta_store import ExactlyOnceMetaStoreHook
 from airflow_provider_exactly_once.runtime.epochs import epoch_for_context, interval_epoch
-from airflow_provider_exactly_once.runtime.faults import fault_hook_for
 from airflow_provider_exactly_once.sinks.config import SinkConfig, sink_config_from_dict
 
 if TYPE_CHECKING:
@@ -109,6 +108,8 @@ def coordinator_for(
     from airflow_provider_exactly_once.observability.stats import airflow_metrics
 
     if fault is None:
+        from airflow_provider_exactly_once.runtime.faults import fault_hook_for
+
         fault = fault_hook_for(sink.sink_id, epoch, try_number)
     if store is None:
         store = ExactlyOnceMetaStoreHook(meta_conn_id).get_store()

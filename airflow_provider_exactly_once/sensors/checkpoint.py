@@ -29,7 +29,6 @@ from airflow_provider_exactly_once.runtime.epochs import (
     interval_epoch,
 )
 from airflow_provider_exactly_once.sinks.config import SinkConfig
-from airflow_provider_exactly_once.triggers.checkpoint import ERROR, TIMEOUT, CheckpointTrigger
 from airflow_provider_exactly_once.version_compat import AirflowException, AirflowFailException, AirflowSensorTimeout
 
 if TYPE_CHECKING:
@@ -118,6 +117,9 @@ class CheckpointSensor(BaseSensorOperator):
         if epoch is None:
             epoch = run_epoch(context, self.sink_id, self.meta_conn_id)
         timeout_at = time.time() + self.timeout
+        # Imported here: Airflow's trigger base is a DAG parse's largest import after the SDK's own.
+        from airflow_provider_exactly_once.triggers.checkpoint import CheckpointTrigger
+
         self.defer(
             trigger=CheckpointTrigger(
                 sink_id=self.sink_id,
@@ -135,6 +137,8 @@ class CheckpointSensor(BaseSensorOperator):
         """Resumed by the trigger's event: succeed, fail without retries, or time out."""
         if not event or "status" not in event:
             raise AirflowException(f"checkpoint trigger of sink {self.sink_id!r} returned no event")
+        from airflow_provider_exactly_once.triggers.checkpoint import ERROR, TIMEOUT
+
         status, epoch = event["status"], event.get("epoch")
         if status == TIMEOUT:
             raise AirflowSensorTimeout(

@@ -21,14 +21,14 @@ from airflow_provider_exactly_once.core.errors import InvalidPreCommit, InvalidS
 from airflow_provider_exactly_once.core.faults import FaultHook, no_faults
 from airflow_provider_exactly_once.core.identifiers import check_sink_id
 from airflow_provider_exactly_once.core.redact import has_userinfo, mask_userinfo
-from airflow_provider_exactly_once.core.upserts import UpsertSpec
 
 if TYPE_CHECKING:
     # The committers bring pyiceberg, pyarrow and fsspec's filesystems: DAG files import these configs
     # at every parse, and only the tasks that commit need them (imported in ``committer``).
     from pyiceberg.catalog import Catalog
 
-    from airflow_provider_exactly_once.core.decisions import OnReprocess
+    from airflow_provider_exactly_once.core.generations import OnReprocess
+    from airflow_provider_exactly_once.core.upserts import UpsertSpec
     from airflow_provider_exactly_once.sinks.files import FileSinkCommitter
     from airflow_provider_exactly_once.sinks.iceberg import IcebergSinkCommitter
 
@@ -195,6 +195,9 @@ def _upsert_spec(sink: IcebergSinkConfig) -> UpsertSpec | None:
                 f"(given: {['key'] * bool(sink.key) + extra}); an append sink adds every row"
             )
         return None
+    # The upsert models only for an upsert sink: an append sink's DAG parse need not build them.
+    from airflow_provider_exactly_once.core.upserts import UpsertSpec
+
     values = dict(sink.op_values)
     unknown = sorted(set(values) - {"insert", "update", "delete"})
     if unknown:
@@ -216,9 +219,7 @@ def _upsert_spec(sink: IcebergSinkConfig) -> UpsertSpec | None:
 
 
 def _on_reprocess(sink_id: str, value: object) -> None:
-    from airflow_provider_exactly_once.core.decisions import (
-        ON_REPROCESS,  # the rule's own module; heavy for a DAG parse
-    )
+    from airflow_provider_exactly_once.core.generations import ON_REPROCESS
 
     if value not in ON_REPROCESS:
         raise InvalidSinkConfig(
