@@ -9,20 +9,14 @@ order is a property of the table; ``test_stateful_invariants.py`` interleaves ev
 
 from __future__ import annotations
 
-import shutil
-import tempfile
-from pathlib import Path
-
 import hypothesis.strategies as st
-from hypothesis import HealthCheck, settings
-from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+from hypothesis.stateful import invariant, rule
 
-from airflow_provider_exactly_once.core.faults import SimulatedCrash
 from airflow_provider_exactly_once.core.precommit import PreCommit
 from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochStatus
 from tests.core.coordinator.test_batch_recovery import history
-from tests.support.faults import FaultSwitch
-from tests.support.pipeline import Pipeline, as_tuples, expected_rows
+from tests.support.pipeline import as_tuples, expected_rows
+from tests.support.stateful import PipelineMachine, machine_settings
 
 SINK = "backlog"
 CRASHES = st.none() | st.sampled_from(
@@ -38,22 +32,11 @@ CRASHES = st.none() | st.sampled_from(
 )
 
 
-class BacklogRecovery(RuleBasedStateMachine):
+class BacklogRecovery(PipelineMachine):
+    sink = SINK
+
     def __init__(self) -> None:
         super().__init__()
-        self.tmp = Path(tempfile.mkdtemp(prefix="eo-backlog-"))
-        (self.tmp / "warehouse").mkdir()
-        self.faults = FaultSwitch()
-        self.pipeline = Pipeline(
-            meta_url=f"sqlite:///{self.tmp / 'meta.db'}",
-            catalog_url=f"sqlite:///{self.tmp / 'catalog.db'}",
-            warehouse=self.tmp / "warehouse",
-            catalog_name="backlog",
-            namespace="ns",
-            fault=self.faults,
-        )
-        self.pipeline.create_table("t")
-        self.coordinator = self.pipeline.coordinator(SINK, self.pipeline.iceberg_committer())
         self.writes: dict[int, PreCommit] = {}
         self.checkpoints: dict[int, CheckpointStatus] = {}
 
@@ -70,15 +53,11 @@ class BacklogRecovery(RuleBasedStateMachine):
 
     @rule(crash=CRASHES)
     def recover(self, crash: str | None) -> None:
-        if crash is not None:
-            self.faults.crash_at(crash)
-        try:
+        def recover() -> None:
             report = self.coordinator.recover(SINK)
             assert report.ok, report.failed
-        except SimulatedCrash:
-            pass
-        finally:
-            self.faults.disarm()
+
+        self.attempt(crash, recover)
 
     @invariant()
     def each_epoch_once_in_order_and_only_when_completed(self) -> None:
@@ -105,14 +84,8 @@ class BacklogRecovery(RuleBasedStateMachine):
             committed = [pre for e, pre in self.writes.items() if self.checkpoints[e] is CheckpointStatus.COMPLETED]
             assert as_tuples(self.pipeline.rows("t")) == expected_rows(committed, "ns.t")
         finally:
-            self.pipeline.dispose()
-            shutil.rmtree(self.tmp, ignore_errors=True)
+            self.dispose()
 
 
-BacklogRecovery.TestCase.settings = settings(
-    max_examples=25,
-    stateful_step_count=12,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-)
+BacklogRecovery.TestCase.settings = machine_settings(max_examples=25, steps=12)
 test_backlog_recovery = BacklogRecovery.TestCase

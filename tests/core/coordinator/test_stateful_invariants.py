@@ -8,15 +8,12 @@ other suites with the same code.
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 import uuid
 from collections import defaultdict
-from pathlib import Path
+from collections.abc import Callable
 
 import hypothesis.strategies as st
-from hypothesis import HealthCheck, settings
-from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import Bundle, invariant, precondition, rule
 
 from airflow_provider_exactly_once.core.errors import (
     AbortRefused,
@@ -25,11 +22,10 @@ from airflow_provider_exactly_once.core.errors import (
     EpochAborted,
     EpochNotFound,
 )
-from airflow_provider_exactly_once.core.faults import SimulatedCrash
 from airflow_provider_exactly_once.core.precommit import PreCommit
 from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochStatus
-from tests.support.faults import FaultSwitch
-from tests.support.pipeline import Pipeline, as_tuples, expected_rows, write_location_exists
+from tests.support.pipeline import as_tuples, expected_rows, write_location_exists
+from tests.support.stateful import PipelineMachine, machine_settings
 
 SINK = "stateful"
 EPOCHS = st.integers(min_value=0, max_value=2)
@@ -58,25 +54,12 @@ RECOVER_CRASHES = st.none() | st.sampled_from(
 EXPECTED_REFUSALS = (CheckpointNotReady, CheckpointFailed, EpochNotFound, EpochAborted, AbortRefused)
 
 
-class EpochLifecycle(RuleBasedStateMachine):
+class EpochLifecycle(PipelineMachine):
     writes = Bundle("writes")
+    sink = SINK
 
     def __init__(self) -> None:
         super().__init__()
-        self.tmp = Path(tempfile.mkdtemp(prefix="eo-stateful-"))
-        (self.tmp / "warehouse").mkdir()
-        self.faults = FaultSwitch()
-        self.pipeline = Pipeline(
-            meta_url=f"sqlite:///{self.tmp / 'meta.db'}",
-            catalog_url=f"sqlite:///{self.tmp / 'catalog.db'}",
-            warehouse=self.tmp / "warehouse",
-            catalog_name="stateful",
-            namespace="ns",
-            fault=self.faults,
-        )
-        self.pipeline.create_table("t")
-        self.table = "ns.t"
-        self.coordinator = self.pipeline.coordinator(SINK, self.pipeline.iceberg_committer())
         self.all_writes: dict[str, PreCommit] = {}
         self.handed: set[str] = set()  # writes given to the coordinator (persisted or aborted)
         self.checkpoints: dict[int, CheckpointStatus] = {}
@@ -85,15 +68,8 @@ class EpochLifecycle(RuleBasedStateMachine):
         self.spec_changed = False
         self.recreated = False
 
-    def _attempt(self, crash: str | None, action: object) -> None:
-        if crash is not None:
-            self.faults.crash_at(crash)
-        try:
-            action()  # type: ignore[operator]
-        except (SimulatedCrash, *EXPECTED_REFUSALS):
-            pass
-        finally:
-            self.faults.disarm()
+    def _attempt(self, crash: str | None, action: Callable[[], object]) -> None:
+        self.attempt(crash, action, EXPECTED_REFUSALS)
 
     # -- rules ----------------------------------------------------------------------------------------
 
@@ -203,14 +179,8 @@ class EpochLifecycle(RuleBasedStateMachine):
                 )
             assert list(self.pipeline.store.cleanups(SINK)) == []
         finally:
-            self.pipeline.dispose()
-            shutil.rmtree(self.tmp, ignore_errors=True)
+            self.dispose()
 
 
-EpochLifecycle.TestCase.settings = settings(
-    max_examples=30,
-    stateful_step_count=18,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-)
+EpochLifecycle.TestCase.settings = machine_settings(max_examples=30, steps=18)
 test_epoch_lifecycle = EpochLifecycle.TestCase

@@ -11,14 +11,11 @@ own copy-on-write writer (``tests/support/upsert_writer.py``), which follows the
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 import uuid
-from pathlib import Path
+from collections.abc import Callable
 
 import hypothesis.strategies as st
-from hypothesis import HealthCheck, settings
-from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, rule
+from hypothesis.stateful import Bundle, invariant, rule
 
 from airflow_provider_exactly_once.core.decisions import REWRITE_REASON
 from airflow_provider_exactly_once.core.errors import (
@@ -31,11 +28,11 @@ from airflow_provider_exactly_once.core.errors import (
     RewriteRefused,
     UpsertConflict,
 )
-from airflow_provider_exactly_once.core.faults import SimulatedCrash
 from airflow_provider_exactly_once.core.precommit import PreCommit
 from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochStatus
 from tests.core.coordinator.test_stateful_invariants import ABORT_CRASHES, COMMIT_CRASHES, PERSIST_CRASHES
-from tests.support.faults import FaultSwitch
+from tests.support.pipeline import Pipeline
+from tests.support.stateful import PipelineMachine, machine_settings
 from tests.support.upsert_writer import ARROW, Changes, keyed_pipeline, write_upsert
 
 SINK = "stateful-upserts"
@@ -55,27 +52,20 @@ EXPECTED = (
 )
 
 
-class UpsertLifecycle(RuleBasedStateMachine):
+class UpsertLifecycle(PipelineMachine):
     writes = Bundle("writes")
+    sink = SINK
 
     def __init__(self) -> None:
         super().__init__()
-        self.tmp = Path(tempfile.mkdtemp(prefix="eo-stateful-upserts-"))
-        self.faults = FaultSwitch()
-        self.pipeline = keyed_pipeline(self.tmp, self.faults)
-        self.coordinator = self.pipeline.coordinator(SINK, self.pipeline.iceberg_committer())
         self.changes: dict[str, Changes] = {}
         self.checkpoints: dict[int, CheckpointStatus] = {}
 
-    def _attempt(self, crash: str | None, action: object) -> None:
-        if crash is not None:
-            self.faults.crash_at(crash)
-        try:
-            action()  # type: ignore[operator]
-        except (SimulatedCrash, *EXPECTED):
-            pass
-        finally:
-            self.faults.disarm()
+    def make_pipeline(self) -> Pipeline:
+        return keyed_pipeline(self.tmp, self.faults)
+
+    def _attempt(self, crash: str | None, action: Callable[[], object]) -> None:
+        self.attempt(crash, action, EXPECTED)
 
     # -- rules ----------------------------------------------------------------------------------------
 
@@ -181,14 +171,10 @@ class UpsertLifecycle(RuleBasedStateMachine):
                 assert row is None or row.status is not EpochStatus.PENDING, (epoch, row.error)
                 assert row is None or not (row.error or "").startswith(REWRITE_REASON), (epoch, row.error)
         finally:
-            self.pipeline.dispose()
-            shutil.rmtree(self.tmp, ignore_errors=True)
+            self.dispose()
 
 
-UpsertLifecycle.TestCase.settings = settings(
-    max_examples=int(os.environ.get("EO_STATEFUL_EXAMPLES", "60")),
-    stateful_step_count=24,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+UpsertLifecycle.TestCase.settings = machine_settings(
+    max_examples=int(os.environ.get("EO_STATEFUL_EXAMPLES", "60")), steps=24
 )
 test_upsert_lifecycle = UpsertLifecycle.TestCase
