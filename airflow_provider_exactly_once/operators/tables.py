@@ -11,8 +11,11 @@ from airflow_provider_exactly_once.core.errors import InvalidSinkConfig
 from airflow_provider_exactly_once.operators._common import airflow_errors
 from airflow_provider_exactly_once.runtime.assembly import as_sink
 from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig, SinkConfig
+from airflow_provider_exactly_once.table_spec import declare_table, to_pyiceberg
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from airflow.sdk import Context
     from pyiceberg.partitioning import PartitionSpec
     from pyiceberg.schema import Schema
@@ -22,9 +25,14 @@ class EnsureTableOperator(BaseOperator):
     """Create the sink's table when it is missing; leave it (and its metadata folder) alone when it exists.
 
     :param sink: an Iceberg sink (config or dict); its connection reaches the catalog.
-    :param schema: the table's schema (pyiceberg ``Schema``) when it has to be created.
-    :param partition_spec: its partitioning (``PartitionSpec``; unpartitioned by default). The
-        operator imports pyiceberg only when it runs: the DAG's own ``Schema`` is all a parse pays.
+    :param schema: the table's schema when it has to be created: a mapping of column name to
+        Iceberg type (``{"id": "long not null", "at": "timestamptz"}``, see
+        :mod:`~airflow_provider_exactly_once.table_spec`) or a pyiceberg ``Schema``.
+    :param partition_spec: its partitioning (unpartitioned by default): a list of transforms
+        (``["day(at)"]``, ``["bucket(16, id) as shard"]``) or a pyiceberg ``PartitionSpec``.
+        The light forms are checked when the DAG is parsed, without importing pyiceberg (whose
+        import would cost every parse more than the rest of a DAG file), and become pyiceberg
+        objects only when the task runs.
     :param table: which of the sink's tables (default: its only one).
     :param properties: table properties at creation.
     :return: the table's metadata location.
@@ -36,8 +44,8 @@ class EnsureTableOperator(BaseOperator):
         self,
         *,
         sink: SinkConfig | Mapping[str, Any],
-        schema: Schema,
-        partition_spec: PartitionSpec | None = None,
+        schema: Schema | Mapping[str, Any],
+        partition_spec: PartitionSpec | Sequence[str] | None = None,
         table: str | None = None,
         properties: Mapping[str, str] | None = None,
         **kwargs: Any,
@@ -52,19 +60,19 @@ class EnsureTableOperator(BaseOperator):
             raise InvalidSinkConfig(f"task {self.task_id}: {table!r} is not a table of sink {config.sink_id!r}")
         self.sink = config
         self.table = table or config.tables[0]
-        self.schema = schema
-        self.partition_spec = partition_spec
         self.properties = dict(properties or {})
+        self.schema, self.partition_spec = declare_table(
+            schema, partition_spec, where=f"task {self.task_id}", properties=self.properties
+        )
 
     def execute(self, context: Context) -> str:
         from airflow.providers.apache.iceberg.hooks.iceberg import IcebergHook
-        from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC
 
         from airflow_provider_exactly_once.tables import ensure_table
 
         with airflow_errors():
             catalog = IcebergHook(self.sink.iceberg_conn_id).catalog
-            spec = UNPARTITIONED_PARTITION_SPEC if self.partition_spec is None else self.partition_spec
-            table = ensure_table(catalog, self.table, self.schema, spec, self.properties)
+            schema, spec = to_pyiceberg(self.schema, self.partition_spec)
+            table = ensure_table(catalog, self.table, schema, spec, self.properties)
         self.log.info("Table %r of sink %r: %s", self.table, self.sink.sink_id, table.metadata_location)
         return str(table.metadata_location)
