@@ -19,7 +19,9 @@ runs (:func:`to_pyiceberg` imports pyiceberg inside).
 - A primitive type is written as Iceberg's JSON schema writes it (and pyiceberg parses it):
   ``boolean``, ``int``, ``long``, ``float``, ``double``, ``decimal(P, S)``, ``date``, ``time``,
   ``timestamp``, ``timestamptz``, ``timestamp_ns``, ``timestamptz_ns``, ``string``, ``uuid``,
-  ``fixed[N]``, ``binary``. Case and spaces inside the parentheses do not matter.
+  ``fixed[N]``, ``binary``. Case and spaces inside the parentheses do not matter. The nanosecond
+  timestamps need format version 3 (``properties={"format-version": "3"}``), which pyiceberg 0.12
+  cannot create yet; they are refused for a table of version 1 or 2.
 - A nested type is a dict: ``{"type": "list", "element": T}``, ``{"type": "map", "key": T,
   "value": T}``, ``{"type": "struct", "fields": {name: T, ...}}``, where each ``T`` is again a type.
   It is Iceberg's JSON form without the ids (they are assigned in order, see below) and with the
