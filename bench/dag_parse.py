@@ -11,7 +11,10 @@ example's parse loads beyond what ``airflow.sdk`` already loaded.
 
 The sources are compiled to bytecode first (``bench._bytecode``), as an installed deployment's are.
 
-    uv run python -m bench.dag_parse [--rounds 7] [--dag dags/hourly_events.py]
+    uv run python -m bench.dag_parse [--rounds 7] [--dag dags/hourly_events.py] [--tree PATH --name NAME]
+
+``--tree`` parses the DAG of another checkout of this repository with its own package (an earlier
+commit, for a before-and-after in the same conditions), in this environment.
 """
 
 from __future__ import annotations
@@ -85,13 +88,17 @@ def twin_source(dag_id: str, shape: dict[str, list[str]], timetable: list[object
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.dag_parse", description=__doc__)
     parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--dag", type=Path, default=ROOT / "dags" / "hourly_events.py")
+    parser.add_argument("--dag", type=Path, default=None, help="default: the tree's dags/hourly_events.py")
+    parser.add_argument("--tree", type=Path, default=ROOT, help="the checkout whose package and DAG are parsed")
+    parser.add_argument("--name", default="dag_parse", help="result file name (without extension)")
     args = parser.parse_args(argv)
-    compile_bytecode(ROOT / "airflow_provider_exactly_once", ROOT / "dags")
+    tree = args.tree.resolve()
+    dag = (args.dag or tree / "dags" / "hourly_events.py").resolve()
+    compile_bytecode(tree / "airflow_provider_exactly_once", tree / "dags")
     with tempfile.TemporaryDirectory(prefix="eo-parse-") as home:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "EO_EXAMPLES"))}
-        env.update({"AIRFLOW_HOME": home, "AIRFLOW__CORE__LOAD_EXAMPLES": "False", "PYTHONPATH": str(ROOT)})
-        first = parse_once(args.dag, env)
+        env.update({"AIRFLOW_HOME": home, "AIRFLOW__CORE__LOAD_EXAMPLES": "False", "PYTHONPATH": str(tree)})
+        first = parse_once(dag, env)
         (dag_id,) = first["dag_ids"]  # type: ignore[misc]
         twin = Path(home) / "twin.py"
         (timetable,) = first["timetables"]  # type: ignore[misc]
@@ -99,12 +106,13 @@ def main(argv: list[str] | None = None) -> int:
         ours: list[float] = []
         empty: list[float] = []
         for _ in range(args.rounds):
-            ours.append(float(parse_once(args.dag, env)["seconds"]))  # type: ignore[arg-type]
+            ours.append(float(parse_once(dag, env)["seconds"]))  # type: ignore[arg-type]
             empty.append(float(parse_once(twin, env)["seconds"]))  # type: ignore[arg-type]
     ratio = statistics.median(ours) / statistics.median(empty)
     heavy = sorted(set(first["new_top_level"]) & set(HEAVY))  # type: ignore[arg-type]
     payload = {
-        "dag": str(args.dag.relative_to(ROOT)),
+        "dag": str(dag.relative_to(tree)),
+        "tree": str(tree),
         "tasks": len(first["shape"]),  # type: ignore[arg-type]
         "rounds": args.rounds,
         "load_average": os.getloadavg(),
@@ -116,13 +124,13 @@ def main(argv: list[str] | None = None) -> int:
         "heavy_libraries_loaded_by_the_parse": heavy,
         "modules_of_ours_loaded": first["modules_of_ours"],
     }
-    path = save("dag_parse", payload)
+    path = save(args.name, payload)
     fig, ax = plt.subplots(figsize=(6, 3.5))
     ax.boxplot([ours, empty], tick_labels=[f"{payload['dag']}", "same shape, EmptyOperator"])
     ax.set_ylabel("seconds to run the DAG file (airflow.sdk loaded)")
     ax.set_title(f"DAG parse: {ratio:.2f}x of EmptyOperators (median of {args.rounds})")
     fig.tight_layout()
-    fig.savefig(RESULTS / "dag_parse.png", dpi=120)
+    fig.savefig(RESULTS / f"{args.name}.png", dpi=120)
     print(
         json.dumps(
             {
