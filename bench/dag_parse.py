@@ -50,17 +50,21 @@ namespace = runpy.run_path(sys.argv[1])
 elapsed = time.perf_counter() - start
 after = {m.split('.')[0] for m in sys.modules}
 mine = sorted(m for m in sys.modules if m.startswith('airflow_provider_exactly_once') and m not in ours)
+package = sys.modules['airflow_provider_exactly_once'].__file__ if mine else None
 dags = [v for v in namespace.values() if type(v).__name__ == 'DAG']
 shape = {t.task_id: sorted(t.upstream_task_ids) for d in dags for t in d.tasks}
 timetables = [[type(d.timetable).__module__, type(d.timetable).__qualname__, d.timetable.serialize()] for d in dags]
 print(json.dumps({'seconds': elapsed, 'new_top_level': sorted(after - before), 'modules_of_ours': mine,
-                  'dag_ids': [d.dag_id for d in dags], 'shape': shape, 'timetables': timetables}))
+                  'dag_ids': [d.dag_id for d in dags], 'shape': shape, 'timetables': timetables,
+                  'package': package}))
 """
 
 
-def parse_once(path: Path, env: dict[str, str]) -> dict[str, object]:
+def parse_once(path: Path, env: dict[str, str], tree: Path = ROOT) -> dict[str, object]:
+    """One parse in a fresh interpreter run in ``tree``: ``python -c`` puts its working directory
+    first on ``sys.path``, ahead of ``PYTHONPATH``, so that is where the package comes from."""
     done = subprocess.run(
-        [sys.executable, "-c", CHILD, str(path)], capture_output=True, text=True, env=env, timeout=600
+        [sys.executable, "-c", CHILD, str(path)], capture_output=True, text=True, env=env, timeout=600, cwd=tree
     )
     if done.returncode != 0:
         raise RuntimeError(f"parsing {path} failed: {done.stderr[-2000:]}")
@@ -98,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="eo-parse-") as home:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "EO_EXAMPLES"))}
         env.update({"AIRFLOW_HOME": home, "AIRFLOW__CORE__LOAD_EXAMPLES": "False", "PYTHONPATH": str(tree)})
-        first = parse_once(dag, env)
+        first = parse_once(dag, env, tree)
         (dag_id,) = first["dag_ids"]  # type: ignore[misc]
         twin = Path(home) / "twin.py"
         (timetable,) = first["timetables"]  # type: ignore[misc]
@@ -106,8 +110,8 @@ def main(argv: list[str] | None = None) -> int:
         ours: list[float] = []
         empty: list[float] = []
         for _ in range(args.rounds):
-            ours.append(float(parse_once(dag, env)["seconds"]))  # type: ignore[arg-type]
-            empty.append(float(parse_once(twin, env)["seconds"]))  # type: ignore[arg-type]
+            ours.append(float(parse_once(dag, env, tree)["seconds"]))  # type: ignore[arg-type]
+            empty.append(float(parse_once(twin, env, tree)["seconds"]))  # type: ignore[arg-type]
     ratio = statistics.median(ours) / statistics.median(empty)
     heavy = sorted(set(first["new_top_level"]) & set(HEAVY))  # type: ignore[arg-type]
     payload = {
@@ -123,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         "ratio": ratio,
         "heavy_libraries_loaded_by_the_parse": heavy,
         "modules_of_ours_loaded": first["modules_of_ours"],
+        "package": first["package"],
     }
     path = save(args.name, payload)
     fig, ax = plt.subplots(figsize=(6, 3.5))

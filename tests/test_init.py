@@ -51,7 +51,8 @@ OURS_HEAVY = (
     "airflow_provider_exactly_once.recovery.sink",
     "airflow_provider_exactly_once.spark.epoch_writer",
 )
-#: Names whose signature takes pyiceberg's own types: a DAG using them builds a ``Schema`` anyway.
+#: Names that are functions run in tasks, not DAG-facing: ``ensure_table`` takes a catalog and
+#: returns a pyiceberg ``Table``, so its module imports pyiceberg.
 NEEDS_PYICEBERG = {"ensure_table"}
 
 

@@ -1,7 +1,7 @@
 """Airflow operators: thin, they resolve settings and call into ``spark/``, ``sinks/`` and ``core/``.
 
 Resolved on first use (PEP 562), as the package root's names are: a DAG that uses one operator must
-not pay at every parse for the imports of the others (``EnsureTableOperator`` brings pyiceberg).
+not pay at every parse for the imports of the others.
 """
 
 from __future__ import annotations
