@@ -58,7 +58,7 @@ NEEDS_PYICEBERG = {"ensure_table"}
 
 def test_the_dag_facing_names_import_nothing_heavy_beyond_airflow() -> None:
     """In a fresh interpreter, after what any DAG imports (Airflow's SDK): resolving every DAG-facing
-    name adds none of the heavy libraries, nor the Spark provider's operator (a second or more with
+    name adds none of the heavy libraries, nor the Spark provider's operator (0.4 s here with
     OpenLineage's Spark integration, which the write operator imports only when its task runs)."""
     names = sorted(set(eo.__all__) - NEEDS_PYICEBERG)
     code = (
