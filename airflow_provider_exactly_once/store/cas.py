@@ -60,6 +60,14 @@ def swap(session: Session, statement: Update, sink_id: str, epoch: int, wanted: 
         raise conflict(rows.load(session, sink_id, epoch), sink_id, epoch, wanted)
 
 
+def swapped(session: Session, statement: Update, sink_id: str, epoch: int, wanted: str) -> EpochRecord:
+    """``swap``, returning the row as the statement changed it (``rows.updated``: no second read)."""
+    changed = rows.updated(session, statement)
+    if changed is None:
+        raise conflict(rows.load(session, sink_id, epoch), sink_id, epoch, wanted)
+    return changed
+
+
 def reloaded(session: Session, sink_id: str, epoch: int) -> EpochRecord:
     """The row as the transaction now sees it, after a change that must have left it in place."""
     row = rows.load(session, sink_id, epoch)

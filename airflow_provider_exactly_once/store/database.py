@@ -14,7 +14,7 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, DisconnectionError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
@@ -27,6 +27,9 @@ from airflow_provider_exactly_once.extras import require
 from airflow_provider_exactly_once.store import migrate
 
 _WRITE = "exactly_once_write"
+#: Off for a write whose loss in a crash of the database's host the package repairs by itself
+#: (``transaction(..., durable=False)``); on by default.
+_DURABLE = "exactly_once_durable"
 
 
 class MetaStoreDatabase:
@@ -73,6 +76,7 @@ class MetaStoreDatabase:
         self._postgresql = backend == "postgresql"
         # Writes go through this engine: on SQLite their transactions take the write lock up front.
         self._write_engine = self._engine.execution_options(**{_WRITE: True})
+        self._lazy_write_engine = self._write_engine.execution_options(**{_DURABLE: False})
         try:
             self._ensure_schema()
         except BaseException:
@@ -118,7 +122,15 @@ class MetaStoreDatabase:
 
         @event.listens_for(engine, "begin")
         def _on_begin(connection: Any) -> None:
-            write = connection.get_execution_options().get(_WRITE, False)
+            options = connection.get_execution_options()
+            write = options.get(_WRITE, False)
+            if write:
+                # The level applies to the commit; it cannot change inside a transaction, and it stays
+                # with the pooled connection, so every write sets the one it needs when it differs.
+                level = "FULL" if options.get(_DURABLE, True) else "NORMAL"
+                if connection.info.get(_DURABLE) != level:
+                    connection.exec_driver_sql(f"PRAGMA synchronous = {level}")
+                    connection.info[_DURABLE] = level
             connection.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
 
         return engine
@@ -167,17 +179,25 @@ class MetaStoreDatabase:
             ) from exc
 
     @contextmanager
-    def transaction(self, action: str, *, write: bool) -> Iterator[Session]:
+    def transaction(self, action: str, *, write: bool, durable: bool = True) -> Iterator[Session]:
         """One transaction; ``write`` ones take SQLite's write lock up front (``BEGIN IMMEDIATE``),
         so a busy database waits at the start instead of failing at the first write.
 
+        A write that is not ``durable`` returns from its commit without waiting for the disk: a crash
+        of the database's host (not of a process) may lose it, never half of it, and never a
+        durable write committed after it. Only for a write whose loss the package repairs by
+        itself: the Committed mark, which the next commit attempt derives from the sink again.
+
         ``action`` completes the ``MetaStoreUnavailable`` message ("unavailable while ...").
         """
+        engine = self._engine if not write else self._write_engine if durable else self._lazy_write_engine
         with (
             self._translated(action),
-            Session(self._write_engine if write else self._engine, expire_on_commit=False) as session,
+            Session(engine, expire_on_commit=False) as session,
             session.begin(),
         ):
+            if write and not durable and self._postgresql:
+                session.execute(text("SET LOCAL synchronous_commit = off"))
             yield session
 
     @contextmanager

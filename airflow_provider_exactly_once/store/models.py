@@ -25,10 +25,11 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    select,
     text,
 )
 from sqlalchemy.ext.compiler import compiles
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.orm import DeclarativeBase, Mapped, column_property, mapped_column
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.functions import FunctionElement
 from sqlalchemy.types import TypeDecorator
@@ -123,6 +124,29 @@ class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=_NAMING)
 
 
+class EpochMetadata(Base):
+    """The pre-commit metadata of each epoch's current write (migration 0006), apart from its row.
+
+    It is megabytes for a write of thousands of files, and SQLite rewrites a whole row on every
+    ``UPDATE``: kept in ``pending_sink_state`` it was written again by the commit decision and by the
+    Committed mark. Here it is written only when the epoch takes a write.
+    """
+
+    __tablename__ = "epoch_metadata"
+    __table_args__ = (PrimaryKeyConstraint("sink_id", "epoch"),)
+
+    sink_id: Mapped[str] = mapped_column(String(SINK_ID_LENGTH))
+    epoch: Mapped[int] = mapped_column(BigInteger, autoincrement=False)
+    #: The write the metadata describes: always the row's, which every read checks by joining on it.
+    write_id: Mapped[str] = mapped_column(String(WRITE_ID_LENGTH))
+    #: The text's size in UTF-8 bytes: with the write id it names the text for a process that parsed
+    #: it already (``rows.load_light``), without reading megabytes. Before the text, so that SQLite
+    #: reads it without walking the text's overflow pages.
+    metadata_bytes: Mapped[int] = mapped_column(BigInteger)
+    #: The PreCommit JSON; ``metadata`` is reserved on declarative classes, hence the attribute name.
+    metadata_json: Mapped[str] = mapped_column("metadata", Text)
+
+
 class PendingSinkState(Base):
     """One (sink, epoch): the seed's ``pending_sink_state`` plus what Airflow reruns need."""
 
@@ -143,8 +167,6 @@ class PendingSinkState(Base):
     epoch: Mapped[int] = mapped_column(BigInteger, autoincrement=False)
     status: Mapped[str] = mapped_column(String(STATUS_LENGTH))
     write_id: Mapped[str] = mapped_column(String(WRITE_ID_LENGTH))
-    #: The PreCommit JSON; ``metadata`` is reserved on declarative classes, hence the attribute name.
-    metadata_json: Mapped[str] = mapped_column("metadata", Text)
     run_id: Mapped[str | None] = mapped_column(String(RUN_ID_LENGTH))
     try_number: Mapped[int | None] = mapped_column(Integer)
     #: The DAG whose run wrote the row (migration 0003): the sink view links to it and applies its access.
@@ -163,6 +185,18 @@ class PendingSinkState(Base):
     revision: Mapped[int] = mapped_column(Integer, server_default=text("0"))
     #: JSON, while a revision is Pending: the committed write it replaces (``core.ports.ReplacedWrite``).
     replaces: Mapped[str | None] = mapped_column(Text)
+    #: The write's PreCommit JSON, from ``epoch_metadata`` (0006); a query that has no use for it
+    #: defers it (``rows.load_light``).
+    metadata_json: Mapped[str] = column_property(
+        select(EpochMetadata.metadata_json)
+        .where(
+            EpochMetadata.sink_id == sink_id,
+            EpochMetadata.epoch == epoch,
+            EpochMetadata.write_id == write_id,
+        )
+        .correlate_except(EpochMetadata)
+        .scalar_subquery()
+    )
 
 
 class SinkCleanup(Base):

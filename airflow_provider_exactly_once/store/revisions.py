@@ -100,6 +100,7 @@ class SqlRevisions:
                 epoch,
                 wanted,
             )
+            rows.replace_metadata(session, pre_commit, replaced_write_id=expected_write_id)
             _record(session, replaced, EpochStatus.COMMITTED.value, replaced.committed, None)
             return cas.reloaded(session, sink_id, epoch)
 
@@ -130,7 +131,6 @@ class SqlRevisions:
                 ).values(
                     status=EpochStatus.COMMITTED.value,
                     write_id=replaced.write_id,
-                    metadata_json=rows.remembered_json(replaced.pre_commit),
                     committed=rows.committed_json(replaced.committed, sink_id, epoch),
                     table_uuids=rows.identities_json(replaced.table_uuids or {}, sink_id, epoch),
                     revision=replaced.revision,
@@ -143,6 +143,7 @@ class SqlRevisions:
                 epoch,
                 wanted,
             )
+            rows.replace_metadata(session, replaced.pre_commit, replaced_write_id=write_id)
             session.execute(
                 insert(SinkCleanup).values(
                     sink_id=sink_id,

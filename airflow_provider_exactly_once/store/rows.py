@@ -13,15 +13,29 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any, cast
 
-from sqlalchemy import ColumnElement, CursorResult, LargeBinary, Update, func, select
-from sqlalchemy import cast as sql_cast
+from sqlalchemy import (
+    ColumnElement,
+    CursorResult,
+    Insert,
+    ScalarSelect,
+    Table,
+    Update,
+    bindparam,
+    insert,
+    select,
+    update,
+)
 from sqlalchemy.orm import Session, defer
 
 from airflow_provider_exactly_once.core.errors import InvalidPreCommit, InvalidSinkConfig, MetaStoreUnavailable
 from airflow_provider_exactly_once.core.ports import CleanupTask, EpochRecord, ReplacedWrite
 from airflow_provider_exactly_once.core.precommit import PreCommit
 from airflow_provider_exactly_once.core.status import EpochStatus
-from airflow_provider_exactly_once.store.models import PendingSinkState, SinkCleanup, db_now
+from airflow_provider_exactly_once.store.models import EpochMetadata, PendingSinkState, SinkCleanup, db_now
+
+#: ``pending_sink_state`` itself: the row without its metadata, which is ``epoch_metadata``'s.
+_STATE = PendingSinkState.__table__
+_BYTES = "metadata_bytes"
 
 
 def load(session: Session, sink_id: str, epoch: int, *, for_update: bool = False) -> PendingSinkState | None:
@@ -38,27 +52,120 @@ def load(session: Session, sink_id: str, epoch: int, *, for_update: bool = False
 def load_light(session: Session, sink_id: str, epoch: int) -> EpochRecord | None:
     """The row as ``load`` and ``record`` give it, fetching its metadata only when this process has
     not parsed it already: a write's metadata never changes (``_parsed``), so its size names it, and
-    the size costs the database nothing (PostgreSQL reads it from the TOAST header). An epoch of
-    10,000 files has megabytes of metadata, fetched at every step of its commit otherwise."""
-    size = _metadata_bytes(session)
+    the size is a column of its own. An epoch of 10,000 files has megabytes of metadata, fetched at
+    every step of its commit otherwise."""
     found = session.execute(
-        select(PendingSinkState, size)
+        select(PendingSinkState, _metadata_bytes())
         .options(defer(PendingSinkState.metadata_json))
         .where(PendingSinkState.sink_id == sink_id, PendingSinkState.epoch == epoch)
         .execution_options(populate_existing=True)
     ).one_or_none()
     if found is None:
         return None
-    row, length = found
-    with _parsed_lock:
-        known = _parsed_cache.get((row.sink_id, int(row.epoch), row.write_id, int(length)))
-    return record(row, pre_commit=known)  # without it, reading row.metadata_json fetches the text
+    row, size = found
+    return _light(session, row, size)
 
 
-def _metadata_bytes(session: Session) -> ColumnElement[int]:
-    if session.get_bind().dialect.name == "postgresql":
-        return func.octet_length(PendingSinkState.metadata_json)
-    return func.length(sql_cast(PendingSinkState.metadata_json, LargeBinary))
+def inserted(session: Session, statement: Insert, pre_commit: PreCommit) -> EpochRecord:
+    """Insert the row of ``pre_commit``'s write; the record comes back with the ``INSERT`` itself."""
+    found = session.execute(statement.returning(*_STATE.columns)).one()
+    return record(PendingSinkState(**dict(found._mapping)), pre_commit=pre_commit)
+
+
+def updated(session: Session, statement: Update) -> EpochRecord | None:
+    """Run an ``UPDATE`` of one row (a ``cas.guarded_update``); the row as changed, read back by the
+    statement itself (``RETURNING``), or ``None`` when it matched no row."""
+    found = session.execute(statement.returning(*_STATE.columns, _metadata_bytes().label(_BYTES))).one_or_none()
+    if found is None:
+        return None
+    values = dict(found._mapping)
+    size = values.pop(_BYTES)
+    return _light(session, PendingSinkState(**values), size)
+
+
+def _light(session: Session, row: PendingSinkState, size: int | None) -> EpochRecord:
+    """``record`` of a row read without its metadata, fetched now unless this process parsed it."""
+    known = None
+    if size is not None:
+        with _parsed_lock:
+            known = _parsed_cache.get((row.sink_id, int(row.epoch), row.write_id, int(size)))
+    if known is None:
+        text = session.scalar(
+            select(EpochMetadata.metadata_json).where(*_metadata_of(row.sink_id, int(row.epoch), row.write_id))
+        )
+        if text is None:
+            # On PostgreSQL each statement of a transaction sees what was committed before it began:
+            # the epoch took another write between the two reads. One statement reads both together.
+            current = load(session, row.sink_id, int(row.epoch))
+            return record(row if current is None else current)
+        known = _parsed(row.sink_id, int(row.epoch), row.write_id, text)
+    return record(row, pre_commit=known)
+
+
+def _metadata_of(sink_id: str, epoch: int, write_id: str) -> list[ColumnElement[bool]]:
+    return [EpochMetadata.sink_id == sink_id, EpochMetadata.epoch == epoch, EpochMetadata.write_id == write_id]
+
+
+def _metadata_bytes() -> ScalarSelect[int]:
+    """The size of the row's metadata, as a column of a query or ``RETURNING`` clause on the row."""
+    return (
+        select(EpochMetadata.metadata_bytes)
+        .where(
+            EpochMetadata.sink_id == PendingSinkState.sink_id,
+            EpochMetadata.epoch == PendingSinkState.epoch,
+            EpochMetadata.write_id == PendingSinkState.write_id,
+        )
+        .correlate(PendingSinkState)
+        .scalar_subquery()
+    )
+
+
+def insert_metadata(session: Session, pre_commit: PreCommit) -> str:
+    """Store the metadata of a new row's write; its text, which the caller may keep elsewhere too."""
+    text = remembered_json(pre_commit)
+    # Passed as parameters, not as values of the statement: the engine caches a compiled statement with
+    # the values it was first compiled with, and megabytes of text would live as long as the engine.
+    session.execute(insert(EpochMetadata), [_metadata_values(pre_commit, text)])
+    return text
+
+
+def replace_metadata(session: Session, pre_commit: PreCommit, *, replaced_write_id: str) -> None:
+    """The row's write became ``pre_commit``'s, in the same transaction: so does its metadata."""
+    text = remembered_json(pre_commit)
+    table = cast(Table, EpochMetadata.__table__)
+    statement = (
+        update(table)
+        .where(
+            table.c.sink_id == bindparam("b_sink_id"),
+            table.c.epoch == bindparam("b_epoch"),
+            table.c.write_id == bindparam("b_replaced"),
+        )
+        .values(write_id=bindparam("b_write_id"), metadata_bytes=bindparam("b_bytes"), metadata=bindparam("b_text"))
+    )
+    parameters = {
+        "b_sink_id": pre_commit.sink_id,
+        "b_epoch": pre_commit.epoch,
+        "b_replaced": replaced_write_id,
+        "b_write_id": pre_commit.write_id,
+        "b_bytes": _size(text),
+        "b_text": text,
+    }
+    if cast(CursorResult[Any], session.execute(statement, parameters)).rowcount != 1:
+        # Rolls the transaction back: a row whose metadata is not its write's must never be written.
+        raise InvalidPreCommit(
+            f"sink {pre_commit.sink_id!r} epoch {pre_commit.epoch}: the meta store holds no metadata of "
+            f"write {replaced_write_id}, which write {pre_commit.write_id} replaces"
+        )
+
+
+def _metadata_values(pre_commit: PreCommit, text: str) -> dict[str, Any]:
+    return {
+        "sink_id": pre_commit.sink_id,
+        "epoch": pre_commit.epoch,
+        "write_id": pre_commit.write_id,
+        "metadata_bytes": _size(text),
+        "metadata_json": text,
+    }
 
 
 def rowcount(session: Session, statement: Update) -> int:
@@ -149,11 +256,11 @@ def new_write_values(
     pre_commit: PreCommit, *, run_id: str | None, try_number: int | None, dag_id: str | None, now: object
 ) -> dict[str, Any]:
     """The columns a row takes when a committed epoch is handed to a new Pending write: nothing of
-    the earlier write's decision, commit, tables or error may stay behind."""
+    the earlier write's decision, commit, tables or error may stay behind (its metadata is
+    ``replace_metadata``'s)."""
     return {
         "status": EpochStatus.PENDING.value,
         "write_id": pre_commit.write_id,
-        "metadata_json": remembered_json(pre_commit),
         "run_id": run_id,
         "try_number": try_number,
         "dag_id": dag_id,
@@ -225,12 +332,14 @@ _parsed_lock = threading.Lock()
 
 
 def _size(text: str) -> int:
-    """The text's size in UTF-8 bytes, as the database counts it (``_metadata_bytes``); O(1) for
-    ASCII, which metadata JSON nearly always is."""
+    """The text's size in UTF-8 bytes (``epoch_metadata.metadata_bytes``); O(1) for ASCII, which
+    metadata JSON nearly always is."""
     return len(text) if text.isascii() else len(text.encode())
 
 
-def _parsed(sink_id: str, epoch: int, write_id: str, text: str) -> PreCommit:
+def _parsed(sink_id: str, epoch: int, write_id: str, text: str | None) -> PreCommit:
+    if text is None:
+        raise InvalidPreCommit(f"sink {sink_id!r} epoch {epoch}: the meta store holds no metadata of write {write_id}")
     key = (sink_id, epoch, write_id, _size(text))
     with _parsed_lock:
         cached = _parsed_cache.get(key)

@@ -18,23 +18,19 @@ from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, Engine, insert, select, union, update
+from sqlalchemy import Engine, insert, select, union, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from airflow_provider_exactly_once.core.errors import InvalidPreCommit, StateConflict
 from airflow_provider_exactly_once.core.identifiers import check_epoch, check_sink_id, check_write_id
-from airflow_provider_exactly_once.core.ports import (
-    ORPHAN_EPOCH,
-    CleanupTask,
-    CommitMark,
-    CommittedTables,
-    EpochRecord,
-)
+from airflow_provider_exactly_once.core.ports import CommittedTables, EpochRecord
 from airflow_provider_exactly_once.core.precommit import PreCommit
 from airflow_provider_exactly_once.core.status import EpochStatus
 from airflow_provider_exactly_once.store import arguments, cas, rows
+from airflow_provider_exactly_once.store.batch_transitions import SqlBatchTransitions
 from airflow_provider_exactly_once.store.checkpoints import SqlCheckpointTable
+from airflow_provider_exactly_once.store.cleanup_queue import SqlCleanupQueue
 from airflow_provider_exactly_once.store.database import MetaStoreDatabase
 from airflow_provider_exactly_once.store.epochs import SqlEpochAllocator
 from airflow_provider_exactly_once.store.models import PendingSinkState, SinkCleanup, db_now
@@ -42,9 +38,11 @@ from airflow_provider_exactly_once.store.registry import SqlSinkRegistry
 from airflow_provider_exactly_once.store.revisions import SqlRevisions, commit_revision
 
 
-class SqlSinkStateStore:
+class SqlSinkStateStore(SqlCleanupQueue, SqlBatchTransitions):
     """``core.ports.SinkStateStore`` on a SQL database, with its companions ``registry``,
-    ``checkpoints``, ``epochs`` and ``revisions`` on the same connection pool.
+    ``checkpoints``, ``epochs`` and ``revisions`` on the same connection pool. The clean-up queue
+    (``cleanup_queue.py``) and recovery's batch transitions (``batch_transitions.py``) are its own
+    methods, kept in modules of their own.
 
     Construction applies the package's migrations (once per process per URL). Safe to share
     between threads; each process opens its own.
@@ -113,18 +111,6 @@ class SqlSinkStateStore:
             query = union(select(PendingSinkState.sink_id), select(SinkCleanup.sink_id))
             return sorted(str(s) for s in session.scalars(select(query.subquery().c.sink_id)))
 
-    def cleanups(self, sink_id: str, epoch: int | None = None) -> Sequence[CleanupTask]:
-        check_sink_id(sink_id)
-        conditions: list[ColumnElement[bool]] = [
-            SinkCleanup.sink_id == sink_id,
-            SinkCleanup.done_at.is_(None),
-        ]
-        if epoch is not None:
-            conditions.append(SinkCleanup.epoch == check_epoch(epoch))
-        with self._db.transaction(f"listing clean-ups of sink {sink_id!r}", write=False) as session:
-            found = session.scalars(select(SinkCleanup).where(*conditions).order_by(SinkCleanup.id))
-            return [rows.cleanup_task(row) for row in found]
-
     # -- transitions -----------------------------------------------------------------------------
 
     def insert_pending(
@@ -135,31 +121,29 @@ class SqlSinkStateStore:
         dag_id = arguments.dag_id(dag_id)
         sink_id, epoch = pre_commit.sink_id, pre_commit.epoch
         action = f"persisting {pre_commit.describe()}"
-        existing: EpochRecord | PendingSinkState | None
         try:
             with self._db.transaction(action, write=True) as session:
-                existing = rows.load(session, sink_id, epoch)
-                if existing is None:
-                    now = db_now()
-                    session.execute(
-                        insert(PendingSinkState).values(
-                            sink_id=sink_id,
-                            epoch=epoch,
-                            status=EpochStatus.PENDING.value,
-                            write_id=pre_commit.write_id,
-                            metadata_json=rows.remembered_json(pre_commit),
-                            run_id=run_id,
-                            try_number=try_number,
-                            dag_id=dag_id,
-                            created_at=now,
-                            updated_at=now,
-                        )
-                    )
-                    record = rows.load_light(session, sink_id, epoch)
-                    assert record is not None
-                    return record
+                now = db_now()
+                # The primary key refuses a second row, so nothing is read first.
+                record = rows.inserted(
+                    session,
+                    insert(PendingSinkState).values(
+                        sink_id=sink_id,
+                        epoch=epoch,
+                        status=EpochStatus.PENDING.value,
+                        write_id=pre_commit.write_id,
+                        run_id=run_id,
+                        try_number=try_number,
+                        dag_id=dag_id,
+                        created_at=now,
+                        updated_at=now,
+                    ),
+                    pre_commit,
+                )
+                rows.insert_metadata(session, pre_commit)
+                return record
         except IntegrityError:
-            # A concurrent attempt inserted between our read and our insert; report what it wrote.
+            # The epoch has a row already (a concurrent persist inserted it first): report what it holds.
             existing = self._reload(sink_id, epoch, action)
             if existing is None:  # pragma: no cover - an insert lost to a row that vanished again
                 raise
@@ -183,20 +167,20 @@ class SqlSinkStateStore:
         try:
             with self._db.transaction(action, write=True) as session:
                 if rows.load(session, sink_id, epoch) is None:
-                    now, metadata_json = db_now(), rows.remembered_json(pre_commit)
+                    now = db_now()
                     session.execute(
                         insert(PendingSinkState).values(
                             sink_id=sink_id,
                             epoch=epoch,
                             status=EpochStatus.ABORTED.value,
                             write_id=pre_commit.write_id,
-                            metadata_json=metadata_json,
                             dag_id=dag_id,
                             created_at=now,
                             updated_at=now,
                             error=reason,
                         )
                     )
+                    metadata_json = rows.insert_metadata(session, pre_commit)
                     session.execute(
                         insert(SinkCleanup).values(
                             sink_id=sink_id,
@@ -215,21 +199,6 @@ class SqlSinkStateStore:
             f"sink {sink_id!r} epoch {epoch}: cannot record write {pre_commit.write_id} as aborted, "
             f"the row already exists: {cas.holds(existing)}"
         )
-
-    def write_discarded(self, sink_id: str, epoch: int, write_id: str) -> bool:
-        """Whether the write was ever queued for clean-up; done clean-ups count (they are the record)."""
-        sink_id, epoch, write_id = check_sink_id(sink_id), check_epoch(epoch), check_write_id(write_id)
-        with self._db.transaction(f"looking up write {write_id} of sink {sink_id!r}", write=False) as session:
-            found = session.scalar(
-                select(SinkCleanup.id)
-                .where(
-                    SinkCleanup.sink_id == sink_id,
-                    SinkCleanup.epoch.in_(sorted({epoch, ORPHAN_EPOCH})),
-                    SinkCleanup.write_id == write_id,
-                )
-                .limit(1)
-            )
-        return found is not None
 
     def replace_write(
         self,
@@ -265,7 +234,6 @@ class SqlSinkStateStore:
             values: dict[str, Any] = {
                 "status": EpochStatus.PENDING.value,
                 "write_id": pre_commit.write_id,
-                "metadata_json": rows.remembered_json(pre_commit),
                 "run_id": run_id,
                 "try_number": try_number,
                 "dag_id": dag_id,
@@ -283,6 +251,7 @@ class SqlSinkStateStore:
                 epoch,
                 f"{wanted}{' while no commit is decided' if pending else ''}",
             )
+            rows.replace_metadata(session, pre_commit, replaced_write_id=expected_write_id)
             if pending:
                 assert old is not None  # the CAS matched it
                 session.execute(
@@ -335,6 +304,7 @@ class SqlSinkStateStore:
                 epoch,
                 wanted,
             )
+            rows.replace_metadata(session, pre_commit, replaced_write_id=expected_write_id)
             return cas.reloaded(session, sink_id, epoch)
 
     def record_warning(self, sink_id: str, epoch: int, *, warning: str) -> None:
@@ -355,16 +325,18 @@ class SqlSinkStateStore:
             statement = cas.guarded_update(sink_id, epoch, EpochStatus.PENDING, write_id, undecided=True).values(
                 commit_decided_at=db_now(), updated_at=db_now()
             )
-            if rows.rowcount(session, statement) != 1:
-                row = rows.load(session, sink_id, epoch)
-                already = (
-                    row is not None
-                    and row.status == EpochStatus.PENDING.value
-                    and row.write_id == write_id
-                    and row.commit_decided_at is not None
-                )
-                if not already:
-                    raise cas.conflict(row, sink_id, epoch, f"decide to commit Pending write {write_id}")
+            decided = rows.updated(session, statement)
+            if decided is not None:
+                return decided
+            row = rows.load(session, sink_id, epoch)
+            already = (
+                row is not None
+                and row.status == EpochStatus.PENDING.value
+                and row.write_id == write_id
+                and row.commit_decided_at is not None
+            )
+            if not already:
+                raise cas.conflict(row, sink_id, epoch, f"decide to commit Pending write {write_id}")
             return self._reloaded(session, sink_id, epoch)
 
     def mark_committed(
@@ -379,8 +351,11 @@ class SqlSinkStateStore:
         sink_id, epoch, write_id = check_sink_id(sink_id), check_epoch(epoch), check_write_id(write_id)
         committed_json = rows.committed_json(committed, sink_id, epoch)
         identities_json = rows.identities_json(identities or {}, sink_id, epoch)
-        with self._db.transaction(f"marking sink {sink_id!r} epoch {epoch} committed", write=True) as session:
-            cas.swap(
+        # Not waited for on disk: lost with the database's host, the mark is made again by the next
+        # commit attempt (recovery's), which finds this write's marker in the sink (design.md).
+        action = f"marking sink {sink_id!r} epoch {epoch} committed"
+        with self._db.transaction(action, write=True, durable=False) as session:
+            record = cas.swapped(
                 session,
                 cas.guarded_update(sink_id, epoch, EpochStatus.PENDING, write_id).values(
                     status=EpochStatus.COMMITTED.value,
@@ -393,7 +368,6 @@ class SqlSinkStateStore:
                 epoch,
                 f"mark Pending write {write_id} Committed",
             )
-            record = self._reloaded(session, sink_id, epoch)
             tables = {t.table for t in record.pre_commit.tables}
             if set(committed) != tables:
                 # Raising here rolls the CAS back: an epoch is Committed only when every table is.
@@ -405,46 +379,6 @@ class SqlSinkStateStore:
                 commit_revision(session, record, committed)
                 record = self._reloaded(session, sink_id, epoch)
             return record
-
-    def decide_commits(self, sink_id: str, writes: Sequence[tuple[int, str]]) -> Sequence[int]:
-        sink_id = check_sink_id(sink_id)
-        decided: list[int] = []
-        action = f"deciding the commits of {len(writes)} epochs of sink {sink_id!r}"
-        with self._db.transaction(action, write=True) as session:
-            for epoch, write_id in writes:
-                epoch, write_id = check_epoch(epoch), check_write_id(write_id)
-                statement = cas.guarded_update(sink_id, epoch, EpochStatus.PENDING, write_id, undecided=True).values(
-                    commit_decided_at=db_now(), updated_at=db_now()
-                )
-                if rows.rowcount(session, statement) != 1:
-                    row = rows.load(session, sink_id, epoch)
-                    if row is None or (row.status, row.write_id) != (EpochStatus.PENDING.value, write_id):
-                        break
-                    if row.commit_decided_at is None:
-                        break  # as decide_commit, a decision already taken for this write counts
-                decided.append(epoch)
-        return decided
-
-    def mark_committed_batch(self, sink_id: str, marks: Sequence[CommitMark]) -> Sequence[int]:
-        sink_id = check_sink_id(sink_id)
-        marked: list[int] = []
-        with self._db.transaction(f"marking {len(marks)} epochs of sink {sink_id!r} committed", write=True) as session:
-            for mark in marks:
-                epoch, write_id = check_epoch(mark.epoch), check_write_id(mark.write_id)
-                statement = (
-                    cas.guarded_update(sink_id, epoch, EpochStatus.PENDING, write_id, decided=True)
-                    .where(PendingSinkState.replaces.is_(None))  # a revision's commit also records the revision
-                    .values(
-                        status=EpochStatus.COMMITTED.value,
-                        committed=rows.committed_json(mark.committed, sink_id, epoch),
-                        table_uuids=rows.identities_json(mark.identities, sink_id, epoch),
-                        error=None,
-                        updated_at=db_now(),
-                    )
-                )
-                if rows.rowcount(session, statement) == 1:
-                    marked.append(epoch)
-        return marked
 
     def mark_aborted(
         self, sink_id: str, epoch: int, *, write_id: str, reason: str, decided: bool = False
@@ -497,41 +431,6 @@ class SqlSinkStateStore:
                 .values(error=error, updated_at=db_now())
                 .execution_options(synchronize_session=False)
             )
-
-    # -- clean-up queue --------------------------------------------------------------------------
-
-    def enqueue_cleanup(self, pre_commit: PreCommit, *, reason: str) -> CleanupTask:
-        pre_commit = PreCommit.parse(pre_commit)
-        reason = arguments.text(reason, "clean-up reason")
-        with self._db.transaction(f"queuing the clean-up of {pre_commit.describe()}", write=True) as session:
-            cleanup_id = session.execute(
-                insert(SinkCleanup)
-                .values(
-                    sink_id=pre_commit.sink_id,
-                    epoch=pre_commit.epoch,
-                    write_id=pre_commit.write_id,
-                    metadata_json=rows.remembered_json(pre_commit),
-                    reason=reason,
-                    created_at=db_now(),
-                )
-                .returning(SinkCleanup.id)
-            ).scalar_one()
-            row = session.get_one(SinkCleanup, cleanup_id)
-            return rows.cleanup_task(row)
-
-    def complete_cleanup(self, cleanup_id: int) -> None:
-        """Idempotent: completing a done clean-up again is a no-op; an unknown id is refused."""
-        if isinstance(cleanup_id, bool) or not isinstance(cleanup_id, int):
-            raise InvalidPreCommit(f"cleanup_id must be an integer, got {type(cleanup_id).__name__}")
-        with self._db.transaction(f"completing clean-up {cleanup_id}", write=True) as session:
-            statement = (
-                update(SinkCleanup)
-                .where(SinkCleanup.id == cleanup_id, SinkCleanup.done_at.is_(None))
-                .values(done_at=db_now())
-                .execution_options(synchronize_session=False)
-            )
-            if rows.rowcount(session, statement) != 1 and session.get(SinkCleanup, cleanup_id) is None:
-                raise StateConflict(f"meta store {self._db.url_for_display}: there is no clean-up {cleanup_id}")
 
     @staticmethod
     def _reloaded(session: Session, sink_id: str, epoch: int) -> EpochRecord:

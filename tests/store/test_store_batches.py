@@ -98,7 +98,7 @@ def _selected_metadata(store: SqlSinkStateStore, action: Callable[[], object]) -
         action()
     finally:
         sa.event.remove(store.engine, "before_cursor_execute", before)
-    column = re.compile(r"(?<![(])pending_sink_state\.metadata(?![_\w])")  # not inside length(...)
+    column = re.compile(r"epoch_metadata\.metadata(?![_\w])")  # the text, not its size
     return any(s.lstrip().upper().startswith("SELECT") and column.search(s.split("FROM")[0]) for s in statements)
 
 
