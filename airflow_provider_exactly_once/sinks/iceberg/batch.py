@@ -26,24 +26,15 @@ from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait
 
 from airflow_provider_exactly_once.core.errors import (
     CommitConflictExhausted,
-    CommitOutcomeUnknown,
     CommitRefused,
     ExactlyOnceError,
     ForeignWriteVisible,
     MissingDataFiles,
-    SinkUnavailable,
 )
 from airflow_provider_exactly_once.core.observe import COMMIT_RETRIES
 from airflow_provider_exactly_once.core.ports import EMPTY, CommitPlan, CommittedTables
 from airflow_provider_exactly_once.core.precommit import PreCommit, TableWrite
-from airflow_provider_exactly_once.sinks.iceberg.catalog_access import UNREACHABLE, describe_error
-from airflow_provider_exactly_once.sinks.iceberg.committer import (
-    FAULT_AFTER_CATALOG_UPDATE,
-    FAULT_BEFORE_CATALOG_UPDATE,
-    PREPARED_FRESH_S,
-    IcebergSinkCommitter,
-    TablePlan,
-)
+from airflow_provider_exactly_once.sinks.iceberg.committer import PREPARED_FRESH_S, IcebergSinkCommitter, TablePlan
 from airflow_provider_exactly_once.sinks.iceberg.data_files import build_data_files
 from airflow_provider_exactly_once.sinks.iceberg.markers import marker_properties, sink_markers
 from airflow_provider_exactly_once.sinks.iceberg.transaction import (
@@ -218,7 +209,7 @@ def _append_all(committer: IcebergSinkCommitter, name: str, table: Table, entrie
     """Stage one marked append per entry, each on the one before; commit the transaction once."""
     tx = SinkTransaction(table)
     snapshot_ids: list[int] = []
-    try:
+    with tx.staging(_describe(entries), name, committer._branch):
         # A table without a name mapping gets one, as in the single commit (the batch adds no columns).
         if tx.table_metadata.name_mapping() is None:
             mapping = tx.table_metadata.schema().name_mapping.model_dump_json()
@@ -243,33 +234,13 @@ def _append_all(committer: IcebergSinkCommitter, name: str, table: Table, entrie
             append.commit()  # staged before the next append is created, so that one's parent is this one
             previous = append
             snapshot_ids.append(append.snapshot_id)
-    except ExactlyOnceError:
-        tx.discard()
-        raise
-    except UNREACHABLE as exc:
-        tx.discard()
-        raise SinkUnavailable(
-            f"{_describe(entries)}: could not prepare the commit of table {name!r}: "
-            f"{describe_error(exc, table.io.properties)}"
-        ) from exc
-    except Exception as exc:
-        tx.discard()
-        raise CommitRefused(
-            f"{_describe(entries)}: pyiceberg refused to stage the commit of table {name!r} on branch "
-            f"{committer._branch!r}: {type(exc).__name__}: {exc}; nothing was committed"
-        ) from exc
-
-    committer._fault(FAULT_BEFORE_CATALOG_UPDATE)
-    try:
-        tx.commit_once()  # a conflict comes back here, not to pyiceberg's marker-blind rebase
-    except SinkCommitConflict:
-        raise
-    except Exception as exc:
-        raise CommitOutcomeUnknown(
+    tx.commit_staged(
+        committer._fault,
+        lambda: (
             f"{_describe(entries)}: the commit of table {name!r} ({len(snapshot_ids)} snapshots, the last "
-            f"{snapshot_ids[-1]}) has an unknown outcome: {describe_error(exc, table.io.properties)}"
-        ) from exc
-    committer._fault(FAULT_AFTER_CATALOG_UPDATE)
+            f"{snapshot_ids[-1]})"
+        ),
+    )
     return snapshot_ids
 
 

@@ -13,33 +13,24 @@ from datetime import datetime, timedelta
 
 from pyiceberg.catalog import Catalog
 from pyiceberg.manifest import DataFile
-from pyiceberg.table import Table, TableProperties
+from pyiceberg.table import Table
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 
 from airflow_provider_exactly_once.core.errors import (
     AbortRefused,
     CommitConflictExhausted,
-    CommitOutcomeUnknown,
-    CommitRefused,
-    ExactlyOnceError,
     ForeignWriteVisible,
     InvalidPreCommit,
     InvalidSinkConfig,
     MarkerHorizonExceeded,
     MissingDataFiles,
-    SinkUnavailable,
 )
 from airflow_provider_exactly_once.core.faults import FaultHook, no_faults
 from airflow_provider_exactly_once.core.observe import COMMIT_RETRIES, NO_METRICS, Metrics, safe
 from airflow_provider_exactly_once.core.ports import EMPTY, CommitPlan, CommittedTables, ReplacedWrite, VisibleEpoch
 from airflow_provider_exactly_once.core.precommit import PreCommit, TableWrite
-from airflow_provider_exactly_once.sinks.iceberg.catalog_access import (
-    UNREACHABLE,
-    describe_error,
-    load_table,
-    unavailable_when_unreachable,
-)
-from airflow_provider_exactly_once.sinks.iceberg.data_files import build_data_files
+from airflow_provider_exactly_once.sinks.iceberg.catalog_access import load_table, unavailable_when_unreachable
+from airflow_provider_exactly_once.sinks.iceberg.epoch_snapshot import commit_snapshot
 from airflow_provider_exactly_once.sinks.iceberg.horizon import check_horizon
 from airflow_provider_exactly_once.sinks.iceberg.locations import parse_location
 from airflow_provider_exactly_once.sinks.iceberg.markers import (
@@ -48,30 +39,21 @@ from airflow_provider_exactly_once.sinks.iceberg.markers import (
     WRITE_ID_KEY,
     find_marker,
     marker_of,
-    marker_properties,
     recent_snapshots,
 )
 from airflow_provider_exactly_once.sinks.iceberg.references import AddedFiles, files_live_in_refs
 from airflow_provider_exactly_once.sinks.iceberg.replacement import files_to_replace, still_referenced
-from airflow_provider_exactly_once.sinks.iceberg.schema_check import ColumnToAdd, check_added_field_ids
+from airflow_provider_exactly_once.sinks.iceberg.schema_check import ColumnToAdd
 from airflow_provider_exactly_once.sinks.iceberg.storage import delete_tree, missing_files
-from airflow_provider_exactly_once.sinks.iceberg.transaction import (
-    SinkCommitConflict,
-    SinkTransaction,
-    SpecAwareFastAppend,
-    SpecAwareOverwrite,
-)
+from airflow_provider_exactly_once.sinks.iceberg.transaction import SinkCommitConflict
 from airflow_provider_exactly_once.sinks.iceberg.upsert_revisions import upsert_files_to_replace
-from airflow_provider_exactly_once.sinks.iceberg.upserts import identifier_update
-from airflow_provider_exactly_once.sinks.iceberg.write_check import CheckedWrites, check_location, write_spec
+from airflow_provider_exactly_once.sinks.iceberg.write_check import CheckedWrites, check_location
 
 #: How long a table ``prepare`` loaded may stand in for the commit's own load (``CommitPlan.fresh_state``).
 PREPARED_FRESH_S = 5.0
 
-#: Fault points, in the order one commit attempt passes them.
+#: The fault point of every table load; those around the catalog update are ``transaction.py``'s.
 FAULT_LOADED = "iceberg.loaded"
-FAULT_BEFORE_CATALOG_UPDATE = "iceberg.before_catalog_update"
-FAULT_AFTER_CATALOG_UPDATE = "iceberg.after_catalog_update"
 
 
 @dataclass(frozen=True)
@@ -387,101 +369,17 @@ class IcebergSinkCommitter:
                         to_replace = self._to_replace(table, pre_commit, write, replaces)
                     number = replaces.revision + 1 if replaces else 0  # 0: an upsert's overwrite of what it rewrote
                     revision = (number, to_replace) if replaces or to_replace else None
-                    return str(self._append_once(pre_commit, write, table, to_add, revision))
+                    return str(
+                        commit_snapshot(
+                            pre_commit, write, table, to_add, revision, branch=self._branch, fault=self._fault
+                        )
+                    )
         except SinkCommitConflict as exc:
             raise CommitConflictExhausted(
                 f"{pre_commit.describe()}: table {write.table!r} changed under every one of "
                 f"{self._max_attempts} commit attempts: {exc}"
             ) from exc
         raise AssertionError("unreachable: tenacity either returned or raised")  # pragma: no cover
-
-    def _append_once(
-        self,
-        pre_commit: PreCommit,
-        write: TableWrite,
-        table: Table,
-        to_add: list[ColumnToAdd],
-        revision: tuple[int, list[DataFile]] | None = None,
-    ) -> int:
-        """Stage schema changes, name mapping and the marked append in one transaction; commit it once.
-
-        A revision (its number and the replaced files), or an upsert (revision 0 and the files it
-        rewrote), makes the snapshot an overwrite that removes exactly those files in the same step
-        as it adds the new ones. An upsert's key becomes the table's identifier fields when the table
-        has none and its columns allow it.
-        """
-        tx = SinkTransaction(table)
-        try:
-            if to_add:
-                with tx.update_schema() as update:
-                    for column in to_add:
-                        update.add_column(column.name, column.type, doc=column.doc, required=False)
-                check_added_field_ids(tx.table_metadata.schema(), write)  # the ids the files carry
-            key = identifier_update(tx.table_metadata, write)
-            if key:
-                with tx.update_schema() as update:
-                    update.set_identifier_fields(*key)
-            # Spark and pyarrow write Parquet without Iceberg field ids; readers resolve columns through
-            # the name mapping. update_schema keeps an existing mapping current (it is staged above),
-            # but does not create one, so a table without a mapping gets one from the final schema.
-            if tx.table_metadata.name_mapping() is None:
-                mapping = tx.table_metadata.schema().name_mapping.model_dump_json()
-                tx.set_properties({TableProperties.DEFAULT_NAME_MAPPING: mapping})
-            metadata = tx.table_metadata
-            spec = write_spec(metadata, write, owner=pre_commit.describe())  # the files' spec, not the default
-            data_files = build_data_files(
-                write.data_files,
-                schema=metadata.schema(),
-                spec=spec,
-                spec_id=spec.spec_id,
-                format_version=metadata.format_version,
-                table=write.table,
-            )
-            number, to_replace = revision or (0, [])
-            marker = marker_properties(pre_commit.sink_id, pre_commit.epoch, pre_commit.write_id, number)
-            append: SpecAwareFastAppend | SpecAwareOverwrite
-            if revision is None:
-                append = tx.fast_append(branch=self._branch, snapshot_properties=marker)
-            else:
-                append = tx.replace_files(branch=self._branch, snapshot_properties=marker)
-                for replaced in to_replace:
-                    append.delete_data_file(replaced)
-            for data_file in data_files:
-                append.append_data_file(data_file)
-            # Writes the manifests; stages the snapshot and AssertRefSnapshotId(the head checked above).
-            append.commit()
-        except ExactlyOnceError:
-            tx.discard()
-            raise
-        except UNREACHABLE as exc:
-            tx.discard()
-            raise SinkUnavailable(
-                f"{pre_commit.describe()}: could not prepare the commit of table {write.table!r}: "
-                f"{describe_error(exc, table.io.properties)}"
-            ) from exc
-        except Exception as exc:
-            # prepare() checks what is known to make pyiceberg refuse; anything else it refuses while
-            # staging would be refused again on every attempt, with nothing sent to the catalog.
-            tx.discard()
-            raise CommitRefused(
-                f"{pre_commit.describe()}: pyiceberg refused to stage the commit of table {write.table!r} "
-                f"on branch {self._branch!r}: {type(exc).__name__}: {exc}; nothing was committed"
-            ) from exc
-
-        self._fault(FAULT_BEFORE_CATALOG_UPDATE)
-        try:
-            tx.commit_once()  # a conflict comes back here, not to pyiceberg's marker-blind rebase
-        except SinkCommitConflict:
-            raise
-        except Exception as exc:
-            # Anything else from the catalog commit (lost response, dropped connection mid-update) may
-            # or may not have landed: delete nothing, the next attempt's marker check decides.
-            raise CommitOutcomeUnknown(
-                f"{pre_commit.describe()}: the commit of table {write.table!r} "
-                f"(snapshot {append.snapshot_id}) has an unknown outcome: {describe_error(exc, table.io.properties)}"
-            ) from exc
-        self._fault(FAULT_AFTER_CATALOG_UPDATE)
-        return int(append.snapshot_id)
 
     # -- deleting -------------------------------------------------------------------------------
 

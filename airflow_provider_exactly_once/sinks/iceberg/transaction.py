@@ -7,7 +7,9 @@ one module means an upgrade has one file to re-check.
    snapshot producers onto the new head (``commit.retry.*`` table properties). That rebase does not
    look for our marker again, so a concurrent commit of the same epoch would be duplicated
    (design.md section 5, step 4). ``commit_once`` detaches the producers so the first conflict comes
-   back to the committer, which reloads the table and re-checks the marker.
+   back to the committer, which reloads the table and re-checks the marker. The single commit
+   (``epoch_snapshot.py``) and the batch (``batch.py``) stage through ``staging`` and commit through
+   ``commit_staged``, which say the same of a refusal, a conflict and an unknown outcome for both.
 2. ``Transaction.table_metadata`` re-applies every staged update and deep-copies the whole metadata
    (every snapshot of the table's history) on each access, and one fast append reads it about sixteen
    times. A table with a long history then makes every commit, and so recovery of many epochs,
@@ -40,6 +42,8 @@ one module means an upgrade has one file to re-check.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from copy import copy
 from typing import Any
 
@@ -61,6 +65,18 @@ from pyiceberg.table.update import (
 )
 from pyiceberg.table.update.snapshot import _FastAppendFiles, _OverwriteFiles
 from pyiceberg.typedef import EMPTY_DICT
+
+from airflow_provider_exactly_once.core.errors import (
+    CommitOutcomeUnknown,
+    CommitRefused,
+    ExactlyOnceError,
+    SinkUnavailable,
+)
+from airflow_provider_exactly_once.sinks.iceberg.catalog_access import UNREACHABLE, describe_error
+
+#: Fault points around a sink commit's catalog update, in the order one attempt passes them.
+FAULT_BEFORE_CATALOG_UPDATE = "iceberg.before_catalog_update"
+FAULT_AFTER_CATALOG_UPDATE = "iceberg.after_catalog_update"
 
 
 class SinkCommitConflict(Exception):
@@ -297,6 +313,52 @@ class SinkTransaction(Transaction):
         for producer in self._snapshot_producers:
             producer._clean_all_uncommitted()
         self._snapshot_producers = []
+
+    @contextmanager
+    def staging(self, owner: str, table: str, branch: str) -> Iterator[None]:
+        """Around the staging of updates: a failure deletes what was staged and says that nothing
+        was committed. ``owner`` names the epoch (or epochs) the snapshots are for.
+
+        The committers check beforehand what is known to make pyiceberg refuse; anything else it
+        refuses while staging would be refused again on every attempt, with nothing sent to the catalog.
+        """
+        try:
+            yield
+        except ExactlyOnceError:
+            self.discard()
+            raise
+        except UNREACHABLE as exc:
+            self.discard()
+            raise SinkUnavailable(
+                f"{owner}: could not prepare the commit of table {table!r}: "
+                f"{describe_error(exc, self._table.io.properties)}"
+            ) from exc
+        except Exception as exc:
+            self.discard()
+            raise CommitRefused(
+                f"{owner}: pyiceberg refused to stage the commit of table {table!r} on branch {branch!r}: "
+                f"{type(exc).__name__}: {exc}; nothing was committed"
+            ) from exc
+
+    def commit_staged(self, fault: Callable[[str], None], what: Callable[[], str]) -> None:
+        """``commit_once`` between the fault points before and after the catalog update.
+
+        A conflict comes back as ``SinkCommitConflict``, not to pyiceberg's marker-blind rebase: nothing
+        landed, and the caller looks for its marker again before retrying. Anything else from the
+        catalog (a lost response, a connection dropped mid-update) may or may not have landed, so it
+        is ``CommitOutcomeUnknown`` for ``what()`` (the commit, named): nothing is deleted, and the
+        next attempt's marker check decides.
+        """
+        fault(FAULT_BEFORE_CATALOG_UPDATE)
+        try:
+            self.commit_once()
+        except SinkCommitConflict:
+            raise
+        except Exception as exc:
+            raise CommitOutcomeUnknown(
+                f"{what()} has an unknown outcome: {describe_error(exc, self._table.io.properties)}"
+            ) from exc
+        fault(FAULT_AFTER_CATALOG_UPDATE)
 
     def commit_once(self) -> Table:
         """Commit the staged updates; a conflict raises ``SinkCommitConflict`` with nothing left behind.

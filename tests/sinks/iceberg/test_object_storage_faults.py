@@ -24,7 +24,7 @@ from airflow_provider_exactly_once.core.outcomes import AbortOutcome, CommitOutc
 from airflow_provider_exactly_once.core.precommit import PreCommit
 from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochStatus
 from airflow_provider_exactly_once.demo.servers import SECRET_KEY, SeaweedFS
-from airflow_provider_exactly_once.sinks.iceberg.committer import FAULT_BEFORE_CATALOG_UPDATE
+from airflow_provider_exactly_once.sinks.iceberg.transaction import FAULT_BEFORE_CATALOG_UPDATE
 from tests.support.faults import FaultSwitch
 from tests.support.independent_reader import read_rows
 from tests.support.object_store import S3Pipeline, s3_pipeline, seaweed_lake
