@@ -17,6 +17,7 @@ from sqlalchemy import (
     ColumnElement,
     CursorResult,
     Insert,
+    Row,
     ScalarSelect,
     Table,
     Update,
@@ -25,7 +26,7 @@ from sqlalchemy import (
     select,
     update,
 )
-from sqlalchemy.orm import Session, defer
+from sqlalchemy.orm import Session
 
 from airflow_provider_exactly_once.core.errors import InvalidPreCommit, InvalidSinkConfig, MetaStoreUnavailable
 from airflow_provider_exactly_once.core.ports import CleanupTask, EpochRecord, ReplacedWrite
@@ -55,15 +56,11 @@ def load_light(session: Session, sink_id: str, epoch: int) -> EpochRecord | None
     the size is a column of its own. An epoch of 10,000 files has megabytes of metadata, fetched at
     every step of its commit otherwise."""
     found = session.execute(
-        select(PendingSinkState, _metadata_bytes())
-        .options(defer(PendingSinkState.metadata_json))
-        .where(PendingSinkState.sink_id == sink_id, PendingSinkState.epoch == epoch)
-        .execution_options(populate_existing=True)
+        select(*_STATE.columns, _metadata_bytes().label(_BYTES)).where(
+            PendingSinkState.sink_id == sink_id, PendingSinkState.epoch == epoch
+        )
     ).one_or_none()
-    if found is None:
-        return None
-    row, size = found
-    return _light(session, row, size)
+    return None if found is None else _light_row(session, found)
 
 
 def inserted(session: Session, statement: Insert, pre_commit: PreCommit) -> EpochRecord:
@@ -76,8 +73,11 @@ def updated(session: Session, statement: Update) -> EpochRecord | None:
     """Run an ``UPDATE`` of one row (a ``cas.guarded_update``); the row as changed, read back by the
     statement itself (``RETURNING``), or ``None`` when it matched no row."""
     found = session.execute(statement.returning(*_STATE.columns, _metadata_bytes().label(_BYTES))).one_or_none()
-    if found is None:
-        return None
+    return None if found is None else _light_row(session, found)
+
+
+def _light_row(session: Session, found: Row[*tuple[Any, ...]]) -> EpochRecord:
+    """``_light`` of a row read as columns (the table's, then the metadata's size): no ORM loading."""
     values = dict(found._mapping)
     size = values.pop(_BYTES)
     return _light(session, PendingSinkState(**values), size)
