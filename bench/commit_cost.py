@@ -11,16 +11,24 @@ bare path is what an at-least-once job does: load the table, fast-append prebuil
 Targets (issue 18): at most 1.10x of the bare fast-append that builds its ``DataFile``s from the same
 descriptors, at 1,000 and 10,000 files; cost linear in files.
 
+Every timed action starts after a full garbage collection. The three paths share this one process,
+whose heap holds every round's tables and files; a full collection of it took about 0.12 s at 10,000
+files, and it fell into whichever path crossed CPython's threshold, so a path's time depended on what
+ran before it. A commit task runs in a process of its own. Collections a path's own allocations
+trigger are still timed.
+
 ``--memory N`` measures peak memory instead: each path commits one epoch of N files in a process of
 its own (the files are copies of one small Parquet file, so writing them takes seconds), after
 loading the same descriptors: the peak of what the commit allocated (``tracemalloc``, Python objects)
 and the process's peak resident set size (``ru_maxrss``, which loading the descriptors already
-raised), for the exactly-once path (persist and commit) and the bare fast-append alike.
+raised), for the exactly-once path (persist and commit, each one's peak also on its own) and the bare
+fast-append alike.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import resource
 import shutil
@@ -95,6 +103,7 @@ def _child(argv: list[str]) -> None:
     catalog = SqlCatalog("bench", uri=catalog_url, warehouse=f"file://{warehouse}")
     store = SqlSinkStateStore(meta_url)
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    phases: dict[str, float] = {}
     tracemalloc.start()
     started = time.perf_counter()
     if path == "exactly_once":
@@ -107,7 +116,10 @@ def _child(argv: list[str]) -> None:
         checkpoints = MetaStoreCheckpointSource(store.checkpoints)
         coordinator = TwoPhaseCommitCoordinator(store, {pre.sink_id: IcebergSinkCommitter(catalog)}, checkpoints)
         coordinator.persist(pre)
+        phases["persist_peak_mb"] = tracemalloc.get_traced_memory()[1] / 2**20
+        tracemalloc.reset_peak()  # the commit's own peak, below; the path's is the greater of the two
         coordinator.commit(pre.sink_id, pre.epoch)
+        phases["commit_peak_mb"] = tracemalloc.get_traced_memory()[1] / 2**20
     else:
         table = catalog.load_table(table_name)
         data_files = build_data_files(
@@ -122,10 +134,10 @@ def _child(argv: list[str]) -> None:
             for data_file in data_files:
                 append.append_data_file(data_file)
     took = time.perf_counter() - started  # under tracemalloc: slower than the timed runs, alike for both
-    traced_peak = tracemalloc.get_traced_memory()[1]
+    traced_peak = max([tracemalloc.get_traced_memory()[1] / 2**20, *phases.values()])
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
-    result = {"traced_peak_mb": traced_peak / 2**20, "before_rss_mb": before / 1024, "peak_rss_mb": peak / 1024}
-    print(json.dumps({**result, "seconds": took}))
+    result = {"traced_peak_mb": traced_peak, "before_rss_mb": before / 1024, "peak_rss_mb": peak / 1024}
+    print(json.dumps({**result, **phases, "seconds": took}))
 
 
 def main() -> None:
@@ -199,6 +211,7 @@ def main() -> None:
                     (bare_built, built_times),
                 ]
                 for action, sink in order if round_ % 2 == 0 else reversed(order):
+                    gc.collect()  # see the module docstring
                     sink.append(timed(action))
             row = {
                 "files": size,
