@@ -9,6 +9,8 @@ transaction translates storage errors the same way.
 from __future__ import annotations
 
 import math
+import sqlite3
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
@@ -116,7 +118,7 @@ class MetaStoreDatabase:
             try:
                 cursor.execute(f"PRAGMA busy_timeout = {busy_ms}")
                 if not memory:
-                    cursor.execute("PRAGMA journal_mode = WAL")
+                    _set_wal(cursor, busy_timeout_s)
             finally:
                 cursor.close()
 
@@ -242,3 +244,22 @@ def _reason(exc: BaseException) -> str:
     cause = getattr(exc, "orig", None) or exc
     lines = str(cause).strip().splitlines()
     return f"{type(cause).__name__}: {lines[0] if lines else '(no message)'}"
+
+
+def _set_wal(cursor: Any, timeout_s: float) -> None:
+    """Put the database in WAL mode (a no-op once it is: the mode is kept in the file).
+
+    Switching a fresh database's journal mode needs its exclusive lock, and SQLite answers "database
+    is locked" at once, without its busy handler, while another connection holds a lock: processes
+    opening a new database together (every task of a first run) would fail there. So the switch is
+    tried again until the busy timeout, as the busy handler would have waited.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            cursor.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.02)
