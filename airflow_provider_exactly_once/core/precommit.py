@@ -1,6 +1,6 @@
 """Pre-commit metadata: everything a write hands to the commit, and nothing the commit must re-read.
 
-It travels from the Spark job through XCom into ``pending_sink_state.metadata``, so it is plain
+It travels from the Spark job through XCom into the meta store (``epoch_metadata``), so it is plain
 JSON, validated once where it enters (``PreCommit.from_json``) and immutable afterwards.
 
 Conventions that keep the commit path free of footer reads (design.md section 5, step 3):
