@@ -39,7 +39,6 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from airflow_provider_exactly_once.core.precommit import PreCommit, TableWrite
-from airflow_provider_exactly_once.core.status import CheckpointStatus
 from bench._bytecode import compile_bytecode
 from bench._world import RESULTS, save, world, write_files
 
@@ -62,6 +61,9 @@ t = time.perf_counter()
 from airflow_provider_exactly_once.hooks.meta_store import ExactlyOnceMetaStoreHook
 store = ExactlyOnceMetaStoreHook(settings["meta_conn_id"]).get_store()
 times["open_store"] = time.perf_counter() - t
+if settings["step"] == "commit":  # untimed: the checkpoint the commit waits for, in this tree's store
+    from airflow_provider_exactly_once.core.status import CheckpointStatus
+    store.checkpoints.set_checkpoint(settings["sink"]["sink_id"], settings["epoch"], CheckpointStatus.COMPLETED)
 t = time.perf_counter()
 from airflow_provider_exactly_once.runtime.assembly import as_sink, coordinator_for
 sink = as_sink(settings["sink"])
@@ -128,16 +130,19 @@ def main(argv: list[str] | None = None) -> int:
                         "extra": {"type": "sql", "uri": catalog_uri, "warehouse": f"file://{w.root / 'warehouse'}"},
                     }
                 ),
-                "AIRFLOW_CONN_BENCH_META": json.dumps(
-                    {"conn_type": "exactly_once_meta", "host": str(w.store.url_for_display)}
-                ),
             }
         )
+        # A meta store per tree: each migrates its own on first use, and an older package refuses
+        # a database a newer one migrated.
+        for n in range(len(trees_p)):
+            env[f"AIRFLOW_CONN_BENCH_META_{n}"] = json.dumps(
+                {"conn_type": "exactly_once_meta", "host": f"sqlite:///{Path(home) / f'meta-{n}.db'}"}
+            )
         # pyiceberg keys a SQL catalog's rows by catalog name, and IcebergHook names it after the connection.
         sink = {"kind": "iceberg", "sink_id": SINK_ID, "tables": ["bench.task_start"], "iceberg_conn_id": "bench"}
         epoch = 0
         for _ in range(args.rounds):
-            for name, tree in trees_p.items():
+            for n, (name, tree) in enumerate(trees_p.items()):
                 epoch += 1
                 location = f"{table.location()}/data/_eo/epoch-{epoch}"
                 pre = PreCommit(
@@ -154,14 +159,13 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 pre_path = Path(home) / f"pre-{epoch}.json"
                 pre_path.write_bytes(pre.model_dump_json().encode())
-                w.store.checkpoints.set_checkpoint(SINK_ID, epoch, CheckpointStatus.COMPLETED)
                 for step in ("persist", "commit"):
                     settings = Path(home) / f"settings-{epoch}-{step}.json"
                     settings.write_text(
                         json.dumps(
                             {
                                 "dag": str(tree / "dags" / "hourly_events.py"),
-                                "meta_conn_id": "bench_meta",
+                                "meta_conn_id": f"bench_meta_{n}",
                                 "sink": sink,
                                 "epoch": epoch,
                                 "step": step,
