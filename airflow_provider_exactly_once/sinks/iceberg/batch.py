@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from pyiceberg.table import Table, TableProperties
+from pyiceberg.table import Table
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 
 from airflow_provider_exactly_once.core.errors import (
@@ -35,14 +35,13 @@ from airflow_provider_exactly_once.core.observe import COMMIT_RETRIES
 from airflow_provider_exactly_once.core.ports import EMPTY, CommitPlan, CommittedTables
 from airflow_provider_exactly_once.core.precommit import PreCommit, TableWrite
 from airflow_provider_exactly_once.sinks.iceberg.committer import PREPARED_FRESH_S, IcebergSinkCommitter, TablePlan
-from airflow_provider_exactly_once.sinks.iceberg.data_files import build_data_files
+from airflow_provider_exactly_once.sinks.iceberg.epoch_snapshot import ensure_name_mapping, staged_data_files
 from airflow_provider_exactly_once.sinks.iceberg.markers import marker_properties, sink_markers
 from airflow_provider_exactly_once.sinks.iceberg.transaction import (
     SinkCommitConflict,
     SinkTransaction,
     StackedFastAppend,
 )
-from airflow_provider_exactly_once.sinks.iceberg.write_check import write_spec
 
 __all__ = ["commit_batch", "prepare_batch"]
 
@@ -210,23 +209,11 @@ def _append_all(committer: IcebergSinkCommitter, name: str, table: Table, entrie
     tx = SinkTransaction(table)
     snapshot_ids: list[int] = []
     with tx.staging(_describe(entries), name, committer._branch):
-        # A table without a name mapping gets one, as in the single commit (the batch adds no columns).
-        if tx.table_metadata.name_mapping() is None:
-            mapping = tx.table_metadata.schema().name_mapping.model_dump_json()
-            tx.set_properties({TableProperties.DEFAULT_NAME_MAPPING: mapping})
+        ensure_name_mapping(tx)  # the batch adds no columns: the mapping of the table's schema
         previous: StackedFastAppend | None = None
         for entry in entries:
             pre, write = entry.pre_commit, entry.write
-            metadata = tx.table_metadata
-            spec = write_spec(metadata, write, owner=pre.describe())
-            data_files = build_data_files(
-                write.data_files,
-                schema=metadata.schema(),
-                spec=spec,
-                spec_id=spec.spec_id,
-                format_version=metadata.format_version,
-                table=write.table,
-            )
+            data_files = staged_data_files(tx, pre, write)
             marker = marker_properties(pre.sink_id, pre.epoch, pre.write_id)
             append = tx.stacked_append(branch=committer._branch, snapshot_properties=marker, previous=previous)
             for data_file in data_files:

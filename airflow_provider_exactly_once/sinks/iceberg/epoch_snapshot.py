@@ -55,22 +55,8 @@ def commit_snapshot(
         if key:
             with tx.update_schema() as update:
                 update.set_identifier_fields(*key)
-        # Spark and pyarrow write Parquet without Iceberg field ids; readers resolve columns through
-        # the name mapping. update_schema keeps an existing mapping current (it is staged above),
-        # but does not create one, so a table without a mapping gets one from the final schema.
-        if tx.table_metadata.name_mapping() is None:
-            mapping = tx.table_metadata.schema().name_mapping.model_dump_json()
-            tx.set_properties({TableProperties.DEFAULT_NAME_MAPPING: mapping})
-        metadata = tx.table_metadata
-        spec = write_spec(metadata, write, owner=pre_commit.describe())  # the files' spec, not the default
-        data_files = build_data_files(
-            write.data_files,
-            schema=metadata.schema(),
-            spec=spec,
-            spec_id=spec.spec_id,
-            format_version=metadata.format_version,
-            table=write.table,
-        )
+        ensure_name_mapping(tx)
+        data_files = staged_data_files(tx, pre_commit, write)
         number, to_replace = revision or (0, [])
         marker = marker_properties(pre_commit.sink_id, pre_commit.epoch, pre_commit.write_id, number)
         snapshot: SpecAwareFastAppend | SpecAwareOverwrite
@@ -88,3 +74,30 @@ def commit_snapshot(
         fault, lambda: f"{pre_commit.describe()}: the commit of table {write.table!r} (snapshot {snapshot.snapshot_id})"
     )
     return int(snapshot.snapshot_id)
+
+
+def ensure_name_mapping(tx: SinkTransaction) -> None:
+    """Give a table without a name mapping one, from its staged schema.
+
+    Spark and pyarrow write Parquet without Iceberg field ids; readers resolve columns through the
+    name mapping. ``update_schema`` keeps an existing mapping current (stage schema changes first),
+    but does not create one.
+    """
+    if tx.table_metadata.name_mapping() is None:
+        mapping = tx.table_metadata.schema().name_mapping.model_dump_json()
+        tx.set_properties({TableProperties.DEFAULT_NAME_MAPPING: mapping})
+
+
+def staged_data_files(tx: SinkTransaction, pre_commit: PreCommit, write: TableWrite) -> list[DataFile]:
+    """The write's ``DataFile`` entries against the table as staged so far, in the spec the files
+    were written for (not necessarily the table's default)."""
+    metadata = tx.table_metadata
+    spec = write_spec(metadata, write, owner=pre_commit.describe())
+    return build_data_files(
+        write.data_files,
+        schema=metadata.schema(),
+        spec=spec,
+        spec_id=spec.spec_id,
+        format_version=metadata.format_version,
+        table=write.table,
+    )
