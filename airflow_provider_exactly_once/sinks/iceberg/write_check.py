@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 
 from pyiceberg.partitioning import PartitionSpec
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.refs import SnapshotRefType
 
 from airflow_provider_exactly_once.core.errors import CommitRefused, InvalidPreCommit, SchemaMismatch
-from airflow_provider_exactly_once.core.precommit import TableWrite
+from airflow_provider_exactly_once.core.precommit import DataFileDescriptor, TableWrite
 from airflow_provider_exactly_once.sinks.iceberg.data_files import partition_record
 from airflow_provider_exactly_once.sinks.iceberg.locations import parse_location
 from airflow_provider_exactly_once.sinks.iceberg.schema_check import (
@@ -57,22 +58,18 @@ def check_location(metadata: TableMetadata, write: TableWrite) -> None:
             )
 
 
-def check_formats(write: TableWrite) -> None:
-    for descriptor in write.data_files:
-        name = descriptor.path.rsplit("/", 1)[-1].lower()
-        for extension, implied in _EXTENSIONS.items():
-            if name.endswith(extension) and implied != descriptor.format:
-                raise InvalidPreCommit(
-                    f"table {write.table!r}: data file {descriptor.path!r} is declared {descriptor.format!r} "
-                    f"but its name says {implied!r}"
-                )
+def _check_format(write: TableWrite, descriptor: DataFileDescriptor) -> None:
+    path = descriptor.path
+    # The text from the path's last dot: a known extension only when no "/" follows it.
+    implied = _EXTENSIONS.get(path[path.rfind(".") :].lower())
+    if implied is not None and implied != descriptor.format:
+        raise InvalidPreCommit(
+            f"table {write.table!r}: data file {descriptor.path!r} is declared {descriptor.format!r} "
+            f"but its name says {implied!r}"
+        )
 
 
-def check_stats_columns(write: TableWrite, known: set[str]) -> None:
-    named: set[str] = set()
-    for descriptor in write.data_files:
-        named.update(descriptor.column_sizes, descriptor.value_counts, descriptor.null_value_counts)
-        named.update(descriptor.nan_value_counts, descriptor.lower_bounds, descriptor.upper_bounds)
+def _check_named(write: TableWrite, named: set[str], known: set[str]) -> None:
     if known.issuperset(named):
         return  # one set test for the whole write; the loop below only runs to name the culprit
     for descriptor in write.data_files:
@@ -125,8 +122,11 @@ def write_spec(metadata: TableMetadata, write: TableWrite, *, owner: str) -> Par
     return spec
 
 
-def check_partitions(metadata: TableMetadata, write: TableWrite, *, owner: str) -> PartitionSpec:
-    """Every file's partition tuple fits the spec the write is committed under; returns that spec."""
+def _partition_check(
+    metadata: TableMetadata, write: TableWrite, *, owner: str
+) -> tuple[PartitionSpec, Callable[[DataFileDescriptor], None]]:
+    """The spec the write is committed under, once its fields are checked against the schema, and
+    the check of one file's partition tuple against it."""
     spec = write_spec(metadata, write, owner=owner)
     schema = metadata.schema()
     unknown = [f.name for f in spec.fields if schema.find_column_name(f.source_id) is None]
@@ -141,16 +141,20 @@ def check_partitions(metadata: TableMetadata, write: TableWrite, *, owner: str) 
             f"the table no longer has{note}; {WRITE_AGAIN}"
         )
     checked: set[tuple[tuple[str, object], ...]] = set()
-    for descriptor in write.data_files:
-        key = tuple(sorted(descriptor.partition.items()))
+
+    def check(descriptor: DataFileDescriptor) -> None:
+        # As the writer ordered it: the files of one partition share the order, and a tuple met
+        # again in another order is merely checked once more.
+        key = tuple(descriptor.partition.items())
         if key in checked:  # an epoch's thousands of files share a handful of partitions
-            continue
+            return
         try:
             partition_record(descriptor, spec=spec, schema=schema, table=write.table)
         except InvalidPreCommit as exc:
             raise InvalidPreCommit(f"{owner}: {exc}{note}; {WRITE_AGAIN}") from None
         checked.add(key)
-    return spec
+
+    return spec, check
 
 
 def check_table_write(
@@ -162,14 +166,41 @@ def check_table_write(
     """
     check_target(metadata, write, branch=branch, owner=owner)
     check_location(metadata, write)
-    check_formats(write)
-    check_partitions(metadata, write, owner=owner)
+    named = _check_files(metadata, write, owner=owner)
     schema = metadata.schema()
     to_add = check_columns(
         schema, write, allow_schema_evolution=allow_schema_evolution, last_column_id=metadata.last_column_id
     )
-    check_stats_columns(write, column_names_after(schema, to_add))
+    _check_named(write, named, column_names_after(schema, to_add))
     return to_add
+
+
+def _check_files(metadata: TableMetadata, write: TableWrite, *, owner: str) -> set[str]:
+    """``check_formats`` and ``check_partitions`` in one pass over the files, which collects the
+    columns their statistics name on the way: each pass over 10,000 descriptors costs milliseconds
+    in memory reads alone. A fault is raised as the separate checks in turn would raise it: the
+    first file of a wrong format, then a spec that does not fit, then the first wrong partition."""
+    try:
+        partition: Callable[[DataFileDescriptor], None] | None = _partition_check(metadata, write, owner=owner)[1]
+        spec_fault: InvalidPreCommit | None = None
+    except InvalidPreCommit as exc:
+        partition, spec_fault = None, exc
+    partition_fault: InvalidPreCommit | None = None
+    named: set[str] = set()
+    for descriptor in write.data_files:
+        _check_format(write, descriptor)
+        if partition is not None:
+            try:
+                partition(descriptor)
+            except InvalidPreCommit as exc:
+                partition, partition_fault = None, exc
+        named.update(descriptor.column_sizes, descriptor.value_counts, descriptor.null_value_counts)
+        named.update(descriptor.nan_value_counts, descriptor.lower_bounds, descriptor.upper_bounds)
+    if spec_fault is not None:
+        raise spec_fault
+    if partition_fault is not None:
+        raise partition_fault
+    return named
 
 
 class CheckedWrites:

@@ -97,6 +97,41 @@ def test_declared_format_must_match_the_file(catalog: SqlCatalog, sink_id: str) 
         IcebergSinkCommitter(catalog).prepare(_with(pc, data_files=files))
 
 
+def test_a_wrong_format_is_named_before_a_wrong_partition_of_an_earlier_file(catalog: SqlCatalog, sink_id: str) -> None:
+    """The files are checked in one pass, yet the faults come out as the separate checks gave them:
+    every file's format first, then its partition, then the columns its statistics name."""
+    spec = PartitionSpec(PartitionField(source_id=2, field_id=1000, transform=IdentityTransform(), name="name"))
+    table = create_table(catalog, "p", SIMPLE_SCHEMA, spec=spec)
+    pc = simple_write(table, sink_id, files=3)
+    files = [d.model_copy(update={"partition": {"name": "n0"}}) for d in pc.tables[0].data_files]
+    files[0] = files[0].model_copy(update={"partition": {"name": 5}})
+    files[2] = files[2].model_copy(update={"format": "orc"})
+    with pytest.raises(InvalidPreCommit, match=f"{files[2].path}.*declared 'orc'"):
+        IcebergSinkCommitter(catalog).prepare(_with(pc, data_files=files))
+    files[2] = files[2].model_copy(update={"format": "parquet", "column_sizes": {"ghost": 1}})
+    with pytest.raises(InvalidPreCommit, match="partition value 5"):
+        IcebergSinkCommitter(catalog).prepare(_with(pc, data_files=files))
+    files[0] = files[0].model_copy(update={"partition": {"name": "n0"}})
+    with pytest.raises(SchemaMismatch, match=rf"{files[2].path}.*column sizes.*\['ghost'\]"):
+        IcebergSinkCommitter(catalog).prepare(_with(pc, data_files=files))
+
+
+def test_an_extension_counts_only_in_the_file_name(catalog: SqlCatalog, sink_id: str) -> None:
+    table = create_table(catalog, "t")
+    pc = simple_write(table, sink_id)
+    [first] = pc.tables[0].data_files[:1]
+    folder = f"{pc.tables[0].location}/x.orc"
+    odd = [
+        first.model_copy(update={"path": f"{folder}/part-0"}),  # no extension: any format
+        first.model_copy(update={"path": f"{folder}/part-1.PARQUET"}),
+    ]
+    IcebergSinkCommitter(catalog).prepare(_with(pc, data_files=odd))
+    with pytest.raises(InvalidPreCommit, match="declared 'parquet' but its name says 'avro'"):
+        IcebergSinkCommitter(catalog).prepare(
+            _with(pc, data_files=[first.model_copy(update={"path": f"{folder}/part-2.Avro"})])
+        )
+
+
 @pytest.mark.parametrize(
     ("written", "match"),
     [
