@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from airflow_provider_exactly_once.sensors.checkpoint import CheckpointSensor
     from airflow_provider_exactly_once.sensors.settled import CheckpointSettledSensor
     from airflow_provider_exactly_once.sinks.config import FileSinkConfig, IcebergSinkConfig
-    from airflow_provider_exactly_once.spark.jobspec import (
+    from airflow_provider_exactly_once.spark.author_specs import (
         FileSinkTarget,
         FilesInput,
         FunctionInput,
@@ -72,11 +72,11 @@ _WHERE = {
     "MetaStoreCheckpoint": "checkpoints.config",
     "MarkerFileCheckpoint": "checkpoints.config",
     "StreamingCheckpoint": "checkpoints.config",
-    "FilesInput": "spark.jobspec",
-    "TableInput": "spark.jobspec",
-    "SqlInput": "spark.jobspec",
-    "FunctionInput": "spark.jobspec",
-    "FileSinkTarget": "spark.jobspec",
+    "FilesInput": "spark.author_specs",
+    "TableInput": "spark.author_specs",
+    "SqlInput": "spark.author_specs",
+    "FunctionInput": "spark.author_specs",
+    "FileSinkTarget": "spark.author_specs",
     "ensure_table": "tables",
     "recovery_dag": "recovery.dag",
 }

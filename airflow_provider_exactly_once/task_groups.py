@@ -36,7 +36,6 @@ from airflow_provider_exactly_once.operators.epoch import (
     CommitEpochOperator,
     PersistPendingOperator,
 )
-from airflow_provider_exactly_once.operators.rewrite import RewriteEpochOperator
 from airflow_provider_exactly_once.runtime.assembly import as_checkpoint, as_sink
 from airflow_provider_exactly_once.sensors.checkpoint import CheckpointSensor
 from airflow_provider_exactly_once.sinks.config import SinkConfig
@@ -146,6 +145,9 @@ def _rewrite_chain(
     so it takes that task's queue, pool, retries and timeout. Its wait costs one look when the
     checkpoint completed already, and waits as the first did when a persist's conflict came early.
     """
+    # Only upsert sinks have the loop: an append sink's DAG file does not pay for its operator.
+    from airflow_provider_exactly_once.operators.rewrite import RewriteEpochOperator
+
     previous = commit
     earlier: list[str] = []
     for n in range(1, rewrites + 1):

@@ -40,10 +40,14 @@ def test_an_unknown_name_is_an_attribute_error() -> None:
 #: that commit, never by the dag-processor. (SQLAlchemy and pydantic are imported by Airflow's SDK
 #: itself, which the check below confirms; what the package adds of them is its own layer of models.)
 HEAVY = ("pyiceberg", "pyarrow", "pandas", "numpy", "pyspark", "botocore", "aiohttp", "s3fs", "alembic", "duckdb")
-#: The package's own heavy layers: the meta store's SQLAlchemy models, the pre-commit's pydantic
-#: models, the coordinator, the committers, recovery and the Spark application.
+#: The package's own heavy layers: the meta store's SQLAlchemy models and its hook, the pre-commit's
+#: and the job spec's pydantic models (with the upsert settings), the coordinator, the committers,
+#: recovery and the Spark application. The job spec and the hook load in the task that needs them.
 OURS_HEAVY = (
     "airflow_provider_exactly_once.store",
+    "airflow_provider_exactly_once.hooks",
+    "airflow_provider_exactly_once.spark.jobspec",
+    "airflow_provider_exactly_once.core.upserts",
     "airflow_provider_exactly_once.core.precommit",
     "airflow_provider_exactly_once.core.coordinator",
     "airflow_provider_exactly_once.sinks.iceberg",

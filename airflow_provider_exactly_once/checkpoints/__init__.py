@@ -2,11 +2,27 @@
 
 Each implements ``core.ports.CheckpointSource`` (``status`` and the async ``astatus`` the deferrable
 trigger awaits); ``COMPLETED`` and ``FAILED`` are final. Users may plug their own.
+
+The sources are resolved on first use (PEP 562): the sink and checkpoint configs a DAG file imports
+at every parse need this package's light helpers, not every source.
 """
 
-from airflow_provider_exactly_once.checkpoints.markers import MarkerFileCheckpointSource
-from airflow_provider_exactly_once.checkpoints.metastore import CheckpointTable, MetaStoreCheckpointSource
-from airflow_provider_exactly_once.checkpoints.streaming import StructuredStreamingCheckpointSource
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from airflow_provider_exactly_once.checkpoints.markers import MarkerFileCheckpointSource
+    from airflow_provider_exactly_once.checkpoints.metastore import CheckpointTable, MetaStoreCheckpointSource
+    from airflow_provider_exactly_once.checkpoints.streaming import StructuredStreamingCheckpointSource
+
+_WHERE = {
+    "CheckpointTable": "metastore",
+    "MarkerFileCheckpointSource": "markers",
+    "MetaStoreCheckpointSource": "metastore",
+    "StructuredStreamingCheckpointSource": "streaming",
+}
 
 __all__ = [
     "CheckpointTable",
@@ -14,3 +30,15 @@ __all__ = [
     "MetaStoreCheckpointSource",
     "StructuredStreamingCheckpointSource",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(f"{__name__}.{_WHERE[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_WHERE])

@@ -22,8 +22,6 @@ from collections.abc import Collection, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from fsspec.asyn import AsyncFileSystem
-
 from airflow_provider_exactly_once.core.epochs import epoch_start
 from airflow_provider_exactly_once.core.errors import InvalidPreCommit, InvalidSinkConfig, SinkUnavailable
 from airflow_provider_exactly_once.core.identifiers import check_epoch, check_sink_id
@@ -216,6 +214,8 @@ class FsLookup:
     @property
     def is_async(self) -> bool:
         """Whether the filesystem has a native async API we can await without a worker thread."""
+        from fsspec.asyn import AsyncFileSystem  # fsspec's async machinery is for the triggerer, not the parse
+
         return bool(getattr(self.fs, "async_impl", False)) and isinstance(self.fs, AsyncFileSystem)
 
     def exists(self, path: str) -> bool:

@@ -29,7 +29,7 @@ Operation = Literal["upsert", "delete"]
 class UpsertSpec(BaseModel):
     """How an epoch's rows are changes by key; validated once, where the sink is configured."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
     #: The primary key: the table's identifier fields (set on the table at the first commit when it
     #: has none and the columns allow it; a table whose identifier fields differ is refused).
@@ -93,7 +93,7 @@ class UpsertSpec(BaseModel):
 class ChangeCounts(BaseModel):
     """What an upsert epoch did to one table, counted by its Spark write against the table it read."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
     inserted: int = Field(default=0, ge=0)
     updated: int = Field(default=0, ge=0)
@@ -119,7 +119,7 @@ class RevisedWrite(BaseModel):
     so its commit removes that write's files and undoes its changes; these lists let the commit
     check that nothing committed since depends on them, even before the revision is persisted."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
     write_id: str = Field(min_length=1)
     #: The data files the revised write added: its overwrite removes them.
@@ -153,7 +153,7 @@ class RewrittenFile(BaseModel):
     """A data file of the table an upsert write rewrote: the commit removes it in the same snapshot
     that adds the write's files, and refuses when it is no longer in the table."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
     path: str = Field(min_length=1)
     record_count: int = Field(ge=0)

@@ -19,7 +19,7 @@ from urllib.parse import urlparse
 from airflow_provider_exactly_once.core.errors import InvalidSinkConfig
 from airflow_provider_exactly_once.core.redact import CREDENTIAL_PROPERTY_MARKS
 from airflow_provider_exactly_once.sinks.config import FileSinkConfig, IcebergSinkConfig, SinkConfig
-from airflow_provider_exactly_once.spark.jobspec import FileSinkTarget, IcebergTarget
+from airflow_provider_exactly_once.spark.author_specs import FileSinkTarget
 
 
 def iceberg_catalog_properties(conn_id: str) -> dict[str, str]:
@@ -146,6 +146,8 @@ def targets_for(sink: SinkConfig, target: FileSinkTarget | None, partition_by: l
     """The job spec's targets: every table of an Iceberg sink, in the sink's order, with its
     selection and the connection's catalog properties; or the sink's root (``target`` adds FileIO
     and Parquet settings for a file sink)."""
+    from airflow_provider_exactly_once.spark.jobspec import IcebergTarget
+
     check_target_for(sink, target)
     if isinstance(sink, IcebergSinkConfig):
         properties = iceberg_catalog_properties(sink.iceberg_conn_id)

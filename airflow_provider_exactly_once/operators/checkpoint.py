@@ -17,8 +17,8 @@ from airflow_provider_exactly_once.core.errors import InvalidSinkConfig
 from airflow_provider_exactly_once.core.identifiers import check_epoch
 from airflow_provider_exactly_once.core.status import CheckpointStatus
 from airflow_provider_exactly_once.defaults import DEFAULT_META_CONN_ID
-from airflow_provider_exactly_once.hooks.meta_store import ExactlyOnceMetaStoreHook
 from airflow_provider_exactly_once.operators._common import airflow_errors
+from airflow_provider_exactly_once.runtime.assembly import open_meta_store
 from airflow_provider_exactly_once.runtime.epochs import epoch_for_context, interval_epoch
 
 if TYPE_CHECKING:
@@ -76,7 +76,7 @@ class MarkCheckpointOperator(BaseOperator):
                 raise InvalidSinkConfig(
                     f"task {self.task_id}: status {self.status!r} is not one of {[s.value for s in CheckpointStatus]}"
                 ) from None
-            store = ExactlyOnceMetaStoreHook(self.meta_conn_id).get_store()
+            store = open_meta_store(self.meta_conn_id)
             try:
                 from airflow_provider_exactly_once.checkpoints.metastore import MetaStoreCheckpointSource
 

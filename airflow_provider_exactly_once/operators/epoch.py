@@ -18,7 +18,6 @@ from airflow.sdk import BaseOperator
 from airflow_provider_exactly_once.checkpoints.config import CheckpointConfig
 from airflow_provider_exactly_once.core.errors import AbortRefused, ExactlyOnceError, InvalidPreCommit
 from airflow_provider_exactly_once.defaults import DEFAULT_META_CONN_ID
-from airflow_provider_exactly_once.hooks.meta_store import ExactlyOnceMetaStoreHook
 from airflow_provider_exactly_once.observability.assets import commit_alias, emit_committed
 from airflow_provider_exactly_once.observability.links import EpochLink
 from airflow_provider_exactly_once.operators._common import (
@@ -28,7 +27,7 @@ from airflow_provider_exactly_once.operators._common import (
     pull_pre_commit,
     try_number,
 )
-from airflow_provider_exactly_once.runtime.assembly import as_checkpoint, as_sink, coordinator_for
+from airflow_provider_exactly_once.runtime.assembly import as_checkpoint, as_sink, coordinator_for, open_meta_store
 from airflow_provider_exactly_once.runtime.epochs import epoch_for_context, epoch_interval, generation_for_context
 from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig, SinkConfig
 from airflow_provider_exactly_once.version_compat import AirflowFailException
@@ -75,7 +74,7 @@ class _EpochOperator(BaseOperator):
         every sink through the registry, without importing this DAG, and a sink must be known
         there before any of its epochs can be left half done.
         """
-        store = ExactlyOnceMetaStoreHook(self.meta_conn_id).get_store()
+        store = open_meta_store(self.meta_conn_id)
         try:
             store.registry.register_sink(
                 self.sink.sink_id,

@@ -32,7 +32,6 @@ from airflow_provider_exactly_once.core.epochs import epoch_start
 from airflow_provider_exactly_once.core.errors import InvalidSinkConfig, MetaStoreUnavailable
 from airflow_provider_exactly_once.core.identifiers import check_epoch, check_sink_id, new_write_id
 from airflow_provider_exactly_once.defaults import DEFAULT_META_CONN_ID
-from airflow_provider_exactly_once.hooks.meta_store import ExactlyOnceMetaStoreHook
 from airflow_provider_exactly_once.operators._common import airflow_errors, execute_nested
 from airflow_provider_exactly_once.operators._targets import (
     INPUT_FIX,
@@ -42,21 +41,22 @@ from airflow_provider_exactly_once.operators._targets import (
     targets_for,
 )
 from airflow_provider_exactly_once.operators.spark_binary import check_spark_submit
-from airflow_provider_exactly_once.runtime.assembly import as_sink, run_epoch
+from airflow_provider_exactly_once.runtime.assembly import as_sink, open_meta_store, run_epoch
 from airflow_provider_exactly_once.runtime.epochs import epoch_interval, generation_for_context
 from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig, SinkConfig
-from airflow_provider_exactly_once.spark import jobspec
+from airflow_provider_exactly_once.spark import author_specs
 from airflow_provider_exactly_once.version_compat import spark_submit_has_durable
 
 if TYPE_CHECKING:
     from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
     from airflow_provider_exactly_once.core.precommit import PreCommit
+    from airflow_provider_exactly_once.spark.jobspec import IcebergTarget
 
 #: Above this many bytes of compact JSON the XCom value is compressed (``xcom_value``).
 XCOM_COMPRESS_ABOVE = 64 * 1024
 #: The application ``spark-submit`` runs: the epoch writer module's own file.
-EPOCH_WRITER_APPLICATION = str(Path(jobspec.__file__).with_name("epoch_writer.py"))
+EPOCH_WRITER_APPLICATION = str(Path(author_specs.__file__).with_name("epoch_writer.py"))
 
 #: ``SparkSubmitOperator``'s parameters it templates (Spark provider 6.3; a test checks them against
 #: the installed provider): the same ones are templated here and handed over rendered.
@@ -156,10 +156,14 @@ class SparkPreCommitOperator(BaseOperator):
     def __init__(
         self,
         *,
-        input: dict[str, Any] | jobspec.FilesInput | jobspec.TableInput | jobspec.SqlInput | jobspec.FunctionInput,
+        input: dict[str, Any]
+        | author_specs.FilesInput
+        | author_specs.TableInput
+        | author_specs.SqlInput
+        | author_specs.FunctionInput,
         sink: SinkConfig | Mapping[str, Any] | None = None,
         partition_by: Sequence[str] = (),
-        target: dict[str, Any] | jobspec.IcebergTarget | jobspec.FileSinkTarget | None = None,
+        target: dict[str, Any] | IcebergTarget | author_specs.FileSinkTarget | None = None,
         sink_id: str | None = None,
         allow_schema_evolution: bool = False,
         writers: int | None = None,
@@ -217,7 +221,7 @@ class SparkPreCommitOperator(BaseOperator):
         file_target = None
         if self.target_spec is not None:
             try:
-                file_target = jobspec.FileSinkTarget.model_validate(self.target_spec)
+                file_target = author_specs.FileSinkTarget.model_validate(self.target_spec)
             except ValueError as exc:
                 raise InvalidSinkConfig(f"task {self.task_id}: invalid file sink target: {exc}") from None
         return targets_for(self.sink, file_target, self.partition_by)
@@ -228,6 +232,9 @@ class SparkPreCommitOperator(BaseOperator):
             return self._execute(context)
 
     def _execute(self, context: Any) -> dict[str, Any] | str:
+        # The job spec's models are built here, in the task, never when the DAG file is parsed.
+        from airflow_provider_exactly_once.spark import jobspec
+
         start: datetime | None = context.get("data_interval_start")
         end: datetime | None = context.get("data_interval_end")
         if self.epoch is not None:
@@ -349,7 +356,7 @@ class SparkPreCommitOperator(BaseOperator):
         only write a newer generation for persist to discard: then no Spark job runs at all."""
         if self.sink is None or self.sink.on_reprocess != "keep" or generation is None:
             return None
-        store = ExactlyOnceMetaStoreHook(self.meta_conn_id).get_store()
+        store = open_meta_store(self.meta_conn_id)
         try:
             row = store.get(self.sink_id, epoch)
             from airflow_provider_exactly_once.core.decisions import write_kept
@@ -376,7 +383,7 @@ class SparkPreCommitOperator(BaseOperator):
             return targets
         if sink.on_reprocess != "replace":
             return targets
-        store = ExactlyOnceMetaStoreHook(self.meta_conn_id).get_store()
+        store = open_meta_store(self.meta_conn_id)
         try:
             from airflow_provider_exactly_once.core.upsert_revisions import revision_basis
 
@@ -445,10 +452,10 @@ def _sink_and_id(
     file_target = target
     if isinstance(target, dict) and target.get("kind", "files") == "files":
         try:
-            file_target = jobspec.FileSinkTarget.model_validate(target)
+            file_target = author_specs.FileSinkTarget.model_validate(target)
         except ValueError as exc:
             raise InvalidSinkConfig(f"task {task_id}: invalid file sink target: {exc}") from None
-    if file_target is not None and not isinstance(file_target, jobspec.FileSinkTarget):
+    if file_target is not None and not isinstance(file_target, author_specs.FileSinkTarget):
         raise InvalidSinkConfig(f"task {task_id}: with sink= only a file sink's FileSinkTarget may be given")
     check_target_for(config, file_target)
     return config, config.sink_id

@@ -11,9 +11,9 @@ from airflow.sdk import BaseOperator
 
 from airflow_provider_exactly_once.core.status import EpochStatus
 from airflow_provider_exactly_once.defaults import DEFAULT_LOCK_TTL, DEFAULT_META_CONN_ID, DEFAULT_ORPHAN_GRACE
-from airflow_provider_exactly_once.hooks.meta_store import ExactlyOnceMetaStoreHook
 from airflow_provider_exactly_once.observability.assets import emit_committed, recovery_alias
 from airflow_provider_exactly_once.operators._common import airflow_errors
+from airflow_provider_exactly_once.runtime.assembly import open_meta_store
 from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig
 from airflow_provider_exactly_once.version_compat import AirflowFailException, AirflowSkipException
 
@@ -37,7 +37,7 @@ class ListRegisteredSinksOperator(BaseOperator):
 
     def execute(self, context: Context) -> list[str]:
         with airflow_errors():
-            store = ExactlyOnceMetaStoreHook(self.meta_conn_id).get_store()
+            store = open_meta_store(self.meta_conn_id)
             try:
                 sinks = [sink_id for sink_id, _, _ in store.registry.registered_sinks()]
             finally:
@@ -82,7 +82,7 @@ class RecoverSinkOperator(BaseOperator):
         from airflow_provider_exactly_once.recovery.sink import SinkLocked, recover_sink
 
         with airflow_errors():
-            store = ExactlyOnceMetaStoreHook(self.meta_conn_id).get_store()
+            store = open_meta_store(self.meta_conn_id)
             try:
                 report = recover_sink(
                     store,

@@ -18,7 +18,6 @@ from airflow_provider_exactly_once.core.faults import FaultHook, no_faults
 from airflow_provider_exactly_once.core.identifiers import check_sink_id
 from airflow_provider_exactly_once.core.redact import mask_userinfo
 from airflow_provider_exactly_once.defaults import DEFAULT_META_CONN_ID
-from airflow_provider_exactly_once.hooks.meta_store import ExactlyOnceMetaStoreHook
 from airflow_provider_exactly_once.runtime.epochs import epoch_for_context, interval_epoch
 from airflow_provider_exactly_once.sinks.config import SinkConfig, sink_config_from_dict
 
@@ -112,7 +111,7 @@ def coordinator_for(
 
         fault = fault_hook_for(sink.sink_id, epoch, try_number)
     if store is None:
-        store = ExactlyOnceMetaStoreHook(meta_conn_id).get_store()
+        store = open_meta_store(meta_conn_id)
     source = (checkpoint or MetaStoreCheckpoint()).source(store.checkpoints)
     if metrics is None:
         metrics = airflow_metrics()
@@ -130,6 +129,14 @@ def coordinator_for(
     )
 
 
+def open_meta_store(meta_conn_id: str) -> SqlSinkStateStore:
+    """The meta store of an Airflow connection; the hook (and SQLAlchemy's engine) load only in a
+    task that opens one, not when a DAG file naming the operators is parsed."""
+    from airflow_provider_exactly_once.hooks.meta_store import ExactlyOnceMetaStoreHook
+
+    return ExactlyOnceMetaStoreHook(meta_conn_id).get_store()
+
+
 def run_epoch(context: Mapping[str, Any], sink_id: str, meta_conn_id: str) -> int:
     """The run's epoch (``runtime.epochs.epoch_for_context``), opening the meta store only when the
     run has no data interval and its epoch must be allocated."""
@@ -137,7 +144,7 @@ def run_epoch(context: Mapping[str, Any], sink_id: str, meta_conn_id: str) -> in
     if epoch is not None:
         check_sink_id(sink_id)
         return epoch
-    store = ExactlyOnceMetaStoreHook(meta_conn_id).get_store()
+    store = open_meta_store(meta_conn_id)
     try:
         return epoch_for_context(context, sink_id, store.epochs)
     finally:

@@ -20,8 +20,7 @@ from airflow_provider_exactly_once.core.errors import ExactlyOnceError, InvalidS
 from airflow_provider_exactly_once.core.identifiers import check_sink_id
 from airflow_provider_exactly_once.core.status import CheckpointStatus
 from airflow_provider_exactly_once.defaults import DEFAULT_META_CONN_ID
-from airflow_provider_exactly_once.hooks.meta_store import ExactlyOnceMetaStoreHook
-from airflow_provider_exactly_once.runtime.assembly import as_checkpoint, as_sink, run_epoch
+from airflow_provider_exactly_once.runtime.assembly import as_checkpoint, as_sink, open_meta_store, run_epoch
 from airflow_provider_exactly_once.runtime.epochs import (
     checkpoint_location,
     epoch_for_context,
@@ -72,11 +71,10 @@ class CheckpointSensor(BaseSensorOperator):
 
     def _status(self, context: Context) -> tuple[int, CheckpointStatus]:
         """The run's epoch and its checkpoint status; the store is opened only when needed."""
-        hook = ExactlyOnceMetaStoreHook(self.meta_conn_id)
         epoch = interval_epoch(context)
         if epoch is not None and not isinstance(self.checkpoint, MetaStoreCheckpoint):
             return epoch, self.checkpoint.source().status(self.sink_id, epoch)
-        store = hook.get_store()
+        store = open_meta_store(self.meta_conn_id)
         try:
             if epoch is None:
                 epoch = epoch_for_context(context, self.sink_id, store.epochs)

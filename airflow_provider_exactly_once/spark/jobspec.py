@@ -5,38 +5,50 @@ sides: the operator refuses a bad spec before paying for a ``spark-submit``, and
 refuses one it was handed by anyone else. No Spark and no pyiceberg imports here, so an Airflow
 worker can build a spec without either.
 
-Input selection rule for landing directories (``FilesInput``): the path template is expanded with
-Python's ``str.format`` at the instants ``start, start + step, ...`` strictly before ``end`` (only at
-``start`` when no step is given), with the names ``start`` (that instant, a UTC ``datetime``),
-``interval_start``, ``interval_end`` and ``epoch``. Each expansion is a Hadoop path or glob (an
-fsspec glob on an object store, ``s3://...``, where ``{a,b}`` alternatives are not understood); a
-directory contributes the files directly inside it, a file itself. Names starting with ``_`` or
-``.`` (``_SUCCESS``, ``.crc``, in-progress uploads) are skipped. An expansion that matches nothing
-contributes nothing, so an interval whose directories are absent or empty is an empty epoch, not an
-error. Modification times are deliberately not used: they change when files are copied or restored,
-so the same interval could select different files on a rerun.
+The parts a DAG author writes (inputs, a file sink's target) are in ``author_specs``, which
+the dag-processor imports at every parse; this module, with the targets the operator derives and
+the spec itself, is imported only when a task runs.
 """
 
 from __future__ import annotations
 
 import os
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from airflow_provider_exactly_once.core.errors import InvalidSinkConfig
 from airflow_provider_exactly_once.core.identifiers import Epoch, SinkId, WriteId
 from airflow_provider_exactly_once.core.upserts import RevisionBasis, UpsertSpec
-from airflow_provider_exactly_once.sinks.layout import file_write_location
+from airflow_provider_exactly_once.spark.author_specs import (
+    FileSinkTarget,
+    FilesInput,
+    FrozenSpec,
+    FunctionInput,
+    InputSpec,
+    SqlInput,
+    TableInput,
+)
+
+__all__ = [
+    "INPUT_VIEW",
+    "EpochJobSpec",
+    "FileSinkTarget",
+    "FilesInput",
+    "FunctionInput",
+    "IcebergTarget",
+    "InputSpec",
+    "SqlInput",
+    "TableInput",
+    "TargetSpec",
+    "check_selection",
+    "dump_spec",
+]
 
 #: The temporary view a target's ``query`` reads the epoch's input from.
 INPUT_VIEW = "epoch_input"
-
-
-class _Spec(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
 
 def check_selection(table: str, where: str | None, query: str | None) -> None:
@@ -50,75 +62,7 @@ def check_selection(table: str, where: str | None, query: str | None) -> None:
         raise ValueError(f"table {table!r}: query does not read the epoch's input, the view {INPUT_VIEW!r}")
 
 
-class FilesInput(_Spec):
-    """A landing directory of Parquet, JSON (lines) or CSV files selected by the data interval."""
-
-    kind: Literal["files"] = "files"
-    format: Literal["parquet", "json", "csv"]
-    path: str = Field(min_length=1)
-    #: Expand ``path`` at every step inside the interval (hourly directories under a daily epoch).
-    step_seconds: int | None = Field(default=None, gt=0)
-    #: Spark reader options (``header``, ``multiLine``...).
-    options: dict[str, str] = Field(default_factory=dict)
-    #: Schema as a Spark DDL string; without it JSON and CSV are inferred, which costs a pass.
-    schema_ddl: str | None = None
-    #: FileIO properties for a landing directory on an object store (``s3.endpoint``,
-    #: ``s3.region``...), over the storage properties of the first target, which reach it when the
-    #: landing bucket is in the tables' store. The operator keeps credentials out of this field:
-    #: the input is a templated field, shown in the UI once rendered.
-    io_properties: dict[str, str] = Field(default_factory=dict)
-
-    def expanded_paths(self, start: datetime, end: datetime, epoch: int) -> list[str]:
-        instants = [start]
-        if self.step_seconds is not None:
-            instants = []
-            at = start
-            while at < end:
-                instants.append(at)
-                at += timedelta(seconds=self.step_seconds)
-        seen: dict[str, None] = {}
-        for at in instants:
-            try:
-                expanded = self.path.format(start=at, interval_start=start, interval_end=end, epoch=epoch)
-            except (KeyError, IndexError, ValueError) as exc:
-                raise InvalidSinkConfig(
-                    f"input path template {self.path!r} cannot be expanded: {type(exc).__name__}: {exc}; "
-                    "it may use {start}, {interval_start}, {interval_end} and {epoch}"
-                ) from None
-            seen.setdefault(expanded, None)
-        return list(seen)
-
-
-class TableInput(_Spec):
-    """A table the Spark session knows; filtered to the interval when ``time_column`` is given."""
-
-    kind: Literal["table"] = "table"
-    table: str = Field(min_length=1)
-    #: Rows with ``interval_start <= time_column < interval_end`` are the epoch's.
-    time_column: str | None = None
-
-
-class SqlInput(_Spec):
-    """A Spark SQL query; ``:interval_start``, ``:interval_end`` (timestamps) and ``:epoch`` are bound
-    as named parameters, never spliced into the text."""
-
-    kind: Literal["sql"] = "sql"
-    query: str = Field(min_length=1)
-
-
-class FunctionInput(_Spec):
-    """A user function ``module:function(spark, epoch_context) -> DataFrame``."""
-
-    kind: Literal["function"] = "function"
-    callable: str = Field(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
-    #: Passed through as ``epoch_context.options``.
-    options: dict[str, Any] = Field(default_factory=dict)
-
-
-InputSpec = Annotated[FilesInput | TableInput | SqlInput | FunctionInput, Field(discriminator="kind")]
-
-
-class IcebergTarget(_Spec):
+class IcebergTarget(FrozenSpec):
     """One Iceberg table, loaded with pyiceberg from the given catalog properties.
 
     ``where`` and ``query`` let the tables of a fan-out take different parts of one input read:
@@ -151,31 +95,10 @@ class IcebergTarget(_Spec):
         return self
 
 
-class FileSinkTarget(_Spec):
-    """A plain Parquet directory (design.md section 6): staged here, moved to final names at commit."""
-
-    kind: Literal["files"] = "files"
-    root: str = Field(min_length=1)
-    #: Identity partition columns; each file holds one value of each.
-    partition_by: list[str] = Field(default_factory=list)
-    #: FileIO properties (object store credentials, endpoints); local paths need none.
-    io_properties: dict[str, str] = Field(default_factory=dict)
-    #: Parquet writer settings in Iceberg's property names (``write.parquet.compression-codec``...).
-    write_properties: dict[str, str] = Field(default_factory=dict)
-
-    @field_validator("root")
-    @classmethod
-    def _no_trailing_slash(cls, root: str) -> str:
-        return root.rstrip("/") or "/"
-
-    def write_location(self, write_id: str) -> str:
-        return file_write_location(self.root, write_id)
-
-
 TargetSpec = Annotated[IcebergTarget | FileSinkTarget, Field(discriminator="kind")]
 
 
-class EpochJobSpec(_Spec):
+class EpochJobSpec(FrozenSpec):
     sink_id: SinkId
     epoch: Epoch
     write_id: WriteId

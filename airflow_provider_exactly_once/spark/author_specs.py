@@ -1,0 +1,124 @@
+"""The parts of an epoch's job spec a DAG author writes: where the epoch's rows come from
+(``FilesInput``, ``TableInput``, ``SqlInput``, ``FunctionInput``) and a file sink's target.
+
+They are kept apart from ``jobspec`` because every DAG file that names one imports this module at
+every parse by the dag-processor: pydantic builds each model's validator only when the model is
+first used (``defer_build``), so declaring them costs little and the job spec's own models, the
+upsert settings among them, load only in the task.
+
+Input selection rule for landing directories (``FilesInput``): the path template is expanded with
+Python's ``str.format`` at the instants ``start, start + step, ...`` strictly before ``end`` (only at
+``start`` when no step is given), with the names ``start`` (that instant, a UTC ``datetime``),
+``interval_start``, ``interval_end`` and ``epoch``. Each expansion is a Hadoop path or glob (an
+fsspec glob on an object store, ``s3://...``, where ``{a,b}`` alternatives are not understood); a
+directory contributes the files directly inside it, a file itself. Names starting with ``_`` or
+``.`` (``_SUCCESS``, ``.crc``, in-progress uploads) are skipped. An expansion that matches nothing
+contributes nothing, so an interval whose directories are absent or empty is an empty epoch, not an
+error. Modification times are deliberately not used: they change when files are copied or restored,
+so the same interval could select different files on a rerun.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from airflow_provider_exactly_once.core.errors import InvalidSinkConfig
+from airflow_provider_exactly_once.sinks.layout import file_write_location
+
+
+class FrozenSpec(BaseModel):
+    """A part of the job spec: immutable, and refusing a misspelt field rather than ignoring it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
+
+
+class FilesInput(FrozenSpec):
+    """A landing directory of Parquet, JSON (lines) or CSV files selected by the data interval."""
+
+    kind: Literal["files"] = "files"
+    format: Literal["parquet", "json", "csv"]
+    path: str = Field(min_length=1)
+    #: Expand ``path`` at every step inside the interval (hourly directories under a daily epoch).
+    step_seconds: int | None = Field(default=None, gt=0)
+    #: Spark reader options (``header``, ``multiLine``...).
+    options: dict[str, str] = Field(default_factory=dict)
+    #: Schema as a Spark DDL string; without it JSON and CSV are inferred, which costs a pass.
+    schema_ddl: str | None = None
+    #: FileIO properties for a landing directory on an object store (``s3.endpoint``,
+    #: ``s3.region``...), over the storage properties of the first target, which reach it when the
+    #: landing bucket is in the tables' store. The operator keeps credentials out of this field:
+    #: the input is a templated field, shown in the UI once rendered.
+    io_properties: dict[str, str] = Field(default_factory=dict)
+
+    def expanded_paths(self, start: datetime, end: datetime, epoch: int) -> list[str]:
+        instants = [start]
+        if self.step_seconds is not None:
+            instants = []
+            at = start
+            while at < end:
+                instants.append(at)
+                at += timedelta(seconds=self.step_seconds)
+        seen: dict[str, None] = {}
+        for at in instants:
+            try:
+                expanded = self.path.format(start=at, interval_start=start, interval_end=end, epoch=epoch)
+            except (KeyError, IndexError, ValueError) as exc:
+                raise InvalidSinkConfig(
+                    f"input path template {self.path!r} cannot be expanded: {type(exc).__name__}: {exc}; "
+                    "it may use {start}, {interval_start}, {interval_end} and {epoch}"
+                ) from None
+            seen.setdefault(expanded, None)
+        return list(seen)
+
+
+class TableInput(FrozenSpec):
+    """A table the Spark session knows; filtered to the interval when ``time_column`` is given."""
+
+    kind: Literal["table"] = "table"
+    table: str = Field(min_length=1)
+    #: Rows with ``interval_start <= time_column < interval_end`` are the epoch's.
+    time_column: str | None = None
+
+
+class SqlInput(FrozenSpec):
+    """A Spark SQL query; ``:interval_start``, ``:interval_end`` (timestamps) and ``:epoch`` are bound
+    as named parameters, never spliced into the text."""
+
+    kind: Literal["sql"] = "sql"
+    query: str = Field(min_length=1)
+
+
+class FunctionInput(FrozenSpec):
+    """A user function ``module:function(spark, epoch_context) -> DataFrame``."""
+
+    kind: Literal["function"] = "function"
+    callable: str = Field(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+    #: Passed through as ``epoch_context.options``.
+    options: dict[str, Any] = Field(default_factory=dict)
+
+
+InputSpec = Annotated[FilesInput | TableInput | SqlInput | FunctionInput, Field(discriminator="kind")]
+
+
+class FileSinkTarget(FrozenSpec):
+    """A plain Parquet directory (design.md section 6): staged here, moved to final names at commit."""
+
+    kind: Literal["files"] = "files"
+    root: str = Field(min_length=1)
+    #: Identity partition columns; each file holds one value of each.
+    partition_by: list[str] = Field(default_factory=list)
+    #: FileIO properties (object store credentials, endpoints); local paths need none.
+    io_properties: dict[str, str] = Field(default_factory=dict)
+    #: Parquet writer settings in Iceberg's property names (``write.parquet.compression-codec``...).
+    write_properties: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("root")
+    @classmethod
+    def _no_trailing_slash(cls, root: str) -> str:
+        return root.rstrip("/") or "/"
+
+    def write_location(self, write_id: str) -> str:
+        return file_write_location(self.root, write_id)
