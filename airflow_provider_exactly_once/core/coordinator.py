@@ -208,15 +208,16 @@ class TwoPhaseCommitCoordinator:
                 log.info("%s: %s with write %s; the new write was removed", pre.describe(), outcome, row.write_id)
                 return PersistResult(outcome, row, row.write_id, warning=warning)
 
-            self._refuse_discarded(pre)  # from here the write would become the epoch's
+            # From here the write would become the epoch's: refused if it was ever discarded.
             if row is None:
-                try:
+                try:  # the store refuses a discarded write in the insert's own transaction
                     record = self._store.insert_pending(pre, run_id=run_id, try_number=try_number, dag_id=dag_id)
                 except StateConflict:
                     continue  # another persist inserted first: decide against its row
                 self._fault("persist.inserted")
                 return PersistResult(PersistOutcome.PERSISTED, record, pre.write_id)
 
+            self._refuse_discarded(pre)
             try:
                 record = self._store.replace_write(
                     pre,

@@ -138,7 +138,12 @@ class SinkStateStore(Protocol):
     def insert_pending(
         self, pre_commit: PreCommit, *, run_id: str | None, try_number: int | None, dag_id: str | None = None
     ) -> EpochRecord:
-        """``(none) -> Pending``; ``StateConflict`` if a row already exists."""
+        """``(none) -> Pending``; ``StateConflict`` if a row already exists.
+
+        Refuses a write ever queued for clean-up (``write_discarded``) with ``EpochAborted``
+        (``decisions.discarded_error``), asked in the insert's own transaction: persist's most common
+        path pays one transaction for both, and no clean-up can be queued between the two.
+        """
         ...
 
     def replace_write(

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from sqlalchemy import ColumnElement, insert, select, update
+from sqlalchemy.orm import Session
 
 from airflow_provider_exactly_once.core.errors import InvalidPreCommit, StateConflict
 from airflow_provider_exactly_once.core.identifiers import check_epoch, check_sink_id, check_write_id
@@ -42,16 +43,7 @@ class SqlCleanupQueue:
         """Whether the write was ever queued for clean-up; done clean-ups count (they are the record)."""
         sink_id, epoch, write_id = check_sink_id(sink_id), check_epoch(epoch), check_write_id(write_id)
         with self._db.transaction(f"looking up write {write_id} of sink {sink_id!r}", write=False) as session:
-            found = session.scalar(
-                select(SinkCleanup.id)
-                .where(
-                    SinkCleanup.sink_id == sink_id,
-                    SinkCleanup.epoch.in_(sorted({epoch, ORPHAN_EPOCH})),
-                    SinkCleanup.write_id == write_id,
-                )
-                .limit(1)
-            )
-        return found is not None
+            return discarded(session, sink_id, epoch, write_id)
 
     def enqueue_cleanup(self, pre_commit: PreCommit, *, reason: str) -> CleanupTask:
         pre_commit = PreCommit.parse(pre_commit)
@@ -85,3 +77,17 @@ class SqlCleanupQueue:
             )
             if rows.rowcount(session, statement) != 1 and session.get(SinkCleanup, cleanup_id) is None:
                 raise StateConflict(f"meta store {self._db.url_for_display}: there is no clean-up {cleanup_id}")
+
+
+def discarded(session: Session, sink_id: str, epoch: int, write_id: str) -> bool:
+    """``write_discarded`` inside the caller's transaction (``insert_pending`` asks it there)."""
+    found = session.scalar(
+        select(SinkCleanup.id)
+        .where(
+            SinkCleanup.sink_id == sink_id,
+            SinkCleanup.epoch.in_(sorted({epoch, ORPHAN_EPOCH})),
+            SinkCleanup.write_id == write_id,
+        )
+        .limit(1)
+    )
+    return found is not None

@@ -11,7 +11,7 @@ Every timestamp is written from the database's clock (``db_now()``), never the c
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import (
     BigInteger,
@@ -20,6 +20,7 @@ from sqlalchemy import (
     Dialect,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     PrimaryKeyConstraint,
     String,
@@ -35,6 +36,8 @@ from sqlalchemy.sql.functions import FunctionElement
 from sqlalchemy.types import TypeDecorator
 
 from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochStatus
+
+_T = TypeVar("_T")
 
 #: The Alembic version table of this package; its own name so it can share a database with anything.
 VERSION_TABLE = "exactly_once_alembic_version"
@@ -139,12 +142,26 @@ class EpochMetadata(Base):
     epoch: Mapped[int] = mapped_column(BigInteger, autoincrement=False)
     #: The write the metadata describes: always the row's, which every read checks by joining on it.
     write_id: Mapped[str] = mapped_column(String(WRITE_ID_LENGTH))
-    #: The text's size in UTF-8 bytes: with the write id it names the text for a process that parsed
-    #: it already (``rows.load_light``), without reading megabytes. Before the text, so that SQLite
-    #: reads it without walking the text's overflow pages.
+    #: The JSON's size in UTF-8 bytes, whichever form holds it: with the write id it names the
+    #: metadata for a process that parsed it already (``rows.load_light``), without reading it.
+    #: Before the metadata, so that SQLite reads it without walking overflow pages.
     metadata_bytes: Mapped[int] = mapped_column(BigInteger)
-    #: The PreCommit JSON; ``metadata`` is reserved on declarative classes, hence the attribute name.
-    metadata_json: Mapped[str] = mapped_column("metadata", Text)
+    #: The PreCommit JSON of rows written before migration 0007, which deflates it into
+    #: ``metadata_zlib`` instead; a row holds one of the two. ``metadata`` is reserved on
+    #: declarative classes, hence the attribute name.
+    metadata_json: Mapped[str | None] = mapped_column("metadata", Text)
+    #: The PreCommit JSON deflated (``zlib``, 0007): a tenth or less of the text's pages to write.
+    metadata_zlib: Mapped[bytes | None] = mapped_column(LargeBinary)
+
+
+def _of_write(column: Mapped[_T], sink_id: Mapped[str], epoch: Mapped[int], write_id: Mapped[str]) -> Any:
+    """``column`` of the row's write's ``epoch_metadata``, as a column of the row."""
+    return (
+        select(column)
+        .where(EpochMetadata.sink_id == sink_id, EpochMetadata.epoch == epoch, EpochMetadata.write_id == write_id)
+        .correlate_except(EpochMetadata)
+        .scalar_subquery()
+    )
 
 
 class PendingSinkState(Base):
@@ -185,17 +202,16 @@ class PendingSinkState(Base):
     revision: Mapped[int] = mapped_column(Integer, server_default=text("0"))
     #: JSON, while a revision is Pending: the committed write it replaces (``core.ports.ReplacedWrite``).
     replaces: Mapped[str | None] = mapped_column(Text)
-    #: The write's PreCommit JSON, from ``epoch_metadata`` (0006); a query that has no use for it
-    #: defers it (``rows.load_light``).
-    metadata_json: Mapped[str] = column_property(
-        select(EpochMetadata.metadata_json)
-        .where(
-            EpochMetadata.sink_id == sink_id,
-            EpochMetadata.epoch == epoch,
-            EpochMetadata.write_id == write_id,
-        )
-        .correlate_except(EpochMetadata)
-        .scalar_subquery()
+    #: The write's metadata, from ``epoch_metadata`` (0006) in either of its forms, and its size
+    #: (``rows.stored_metadata``); a query that has no use for it leaves it out (``rows.load_light``).
+    metadata_json: Mapped[str | None] = column_property(
+        _of_write(EpochMetadata.metadata_json, sink_id, epoch, write_id)
+    )
+    metadata_zlib: Mapped[bytes | None] = column_property(
+        _of_write(EpochMetadata.metadata_zlib, sink_id, epoch, write_id)
+    )
+    metadata_bytes: Mapped[int | None] = column_property(
+        _of_write(EpochMetadata.metadata_bytes, sink_id, epoch, write_id)
     )
 
 

@@ -149,7 +149,7 @@ class SqlRevisions:
                     sink_id=sink_id,
                     epoch=epoch,
                     write_id=write_id,
-                    metadata_json=row.metadata_json,
+                    metadata_json=rows.stored_json(row),
                     reason=f"revision aborted: {reason}",
                     created_at=now,
                 )

@@ -22,6 +22,7 @@ from sqlalchemy import Engine, insert, select, union, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from airflow_provider_exactly_once.core.decisions import discarded_error
 from airflow_provider_exactly_once.core.errors import InvalidPreCommit, StateConflict
 from airflow_provider_exactly_once.core.identifiers import check_epoch, check_sink_id, check_write_id
 from airflow_provider_exactly_once.core.ports import CommittedTables, EpochRecord
@@ -30,7 +31,7 @@ from airflow_provider_exactly_once.core.status import EpochStatus
 from airflow_provider_exactly_once.store import arguments, cas, rows
 from airflow_provider_exactly_once.store.batch_transitions import SqlBatchTransitions
 from airflow_provider_exactly_once.store.checkpoints import SqlCheckpointTable
-from airflow_provider_exactly_once.store.cleanup_queue import SqlCleanupQueue
+from airflow_provider_exactly_once.store.cleanup_queue import SqlCleanupQueue, discarded
 from airflow_provider_exactly_once.store.database import MetaStoreDatabase
 from airflow_provider_exactly_once.store.epochs import SqlEpochAllocator
 from airflow_provider_exactly_once.store.models import PendingSinkState, SinkCleanup, db_now
@@ -123,8 +124,10 @@ class SqlSinkStateStore(SqlCleanupQueue, SqlBatchTransitions):
         action = f"persisting {pre_commit.describe()}"
         try:
             with self._db.transaction(action, write=True) as session:
+                if discarded(session, sink_id, epoch, pre_commit.write_id):
+                    raise discarded_error(pre_commit)
                 now = db_now()
-                # The primary key refuses a second row, so nothing is read first.
+                # The primary key refuses a second row, so the row itself is not read first.
                 record = rows.inserted(
                     session,
                     insert(PendingSinkState).values(
@@ -259,7 +262,7 @@ class SqlSinkStateStore(SqlCleanupQueue, SqlBatchTransitions):
                         sink_id=sink_id,
                         epoch=epoch,
                         write_id=old.write_id,
-                        metadata_json=old.metadata_json,
+                        metadata_json=rows.stored_json(old),
                         reason=f"replaced by write {pre_commit.write_id}",
                         created_at=now,
                     )
@@ -408,7 +411,7 @@ class SqlSinkStateStore(SqlCleanupQueue, SqlBatchTransitions):
                     sink_id=sink_id,
                     epoch=epoch,
                     write_id=write_id,
-                    metadata_json=row.metadata_json,
+                    metadata_json=rows.stored_json(row),
                     reason=reason,
                     created_at=now,
                 )

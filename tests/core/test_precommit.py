@@ -125,6 +125,34 @@ def test_bounds_must_be_base64() -> None:
         PreCommit.parse(data)
 
 
+def test_a_trusted_parse_skips_only_the_checks_per_data_file() -> None:
+    """The meta store's own deflated rows are parsed as trusted: what persist checked file by file is
+    not checked again, but the structure and types are, and a table's rules are."""
+    data = _valid()
+    descriptor = data["tables"][0]["data_files"][0]  # type: ignore[index]
+    descriptor["lower_bounds"] = {"id": "***"}
+    descriptor["path"] = "file:///elsewhere/part\x1b[2J.parquet"
+    text = json.dumps(data)
+    with pytest.raises(
+        InvalidPreCommit, match=r"path: contains the control character U.*; lower_bounds: bound of column 'id' is not"
+    ):
+        PreCommit.parse(text)
+    trusted = PreCommit.parse(text, recorded=True, trusted=True)
+    assert trusted.tables[0].data_files[0].lower_bounds == {"id": "***"}
+    descriptor["lower_bounds"], descriptor["path"] = {}, "file:///elsewhere/part-0.parquet"
+    with pytest.raises(InvalidPreCommit, match="outside the write location"):
+        PreCommit.parse(json.dumps(data))
+    assert PreCommit.parse(json.dumps(data), trusted=True).tables[0].data_files[0].path.startswith("file:///else")
+
+    descriptor["record_count"] = "three"
+    with pytest.raises(InvalidPreCommit, match="record_count"):
+        PreCommit.parse(json.dumps(data), recorded=True, trusted=True)
+    with pytest.raises(InvalidPreCommit, match="a table is listed twice"):
+        PreCommit.parse(
+            _valid(tables=[{"table": "t", "location": "/a"}, {"table": "t", "location": "/b"}]), trusted=True
+        )
+
+
 def test_models_are_immutable() -> None:
     pre = PreCommit.parse(_valid())
     with pytest.raises(Exception, match="frozen"):

@@ -120,12 +120,15 @@ def test_deciding_and_marking_a_commit_write_one_statement_each_and_leave_the_me
     assert row is not None and row.status is EpochStatus.COMMITTED and row.pre_commit is pre
 
 
-def test_a_first_persist_inserts_the_row_and_its_metadata_without_reading_first(
+def test_a_first_persist_inserts_the_row_and_its_metadata_reading_only_the_clean_up_queue(
     store: SqlSinkStateStore, sink_id: str
 ) -> None:
+    """The row itself is not read first (its primary key refuses a second one); the queue is, in the
+    same transaction, so that persist needs no transaction of its own to refuse a discarded write."""
     pre = make_pre_commit(sink_id, EPOCH)
     statements = _statements(store, lambda: store.insert_pending(pre, run_id="scheduled__1", try_number=1))
     assert [s.split(" ", 3)[:3] for s in statements] == [
+        ["SELECT", "sink_cleanup.id", "FROM"],
         ["INSERT", "INTO", "pending_sink_state"],
         ["INSERT", "INTO", "epoch_metadata"],
     ]
@@ -218,7 +221,7 @@ def test_a_read_that_meets_a_new_write_between_its_statements_returns_one_write_
     replaced: list[bool] = []
 
     def replace_in_between(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        if not replaced and statement.lstrip().startswith("SELECT epoch_metadata.metadata "):
+        if not replaced and statement.lstrip().startswith("SELECT epoch_metadata.metadata"):
             replaced.append(True)
             other.replace_write(
                 second, expected_status=EpochStatus.PENDING, expected_write_id=first.write_id, run_id="r", try_number=2

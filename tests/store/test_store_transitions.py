@@ -8,18 +8,19 @@ import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from datetime import UTC, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
 
 from airflow_provider_exactly_once.core.errors import (
+    EpochAborted,
     EpochNotFound,
     InvalidPreCommit,
     StateConflict,
 )
-from airflow_provider_exactly_once.core.ports import EMPTY, EpochRecord
+from airflow_provider_exactly_once.core.ports import EMPTY, ORPHAN_EPOCH, EpochRecord
 from airflow_provider_exactly_once.core.precommit import PreCommit
 from airflow_provider_exactly_once.core.status import EpochStatus
 from airflow_provider_exactly_once.store import SqlSinkStateStore
@@ -520,6 +521,26 @@ def test_insert_aborted_is_a_tombstone_with_its_cleanup_queued(store: SqlSinkSta
         rerun, expected_status=EpochStatus.ABORTED, expected_write_id=pre.write_id, run_id="r", try_number=2
     )
     assert reopened.status is EpochStatus.PENDING and reopened.write_id == rerun.write_id
+
+
+def test_insert_pending_refuses_a_discarded_write_in_its_own_transaction(
+    store: SqlSinkStateStore, sink_id: str
+) -> None:
+    """Persist's first insert asks the clean-up queue itself, so persist needs no read of its own for it."""
+    pre = make_pre_commit(sink_id, EPOCH)
+    store.enqueue_cleanup(pre, reason="late write")
+    with pytest.raises(EpochAborted, match=f"write {pre.write_id} was discarded"):
+        store.insert_pending(pre, run_id="r", try_number=1)
+    assert store.get(sink_id, EPOCH) is None
+    orphan = make_pre_commit(sink_id, EPOCH + 1)
+    store.registry.enqueue_orphan_cleanup(
+        orphan.model_copy(update={"epoch": ORPHAN_EPOCH}), reason="orphaned", written_since=datetime.now(UTC)
+    )
+    with pytest.raises(EpochAborted):
+        store.insert_pending(orphan, run_id="r", try_number=1)
+    assert store.get(sink_id, EPOCH + 1) is None
+    other = store.insert_pending(make_pre_commit(sink_id, EPOCH), run_id="r", try_number=2)
+    assert other.status is EpochStatus.PENDING
 
 
 def test_insert_aborted_loses_to_an_existing_row_and_writes_nothing(store: SqlSinkStateStore, sink_id: str) -> None:
