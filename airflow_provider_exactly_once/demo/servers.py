@@ -40,7 +40,10 @@ def free_port() -> int:
 
 
 def _binary(name: str, package: str) -> str:
-    found = shutil.which(name) or shutil.which(name, path=str(Path(sys.executable).parent))
+    """The one installed next to this interpreter first: another on ``PATH`` (a global pyenv's, say)
+    may be another version of the package, and moto 5.2.1's S3 answers a multipart upload in a form
+    pyarrow refuses."""
+    found = shutil.which(name, path=str(Path(sys.executable).parent)) or shutil.which(name)
     if found is None:
         raise ServerUnavailable(f"{name!r} not found: install the PyPI package {package!r} (uv sync installs it)")
     return found
