@@ -12,8 +12,9 @@ provider discovery all import it, and none of them needs the whole DAG-author su
 from __future__ import annotations
 
 import sys
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from airflow_provider_exactly_once._lazy import lazy_exports
 
 #: The one version: the wheel's metadata (hatch reads it from here) and ``get_provider_info`` agree.
 __version__ = "0.2.0"
@@ -107,14 +108,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value  # the next access is a plain module attribute
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_exports(__name__, _WHERE, globals())

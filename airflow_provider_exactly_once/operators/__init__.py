@@ -6,8 +6,9 @@ not pay at every parse for the imports of the others.
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from airflow_provider_exactly_once._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from airflow_provider_exactly_once.operators.checkpoint import MarkCheckpointOperator
@@ -41,13 +42,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _WHERE:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(import_module(f"{__name__}.{_WHERE[name]}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_WHERE])
+__getattr__, __dir__ = lazy_exports(__name__, _WHERE, globals())

@@ -8,9 +8,9 @@ the coordinator and the committers behind ``recover_sink``.
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from airflow_provider_exactly_once._lazy import lazy_exports
 from airflow_provider_exactly_once.defaults import DEFAULT_LOCK_TTL, DEFAULT_ORPHAN_GRACE
 
 if TYPE_CHECKING:
@@ -18,10 +18,6 @@ if TYPE_CHECKING:
 
 __all__ = ["DEFAULT_LOCK_TTL", "DEFAULT_ORPHAN_GRACE", "SinkLocked", "SinkRecoveryReport", "recover_sink"]
 
-_FROM_SINK = {"SinkLocked", "SinkRecoveryReport", "recover_sink"}
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _FROM_SINK:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(import_module(f"{__name__}.sink"), name)
+__getattr__, __dir__ = lazy_exports(
+    __name__, {name: "sink" for name in ("SinkLocked", "SinkRecoveryReport", "recover_sink")}, globals()
+)
