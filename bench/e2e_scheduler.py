@@ -1,7 +1,8 @@
 """What one epoch costs an Airflow deployment, and how many epochs per hour one 2-core machine runs.
 
 A real deployment (``fault_harness/cluster.py``: scheduler, dag-processor, triggerer, api-server,
-LocalExecutor, Airflow's DB on the PostgreSQL at 127.0.0.1:5432) runs the fault harness's pipeline
+LocalExecutor, Airflow's DB on the PostgreSQL at 127.0.0.1:5432; with ``--stack production`` the
+CeleryExecutor with two Celery workers on Redis, and the lake on SeaweedFS) runs the fault harness's pipeline
 (``fault_harness/pipeline.py``): the example's epoch (write, persist, wait, commit, abort on
 failure) with its **light writer**: a real Parquet file written with pyarrow and described as the
 Spark writer describes it, without a JVM. A Spark write costs 15-30 s of JVM here and would hide
@@ -24,6 +25,7 @@ start imports Airflow, and without ``.pyc`` files (this sandbox sets ``PYTHONDON
 each one compiles it from source, which no installed deployment does.
 
     uv run python -m bench.e2e_scheduler [--checkpoint-after 30] [--epochs-per-mode 3] [--epochs 24]
+        [--stack local|production] [--name NAME]
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from bench._bytecode import compile_bytecode
 from bench._world import RESULTS, save
 from fault_harness.cluster import Cluster
 from fault_harness.harness import Harness, Pipeline
+from fault_harness.stacks import STACKS
 
 SENSOR = "events.wait_for_checkpoint"
 MODES = ("poke", "reschedule", "deferrable")
@@ -280,12 +283,13 @@ def main() -> None:
     parser.add_argument("--modes", nargs="*", default=list(MODES), choices=MODES, help="none: skip the sensor part")
     parser.add_argument("--idle", type=float, default=60.0, help="seconds of idle baseline before the throughput run")
     parser.add_argument("--name", default="e2e_scheduler", help="result file name (without extension)")
+    parser.add_argument("--stack", default="local", choices=STACKS, help="production: Celery workers, SeaweedFS")
     args = parser.parse_args()
     if args.epochs_per_mode < 1 or args.epochs < 0 or args.parallelism < 1 or args.sample <= 0:
         parser.error("--epochs-per-mode and --parallelism must be at least 1, --epochs at least 0, --sample positive")
     root = Path(__file__).resolve().parents[1]
     compile_bytecode(root / "airflow_provider_exactly_once", root / "fault_harness", root / "dags")
-    cluster = Cluster.create(parallelism=args.parallelism)
+    cluster = Cluster.create(parallelism=args.parallelism, stack=args.stack)
     failed = True
     try:
         cluster.start_all()
@@ -293,6 +297,7 @@ def main() -> None:
         try:
             report: dict[str, Any] = {
                 "writer": "light (pyarrow Parquet, no JVM)",
+                "stack": args.stack,
                 "poke_interval_s": 2,
                 "checkpoint_after_s": args.checkpoint_after,
                 "sample_s": args.sample,
