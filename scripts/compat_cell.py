@@ -20,7 +20,8 @@ PACKAGE = "airflow_provider_exactly_once"
 DISTRIBUTION = "airflow-provider-exactly-once"
 #: The PySpark application: run by spark-submit, where pyspark is there by construction.
 SPARK_APPLICATION = f"{PACKAGE}.spark."
-SPARK_LIGHT = {f"{PACKAGE}.spark.jobspec"}
+#: What the operator imports on an Airflow worker, where pyspark need not be.
+SPARK_LIGHT = {f"{PACKAGE}.spark.jobspec", f"{PACKAGE}.spark.author_specs"}
 
 
 def installed(module: str) -> bool:

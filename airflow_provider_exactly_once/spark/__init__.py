@@ -1,6 +1,7 @@
 """The PySpark application that writes one epoch (design.md section 8, ``spark/``).
 
-Nothing here is imported by ``core/``. ``jobspec`` imports neither Spark nor pyiceberg, so the
-operator can build and validate a job spec on an Airflow worker that never starts a JVM; the other
-modules run inside ``spark-submit`` (driver and executors).
+Nothing here is imported by ``core/``. ``author_specs`` (the inputs and targets a DAG author writes)
+and ``jobspec`` import neither Spark nor pyiceberg, so a DAG file names them and the operator builds
+and validates a job spec on an Airflow worker that never starts a JVM; the other modules run inside
+``spark-submit`` (driver and executors).
 """
