@@ -110,13 +110,24 @@ def _metadata_of(sink_id: str, epoch: int, write_id: str) -> list[ColumnElement[
 
 
 def _metadata_bytes() -> ScalarSelect[int]:
-    """The size of the row's metadata, as a column of a query or ``RETURNING`` clause on the row."""
+    """The size of the row's metadata, as a column of a query or ``RETURNING`` clause on the row.
+
+    Selected from ``epoch_metadata`` under other column names: SQLite's ``RETURNING`` names the row's
+    columns unqualified (``sink_id``), and inside a subquery over ``epoch_metadata`` itself those
+    would be ``epoch_metadata``'s own columns, matching its every row (the size of any epoch's
+    metadata came back, and the process parsed its own write again)."""
+    sizes = select(
+        EpochMetadata.sink_id.label("of_sink"),
+        EpochMetadata.epoch.label("of_epoch"),
+        EpochMetadata.write_id.label("of_write"),
+        EpochMetadata.metadata_bytes.label("of_bytes"),
+    ).subquery("sizes")
     return (
-        select(EpochMetadata.metadata_bytes)
+        select(sizes.c.of_bytes)
         .where(
-            EpochMetadata.sink_id == PendingSinkState.sink_id,
-            EpochMetadata.epoch == PendingSinkState.epoch,
-            EpochMetadata.write_id == PendingSinkState.write_id,
+            sizes.c.of_sink == PendingSinkState.sink_id,
+            sizes.c.of_epoch == PendingSinkState.epoch,
+            sizes.c.of_write == PendingSinkState.write_id,
         )
         .correlate(PendingSinkState)
         .scalar_subquery()

@@ -104,6 +104,8 @@ def test_the_migration_moves_the_metadata_out_of_the_row_and_back(fresh_url: str
 def test_deciding_and_marking_a_commit_write_one_statement_each_and_leave_the_metadata_alone(
     store: SqlSinkStateStore, sink_id: str
 ) -> None:
+    # Another epoch's metadata first, of another size: the size read back must be this write's.
+    store.insert_pending(make_pre_commit(sink_id, EPOCH - 1, files=3), run_id="scheduled__0", try_number=1)
     pre = make_pre_commit(sink_id, EPOCH, files=50)
     store.insert_pending(pre, run_id="scheduled__1", try_number=1)
 
