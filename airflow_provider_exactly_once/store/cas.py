@@ -7,7 +7,9 @@ loudly instead of overwriting a newer decision; the error says what the row hold
 
 from __future__ import annotations
 
-from sqlalchemy import ColumnElement, Update, update
+import functools
+
+from sqlalchemy import BigInteger, BindParameter, ColumnElement, String, Update, bindparam, update
 from sqlalchemy.orm import Session
 
 from airflow_provider_exactly_once.core.errors import EpochNotFound, StateConflict
@@ -22,7 +24,13 @@ class EpochRowMissing(StateConflict, EpochNotFound):
 
 
 def guarded_update(
-    sink_id: str, epoch: int, status: EpochStatus, write_id: str, *, undecided: bool = False, decided: bool = False
+    sink_id: str | BindParameter[str],
+    epoch: int | BindParameter[int],
+    status: EpochStatus,
+    write_id: str | BindParameter[str],
+    *,
+    undecided: bool = False,
+    decided: bool = False,
 ) -> Update:
     """An ``UPDATE`` of the epoch's row that matches only while it holds ``status`` and ``write_id``
     (with ``undecided``/``decided``: only before/after the commit decision); add ``.values(...)``."""
@@ -37,6 +45,24 @@ def guarded_update(
     if decided:
         conditions.append(PendingSinkState.commit_decided_at.is_not(None))
     return update(PendingSinkState).where(*conditions).execution_options(synchronize_session=False)
+
+
+#: The parameters of a ``guarded_template``: the row's key and the write it must hold.
+SINK_ID, EPOCH, WRITE_ID = "g_sink_id", "g_epoch", "g_write_id"
+
+
+@functools.cache
+def guarded_template(status: EpochStatus, *, undecided: bool = False, decided: bool = False) -> Update:
+    """``guarded_update`` with the row and write as parameters (``SINK_ID``, ``EPOCH``, ``WRITE_ID``),
+    for a statement built once: building one per call cost as much as running it."""
+    return guarded_update(
+        bindparam(SINK_ID, type_=String),
+        bindparam(EPOCH, type_=BigInteger),
+        status,
+        bindparam(WRITE_ID, type_=String),
+        undecided=undecided,
+        decided=decided,
+    )
 
 
 def holds(record: EpochRecord | PendingSinkState | None) -> str:
@@ -60,9 +86,16 @@ def swap(session: Session, statement: Update, sink_id: str, epoch: int, wanted: 
         raise conflict(rows.load(session, sink_id, epoch), sink_id, epoch, wanted)
 
 
-def swapped(session: Session, statement: Update, sink_id: str, epoch: int, wanted: str) -> EpochRecord:
+def swapped(
+    session: Session,
+    statement: Update,
+    sink_id: str,
+    epoch: int,
+    wanted: str,
+    parameters: dict[str, object] | None = None,
+) -> EpochRecord:
     """``swap``, returning the row as the statement changed it (``rows.updated``: no second read)."""
-    changed = rows.updated(session, statement)
+    changed = rows.updated(session, statement, parameters)
     if changed is None:
         raise conflict(rows.load(session, sink_id, epoch), sink_id, epoch, wanted)
     return changed

@@ -7,7 +7,9 @@ coordinator never writes checkpoints: only the marking operator and the tests do
 
 from __future__ import annotations
 
-from sqlalchemy import insert, select, update
+import functools
+
+from sqlalchemy import Select, bindparam, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from airflow_provider_exactly_once.core.errors import StateConflict
@@ -81,7 +83,13 @@ class SqlCheckpointTable:
     def get_checkpoint(self, name: str, epoch: int) -> CheckpointStatus:
         name, epoch = arguments.checkpoint_name(name), check_epoch(epoch)
         with self._db.transaction(f"reading checkpoint {name!r} epoch {epoch}", write=False) as session:
-            status = session.scalar(
-                select(CheckpointState.status).where(CheckpointState.name == name, CheckpointState.epoch == epoch)
-            )
+            status = session.scalar(_status_query(), {"c_name": name, "c_epoch": epoch})
         return CheckpointStatus.PENDING if status is None else CheckpointStatus(status)
+
+
+@functools.cache
+def _status_query() -> Select[str]:
+    """``get_checkpoint``'s query, built once: a sensor asks it at every poke, a commit once."""
+    return select(CheckpointState.status).where(
+        CheckpointState.name == bindparam("c_name"), CheckpointState.epoch == bindparam("c_epoch")
+    )

@@ -8,9 +8,10 @@ it was never the epoch's (``enqueue_cleanup``), and a queued write is never pers
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
-from sqlalchemy import ColumnElement, insert, select, update
+from sqlalchemy import ColumnElement, Select, bindparam, insert, select, update
 from sqlalchemy.orm import Session
 
 from airflow_provider_exactly_once.core.errors import InvalidPreCommit, StateConflict
@@ -81,13 +82,19 @@ class SqlCleanupQueue:
 
 def discarded(session: Session, sink_id: str, epoch: int, write_id: str) -> bool:
     """``write_discarded`` inside the caller's transaction (``insert_pending`` asks it there)."""
-    found = session.scalar(
+    found = session.scalar(_discarded_query(), {"d_sink_id": sink_id, "d_epoch": epoch, "d_write_id": write_id})
+    return found is not None
+
+
+@functools.cache
+def _discarded_query() -> Select[int]:
+    """``discarded``'s query, built once: persist asks it every time."""
+    return (
         select(SinkCleanup.id)
         .where(
-            SinkCleanup.sink_id == sink_id,
-            SinkCleanup.epoch.in_(sorted({epoch, ORPHAN_EPOCH})),
-            SinkCleanup.write_id == write_id,
+            SinkCleanup.sink_id == bindparam("d_sink_id"),
+            SinkCleanup.epoch.in_([bindparam("d_epoch"), ORPHAN_EPOCH]),
+            SinkCleanup.write_id == bindparam("d_write_id"),
         )
         .limit(1)
     )
-    return found is not None

@@ -6,6 +6,7 @@ same rows: one mapping, so a view never shows an epoch differently from what the
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 import zlib
@@ -18,8 +19,10 @@ from sqlalchemy import (
     ColumnElement,
     CursorResult,
     Insert,
+    Label,
     Row,
     ScalarSelect,
+    Select,
     Table,
     Update,
     bindparam,
@@ -56,12 +59,16 @@ def load_light(session: Session, sink_id: str, epoch: int) -> EpochRecord | None
     not parsed it already: a write's metadata never changes (``_parsed``), so its size names it, and
     the size is a column of its own. An epoch of 10,000 files has megabytes of metadata, fetched at
     every step of its commit otherwise."""
-    found = session.execute(
-        select(*_STATE.columns, _metadata_bytes().label(_BYTES)).where(
-            PendingSinkState.sink_id == sink_id, PendingSinkState.epoch == epoch
-        )
-    ).one_or_none()
+    found = session.execute(_light_select(), {"l_sink_id": sink_id, "l_epoch": epoch}).one_or_none()
     return None if found is None else _light_row(session, found)
+
+
+@functools.cache
+def _light_select() -> Select[Any]:
+    """``load_light``'s query, built once: building it cost as much as running it on SQLite."""
+    return select(*_STATE.columns, _sized()).where(
+        PendingSinkState.sink_id == bindparam("l_sink_id"), PendingSinkState.epoch == bindparam("l_epoch")
+    )
 
 
 def inserted(session: Session, statement: Insert, pre_commit: PreCommit) -> EpochRecord:
@@ -70,11 +77,19 @@ def inserted(session: Session, statement: Insert, pre_commit: PreCommit) -> Epoc
     return record(PendingSinkState(**dict(found._mapping)), pre_commit=pre_commit)
 
 
-def updated(session: Session, statement: Update) -> EpochRecord | None:
+def updated(session: Session, statement: Update, parameters: Mapping[str, Any] | None = None) -> EpochRecord | None:
     """Run an ``UPDATE`` of one row (a ``cas.guarded_update``); the row as changed, read back by the
-    statement itself (``RETURNING``), or ``None`` when it matched no row."""
-    found = session.execute(statement.returning(*_STATE.columns, _metadata_bytes().label(_BYTES))).one_or_none()
+    statement itself (``RETURNING``), or ``None`` when it matched no row. A statement built once
+    with its ``RETURNING`` already (``returning_row``) takes its values as ``parameters``."""
+    if parameters is None:
+        statement = returning_row(statement)
+    found = session.execute(statement, parameters).one_or_none()
     return None if found is None else _light_row(session, found)
+
+
+def returning_row(statement: Update) -> Update:
+    """``statement`` reading back the row as ``updated`` maps it."""
+    return statement.returning(*_STATE.columns, _sized())
 
 
 def _light_row(session: Session, found: Row[*tuple[Any, ...]]) -> EpochRecord:
@@ -107,6 +122,12 @@ def _light(session: Session, row: PendingSinkState, size: int | None) -> EpochRe
 
 def _metadata_of(sink_id: str, epoch: int, write_id: str) -> list[ColumnElement[bool]]:
     return [EpochMetadata.sink_id == sink_id, EpochMetadata.epoch == epoch, EpochMetadata.write_id == write_id]
+
+
+@functools.cache
+def _sized() -> Label[int]:
+    """``_metadata_bytes`` as the column ``metadata_bytes`` of a row read without its metadata."""
+    return _metadata_bytes().label(_BYTES)
 
 
 def _metadata_bytes() -> ScalarSelect[int]:

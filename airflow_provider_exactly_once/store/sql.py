@@ -13,12 +13,13 @@ generations: the coordinator and the operations views).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Engine, insert, select, union, update
+from sqlalchemy import Engine, Update, bindparam, insert, select, union, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -325,10 +326,8 @@ class SqlSinkStateStore(SqlCleanupQueue, SqlBatchTransitions):
     def decide_commit(self, sink_id: str, epoch: int, *, write_id: str) -> EpochRecord:
         sink_id, epoch, write_id = check_sink_id(sink_id), check_epoch(epoch), check_write_id(write_id)
         with self._db.transaction(f"deciding the commit of sink {sink_id!r} epoch {epoch}", write=True) as session:
-            statement = cas.guarded_update(sink_id, epoch, EpochStatus.PENDING, write_id, undecided=True).values(
-                commit_decided_at=db_now(), updated_at=db_now()
-            )
-            decided = rows.updated(session, statement)
+            key = {cas.SINK_ID: sink_id, cas.EPOCH: epoch, cas.WRITE_ID: write_id}
+            decided = rows.updated(session, _decide_statement(), key)
             if decided is not None:
                 return decided
             row = rows.load(session, sink_id, epoch)
@@ -360,16 +359,17 @@ class SqlSinkStateStore(SqlCleanupQueue, SqlBatchTransitions):
         with self._db.transaction(action, write=True, durable=False) as session:
             record = cas.swapped(
                 session,
-                cas.guarded_update(sink_id, epoch, EpochStatus.PENDING, write_id).values(
-                    status=EpochStatus.COMMITTED.value,
-                    committed=committed_json,
-                    table_uuids=identities_json,
-                    error=None,
-                    updated_at=db_now(),
-                ),
+                _mark_statement(),
                 sink_id,
                 epoch,
                 f"mark Pending write {write_id} Committed",
+                {
+                    cas.SINK_ID: sink_id,
+                    cas.EPOCH: epoch,
+                    cas.WRITE_ID: write_id,
+                    "m_committed": committed_json,
+                    "m_uuids": identities_json,
+                },
             )
             tables = {t.table for t in record.pre_commit.tables}
             if set(committed) != tables:
@@ -446,3 +446,27 @@ class SqlSinkStateStore(SqlCleanupQueue, SqlBatchTransitions):
         with self._db.transaction(action, write=False) as session:
             row = rows.load(session, sink_id, epoch)
             return None if row is None else rows.record(row)
+
+
+@functools.cache
+def _decide_statement() -> Update:
+    """The commit decision's ``UPDATE``, built once (``cas.guarded_template``)."""
+    return rows.returning_row(
+        cas.guarded_template(EpochStatus.PENDING, undecided=True).values(
+            commit_decided_at=db_now(), updated_at=db_now()
+        )
+    )
+
+
+@functools.cache
+def _mark_statement() -> Update:
+    """The Committed mark's ``UPDATE``, built once (``cas.guarded_template``)."""
+    return rows.returning_row(
+        cas.guarded_template(EpochStatus.PENDING).values(
+            status=EpochStatus.COMMITTED.value,
+            committed=bindparam("m_committed"),
+            table_uuids=bindparam("m_uuids"),
+            error=None,
+            updated_at=db_now(),
+        )
+    )
