@@ -138,10 +138,25 @@ class TwoPhaseCommitCoordinator:
             self.abort(pre.sink_id, pre.epoch, reason=f"{REWRITE_REASON}: {exc}", write=pre, dag_id=dag_id)
             raise
 
+        on_reprocess = self._on_reprocess.get(pre.sink_id, "keep")
+        if (
+            persist_decision(None, pre, lambda: {}, on_reprocess=on_reprocess).raise_if_refused().action
+            is Action.INSERT
+        ):
+            # The common case, a first persist, without reading the row first: the insert is refused
+            # (``StateConflict``) when the epoch has a row, which is then read and decided on below.
+            try:
+                record = self._store.insert_pending(pre, run_id=run_id, try_number=try_number, dag_id=dag_id)
+            except StateConflict:
+                pass
+            else:
+                self._fault("persist.inserted")
+                return PersistResult(PersistOutcome.PERSISTED, record, pre.write_id)
+
         for _ in range(_PERSIST_RACE_ROUNDS):
             row = self._store.get(pre.sink_id, pre.epoch)
             decision = persist_decision(
-                row, pre, lambda: committer.identities(pre), on_reprocess=self._on_reprocess.get(pre.sink_id, "keep")
+                row, pre, lambda: committer.identities(pre), on_reprocess=on_reprocess
             ).raise_if_refused()
             action = decision.action
             if row is not None and action is Action.KEEP:

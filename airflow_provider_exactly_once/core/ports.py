@@ -141,8 +141,9 @@ class SinkStateStore(Protocol):
         """``(none) -> Pending``; ``StateConflict`` if a row already exists.
 
         Refuses a write ever queued for clean-up (``write_discarded``) with ``EpochAborted``
-        (``decisions.discarded_error``), asked in the insert's own transaction: persist's most common
-        path pays one transaction for both, and no clean-up can be queued between the two.
+        (``decisions.discarded_error``), asked in the insert's own transaction once the row was
+        inserted: persist tries a first write's insert without reading the row or the queue first,
+        and no clean-up can be queued between the check and the insert.
         """
         ...
 

@@ -125,8 +125,6 @@ class SqlSinkStateStore(SqlCleanupQueue, SqlBatchTransitions):
         action = f"persisting {pre_commit.describe()}"
         try:
             with self._db.transaction(action, write=True) as session:
-                if discarded(session, sink_id, epoch, pre_commit.write_id):
-                    raise discarded_error(pre_commit)
                 now = db_now()
                 # The primary key refuses a second row, so the row itself is not read first.
                 record = rows.inserted(
@@ -144,6 +142,8 @@ class SqlSinkStateStore(SqlCleanupQueue, SqlBatchTransitions):
                     ),
                     pre_commit,
                 )
+                if discarded(session, sink_id, epoch, pre_commit.write_id):
+                    raise discarded_error(pre_commit)  # rolls the insert back
                 rows.insert_metadata(session, pre_commit)
                 return record
         except IntegrityError:

@@ -130,8 +130,8 @@ def test_a_first_persist_inserts_the_row_and_its_metadata_reading_only_the_clean
     pre = make_pre_commit(sink_id, EPOCH)
     statements = _statements(store, lambda: store.insert_pending(pre, run_id="scheduled__1", try_number=1))
     assert [s.split(" ", 3)[:3] for s in statements] == [
-        ["SELECT", "sink_cleanup.id", "FROM"],
         ["INSERT", "INTO", "pending_sink_state"],
+        ["SELECT", "sink_cleanup.id", "FROM"],
         ["INSERT", "INTO", "epoch_metadata"],
     ]
 
