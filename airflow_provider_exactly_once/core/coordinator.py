@@ -43,8 +43,10 @@ from .errors import (
     AbortRefused,
     InvalidPreCommit,
     InvalidSinkConfig,
+    MetaStoreUnavailable,
     ReplacedFilesMissing,
     ReprocessRefused,
+    SinkUnavailable,
     StateConflict,
     UpsertConflict,
 )
@@ -67,7 +69,7 @@ from .outcomes import (
 from .ports import CheckpointSource, CommitPlan, EpochRecord, SinkCommitter, SinkStateStore
 from .precommit import PreCommit
 from .recovery import EpochBatches, recover_pending
-from .status import EpochStatus
+from .status import CheckpointStatus, EpochStatus
 from .upsert_revisions import later_deletes_refusal
 
 __all__ = ["TwoPhaseCommitCoordinator", "require_epoch"]
@@ -134,8 +136,14 @@ class TwoPhaseCommitCoordinator:
             committer.prepare(pre)  # refuse what can never be committed before it is made durable
         except UpsertConflict as exc:
             # The table moved while the write ran: recorded as given up for a rewrite, so that the
-            # group's rewrite task (``prepare_rewrite``) writes the epoch again.
-            self.abort(pre.sink_id, pre.epoch, reason=f"{REWRITE_REASON}: {exc}", write=pre, dag_id=dag_id)
+            # group's rewrite task (``prepare_rewrite``) writes the epoch again; unless its checkpoint
+            # failed already, when no rewrite follows (``rewrite_decision``) and the record says so.
+            try:
+                failed = self._checkpoints.status(pre.sink_id, pre.epoch) is CheckpointStatus.FAILED
+            except (MetaStoreUnavailable, SinkUnavailable):
+                failed = False  # the rewrite task reads it again, and refuses then
+            reason = f"checkpoint FAILED; the write also conflicted: {exc}" if failed else f"{REWRITE_REASON}: {exc}"
+            self.abort(pre.sink_id, pre.epoch, reason=reason, write=pre, dag_id=dag_id)
             raise
 
         on_reprocess = self._on_reprocess.get(pre.sink_id, "keep")

@@ -153,3 +153,28 @@ def test_an_epoch_aborted_for_its_checkpoint_is_not_written_again(
     with pytest.raises(RewriteRefused, match=r"is Aborted \(checkpoint FAILED\), not for an upsert conflict"):
         coordinator.prepare_rewrite(SINK, 1)
     assert shown(pipeline) == FIRST
+
+
+@pytest.mark.parametrize("failed_first", [True, False], ids=["checkpoint-failed-first", "conflict-first"])
+def test_a_write_that_conflicts_at_persist_for_a_failed_checkpoint_is_aborted_for_good(
+    pipeline: Pipeline, coordinator: TwoPhaseCommitCoordinator, failed_first: bool
+) -> None:
+    """Persist gives a conflicting write up for a rewrite; with the checkpoint FAILED no rewrite ever
+    follows, so when the failure is known the record says that, not that the epoch is written again.
+    Failed only afterwards, the rewrite task is refused and the epoch stays Aborted as it is."""
+    stale = write_upsert(pipeline.catalog, "ns.t", SINK, 1, CHANGES, str(uuid.uuid4()))
+    compact(pipeline)
+    if failed_first:
+        pipeline.checkpoint(SINK, 1, CheckpointStatus.FAILED)
+    with pytest.raises(UpsertConflict):
+        coordinator.persist(stale)
+    if not failed_first:
+        pipeline.checkpoint(SINK, 1, CheckpointStatus.FAILED)
+
+    row = pipeline.store.get(SINK, 1)
+    assert row is not None and row.status is EpochStatus.ABORTED
+    assert (row.error or "").startswith("checkpoint FAILED" if failed_first else REWRITE_REASON), row.error
+    refusal = r"not for an upsert conflict" if failed_first else r"checkpoint FAILED; the epoch is aborted, not written"
+    with pytest.raises(RewriteRefused, match=refusal):
+        coordinator.prepare_rewrite(SINK, 1)
+    assert shown(pipeline) == FIRST
