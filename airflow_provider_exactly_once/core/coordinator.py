@@ -35,6 +35,7 @@ from .decisions import (
     discarded_error,
     files_lost_refusal,
     other_dag_warning,
+    persist_conflict_reason,
     persist_decision,
     rewrite_decision,
     upsert_order_refusal,
@@ -43,10 +44,8 @@ from .errors import (
     AbortRefused,
     InvalidPreCommit,
     InvalidSinkConfig,
-    MetaStoreUnavailable,
     ReplacedFilesMissing,
     ReprocessRefused,
-    SinkUnavailable,
     StateConflict,
     UpsertConflict,
 )
@@ -69,7 +68,7 @@ from .outcomes import (
 from .ports import CheckpointSource, CommitPlan, EpochRecord, SinkCommitter, SinkStateStore
 from .precommit import PreCommit
 from .recovery import EpochBatches, recover_pending
-from .status import CheckpointStatus, EpochStatus
+from .status import EpochStatus
 from .upsert_revisions import later_deletes_refusal
 
 __all__ = ["TwoPhaseCommitCoordinator", "require_epoch"]
@@ -135,14 +134,9 @@ class TwoPhaseCommitCoordinator:
         try:
             committer.prepare(pre)  # refuse what can never be committed before it is made durable
         except UpsertConflict as exc:
-            # The table moved while the write ran: recorded as given up for a rewrite, so that the
-            # group's rewrite task (``prepare_rewrite``) writes the epoch again; unless its checkpoint
-            # failed already, when no rewrite follows (``rewrite_decision``) and the record says so.
-            try:
-                failed = self._checkpoints.status(pre.sink_id, pre.epoch) is CheckpointStatus.FAILED
-            except (MetaStoreUnavailable, SinkUnavailable):
-                failed = False  # the rewrite task reads it again, and refuses then
-            reason = f"checkpoint FAILED; the write also conflicted: {exc}" if failed else f"{REWRITE_REASON}: {exc}"
+            # The table moved while the write ran: given up, for the group's rewrite task
+            # (``prepare_rewrite``) to write the epoch again.
+            reason = persist_conflict_reason(exc, lambda: self._checkpoints.status(pre.sink_id, pre.epoch))
             self.abort(pre.sink_id, pre.epoch, reason=reason, write=pre, dag_id=dag_id)
             raise
 

@@ -24,10 +24,12 @@ from .errors import (
     EpochAborted,
     ExactlyOnceError,
     InvalidPreCommit,
+    MetaStoreUnavailable,
     ReprocessRefused,
     RevisionInProgress,
     RewriteRefused,
     SinkReused,
+    SinkUnavailable,
     UpsertConflict,
 )
 from .generations import OnReprocess, is_newer, is_older
@@ -386,6 +388,17 @@ def commits_in_batch(row: EpochRecord, decision: Decision) -> bool:
 REWRITE_REASON = "upsert conflict: the epoch is written again"
 
 ConflictLookup = Callable[[], UpsertConflict | None]
+
+
+def persist_conflict_reason(conflict: UpsertConflict, checkpoint: CheckpointLookup) -> str:
+    """What persist records when it gives up an upsert write whose table moved under it: given up for
+    a rewrite (the group's rewrite task writes the epoch again), unless the checkpoint already
+    FAILED, when no rewrite follows (``rewrite_decision``) and the record says why the epoch ended."""
+    try:
+        failed = checkpoint() is CheckpointStatus.FAILED
+    except (MetaStoreUnavailable, SinkUnavailable):
+        failed = False  # the rewrite task reads it again, and refuses then
+    return f"checkpoint FAILED; the write also conflicted: {conflict}" if failed else f"{REWRITE_REASON}: {conflict}"
 
 
 def rewrite_decision(
