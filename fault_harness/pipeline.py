@@ -29,29 +29,17 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from airflow.sdk import DAG, get_current_context, task
+from airflow.sdk import DAG, task
 from airflow.timetables.interval import CronDataIntervalTimetable
 
 from airflow_provider_exactly_once.checkpoints.config import MarkerFileCheckpoint
 from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig
 from airflow_provider_exactly_once.task_groups import exactly_once_epoch
 from fault_harness.layout import WRITE_POINT, hour_template
+from fault_harness.runs import running_write
 from fault_harness.upsert_pipeline import light_upsert_write, upsert_sink
 
 EVENT_SCHEMA_DDL = "event_id STRING, user_id BIGINT, event_type STRING, event_time TIMESTAMP, amount DOUBLE"
-
-
-def running_write(conn_id: str, table_name: str) -> tuple[dt.datetime, int, int, Any]:
-    """What a light write task needs of its run: the hour, its epoch, the try, the table loaded now."""
-    from airflow.providers.apache.iceberg.hooks.iceberg import IcebergHook
-
-    from airflow_provider_exactly_once.core.epochs import epoch_from_interval_start
-
-    context = get_current_context()
-    start = context["data_interval_start"]
-    assert start is not None
-    table = IcebergHook(conn_id).catalog.load_table(table_name)
-    return start, epoch_from_interval_start(start), int(context["ti"].try_number), table
 
 
 def light_write(sink_id: str, table_name: str, landing: str, conn_id: str) -> dict[str, Any]:

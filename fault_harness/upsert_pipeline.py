@@ -42,7 +42,7 @@ def light_upsert_write(sink_id: str, table_name: str, landing: str, conn_id: str
     table's head as it is now, returned as pre-commit metadata (nothing visible). Reaches the fault
     point ``write.files_written`` after its files exist, as the light append write does."""
     from airflow_provider_exactly_once.runtime.faults import fault_hook_for
-    from fault_harness.pipeline import running_write
+    from fault_harness.runs import running_write
     from fault_harness.upsert_changes import last_per_key, read_changes
     from fault_harness.upsert_writer import write_upsert
 

@@ -11,26 +11,32 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from .batch import EpochBatches
 from .bookkeeping import note_error
 from .decisions import Action, Decision, commits_in_batch, recovery_decision
 from .errors import ExactlyOnceError, MetaStoreUnavailable
-from .outcomes import RecoveryReport
+from .outcomes import AbortResult, CommitResult, RecoveryReport
 from .ports import CheckpointSource, EpochRecord, SinkStateStore
 from .status import EpochStatus
 
-if TYPE_CHECKING:
-    from .coordinator import TwoPhaseCommitCoordinator
-
-__all__ = ["EpochBatches", "recover_pending"]
+__all__ = ["EpochBatches", "EpochSteps", "recover_pending"]
 
 log = logging.getLogger(__name__)
 
 
+class EpochSteps(Protocol):
+    """The steps recovery carries its decisions out through: the coordinator's own, so that a
+    recovered epoch passes the same checks as one its tasks finished."""
+
+    def commit(self, sink_id: str, epoch: int) -> CommitResult: ...
+
+    def abort(self, sink_id: str, epoch: int, *, reason: str) -> AbortResult: ...
+
+
 def recover_pending(
-    coordinator: TwoPhaseCommitCoordinator,
+    coordinator: EpochSteps,
     store: SinkStateStore,
     checkpoints: CheckpointSource,
     sink_id: str,
