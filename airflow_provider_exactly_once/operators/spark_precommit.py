@@ -7,7 +7,7 @@ the validated pre-commit metadata.
 
 It runs that operator inside its task rather than subclassing it: the dag-processor imports every
 DAG file's operators at every parse, and importing the Spark provider's operator costs about 0.4 s
-(it loads OpenLineage's Spark integration), ten times what the rest of the example DAG costs. The
+(it loads OpenLineage's Spark integration), twenty times what the rest of the package adds. The
 operator takes the same Spark parameters, templated the same way, and hands them over when it runs.
 
 Every try gets a new ``write_id`` and so a new write location: a retry never touches the files of an
