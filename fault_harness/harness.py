@@ -301,7 +301,8 @@ class Harness:
     # -- recovery and the verdict ------------------------------------------------------------------------
 
     def run_recovery(self, timeout: float = 300) -> str:
-        """Trigger the recovery DAG and wait for its run; returns the run's final state."""
+        """Trigger the recovery DAG and wait for its run, and for any other recovery run still going;
+        returns the triggered run's final state."""
         run_id = f"faults__{time.time_ns()}"
         self.cluster.airflow("dags", "trigger", RECOVERY_DAG_ID, "--run-id", run_id)
 
@@ -312,6 +313,17 @@ class Harness:
             return str(rows[0].state) if rows else "none"
 
         self.wait_until(f"recovery run {run_id}", lambda: state() in TERMINAL, timeout)
+
+        # A scheduler restart of the run started a recovery run of its own, over every registered sink:
+        # until it ends, its tasks hold their sinks' locks, and the final collection would be refused.
+        def others() -> int:
+            rows = self.cluster.query(
+                "select count(*) as n from dag_run where dag_id = :d and state not in ('success', 'failed')",
+                d=RECOVERY_DAG_ID,
+            )
+            return int(rows[0].n)
+
+        self.wait_until("every recovery run", lambda: others() == 0, timeout)
         return state()
 
     def load_table(self, pipeline: Pipeline) -> Table:
