@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import logging
 
+from .decisions import other_dag_warning
 from .errors import EpochNotFound, MetaStoreUnavailable
 from .identifiers import check_epoch, check_sink_id
 from .ports import EpochRecord, SinkStateStore
 from .precommit import PreCommit
 
-__all__ = ["note_error", "record_warning", "require_epoch"]
+__all__ = ["note_error", "record_warning", "require_epoch", "warn_other_dag"]
 
 log = logging.getLogger(__name__)
 
@@ -41,3 +42,11 @@ def record_warning(store: SinkStateStore, pre: PreCommit, warning: str) -> None:
         store.record_warning(pre.sink_id, pre.epoch, warning=warning)
     except MetaStoreUnavailable:
         log.warning("could not record the warning on sink %r epoch %d", pre.sink_id, pre.epoch)
+
+
+def warn_other_dag(store: SinkStateStore, pre: PreCommit, row: EpochRecord, dag_id: str | None) -> str | None:
+    """A write from another DAG for an epoch already settled: the sink id may be reused by mistake."""
+    warning = other_dag_warning(pre, row, dag_id)
+    if warning is not None:
+        record_warning(store, pre, warning)
+    return warning

@@ -13,11 +13,28 @@ from datetime import datetime
 
 from .errors import MetaStoreUnavailable
 from .faults import FaultHook, no_faults
+from .identifiers import check_epoch
 from .outcomes import CleanupReport
 from .ports import CleanupTask, SinkCommitter, SinkStateStore
 from .status import EpochStatus
 
-__all__ = ["run_cleanups"]
+__all__ = ["clean_up", "run_cleanups"]
+
+
+def clean_up(
+    store: SinkStateStore, committer: SinkCommitter, sink_id: str, epoch: int | None, *, fault: FaultHook = no_faults
+) -> CleanupReport:
+    """Run the queued clean-ups of a sink (or of one epoch) alone, without touching any epoch's status.
+
+    What an operator asks for after a crash left an Aborted epoch's files, or after queuing
+    orphaned write locations; the same checks as every other delete apply (invariant 4). A
+    clean-up that fails is in the report's ``failed`` and stays queued.
+    """
+    if epoch is not None:
+        check_epoch(epoch)
+    report = CleanupReport(sink_id)
+    report.files_deleted = run_cleanups(store, committer, sink_id, epoch, report=report, fault=fault)
+    return report
 
 
 def run_cleanups(

@@ -25,26 +25,21 @@ import time
 from collections.abc import Collection, Mapping
 from datetime import timedelta
 
-from .bookkeeping import note_error, record_warning, require_epoch
-from .cleanups import run_cleanups
+from .bookkeeping import note_error, record_warning, require_epoch, warn_other_dag
+from .cleanups import clean_up, run_cleanups
 from .decisions import (
-    REWRITE_REASON,
     Action,
     abort_decision,
     commit_decision,
     discarded_error,
-    files_lost_refusal,
-    other_dag_warning,
     persist_conflict_reason,
     persist_decision,
-    rewrite_decision,
     upsert_order_refusal,
 )
 from .errors import (
     AbortRefused,
     InvalidPreCommit,
     InvalidSinkConfig,
-    ReplacedFilesMissing,
     ReprocessRefused,
     StateConflict,
     UpsertConflict,
@@ -52,6 +47,7 @@ from .errors import (
 from .faults import FaultHook, no_faults
 from .generations import OnReprocess
 from .identifiers import check_epoch, check_sink_id
+from .lost_writes import lost_files, prepare_rewrite
 from .observe import COMMIT_ERRORS, NO_METRICS, Metrics, count_abort, count_commit, safe
 from .outcomes import (
     AbortOutcome,
@@ -62,7 +58,6 @@ from .outcomes import (
     PersistOutcome,
     PersistResult,
     RecoveryReport,
-    RewriteOutcome,
     RewriteResult,
 )
 from .ports import CheckpointSource, CommitPlan, EpochRecord, SinkCommitter, SinkStateStore
@@ -221,7 +216,7 @@ class TwoPhaseCommitCoordinator:
                     if row.status is EpochStatus.COMMITTED
                     else PersistOutcome.COMMIT_DECIDED
                 )
-                warning = self._warn_other_dag(pre, row, dag_id)
+                warning = warn_other_dag(self._store, pre, row, dag_id)
                 log.info("%s: %s with write %s; the new write was removed", pre.describe(), outcome, row.write_id)
                 return PersistResult(outcome, row, row.write_id, warning=warning)
 
@@ -271,13 +266,6 @@ class TwoPhaseCommitCoordinator:
     def _refuse_discarded(self, pre: PreCommit) -> None:
         if self._store.write_discarded(pre.sink_id, pre.epoch, pre.write_id):
             raise discarded_error(pre)
-
-    def _warn_other_dag(self, pre: PreCommit, row: EpochRecord, dag_id: str | None) -> str | None:
-        """A write from another DAG for an epoch already settled: the sink id may be reused by mistake."""
-        warning = other_dag_warning(pre, row, dag_id)
-        if warning is not None:
-            record_warning(self._store, pre, warning)
-        return warning
 
     # -- phase two: commit ------------------------------------------------------------------------
 
@@ -458,62 +446,22 @@ class TwoPhaseCommitCoordinator:
         return AbortResult(outcome, deleted, record)
 
     def lost_files(self, row: EpochRecord) -> list[str]:
-        """The data files of a Pending write that are gone, when that is reason enough to give it up.
-
-        Refused (``AbortRefused``) while a table shows the epoch's write (it is partly visible: only
-        restoring the files and committing keeps it whole) and while every file is there (commit).
-        A revision's files count as lost also when those of the write it replaces left the table
-        (``ReplacedFilesMissing``): the replacement can then never be made, and the earlier write stays.
-        So do an upsert's when the table moved under it (``UpsertConflict``): its changes can then
-        never be committed as written, and must be written again.
-        """
-        committer = self._committer(row.sink_id)
-        visible = committer.find_committed(row.pre_commit, row.created_at)
-        shown = [t for t in visible.tables if row.replaces is None or visible.write_ids.get(t) == row.write_id]
-        missing = [] if shown else list(committer.missing_files(row.pre_commit))
-        if not shown and (row.replaces is not None or any(t.is_upsert for t in row.pre_commit.tables)):
-            try:
-                committer.prepare(row.pre_commit, replaces=row.replaces)
-            except ReplacedFilesMissing as exc:
-                missing += exc.missing
-            except UpsertConflict as exc:
-                missing += exc.conflicting
-        refusal = files_lost_refusal(row, shown, missing)
-        if refusal is not None:
-            raise refusal
-        return missing
+        """The data files of a Pending write that are gone, when that is reason enough to give it up
+        (``lost_writes.lost_files``); refused (``AbortRefused``) otherwise."""
+        return lost_files(self._committer(row.sink_id), row)
 
     # -- rewrite after an upsert conflict -----------------------------------------------------------
 
     def prepare_rewrite(self, sink_id: str, epoch: int, *, run_writes: Collection[str] = ()) -> RewriteResult:
-        """Make way for writing an upsert epoch again after its write conflicted (``rewrite_decision``).
-
-        A write persist refused for a conflict is Aborted already. An undecided write stays Pending: the next write's persist replaces it and removes its files.
-        A decided one is given up as lost (``lost_files`` checks that no table shows it), so that the
-        next write re-opens the epoch. Refused (``RewriteRefused``) for a write that can still commit.
-        ``run_writes``: the writes the run made so far (its write task's and earlier rewrites').
-        """
-        committer = self._committer(sink_id)
-        row = self._require(sink_id, epoch)
-
-        def conflict() -> UpsertConflict | None:
-            try:
-                committer.prepare(row.pre_commit, replaces=row.replaces)
-            except UpsertConflict as exc:
-                return exc
-            return None
-
-        decision = rewrite_decision(
-            row, run_writes, conflict, lambda: self._checkpoints.status(sink_id, epoch)
-        ).raise_if_refused()
-        if decision.action is Action.ALREADY_COMMITTED:
-            return RewriteResult(RewriteOutcome.ALREADY_COMMITTED, row, decision.why)
-        if decision.action is Action.GIVE_UP_AND_REWRITE:
-            given_up = self.abort(sink_id, epoch, reason=f"{REWRITE_REASON}: {decision.why}", files_lost=True)
-            log.warning("%s: %s", row.pre_commit.describe(), decision.why)
-            return RewriteResult(RewriteOutcome.GAVE_UP, given_up.record or row, decision.why)
-        log.warning("%s: %s", row.pre_commit.describe(), decision.why)
-        return RewriteResult(RewriteOutcome.REWRITE, row, decision.why)
+        """Make way for writing an upsert epoch again after its write conflicted
+        (``lost_writes.prepare_rewrite``). ``run_writes``: the writes the run made so far."""
+        return prepare_rewrite(
+            self._require(sink_id, epoch),
+            self._committer(sink_id),
+            lambda: self._checkpoints.status(sink_id, epoch),
+            lambda reason: self.abort(sink_id, epoch, reason=reason, files_lost=True),
+            run_writes,
+        )
 
     # -- recovery ---------------------------------------------------------------------------------
 
@@ -528,18 +476,8 @@ class TwoPhaseCommitCoordinator:
     # -- clean-up ---------------------------------------------------------------------------------
 
     def clean_up(self, sink_id: str, epoch: int | None = None) -> CleanupReport:
-        """Run the queued clean-ups of a sink (or of one epoch) alone, without touching any epoch's status.
-
-        What an operator asks for after a crash left an Aborted epoch's files, or after queuing
-        orphaned write locations; the same checks as every other delete apply (invariant 4). A
-        clean-up that fails is in the report's ``failed`` and stays queued.
-        """
-        self._committer(sink_id)
-        if epoch is not None:
-            check_epoch(epoch)
-        report = CleanupReport(sink_id)
-        report.files_deleted = self._run_cleanups(sink_id, epoch, report)
-        return report
+        """Run the queued clean-ups of a sink (or of one epoch) alone (``cleanups.clean_up``)."""
+        return clean_up(self._store, self._committer(sink_id), sink_id, epoch, fault=self._fault)
 
     def _run_cleanups(self, sink_id: str, epoch: int | None, report: CleanupReport | None = None) -> int:
         """Delete the files of queued writes that can no longer become visible (``core.cleanups``)."""
