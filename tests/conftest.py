@@ -4,6 +4,11 @@ PostgreSQL is the one at 127.0.0.1:5432 (override with ``EO_TEST_PG_URL``). Each
 fresh database on it, dropped at the end, so runs never see each other's rows. Where PostgreSQL
 cannot be reached the ``postgres`` parameter is skipped with the reason, except under CI
 (``CI=true``), where a missing PostgreSQL is a failure: the suite must not go green by skipping.
+
+Hypothesis draws its examples from a fixed seed under CI (profile ``ci``: ``derandomize``, and the
+reproduction blob of a failure printed), so that a red CI run is about the commit under test, not
+about a new draw that happened upon an old bug; a run by hand keeps drawing new examples and saves
+the failing ones in ``.hypothesis/``. ``HYPOTHESIS_PROFILE=ci`` or ``=default`` chooses either anywhere.
 """
 
 from __future__ import annotations
@@ -20,6 +25,18 @@ import sqlalchemy as sa
 # unique) for the suites that run DAGs; a suite's own conftest may override ``world``.
 from tests.support.airflow_env import airflow_home, unique, world  # noqa: F401
 from tests.support.stack import moto, seaweed  # noqa: F401
+
+
+def _hypothesis_profile() -> None:
+    try:
+        from hypothesis import settings
+    except ImportError:  # a compatibility cell (scripts/compat) installs pytest alone: no property tests there
+        return
+    settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
+    settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "default"))
+
+
+_hypothesis_profile()
 
 PG_ADMIN_URL = os.environ.get("EO_TEST_PG_URL", "postgresql+psycopg2://postgres@127.0.0.1:5432/test")
 BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]

@@ -4,7 +4,9 @@ A thin shell over ``operations.SinkOperations``, the service the Airflow UI's si
 every action goes through the sink's coordinator, under the same invariants as the DAG's tasks.
 
 Exit codes: 0 done (or, with ``--dry-run``, it would be done); 1 a refusal or a failure, with the
-message on stderr naming the sink and epoch; 2 bad usage (argparse's own convention).
+message on stderr naming the sink and epoch; 2 bad usage (argparse's own convention); 3 busy: another
+recovery held a sink's lock, so nothing was done to that sink (the others were acted on) and running
+the same command later will do it. A scheduled ``gc`` or ``recover`` can retry on 3 and page on 1.
 
 Everything the tool prints, and every log line of the process, has the credentials of any URL in it
 masked; what it prints to the terminal has control characters escaped (``core.redact``): a path, an
@@ -24,7 +26,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NoReturn, TextIO
 
 from airflow_provider_exactly_once.cli.parser import build_parser, duration
-from airflow_provider_exactly_once.core.errors import ExactlyOnceError, InvalidSinkConfig
+from airflow_provider_exactly_once.core.errors import ExactlyOnceError, InvalidSinkConfig, SinkLocked
 from airflow_provider_exactly_once.core.redact import mask_userinfo, safe_text
 from airflow_provider_exactly_once.core.status import EpochStatus
 from airflow_provider_exactly_once.operations import ActionResult, InvalidRequest, SinkOperations
@@ -33,6 +35,7 @@ from airflow_provider_exactly_once.store import SqlSinkStateStore
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
+EXIT_BUSY = 3
 
 #: Set to ``1`` to see the traceback of an unexpected error (by default one masked line, as for a refusal).
 TRACEBACK_ENV = "EO_SINK_TRACEBACK"
@@ -144,7 +147,8 @@ def _target(args: argparse.Namespace) -> str:
 
 def _fail(args: argparse.Namespace, err: TextIO, out: TextIO, exc: ExactlyOnceError, target: str) -> int:
     """One line on stderr naming what was acted on and the refusal; with ``--json`` also a JSON object."""
-    return _report(args, err, out, type(exc).__name__, str(exc), exc.retryable, target)
+    code = _report(args, err, out, type(exc).__name__, str(exc), exc.retryable, target)
+    return EXIT_BUSY if isinstance(exc, SinkLocked) else code
 
 
 def _unexpected(args: argparse.Namespace, err: TextIO, out: TextIO, exc: Exception, target: str) -> int:
@@ -377,15 +381,28 @@ def _per_sink(
     err: TextIO,
     act: Callable[[str], ActionResult],
 ) -> int:
-    """One sink, or each registered sink in turn: one sink's failure does not stop the others."""
+    """One sink, or each registered sink in turn: one sink's failure does not stop the others, and a
+    sink another recovery holds is skipped, said on stdout as a result: it is being worked on, which is
+    no failure, and the exit code (3, unless another sink failed) tells a schedule to run again."""
     if args.sink:
         return _print_result(out, args, act(args.sink))
     sink_ids = [s.sink_id for s in ops.sinks() if s.registered]
     results: list[dict[str, Any]] = []
     code = EXIT_OK
+    busy = False
     for sink_id in sink_ids:
         try:
             result = act(sink_id)
+        except SinkLocked as exc:
+            busy = True
+            skipped = _skipped(args, sink_id, exc)
+            if args.json:
+                results.append(skipped)
+            else:
+                out.write(
+                    safe_text(f"{args.command} sink {sink_id!r}: skipped") + f"\n  {safe_text(skipped['detail'])}\n"
+                )
+            continue
         except ExactlyOnceError as exc:
             print(safe_text(f"eo-sink {args.command} sink {sink_id!r}: {type(exc).__name__}: {exc}"), file=err)
             results.append({"sink_id": sink_id, "error": type(exc).__name__, "message": mask_userinfo(str(exc))})
@@ -401,7 +418,27 @@ def _per_sink(
         _print_json(out, {"results": results})
     elif not sink_ids:
         out.write("no registered sinks\n")
-    return code
+    return EXIT_BUSY if code == EXIT_OK and busy else code
+
+
+def _skipped(args: argparse.Namespace, sink_id: str, exc: SinkLocked) -> dict[str, Any]:
+    """A locked sink's entry among ``_per_sink``'s results, shaped as an ``ActionResult``'s."""
+    detail = mask_userinfo(
+        f"{exc}; nothing was done to this sink: run `eo-sink {args.command} {sink_id}` again once that recovery has finished"
+    )
+    return {
+        "action": args.command,
+        "sink_id": sink_id,
+        "epoch": None,
+        "dry_run": args.dry_run,
+        "outcome": "skipped",
+        "detail": detail,
+        "files_deleted": 0,
+        "ok": False,
+        "error": type(exc).__name__,
+        "retryable": True,
+        "report": {},
+    }
 
 
 def _recover_command(ops: SinkOperations, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
@@ -423,4 +460,4 @@ COMMANDS: dict[str, Callable[[SinkOperations, argparse.Namespace, TextIO, TextIO
     "gc": _gc_command,
 }
 
-__all__ = ["EXIT_FAILED", "EXIT_OK", "EXIT_USAGE", "build_parser", "duration", "main", "run"]
+__all__ = ["EXIT_BUSY", "EXIT_FAILED", "EXIT_OK", "EXIT_USAGE", "build_parser", "duration", "main", "run"]

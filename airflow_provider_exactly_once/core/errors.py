@@ -64,6 +64,12 @@ class RevisionInProgress(ExactlyOnceError):
     retryable = True
 
 
+class SinkLocked(ExactlyOnceError):
+    """Another recovery holds the sink's lock: it is doing this work right now, and this one did nothing."""
+
+    retryable = True
+
+
 class EpochNotFound(ExactlyOnceError):
     """No row exists for the (sink, epoch): it was never persisted."""
 

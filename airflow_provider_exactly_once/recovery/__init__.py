@@ -11,13 +11,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from airflow_provider_exactly_once._lazy import lazy_exports
+from airflow_provider_exactly_once.core.errors import SinkLocked
 from airflow_provider_exactly_once.defaults import DEFAULT_LOCK_TTL, DEFAULT_ORPHAN_GRACE
 
 if TYPE_CHECKING:
-    from airflow_provider_exactly_once.recovery.sink import SinkLocked, SinkRecoveryReport, recover_sink
+    from airflow_provider_exactly_once.recovery.sink import SinkRecoveryReport, recover_sink
 
 __all__ = ["DEFAULT_LOCK_TTL", "DEFAULT_ORPHAN_GRACE", "SinkLocked", "SinkRecoveryReport", "recover_sink"]
 
 __getattr__, __dir__ = lazy_exports(
-    __name__, {name: "sink" for name in ("SinkLocked", "SinkRecoveryReport", "recover_sink")}, globals()
+    __name__, {name: "sink" for name in ("SinkRecoveryReport", "recover_sink")}, globals()
 )

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
 
+from airflow_provider_exactly_once.core.errors import SinkLocked
 from airflow_provider_exactly_once.core.status import EpochStatus
 from airflow_provider_exactly_once.defaults import DEFAULT_LOCK_TTL, DEFAULT_META_CONN_ID, DEFAULT_ORPHAN_GRACE
 from airflow_provider_exactly_once.observability.assets import emit_committed, recovery_alias
@@ -79,7 +80,7 @@ class RecoverSinkOperator(BaseOperator):
 
     def execute(self, context: Context) -> dict[str, Any]:
         # The recovery machinery (coordinator, committers) loads in the task, not at every parse.
-        from airflow_provider_exactly_once.recovery.sink import SinkLocked, recover_sink
+        from airflow_provider_exactly_once.recovery.sink import recover_sink
 
         with airflow_errors():
             store = open_meta_store(self.meta_conn_id)

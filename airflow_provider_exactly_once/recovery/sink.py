@@ -22,6 +22,7 @@ from airflow_provider_exactly_once.core.errors import (
     ExactlyOnceError,
     InvalidSinkConfig,
     MetaStoreUnavailable,
+    SinkLocked,
     StateConflict,
 )
 from airflow_provider_exactly_once.core.observe import report_pending
@@ -37,12 +38,6 @@ if TYPE_CHECKING:
     from airflow_provider_exactly_once.recovery.orphans import OrphanCandidate
 
 log = logging.getLogger(__name__)
-
-
-class SinkLocked(ExactlyOnceError):
-    """Another recovery holds the sink's lock: it is doing this work right now."""
-
-    retryable = True
 
 
 @dataclass

@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 
-from airflow_provider_exactly_once.cli.main import EXIT_FAILED, EXIT_OK, EXIT_USAGE, duration, main
+from airflow_provider_exactly_once.cli.main import EXIT_BUSY, EXIT_FAILED, EXIT_OK, EXIT_USAGE, duration, main
 from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochStatus
+from airflow_provider_exactly_once.sinks.config import FileSinkConfig
 from tests.operations.helpers import coordinator, state, write
 from tests.recovery.helpers import E0, E1, E2, E3, GRACE, exists, leave_crash
 from tests.support.airflow_world import World
@@ -160,6 +161,34 @@ def test_recover_every_registered_sink(world: World) -> None:
     assert (result["report"]["committed"], result["report"]["aborted"]) == ([E1], [E2])
     assert not exists(left.old_orphan) and exists(left.young_orphan)
     assert timedelta(hours=6) == GRACE  # the young orphan is kept by the default grace
+
+
+@pytest.mark.parametrize("backend", ["sqlite"])  # every registered sink of the store: a store of its own
+def test_gc_over_every_sink_skips_a_sink_another_recovery_holds_and_collects_the_others(world: World) -> None:
+    held = leave_crash(world, world.iceberg_sink())
+    free = leave_crash(world, FileSinkConfig(f"{world.sink_id}-files", str(world.tmp / "other-files")))
+    registry, url = world.pipeline.store.registry, world.pipeline.meta_url
+    acquired, _, _ = registry.acquire_sink_lock(world.sink_id, "recovery-run-7", ttl=timedelta(minutes=5))
+    assert acquired
+
+    code, out, err = run_main("gc", "--url", url, "--json")
+    assert code == EXIT_BUSY, err
+    results = {r["sink_id"]: r for r in json.loads(out)["results"]}
+    skipped, collected = results[world.sink_id], results[free.sink.sink_id]
+    assert (skipped["outcome"], skipped["error"], skipped["retryable"]) == ("skipped", "SinkLocked", True)
+    assert "'recovery-run-7'" in skipped["detail"] and f"eo-sink gc {world.sink_id}" in skipped["detail"]
+    assert collected["ok"] is True and collected["report"]["orphans_removed"] == [free.old_orphan.write_id]
+    assert exists(held.old_orphan) and not exists(free.old_orphan)
+
+    code, out, err = run_main("gc", world.sink_id, "--url", url)  # the one sink, asked by name: busy too
+    assert code == EXIT_BUSY and "SinkLocked" in err and "'recovery-run-7'" in err
+    code, out, _ = run_main("gc", "--url", url)  # text: the skip is a result on stdout, not an error
+    assert code == EXIT_BUSY and f"gc sink '{world.sink_id}': skipped" in out
+
+    registry.release_sink_lock(world.sink_id, "recovery-run-7")
+    code, out, err = run_main("gc", "--url", url, "--json")
+    assert code == EXIT_OK, err
+    assert not exists(held.old_orphan) and exists(held.young_orphan) and exists(free.young_orphan)
 
 
 def test_the_meta_store_connection_is_resolved_through_airflow(world: World, monkeypatch: pytest.MonkeyPatch) -> None:
