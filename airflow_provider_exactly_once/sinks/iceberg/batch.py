@@ -7,7 +7,8 @@ once, so the batch lands whole or not at all. What makes a commit per epoch cost
 loading the table, reading the parent's manifest list, writing a metadata file that lists every
 snapshot - is then paid once per batch instead of once per epoch.
 
-Everything else is the single commit's (design.md section 5, ``committer.py``): the marker walk
+Everything else is the single commit's (design.md section 5, ``committer.py``, reached through
+``plans.BatchHost``): the marker walk
 (one walk for the batch, each epoch held to its own bound), the horizon and file checks before
 anything is changed, our own bounded retry that re-reads the markers after a conflict, and an
 unknown outcome that deletes nothing. Only appends come here: a revision or an upsert is an
@@ -22,7 +23,6 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from pyiceberg.table import Table
-from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 
 from airflow_provider_exactly_once.core.errors import (
     CommitConflictExhausted,
@@ -34,9 +34,9 @@ from airflow_provider_exactly_once.core.errors import (
 from airflow_provider_exactly_once.core.observe import COMMIT_RETRIES
 from airflow_provider_exactly_once.core.ports import EMPTY, CommitPlan, CommittedTables
 from airflow_provider_exactly_once.core.precommit import PreCommit, TableWrite
-from airflow_provider_exactly_once.sinks.iceberg.committer import PREPARED_FRESH_S, IcebergSinkCommitter, TablePlan
 from airflow_provider_exactly_once.sinks.iceberg.epoch_snapshot import ensure_name_mapping, staged_data_files
 from airflow_provider_exactly_once.sinks.iceberg.markers import marker_properties, sink_markers
+from airflow_provider_exactly_once.sinks.iceberg.plans import PREPARED_FRESH_S, BatchHost, TablePlan
 from airflow_provider_exactly_once.sinks.iceberg.transaction import (
     SinkCommitConflict,
     SinkTransaction,
@@ -57,7 +57,7 @@ class _Entry:
     not_before_ms: int
 
 
-def prepare_batch(committer: IcebergSinkCommitter, pre_commits: Sequence[PreCommit]) -> list[CommitPlan | None]:
+def prepare_batch(committer: BatchHost, pre_commits: Sequence[PreCommit]) -> list[CommitPlan | None]:
     """Per write, in order: its plan, checked against each table loaded once for the whole batch;
     ``None`` for a write that must commit on its own (it adds columns, or the check refuses it: its
     own commit then says why, and records it on its row)."""
@@ -69,9 +69,9 @@ def prepare_batch(committer: IcebergSinkCommitter, pre_commits: Sequence[PreComm
         try:
             for write in pre.tables:
                 if write.table not in tables:
-                    tables[write.table] = committer._load(write.table)
+                    tables[write.table] = committer.load(write.table)
                 table = tables[write.table]
-                if write.is_upsert or committer._check(table, pre, write):
+                if write.is_upsert or committer.check(table, pre, write):
                     break  # an overwrite, or a schema change staged before the append: alone
                 prepared[write.table] = TablePlan(write, table, [], [])
             else:
@@ -84,7 +84,7 @@ def prepare_batch(committer: IcebergSinkCommitter, pre_commits: Sequence[PreComm
 
 
 def commit_batch(
-    committer: IcebergSinkCommitter,
+    committer: BatchHost,
     plans: Sequence[CommitPlan],
     since: Sequence[datetime],
     *,
@@ -99,7 +99,7 @@ def commit_batch(
         if plan.replaces is not None or any(write.is_upsert for write in plan.pre_commit.tables):
             raise CommitRefused(f"{plan.pre_commit.describe()}: only appends are committed in a batch")
         for write in plan.pre_commit.tables:
-            not_before_ms = committer._not_before_ms(created_at)
+            not_before_ms = committer.not_before_ms(created_at)
             by_table.setdefault(write.table, []).append(
                 _Entry(index, plan.pre_commit, write, created_at, not_before_ms)
             )
@@ -108,7 +108,7 @@ def commit_batch(
     staged: list[tuple[str, Table, list[_Entry]]] = []
     # Every table is checked before any is changed, as in the single commit.
     for name, entries in by_table.items():
-        table = _prepared_table(committer, plans, entries) or committer._load(name)
+        table = _prepared_table(committer, plans, entries) or committer.load(name)
         to_append: list[_Entry] = []
         for entry, found in zip(entries, _visible(committer, table, entries), strict=True):
             if found is not None:
@@ -117,12 +117,12 @@ def commit_batch(
                 committed[entry.index][name] = EMPTY
             else:
                 if not allow_beyond_horizon:
-                    committer._check_horizon(table, entry.pre_commit, entry.write, entry.since)
+                    committer.check_horizon(table, entry.pre_commit, entry.write, entry.since)
                 to_append.append(entry)
         staged.append((name, table, to_append))
     for _, table, entries in staged:
         for entry in entries:
-            missing = committer._missing(entry.pre_commit, [(entry.write, table)])
+            missing = committer.missing_in(entry.pre_commit, [(entry.write, table)])
             if missing:
                 raise MissingDataFiles(entry.pre_commit.sink_id, entry.pre_commit.epoch, missing)
 
@@ -135,24 +135,20 @@ def commit_batch(
     ]
 
 
-def _prepared_table(
-    committer: IcebergSinkCommitter, plans: Sequence[CommitPlan], entries: list[_Entry]
-) -> Table | None:
+def _prepared_table(committer: BatchHost, plans: Sequence[CommitPlan], entries: list[_Entry]) -> Table | None:
     """The table ``prepare_batch`` loaded, while fresh; it is one object for the whole batch."""
     ready = plans[entries[0].index].fresh_state(committer, PREPARED_FRESH_S).get(entries[0].write.table)
     if not isinstance(ready, TablePlan):
         return None
-    committer._uuids[entries[0].write.table] = str(ready.table.metadata.table_uuid)
+    committer.adopt(entries[0].write.table, ready.table)
     return ready.table
 
 
-def _visible(committer: IcebergSinkCommitter, table: Table, entries: list[_Entry]) -> list[int | None]:
+def _visible(committer: BatchHost, table: Table, entries: list[_Entry]) -> list[int | None]:
     """Per entry, the snapshot of its write that the table shows (step 2 of the commit), or ``None``;
     ``ForeignWriteVisible`` when it shows the epoch committed by another write."""
     oldest = min(entry.not_before_ms for entry in entries)
-    markers = sink_markers(
-        table.metadata, entries[0].pre_commit.sink_id, branch=committer._branch, not_before_ms=oldest
-    )
+    markers = sink_markers(table.metadata, entries[0].pre_commit.sink_id, branch=committer.branch, not_before_ms=oldest)
     found: list[int | None] = []
     for entry in entries:
         marker = markers.get(str(entry.pre_commit.epoch))
@@ -169,24 +165,18 @@ def _visible(committer: IcebergSinkCommitter, table: Table, entries: list[_Entry
     return found
 
 
-def _commit_table(committer: IcebergSinkCommitter, name: str, table: Table, entries: list[_Entry]) -> list[str]:
+def _commit_table(committer: BatchHost, name: str, table: Table, entries: list[_Entry]) -> list[str]:
     """One table's stacked appends, with the single commit's bounded retry: every attempt after a
     conflict re-loads the table and leaves out the epochs it shows by then."""
-    retrying = Retrying(
-        stop=stop_after_attempt(committer._max_attempts),
-        wait=wait_random_exponential(multiplier=committer._backoff_initial_s, max=committer._backoff_max_s),
-        retry=retry_if_exception_type(SinkCommitConflict),
-        reraise=True,
-    )
     done: dict[int, str] = {}
     try:
-        for attempt in retrying:
+        for attempt in committer.retrying():
             with attempt:
                 todo = entries
                 if attempt.retry_state.attempt_number > 1:
                     sink_id = entries[0].pre_commit.sink_id
                     committer.metrics.incr(COMMIT_RETRIES, 1, {"sink_id": sink_id, "table": name})
-                    table = committer._load(name)
+                    table = committer.load(name)
                     todo = []
                     for entry, found in zip(entries, _visible(committer, table, entries), strict=True):
                         if found is None:
@@ -198,31 +188,31 @@ def _commit_table(committer: IcebergSinkCommitter, name: str, table: Table, entr
                         done[entry.index] = str(snapshot_id)
     except SinkCommitConflict as exc:
         raise CommitConflictExhausted(
-            f"{_describe(entries)}: table {name!r} changed under every one of {committer._max_attempts} commit "
+            f"{_describe(entries)}: table {name!r} changed under every one of {committer.max_attempts} commit "
             f"attempts: {exc}"
         ) from exc
     return [done[entry.index] for entry in entries]
 
 
-def _append_all(committer: IcebergSinkCommitter, name: str, table: Table, entries: list[_Entry]) -> list[int]:
+def _append_all(committer: BatchHost, name: str, table: Table, entries: list[_Entry]) -> list[int]:
     """Stage one marked append per entry, each on the one before; commit the transaction once."""
     tx = SinkTransaction(table)
     snapshot_ids: list[int] = []
-    with tx.staging(_describe(entries), name, committer._branch):
+    with tx.staging(_describe(entries), name, committer.branch):
         ensure_name_mapping(tx)  # the batch adds no columns: the mapping of the table's schema
         previous: StackedFastAppend | None = None
         for entry in entries:
             pre, write = entry.pre_commit, entry.write
             data_files = staged_data_files(tx, pre, write)
             marker = marker_properties(pre.sink_id, pre.epoch, pre.write_id)
-            append = tx.stacked_append(branch=committer._branch, snapshot_properties=marker, previous=previous)
+            append = tx.stacked_append(branch=committer.branch, snapshot_properties=marker, previous=previous)
             for data_file in data_files:
                 append.append_data_file(data_file)
             append.commit()  # staged before the next append is created, so that one's parent is this one
             previous = append
             snapshot_ids.append(append.snapshot_id)
     tx.commit_staged(
-        committer._fault,
+        committer.fault,
         lambda: (
             f"{_describe(entries)}: the commit of table {name!r} ({len(snapshot_ids)} snapshots, the last "
             f"{snapshot_ids[-1]})"

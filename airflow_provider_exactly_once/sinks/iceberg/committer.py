@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from pyiceberg.catalog import Catalog
@@ -29,6 +28,7 @@ from airflow_provider_exactly_once.core.faults import FaultHook, no_faults
 from airflow_provider_exactly_once.core.observe import COMMIT_RETRIES, NO_METRICS, Metrics, safe
 from airflow_provider_exactly_once.core.ports import EMPTY, CommitPlan, CommittedTables, ReplacedWrite, VisibleEpoch
 from airflow_provider_exactly_once.core.precommit import PreCommit, TableWrite
+from airflow_provider_exactly_once.sinks.iceberg.batch import commit_batch, prepare_batch
 from airflow_provider_exactly_once.sinks.iceberg.catalog_access import load_table, unavailable_when_unreachable
 from airflow_provider_exactly_once.sinks.iceberg.epoch_snapshot import commit_snapshot
 from airflow_provider_exactly_once.sinks.iceberg.horizon import check_horizon
@@ -41,6 +41,7 @@ from airflow_provider_exactly_once.sinks.iceberg.markers import (
     marker_of,
     recent_snapshots,
 )
+from airflow_provider_exactly_once.sinks.iceberg.plans import PREPARED_FRESH_S, TablePlan
 from airflow_provider_exactly_once.sinks.iceberg.references import AddedFiles, files_live_in_refs
 from airflow_provider_exactly_once.sinks.iceberg.replacement import files_to_replace, still_referenced
 from airflow_provider_exactly_once.sinks.iceberg.schema_check import ColumnToAdd
@@ -49,26 +50,8 @@ from airflow_provider_exactly_once.sinks.iceberg.transaction import SinkCommitCo
 from airflow_provider_exactly_once.sinks.iceberg.upsert_revisions import upsert_files_to_replace
 from airflow_provider_exactly_once.sinks.iceberg.write_check import CheckedWrites, check_location
 
-#: How long a table ``prepare`` loaded may stand in for the commit's own load (``CommitPlan.fresh_state``).
-PREPARED_FRESH_S = 5.0
-
 #: The fault point of every table load; those around the catalog update are ``transaction.py``'s.
 FAULT_LOADED = "iceberg.loaded"
-
-
-@dataclass(frozen=True)
-class TablePlan:
-    """One table's prepared state in a ``CommitPlan``: the table as loaded and what its commit does.
-
-    ``table`` is pyiceberg's object, which a commit through it updates in place: committing the same
-    plan again then finds this write's marker at once.
-    """
-
-    write: TableWrite
-    table: Table
-    to_add: list[ColumnToAdd]
-    #: A revision's: the replaced write's files in this table, removed by the same snapshot.
-    to_replace: list[DataFile]
 
 
 class IcebergSinkCommitter:
@@ -112,13 +95,13 @@ class IcebergSinkCommitter:
         if not callable(fault):
             raise InvalidSinkConfig("fault must be callable")
         self._catalog = catalog
-        self._branch = branch
+        self.branch = branch
         self._clock_skew = clock_skew
-        self._max_attempts = max_attempts
+        self.max_attempts = max_attempts
         self._backoff_initial_s = float(backoff_initial_s)
         self._backoff_max_s = float(backoff_max_s)
         self._allow_schema_evolution = allow_schema_evolution
-        self._fault: Callable[[str], None] = fault
+        self.fault: Callable[[str], None] = fault
         #: Table name -> the UUID of the table this committer last loaded under that name.
         self._uuids: dict[str, str] = {}
         self._added_files = AddedFiles()
@@ -140,8 +123,8 @@ class IcebergSinkCommitter:
         prepared_at = time.monotonic()
         prepared: dict[str, TablePlan] = {}
         for write in pre_commit.tables:
-            table = self._load(write.table)
-            to_add = self._check(table, pre_commit, write)
+            table = self.load(write.table)
+            to_add = self.check(table, pre_commit, write)
             prepared[write.table] = TablePlan(
                 write, table, to_add, self._to_replace(table, pre_commit, write, replaces)
             )
@@ -151,26 +134,26 @@ class IcebergSinkCommitter:
         identities: dict[str, str] = {}
         for write in pre_commit.tables:
             if write.table not in self._uuids:
-                self._load(write.table)
+                self.load(write.table)
             identities[write.table] = self._uuids[write.table]
         return identities
 
-    def _check(self, table: Table, pre_commit: PreCommit, write: TableWrite) -> list[ColumnToAdd]:
+    def check(self, table: Table, pre_commit: PreCommit, write: TableWrite) -> list[ColumnToAdd]:
         return self._checked.check(
             table.metadata,
             table.metadata_location,
             write,
-            branch=self._branch,
+            branch=self.branch,
             allow_schema_evolution=self._allow_schema_evolution,
             owner=pre_commit.describe(),
         )
 
     def find_committed(self, pre_commit: PreCommit, since: datetime) -> VisibleEpoch:
-        not_before_ms = self._not_before_ms(since)
+        not_before_ms = self.not_before_ms(since)
         tables: dict[str, str] = {}
         write_ids: dict[str, str | None] = {}
         for write in pre_commit.tables:
-            table = self._load(write.table)
+            table = self.load(write.table)
             found = self._find_marker(table, pre_commit, not_before_ms)
             if found is not None:
                 tables[write.table] = str(found[0])
@@ -178,11 +161,11 @@ class IcebergSinkCommitter:
         return VisibleEpoch(tables=tables, write_ids=write_ids)
 
     def missing_files(self, pre_commit: PreCommit) -> Sequence[str]:
-        return self._missing(pre_commit, [(write, self._load(write.table)) for write in pre_commit.tables])
+        return self.missing_in(pre_commit, [(write, self.load(write.table)) for write in pre_commit.tables])
 
     def commit(self, plan: CommitPlan, since: datetime, *, allow_beyond_horizon: bool = False) -> CommittedTables:
         pre_commit, replaces = plan.pre_commit, plan.replaces
-        not_before_ms = self._not_before_ms(since)
+        not_before_ms = self.not_before_ms(since)
         fresh = plan.fresh_state(self, PREPARED_FRESH_S)
         committed: dict[str, str] = {}
         to_commit: list[TablePlan] = []
@@ -192,9 +175,9 @@ class IcebergSinkCommitter:
             ready = fresh.get(write.table)
             if isinstance(ready, TablePlan):
                 table = ready.table
-                self._uuids[write.table] = str(table.metadata.table_uuid)  # the table this commit goes into
+                self.adopt(write.table, table)
             else:
-                ready, table = None, self._load(write.table)
+                ready, table = None, self.load(write.table)
             found = self._marker_of_this_write(table, pre_commit, not_before_ms, replaces)
             if found is not None:
                 committed[write.table] = str(found)
@@ -204,8 +187,8 @@ class IcebergSinkCommitter:
                 committed[write.table] = EMPTY
                 continue
             if not allow_beyond_horizon:
-                self._check_horizon(table, pre_commit, write, since)
-            to_add = ready.to_add if ready else self._check(table, pre_commit, write)
+                self.check_horizon(table, pre_commit, write, since)
+            to_add = ready.to_add if ready else self.check(table, pre_commit, write)
             to_commit.append(TablePlan(write, table, to_add, to_replace))
 
         self._check_files_exist(pre_commit, to_commit)
@@ -215,16 +198,12 @@ class IcebergSinkCommitter:
 
     def prepare_batch(self, pre_commits: Sequence[PreCommit]) -> list[CommitPlan | None]:
         """``core.ports.BatchCommitter``: each table loaded once for the batch (``batch.py``)."""
-        from airflow_provider_exactly_once.sinks.iceberg.batch import prepare_batch
-
         return prepare_batch(self, pre_commits)
 
     def commit_batch(
         self, plans: Sequence[CommitPlan], since: Sequence[datetime], *, allow_beyond_horizon: bool = False
     ) -> list[CommittedTables]:
         """``core.ports.BatchCommitter``: the epochs' appends stacked in one catalog commit per table."""
-        from airflow_provider_exactly_once.sinks.iceberg.batch import commit_batch
-
         return commit_batch(self, plans, since, allow_beyond_horizon=allow_beyond_horizon)
 
     def delete_replaced(
@@ -235,10 +214,10 @@ class IcebergSinkCommitter:
         The replacing snapshots removed the files from the table; every older snapshot still lists
         them (``replacement.still_referenced``), so they wait for the table's snapshot expiry.
         """
-        recorded_ms = self._not_before_ms(recorded_at)
+        recorded_ms = self.not_before_ms(recorded_at)
         loaded: list[tuple[TableWrite, Table]] = []
         for write in pre_commit.tables:
-            table = self._load(write.table)
+            table = self.load(write.table)
             check_location(table.metadata, write)
             what = f"{pre_commit.describe()}: could not read the history of table {write.table!r}"
             with unavailable_when_unreachable(what, table.io.properties):
@@ -248,11 +227,11 @@ class IcebergSinkCommitter:
         return _delete_locations(pre_commit, loaded)
 
     def delete_write(self, pre_commit: PreCommit, since: datetime) -> int:
-        not_before_ms = self._not_before_ms(since)
+        not_before_ms = self.not_before_ms(since)
         loaded: list[tuple[TableWrite, Table]] = []
         # All tables are cleared before anything is deleted, so a refusal leaves every file in place.
         for write in pre_commit.tables:
-            table = self._load(write.table)
+            table = self.load(write.table)
             check_location(table.metadata, write)
             # Reads the manifests of the snapshots since the write: object storage, which may be down.
             what = f"{pre_commit.describe()}: could not check what table {write.table!r} references"
@@ -263,22 +242,36 @@ class IcebergSinkCommitter:
 
     # -- loading and markers --------------------------------------------------------------------
 
-    def _load(self, name: str) -> Table:
+    # -- what the batch uses too (``plans.BatchHost``) --------------------------------------------
+
+    def load(self, name: str) -> Table:
         table = load_table(self._catalog, name)
-        self._uuids[name] = str(table.metadata.table_uuid)
-        self._fault(FAULT_LOADED)
+        self.adopt(name, table)
+        self.fault(FAULT_LOADED)
         return table
 
-    def _not_before_ms(self, since: datetime) -> int:
+    def adopt(self, name: str, table: Table) -> None:
+        """Remember the identity of the table under ``name`` that this committer commits into."""
+        self._uuids[name] = str(table.metadata.table_uuid)
+
+    def retrying(self) -> Retrying:
+        return Retrying(
+            stop=stop_after_attempt(self.max_attempts),
+            wait=wait_random_exponential(multiplier=self._backoff_initial_s, max=self._backoff_max_s),
+            retry=retry_if_exception_type(SinkCommitConflict),
+            reraise=True,
+        )
+
+    def not_before_ms(self, since: datetime) -> int:
         if not isinstance(since, datetime) or since.tzinfo is None or since.utcoffset() is None:
             raise InvalidPreCommit(f"since must be a timezone-aware datetime, got {since!r}")
         return int((since - self._clock_skew).timestamp() * 1000)
 
-    def _check_horizon(self, table: Table, pre_commit: PreCommit, write: TableWrite, since: datetime) -> None:
-        owner, not_before_ms = pre_commit.describe(), self._not_before_ms(since)
+    def check_horizon(self, table: Table, pre_commit: PreCommit, write: TableWrite, since: datetime) -> None:
+        owner, not_before_ms = pre_commit.describe(), self.not_before_ms(since)
         check_horizon(
             table.metadata,
-            self._branch,
+            self.branch,
             owner=owner,
             table=write.table,
             since=since,
@@ -291,7 +284,7 @@ class IcebergSinkCommitter:
             table.metadata,
             pre_commit.sink_id,
             pre_commit.epoch,
-            branch=self._branch,
+            branch=self.branch,
             not_before_ms=not_before_ms,
         )
 
@@ -317,11 +310,11 @@ class IcebergSinkCommitter:
 
     def _check_files_exist(self, pre_commit: PreCommit, plans: list[TablePlan]) -> None:
         """Once per commit call, not per conflict retry: the files do not go away while it runs."""
-        missing = self._missing(pre_commit, [(plan.write, plan.table) for plan in plans])
+        missing = self.missing_in(pre_commit, [(plan.write, plan.table) for plan in plans])
         if missing:
             raise MissingDataFiles(pre_commit.sink_id, pre_commit.epoch, missing)
 
-    def _missing(self, pre_commit: PreCommit, writes: Sequence[tuple[TableWrite, Table]]) -> list[str]:
+    def missing_in(self, pre_commit: PreCommit, writes: Sequence[tuple[TableWrite, Table]]) -> list[str]:
         missing: list[str] = []
         for write, table in writes:
             what = f"{pre_commit.describe()}: could not check the data files of table {write.table!r}"
@@ -337,47 +330,41 @@ class IcebergSinkCommitter:
             # The files it rewrote; a revision's also the revised write's (``upsert_revisions``).
             what = f"{pre_commit.describe()}: could not read the files the upsert rewrote in table {write.table!r}"
             with unavailable_when_unreachable(what, table.io.properties):
-                return upsert_files_to_replace(table, self._branch, pre_commit, write, replaces)
+                return upsert_files_to_replace(table, self.branch, pre_commit, write, replaces)
         if replaces is None:
             return []
         what = f"{pre_commit.describe()}: could not read the replaced files in table {write.table!r}"
         with unavailable_when_unreachable(what, table.io.properties):  # reads the table's manifests
-            return files_to_replace(table, self._branch, pre_commit, replaces, write.table)
+            return files_to_replace(table, self.branch, pre_commit, replaces, write.table)
 
     def _commit_table(
         self, pre_commit: PreCommit, plan: TablePlan, not_before_ms: int, replaces: ReplacedWrite | None
     ) -> str:
         """One table, with our own bounded retry: every attempt re-loads and re-checks the marker."""
         write = plan.write
-        retrying = Retrying(
-            stop=stop_after_attempt(self._max_attempts),
-            wait=wait_random_exponential(multiplier=self._backoff_initial_s, max=self._backoff_max_s),
-            retry=retry_if_exception_type(SinkCommitConflict),
-            reraise=True,
-        )
         try:
-            for attempt in retrying:
+            for attempt in self.retrying():
                 with attempt:
                     table, to_add, to_replace = plan.table, plan.to_add, plan.to_replace
                     if attempt.retry_state.attempt_number > 1:
                         self.metrics.incr(COMMIT_RETRIES, 1, {"sink_id": pre_commit.sink_id, "table": write.table})
-                        table = self._load(write.table)
+                        table = self.load(write.table)
                         found = self._marker_of_this_write(table, pre_commit, not_before_ms, replaces)
                         if found is not None:
                             return str(found)
-                        to_add = self._check(table, pre_commit, write)
+                        to_add = self.check(table, pre_commit, write)
                         to_replace = self._to_replace(table, pre_commit, write, replaces)
                     number = replaces.revision + 1 if replaces else 0  # 0: an upsert's overwrite of what it rewrote
                     revision = (number, to_replace) if replaces or to_replace else None
                     return str(
                         commit_snapshot(
-                            pre_commit, write, table, to_add, revision, branch=self._branch, fault=self._fault
+                            pre_commit, write, table, to_add, revision, branch=self.branch, fault=self.fault
                         )
                     )
         except SinkCommitConflict as exc:
             raise CommitConflictExhausted(
                 f"{pre_commit.describe()}: table {write.table!r} changed under every one of "
-                f"{self._max_attempts} commit attempts: {exc}"
+                f"{self.max_attempts} commit attempts: {exc}"
             ) from exc
         raise AssertionError("unreachable: tenacity either returned or raised")  # pragma: no cover
 
@@ -402,7 +389,7 @@ class IcebergSinkCommitter:
                     f"{snapshot.snapshot_id}; its files are not deleted"
                 )
         try:
-            self._check_horizon(table, pre_commit, write, since)
+            self.check_horizon(table, pre_commit, write, since)
             # Our files can only have entered the table after the row was written: looking at what
             # the recent snapshots added is enough, and costs what happened since, not history.
             candidates: Iterable[str] = self._added_files.of(table, recent.values())

@@ -14,7 +14,8 @@ from pyiceberg.catalog.sql import SqlCatalog
 from airflow_provider_exactly_once.core.errors import MarkerHorizonExceeded, ReplacedFilesMissing
 from airflow_provider_exactly_once.core.ports import CommitPlan, ReplacedWrite
 from airflow_provider_exactly_once.sinks.iceberg import IcebergSinkCommitter
-from airflow_provider_exactly_once.sinks.iceberg.committer import FAULT_LOADED, PREPARED_FRESH_S, TablePlan
+from airflow_provider_exactly_once.sinks.iceberg.committer import FAULT_LOADED
+from airflow_provider_exactly_once.sinks.iceberg.plans import PREPARED_FRESH_S, TablePlan
 
 from .iceberg_helpers import create_table, ids_in, now, rows, simple_write, snapshot_count
 
