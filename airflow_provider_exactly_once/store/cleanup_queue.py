@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
+from typing import cast
 
-from sqlalchemy import ColumnElement, Select, bindparam, insert, select, update
+from sqlalchemy import ColumnElement, Select, Table, bindparam, insert, select, update
 from sqlalchemy.orm import Session
 
 from airflow_provider_exactly_once.core.errors import InvalidPreCommit, StateConflict
@@ -88,13 +89,16 @@ def discarded(session: Session, sink_id: str, epoch: int, write_id: str) -> bool
 
 @functools.cache
 def _discarded_query() -> Select[int]:
-    """``discarded``'s query, built once: persist asks it every time."""
+    """``discarded``'s query, built once: persist asks it every time. On the table's columns, not
+    the mapped class's: an ORM-enabled select goes through the ORM's compilation and result
+    machinery for one integer."""
+    table = cast(Table, SinkCleanup.__table__).c
     return (
-        select(SinkCleanup.id)
+        select(table.id)
         .where(
-            SinkCleanup.sink_id == bindparam("d_sink_id"),
-            SinkCleanup.epoch.in_([bindparam("d_epoch"), ORPHAN_EPOCH]),
-            SinkCleanup.write_id == bindparam("d_write_id"),
+            table.sink_id == bindparam("d_sink_id"),
+            table.epoch.in_([bindparam("d_epoch"), ORPHAN_EPOCH]),
+            table.write_id == bindparam("d_write_id"),
         )
         .limit(1)
     )

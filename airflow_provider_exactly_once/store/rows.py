@@ -13,6 +13,7 @@ import zlib
 from collections import OrderedDict
 from collections.abc import Mapping
 from datetime import datetime
+from types import SimpleNamespace
 from typing import Any, cast
 
 from sqlalchemy import (
@@ -39,7 +40,7 @@ from airflow_provider_exactly_once.core.status import EpochStatus
 from airflow_provider_exactly_once.store.models import EpochMetadata, PendingSinkState, SinkCleanup, db_now
 
 #: ``pending_sink_state`` itself: the row without its metadata, which is ``epoch_metadata``'s.
-_STATE = PendingSinkState.__table__
+_STATE = cast(Table, PendingSinkState.__table__)
 _BYTES = "metadata_bytes"
 
 
@@ -67,14 +68,8 @@ def load_light(session: Session, sink_id: str, epoch: int) -> EpochRecord | None
 def _light_select() -> Select[Any]:
     """``load_light``'s query, built once: building it cost as much as running it on SQLite."""
     return select(*_STATE.columns, _sized()).where(
-        PendingSinkState.sink_id == bindparam("l_sink_id"), PendingSinkState.epoch == bindparam("l_epoch")
+        _STATE.c.sink_id == bindparam("l_sink_id"), _STATE.c.epoch == bindparam("l_epoch")
     )
-
-
-def inserted(session: Session, statement: Insert, pre_commit: PreCommit) -> EpochRecord:
-    """Insert the row of ``pre_commit``'s write; the record comes back with the ``INSERT`` itself."""
-    found = session.execute(statement.returning(*_STATE.columns)).one()
-    return record(PendingSinkState(**dict(found._mapping)), pre_commit=pre_commit)
 
 
 def updated(session: Session, statement: Update, parameters: Mapping[str, Any] | None = None) -> EpochRecord | None:
@@ -93,10 +88,13 @@ def returning_row(statement: Update) -> Update:
 
 
 def _light_row(session: Session, found: Row[*tuple[Any, ...]]) -> EpochRecord:
-    """``_light`` of a row read as columns (the table's, then the metadata's size): no ORM loading."""
+    """``_light`` of a row read as columns (the table's, then the metadata's size): no ORM loading,
+    and no ORM object either (its instrumentation cost about 0.1 ms a row, three rows a commit):
+    ``record`` only reads the attributes, which a plain namespace holds as well."""
     values = dict(found._mapping)
     size = values.pop(_BYTES)
-    return _light(session, PendingSinkState(**values), size)
+    row = SimpleNamespace(**values, metadata_json=None, metadata_zlib=None, metadata_bytes=size)
+    return _light(session, cast(PendingSinkState, row), size)
 
 
 def _light(session: Session, row: PendingSinkState, size: int | None) -> EpochRecord:
@@ -143,14 +141,13 @@ def _metadata_bytes() -> ScalarSelect[int]:
         EpochMetadata.write_id.label("of_write"),
         EpochMetadata.metadata_bytes.label("of_bytes"),
     ).subquery("sizes")
+    # Correlated to the table, not the mapped class, which would make every statement carrying it
+    # ORM-enabled (and compiled and run through the ORM) for a row that is read as plain columns.
+    row = _STATE.c
     return (
         select(sizes.c.of_bytes)
-        .where(
-            sizes.c.of_sink == PendingSinkState.sink_id,
-            sizes.c.of_epoch == PendingSinkState.epoch,
-            sizes.c.of_write == PendingSinkState.write_id,
-        )
-        .correlate(PendingSinkState)
+        .where(sizes.c.of_sink == row.sink_id, sizes.c.of_epoch == row.epoch, sizes.c.of_write == row.write_id)
+        .correlate(_STATE)
         .scalar_subquery()
     )
 
@@ -160,8 +157,15 @@ def insert_metadata(session: Session, pre_commit: PreCommit) -> str:
     text = remembered_json(pre_commit)
     # Passed as parameters, not as values of the statement: the engine caches a compiled statement with
     # the values it was first compiled with, and megabytes would live as long as the engine.
-    session.execute(insert(EpochMetadata), [_metadata_values(pre_commit, text)])
+    session.execute(_metadata_insert(), _metadata_values(pre_commit, text))
     return text
+
+
+@functools.cache
+def _metadata_insert() -> Insert:
+    """A Core statement built once: the ORM's bulk insert of ``insert(EpochMetadata)`` cost a first
+    persist more than the database's own work on the row (``first_write.py``)."""
+    return insert(cast(Table, EpochMetadata.__table__))
 
 
 def _deflated(text: str) -> tuple[bytes, int]:

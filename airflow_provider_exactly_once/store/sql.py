@@ -29,7 +29,7 @@ from airflow_provider_exactly_once.core.identifiers import check_epoch, check_si
 from airflow_provider_exactly_once.core.ports import CommittedTables, EpochRecord
 from airflow_provider_exactly_once.core.precommit import PreCommit
 from airflow_provider_exactly_once.core.status import EpochStatus
-from airflow_provider_exactly_once.store import arguments, cas, rows
+from airflow_provider_exactly_once.store import arguments, cas, first_write, rows
 from airflow_provider_exactly_once.store.batch_transitions import SqlBatchTransitions
 from airflow_provider_exactly_once.store.checkpoints import SqlCheckpointTable
 from airflow_provider_exactly_once.store.cleanup_queue import SqlCleanupQueue, discarded
@@ -125,22 +125,9 @@ class SqlSinkStateStore(SqlCleanupQueue, SqlBatchTransitions):
         action = f"persisting {pre_commit.describe()}"
         try:
             with self._db.transaction(action, write=True) as session:
-                now = db_now()
                 # The primary key refuses a second row, so the row itself is not read first.
-                record = rows.inserted(
-                    session,
-                    insert(PendingSinkState).values(
-                        sink_id=sink_id,
-                        epoch=epoch,
-                        status=EpochStatus.PENDING.value,
-                        write_id=pre_commit.write_id,
-                        run_id=run_id,
-                        try_number=try_number,
-                        dag_id=dag_id,
-                        created_at=now,
-                        updated_at=now,
-                    ),
-                    pre_commit,
+                record = first_write.insert_row(
+                    session, pre_commit, run_id=run_id, try_number=try_number, dag_id=dag_id
                 )
                 if discarded(session, sink_id, epoch, pre_commit.write_id):
                     raise discarded_error(pre_commit)  # rolls the insert back

@@ -136,6 +136,21 @@ def test_a_first_persist_inserts_the_row_and_its_metadata_reading_only_the_clean
     ]
 
 
+@pytest.mark.parametrize(("run_id", "try_number", "dag_id"), [("scheduled__1", 2, "events_dag"), (None, None, None)])
+def test_the_record_a_first_persist_returns_is_the_row_as_read_back(
+    store: SqlSinkStateStore, sink_id: str, run_id: str | None, try_number: int | None, dag_id: str | None
+) -> None:
+    """The record is built from the values inserted and the timestamps the insert read back, not
+    from the row read again: it must be what a read of the row gives, field by field."""
+    pre = make_pre_commit(sink_id, EPOCH, files=4)
+    inserted = store.insert_pending(pre, run_id=run_id, try_number=try_number, dag_id=dag_id)
+    assert inserted.pre_commit is pre
+    read = _read_afresh(store, sink_id)
+    assert read.pre_commit is not pre and read.pre_commit == pre
+    assert inserted == read
+    assert inserted.created_at == inserted.updated_at and inserted.created_at.tzinfo is not None
+
+
 def _read_afresh(store: SqlSinkStateStore, sink_id: str) -> Any:
     rows._parsed_cache.clear()  # as in another process
     return store.get(sink_id, EPOCH)

@@ -130,6 +130,11 @@ def test_an_extension_counts_only_in_the_file_name(catalog: SqlCatalog, sink_id:
         IcebergSinkCommitter(catalog).prepare(
             _with(pc, data_files=[first.model_copy(update={"path": f"{folder}/part-2.Avro"})])
         )
+    # Only the last extension counts: the format's own one earlier in the name does not make it right.
+    with pytest.raises(InvalidPreCommit, match="declared 'parquet' but its name says 'orc'"):
+        IcebergSinkCommitter(catalog).prepare(
+            _with(pc, data_files=[first.model_copy(update={"path": f"{folder}/part-3.parquet.orc"})])
+        )
 
 
 @pytest.mark.parametrize(
