@@ -38,11 +38,9 @@ def missing_files(io: FileIO, paths: Sequence[str], *, under: str | None = None)
     """
     if not paths:
         return []
-    if under is not None and (flat := _missing_in_local_folder(paths, under)) is not None:
-        return flat
-    local = _local_paths(paths)
+    local = _missing_local(paths)
     if local is not None:
-        return _missing_local(paths, local)
+        return local
 
     def exists(path: str) -> bool:
         return bool(io.new_input(path).exists())
@@ -82,56 +80,41 @@ def _not_listed(io: FileIO, paths: Sequence[str], under: str) -> list[str]:
     return [path for path in paths if str(filesystem._strip_protocol(path)) not in listed]
 
 
-def _missing_in_local_folder(paths: Sequence[str], under: str) -> list[str] | None:
-    """``missing_files`` when every path names a file directly in ``under``, a local folder (a
-    write of an unpartitioned table): its listing compared with the names as sets, without per-path
-    work beyond slicing off the folder (at 10,000 files that work cost as much as the listing).
-    ``None`` when the paths are not all like that."""
-    root = under.rstrip("/")
-    local = _local_paths([root])
-    if local is None:
+def _local_folder(path: str) -> str | None:
+    """The local file-system folder of ``path`` (``/x/f``, ``file:/x/f``, ``file:///x/f``: ``/x``), or
+    ``None`` for an object store or a file URL with a host (asked through the FileIO instead)."""
+    if path.startswith("/"):
+        local = path
+    elif path.startswith("file:///"):
+        local = path[7:]
+    elif path.startswith("file:/") and not path.startswith("file://"):
+        local = path[5:]
+    else:
         return None
-    root += "/"
-    if not all(path.startswith(root) for path in paths):
-        return None
-    names = [path[len(root) :] for path in paths]
-    if any("/" in name for name in names):
-        return None
-    try:
-        absent = set(names).difference(os.listdir(local[0] or "/"))
-    except FileNotFoundError:
-        return list(paths)
-    return [path for path, name in zip(paths, names, strict=True) if name in absent] if absent else []
+    return local.rpartition("/")[0] or "/"
 
 
-def _local_paths(paths: Sequence[str]) -> list[str] | None:
-    """The local file-system paths, when every path is local (``/x``, ``file:/x``, ``file:///x``)."""
-    local = []
-    for path in paths:
-        if path.startswith("/"):
-            local.append(path)
-        elif path.startswith("file:///"):
-            local.append(path[7:])
-        elif path.startswith("file:/") and not path.startswith("file://"):
-            local.append(path[5:])
-        else:
-            return None  # an object store, or a file URL with a host: ask the FileIO per file
-    return local
-
-
-def _missing_local(paths: Sequence[str], local: Sequence[str]) -> list[str]:
-    """One directory listing per folder instead of one stat per file: a write's thousands of files
-    sit in a handful of folders, and per-file calls through a thread pool cost more than the I/O."""
+def _missing_local(paths: Sequence[str]) -> list[str] | None:
+    """``missing_files`` of local paths: one directory listing per folder instead of one stat per
+    file (a write's thousands of files sit in a handful of folders, and per-file calls through a
+    thread pool cost more than the I/O). Each path is only split at its last ``/``; the folder's
+    URL is parsed once, when it is first met: at 10,000 files, parsing every path cost as much as
+    the listing. ``None`` when a path is not local."""
     listings: dict[str, set[str]] = {}
     missing = []
-    for path, local_path in zip(paths, local, strict=True):
-        folder, _, name = local_path.rpartition("/")
-        if folder not in listings:
+    for path in paths:
+        folder, _, name = path.rpartition("/")
+        listed = listings.get(folder)
+        if listed is None:
+            local = _local_folder(path)
+            if local is None:
+                return None
             try:
-                listings[folder] = set(os.listdir(folder or "/"))
+                listed = set(os.listdir(local))
             except FileNotFoundError:
-                listings[folder] = set()
-        if name not in listings[folder]:
+                listed = set()
+            listings[folder] = listed
+        if name not in listed:
             missing.append(path)
     return missing
 

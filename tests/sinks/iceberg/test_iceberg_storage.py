@@ -45,3 +45,18 @@ def test_subfolders_and_paths_elsewhere_are_checked_as_before(folder: Path) -> N
     outside = f"file://{folder.parent}/other/part-0.parquet"
     assert missing_files(PyArrowFileIO(), [paths[1], outside], under=under) == [outside]
     assert missing_files(PyArrowFileIO(), [f"{under}/p=1"], under=under) == []  # a folder's name is listed
+
+
+def test_every_local_spelling_of_a_path_is_checked_by_its_folder(folder: Path) -> None:
+    """Each folder's URL is parsed once, when first met: ``/x``, ``file:/x`` and ``file:///x`` name the
+    same folder, each listed as its own, and a name is looked up only in its own folder's listing."""
+    paths = [
+        f"{folder}/part-0.parquet",
+        f"file:{folder}/part-1.parquet",
+        f"file://{folder}/part-2.parquet",
+        f"file:{folder}/p=1/part-9.parquet",
+        f"file:{folder}/p=1/part-0.parquet",  # in the location, not in p=1
+        f"{folder}/part-9.parquet",  # in p=1, not in the location
+    ]
+    assert missing_files(PyArrowFileIO(), paths, under=f"file://{folder}") == paths[4:]
+    assert missing_files(PyArrowFileIO(), paths) == paths[4:]
