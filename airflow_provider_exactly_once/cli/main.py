@@ -397,11 +397,9 @@ def _per_sink(
             busy = True
             skipped = _skipped(args, sink_id, exc)
             if args.json:
-                results.append(skipped)
+                results.append({**skipped.to_dict(), "error": type(exc).__name__, "retryable": True})
             else:
-                out.write(
-                    safe_text(f"{args.command} sink {sink_id!r}: skipped") + f"\n  {safe_text(skipped['detail'])}\n"
-                )
+                _print_result(out, args, skipped)
             continue
         except ExactlyOnceError as exc:
             print(safe_text(f"eo-sink {args.command} sink {sink_id!r}: {type(exc).__name__}: {exc}"), file=err)
@@ -421,24 +419,10 @@ def _per_sink(
     return EXIT_BUSY if code == EXIT_OK and busy else code
 
 
-def _skipped(args: argparse.Namespace, sink_id: str, exc: SinkLocked) -> dict[str, Any]:
-    """A locked sink's entry among ``_per_sink``'s results, shaped as an ``ActionResult``'s."""
-    detail = mask_userinfo(
-        f"{exc}; nothing was done to this sink: run `eo-sink {args.command} {sink_id}` again once that recovery has finished"
-    )
-    return {
-        "action": args.command,
-        "sink_id": sink_id,
-        "epoch": None,
-        "dry_run": args.dry_run,
-        "outcome": "skipped",
-        "detail": detail,
-        "files_deleted": 0,
-        "ok": False,
-        "error": type(exc).__name__,
-        "retryable": True,
-        "report": {},
-    }
+def _skipped(args: argparse.Namespace, sink_id: str, exc: SinkLocked) -> ActionResult:
+    """A locked sink's result among ``_per_sink``'s: nothing was done to it."""
+    detail = f"{exc}; nothing was done to this sink: run `eo-sink {args.command} {sink_id}` again once that recovery has finished"
+    return ActionResult(args.command, sink_id, None, args.dry_run, "skipped", detail, ok=False)
 
 
 def _recover_command(ops: SinkOperations, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:

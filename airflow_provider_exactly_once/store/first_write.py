@@ -7,14 +7,14 @@ on PostgreSQL is about half a millisecond (two small inserts, one small select a
 commit); what SQLAlchemy did around it cost several: statements built anew per call
 (``insert(...).values(...)``), the ORM's bulk-insert machinery for a plain insert, and an ORM object
 rebuilt from the row the insert read back. The statement here is a Core statement on the table,
-built once with parameters, and the record is built from the values inserted and what only the
-database knows (its timestamps, the revision's default), which ``RETURNING`` reads back with the
-insert itself.
+built once with parameters, and the record is mapped from the columns ``RETURNING`` reads back
+with the insert itself, by the same mapping every read uses.
 """
 
 from __future__ import annotations
 
 import functools
+from types import SimpleNamespace
 from typing import cast
 
 from sqlalchemy import Insert, Table, bindparam, insert
@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session
 from airflow_provider_exactly_once.core.ports import EpochRecord
 from airflow_provider_exactly_once.core.precommit import PreCommit
 from airflow_provider_exactly_once.core.status import EpochStatus
+from airflow_provider_exactly_once.store import rows
 from airflow_provider_exactly_once.store.models import PendingSinkState, db_now
 
 _STATE = cast(Table, PendingSinkState.__table__)
@@ -45,25 +46,8 @@ def insert_row(
             "i_dag_id": dag_id,
         },
     ).one()
-    return EpochRecord(
-        sink_id=pre_commit.sink_id,
-        epoch=pre_commit.epoch,
-        status=EpochStatus.PENDING,
-        write_id=pre_commit.write_id,
-        pre_commit=pre_commit,
-        run_id=run_id,
-        try_number=try_number,
-        created_at=found.created_at,
-        updated_at=found.updated_at,
-        commit_decided_at=None,
-        committed=None,
-        error=None,
-        dag_id=dag_id,
-        table_uuids=None,
-        warning=None,
-        revision=int(found.revision or 0),
-        replaces=None,
-    )
+    # The row as every read maps it (``rows.record``), from its columns: no ORM object is built.
+    return rows.record(cast(PendingSinkState, SimpleNamespace(**found._mapping)), pre_commit=pre_commit)
 
 
 @functools.cache
@@ -82,5 +66,5 @@ def _row_insert() -> Insert:
             created_at=now,
             updated_at=now,
         )
-        .returning(_STATE.c.created_at, _STATE.c.updated_at, _STATE.c.revision)
+        .returning(*_STATE.columns)
     )
