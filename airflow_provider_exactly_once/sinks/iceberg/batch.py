@@ -43,7 +43,7 @@ from airflow_provider_exactly_once.sinks.iceberg.transaction import (
     StackedFastAppend,
 )
 
-__all__ = ["commit_batch", "prepare_batch"]
+__all__ = ["commit_batch", "foreign_write_visible", "prepare_batch"]
 
 
 @dataclass(frozen=True)
@@ -157,12 +157,18 @@ def _visible(committer: BatchHost, table: Table, entries: list[_Entry]) -> list[
             continue
         snapshot_id, write_id, _ = marker
         if write_id != entry.pre_commit.write_id:
-            raise ForeignWriteVisible(
-                f"{entry.pre_commit.describe()}: table {table.name()!r} already shows this epoch in snapshot "
-                f"{snapshot_id}, committed by write {write_id!r}; nothing was changed"
-            )
+            raise foreign_write_visible(entry.pre_commit, table, snapshot_id, write_id)
         found.append(snapshot_id)
     return found
+
+
+def foreign_write_visible(pre_commit: PreCommit, table: Table, snapshot_id: int, write_id: str) -> ForeignWriteVisible:
+    """The refusal of a table that shows the epoch committed by another write, for the single commit
+    and the batch alike; the table named as the sink names it (pyiceberg's ``name()`` is a tuple)."""
+    return ForeignWriteVisible(
+        f"{pre_commit.describe()}: table {'.'.join(table.name())!r} already shows this epoch in snapshot "
+        f"{snapshot_id}, committed by write {write_id!r}; nothing was changed"
+    )
 
 
 def _commit_table(committer: BatchHost, name: str, table: Table, entries: list[_Entry]) -> list[str]:

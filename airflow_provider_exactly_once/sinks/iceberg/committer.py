@@ -18,7 +18,6 @@ from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait
 from airflow_provider_exactly_once.core.errors import (
     AbortRefused,
     CommitConflictExhausted,
-    ForeignWriteVisible,
     InvalidPreCommit,
     InvalidSinkConfig,
     MarkerHorizonExceeded,
@@ -28,7 +27,7 @@ from airflow_provider_exactly_once.core.faults import FaultHook, no_faults
 from airflow_provider_exactly_once.core.observe import COMMIT_RETRIES, NO_METRICS, Metrics, safe
 from airflow_provider_exactly_once.core.ports import EMPTY, CommitPlan, CommittedTables, ReplacedWrite, VisibleEpoch
 from airflow_provider_exactly_once.core.precommit import PreCommit, TableWrite
-from airflow_provider_exactly_once.sinks.iceberg.batch import commit_batch, prepare_batch
+from airflow_provider_exactly_once.sinks.iceberg.batch import commit_batch, foreign_write_visible, prepare_batch
 from airflow_provider_exactly_once.sinks.iceberg.catalog_access import load_table, unavailable_when_unreachable
 from airflow_provider_exactly_once.sinks.iceberg.epoch_snapshot import commit_snapshot
 from airflow_provider_exactly_once.sinks.iceberg.horizon import check_horizon
@@ -300,10 +299,7 @@ class IcebergSinkCommitter:
         if replaces is not None and write_id == replaces.write_id:
             return None
         if write_id != pre_commit.write_id:
-            raise ForeignWriteVisible(
-                f"{pre_commit.describe()}: table {table.name()!r} already shows this epoch in snapshot "
-                f"{snapshot_id}, committed by write {write_id!r}; nothing was changed"
-            )
+            raise foreign_write_visible(pre_commit, table, snapshot_id, write_id)
         return snapshot_id
 
     # -- committing -----------------------------------------------------------------------------
