@@ -118,6 +118,16 @@ def get_provider_info() -> dict[str, Any]:
                         "example": "all",
                         "default": "per_dag",
                     },
+                    "fault_hook": {
+                        "description": "Fault injection, for tests only: 'module:callable' naming a factory "
+                        "(sink_id, epoch, try_number) -> fault hook that every coordinator a task builds calls "
+                        "at its named fault points. Unset in production: the tasks then import and read nothing "
+                        "about faults.",
+                        "version_added": "0.3.0",
+                        "type": "string",
+                        "example": "fault_harness.fault_plan:fault_hook_for",
+                        "default": "",
+                    },
                     "trigger_recovery_on_scheduler_start": {
                         "description": "Queue a recovery run when a scheduler starts (unless one is queued or running).",
                         "version_added": "0.1.0",

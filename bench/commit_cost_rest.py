@@ -29,11 +29,11 @@ from airflow_provider_exactly_once.checkpoints import MetaStoreCheckpointSource
 from airflow_provider_exactly_once.core.coordinator import TwoPhaseCommitCoordinator
 from airflow_provider_exactly_once.core.precommit import DataFileDescriptor, PreCommit, TableWrite
 from airflow_provider_exactly_once.core.status import CheckpointStatus
-from airflow_provider_exactly_once.demo.servers import SeaweedFS
 from airflow_provider_exactly_once.sinks.iceberg import IcebergSinkCommitter, describe_parquet_file
 from airflow_provider_exactly_once.sinks.iceberg.data_files import build_data_files
 from airflow_provider_exactly_once.store import SqlSinkStateStore
 from bench._world import SCHEMA, median, plot_cost, save, timed
+from demo.servers import SeaweedFS
 
 SIZES = [100, 1000]
 ARROW = pa.schema(

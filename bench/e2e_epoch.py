@@ -156,12 +156,12 @@ def build_dags(landing: str, storage_conn_id: str | None = None) -> tuple[Any, A
 
     from airflow_provider_exactly_once.checkpoints.config import MarkerFileCheckpoint
     from airflow_provider_exactly_once.core.precommit import PreCommit
-    from airflow_provider_exactly_once.demo.world import ICEBERG_CONN_ID
     from airflow_provider_exactly_once.operators.spark_precommit import SparkPreCommitOperator
     from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig
     from airflow_provider_exactly_once.sinks.iceberg.data_files import build_data_files
     from airflow_provider_exactly_once.spark.jobspec import FilesInput
     from airflow_provider_exactly_once.task_groups import exactly_once_epoch
+    from demo.world import ICEBERG_CONN_ID
 
     hour_dir = landing + "/{start:%Y/%m/%d/%H}"
 
@@ -265,7 +265,7 @@ def check(catalog: Any, rows: int, reps: int, offset: int) -> dict[str, Any]:
 def measure(
     root: Path, landing: Landing, eo_dag: Any, direct_dag: Any, rows: int, reps: int, hour_index: int
 ) -> dict[str, Any]:
-    from airflow_provider_exactly_once.demo import world
+    from demo import world
 
     first = FIRST_HOUR + dt.timedelta(hours=hour_index)
     began = time.perf_counter()
@@ -393,8 +393,8 @@ def main() -> None:
     for value in [*args.rows, args.reps]:
         if value < 1:
             parser.error(f"--rows and --reps must be at least 1, got {value}")
-    from airflow_provider_exactly_once.demo import world
-    from airflow_provider_exactly_once.demo.stacks import STORAGE_CONN_ID, make_stack
+    from demo import world
+    from demo.stacks import STORAGE_CONN_ID, make_stack
 
     with tempfile.TemporaryDirectory(prefix="eo-bench-e2e-") as tmp:
         root = Path(tmp)

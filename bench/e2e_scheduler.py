@@ -43,9 +43,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import psutil
 
-from airflow_provider_exactly_once.demo.world import mark_hour
 from bench._bytecode import compile_bytecode
 from bench._world import RESULTS, save
+from demo.world import mark_hour
 from fault_harness.cluster import Cluster
 from fault_harness.harness import Harness, Pipeline
 from fault_harness.stacks import STACKS

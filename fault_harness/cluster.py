@@ -37,6 +37,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from airflow_provider_exactly_once.runtime.assembly import FAULT_HOOK_ENV_VAR
+from fault_harness.fault_plan import FAULT_HOOK_FACTORY, FAULT_PLAN_ENV_VAR
 from fault_harness.stacks import Stack, kill_worker, make_stack
 
 REPO = Path(__file__).resolve().parents[1]
@@ -228,7 +230,8 @@ class Cluster:
             "AIRFLOW__EXACTLY_ONCE__RECOVERY_SCHEDULE": "none",
             "AIRFLOW__EXACTLY_ONCE__RECOVERY_ORPHAN_GRACE_SECONDS": str(orphan_grace_s),
             f"AIRFLOW_CONN_{META_CONN_ID.upper()}": json.dumps({"conn_type": "exactly_once_meta", "host": meta.url()}),
-            "EXACTLY_ONCE_FAULT_PLAN": str(root / "fault-plan.json"),
+            FAULT_HOOK_ENV_VAR: FAULT_HOOK_FACTORY,
+            FAULT_PLAN_ENV_VAR: str(root / "fault-plan.json"),
             "EO_FAULTS_PIPELINES": str(root / "pipelines"),
             "PYSPARK_PYTHON": sys.executable,
             "PYSPARK_DRIVER_PYTHON": sys.executable,
@@ -270,7 +273,7 @@ class Cluster:
 
     def write_plan(self, rules: list[dict[str, Any]]) -> None:
         """Replace the fault plan every task try reads (atomically: a half-written plan is refused)."""
-        path = Path(self.env["EXACTLY_ONCE_FAULT_PLAN"])
+        path = Path(self.env[FAULT_PLAN_ENV_VAR])
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(rules, indent=1), encoding="utf-8")
         tmp.replace(path)

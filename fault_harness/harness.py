@@ -30,7 +30,7 @@ from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 from pyiceberg.types import DoubleType, LongType, NestedField, StringType, TimestamptzType
 
-from airflow_provider_exactly_once.demo.world import hour_dir, land_hour, mark_hour
+from demo.world import hour_dir, land_hour, mark_hour
 from fault_harness.checker import CheckResult, check
 from fault_harness.cluster import FINAL_ORPHAN_GRACE_S, ICEBERG_CONN_ID, RECOVERY_DAG_ID, Cluster
 from fault_harness.landed import epoch_of
@@ -124,7 +124,7 @@ class Harness:
     # -- the fault plan --------------------------------------------------------------------------------
 
     def arm(self, rules: Iterable[Mapping[str, Any]]) -> None:
-        """Add rules to the fault plan every task try reads (``runtime/faults.py``), atomically."""
+        """Add rules to the fault plan every task try reads (``fault_harness/fault_plan.py``), atomically."""
         with self._plan_lock:
             self.plan.extend(dict(r) for r in rules)
             self.cluster.write_plan(self.plan)

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from airflow_provider_exactly_once.demo.world import hour_dir
+from demo.world import hour_dir
 from fault_harness.harness import TERMINAL
 from fault_harness.landed import read_input
 from fault_harness.plans import ACTION_TIMEOUT_S, Action, Context, wait_for

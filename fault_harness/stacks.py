@@ -29,7 +29,7 @@ from typing import Any
 
 import psutil  # type: ignore[import-untyped]
 
-from airflow_provider_exactly_once.demo.servers import SeaweedFS, SparkStandalone
+from demo.servers import SeaweedFS, SparkStandalone
 from fault_harness.proxy import Proxy
 
 STACKS = ("local", "production")

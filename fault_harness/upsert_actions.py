@@ -28,8 +28,8 @@ from pyiceberg.expressions import AlwaysTrue, In
 from pyiceberg.io.pyarrow import ArrowScan, parquet_file_to_data_file, schema_to_pyarrow
 from pyiceberg.table import Table
 
-from airflow_provider_exactly_once.demo.world import hour_dir
 from airflow_provider_exactly_once.sinks.layout import iceberg_data_root
+from demo.world import hour_dir
 from fault_harness.landed import COLUMNS
 from fault_harness.plans import ACTION_TIMEOUT_S, Action, Context, Rule, wait_for
 from fault_harness.upsert_changes import KEY, read_changes

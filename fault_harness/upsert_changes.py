@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from airflow_provider_exactly_once.core.upserts import UpsertSpec
-from airflow_provider_exactly_once.demo.world import hour_dir
+from demo.world import hour_dir
 from fault_harness.landed import Row, row_of_event
 
 KEY, OP_COLUMN, ORDER_BY = "event_id", "op", "seq"

@@ -43,7 +43,7 @@ from typing import Any
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot
 
-from airflow_provider_exactly_once.demo.world import hour_dir
+from demo.world import hour_dir
 from fault_harness.checker import (  # the append checker's marker and file checks hold for upserts as they are
     Anomaly,
     AnomalyKind,

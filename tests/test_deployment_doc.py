@@ -23,10 +23,10 @@ import pytest
 
 from airflow_provider_exactly_once.core.outcomes import CommitOutcome
 from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochStatus
-from airflow_provider_exactly_once.demo.servers import ACCESS_KEY, SECRET_KEY, MotoServer, SeaweedFS
 from airflow_provider_exactly_once.operators._targets import iceberg_catalog_properties
 from airflow_provider_exactly_once.runtime.assembly import coordinator_for
 from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig
+from demo.servers import ACCESS_KEY, SECRET_KEY, MotoServer, SeaweedFS
 from tests.support.independent_reader import read_rows
 from tests.support.object_store import FSSPEC_IO, Lake, S3Pipeline
 

@@ -1,7 +1,8 @@
 """The distribution as users get it: ``uv build`` gives a wheel and an sdist that pass
-``twine check``, with the metadata Airflow's provider tooling and the resolver read; the wheel, not
-the source tree, installed into a fresh virtual environment runs the example DAG (the demo: real
-``dag.test()`` runs and spark-submit) from a directory outside the checkout."""
+``twine check``, with the metadata Airflow's provider tooling and the resolver read, and a wheel
+that ships the provider alone (no demo, test servers or fault reader); the wheel, not the source
+tree, installed into a fresh virtual environment runs the example DAG (the repository's demo: real
+``dag.test()`` runs and spark-submit) from a copy of the demo outside the checkout."""
 
 from __future__ import annotations
 
@@ -53,7 +54,11 @@ def test_the_wheel_metadata_states_the_supported_ranges_and_the_extras(dist: Pat
         (meta_name,) = [n for n in zf.namelist() if n.endswith(".dist-info/METADATA")]
         meta = email.message_from_bytes(zf.read(meta_name))
         entry_points = zf.read(meta_name.replace("METADATA", "entry_points.txt")).decode()
-        assert not [n for n in zf.namelist() if n.startswith(("tests/", "dags/", "bench/"))]
+        names = zf.namelist()
+    assert not [n for n in names if n.startswith(("tests/", "dags/", "bench/", "demo/", "fault_harness/"))]
+    # The demo's test servers and the fault-plan reader stay beside the package, not in it.
+    assert not [n for n in names if "/demo/" in n or "fault_plan" in n or n.endswith("runtime/faults.py")]
+    assert "airflow_provider_exactly_once/runtime/assembly.py" in names
     assert meta["Version"] == eo.__version__
     assert meta["Requires-Python"] == "<3.14,>=3.11"
     assert "Framework :: Apache Airflow :: Provider" in meta.get_all("Classifier")
@@ -68,6 +73,19 @@ def test_the_wheel_metadata_states_the_supported_ranges_and_the_extras(dist: Pat
     assert not [r for r in base if r.startswith(("pyspark", "psycopg2", "apache-airflow-providers-openlineage"))]
     assert any(r.startswith("pyspark[sql]") and "extra == 'spark'" in r for r in requires)
     assert "apache_airflow_provider" in entry_points and "eo-sink" in entry_points
+
+
+def demo_outside_the_checkout(where: Path, *, with_dags: bool = True) -> Path:
+    """The repository's demo (and the fault reader it arms its crash with) copied into ``where``,
+    laid out as in a checkout, with the example DAGs beside it unless ``with_dags`` is false."""
+    skip = shutil.ignore_patterns("__pycache__")
+    shutil.copytree(REPO / "demo", where / "demo", ignore=skip)
+    (where / "fault_harness").mkdir(parents=True)
+    for name in ("__init__.py", "fault_plan.py"):
+        shutil.copy2(REPO / "fault_harness" / name, where / "fault_harness" / name)
+    if with_dags:
+        shutil.copytree(REPO / "dags", where / "dags", ignore=skip)
+    return where
 
 
 @pytest.fixture(scope="module")
@@ -125,8 +143,9 @@ def fresh_env(dist: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
 # The demo's own 900 s, plus the fresh environment's install (the fixture counts against the first test).
 @pytest.mark.timeout(1500)
 def test_the_installed_wheel_runs_the_example_dag(fresh_env: Path, tmp_path: Path) -> None:
-    """The demo on the local stack, as ``./scripts/demo`` runs it, but from the wheel (its run from
-    the source tree is the same code; the S3 stack's run in tests/demo stays on the source tree)."""
+    """The demo on the local stack, as ``./scripts/demo`` runs it, but against the wheel: a copy of
+    the demo and the example DAGs outside the checkout, the package from the fresh environment (its
+    run from the source tree is the same code; the S3 stack's run in tests/demo stays there)."""
     python = fresh_env / "bin" / "python"
     env = {
         k: v
@@ -134,30 +153,26 @@ def test_the_installed_wheel_runs_the_example_dag(fresh_env: Path, tmp_path: Pat
         if not k.startswith(("AIRFLOW", "EO_EXAMPLES", "EXACTLY_ONCE", "VIRTUAL_ENV", "PYTHONPATH"))
     }
     env["PATH"] = f"{fresh_env / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+    copy = demo_outside_the_checkout(tmp_path / "copy")
     where = subprocess.run(
-        [str(python), "-c", "import airflow_provider_exactly_once as eo; print(eo.__file__, eo.__version__)"],
-        cwd=tmp_path,
+        [
+            str(python),
+            "-c",
+            "import airflow_provider_exactly_once as eo, demo; print(eo.__file__, eo.__version__, demo.__file__)",
+        ],
+        cwd=copy,
         env=env,
         capture_output=True,
         text=True,
         check=True,
     )
-    location, version = where.stdout.split()
+    location, version, demo_location = where.stdout.split()
     assert Path(location).is_relative_to(fresh_env) and version == eo.__version__
-    root = tmp_path / "demo"
+    assert Path(demo_location).is_relative_to(copy)
+    root = tmp_path / "demo-root"
     done = subprocess.run(
-        [
-            str(python),
-            "-m",
-            "airflow_provider_exactly_once.demo",
-            "--root",
-            str(root),
-            "--hours",
-            "4",
-            "--dags-folder",
-            str(REPO / "dags"),
-        ],
-        cwd=tmp_path,
+        [str(python), "-m", "demo", "--root", str(root), "--hours", "4"],
+        cwd=copy,
         env=env,
         capture_output=True,
         text=True,
@@ -166,10 +181,13 @@ def test_the_installed_wheel_runs_the_example_dag(fresh_env: Path, tmp_path: Pat
     check_summary(done, root)
 
 
-def test_the_demo_from_a_wheel_without_the_example_dags_says_where_they_are(fresh_env: Path, tmp_path: Path) -> None:
+def test_the_demo_against_the_wheel_without_the_example_dags_says_where_they_are(
+    fresh_env: Path, tmp_path: Path
+) -> None:
+    copy = demo_outside_the_checkout(tmp_path / "copy", with_dags=False)
     done = subprocess.run(
-        [str(fresh_env / "bin" / "python"), "-m", "airflow_provider_exactly_once.demo", "--root", str(tmp_path / "d")],
-        cwd=tmp_path,
+        [str(fresh_env / "bin" / "python"), "-m", "demo", "--root", str(tmp_path / "d")],
+        cwd=copy,
         capture_output=True,
         text=True,
         timeout=300,

@@ -2,14 +2,15 @@
 and the operations tools build before they ask the coordinator anything.
 
 Hooks hold connections only; this module puts the meta store (``hooks.meta_store``), the sink's
-committer (its catalog from the sink's Iceberg connection), the checkpoint source, the faults armed
-from the environment (``runtime.faults``) and Airflow's metrics together, once, the same way for
+committer (its catalog from the sink's Iceberg connection), the checkpoint source, the fault hook
+(a plug point, ``configured_fault_hook``) and Airflow's metrics together, once, the same way for
 everyone.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import importlib
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_exactly_once.checkpoints.config import CheckpointConfig, checkpoint_config_from_dict
@@ -17,7 +18,7 @@ from airflow_provider_exactly_once.core.errors import SinkUnavailable
 from airflow_provider_exactly_once.core.faults import FaultHook, no_faults
 from airflow_provider_exactly_once.core.identifiers import check_sink_id
 from airflow_provider_exactly_once.core.redact import mask_userinfo
-from airflow_provider_exactly_once.defaults import DEFAULT_META_CONN_ID
+from airflow_provider_exactly_once.defaults import CONFIG_SECTION, DEFAULT_META_CONN_ID
 from airflow_provider_exactly_once.runtime.epochs import epoch_for_context, interval_epoch
 from airflow_provider_exactly_once.sinks.config import SinkConfig, sink_config_from_dict
 
@@ -26,6 +27,49 @@ if TYPE_CHECKING:
     from airflow_provider_exactly_once.core.observe import Metrics
     from airflow_provider_exactly_once.core.ports import SinkCommitter
     from airflow_provider_exactly_once.store import SqlSinkStateStore
+
+
+#: ``[exactly_once] fault_hook``: ``module:callable`` naming a ``FaultHookFactory``; unset in production.
+FAULT_HOOK_OPTION = "fault_hook"
+#: The same option as Airflow reads it from the environment.
+FAULT_HOOK_ENV_VAR = f"AIRFLOW__{CONFIG_SECTION.upper()}__{FAULT_HOOK_OPTION.upper()}"
+#: Builds the fault hook of one task try: ``(sink_id, epoch, try_number) -> FaultHook``.
+FaultHookFactory = Callable[[str, int | None, int | None], FaultHook]
+
+
+def configured_fault_hook(sink_id: str, epoch: int | None, try_number: int | None) -> FaultHook:
+    """The fault hook of one task try: ``no_faults`` unless ``[exactly_once] fault_hook`` names a
+    factory, which is then imported and asked for this try's hook.
+
+    A plug point, so that fault injection (the demo, the fault harness, a user's own chaos tests)
+    lives outside the package: with the option unset a task imports and reads nothing about faults.
+    A value that does not name an importable callable fails the task, naming the option: a fault
+    run that silently injects nothing would "prove" whatever it was meant to test.
+    """
+    from airflow_provider_exactly_once.version_compat import conf
+
+    value = str(conf.get(CONFIG_SECTION, FAULT_HOOK_OPTION, fallback="") or "").strip()
+    if not value:
+        return no_faults
+    return load_fault_hook_factory(value)(sink_id, epoch, try_number)
+
+
+def load_fault_hook_factory(value: str) -> FaultHookFactory:
+    """The callable ``module:attribute`` names, or a ``ValueError`` naming the option and the fix."""
+    where = f"[{CONFIG_SECTION}] {FAULT_HOOK_OPTION} ({FAULT_HOOK_ENV_VAR}) = {value!r}"
+    module_name, _, attribute = value.partition(":")
+    if not module_name or not attribute:
+        raise ValueError(f"{where} is not 'module:callable', e.g. 'fault_harness.fault_plan:fault_hook_for'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(
+            f"{where}: cannot import {module_name!r} ({exc}); put it on the task's sys.path or unset the option"
+        ) from exc
+    factory = getattr(module, attribute, None)
+    if not callable(factory):
+        raise ValueError(f"{where}: {module_name!r} has no callable {attribute!r}")
+    return factory  # type: ignore[no-any-return]
 
 
 def as_sink(sink: SinkConfig | Mapping[str, Any]) -> SinkConfig:
@@ -92,12 +136,11 @@ def coordinator_for(
     committer, and the checkpoint source (``None`` only for steps that never consult it, such as
     persist; the meta-store checkpoint table then stands in).
 
-    ``fault`` defaults to ``fault_hook_from_env()``: a no-op unless ``EXACTLY_ONCE_FAULT`` is set,
-    which lets the demo and the fault-injection harness make a real task die at a named point
-    without touching the DAG. One hook serves the coordinator and the committer, so an occurrence
-    count (``commit.visible@2``) counts every place the point is reached in this task try.
-    ``epoch`` and ``try_number`` (the task try's) select the rules of an ``EXACTLY_ONCE_FAULT_PLAN``
-    file that apply to this try (``runtime.faults.fault_hook_for``).
+    ``fault`` defaults to ``configured_fault_hook``: a no-op unless ``[exactly_once] fault_hook``
+    names a factory, which lets the demo and the fault-injection harness make a real task die at a
+    named point without touching the DAG. One hook serves the coordinator and the committer, so an
+    occurrence count (``commit.visible@2``) counts every place the point is reached in this task try.
+    ``epoch`` and ``try_number`` (the task try's) are what the factory is given to choose its rules.
     ``metrics`` defaults to Airflow's ``Stats`` (``observability.stats``): commit durations, files,
     rows, retries and aborts go wherever ``[metrics]`` sends Airflow's own.
     ``allow_beyond_horizon`` is an operator's word that an epoch older than the table's snapshot
@@ -107,9 +150,7 @@ def coordinator_for(
     from airflow_provider_exactly_once.observability.stats import airflow_metrics
 
     if fault is None:
-        from airflow_provider_exactly_once.runtime.faults import fault_hook_for
-
-        fault = fault_hook_for(sink.sink_id, epoch, try_number)
+        fault = configured_fault_hook(sink.sink_id, epoch, try_number)
     if store is None:
         store = open_meta_store(meta_conn_id)
     source = (checkpoint or MetaStoreCheckpoint()).source(store.checkpoints)

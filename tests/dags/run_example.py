@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_exactly_once.demo import world
+from demo import world
 
 FIRST_HOUR = dt.datetime(2024, 6, 1, 10, tzinfo=dt.UTC)
 EXAMPLES = ("hourly_events.py", "fan_out.py", "file_sink.py")

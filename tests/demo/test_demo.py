@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_exactly_once.demo import run, world
+from demo import run, world
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -24,7 +24,7 @@ def run_demo(root: Path, *args: str, timeout: float = 900) -> subprocess.Complet
     """The demo in a process of its own, as ``scripts/demo`` runs it, outside any Airflow setting of ours."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "EO_EXAMPLES", "EXACTLY_ONCE"))}
     return subprocess.run(
-        [sys.executable, "-m", "airflow_provider_exactly_once.demo", "--root", str(root), "--hours", "4", *args],
+        [sys.executable, "-m", "demo", "--root", str(root), "--hours", "4", *args],
         cwd=REPO,
         env=env,
         capture_output=True,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_exactly_once.demo import servers
+from demo import servers
 
 
 def _executable(directory: Path, name: str) -> Path:

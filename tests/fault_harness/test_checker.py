@@ -22,8 +22,8 @@ from pyiceberg.io.pyarrow import parquet_file_to_data_file, schema_to_pyarrow
 from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table
 
-from airflow_provider_exactly_once.demo.world import hour_dir, land_hour, mark_hour
 from airflow_provider_exactly_once.sinks.iceberg.markers import marker_properties
+from demo.world import hour_dir, land_hour, mark_hour
 from fault_harness.checker import check
 from fault_harness.harness import EVENT_SCHEMA, reland_hour
 from fault_harness.landed import epoch_of, read_input

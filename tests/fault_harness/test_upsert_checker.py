@@ -20,8 +20,8 @@ from pyiceberg.table import Table
 from airflow_provider_exactly_once.core.errors import UpsertConflict
 from airflow_provider_exactly_once.core.precommit import PreCommit
 from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochStatus
-from airflow_provider_exactly_once.demo.world import hour_dir, mark_hour
 from airflow_provider_exactly_once.sinks.iceberg.markers import marker_properties
+from demo.world import hour_dir, mark_hour
 from fault_harness.checker import CheckResult
 from fault_harness.harness import KEYED_EVENT_SCHEMA
 from fault_harness.landed import epoch_of

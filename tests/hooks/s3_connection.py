@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import pytest
 import s3fs
 
-from airflow_provider_exactly_once.demo.servers import ACCESS_KEY, REGION, SECRET_KEY, SeaweedFS
+from demo.servers import ACCESS_KEY, REGION, SECRET_KEY, SeaweedFS
 
 #: One retry at most and a short connect timeout, so an outage test is answered in seconds
 #: (botocore's default would retry a refused connection for about ten).

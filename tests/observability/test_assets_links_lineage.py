@@ -24,9 +24,10 @@ from airflow_provider_exactly_once.observability.assets import (
 )
 from airflow_provider_exactly_once.observability.links import EpochLink
 from airflow_provider_exactly_once.observability.urls import epoch_page
-from airflow_provider_exactly_once.runtime.faults import FAULT_ENV_VAR
+from airflow_provider_exactly_once.runtime.assembly import FAULT_HOOK_ENV_VAR
 from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig
 from airflow_provider_exactly_once.task_groups import exactly_once_epoch
+from fault_harness.fault_plan import FAULT_ENV_VAR, FAULT_HOOK_FACTORY
 from tests.support.airflow_world import World, run, ti_states, xcom
 
 DAY = dt.datetime(2024, 5, 1, tzinfo=dt.UTC)
@@ -182,6 +183,7 @@ def test_a_commit_retried_after_its_first_try_died_past_the_commit_still_emits_t
     world.mark(epoch, CheckpointStatus.COMPLETED)
     dag = epoch_dag(world, commit_retries=1)
     uri = iceberg_asset_uri(world.iceberg_conn_id, world.table)
+    monkeypatch.setenv(FAULT_HOOK_ENV_VAR, FAULT_HOOK_FACTORY)
     monkeypatch.setenv(FAULT_ENV_VAR, "commit.marked:crash")
 
     dr = run(dag, DAY)

@@ -7,9 +7,9 @@ import json
 import pytest
 
 from airflow_provider_exactly_once.core.errors import SinkUnavailable
-from airflow_provider_exactly_once.demo.servers import free_port
 from airflow_provider_exactly_once.runtime.assembly import sink_committer
 from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig
+from demo.servers import free_port
 
 CLIENT_SECRET = "rest-client-secret-for-this-test"
 S3_SECRET = "s3-secret-for-this-test"

@@ -17,9 +17,9 @@ from airflow.sdk import DAG
 
 from airflow_provider_exactly_once.checkpoints.config import MarkerFileCheckpoint
 from airflow_provider_exactly_once.core.epochs import epoch_from_interval_start
-from airflow_provider_exactly_once.demo.servers import SECRET_KEY, SeaweedFS
 from airflow_provider_exactly_once.sensors import CheckpointSensor
 from airflow_provider_exactly_once.triggers.checkpoint import CheckpointTrigger
+from demo.servers import SECRET_KEY, SeaweedFS
 from tests.hooks.s3_connection import S3Place, SeaweedDown, s3_place  # noqa: F401
 from tests.support.airflow_world import run, ti_states
 

@@ -27,8 +27,8 @@ from pyiceberg.schema import Schema
 from pyiceberg.types import DoubleType, LongType, NestedField, StringType, TimestamptzType
 
 from airflow_provider_exactly_once.core.precommit import PreCommit
-from airflow_provider_exactly_once.demo.servers import ServerUnavailable, SparkStandalone
 from airflow_provider_exactly_once.spark.jobspec import EpochJobSpec
+from demo.servers import ServerUnavailable, SparkStandalone
 
 VENV_BIN = Path(sys.executable).parent
 SPARK_SUBMIT = str(VENV_BIN / "spark-submit")

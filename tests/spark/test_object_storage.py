@@ -31,12 +31,12 @@ from airflow_provider_exactly_once.core.outcomes import CommitOutcome
 from airflow_provider_exactly_once.core.ports import SinkCommitter
 from airflow_provider_exactly_once.core.precommit import PreCommit
 from airflow_provider_exactly_once.core.status import CheckpointStatus
-from airflow_provider_exactly_once.demo.servers import SECRET_KEY, SeaweedFS
 from airflow_provider_exactly_once.sinks.files import FileSinkCommitter
 from airflow_provider_exactly_once.sinks.iceberg.committer import IcebergSinkCommitter
 from airflow_provider_exactly_once.spark.inputs import input_io_properties, read_input
 from airflow_provider_exactly_once.spark.jobspec import FilesInput
 from airflow_provider_exactly_once.store import SqlSinkStateStore
+from demo.servers import SECRET_KEY, SeaweedFS
 from tests.spark.conftest import (
     TABLE_SCHEMA,
     StandaloneCluster,

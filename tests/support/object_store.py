@@ -25,9 +25,9 @@ from pyiceberg.schema import Schema
 
 from airflow_provider_exactly_once.checkpoints import MetaStoreCheckpointSource
 from airflow_provider_exactly_once.core.precommit import DataFileDescriptor, PreCommit
-from airflow_provider_exactly_once.demo.servers import MotoServer, SeaweedFS
 from airflow_provider_exactly_once.sinks.iceberg.descriptors import describe_parquet_file
 from airflow_provider_exactly_once.store import SqlSinkStateStore
+from demo.servers import MotoServer, SeaweedFS
 from tests.support.pipeline import ARROW_SCHEMA, Pipeline
 
 #: The catalogs every object-storage test runs against; ``rest-fsspec`` is the REST catalog with

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_exactly_once.demo.servers import MotoServer, SeaweedFS, ServerUnavailable
+from demo.servers import MotoServer, SeaweedFS, ServerUnavailable
 
 
 def _unavailable(what: str, exc: Exception) -> None:

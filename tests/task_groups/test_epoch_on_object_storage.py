@@ -44,11 +44,11 @@ from airflow_provider_exactly_once.checkpoints.config import MarkerFileCheckpoin
 from airflow_provider_exactly_once.core.epochs import epoch_from_interval_start
 from airflow_provider_exactly_once.core.precommit import COMPRESSED_PREFIX, PreCommit
 from airflow_provider_exactly_once.core.status import EpochStatus
-from airflow_provider_exactly_once.demo.servers import ACCESS_KEY, REGION, SECRET_KEY, SeaweedFS
 from airflow_provider_exactly_once.operators.spark_precommit import SparkPreCommitOperator
 from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig
 from airflow_provider_exactly_once.store import SqlSinkStateStore
 from airflow_provider_exactly_once.task_groups import exactly_once_epoch
+from demo.servers import ACCESS_KEY, REGION, SECRET_KEY, SeaweedFS
 from tests.hooks.s3_connection import aws_connection, define_connection
 from tests.spark.conftest import TABLE_SCHEMA, sample_rows, spark_env
 from tests.support import independent_reader

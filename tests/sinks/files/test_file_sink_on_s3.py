@@ -22,11 +22,11 @@ from airflow_provider_exactly_once.core.faults import SimulatedCrash
 from airflow_provider_exactly_once.core.outcomes import CommitOutcome, PersistOutcome
 from airflow_provider_exactly_once.core.ports import CommitPlan
 from airflow_provider_exactly_once.core.status import EpochStatus
-from airflow_provider_exactly_once.demo.servers import SeaweedFS
 from airflow_provider_exactly_once.runtime.assembly import coordinator_for
 from airflow_provider_exactly_once.sinks.config import FileSinkConfig
 from airflow_provider_exactly_once.sinks.files import COMMIT_STARTED_MARKER, FileSinkCommitter
 from airflow_provider_exactly_once.store import SqlSinkStateStore
+from demo.servers import SeaweedFS
 from tests.hooks.s3_connection import S3Place, SeaweedDown, s3_place  # noqa: F401
 from tests.support.faults import FaultSwitch
 

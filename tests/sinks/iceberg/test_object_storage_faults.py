@@ -23,8 +23,8 @@ from airflow_provider_exactly_once.core.errors import (
 from airflow_provider_exactly_once.core.outcomes import AbortOutcome, CommitOutcome
 from airflow_provider_exactly_once.core.precommit import PreCommit
 from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochStatus
-from airflow_provider_exactly_once.demo.servers import SECRET_KEY, SeaweedFS
 from airflow_provider_exactly_once.sinks.iceberg.transaction import FAULT_BEFORE_CATALOG_UPDATE
+from demo.servers import SECRET_KEY, SeaweedFS
 from tests.support.faults import FaultSwitch
 from tests.support.independent_reader import read_rows
 from tests.support.object_store import S3Pipeline, s3_pipeline, seaweed_lake

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_exactly_once.demo import servers, world
+from demo import servers, world
 
 STACKS = ("local", "s3")
 #: The ``aws`` connection the markers are read through on the ``s3`` stack.

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-#: The repository's ``dags/`` folder (the package is installed editable by ``uv sync``).
-DEFAULT_DAGS_FOLDER = Path(__file__).resolve().parents[2] / "dags"
+#: The ``dags/`` folder beside this one: the repository's, or a copy's laid out the same way.
+DEFAULT_DAGS_FOLDER = Path(__file__).resolve().parents[1] / "dags"
 ICEBERG_CONN_ID = "iceberg_default"
 EVENT_TYPES = ("view", "click", "purchase")
 

@@ -8,7 +8,9 @@ Hours, in order (``--hours`` adds plain hours at the end):
 3. **a failed checkpoint**: the upstream writes ``_FAILED`` for the hour; the epoch is aborted and
    nothing of it may be visible;
 4. **a crash between the Iceberg commit and the Committed mark**: ``EXACTLY_ONCE_FAULT=commit.visible:crash``
-   for that run; the snapshot is in the table, the row stays Pending, the run fails;
+   for that run, read by the fault harness's reader (``fault_harness.fault_plan``) that the
+   provider's ``[exactly_once] fault_hook`` names for that run only; the snapshot is in the table,
+   the row stays Pending, the run fails;
 
 then the recovery, which must finish hour 4 without committing it a second time. The summary
 reads the table back, compares it with what was landed and exits non-zero (1) when they disagree.
@@ -33,9 +35,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_exactly_once.demo import stacks, world
-from airflow_provider_exactly_once.demo.servers import ServerUnavailable
-from airflow_provider_exactly_once.runtime.faults import FAULT_ENV_VAR
+from airflow_provider_exactly_once.runtime.assembly import FAULT_HOOK_ENV_VAR
+from demo import stacks, world
+from demo.servers import ServerUnavailable
+from fault_harness.fault_plan import FAULT_ENV_VAR, FAULT_HOOK_FACTORY
 
 DEFAULT_ROOT = Path(".eo-demo")
 FIRST_HOUR = dt.datetime(2024, 5, 1, 0, tzinfo=dt.UTC)
@@ -67,7 +70,7 @@ class Hour:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m airflow_provider_exactly_once.demo", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m demo", description=__doc__)
     parser.add_argument("--root", type=Path, default=DEFAULT_ROOT, help="the demo's directory (wiped first)")
     parser.add_argument("--hours", type=int, default=5, help=f"hours to run, at least {len(SCENARIOS)}")
     parser.add_argument("--rows", type=int, default=120, help="events landed in the first hour (later hours vary)")
@@ -75,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         "--dags-folder",
         type=Path,
         default=world.DEFAULT_DAGS_FOLDER,
-        help="the example DAGs (dags/ of a source checkout; a wheel does not carry them)",
+        help="the example DAGs (by default the dags/ beside this demo/ folder; a wheel does not carry them)",
     )
     parser.add_argument(
         "--stack",
@@ -176,7 +179,7 @@ def prepare_root(root: Path) -> Path:
             raise SystemExit(f"{root} exists and was not made by the demo; choose another --root")
         shutil.rmtree(root)
     root.mkdir(parents=True)
-    (root / STAMP).write_text("made by airflow_provider_exactly_once.demo; wiped at each start\n")
+    (root / STAMP).write_text("made by the demo (python -m demo); wiped at each start\n")
     return root
 
 
@@ -198,11 +201,13 @@ def run_hour(dag: Any, hour: Hour) -> world.RunResult:
     if hour.scenario == "retried write":
         transform._post_execute_hook = _fail_first_try
     if hour.scenario == "crash at commit.visible":
+        os.environ[FAULT_HOOK_ENV_VAR] = FAULT_HOOK_FACTORY
         os.environ[FAULT_ENV_VAR] = "commit.visible:crash"
     try:
         return world.run_interval(dag, hour.start)
     finally:
         transform._post_execute_hook = None
+        os.environ.pop(FAULT_HOOK_ENV_VAR, None)
         os.environ.pop(FAULT_ENV_VAR, None)
 
 

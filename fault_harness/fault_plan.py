@@ -2,8 +2,10 @@
 
 ``EXACTLY_ONCE_FAULT`` makes every task die at one named point; ``EXACTLY_ONCE_FAULT_PLAN`` names
 a file of per-epoch rules, so that faults can be armed under a real scheduler whose workers all
-share one environment. The assembly (``runtime.assembly``) reads them for every task; core only
-knows the hook (``core.faults``).
+share one environment. The provider never reads either: a task builds its hook from the factory
+that ``[exactly_once] fault_hook`` names (``runtime.assembly.configured_fault_hook``), and the demo
+and the harness name ``fault_hook_for`` here (``FAULT_HOOK_FACTORY``). Core only knows the hook
+(``core.faults``).
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ from airflow_provider_exactly_once.core.faults import FaultHook, SimulatedCrash,
 log = logging.getLogger(__name__)
 
 
+#: What ``[exactly_once] fault_hook`` (``runtime.assembly.FAULT_HOOK_ENV_VAR``) is set to for a
+#: task to read the two variables below.
+FAULT_HOOK_FACTORY = f"{__name__}:fault_hook_for"
 #: The environment variable ``fault_hook_from_env`` reads: ``<point>[@<occurrence>][:crash|:kill]``.
 FAULT_ENV_VAR = "EXACTLY_ONCE_FAULT"
 FaultMode = Literal["crash", "kill"]
