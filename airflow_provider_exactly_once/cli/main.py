@@ -23,6 +23,7 @@ import os
 import sys
 import traceback
 from collections.abc import Callable, Sequence
+from datetime import datetime
 from typing import Any, NoReturn, TextIO
 
 from airflow_provider_exactly_once.cli.parser import build_parser, duration
@@ -30,6 +31,7 @@ from airflow_provider_exactly_once.core.errors import ExactlyOnceError, InvalidS
 from airflow_provider_exactly_once.core.redact import mask_userinfo, safe_text
 from airflow_provider_exactly_once.core.status import EpochStatus
 from airflow_provider_exactly_once.operations import ActionResult, InvalidRequest, SinkOperations
+from airflow_provider_exactly_once.runtime.epochs import instant_text, interval_text
 from airflow_provider_exactly_once.store import SqlSinkStateStore
 
 EXIT_OK = 0
@@ -203,6 +205,15 @@ def _age(seconds: float | None) -> str:
     return f"{minutes}m" if minutes else f"{int(seconds)}s"
 
 
+def _instant(at: datetime | None) -> str:
+    return "" if at is None else instant_text(at)
+
+
+def _interval(start: datetime | None, end: datetime | None) -> str:
+    """As the tasks log it; the end is ``...`` when the store has no record of the run."""
+    return "" if start is None else interval_text(start, end)
+
+
 def _short(text: str | None, width: int = 60) -> str:
     if not text:
         return ""
@@ -251,6 +262,7 @@ def _epochs_command(ops: SinkOperations, args: argparse.Namespace, out: TextIO, 
         (
             v.sink_id,
             v.epoch,
+            _interval(v.interval_start, v.interval_end),
             v.status,
             "decided" if v.commit_decided_at and v.status == EpochStatus.PENDING.value else "",
             v.files,
@@ -258,11 +270,13 @@ def _epochs_command(ops: SinkOperations, args: argparse.Namespace, out: TextIO, 
             _age(v.age_seconds),
             v.dag_id or "",
             v.run_id or "",
+            _instant(v.logical_date),
             _short(v.error, 40),
         )
         for v in views
     ]
-    _table(out, rows, ["sink", "epoch", "status", "commit", "files", "rows", "age", "dag", "run", "error"])
+    headers = ["sink", "epoch", "data interval", "status", "commit", "files", "rows", "age", "dag", "run"]
+    _table(out, rows, [*headers, "logical date", "error"])
     if len(views) == args.limit:
         out.write(f"(more may follow: --offset {args.offset + args.limit})\n")
     return EXIT_OK
@@ -279,14 +293,17 @@ def _show_command(ops: SinkOperations, args: argparse.Namespace, out: TextIO, er
         return EXIT_OK
     data = {**view.to_dict(), "age": _age(view.age_seconds)}
     data["checkpoint"] = checkpoint["status"] or f"unknown ({checkpoint['detail']})"
+    data["data_interval"] = _interval(view.interval_start, view.interval_end)
+    data["logical_date"] = _instant(view.logical_date)
     shown = (
         "sink_id",
         "epoch",
-        "interval_start",
+        "data_interval",
         "status",
         "write_id",
         "dag_id",
         "run_id",
+        "logical_date",
         "try_number",
         "created_at",
         "age",
@@ -331,6 +348,7 @@ def _show_command(ops: SinkOperations, args: argparse.Namespace, out: TextIO, er
                     r.write_id,
                     r.generation or "",
                     r.run_id or "",
+                    _instant(r.logical_date),
                     r.try_number or "",
                     r.rows,
                     ", ".join(f"{t} -> {s}" for t, s in sorted((r.committed or {}).items())),
@@ -338,7 +356,7 @@ def _show_command(ops: SinkOperations, args: argparse.Namespace, out: TextIO, er
                 )
                 for r in view.revisions
             ],
-            ["revision", "status", "write", "generation", "run", "try", "rows", "snapshots", "reason"],
+            ["revision", "status", "write", "generation", "run", "logical date", "try", "rows", "snapshots", "reason"],
         )
     return EXIT_OK
 

@@ -113,7 +113,16 @@ class SinkReads:
             return []
         now = self.store.now()
         cleanups = cleanup_counts(self.store, [(r.sink_id, r.epoch) for r in records])
-        return [EpochView.of(r, now=now, pending_cleanups=cleanups.get((r.sink_id, r.epoch), 0)) for r in records]
+        runs = self.store.runs.lookup([(r.dag_id, r.run_id) for r in records])
+        return [
+            EpochView.of(
+                r,
+                now=now,
+                pending_cleanups=cleanups.get((r.sink_id, r.epoch), 0),
+                run=runs.get((r.dag_id or "", r.run_id or "")),
+            )
+            for r in records
+        ]
 
     def epoch_count(
         self,
@@ -131,8 +140,11 @@ class SinkReads:
         """One epoch; ``EpochNotFound`` (naming sink and epoch) when it has no row."""
         record = self._row(sink_id, epoch)
         cleanups = len(self.store.cleanups(sink_id, epoch))
-        view = EpochView.of(record, now=self.store.now(), pending_cleanups=cleanups)
-        revisions = tuple(RevisionView.of(r) for r in self.store.revisions.revisions(sink_id, epoch))
+        revised = self.store.revisions.revisions(sink_id, epoch)
+        runs = self.store.runs.lookup([(record.dag_id, record.run_id), *((r.dag_id, r.run_id) for r in revised)])
+        run = runs.get((record.dag_id or "", record.run_id or ""))
+        view = EpochView.of(record, now=self.store.now(), pending_cleanups=cleanups, run=run)
+        revisions = tuple(RevisionView.of(r, runs.get((r.dag_id or "", r.run_id or ""))) for r in revised)
         return replace(view, revisions=revisions)
 
     def checkpoint(self, sink_id: str, epoch: int) -> CheckpointView:

@@ -17,6 +17,7 @@ from typing import Any
 from airflow_provider_exactly_once.core.ports import EpochRecord
 from airflow_provider_exactly_once.core.precommit import PreCommit, TableWrite
 from airflow_provider_exactly_once.core.redact import mask_userinfo
+from airflow_provider_exactly_once.store.runs import RunDates
 
 
 def _masked(value: Any) -> Any:
@@ -144,7 +145,14 @@ class EpochView:
     warning: str | None = None
     #: Queued clean-ups of this epoch not yet done (an Aborted epoch's files a crash left, replaced writes).
     pending_cleanups: int = 0
+    #: The data interval of the run that wrote the epoch, and that run's logical date: what
+    #: ``airflow tasks clear -s``/``-e`` and ``backfill create`` select a run by. A ``dags test DAG
+    #: DATE`` run's logical date is its interval's end, a scheduled or backfilled run's its start.
+    #: Without a record of the run (rows persisted before migration 0008, or outside a DAG run) the
+    #: start is the instant the epoch number stands for, and the end and the logical date are ``None``.
     interval_start: datetime | None = field(default=None)
+    interval_end: datetime | None = None
+    logical_date: datetime | None = None
     #: False for an epoch aborted before its run produced a write (its reason is in ``error``).
     written: bool = True
     #: How often a newer generation's write replaced the committed one; the write in flight, if any.
@@ -155,7 +163,9 @@ class EpochView:
     revisions: tuple[RevisionView, ...] = ()
 
     @classmethod
-    def of(cls, record: EpochRecord, *, now: datetime, pending_cleanups: int = 0) -> EpochView:
+    def of(
+        cls, record: EpochRecord, *, now: datetime, pending_cleanups: int = 0, run: RunDates | None = None
+    ) -> EpochView:
         committed: Mapping[str, str] = record.committed or {}
         uuids: Mapping[str, str] = record.table_uuids or {}
         tables = tuple(
@@ -189,7 +199,9 @@ class EpochView:
             error=None if record.error is None else mask_userinfo(record.error),
             warning=None if record.warning is None else mask_userinfo(record.warning),
             pending_cleanups=pending_cleanups,
-            interval_start=interval_start(record.epoch),
+            interval_start=interval_start(record.epoch) if run is None else run.interval_start,
+            interval_end=None if run is None else run.interval_end,
+            logical_date=None if run is None else run.logical_date,
             written=record.pre_commit.written,
             revision=record.revision,
             replacing_write_id=None if record.replaces is None else record.replaces.write_id,
@@ -217,6 +229,8 @@ class EpochView:
             "warning": self.warning,
             "pending_cleanups": self.pending_cleanups,
             "interval_start": _iso(self.interval_start),
+            "interval_end": _iso(self.interval_end),
+            "logical_date": _iso(self.logical_date),
             "written": self.written,
             "revision": self.revision,
             "replacing_write_id": self.replacing_write_id,
@@ -242,9 +256,11 @@ class RevisionView:
     reason: str | None
     created_at: datetime
     updated_at: datetime
+    #: The logical date of the run that wrote the revision (``None`` without a record of the run).
+    logical_date: datetime | None = None
 
     @classmethod
-    def of(cls, record: Any) -> RevisionView:
+    def of(cls, record: Any, run: RunDates | None = None) -> RevisionView:
         return cls(
             revision=record.revision,
             write_id=record.write_id,
@@ -259,6 +275,7 @@ class RevisionView:
             reason=None if record.reason is None else mask_userinfo(record.reason),
             created_at=record.created_at,
             updated_at=record.updated_at,
+            logical_date=None if run is None else run.logical_date,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -276,6 +293,7 @@ class RevisionView:
             "reason": self.reason,
             "created_at": _iso(self.created_at),
             "updated_at": _iso(self.updated_at),
+            "logical_date": _iso(self.logical_date),
         }
 
 

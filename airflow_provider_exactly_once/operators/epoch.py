@@ -28,7 +28,12 @@ from airflow_provider_exactly_once.operators._common import (
     try_number,
 )
 from airflow_provider_exactly_once.runtime.assembly import as_checkpoint, as_sink, coordinator_for, open_meta_store
-from airflow_provider_exactly_once.runtime.epochs import epoch_for_context, epoch_interval, generation_for_context
+from airflow_provider_exactly_once.runtime.epochs import (
+    epoch_for_context,
+    epoch_interval,
+    generation_for_context,
+    record_run,
+)
 from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig, SinkConfig
 from airflow_provider_exactly_once.version_compat import AirflowFailException
 
@@ -123,6 +128,7 @@ class PersistPendingOperator(_EpochOperator):
             if pre.generation is None:
                 # A write task of the author's own that did not stamp one: the run's generation now.
                 pre = pre.model_copy(update={"generation": generation_for_context(context)})
+            record_run(step.store, context, _dag_id(context))
             result = step.coordinator.persist(
                 pre, run_id=context.get("run_id"), try_number=try_number(context), dag_id=_dag_id(context)
             )

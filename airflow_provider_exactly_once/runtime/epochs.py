@@ -20,6 +20,7 @@ from airflow_provider_exactly_once.core.identifiers import check_sink_id
 
 if TYPE_CHECKING:
     from airflow_provider_exactly_once.checkpoints.config import CheckpointConfig
+    from airflow_provider_exactly_once.store import SqlSinkStateStore
 
 
 class EpochAllocator(Protocol):
@@ -53,9 +54,16 @@ def epoch_for_context(context: Mapping[str, Any], sink_id: str, store: EpochAllo
     return store.allocate_epoch(sink_id, run_id_of(context))
 
 
-def _instant(at: datetime) -> str:
+def instant_text(at: datetime) -> str:
+    """``2024-05-31T00:00Z`` (seconds only when it has them): how task logs, ``eo-sink`` and the UI
+    write the instants of data intervals, so one can be found in the other."""
     at = at.astimezone(UTC)
     return at.strftime("%Y-%m-%dT%H:%MZ" if at.second == 0 and at.microsecond == 0 else "%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def interval_text(start: datetime, end: datetime | None) -> str:
+    """``[2024-05-31T00:00Z, 2024-06-01T00:00Z)``, or ``[2024-05-31T00:00Z, ...)`` when the end is unknown."""
+    return f"[{instant_text(start)}, {'...' if end is None else instant_text(end)})"
 
 
 def epoch_interval(epoch: int, context: Mapping[str, Any] | None = None) -> str:
@@ -74,10 +82,10 @@ def epoch_interval(epoch: int, context: Mapping[str, Any] | None = None) -> str:
     if isinstance(begin, datetime) and isinstance(end, datetime) and end > begin:
         try:
             if epoch_from_interval_start(begin) == epoch:
-                return f"epoch {epoch} = [{_instant(begin)}, {_instant(end)})"
+                return f"epoch {epoch} = {interval_text(begin, end)}"
         except InvalidIdentifier:
             pass
-    return f"epoch {epoch} = [{_instant(start)}, ...)"
+    return f"epoch {epoch} = {interval_text(start, None)}"
 
 
 def checkpoint_location(checkpoint: CheckpointConfig, sink_id: str, epoch: int) -> str:
@@ -126,3 +134,25 @@ def generation_for_context(context: Mapping[str, Any]) -> str | None:
         return None
     clear_number = getattr(dag_run, "clear_number", None) or 0
     return generation_of(max(instants), int(clear_number))
+
+
+def record_run(store: SqlSinkStateStore, context: Mapping[str, Any], dag_id: str | None) -> None:
+    """Keep the run's logical date and data interval in the meta store, beside the epochs it writes.
+
+    An operator selects a run by its logical date, which for a ``dags test DAG DATE`` run is the
+    interval's end and for a scheduled or backfilled run its start: the views show both, so the run
+    of the intended day is the one selected. A context without a DAG or run id records nothing.
+    """
+    from airflow_provider_exactly_once.store.runs import RunDates
+
+    run_id = context.get("run_id")
+    if dag_id is None or not isinstance(run_id, str) or not run_id:
+        return
+    dag_run = context.get("dag_run")
+
+    def instant(key: str) -> datetime | None:
+        value = context.get(key, getattr(dag_run, key, None))
+        return value if isinstance(value, datetime) and value.tzinfo is not None else None
+
+    dates = RunDates(instant("logical_date"), instant("data_interval_start"), instant("data_interval_end"))
+    store.runs.record(dag_id, run_id, dates)

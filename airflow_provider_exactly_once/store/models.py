@@ -295,6 +295,28 @@ class EpochAllocation(Base):
     epoch: Mapped[int] = mapped_column(BigInteger)
 
 
+class RunRecord(Base):
+    """A DAG run that persisted a write, with its logical date and data interval (0008).
+
+    Operators pick a run by its logical date (``airflow tasks clear -s``, ``backfill create``), and
+    that date is the interval's end for a ``dags test DAG DATE`` run but its start for a scheduled
+    or backfilled one: the epoch alone cannot tell which run to select. Kept per run, not per epoch,
+    so that every revision's run is known, and kept here because Airflow deletes a run that
+    ``dags test`` runs again.
+    """
+
+    __tablename__ = "dag_run_record"
+    __table_args__ = (PrimaryKeyConstraint("dag_id", "run_id"),)
+
+    dag_id: Mapped[str] = mapped_column(String(DAG_ID_LENGTH))
+    run_id: Mapped[str] = mapped_column(String(RUN_ID_LENGTH))
+    #: ``None`` for a run without one (Airflow 3 allows it) or without a data interval.
+    logical_date: Mapped[datetime | None] = mapped_column(UtcDateTime())
+    interval_start: Mapped[datetime | None] = mapped_column(UtcDateTime())
+    interval_end: Mapped[datetime | None] = mapped_column(UtcDateTime())
+    recorded_at: Mapped[datetime] = mapped_column(UtcDateTime())
+
+
 class SinkRegistry(Base):
     """Every sink the epoch operators have used, with the configs to rebuild its coordinator.
 

@@ -7,8 +7,9 @@ epoch rows, their transitions and the clean-up queue. What other callers need ha
 companions on the same database, the way pyiceberg hangs ``inspect`` and ``maintenance`` off a
 ``Table``: ``registry`` (sink registry, orphans, per-sink lock: the recovery DAG and the operations
 tools), ``checkpoints`` (the checkpoint table: the marking operator), ``epochs`` (epochs of runs
-without a data interval: the epoch operators) and ``revisions`` (an epoch's replacements by newer
-generations: the coordinator and the operations views).
+without a data interval: the epoch operators), ``revisions`` (an epoch's replacements by newer
+generations: the coordinator and the operations views) and ``runs`` (the logical date and data
+interval of each run that persisted a write: the persist task and the operations views).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from airflow_provider_exactly_once.store.epochs import SqlEpochAllocator
 from airflow_provider_exactly_once.store.models import PendingSinkState, SinkCleanup, db_now
 from airflow_provider_exactly_once.store.registry import SqlSinkRegistry
 from airflow_provider_exactly_once.store.revisions import SqlRevisions, commit_revision
+from airflow_provider_exactly_once.store.runs import SqlRunRecords
 
 
 class SqlSinkStateStore(SqlCleanupQueue, SqlBatchTransitions):
@@ -63,6 +65,7 @@ class SqlSinkStateStore(SqlCleanupQueue, SqlBatchTransitions):
         self.checkpoints = SqlCheckpointTable(self._db)
         self.epochs = SqlEpochAllocator(self._db)
         self.revisions = SqlRevisions(self._db)
+        self.runs = SqlRunRecords(self._db)
 
     @property
     def url_for_display(self) -> str:

@@ -360,9 +360,10 @@ def create_app(operations: OperationsFactory = default_operations) -> FastAPI:
         epochs = _visible_epochs(access, sink, state, PAGE_SIZE + 1, offset)
         more = len(epochs) > PAGE_SIZE
         epochs = epochs[:PAGE_SIZE]
+        live = render.existing_runs((row.get("dag_id"), row.get("run_id")) for row in epochs)
         for row in epochs:
             row["url"] = urls.epoch_page(row["sink_id"], row["epoch"], render.base(request))
-            row["run_url"] = render.dag_run_url(request, row.get("dag_id"), row.get("run_id"))
+            row["run_url"] = render.dag_run_url(request, row.get("dag_id"), row.get("run_id"), live)
             row["checkpoint"] = _checkpoint_text(row) if row["status"] == EpochStatus.PENDING.value else None
         return templates.TemplateResponse(
             request,
@@ -392,6 +393,11 @@ def create_app(operations: OperationsFactory = default_operations) -> FastAPI:
     def epoch_page(request: Request, user: User, sink_id: str, epoch: int) -> Response:
         detail = _epoch_detail(AccessChecker(user), sink_id, epoch)
         row = detail["epoch"]
+        live = render.existing_runs(
+            [(row.get("dag_id"), row.get("run_id")), *((r.get("dag_id"), r.get("run_id")) for r in row["revisions"])]
+        )
+        for revision in row["revisions"]:
+            revision["run_url"] = render.dag_run_url(request, revision.get("dag_id"), revision.get("run_id"), live)
         return templates.TemplateResponse(
             request,
             "epoch.html",
@@ -400,7 +406,7 @@ def create_app(operations: OperationsFactory = default_operations) -> FastAPI:
                 "row": row,
                 "checkpoint": detail["checkpoint"],
                 "can_edit": detail["can_edit"],
-                "run_url": render.dag_run_url(request, row.get("dag_id"), row.get("run_id")),
+                "run_url": render.dag_run_url(request, row.get("dag_id"), row.get("run_id"), live),
                 "home": urls.sinks_page(render.base(request)),
                 "sink_url": urls.sinks_page(render.base(request), sink_id=row["sink_id"]),
                 "api": f"{render.base(request)}{urls.URL_PREFIX}/api/sinks/{render.quoted(row['sink_id'])}"

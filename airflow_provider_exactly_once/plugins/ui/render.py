@@ -7,6 +7,8 @@ Every message is masked (``core.redact``) on its way out, whichever layer wrote 
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
@@ -18,7 +20,10 @@ from fastapi.templating import Jinja2Templates
 from airflow_provider_exactly_once.core.redact import mask_userinfo
 from airflow_provider_exactly_once.core.status import EpochStatus
 from airflow_provider_exactly_once.observability import urls
+from airflow_provider_exactly_once.runtime.epochs import instant_text, interval_text
 from airflow_provider_exactly_once.version_compat import HTTP_422
+
+log = logging.getLogger(__name__)
 
 _TITLES = {
     status.HTTP_400_BAD_REQUEST: "Bad request",
@@ -106,6 +111,25 @@ def format_when(iso: str | None) -> str:
     return moment.strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
+def _instant(iso: str | None) -> datetime | None:
+    try:
+        return None if not iso else datetime.fromisoformat(iso)
+    except ValueError:
+        return None
+
+
+def format_instant(iso: str | None) -> str:
+    """An ISO 8601 time as the task logs and ``eo-sink`` write data intervals: ``2024-05-31T00:00Z``."""
+    moment = _instant(iso)
+    return "" if moment is None else instant_text(moment)
+
+
+def format_interval(start: str | None, end: str | None) -> str:
+    """``[2024-05-31T00:00Z, 2024-06-01T00:00Z)``, as the task logs name an epoch (``...``: end unknown)."""
+    begin = _instant(start)
+    return "" if begin is None else interval_text(begin, _instant(end))
+
+
 def format_size(size: int | None) -> str:
     if size is None:
         return ""
@@ -138,10 +162,38 @@ def base(request: Request) -> str:
     return airflow_root(request)
 
 
-def dag_run_url(request: Request, dag_id: str | None, run_id: str | None) -> str | None:
-    if not dag_id or not run_id:
+def dag_run_url(
+    request: Request, dag_id: str | None, run_id: str | None, live: frozenset[tuple[str, str]]
+) -> str | None:
+    """The run's page in Airflow's UI, only for a run in ``live`` (``existing_runs``): a ``dags test``
+    of the same date deletes the earlier run, and a link to it would open nothing."""
+    if not dag_id or not run_id or (dag_id, run_id) not in live:
         return None
     return f"{airflow_root(request)}/dags/{quoted(dag_id)}/runs/{quoted(run_id)}"
+
+
+def existing_runs(runs: Iterable[tuple[str | None, str | None]]) -> frozenset[tuple[str, str]]:
+    """Which of these (DAG id, run id) runs Airflow's metadata database still holds.
+
+    The view runs inside Airflow's API server, so it asks the database the server uses. When that
+    cannot be asked, no run is linked (each is still shown by its id) rather than a link guessed.
+    """
+    wanted = sorted({(d, r) for d, r in runs if d and r})
+    if not wanted:
+        return frozenset()
+    try:
+        from airflow.models.dagrun import DagRun
+        from airflow.utils.session import create_session
+        from sqlalchemy import select, tuple_
+
+        with create_session() as session:
+            found = session.execute(
+                select(DagRun.dag_id, DagRun.run_id).where(tuple_(DagRun.dag_id, DagRun.run_id).in_(wanted))
+            ).all()
+    except Exception as exc:  # the links are a convenience: the page is shown without them
+        log.warning("sink-state view: cannot tell which DAG runs exist (%s); no run is linked", mask_userinfo(str(exc)))
+        return frozenset()
+    return frozenset((str(d), str(r)) for d, r in found)
 
 
 def page_url(request: Request, sink: str | None, state: EpochStatus | None, *, offset: int) -> str:
@@ -154,4 +206,6 @@ def templates_for(directory: str) -> Jinja2Templates:
     templates.env.filters["age"] = format_age
     templates.env.filters["filesize"] = format_size
     templates.env.filters["when"] = format_when
+    templates.env.filters["instant"] = format_instant
+    templates.env.filters["interval"] = format_interval
     return templates

@@ -293,17 +293,24 @@ def _server_env(home: Path, world: UiWorld, port: int, passwords_file: Path) -> 
 
 
 #: The DAGs the limited user's listing is decided over: Airflow answers "which DAGs may this user
-#: read" from its own ``dag`` table, so they are registered there as the DAG processor would.
+#: read" from its own ``dag`` table, so they are registered there as the DAG processor would. The
+#: run of the epoch the browser opens exists, so the view links it (it links no run Airflow lacks).
 _REGISTER_DAGS = f"""
 from airflow.models.dag import DagModel
 from airflow.models.dagbundle import DagBundleModel
+from airflow.models.dagrun import DagRun
 from airflow.utils.session import create_session
+from airflow.utils.timezone import utcnow
 
 with create_session() as session:
     session.add(DagBundleModel(name="eo-ui-tests"))
     session.flush()
-    for dag_id in {[MINE_DAG, THEIRS_DAG]!r}:
+    for dag_id in {[MINE_DAG, THEIRS_DAG, DAG_ID]!r}:
         session.add(DagModel(dag_id=dag_id, bundle_name="eo-ui-tests", fileloc=f"/dags/{{dag_id}}.py"))
+    session.flush()
+    session.add(
+        DagRun(dag_id={DAG_ID!r}, run_id="scheduled__{Epochs.WAITING_BROWSER}", run_type="scheduled", run_after=utcnow())
+    )
 """
 
 
