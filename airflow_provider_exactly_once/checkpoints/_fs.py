@@ -141,9 +141,9 @@ def refuse_credentials(location: str, *, what: str) -> None:
     credentials in it would be shown everywhere, so they belong in a connection."""
     if isinstance(location, str) and has_userinfo(location):
         raise InvalidSinkConfig(
-            f"{what} {mask_userinfo(location)!r} holds credentials (user:password@); keep them out of the "
-            "location and out of storage_options: put them in an Airflow connection of type 'aws' and "
-            "name it in storage_conn_id"
+            f"{what} {mask_userinfo(location)!r} holds credentials (user:password@, or a secret query parameter "
+            "such as token= or sig=); keep them out of the location and out of storage_options: put them in an "
+            "Airflow connection of type 'aws' and name it in storage_conn_id"
         )
 
 

@@ -8,9 +8,11 @@ message on stderr naming the sink and epoch; 2 bad usage (argparse's own convent
 recovery held a sink's lock, so nothing was done to that sink (the others were acted on) and running
 the same command later will do it. A scheduled ``gc`` or ``recover`` can retry on 3 and page on 1.
 
-Everything the tool prints, and every log line of the process, has the credentials of any URL in it
-masked; what it prints to the terminal has control characters escaped (``core.redact``): a path, an
-error or an abort reason read from the meta store can neither leak a password nor drive the terminal.
+Everything the tool prints, its usage errors and every log line of the process included, has its
+secrets masked; what it prints to the terminal has control characters escaped (``core.redact``): a
+path, an error or an abort reason read from the meta store can neither leak a password nor drive the
+terminal. Logs go to stderr, never into a table or JSON on stdout, and only warnings and errors unless
+``-v``.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import logging
 import os
 import sys
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
 from typing import Any, NoReturn, TextIO
 
@@ -41,6 +43,8 @@ EXIT_BUSY = 3
 
 #: Set to ``1`` to see the traceback of an unexpected error (by default one masked line, as for a refusal).
 TRACEBACK_ENV = "EO_SINK_TRACEBACK"
+#: Airflow's logging level, read when Airflow is first imported.
+AIRFLOW_LOG_LEVEL = "AIRFLOW__LOGGING__LOGGING_LEVEL"
 
 
 # -- running -----------------------------------------------------------------------------------------
@@ -77,14 +81,39 @@ def _store_at(url: str) -> SqlSinkStateStore:
 def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None, stderr: TextIO | None = None) -> int:
     out = stdout or sys.stdout
     err = stderr or sys.stderr
-    parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            args = build_parser().parse_args(argv)
     except SystemExit as exc:  # argparse printed the usage error (2) or the help (0)
         return int(exc.code or 0) if not isinstance(exc.code, str) else EXIT_USAGE
-    # Library logs (the meta-store hook, pyiceberg) go to stderr, never into a table or JSON on stdout.
-    logging.basicConfig(stream=err, level=logging.WARNING, force=True)
+    with _logging(err, verbose=args.verbose):
+        return _run(args, out, err)
+
+
+@contextlib.contextmanager
+def _logging(err: TextIO, *, verbose: bool) -> Iterator[None]:
+    """Logs on stderr, never in a table or JSON on stdout; warnings and errors only unless ``--verbose``.
+
+    Airflow sets up its own logging when it is first imported (by the meta-store hook, or to rebuild
+    a sink's coordinator), at its configured level, INFO by default: told the level before that, it
+    keeps its INFO lines (the embedded meta store's, the migrations') out of a quiet run too.
+    """
+    level = "INFO" if verbose else "WARNING"
+    logging.basicConfig(stream=err, level=level, force=True)
     _mask_log_records()
+    before = os.environ.get(AIRFLOW_LOG_LEVEL)
+    if "airflow" not in sys.modules:
+        os.environ[AIRFLOW_LOG_LEVEL] = level
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(AIRFLOW_LOG_LEVEL, None)
+        else:
+            os.environ[AIRFLOW_LOG_LEVEL] = before
+
+
+def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     target = _target(args)
     try:
         with contextlib.redirect_stdout(err):  # the meta-store hook imports Airflow (see below)

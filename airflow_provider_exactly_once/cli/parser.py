@@ -2,7 +2,10 @@
 
 Every argument is checked here, where argparse turns a refusal into a usage error (exit 2) naming
 the argument: an epoch or offset past a signed 64-bit column, a duration past what ``timedelta``
-holds, a sink id with characters unsafe in a path.
+holds, a sink id with characters unsafe in a path, an abort reason longer than a row keeps.
+argparse quotes the argument it refuses, so its message is masked and escaped like every other
+(``core.redact``): a meta-store URL typed where a command belongs must not put its password on the
+terminal.
 """
 
 from __future__ import annotations
@@ -10,10 +13,19 @@ from __future__ import annotations
 import argparse
 import math
 import re
+import sys
 from datetime import timedelta
+from typing import NoReturn
 
 from airflow_provider_exactly_once.core.errors import InvalidPreCommit
-from airflow_provider_exactly_once.core.identifiers import EPOCH_MAX, check_epoch, check_sink_id
+from airflow_provider_exactly_once.core.identifiers import (
+    ABORT_REASON_MAX_LENGTH,
+    EPOCH_MAX,
+    abort_reason_fault,
+    check_epoch,
+    check_sink_id,
+)
+from airflow_provider_exactly_once.core.redact import safe_text
 from airflow_provider_exactly_once.core.status import EpochStatus
 from airflow_provider_exactly_once.defaults import DEFAULT_META_CONN_ID
 
@@ -66,6 +78,12 @@ def _status(text: str) -> EpochStatus:
     raise argparse.ArgumentTypeError(f"status {text!r} is not one of {[s.value for s in EpochStatus]}")
 
 
+def _reason(text: str) -> str:
+    if (fault := abort_reason_fault(text)) is not None:
+        raise argparse.ArgumentTypeError(fault)
+    return text
+
+
 def _page_size(text: str) -> int:
     try:
         value = int(text)
@@ -89,8 +107,16 @@ def _offset(text: str) -> int:
 # -- the parser --------------------------------------------------------------------------------------
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, its usage errors masked and escaped (the subcommands' parsers are this class too)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(2, safe_text(f"{self.prog}: error: {message}") + "\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
+    common = _Parser(add_help=False)
     where = common.add_mutually_exclusive_group()
     where.add_argument(
         "--meta-conn-id",
@@ -99,10 +125,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     where.add_argument("--url", help="a SQLAlchemy URL of the meta store, bypassing Airflow connections")
     common.add_argument("--json", action="store_true", help="print JSON instead of tables")
-    dry = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="log INFO lines too, on stderr (by default only warnings and errors)",
+    )
+    dry = _Parser(add_help=False)
     dry.add_argument("--dry-run", action="store_true", help="say what would happen; change nothing")
 
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="eo-sink",
         description="Inspect exactly-once sinks and act on their epochs (through the two-phase-commit coordinator).",
     )
@@ -124,7 +156,12 @@ def build_parser() -> argparse.ArgumentParser:
     abort = commands.add_parser("abort", parents=[common, dry], help="abort a Pending epoch and delete its files")
     abort.add_argument("sink", type=_sink_id)
     abort.add_argument("epoch", type=_epoch)
-    abort.add_argument("--reason", required=True, help="why; kept on the epoch's row")
+    abort.add_argument(
+        "--reason",
+        required=True,
+        type=_reason,
+        help=f"why: one line, at most {ABORT_REASON_MAX_LENGTH} characters; kept on the epoch's row",
+    )
     abort.add_argument(
         "--force", action="store_true", help="abort even though the checkpoint COMPLETED (drops its data on purpose)"
     )

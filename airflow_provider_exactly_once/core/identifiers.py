@@ -1,7 +1,10 @@
-"""Checks for the two keys of every epoch: the sink id and the epoch number.
+"""Checks for the two keys of every epoch, the sink id and the epoch number, and for the one text an
+operator writes into a row, an abort's reason.
 
 A sink id ends up in file paths, snapshot summaries and SQL rows, so it is held to the characters
-that are safe in all three; an epoch is a signed 64-bit column and a file-name component.
+that are safe in all three; an epoch is a signed 64-bit column and a file-name component. An abort
+reason is kept on the row and printed by every listing of the epoch, so it is one line of bounded
+length, whichever door it came through (``eo-sink``, the UI, ``SinkOperations``).
 """
 
 from __future__ import annotations
@@ -13,8 +16,11 @@ from typing import Annotated
 from pydantic import PlainValidator
 
 from .errors import InvalidIdentifier
+from .redact import find_control
 
 SINK_ID_MAX_LENGTH = 128
+#: The longest abort reason taken: a sentence or a paragraph, not a log pasted into the row.
+ABORT_REASON_MAX_LENGTH = 2000
 EPOCH_MAX = 2**63 - 1
 _SINK_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
@@ -53,6 +59,21 @@ def check_write_id(write_id: object) -> str:
         return str(uuid.UUID(write_id))
     except ValueError:
         raise InvalidIdentifier(f"write_id {write_id!r} is not a UUID") from None
+
+
+def abort_reason_fault(reason: object) -> str | None:
+    """What is wrong with an operator's abort reason, said for whoever typed it, or ``None``."""
+    if not isinstance(reason, str) or not reason.strip():
+        return "an abort needs a reason (it is kept on the row)"
+    if (control := find_control(reason)) is not None:
+        # Printed raw by a later listing, an escape sequence would act on the reader's terminal.
+        return f"the abort reason holds the control character {control}; give it as one line of printable text"
+    if len(reason) > ABORT_REASON_MAX_LENGTH:
+        return (
+            f"the abort reason is {len(reason)} characters long; at most {ABORT_REASON_MAX_LENGTH} are kept: "
+            "shorten it, and say where the details are rather than pasting them"
+        )
+    return None
 
 
 def new_write_id() -> str:

@@ -29,6 +29,7 @@ from airflow_provider_exactly_once.store.queries import (
     SinkCounts,
     cleanup_counts,
     count_epochs,
+    epoch_dag,
     list_epochs,
     sink_counts,
 )
@@ -146,6 +147,18 @@ class SinkReads:
         view = EpochView.of(record, now=self.store.now(), pending_cleanups=cleanups, run=run)
         revisions = tuple(RevisionView.of(r, runs.get((r.dag_id or "", r.run_id or ""))) for r in revised)
         return replace(view, revisions=revisions)
+
+    def dag_of(self, sink_id: str, epoch: int) -> str | None:
+        """The DAG that wrote the epoch (``None``: outside any DAG run); ``EpochNotFound`` when it has no row.
+
+        The cheapest look at an epoch: a caller deciding whether a user may see it asks this first.
+        """
+        check_sink_id(sink_id)
+        check_epoch(epoch)
+        found = epoch_dag(self.store, sink_id, epoch)
+        if found is None:
+            raise EpochNotFound(f"sink {sink_id!r} epoch {epoch} was never persisted")
+        return found[0]
 
     def checkpoint(self, sink_id: str, epoch: int) -> CheckpointView:
         """The registered checkpoint source's status for the epoch, or why it could not be read."""

@@ -29,7 +29,7 @@ from airflow_provider_exactly_once.core.errors import (
     InvalidSinkConfig,
     SinkUnavailable,
 )
-from airflow_provider_exactly_once.core.identifiers import check_epoch, check_sink_id
+from airflow_provider_exactly_once.core.identifiers import abort_reason_fault, check_epoch, check_sink_id
 from airflow_provider_exactly_once.core.ports import CleanupTask, EpochRecord
 from airflow_provider_exactly_once.core.redact import find_control, mask_userinfo
 from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochStatus
@@ -79,6 +79,7 @@ class SinkOperations(SinkReads):
         epoch: int,
         *,
         reason: str,
+        by: str | None = None,
         force: bool = False,
         files_lost: bool = False,
         dry_run: bool = False,
@@ -88,16 +89,17 @@ class SinkOperations(SinkReads):
         The write the row holds now is the one aborted: should a rerun replace it meanwhile, only the
         write the operator saw is removed (the coordinator's "other write" path), never the new one.
         ``files_lost`` gives up a write whose data files are gone, even after its commit decision.
+        ``by`` says who aborts (the UI's user): the row keeps ``"<reason> (by <by>)"``, and the cap on
+        the reason (``ABORT_REASON_MAX_LENGTH``) is on what the person wrote.
         """
-        if not isinstance(reason, str) or not reason.strip():
-            raise InvalidRequest(f"sink {sink_id!r} epoch {epoch}: an abort needs a reason (it is kept on the row)")
-        if (control := find_control(reason)) is not None:
-            # The reason is kept on the row and printed by eo-sink: an escape sequence in it would
-            # act on the terminal of whoever reads the epoch next.
-            raise InvalidRequest(
-                f"sink {sink_id!r} epoch {epoch}: the abort reason holds the control character {control}; "
-                "give it as one line of printable text"
-            )
+        if (fault := abort_reason_fault(reason)) is not None:
+            raise InvalidRequest(f"sink {sink_id!r} epoch {epoch}: {fault}")
+        if by is not None:
+            if (control := find_control(by)) is not None:
+                raise InvalidRequest(
+                    f"sink {sink_id!r} epoch {epoch}: who aborts ({by!r}) holds the control character {control}"
+                )
+            reason = f"{reason} (by {by})"
         coordinator = self._coordinator(sink_id)
         row = self._row(sink_id, epoch)
         if dry_run:

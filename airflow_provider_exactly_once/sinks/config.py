@@ -20,7 +20,7 @@ from airflow_provider_exactly_once.checkpoints._fs import (
 from airflow_provider_exactly_once.core.errors import InvalidPreCommit, InvalidSinkConfig
 from airflow_provider_exactly_once.core.faults import FaultHook, no_faults
 from airflow_provider_exactly_once.core.identifiers import check_sink_id
-from airflow_provider_exactly_once.core.redact import has_userinfo, mask_userinfo
+from airflow_provider_exactly_once.core.redact import find_control, has_userinfo, mask_userinfo
 
 if TYPE_CHECKING:
     # The committers bring pyiceberg, pyarrow and fsspec's filesystems: DAG files import these configs
@@ -38,6 +38,16 @@ def _sink_id(sink_id: str) -> None:
         check_sink_id(sink_id)
     except InvalidPreCommit as exc:
         raise InvalidSinkConfig(str(exc)) from None
+
+
+def _printable(sink_id: str, name: str, value: str) -> None:
+    """A name that is registered and printed by the UI, eo-sink and the logs holds no control
+    character: one that did would act on the terminal of whoever lists the sink."""
+    if (control := find_control(value)) is not None:
+        raise InvalidSinkConfig(
+            f"sink {sink_id!r}: {name} {value!r} holds the control character {control}; "
+            "give it in printable characters only"
+        )
 
 
 #: The temporary view a ``TableSelect.query`` reads the epoch's input from (the Spark write's name).
@@ -119,12 +129,14 @@ class IcebergSinkConfig:
         for table in self.tables:
             if not isinstance(table, str) or "." not in table.strip(".") or table != table.strip():
                 raise InvalidSinkConfig(f"sink {self.sink_id!r}: table {table!r} is not 'namespace.table'")
+            _printable(self.sink_id, "table", table)
         if len(set(self.tables)) != len(self.tables):
             raise InvalidSinkConfig(f"sink {self.sink_id!r}: a table is listed twice in {list(self.tables)}")
         if not self.iceberg_conn_id:
             raise InvalidSinkConfig(f"sink {self.sink_id!r}: iceberg_conn_id is empty")
         if not self.branch:
             raise InvalidSinkConfig(f"sink {self.sink_id!r}: branch is empty")
+        _printable(self.sink_id, "branch", self.branch)
         if self.clock_skew < timedelta(0):
             raise InvalidSinkConfig(f"sink {self.sink_id!r}: clock_skew {self.clock_skew} is negative")
         if self.max_commit_attempts < 1:
@@ -281,9 +293,16 @@ class FileSinkConfig:
         if has_userinfo(self.root):
             # The root is recorded in the sink registry and shown by the UI, eo-sink and the logs.
             raise InvalidSinkConfig(
-                f"sink {self.sink_id!r}: root {mask_userinfo(self.root)!r} holds credentials (user:password@); "
-                "keep them out of the root and out of storage_options: put them in an Airflow connection of "
-                "type 'aws' and name it in storage_conn_id"
+                f"sink {self.sink_id!r}: root {mask_userinfo(self.root)!r} holds credentials (user:password@, "
+                "or a secret query parameter such as token= or sig=); keep them out of the root and out of "
+                "storage_options: put them in an Airflow connection of type 'aws' and name it in storage_conn_id"
+            )
+        _printable(self.sink_id, "root", self.root)
+        if ".." in self.root.replace("\\", "/").split("/"):
+            # The registered root would name one directory and the files go to another.
+            raise InvalidSinkConfig(
+                f"sink {self.sink_id!r}: root {self.root!r} has a '..' segment; give the directory's own path, "
+                "without '..'"
             )
         what = f"sink {self.sink_id!r}"
         object.__setattr__(self, "storage_options", refuse_secret_options(self.storage_options, what=what))

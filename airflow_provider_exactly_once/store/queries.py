@@ -137,6 +137,21 @@ def count_epochs(
         return int(session.scalar(select(func.count()).select_from(PendingSinkState).where(*conditions)) or 0)
 
 
+def epoch_dag(store: SqlSinkStateStore, sink_id: str, epoch: int) -> tuple[str | None] | None:
+    """``(dag_id,)`` of one epoch's row, ``None`` when it has none: one column by the primary key.
+
+    What the view asks first, before it loads an epoch a user may not be allowed to see: nothing of
+    the row beyond its DAG is read, so a hidden epoch costs what a missing one costs.
+    """
+    with store.reading(f"reading the DAG of sink {sink_id!r} epoch {epoch}") as session:
+        found = session.execute(
+            select(PendingSinkState.dag_id).where(
+                PendingSinkState.sink_id == check_sink_id(sink_id), PendingSinkState.epoch == epoch
+            )
+        ).first()
+        return None if found is None else (found[0],)
+
+
 def epochs_statement(
     *,
     sink_id: str | None,

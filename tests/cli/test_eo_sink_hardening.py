@@ -11,8 +11,10 @@ from __future__ import annotations
 import io
 import json
 import logging
+import os
 import re
 import socket
+import subprocess
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,9 +24,11 @@ import pytest
 
 from airflow_provider_exactly_once.checkpoints.config import MetaStoreCheckpoint
 from airflow_provider_exactly_once.cli.main import EXIT_FAILED, EXIT_OK, EXIT_USAGE, main
+from airflow_provider_exactly_once.core.identifiers import ABORT_REASON_MAX_LENGTH
 from airflow_provider_exactly_once.core.precommit import PreCommit, TableWrite
+from airflow_provider_exactly_once.operations import InvalidRequest, SinkOperations
 from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig
-from tests.cli.test_eo_sink import eo_sink
+from tests.cli.test_eo_sink import EO_SINK, eo_sink, run_main
 from tests.operations.helpers import coordinator, write
 from tests.recovery.helpers import E1
 from tests.support.airflow_world import World
@@ -43,6 +47,7 @@ class Planted:
     dead_sink: str
     dead_conn_id: str
     dead_uri: str
+    rest_sink: str
 
 
 def _closed_port() -> int:
@@ -54,8 +59,9 @@ def _closed_port() -> int:
 @pytest.fixture
 def planted(world: World, monkeypatch: pytest.MonkeyPatch) -> Iterator[Planted]:
     """A file sink registered (as before such roots were refused) with a password in its root and
-    checkpoint path, an epoch of it whose error quotes the root, and an Iceberg sink whose catalog is
-    down, its connection's URI holding the same password."""
+    checkpoint path, an epoch of it whose error quotes the root, and two Iceberg sinks whose catalogs
+    are down, their connections' URIs holding the same password: as userinfo, and as a REST
+    catalog's ``token`` and a SAS ``sig`` in the query string."""
     password = f"Planted-{uuid.uuid4().hex}"
     store = world.pipeline.store
     files_sink, dead_sink = f"{world.sink_id}-files", f"{world.sink_id}-dead"
@@ -78,7 +84,19 @@ def planted(world: World, monkeypatch: pytest.MonkeyPatch) -> Iterator[Planted]:
         tables=[TableWrite(table=world.table, location=f"file://{world.tmp}/dead/_eo/w1")],
     )
     store.insert_pending(dead_write, run_id="scheduled__x", try_number=1, dag_id="hourly")
-    yield Planted(world, password, files_sink, dead_sink, dead_conn_id, dead_uri)
+
+    rest_sink, rest_conn_id = f"{world.sink_id}-rest", f"iceberg_rest_{uuid.uuid4().hex[:8]}"
+    rest_uri = f"http://127.0.0.1:{_closed_port()}/catalog?token={password}&sig={password}"
+    monkeypatch.setenv(
+        f"AIRFLOW_CONN_{rest_conn_id.upper()}",
+        json.dumps({"conn_type": "iceberg", "extra": {"type": "rest", "uri": rest_uri}}),
+    )
+    rest = IcebergSinkConfig(rest_sink, (world.table,), iceberg_conn_id=rest_conn_id)
+    store.registry.register_sink(rest_sink, rest.to_dict(), MetaStoreCheckpoint().to_dict())
+    store.insert_pending(
+        dead_write.model_copy(update={"sink_id": rest_sink}), run_id="scheduled__x", try_number=1, dag_id="hourly"
+    )
+    yield Planted(world, password, files_sink, dead_sink, dead_conn_id, dead_uri, rest_sink)
 
 
 def _clean(result: object) -> None:
@@ -219,3 +237,76 @@ def test_log_records_of_the_process_are_masked_too(tmp_path: Path) -> None:
     assert "retrying postgresql://eo:***@db.example:5432/meta" in logged
     assert "ConnectionError: could not connect to postgresql://eo:***@db.example" in logged
     assert "Planted-log-secret" not in logged
+
+
+@pytest.mark.parametrize("backend", ["sqlite"])
+def test_secrets_in_query_strings_and_quoted_passwords_are_masked_in_every_output(planted: Planted) -> None:
+    url, password = planted.world.pipeline.meta_url, planted.password
+    for args in (
+        ("commit", planted.rest_sink, str(E1), "--dry-run"),
+        ("commit", planted.rest_sink, str(E1), "--dry-run", "--json"),
+        ("abort", planted.rest_sink, str(E1), "--reason", "down", "--dry-run", "--json"),
+        ("gc", planted.rest_sink, "--dry-run", "--json"),
+        ("recover", "--dry-run", "--json"),
+    ):
+        code, out, err = run_main(*args, "--url", url)
+        assert code == EXIT_FAILED, (args, err)
+        assert password not in out + err, args
+        assert "?token=***&sig=***" in out + err, (args, out, err)
+        if "--json" in args:
+            json.loads(out)
+    for bad_url in (
+        f"postgresql://eo:ab'{password}@127.0.0.1:notaport/db",  # a quote in the password
+        f"postgresql://eo:a {password}@127.0.0.1:notaport/db",  # a space in it
+        f"host=127.0.0.1 password={password} dbname=meta",  # libpq's keyword form
+        f"postgresql://eo@127.0.0.1:notaport/db?password={password}",
+    ):
+        code, out, err = run_main("status", "--url", bad_url)
+        assert code == EXIT_USAGE, err
+        assert password not in out + err and "***" in err, err
+
+
+def test_argparse_errors_are_masked_and_escaped() -> None:
+    """argparse quotes what it refuses: a URL typed where the command belongs, a crafted sink id."""
+    code, out, err = run_main("--url", "postgresql://eo:Planted-PW@db.example/meta", "status")
+    assert code == EXIT_USAGE and out == ""
+    assert "invalid choice: 'postgresql://eo:***@db.example/meta'" in err and "Planted-PW" not in err, err
+    code, _, err = run_main("status", "\x1b]0;owned\x07\x9b2J")
+    assert code == EXIT_USAGE and "has characters unsafe in a path" in err
+    assert not RAW_CONTROLS.search(err) and "\\x1b]0;owned" in err, repr(err)
+    code, _, err = run_main("status", "--url", "sqlite://", "--nope=eo:Planted-PW@db/x")
+    assert code == EXIT_USAGE and "unrecognized arguments: --nope=eo:***@db/x" in err, err
+
+
+@pytest.mark.parametrize("backend", ["sqlite"])
+def test_an_abort_reason_is_capped_where_it_enters(world: World) -> None:
+    """The UI took 2000 characters at most, eo-sink and the service any length: one cap for all."""
+    pre = write(world, E1)
+    coordinator(world).persist(pre, dag_id="hourly")
+    url = world.pipeline.meta_url
+    code, _, err = run_main("abort", world.sink_id, str(E1), "--reason", "x" * 120_000, "--url", url, "--dry-run")
+    assert code == EXIT_USAGE, err
+    assert f"120000 characters long; at most {ABORT_REASON_MAX_LENGTH}" in err and "--reason" in err, err
+    ops = SinkOperations(world.pipeline.store)
+    with pytest.raises(InvalidRequest, match=f"epoch {E1}: the abort reason is 2001 characters long; at most 2000"):
+        ops.abort(world.sink_id, E1, reason="x" * (ABORT_REASON_MAX_LENGTH + 1))
+    done = ops.abort(world.sink_id, E1, reason="y" * ABORT_REASON_MAX_LENGTH, by="ops-team")
+    assert done.outcome == "aborted"
+    row = world.pipeline.store.get(world.sink_id, E1)
+    assert row is not None and row.error == "y" * ABORT_REASON_MAX_LENGTH + " (by ops-team)"
+
+
+def test_the_embedded_store_prints_only_the_table_on_stdout_and_no_info_on_stderr(tmp_path: Path) -> None:
+    """The embedded meta store's INFO line (and Airflow's own) stayed on the terminal of every run."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW_CONN_", "AIRFLOW__LOGGING__"))}
+    env["AIRFLOW_HOME"] = str(tmp_path / "airflow")
+    quiet = subprocess.run([str(EO_SINK), "status"], capture_output=True, text=True, timeout=300, env=env)
+    assert quiet.returncode == EXIT_OK, quiet.stderr
+    assert quiet.stdout == "no sinks: nothing is registered and no epoch was persisted in this meta store\n"
+    assert quiet.stderr == "", quiet.stderr
+    verbose = subprocess.run(
+        [str(EO_SINK), "status", "--json", "-v"], capture_output=True, text=True, timeout=300, env=env
+    )
+    assert verbose.returncode == EXIT_OK, verbose.stderr
+    assert json.loads(verbose.stdout) == {"sinks": []}
+    assert "using the embedded meta store" in verbose.stderr

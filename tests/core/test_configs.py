@@ -16,6 +16,7 @@ from airflow_provider_exactly_once.checkpoints.config import (
     checkpoint_config_from_dict,
 )
 from airflow_provider_exactly_once.core.errors import InvalidSinkConfig
+from airflow_provider_exactly_once.core.redact import find_control
 from airflow_provider_exactly_once.core.status import CheckpointStatus
 from airflow_provider_exactly_once.sinks.config import FileSinkConfig, IcebergSinkConfig, sink_config_from_dict
 from airflow_provider_exactly_once.sinks.files import FileSinkCommitter
@@ -91,6 +92,9 @@ SECRET = "pl4nted-S3cret"
         lambda: checkpoint_config_from_dict(
             {"kind": "streaming", "checkpoint_location": f"gs://u:{SECRET}@b/c", "extra": 1}
         ),
+        # Secrets in the query string: a SAS signature, a token.
+        lambda: FileSinkConfig("s", f"abfs://data/exports?sv=2024&sig={SECRET}"),
+        lambda: MarkerFileCheckpoint(f"https://lake.example/landing/{{sink_id}}/{{epoch}}?token={SECRET}"),
     ],
 )
 def test_credentials_in_a_location_are_refused_and_never_repeated(build: object) -> None:
@@ -108,3 +112,31 @@ def test_plain_locations_with_an_at_sign_or_a_port_are_accepted(tmp_path: Path) 
     assert FileSinkConfig("s", "s3://bucket/team@example.com/out").root.endswith("/out")
     assert FileSinkConfig("s", str(tmp_path / "a@b")).root.endswith("a@b")
     MarkerFileCheckpoint(f"{tmp_path}/landing@x/{{sink_id}}/{{epoch}}")
+
+
+@pytest.mark.parametrize(
+    ("build", "named"),
+    [
+        # A table name, a branch or a root with terminal escapes would act on every terminal listing the sink.
+        (lambda: IcebergSinkConfig("s", ("db.t\x1b]0;owned\x07",)), r"sink 's': table 'db.t\x1b]0;owned\x07' holds"),
+        (lambda: IcebergSinkConfig("s", ("db.a", "db.\x9b2J")), "the control character U+009B"),
+        (lambda: IcebergSinkConfig("s", ("db.t",), branch="main\r"), r"branch 'main\r' holds the control character"),
+        (
+            lambda: FileSinkConfig("s", "/data/out\x1b[2J"),
+            r"root '/data/out\x1b[2J' holds the control character U+001B",
+        ),
+        # A root with '..' names one directory in the registry and another on the filesystem.
+        (lambda: FileSinkConfig("s", "/data/exports/../../etc"), "root '/data/exports/../../etc' has a '..' segment"),
+        (lambda: FileSinkConfig("s", "s3://bucket/exports/.."), "has a '..' segment; give the directory's own path"),
+        (lambda: sink_config_from_dict({"kind": "files", "sink_id": "s", "root": "file:///d/../x"}), "'..' segment"),
+    ],
+)
+def test_hostile_names_and_roots_are_refused_where_the_config_is_built(build: object, named: str) -> None:
+    with pytest.raises(InvalidSinkConfig) as raised:
+        build()  # type: ignore[operator]
+    message = str(raised.value)
+    assert named in message and find_control(message) is None, message
+
+
+def test_dots_inside_a_segment_of_a_root_are_a_name() -> None:
+    assert FileSinkConfig("s", "/data/v1..v2/out").root == "/data/v1..v2/out"

@@ -58,3 +58,56 @@ def test_control_characters_are_found_and_escaped() -> None:
     assert shown == "part-\\x1b]0;owned\\x07-\\x9b2J\\x0d\\x0a.parquet"
     assert find_control(shown) is None
     assert safe_text("s3://k:pw@b/\x1b[2J") == "s3://k:***@b/\\x1b[2J"
+
+
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [
+        # A password holding a quote, a space, a backtick or '<' cuts the URL token short.
+        ("postgresql://eo:ab'S@db/x", "postgresql://eo:***@db/x"),
+        ('postgresql://eo:ab"S@db/x', "postgresql://eo:***@db/x"),
+        ("postgresql://eo:a b@db/x", "postgresql://eo:***@db/x"),
+        ("postgresql://eo:a`b@db/x", "postgresql://eo:***@db/x"),
+        ("postgresql://eo:a<b>@db/x", "postgresql://eo:***@db/x"),
+        ('--url "postgresql://eo:ab\'S@db/x" is wrong', '--url "postgresql://eo:***@db/x" is wrong'),
+        ("eo:ab'S@db/x", "eo:***@db/x"),
+        # Secrets in query strings: a REST catalog's token, Azure SAS, pre-signed S3 URLs, libpq URLs.
+        (
+            "catalog 'https://cat.example/v1?token=S&warehouse=wh'",
+            "catalog 'https://cat.example/v1?token=***&warehouse=wh'",
+        ),
+        (
+            "https://acct.blob.core.windows.net/c/f?sv=2024&se=2026&sig=S%2Bx",
+            "https://acct.blob.core.windows.net/c/f?sv=2024&se=2026&sig=***",
+        ),
+        (
+            "https://b.s3.amazonaws.com/k?X-Amz-Algorithm=AWS4&X-Amz-Credential=AKIA%2F1&X-Amz-Security-Token=T&X-Amz-Signature=S",
+            "https://b.s3.amazonaws.com/k?X-Amz-Algorithm=AWS4&X-Amz-Credential=***&X-Amz-Security-Token=***&X-Amz-Signature=***",
+        ),
+        ("postgresql://eo@db/x?sslmode=require&password=S", "postgresql://***@db/x?sslmode=require&password=***"),
+        ("https://api.example/v1?access_token=S#top", "https://api.example/v1?access_token=***#top"),
+        ("https://api.example/v1?api_key=S", "https://api.example/v1?api_key=***"),
+        # libpq conninfo: keyword = value, quoted with ' and \-escapes where the value has a space.
+        ("host=db password=S user=eo", "host=db password=*** user=eo"),
+        ("host=db password = 'se cr\\'et' user=eo", "host=db password = *** user=eo"),
+        ("dbname=x sslpassword=S", "dbname=x sslpassword=***"),
+        ('client_secret="S p" scope=all', "client_secret=*** scope=all"),
+    ],
+)
+def test_secrets_in_quoted_passwords_query_strings_and_conninfo_are_masked(text: str, shown: str) -> None:
+    assert mask_userinfo(text) == shown
+    assert has_userinfo(text)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "https://cat.example/v1/config?warehouse=wh&prefix=p",
+        "s3://bucket/exports/region=eu/token=abc/part-0.parquet",  # Hive-style partitions are paths
+        "sink 'orders': mode='upsert' key=id order_by=ts",
+        "http://localhost:8181' is down; ask alice@example.com",
+        "epoch 5: expected write_id=abc, found write_id=def",
+    ],
+)
+def test_parameters_and_pairs_that_are_no_secrets_are_left_alone(text: str) -> None:
+    assert mask_userinfo(text) == text

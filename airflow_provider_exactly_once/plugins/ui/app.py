@@ -38,8 +38,14 @@ from airflow_provider_exactly_once.core.errors import (
     SinkUnavailable,
     StateConflict,
 )
-from airflow_provider_exactly_once.core.identifiers import EPOCH_MAX, check_epoch, check_sink_id
-from airflow_provider_exactly_once.core.redact import find_control, mask_userinfo
+from airflow_provider_exactly_once.core.identifiers import (
+    ABORT_REASON_MAX_LENGTH,
+    EPOCH_MAX,
+    abort_reason_fault,
+    check_epoch,
+    check_sink_id,
+)
+from airflow_provider_exactly_once.core.redact import mask_userinfo
 from airflow_provider_exactly_once.core.status import EpochStatus
 from airflow_provider_exactly_once.defaults import CONFIG_SECTION
 from airflow_provider_exactly_once.observability import urls
@@ -123,14 +129,16 @@ class ActionBody(BaseModel):
 
 
 class AbortBody(ActionBody):
-    reason: str = Field(min_length=1, max_length=2000, description="Why the epoch is aborted; kept on the row.")
+    reason: str = Field(
+        min_length=1, max_length=ABORT_REASON_MAX_LENGTH, description="Why the epoch is aborted; kept on the row."
+    )
     force: StrictBool = False
 
     @field_validator("reason")
     @classmethod
     def _printable(cls, reason: str) -> str:
-        if (control := find_control(reason)) is not None:
-            raise ValueError(f"holds the control character {control}; give the reason as one line of text")
+        if (fault := abort_reason_fault(reason)) is not None:
+            raise ValueError(fault)
         return reason
 
 
@@ -251,14 +259,27 @@ def create_app(operations: OperationsFactory = default_operations) -> FastAPI:
         dag_ids = None if sink_listing() == "all" else access.dag_ids(READ)
         return [sink.to_dict() for sink in ops.get().sinks(dag_ids=dag_ids)]
 
+    def _readable(access: AccessChecker, sink_id: str, epoch: int) -> str | None:
+        """The epoch's DAG once the user may read it; else the answer a missing epoch gets. Only the
+        row's DAG is looked up first: loading more of a hidden epoch would take measurably longer
+        than finding none, and the time of the answer would tell that it exists."""
+        try:
+            dag_id = ops.get().dag_of(sink_id, epoch)
+        except EpochNotFound:
+            raise _not_found(sink_id, epoch) from None
+        if not access.may_read(dag_id):
+            raise _not_found(sink_id, epoch)
+        return dag_id
+
     def _epoch_detail(access: AccessChecker, sink_id: str, epoch: int) -> dict[str, Any]:
         access.require_some(READ)
         sink_id, epoch = _checked(sink_id, epoch)
+        _readable(access, sink_id, epoch)
         try:
             view = ops.get().epoch(sink_id, epoch)
         except EpochNotFound:
             raise _not_found(sink_id, epoch) from None
-        if not access.may_read(view.dag_id):
+        if not access.may_read(view.dag_id):  # another DAG's run re-wrote the epoch since the first look
             raise _not_found(sink_id, epoch)
         try:
             checkpoint = ops.get().checkpoint(sink_id, epoch)
@@ -306,13 +327,7 @@ def create_app(operations: OperationsFactory = default_operations) -> FastAPI:
     def _authorize_action(user: BaseUser, sink_id: str, epoch: int) -> tuple[str, int]:
         access = AccessChecker(user)
         sink_id, epoch = _checked(sink_id, epoch)
-        try:
-            dag_id = ops.get().epoch(sink_id, epoch).dag_id
-        except EpochNotFound:
-            raise _not_found(sink_id, epoch) from None
-        if not access.may_read(dag_id):
-            raise _not_found(sink_id, epoch)
-        access.require(EDIT, dag_id)
+        access.require(EDIT, _readable(access, sink_id, epoch))
         return sink_id, epoch
 
     @app.post(
@@ -322,8 +337,14 @@ def create_app(operations: OperationsFactory = default_operations) -> FastAPI:
     )
     def api_abort(user: User, sink_id: str, epoch: int, body: AbortBody) -> dict[str, Any]:
         sink_id, epoch = _authorize_action(user, sink_id, epoch)
-        reason = f"{body.reason} (by {user.get_name()} in the sink-state view)"
-        result = ops.get().abort(sink_id, epoch, reason=reason, force=body.force, dry_run=body.dry_run)
+        result = ops.get().abort(
+            sink_id,
+            epoch,
+            reason=body.reason,
+            by=f"{user.get_name()} in the sink-state view",
+            force=body.force,
+            dry_run=body.dry_run,
+        )
         return result.to_dict()
 
     @app.post(

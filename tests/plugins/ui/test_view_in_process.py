@@ -1,0 +1,159 @@
+"""The view's app in this process, where what it calls can be watched: the plugin's own FastAPI app
+over a real SQLite meta store, Airflow's metadata DB holding the DAGs, and the per-DAG auth manager
+of the API-server suite (``auth_manager.PerDagAuthManager``) deciding access. Only the caller's
+identity is given directly (``current_user`` overridden): the bearer-token check is the API
+server's, and ``test_hardening.py`` runs it on a real one.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+from airflow_provider_exactly_once.checkpoints.config import MetaStoreCheckpoint
+from airflow_provider_exactly_once.core.identifiers import ABORT_REASON_MAX_LENGTH
+from airflow_provider_exactly_once.operations import EpochView, SinkOperations
+from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig
+from airflow_provider_exactly_once.store import SqlSinkStateStore
+from tests.support.builders import empty_write
+
+if TYPE_CHECKING:
+    from fastapi.testclient import TestClient
+
+# The limited user may read and edit the DAG of MINE, not that of THEIRS; MISSING has no row.
+MINE, THEIRS, MISSING = 1_767_225_600_000, 1_767_229_200_000, 1_767_232_800_000
+
+
+class Watched(SinkOperations):
+    """The service, recording which of its lookups the view makes, in order."""
+
+    calls: list[tuple[str, int]]
+
+    def dag_of(self, sink_id: str, epoch: int) -> str | None:
+        self.calls.append(("dag_of", epoch))
+        return super().dag_of(sink_id, epoch)
+
+    def epoch(self, sink_id: str, epoch: int) -> EpochView:
+        self.calls.append(("epoch", epoch))
+        return super().epoch(sink_id, epoch)
+
+
+@dataclass
+class View:
+    ops: Watched
+    sink_id: str
+    secret: str
+    clients: dict[str, TestClient] = field(default_factory=dict)
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def view(airflow_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[View]:
+    """Two Pending epochs of one sink, of two DAGs; the sink's REST catalog is down and its URI
+    carries a token, as a careless connection would."""
+    from airflow.api_fastapi.app import _AuthManagerState, create_auth_manager
+    from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
+    from airflow.models.dag import DagModel
+    from airflow.utils.session import create_session
+    from fastapi.testclient import TestClient
+
+    from airflow_provider_exactly_once.plugins.ui.app import create_app
+    from airflow_provider_exactly_once.plugins.ui.security import current_user
+
+    suffix = uuid.uuid4().hex[:8]
+    mine_dag, theirs_dag, sink_id = f"eo_mine_{suffix}", f"eo_theirs_{suffix}", f"view-{suffix}"
+    with create_session() as session:
+        for dag_id in (mine_dag, theirs_dag):
+            session.add(DagModel(dag_id=dag_id, bundle_name="dags-folder", fileloc=f"/dags/{dag_id}.py"))
+    monkeypatch.setenv("EO_TEST_DAGS_BY_USER", json.dumps({"limited": [mine_dag]}))
+    monkeypatch.setenv("AIRFLOW__CORE__AUTH_MANAGER", "tests.plugins.ui.auth_manager.PerDagAuthManager")
+    monkeypatch.setattr(_AuthManagerState, "instance", None)
+    create_auth_manager().init()
+
+    secret = f"Planted-{uuid.uuid4().hex}"
+    conn_id = f"eo_rest_{suffix}"
+    uri = f"http://127.0.0.1:{_closed_port()}/catalog?token={secret}&sig={secret}"
+    monkeypatch.setenv(
+        f"AIRFLOW_CONN_{conn_id.upper()}", json.dumps({"conn_type": "iceberg", "extra": {"type": "rest", "uri": uri}})
+    )
+    store = SqlSinkStateStore(f"sqlite:///{tmp_path / 'meta.db'}")
+    config = IcebergSinkConfig(sink_id, ("db.events",), iceberg_conn_id=conn_id)
+    store.registry.register_sink(sink_id, config.to_dict(), MetaStoreCheckpoint().to_dict())
+    for epoch, dag_id in ((MINE, mine_dag), (THEIRS, theirs_dag)):
+        pre = empty_write(sink_id, epoch, "db.events", f"file://{tmp_path}/w")
+        store.insert_pending(pre, run_id=f"scheduled__{epoch}", try_number=1, dag_id=dag_id)
+    ops = Watched(store)
+    ops.calls = []
+    found = View(ops, sink_id, secret)
+    for name, role in (("limited", "user"), ("admin", "admin")):
+        app = create_app(lambda: ops)
+        app.dependency_overrides[current_user] = lambda name=name, role=role: SimpleAuthManagerUser(
+            username=name, role=role
+        )
+        found.clients[name] = TestClient(app)
+    try:
+        yield found
+    finally:
+        store.dispose()
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body"),
+    [
+        ("GET", "/api/sinks/{sink}/epochs/{epoch}", None),
+        ("GET", "/sinks/{sink}/epochs/{epoch}", None),
+        ("POST", "/api/sinks/{sink}/epochs/{epoch}/abort", {"reason": "probe", "dry_run": True}),
+        ("POST", "/api/sinks/{sink}/epochs/{epoch}/commit", {"dry_run": True}),
+        ("POST", "/api/sinks/{sink}/epochs/{epoch}/cleanup", {"dry_run": True}),
+    ],
+)
+def test_a_hidden_epoch_is_decided_on_its_dag_alone_before_anything_else_is_loaded(
+    view: View, method: str, path: str, body: dict[str, object] | None
+) -> None:
+    """Loading the whole epoch before asking whether the user may see it made a hidden epoch answer
+    measurably slower than a missing one: its existence showed in the time of the 404."""
+    client = view.clients["limited"]
+    answers = {}
+    for epoch in (THEIRS, MISSING):
+        view.ops.calls.clear()
+        answers[epoch] = client.request(method, path.format(sink=view.sink_id, epoch=epoch), json=body)
+        assert answers[epoch].status_code == 404, answers[epoch].text
+        assert view.ops.calls == [("dag_of", epoch)]
+    assert answers[THEIRS].text.replace(str(THEIRS), "N") == answers[MISSING].text.replace(str(MISSING), "N")
+
+    view.ops.calls.clear()
+    mine = client.request(method, path.format(sink=view.sink_id, epoch=MINE), json=body)
+    assert mine.status_code != 404, mine.text
+    assert view.ops.calls[0] == ("dag_of", MINE)
+
+
+def test_a_catalog_uri_token_is_masked_in_the_503_of_a_dry_run(view: View) -> None:
+    client = view.clients["admin"]
+    for action, body in (("commit", {"dry_run": True}), ("abort", {"reason": "down", "dry_run": True})):
+        answer = client.post(f"/api/sinks/{view.sink_id}/epochs/{MINE}/{action}", json=body)
+        assert answer.status_code == 503, answer.text
+        detail = answer.json()["detail"]
+        assert view.secret not in answer.text
+        assert "?token=***&sig=***" in detail, detail
+        page = client.get(f"/sinks/{view.sink_id}/epochs/{MINE}")
+        assert page.status_code == 200 and view.secret not in page.text
+
+
+def test_an_abort_reason_past_the_cap_is_refused_by_name(view: View) -> None:
+    client = view.clients["admin"]
+    url = f"/api/sinks/{view.sink_id}/epochs/{MINE}/abort"
+    answer = client.post(url, json={"reason": "x" * (ABORT_REASON_MAX_LENGTH + 1), "dry_run": True})
+    assert answer.status_code == 422, answer.text
+    assert f"at most {ABORT_REASON_MAX_LENGTH} characters" in answer.text
