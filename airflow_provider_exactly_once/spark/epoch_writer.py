@@ -269,11 +269,15 @@ def _align(spec: EpochJobSpec, target: ResolvedTarget, frame: DataFrame, carry: 
     return _Planned(aligned, plan)
 
 
-def _distribute(spec: EpochJobSpec, target: ResolvedTarget, planned: _Planned) -> DataFrame:
+def _distribute(spec: EpochJobSpec, target: ResolvedTarget, planned: _Planned, target_file_size: int) -> DataFrame:
     """The rows as the pyarrow writer needs them: a task closes its file whenever the partition
-    value changes, so rows of one value must be adjacent."""
+    value changes, so rows of one value must be adjacent. An upsert knows how many rows it writes,
+    so its tasks are as many as files of the target size they fill."""
     plan, aligned = planned.alignment, planned.frame
     keys = target.spark_sort_keys(plan.write_schema, {c.target for c in plan.columns})
+    if planned.rewrite is not None:
+        rows_per_file = parquet_writer.rows_per_file(target_file_size, plan.write_schema)
+        return planned.rewrite.distributed(keys, rows_per_file, spec.writers)
     if keys:
         # Hash-partition by the partition values: each value goes to one task, so it becomes one
         # file (or a few, past the target size) instead of one per input split.
@@ -383,7 +387,7 @@ def _write_files(spec: EpochJobSpec, target: ResolvedTarget, planned: _Planned) 
         checked_required=tuple(plan.checked_required),
         target_file_size=target_file_size,
     )
-    frame = _distribute(spec, target, planned)
+    frame = _distribute(spec, target, planned, target_file_size)
     rows = frame.mapInArrow(functools.partial(spark_task, config), f"{DESCRIPTOR_COLUMN} string").collect()
     return [DataFileDescriptor.model_validate_json(row[0]) for row in rows]
 

@@ -172,7 +172,7 @@ def write(frame: DataFrame, config: SparkParquetWrite) -> list[DataFileDescripto
     writer = out.write.options(**_writer_options(config)).mode("errorifexists")
     if partitions:
         writer = writer.partitionBy(*[p.directory for p in partitions])
-    with _session_conf(spark, SESSION_CONF):
+    with session_conf(spark, SESSION_CONF):
         writer.parquet(config.location)
     return _describe(spark, config, partitions)
 
@@ -189,7 +189,7 @@ SESSION_CONF = {
 
 
 @contextlib.contextmanager
-def _session_conf(spark: SparkSession, settings: Mapping[str, str]) -> Iterator[None]:
+def session_conf(spark: SparkSession, settings: Mapping[str, str]) -> Iterator[None]:
     """``settings`` for the duration of the write, leaving the session as it was; a session built
     with them (``epoch_writer.main``) costs one round trip to the JVM."""
     current = spark.conf.getAll
@@ -231,9 +231,7 @@ def _writer_options(config: SparkParquetWrite) -> dict[str, str]:
     options.update(
         {
             "compression": _CODECS[codec.lower()],
-            # Spark rolls files by rows only: the target size over Spark's estimate of a row's
-            # uncompressed size, as the pyarrow writer rolls on uncompressed bytes.
-            "maxRecordsPerFile": str(max(1, config.target_file_size // _row_size(config.write_schema.as_struct()))),
+            "maxRecordsPerFile": str(rows_per_file(config.target_file_size, config.write_schema)),
             # The location is the write's own: no _SUCCESS marker, and no .crc files beside local
             # files (Hadoop's checksummed local filesystem writes one per file; nothing reads them).
             "mapreduce.fileoutputcommitter.marksuccessfuljobs": "false",
@@ -242,6 +240,13 @@ def _writer_options(config: SparkParquetWrite) -> dict[str, str]:
         }
     )
     return options
+
+
+def rows_per_file(target_file_size: int, write_schema: Schema) -> int:
+    """How many rows fill a file of the target size: the target over Spark's estimate of a row's
+    uncompressed size. Spark's writer rolls files by rows alone, and an upsert sizes its write tasks
+    by it before the pyarrow writer, which rolls on uncompressed bytes, writes them."""
+    return max(1, target_file_size // _row_size(write_schema.as_struct()))
 
 
 def _row_size(iceberg: IcebergType) -> int:

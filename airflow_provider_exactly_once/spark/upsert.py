@@ -12,7 +12,8 @@ rewriting the data files that hold its keys:
    schema evolution resolved as any Iceberg reader does), each row tagged with its file;
 3. the files that really hold a changed key are rewritten without the changed and deleted keys,
    and the epoch's inserted and updated rows are written beside them, by the same writer as an
-   append (``file_writer``);
+   append (``file_writer``), over as many tasks as files of the target size the rows fill
+   (``Rewrite.distributed``);
 4. the pre-commit names the rewritten files, the snapshot they were read from and the epoch's key
    range: the commit removes exactly those files in the snapshot that adds the new ones, and
    refuses when the table moved in a way that could hide a key from this write (``UpsertConflict``).
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import base64
 import functools
+import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
@@ -56,7 +58,7 @@ from pyiceberg.types import (
     TimestampType,
     TimestamptzType,
 )
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as st
 
@@ -70,6 +72,7 @@ from airflow_provider_exactly_once.core.upserts import (
 )
 from airflow_provider_exactly_once.spark.alignment import iceberg_to_spark
 from airflow_provider_exactly_once.spark.changes import DELETE, OP, ORDER, UPSERT, Owner, quote
+from airflow_provider_exactly_once.spark.parquet_writer import session_conf
 
 #: The column a read row carries: the data file it came from.
 FILE = "__eo_file"
@@ -78,6 +81,11 @@ IN_LIMIT = 1000
 #: Key column types the epoch's key range can be recorded for (Iceberg identifier fields are
 #: primitives, never floating; these are the ones a copy-on-write plan can bound).
 KEY_TYPES = (IntegerType, LongType, StringType, DateType, TimestampType, TimestamptzType)
+#: Adaptive execution may coalesce the shuffle partitions of a cached plan, as it does any other's.
+#: The change rows are cached after a shuffle (the last change per key), and with Spark's default
+#: that cache keeps ``spark.sql.shuffle.partitions`` partitions (200) however small the epoch: every
+#: later stage ran that many tasks, and the epoch wrote a file per partition that held a row.
+CACHE_CONF = {"spark.sql.optimizer.canChangeCachedPlanOutputPartitioning": "true"}
 
 
 @dataclass(frozen=True)
@@ -91,8 +99,21 @@ class Rewrite:
     key_upper_bounds: dict[str, str]
     changes: ChangeCounts
     cached: tuple[DataFrame, ...]
+    key: tuple[str, ...]
     #: A revision's: the committed write it replaces (``core.upsert_revisions``).
     revises: RevisedWrite | None = None
+
+    def distributed(self, partition_keys: Sequence[Column], rows_per_file: int, writers: int | None) -> DataFrame:
+        """The rows over as many write tasks as files of ``rows_per_file`` rows they fill (or
+        ``writers``), never over ``spark.sql.shuffle.partitions``, which made a small epoch run 200
+        tasks. Ranges of partition value, then key: a partition value too big for one file spans
+        several tasks, small ones share a task and still get a file each (sorted, so each value's
+        rows are adjacent), and every file holds a narrow key range for later epochs' plans to prune.
+        """
+        expected = self.changes.inserted + self.changes.updated + self.changes.rows_rewritten
+        tasks = writers or max(1, math.ceil(expected / rows_per_file))
+        order = [*partition_keys, *[F.col(quote(k)) for k in self.key]]
+        return self.rows.repartitionByRange(tasks, *order).sortWithinPartitions(*order)
 
 
 def check_key(table: Table, upsert: UpsertSpec, owner: Owner) -> None:
@@ -136,7 +157,8 @@ def copy_on_write(
     """
     columns = [c for c in changes.columns if c not in (OP, ORDER)]
     keys = list(upsert.key)
-    changes = changes.select(*[quote(c) for c in columns], OP).persist()
+    with session_conf(spark, CACHE_CONF):  # the cached plan is made here, when the cache is declared
+        changes = changes.select(*[quote(c) for c in columns], OP).persist()
     read_id = _planned_at(table, branch, revision, owner)
     lower, upper, key_filter, totals = _key_range(table, changes, keys)
     tasks: list[FileScanTask] = []
@@ -189,6 +211,7 @@ def copy_on_write(
         key_upper_bounds=upper,
         changes=change_counts,
         cached=(changes, existing),
+        key=tuple(keys),
         revises=None if revision is None else revision.revised(),
     )
 

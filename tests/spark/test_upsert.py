@@ -52,8 +52,17 @@ class Upserts:
     """One upsert sink over a real SQL catalog and meta store; each epoch is a Spark write of its
     landed changes, then persist, checkpoint and commit through the coordinator."""
 
-    def __init__(self, spark: Any, tmp_path: Path, catalog: Catalog, props: dict[str, str], table: str) -> None:
+    def __init__(
+        self,
+        spark: Any,
+        tmp_path: Path,
+        catalog: Catalog,
+        props: dict[str, str],
+        table: str,
+        target_file_size_bytes: int | None = None,
+    ) -> None:
         self.spark, self.tmp_path, self.catalog, self.props, self.table = spark, tmp_path, catalog, props, table
+        self.target_file_size_bytes = target_file_size_bytes
         self.store = SqlSinkStateStore(f"sqlite:///{tmp_path / 'meta.db'}")
         self.committer = IcebergSinkCommitter(catalog)
         self.coordinator = TwoPhaseCommitCoordinator(
@@ -98,6 +107,7 @@ class Upserts:
                 **revision,
             },
             "output_path": str(self.tmp_path / f"out-{uuid.uuid4().hex[:6]}.json"),
+            "target_file_size_bytes": self.target_file_size_bytes,
         }
         from airflow_provider_exactly_once.spark.jobspec import EpochJobSpec
 
@@ -161,13 +171,15 @@ def test_epochs_of_changes_leave_the_table_equal_to_the_model_after_every_epoch(
     spark: Any, tmp_path: Path, catalog: Catalog, catalog_props: dict[str, str], spec: PartitionSpec
 ) -> None:
     catalog.create_table("ns.accounts", SCHEMA, partition_spec=spec)
-    sink = Upserts(spark, tmp_path, catalog, catalog_props, "ns.accounts")
+    # Files of 100 rows (Spark's estimate of a row here: 48 bytes).
+    sink = Upserts(spark, tmp_path, catalog, catalog_props, "ns.accounts", target_file_size_bytes=4800)
     rng, model = random.Random(7), {}
     # Epoch 1 inserts 300 keys over several files; later epochs touch keys spread over all of them.
     first = [(k, REGIONS[k % 3], f"v1-{k}", "I") for k in range(300)]
     pre_commit = sink.apply(changes_of(first))
     apply_to_model(model, first)
     assert sink.rows() == model
+    assert len(pre_commit.tables[0].data_files) >= 3
     assert pre_commit.tables[0].changes is not None and pre_commit.tables[0].changes.inserted == 300
     for epoch in range(2, 6):
         rows = random_epoch(rng, model, 40, 400, epoch)
