@@ -84,7 +84,7 @@ KEY_TYPES = (IntegerType, LongType, StringType, DateType, TimestampType, Timesta
 #: Adaptive execution may coalesce the shuffle partitions of a cached plan, as it does any other's.
 #: The change rows are cached after a shuffle (the last change per key), and with Spark's default
 #: that cache keeps ``spark.sql.shuffle.partitions`` partitions (200) however small the epoch: every
-#: later stage ran that many tasks, and the epoch wrote a file per partition that held a row.
+#: later stage would run that many tasks, and write a file per partition that holds a row.
 CACHE_CONF = {"spark.sql.optimizer.canChangeCachedPlanOutputPartitioning": "true"}
 
 
@@ -105,8 +105,8 @@ class Rewrite:
 
     def distributed(self, partition_keys: Sequence[Column], rows_per_file: int, writers: int | None) -> DataFrame:
         """The rows over as many write tasks as files of ``rows_per_file`` rows they fill (or
-        ``writers``), never over ``spark.sql.shuffle.partitions``, which made a small epoch run 200
-        tasks. Ranges of partition value, then key: a partition value too big for one file spans
+        ``writers``), never over ``spark.sql.shuffle.partitions``, 200 tasks however small the
+        epoch. Ranges of partition value, then key: a partition value too big for one file spans
         several tasks, small ones share a task and still get a file each (sorted, so each value's
         rows are adjacent), and every file holds a narrow key range for later epochs' plans to prune.
         """
