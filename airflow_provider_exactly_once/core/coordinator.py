@@ -27,26 +27,12 @@ from datetime import timedelta
 
 from .bookkeeping import note_error, record_warning, require_epoch, warn_other_dag
 from .cleanups import clean_up, run_cleanups
-from .decisions import (
-    Action,
-    abort_decision,
-    commit_decision,
-    discarded_error,
-    persist_conflict_reason,
-    persist_decision,
-    upsert_order_refusal,
-)
-from .errors import (
-    AbortRefused,
-    InvalidPreCommit,
-    InvalidSinkConfig,
-    ReprocessRefused,
-    StateConflict,
-    UpsertConflict,
-)
+from .decisions import Action, abort_decision, commit_decision, persist_conflict_reason, persist_decision
+from .errors import AbortRefused, InvalidPreCommit, InvalidSinkConfig, StateConflict, UpsertConflict
 from .faults import FaultHook, no_faults
 from .generations import OnReprocess
 from .identifiers import check_epoch, check_sink_id
+from .lookups import EpochLookups, WriteLookups
 from .lost_writes import lost_files, prepare_rewrite
 from .observe import COMMIT_ERRORS, NO_METRICS, Metrics, count_abort, count_commit, safe
 from .outcomes import (
@@ -64,7 +50,6 @@ from .ports import CheckpointSource, CommitPlan, EpochRecord, SinkCommitter, Sin
 from .precommit import PreCommit
 from .recovery import EpochBatches, recover_pending
 from .status import EpochStatus
-from .upsert_revisions import later_deletes_refusal
 
 __all__ = ["TwoPhaseCommitCoordinator", "require_epoch"]
 
@@ -136,10 +121,8 @@ class TwoPhaseCommitCoordinator:
             raise
 
         on_reprocess = self._on_reprocess.get(pre.sink_id, "keep")
-        if (
-            persist_decision(None, pre, lambda: {}, on_reprocess=on_reprocess).raise_if_refused().action
-            is Action.INSERT
-        ):
+        lookups = WriteLookups.of(self._store, committer, pre)
+        if persist_decision(None, pre, lookups, on_reprocess=on_reprocess).raise_if_refused().action is Action.INSERT:
             # The common case, a first persist, without reading the row first: the insert is refused
             # (``StateConflict``) when the epoch has a row, which is then read and decided on below.
             try:
@@ -152,9 +135,7 @@ class TwoPhaseCommitCoordinator:
 
         for _ in range(_PERSIST_RACE_ROUNDS):
             row = self._store.get(pre.sink_id, pre.epoch)
-            decision = persist_decision(
-                row, pre, lambda: committer.identities(pre), on_reprocess=on_reprocess
-            ).raise_if_refused()
+            decision = persist_decision(row, pre, lookups, on_reprocess=on_reprocess).raise_if_refused()
             action = decision.action
             if row is not None and action is Action.KEEP:
                 outcome = (
@@ -164,13 +145,16 @@ class TwoPhaseCommitCoordinator:
                 )
                 return PersistResult(outcome, row, row.write_id)
 
+            if row is not None and action is Action.ALREADY_REPLACED:
+                log.info("%s: %s; %s", pre.describe(), action.value, decision.why)
+                return PersistResult(PersistOutcome.SUPERSEDED, row, row.write_id)
+
             if row is not None and action in (Action.DISCARD_OTHER_TABLES, Action.DISCARD_REFUSED):
                 self._discard(pre, f"{action.value}: epoch committed with write {row.write_id}")
                 assert decision.error is not None
                 raise decision.error
 
             if row is not None and action is Action.REOPEN:
-                self._refuse_discarded(pre)
                 try:
                     record = self._store.reopen_committed(
                         pre,
@@ -186,12 +170,6 @@ class TwoPhaseCommitCoordinator:
                 return PersistResult(PersistOutcome.REOPENED, record, pre.write_id, warning=decision.why)
 
             if row is not None and action is Action.REVISE:
-                self._refuse_discarded(pre)
-                try:
-                    self._refuse_untellable_revision(pre)
-                except ReprocessRefused:
-                    self._discard(pre, "revision refused: later epochs deleted keys the table did not hold")
-                    raise
                 try:
                     record = self._store.revisions.open_revision(
                         pre, expected_write_id=row.write_id, run_id=run_id, try_number=try_number, dag_id=dag_id
@@ -229,7 +207,6 @@ class TwoPhaseCommitCoordinator:
                 self._fault("persist.inserted")
                 return PersistResult(PersistOutcome.PERSISTED, record, pre.write_id)
 
-            self._refuse_discarded(pre)
             try:
                 record = self._store.replace_write(
                     pre,
@@ -249,23 +226,10 @@ class TwoPhaseCommitCoordinator:
             f"{pre.describe()}: the epoch kept changing under {_PERSIST_RACE_ROUNDS} attempts to persist"
         )
 
-    def _refuse_untellable_revision(self, pre: PreCommit) -> None:
-        """An upsert revision the table cannot prove well defined (``later_deletes_refusal``); asks the
-        store for the sink's committed epochs, so only of an upsert revision."""
-        if not any(t.revises is not None for t in pre.tables):
-            return
-        why = later_deletes_refusal(pre, self._store.epochs_with_status(pre.sink_id, EpochStatus.COMMITTED))
-        if why is not None:
-            raise ReprocessRefused(f"{pre.describe()}: revision refused: {why}")
-
     def _discard(self, pre: PreCommit, reason: str) -> None:
         """This write must never be the epoch's: its files go, through the clean-up queue."""
         self._store.enqueue_cleanup(pre, reason=reason)
         self._run_cleanups(pre.sink_id, pre.epoch)
-
-    def _refuse_discarded(self, pre: PreCommit) -> None:
-        if self._store.write_discarded(pre.sink_id, pre.epoch, pre.write_id):
-            raise discarded_error(pre)
 
     # -- phase two: commit ------------------------------------------------------------------------
 
@@ -283,22 +247,16 @@ class TwoPhaseCommitCoordinator:
     def _commit(self, sink_id: str, epoch: int) -> CommitResult:
         committer = self._committer(sink_id)
         row = self._require(sink_id, epoch)
-        decision = commit_decision(row, lambda: self._checkpoints.status(sink_id, epoch)).raise_if_refused()
+        lookups = EpochLookups.of(self._store, self._checkpoints, sink_id, epoch)
+        decision = commit_decision(row, lookups).raise_if_refused()
         if decision.action is Action.ALREADY_COMMITTED:
             return CommitResult(CommitOutcome.ALREADY_COMMITTED, row)
 
         if decision.action is Action.DECIDE_AND_COMMIT:
-            refusal = upsert_order_refusal(
-                row, lambda: [r.epoch for r in self._store.epochs_with_status(sink_id, EpochStatus.PENDING)]
-            )
-            if refusal is not None:
-                raise refusal
-            if row.replaces is not None:
-                self._refuse_untellable_revision(row.pre_commit)  # a later epoch may have committed since persist
             # Once decided, the write can only be committed; so decide only for a write the sink can
             # still take (its table may have changed since persist), and keep the others abortable.
             try:
-                plan = committer.prepare(row.pre_commit, replaces=row.replaces)
+                plan = self.prepare(row)
             except Exception as exc:
                 note_error(self._store, row, exc)
                 raise
@@ -331,6 +289,12 @@ class TwoPhaseCommitCoordinator:
         self._fault("commit.marked")
         log.info("%s committed: %s", row.pre_commit.describe(), dict(committed))
         return CommitResult(CommitOutcome.COMMITTED, record)
+
+    def prepare(self, row: EpochRecord) -> CommitPlan:
+        """The sink's own checks of a Pending write right before its commit decision
+        (``SinkCommitter.prepare``: the schema, a revision's replaced files, an upsert's conflicts);
+        the commit's dry run runs them too."""
+        return self._committer(row.sink_id).prepare(row.pre_commit, replaces=row.replaces)
 
     def _settled_by_other(self, sink_id: str, epoch: int, write_id: str) -> CommitResult:
         """A CAS of ours lost: benign if a concurrent attempt committed the same write, loud otherwise."""
@@ -391,7 +355,14 @@ class TwoPhaseCommitCoordinator:
         for _ in range(_PERSIST_RACE_ROUNDS):
             row = self._store.get(sink_id, epoch)
             decision = abort_decision(
-                row, write, lambda: self._checkpoints.status(sink_id, epoch), force=force, files_lost=files_lost
+                row,
+                write,
+                lambda: self._checkpoints.status(sink_id, epoch),
+                replaced=lambda: (
+                    write is not None and self._store.revisions.was_replaced(sink_id, epoch, write.write_id)
+                ),
+                force=force,
+                files_lost=files_lost,
             ).raise_if_refused()
             if row is not None:
                 break
@@ -414,7 +385,7 @@ class TwoPhaseCommitCoordinator:
             assert write is not None
             self._store.enqueue_cleanup(write, reason=f"abort: {reason}")
             return AbortResult(AbortOutcome.OTHER_WRITE_REMOVED, self._run_cleanups(sink_id, epoch), row)
-        if action is Action.ALREADY_COMMITTED:
+        if action in (Action.ALREADY_COMMITTED, Action.ALREADY_REPLACED):
             return AbortResult(AbortOutcome.ALREADY_COMMITTED, 0, row)
         if action is Action.ALREADY_ABORTED:
             return AbortResult(AbortOutcome.ALREADY_ABORTED, self._run_cleanups(sink_id, epoch), row)

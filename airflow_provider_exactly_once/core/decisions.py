@@ -1,13 +1,14 @@
-"""Every rule about what may happen to an epoch, as pure functions of its row and its checkpoint.
+"""Every rule about what may happen to an epoch, as pure functions of its row and what they may ask.
 
 The coordinator carries these decisions out (with the store's compare-and-swap guarding each step
 against a concurrent attempt); the UI's and ``eo-sink``'s dry runs print them. Keeping the rules
 and their refusal messages here, and only here, is what keeps a dry run from promising what the
 real action would refuse.
 
-A decision names an ``Action`` and, for a refusal, the error to raise. The checkpoint is passed as
-a function and asked only when a rule needs it: asking an upstream costs I/O, and a decided or
-settled epoch never needs it.
+A decision names an ``Action`` and, for a refusal, the error to raise. What a rule needs beyond the
+row (the checkpoint, the sink's other epochs, the store's record of a write) it asks through
+``core/lookups.py``, only when it needs the answer; an action and its dry run build those lookups
+the same way, so they decide on the same inputs.
 """
 
 from __future__ import annotations
@@ -33,12 +34,11 @@ from .errors import (
     UpsertConflict,
 )
 from .generations import OnReprocess, is_newer, is_older
+from .lookups import CheckpointLookup, EpochLookups, WriteLookups
 from .ports import EpochRecord
 from .precommit import PreCommit
 from .status import CheckpointStatus, EpochStatus
-from .upsert_revisions import revision_refusal
-
-CheckpointLookup = Callable[[], CheckpointStatus]
+from .upsert_revisions import revision_refusal, untellable_revision
 
 
 class Action(StrEnum):
@@ -48,6 +48,7 @@ class Action(StrEnum):
     # persist
     INSERT = "insert the Pending row"
     KEEP = "keep: this write is already the epoch's"
+    ALREADY_REPLACED = "nothing: a revision replaced this write, and its files wait in the clean-up queue"
     REPLACE = "replace the earlier, undecided write"
     REOPEN = "re-open the Committed epoch for the re-created table"
     DISCARD_LATE = "discard the late write: the epoch holds an earlier one"
@@ -104,17 +105,18 @@ def _name(row: EpochRecord) -> str:
 def persist_decision(
     row: EpochRecord | None,
     write: PreCommit,
-    identities: Callable[[], Mapping[str, str]],
+    lookups: WriteLookups,
     *,
     on_reprocess: OnReprocess = "keep",
 ) -> Decision:
     """What a persist of ``write`` does to the epoch's row as it is now.
 
-    ``identities`` are the write's tables' identities now (``SinkCommitter.identities``), asked only
-    of a Committed epoch: a table re-created since its commit makes the old commit prove nothing.
-    A write of a newer generation (``core.generations``) than the row's replaces a committed one
-    through a revision when the sink's ``on_reprocess`` is ``"replace"``; a write of an older one
-    (a zombie of a run since cleared) never takes the epoch.
+    A table re-created since the epoch's commit makes the old commit prove nothing. A write of a
+    newer generation (``core.generations``) than the row's replaces a committed one through a
+    revision when the sink's ``on_reprocess`` is ``"replace"``; a write of an older one (a zombie of
+    a run since cleared) never takes the epoch. A write a revision replaces (or replaced) is settled
+    already: its files are queued by the revision's commit to wait for snapshot expiry (D12), and a
+    second clean-up of a write the table's history still shows could never succeed.
     """
     if not write.written:
         return _refuse(
@@ -130,6 +132,12 @@ def persist_decision(
                 )
             )
         return Decision(Action.KEEP)
+    if row.replaces is not None and row.replaces.write_id == write.write_id:
+        return Decision(
+            Action.ALREADY_REPLACED, why=f"revision {row.revision} (write {row.write_id}) replaces it once committed"
+        )
+    if row.revision > 0 and lookups.replaced():
+        return Decision(Action.ALREADY_REPLACED, why=f"the epoch holds write {row.write_id} of revision {row.revision}")
     if row.status is EpochStatus.COMMITTED:
         committed_to = sorted(t.table for t in row.pre_commit.tables)
         targets = sorted(t.table for t in write.tables)
@@ -143,9 +151,9 @@ def persist_decision(
                     "for its whole history: give the new pipeline or table its own sink_id"
                 ),
             )
-        recreated = recreated_tables(row, identities())
+        recreated = recreated_tables(row, lookups.identities())
         if recreated:
-            return Decision(Action.REOPEN, why=recreated)
+            return _refuse(discarded_error(write)) if lookups.discarded() else Decision(Action.REOPEN, why=recreated)
         if is_newer(write.generation, row.pre_commit.generation):
             newer = f"generation {write.generation} is newer than the committed write's ({row.pre_commit.generation})"
             upsert = any(t.is_upsert for t in (*write.tables, *row.pre_commit.tables))
@@ -161,6 +169,11 @@ def persist_decision(
                     ),
                 )
             if on_reprocess == "replace":
+                if lookups.discarded():
+                    return _refuse(discarded_error(write))
+                untellable = untellable_revision(write, lookups.committed)
+                if untellable is not None:
+                    return Decision(Action.DISCARD_REFUSED, untellable)
                 return Decision(
                     Action.REVISE, why=f"{newer}: revision {row.revision + 1} will replace write {row.write_id}"
                 )
@@ -185,7 +198,7 @@ def persist_decision(
                 )
             )
         return Decision(Action.DISCARD_LATE, why=f"epoch holds write {row.write_id}, its commit decided")
-    return Decision(Action.REPLACE)
+    return _refuse(discarded_error(write)) if lookups.discarded() else Decision(Action.REPLACE)
 
 
 def write_kept(row: EpochRecord | None, generation: str | None, on_reprocess: OnReprocess) -> str | None:
@@ -263,20 +276,34 @@ def recreated_tables(row: EpochRecord, identities: Mapping[str, str]) -> str | N
 # -- commit -------------------------------------------------------------------------------------------
 
 
-def commit_decision(row: EpochRecord, checkpoint: CheckpointLookup) -> Decision:
-    """Commit only what the checkpoint completed, or what was decided already (invariant 2)."""
+def commit_decision(row: EpochRecord, lookups: EpochLookups) -> Decision:
+    """Commit only what the checkpoint completed, or what was decided already (invariant 2); upsert
+    epochs in epoch order, and an upsert revision only while it can be told well defined.
+
+    The sink's own checks (``SinkCommitter.prepare``: the schema, a revision's replaced files, an
+    upsert's conflicts) follow in the commit; everything decided on the meta store's record is
+    decided here."""
     if row.status is EpochStatus.COMMITTED:
         return Decision(Action.ALREADY_COMMITTED, why=f"write {row.write_id} is committed")
     if row.status is EpochStatus.ABORTED:
         return _refuse(EpochAborted(f"{_name(row)} is Aborted: it cannot be committed"))
     if row.commit_decided_at is not None:
         return Decision(Action.COMMIT_DECIDED, why=f"commit decided at {row.commit_decided_at.isoformat()}")
-    status = checkpoint()
+    status = lookups.checkpoint()
     if status is CheckpointStatus.FAILED:
         return _refuse(CheckpointFailed(f"{_name(row)}: checkpoint FAILED; the epoch must be aborted"))
     if status is CheckpointStatus.PENDING:
         return _refuse(CheckpointNotReady(f"{_name(row)}: checkpoint still PENDING"))
-    return Decision(Action.DECIDE_AND_COMMIT, why="checkpoint COMPLETED")
+    return _decide_after_completed(row, lookups)
+
+
+def _decide_after_completed(row: EpochRecord, lookups: EpochLookups) -> Decision:
+    """The rules that still hold an undecided epoch back once its checkpoint COMPLETED. A decided
+    commit goes on whatever they say: it was decided under them."""
+    refusal: ExactlyOnceError | None = upsert_order_refusal(row, lookups.pending)
+    if refusal is None and row.replaces is not None:
+        refusal = untellable_revision(row.pre_commit, lookups.committed)
+    return _refuse(refusal) if refusal is not None else Decision(Action.DECIDE_AND_COMMIT, why="checkpoint COMPLETED")
 
 
 # -- abort --------------------------------------------------------------------------------------------
@@ -287,6 +314,7 @@ def abort_decision(
     write: PreCommit | None,
     checkpoint: CheckpointLookup,
     *,
+    replaced: Callable[[], bool],
     force: bool = False,
     files_lost: bool = False,
 ) -> Decision:
@@ -294,12 +322,18 @@ def abort_decision(
 
     ``write`` is the write being given up (an abort task's own); ``None`` means the epoch's. A
     decided write is given up only when its files are lost (``files_lost``), which the coordinator
-    then checks against the sink (``TwoPhaseCommitCoordinator.lost_files``).
+    then checks against the sink (``TwoPhaseCommitCoordinator.lost_files``). A write a revision
+    replaces (or replaced; ``replaced`` asks the store, as for persist) has its clean-up already.
     """
     if row is None:
         # Recorded even without a write, so that the abort and its reason are seen in the UI and eo-sink.
         return Decision(Action.RECORD_NO_WRITE if write is None else Action.TOMBSTONE)
     if write is not None and write.write_id != row.write_id:
+        in_flight = row.replaces is not None and row.replaces.write_id == write.write_id
+        if in_flight or (row.revision > 0 and replaced()):
+            return Decision(
+                Action.ALREADY_REPLACED, why=f"the epoch holds write {row.write_id} of revision {row.revision}"
+            )
         return Decision(Action.REMOVE_OTHER_WRITE)
     if row.status is EpochStatus.COMMITTED:
         return Decision(Action.ALREADY_COMMITTED, why=f"write {row.write_id} is committed")
@@ -354,16 +388,17 @@ def files_lost_refusal(row: EpochRecord, visible_tables: list[str], missing: lis
 # -- recovery -----------------------------------------------------------------------------------------
 
 
-def recovery_decision(row: EpochRecord, checkpoint: CheckpointLookup) -> Decision:
-    """A Pending epoch after a crash: commit what was decided or completed, abort what failed."""
+def recovery_decision(row: EpochRecord, lookups: EpochLookups) -> Decision:
+    """A Pending epoch after a crash: commit what was decided or completed, abort what failed. What
+    the commit would refuse (``commit_decision``) is refused here, so a dry run lists it as refused."""
     if row.commit_decided_at is not None:
         return Decision(Action.COMMIT_DECIDED, why=f"commit decided at {row.commit_decided_at.isoformat()}")
-    status = checkpoint()
+    status = lookups.checkpoint()
     if status is CheckpointStatus.PENDING:
         return Decision(Action.WAIT)
     if status is CheckpointStatus.FAILED:
         return Decision(Action.ABORT if row.replaces is None else Action.ABORT_REVISION, why="checkpoint FAILED")
-    return Decision(Action.DECIDE_AND_COMMIT, why="checkpoint COMPLETED")
+    return _decide_after_completed(row, lookups)
 
 
 def commits_in_batch(row: EpochRecord, decision: Decision) -> bool:

@@ -11,8 +11,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Collection
 
-from .decisions import REWRITE_REASON, Action, CheckpointLookup, files_lost_refusal, rewrite_decision
+from .decisions import REWRITE_REASON, Action, files_lost_refusal, rewrite_decision
 from .errors import ReplacedFilesMissing, UpsertConflict
+from .lookups import CheckpointLookup
 from .outcomes import AbortResult, RewriteOutcome, RewriteResult
 from .ports import EpochRecord, SinkCommitter
 

@@ -116,6 +116,10 @@ class SinkRevisions(Protocol):
         Committed; the revision's write is queued for clean-up. ``StateConflict`` when the row moved."""
         ...
 
+    def was_replaced(self, sink_id: str, epoch: int, write_id: str) -> bool:
+        """Whether this write was the epoch's committed write until a revision's commit replaced it."""
+        ...
+
 
 class SinkStateStore(Protocol):
     """``pending_sink_state`` and its companions. Every status change is a compare-and-swap.

@@ -17,6 +17,7 @@ from .batch import EpochBatches
 from .bookkeeping import note_error
 from .decisions import Action, Decision, commits_in_batch, recovery_decision
 from .errors import ExactlyOnceError, MetaStoreUnavailable
+from .lookups import EpochLookups
 from .outcomes import AbortResult, CommitResult, RecoveryReport
 from .ports import CheckpointSource, EpochRecord, SinkStateStore
 from .status import EpochStatus
@@ -89,7 +90,9 @@ def recover_pending(
 
     for row in sorted(store.epochs_with_status(sink_id, EpochStatus.PENDING), key=lambda r: r.epoch):
         decided: list[Decision] = []
-        attempt(row, lambda: decided.append(recovery_decision(row, lambda: checkpoints.status(sink_id, row.epoch))))  # noqa: B023
+        lookups = EpochLookups.of(store, checkpoints, sink_id, row.epoch)
+        # A refusal (an upsert epoch behind an undecided one) is the epoch's failure, as the commit's would be.
+        attempt(row, lambda: decided.append(recovery_decision(row, lookups).raise_if_refused()))  # noqa: B023
         if not decided:
             continue
         action = decided[0].action

@@ -19,8 +19,9 @@ of what the job produced. No I/O here: the row says everything.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
+from .errors import ReprocessRefused
 from .generations import is_newer, is_older
 from .ports import EMPTY, CommittedTables, EpochRecord
 from .precommit import PreCommit, TableWrite
@@ -151,3 +152,13 @@ def later_deletes_refusal(write: PreCommit, committed: Iterable[EpochRecord]) ->
         "whether this revision inserts one of those keys (which the later delete would have removed) cannot be "
         f"told. Correct the keys with a new epoch's changes instead ({DOCUMENTED})"
     )
+
+
+def untellable_revision(write: PreCommit, committed: Callable[[], Iterable[EpochRecord]]) -> ReprocessRefused | None:
+    """An upsert revision the table cannot prove well defined (``later_deletes_refusal``), at persist
+    and again before its commit decision (a later epoch may have committed since). The sink's
+    Committed rows are asked for only of an upsert revision."""
+    if not any(t.revises is not None for t in write.tables):
+        return None
+    why = later_deletes_refusal(write, committed())
+    return None if why is None else ReprocessRefused(f"{write.describe()}: revision refused: {why}")

@@ -30,9 +30,10 @@ from airflow_provider_exactly_once.core.errors import (
     SinkUnavailable,
 )
 from airflow_provider_exactly_once.core.identifiers import abort_reason_fault, check_epoch, check_sink_id
-from airflow_provider_exactly_once.core.ports import CleanupTask, EpochRecord
+from airflow_provider_exactly_once.core.lookups import EpochLookups
+from airflow_provider_exactly_once.core.ports import CheckpointSource, CleanupTask, EpochRecord
 from airflow_provider_exactly_once.core.redact import find_control, mask_userinfo
-from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochStatus
+from airflow_provider_exactly_once.core.status import EpochStatus
 from airflow_provider_exactly_once.defaults import DEFAULT_META_CONN_ID, DEFAULT_ORPHAN_GRACE
 from airflow_provider_exactly_once.operations.reads import InvalidRequest, SinkNotFound, SinkReads
 from airflow_provider_exactly_once.operations.views import ActionResult, describe_write
@@ -122,7 +123,12 @@ class SinkOperations(SinkReads):
     ) -> ActionResult:
         sink_id, epoch = row.sink_id, row.epoch
         decision = abort_decision(
-            row, None, lambda: self._checkpoint_status(sink_id, epoch), force=force, files_lost=files_lost
+            row,
+            None,
+            lambda: self._checkpoints(sink_id).status(sink_id, epoch),
+            replaced=lambda: False,  # the epoch's own write: never a replaced one
+            force=force,
+            files_lost=files_lost,
         ).raise_if_refused()
 
         def plan(outcome: str, detail: str) -> ActionResult:
@@ -159,7 +165,7 @@ class SinkOperations(SinkReads):
         coordinator = self._coordinator(sink_id, allow_beyond_horizon=allow_beyond_horizon)
         row = self._row(sink_id, epoch)
         if dry_run:
-            return self._commit_plan(row)
+            return self._commit_plan(coordinator, row)
         result = coordinator.commit(sink_id, epoch)
         committed = dict(result.record.committed or {})
         return ActionResult(
@@ -172,9 +178,14 @@ class SinkOperations(SinkReads):
             report={"committed": committed, "write_id": result.record.write_id},
         )
 
-    def _commit_plan(self, row: EpochRecord) -> ActionResult:
+    def _commit_plan(self, coordinator: TwoPhaseCommitCoordinator, row: EpochRecord) -> ActionResult:
+        """The commit's own decision, on the same lookups; before a commit decision, the sink's own
+        checks too (``coordinator.prepare``), so that a write the sink would refuse is refused here."""
         sink_id, epoch = row.sink_id, row.epoch
-        decision = commit_decision(row, lambda: self._checkpoint_status(sink_id, epoch)).raise_if_refused()
+        lookups = EpochLookups.of(self.store, self._checkpoints(sink_id), sink_id, epoch)
+        decision = commit_decision(row, lookups).raise_if_refused()
+        if decision.action is Action.DECIDE_AND_COMMIT:
+            coordinator.prepare(row)
         if decision.action is Action.ALREADY_COMMITTED:
             committed = dict(row.committed or {})
             return ActionResult(
@@ -262,6 +273,7 @@ class SinkOperations(SinkReads):
         abort: list[int] = []
         waiting: list[int] = []
         unknown: dict[str, str] = {}
+        refused: dict[str, str] = {}  # what the recovery would report failed, as the commit refuses it
         lists = {
             Action.COMMIT_DECIDED: commit,
             Action.DECIDE_AND_COMMIT: commit,
@@ -270,9 +282,12 @@ class SinkOperations(SinkReads):
         }
         for row in self.store.epochs_with_status(sink_id, EpochStatus.PENDING):
             try:
-                decision = recovery_decision(row, lambda: source.status(sink_id, row.epoch))  # noqa: B023
+                decision = recovery_decision(row, EpochLookups.of(self.store, source, sink_id, row.epoch))
             except Exception as exc:  # recovery would report this epoch failed and go on
                 unknown[str(row.epoch)] = f"{type(exc).__name__}: {exc}"
+                continue
+            if decision.error is not None:
+                refused[str(row.epoch)] = f"{type(decision.error).__name__}: {decision.error}"
                 continue
             lists.get(decision.action, waiting).append(row.epoch)
         tasks = self.store.cleanups(sink_id)
@@ -282,20 +297,22 @@ class SinkOperations(SinkReads):
             "abort": abort,
             "waiting": waiting,
             "checkpoint_unknown": unknown,
+            "refused": refused,
             "cleanups": [_cleanup_dict(t) for t in tasks],
             "orphans": [_orphan_dict(c) for c in old],
             "orphans_kept": [c.write_id for c in young],
         }
         if scan_error:
             report["orphan_scan_failed"] = scan_error
-        anything = commit or abort or tasks or old
+        anything = commit or abort or refused or tasks or old
         return ActionResult(
             "recover",
             sink_id,
             None,
             True,
             "would recover" if anything else "nothing to do",
-            f"sink {sink_id!r}: would commit {commit}, abort {abort}, leave waiting {waiting}, run "
+            f"sink {sink_id!r}: would commit {commit}, abort {abort}, leave waiting {waiting}, "
+            f"refuse {sorted(int(e) for e in refused)}, run "
             f"{len(tasks)} queued clean-up(s) and remove {len(old)} orphaned write location(s) "
             f"older than {DEFAULT_ORPHAN_GRACE}",
             report=report,
@@ -387,9 +404,10 @@ class SinkOperations(SinkReads):
         except Exception as exc:
             raise SinkUnavailable(_unreachable(sink, exc)) from None
 
-    def _checkpoint_status(self, sink_id: str, epoch: int) -> CheckpointStatus:
+    def _checkpoints(self, sink_id: str) -> CheckpointSource:
+        """The sink's checkpoint source, as its coordinator has it (``runtime.assembly``)."""
         _, checkpoint = self._registration(sink_id)
-        return (checkpoint or MetaStoreCheckpoint()).source(self.store.checkpoints).status(sink_id, epoch)
+        return (checkpoint or MetaStoreCheckpoint()).source(self.store.checkpoints)
 
     def _cleanup_plan(self, tasks: Sequence[CleanupTask]) -> str:
         if not tasks:

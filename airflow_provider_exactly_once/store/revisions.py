@@ -157,6 +157,17 @@ class SqlRevisions:
             _record(session, revision, EpochStatus.ABORTED.value, None, reason)
             return cas.reloaded(session, sink_id, epoch)
 
+    def was_replaced(self, sink_id: str, epoch: int, write_id: str) -> bool:
+        """Whether a revision's commit replaced this write (``commit_revision`` recorded it)."""
+        sink_id, epoch, write_id = check_sink_id(sink_id), check_epoch(epoch), check_write_id(write_id)
+        with self._db.transaction(f"looking up write {write_id} of sink {sink_id!r}", write=False) as session:
+            status = session.scalar(
+                select(EpochRevision.status).where(
+                    EpochRevision.sink_id == sink_id, EpochRevision.epoch == epoch, EpochRevision.write_id == write_id
+                )
+            )
+        return status == REPLACED
+
     def revisions(self, sink_id: str, epoch: int) -> Sequence[RevisionRecord]:
         """Every recorded revision of the epoch, oldest first; the one in flight is read from its row."""
         sink_id, epoch = check_sink_id(sink_id), check_epoch(epoch)

@@ -7,7 +7,13 @@ import datetime as dt
 
 import pytest
 
-from airflow_provider_exactly_once.core.decisions import Action, persist_decision, upsert_order_refusal
+from airflow_provider_exactly_once.core.decisions import (
+    Action,
+    commit_decision,
+    persist_decision,
+    recovery_decision,
+    upsert_order_refusal,
+)
 from airflow_provider_exactly_once.core.errors import EarlierEpochUndecided, InvalidSinkConfig, ReprocessRefused
 from airflow_provider_exactly_once.core.generations import generation_of
 from airflow_provider_exactly_once.core.ports import EpochRecord, ReplacedWrite
@@ -16,7 +22,7 @@ from airflow_provider_exactly_once.core.status import EpochStatus
 from airflow_provider_exactly_once.core.upsert_revisions import revision_basis
 from airflow_provider_exactly_once.core.upserts import ChangeCounts, RewrittenFile, UpsertSpec
 from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig, sink_config_from_dict
-from tests.core.test_decisions import AT, EPOCH, row, write
+from tests.core.test_decisions import AT, DONE, EPOCH, WAITING, asks, lookups, row, write
 
 
 def upsert_write(*, generation: str | None = None, upsert: bool = True) -> PreCommit:
@@ -120,25 +126,35 @@ def test_a_newer_generation_revises_a_committed_upsert_epoch_only_when_planned_a
     first = upsert_write(generation=G0)
     committed = committed_row(first)
     planned = revising(committed)
-    decision = persist_decision(committed, planned, lambda: {}, on_reprocess="replace")
+    decision = persist_decision(
+        committed, planned, asks(identities={}, discarded=False, committed=[]), on_reprocess="replace"
+    )
     assert decision.action is Action.REVISE and f"will replace write {first.write_id}" in decision.why
 
     unplanned = upsert_write(generation=G1)  # written against the table as it is now
-    decision = persist_decision(committed, unplanned, lambda: {}, on_reprocess="replace")
+    decision = persist_decision(
+        committed, unplanned, asks(identities={}, discarded=False, committed=[]), on_reprocess="replace"
+    )
     assert decision.action is Action.DISCARD_REFUSED and isinstance(decision.error, ReprocessRefused)
     assert "planned against the table as it is now, not as it was before write" in str(decision.error)
     assert "Reprocessing an upsert epoch" in str(decision.error)
 
     other = revising(committed, write_id="0b6f5c1e-8d0a-4d35-9a8e-4f0b7f1d2c3e")  # another write, since replaced
-    decision = persist_decision(committed, other, lambda: {}, on_reprocess="replace")
+    decision = persist_decision(
+        committed, other, asks(identities={}, discarded=False, committed=[]), on_reprocess="replace"
+    )
     assert decision.action is Action.DISCARD_REFUSED
     assert "planned as a revision of write 0b6f5c1e-8d0a-4d35-9a8e-4f0b7f1d2c3e" in str(decision.error)
 
     rows = upsert_write(generation=G1, upsert=False)  # the sink's mode changed
-    decision = persist_decision(committed, rows, lambda: {}, on_reprocess="replace")
+    decision = persist_decision(
+        committed, rows, asks(identities={}, discarded=False, committed=[]), on_reprocess="replace"
+    )
     assert decision.action is Action.DISCARD_REFUSED and "the sink's mode changed" in str(decision.error)
 
-    kept = persist_decision(committed, unplanned, lambda: {}, on_reprocess="keep")
+    kept = persist_decision(
+        committed, unplanned, asks(identities={}, discarded=False, committed=[]), on_reprocess="keep"
+    )
     assert kept.action is Action.DISCARD_KEPT and kept.error is None
 
 
@@ -194,3 +210,40 @@ def test_a_revision_rewrites_every_file_the_revised_write_rewrote() -> None:
     assert [r.path for r in table.rewritten] == ["/lake/old.parquet"]
     with pytest.raises(ValueError, match="rewrites every file the write it revises rewrote"):
         TableWrite.model_validate({**table.model_dump(), "rewritten": []})
+
+
+# -- the rules the commit, recovery and their dry runs share (issue 31) ------------------------------
+
+
+@pytest.mark.parametrize("decide", [commit_decision, recovery_decision])
+def test_an_upsert_epoch_behind_an_undecided_one_is_refused_by_the_commits_decision(decide: object) -> None:
+    pending = row(EpochStatus.PENDING, upsert_write())
+    refused = decide(pending, lookups(DONE, pending=[EPOCH - 1, EPOCH]))  # type: ignore[operator]
+    assert refused.action is Action.REFUSE and isinstance(refused.error, EarlierEpochUndecided)
+    assert decide(pending, lookups(DONE, pending=[EPOCH, EPOCH + 1])).action is Action.DECIDE_AND_COMMIT  # type: ignore[operator]
+    decided = dataclasses.replace(pending, commit_decided_at=AT)  # decided under the rule: it goes on
+    assert decide(decided, lookups(None)).action is Action.COMMIT_DECIDED  # type: ignore[operator]
+    waiting = decide(pending, lookups(WAITING))  # type: ignore[operator]
+    assert waiting.action in (Action.WAIT, Action.REFUSE) and not isinstance(waiting.error, EarlierEpochUndecided)
+
+
+@pytest.mark.parametrize("decide", [commit_decision, recovery_decision])
+def test_a_revision_after_a_later_delete_of_an_absent_key_is_refused_by_the_commits_decision(decide: object) -> None:
+    committed = committed_row(upsert_write(generation=G0))
+    revision = dataclasses.replace(
+        row(EpochStatus.PENDING, revising(committed)),
+        revision=1,
+        replaces=ReplacedWrite(committed.write_id, committed.pre_commit, {"ns.t": "42"}, None, 0, AT),
+    )
+    later = upsert_write(generation=G0)
+    (table,) = later.tables
+    later = later.model_copy(
+        update={"tables": [table.model_copy(update={"changes": ChangeCounts(deletes_of_absent_keys=2)})]}
+    )
+    deleted_later = dataclasses.replace(committed_row(later), epoch=EPOCH + 1)
+    refused = decide(revision, lookups(DONE, pending=[EPOCH], committed=[deleted_later]))  # type: ignore[operator]
+    assert refused.action is Action.REFUSE and isinstance(refused.error, ReprocessRefused)
+    assert f"later epoch(s) {EPOCH + 1} deleted keys the table did not hold" in str(refused.error)
+    earlier = dataclasses.replace(deleted_later, epoch=EPOCH - 1)
+    fine = decide(revision, lookups(DONE, pending=[EPOCH], committed=[earlier]))  # type: ignore[operator]
+    assert fine.action is Action.DECIDE_AND_COMMIT
