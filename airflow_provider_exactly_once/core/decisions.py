@@ -114,9 +114,7 @@ def persist_decision(
     A table re-created since the epoch's commit makes the old commit prove nothing. A write of a
     newer generation (``core.generations``) than the row's replaces a committed one through a
     revision when the sink's ``on_reprocess`` is ``"replace"``; a write of an older one (a zombie of
-    a run since cleared) never takes the epoch. A write a revision replaces (or replaced) is settled
-    already: its files are queued by the revision's commit to wait for snapshot expiry (D12), and a
-    second clean-up of a write the table's history still shows could never succeed.
+    a run since cleared) never takes the epoch. A write a revision replaces is settled (``_replaced``).
     """
     if not write.written:
         return _refuse(
@@ -132,12 +130,8 @@ def persist_decision(
                 )
             )
         return Decision(Action.KEEP)
-    if row.replaces is not None and row.replaces.write_id == write.write_id:
-        return Decision(
-            Action.ALREADY_REPLACED, why=f"revision {row.revision} (write {row.write_id}) replaces it once committed"
-        )
-    if row.revision > 0 and lookups.replaced():
-        return Decision(Action.ALREADY_REPLACED, why=f"the epoch holds write {row.write_id} of revision {row.revision}")
+    if (settled := _replaced(row, write, lookups.replaced)) is not None:
+        return settled
     if row.status is EpochStatus.COMMITTED:
         committed_to = sorted(t.table for t in row.pre_commit.tables)
         targets = sorted(t.table for t in write.tables)
@@ -199,6 +193,15 @@ def persist_decision(
             )
         return Decision(Action.DISCARD_LATE, why=f"epoch holds write {row.write_id}, its commit decided")
     return _refuse(discarded_error(write)) if lookups.discarded() else Decision(Action.REPLACE)
+
+
+def _replaced(row: EpochRecord, write: PreCommit, replaced: Callable[[], bool]) -> Decision | None:
+    """A write a Pending revision replaces (its row names it) or a committed one replaced (the store's
+    record, asked only of an epoch ever revised) is settled: the revision's commit queues its files
+    to wait for snapshot expiry (D12), and a second clean-up of it could never succeed."""
+    if (row.replaces is not None and row.replaces.write_id == write.write_id) or (row.revision > 0 and replaced()):
+        return Decision(Action.ALREADY_REPLACED, why=f"the epoch holds write {row.write_id} of revision {row.revision}")
+    return None
 
 
 def write_kept(row: EpochRecord | None, generation: str | None, on_reprocess: OnReprocess) -> str | None:
@@ -323,18 +326,13 @@ def abort_decision(
     ``write`` is the write being given up (an abort task's own); ``None`` means the epoch's. A
     decided write is given up only when its files are lost (``files_lost``), which the coordinator
     then checks against the sink (``TwoPhaseCommitCoordinator.lost_files``). A write a revision
-    replaces (or replaced; ``replaced`` asks the store, as for persist) has its clean-up already.
+    replaces is settled (``_replaced``).
     """
     if row is None:
         # Recorded even without a write, so that the abort and its reason are seen in the UI and eo-sink.
         return Decision(Action.RECORD_NO_WRITE if write is None else Action.TOMBSTONE)
     if write is not None and write.write_id != row.write_id:
-        in_flight = row.replaces is not None and row.replaces.write_id == write.write_id
-        if in_flight or (row.revision > 0 and replaced()):
-            return Decision(
-                Action.ALREADY_REPLACED, why=f"the epoch holds write {row.write_id} of revision {row.revision}"
-            )
-        return Decision(Action.REMOVE_OTHER_WRITE)
+        return _replaced(row, write, replaced) or Decision(Action.REMOVE_OTHER_WRITE)
     if row.status is EpochStatus.COMMITTED:
         return Decision(Action.ALREADY_COMMITTED, why=f"write {row.write_id} is committed")
     if row.status is EpochStatus.ABORTED:
@@ -437,7 +435,11 @@ def persist_conflict_reason(conflict: UpsertConflict, checkpoint: CheckpointLook
 
 
 def rewrite_decision(
-    row: EpochRecord, run_writes: Collection[str], conflict: ConflictLookup, checkpoint: CheckpointLookup
+    row: EpochRecord,
+    run_writes: Collection[str],
+    conflict: ConflictLookup,
+    checkpoint: CheckpointLookup,
+    shown: Callable[[], list[str]],
 ) -> Decision:
     """Whether a rewrite task writes the epoch again after its persist or commit failed (design.md D14).
 
@@ -445,8 +447,9 @@ def rewrite_decision(
     table moved under it (``conflict`` checks that against the table now), or one that persist
     already gave up for that reason. A commit that failed for any other reason keeps its write,
     which a retry of the commit can still make visible; writing again would only discard it. A
-    decided write is given up first, through the same check as ``files_lost`` (no table shows it),
-    because the next write's persist cannot replace it. A failed checkpoint is never written again,
+    decided write is given up first (``files_lost``), because the next write's persist cannot replace
+    it, unless a table shows it (``shown``): the conflict is then its own commit, which crashed before
+    the row was marked. A failed checkpoint is never written again,
     nor a revision of a committed epoch (``core.upsert_revisions``): it conflicts with what was
     committed after the epoch, which a new write meets again. ``run_writes`` are the writes of this
     run: an epoch committed with another write means this run's was refused, which the run must show.
@@ -494,6 +497,14 @@ def rewrite_decision(
                 f"or run eo-sink commit {row.sink_id} {row.epoch}"
             )
         )
-    if row.commit_decided_at is not None:
-        return Decision(Action.GIVE_UP_AND_REWRITE, why=str(found))
-    return Decision(Action.REWRITE, why=str(found))
+    if row.commit_decided_at is None:
+        return Decision(Action.REWRITE, why=str(found))
+    if visible := shown():
+        why = f"table(s) {', '.join(sorted(visible))} show the commit of write {row.write_id}, decided"
+        return _refuse(
+            RewriteRefused(
+                f"{_name(row)}: {why}; it is not written again. Commit it (eo-sink commit {row.sink_id} {row.epoch}, "
+                "or the recovery DAG): the commit finds it there and marks the epoch Committed"
+            )
+        )
+    return Decision(Action.GIVE_UP_AND_REWRITE, why=str(found))

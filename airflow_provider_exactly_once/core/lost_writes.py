@@ -30,8 +30,7 @@ def lost_files(committer: SinkCommitter, row: EpochRecord) -> list[str]:
     So do an upsert's when the table moved under it (``UpsertConflict``): its changes can then
     never be committed as written, and must be written again.
     """
-    visible = committer.find_committed(row.pre_commit, row.created_at)
-    shown = [t for t in visible.tables if row.replaces is None or visible.write_ids.get(t) == row.write_id]
+    shown = shown_tables(committer, row)
     missing = [] if shown else list(committer.missing_files(row.pre_commit))
     if not shown and (row.replaces is not None or any(t.is_upsert for t in row.pre_commit.tables)):
         try:
@@ -44,6 +43,12 @@ def lost_files(committer: SinkCommitter, row: EpochRecord) -> list[str]:
     if refusal is not None:
         raise refusal
     return missing
+
+
+def shown_tables(committer: SinkCommitter, row: EpochRecord) -> list[str]:
+    """The tables that show this write's commit (of a revision: its own, not the write it replaces)."""
+    visible = committer.find_committed(row.pre_commit, row.created_at)
+    return [t for t in visible.tables if row.replaces is None or visible.write_ids.get(t) == row.write_id]
 
 
 def prepare_rewrite(
@@ -70,7 +75,8 @@ def prepare_rewrite(
             return exc
         return None
 
-    decision = rewrite_decision(row, run_writes, conflict, checkpoint).raise_if_refused()
+    shown = lambda: shown_tables(committer, row)  # noqa: E731
+    decision = rewrite_decision(row, run_writes, conflict, checkpoint, shown).raise_if_refused()
     if decision.action is Action.ALREADY_COMMITTED:
         return RewriteResult(RewriteOutcome.ALREADY_COMMITTED, row, decision.why)
     if decision.action is Action.GIVE_UP_AND_REWRITE:
