@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import shutil
 import sqlite3
 import subprocess
@@ -240,8 +241,11 @@ def test_with_the_scheduler_the_documented_clear_and_backfill_select_the_day_mea
     page gives for scheduled runs (the day's start is their logical date) rerun the day 2024-06-01,
     which the scheduler commits as revisions of that epoch alone."""
     tutorial = _tutorial(tmp_path, EO_DOC_CATCHUP="1", AIRFLOW__CORE__EXECUTOR="LocalExecutor")
-    tutorial.run("airflow dags unpause orders")  # the page's prerequisite; the DAG is created paused
     with _services(tutorial):
+        # The page's prerequisite: the DAG is created paused, and can be unpaused once a dag-processor
+        # stored it (before that, ``airflow dags unpause`` finds nothing to unpause).
+        _wait(lambda: "orders" in tutorial.run("airflow dags list -o plain").split())
+        tutorial.run("airflow dags unpause orders")
         _wait(
             lambda: (
                 {e: v["status"] for e, v in _epochs_or_none(tutorial).items()}
@@ -302,8 +306,11 @@ class _services:
         from tests.support.builders import free_port
 
         port = free_port()
+        # Section 3: services started one by one share one secret for the tasks' tokens.
+        assert "export AIRFLOW__API_AUTH__JWT_SECRET=" in DOC.read_text(encoding="utf-8")
         env = {
             **self.tutorial.env,
+            "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_hex(16),
             "AIRFLOW__API__PORT": str(port),
             "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/",
         }
