@@ -307,7 +307,7 @@ class _services:
 
         port = free_port()
         # Section 3: services started one by one share one secret for the tasks' tokens.
-        assert "export AIRFLOW__API_AUTH__JWT_SECRET=" in DOC.read_text(encoding="utf-8")
+        assert "export AIRFLOW__API_AUTH__JWT_SECRET=" in " ".join(DOC.read_text(encoding="utf-8").split())
         env = {
             **self.tutorial.env,
             "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_hex(16),
