@@ -128,7 +128,9 @@ def build(params: dict[str, Any]) -> DAG:
                     "table": table,
                 },
                 conf={"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "1"},
-                **quick,
+                # Spaced out: on the production stack its tries share the S3 that catalog_restart
+                # takes down for 20 s, and three quick retries of a spark-submit fit inside that.
+                **{**quick, "retry_delay": dt.timedelta(seconds=15)},
             )
         else:
             write = task(task_id="transform", **quick)(light_upsert_write if upsert else light_write)(
