@@ -15,13 +15,8 @@ import sys
 from typing import TYPE_CHECKING
 
 from airflow_provider_exactly_once._lazy import lazy_exports
+from airflow_provider_exactly_once.version import SUPPORTED_PYTHON, __version__
 
-#: The one version: the wheel's metadata (hatch reads it from here) and ``get_provider_info`` agree.
-__version__ = "0.2.0"
-
-#: Python versions the package is tested on (docs/compatibility.md); the published metadata says the
-#: same, so only an install that bypassed the resolver meets this.
-SUPPORTED_PYTHON = ((3, 11), (3, 13))
 if not SUPPORTED_PYTHON[0] <= sys.version_info[:2] <= SUPPORTED_PYTHON[1]:
     raise ImportError(
         f"airflow-provider-exactly-once {__version__} supports Python 3.11 to 3.13, not "

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from airflow_provider_exactly_once import __version__
+from airflow_provider_exactly_once.version import __version__
 
 #: The meta-store connection form: one SQLAlchemy URL field (``host``), an optional password kept
 #: masked, extra for timeouts. Python-style keys, as ``BaseHook.get_ui_field_behaviour`` returns them.

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from airflow import __version__ as _airflow_version
 from packaging.version import Version
 
-from airflow_provider_exactly_once import __version__ as PROVIDER_VERSION
+from airflow_provider_exactly_once.version import __version__ as PROVIDER_VERSION
 
 __all__ = [
     "AIRFLOW_VERSION",
