@@ -125,7 +125,7 @@ def get_provider_info() -> dict[str, Any]:
                         "about faults.",
                         "version_added": "0.3.0",
                         "type": "string",
-                        "example": "fault_harness.fault_plan:fault_hook_for",
+                        "example": "demo.fault_plan:fault_hook_for",
                         "default": "",
                     },
                     "trigger_recovery_on_scheduler_start": {

@@ -8,7 +8,7 @@ Hours, in order (``--hours`` adds plain hours at the end):
 3. **a failed checkpoint**: the upstream writes ``_FAILED`` for the hour; the epoch is aborted and
    nothing of it may be visible;
 4. **a crash between the Iceberg commit and the Committed mark**: ``EXACTLY_ONCE_FAULT=commit.visible:crash``
-   for that run, read by the fault harness's reader (``fault_harness.fault_plan``) that the
+   for that run, read by the demo's fault reader (``demo.fault_plan``) that the
    provider's ``[exactly_once] fault_hook`` names for that run only; the snapshot is in the table,
    the row stays Pending, the run fails;
 
@@ -37,8 +37,8 @@ from typing import Any
 
 from airflow_provider_exactly_once.runtime.assembly import FAULT_HOOK_ENV_VAR
 from demo import stacks, world
+from demo.fault_plan import FAULT_ENV_VAR, FAULT_HOOK_FACTORY
 from demo.servers import ServerUnavailable
-from fault_harness.fault_plan import FAULT_ENV_VAR, FAULT_HOOK_FACTORY
 
 DEFAULT_ROOT = Path(".eo-demo")
 FIRST_HOUR = dt.datetime(2024, 5, 1, 0, tzinfo=dt.UTC)

@@ -38,7 +38,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from airflow_provider_exactly_once.runtime.assembly import FAULT_HOOK_ENV_VAR
-from fault_harness.fault_plan import FAULT_HOOK_FACTORY, FAULT_PLAN_ENV_VAR
+from demo.fault_plan import FAULT_HOOK_FACTORY, FAULT_PLAN_ENV_VAR
 from fault_harness.stacks import Stack, kill_worker, make_stack
 
 REPO = Path(__file__).resolve().parents[1]

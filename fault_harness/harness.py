@@ -124,7 +124,7 @@ class Harness:
     # -- the fault plan --------------------------------------------------------------------------------
 
     def arm(self, rules: Iterable[Mapping[str, Any]]) -> None:
-        """Add rules to the fault plan every task try reads (``fault_harness/fault_plan.py``), atomically."""
+        """Add rules to the fault plan every task try reads (``demo/fault_plan.py``), atomically."""
         with self._plan_lock:
             self.plan.extend(dict(r) for r in rules)
             self.cluster.write_plan(self.plan)

@@ -52,7 +52,7 @@ def light_write(sink_id: str, table_name: str, landing: str, conn_id: str) -> di
     from pyiceberg.io.pyarrow import schema_to_pyarrow
 
     from airflow_provider_exactly_once.core.precommit import PreCommit, TableWrite
-    from fault_harness.fault_plan import fault_hook_for
+    from demo.fault_plan import fault_hook_for
     from fault_harness.table_writes import write_data_file
 
     start, epoch, attempt, table = running_write(conn_id, table_name)

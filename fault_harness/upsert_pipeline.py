@@ -41,7 +41,7 @@ def light_upsert_write(sink_id: str, table_name: str, landing: str, conn_id: str
     """One upsert epoch's write without Spark: the hour's changes applied copy-on-write against the
     table's head as it is now, returned as pre-commit metadata (nothing visible). Reaches the fault
     point ``write.files_written`` after its files exist, as the light append write does."""
-    from fault_harness.fault_plan import fault_hook_for
+    from demo.fault_plan import fault_hook_for
     from fault_harness.runs import running_write
     from fault_harness.upsert_changes import last_per_key, read_changes
     from fault_harness.upsert_writer import write_upsert

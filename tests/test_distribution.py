@@ -76,13 +76,10 @@ def test_the_wheel_metadata_states_the_supported_ranges_and_the_extras(dist: Pat
 
 
 def demo_outside_the_checkout(where: Path, *, with_dags: bool = True) -> Path:
-    """The repository's demo (and the fault reader it arms its crash with) copied into ``where``,
+    """The repository's demo (with the fault reader it arms its crash with) copied into ``where``,
     laid out as in a checkout, with the example DAGs beside it unless ``with_dags`` is false."""
     skip = shutil.ignore_patterns("__pycache__")
     shutil.copytree(REPO / "demo", where / "demo", ignore=skip)
-    (where / "fault_harness").mkdir(parents=True)
-    for name in ("__init__.py", "fault_plan.py"):
-        shutil.copy2(REPO / "fault_harness" / name, where / "fault_harness" / name)
     if with_dags:
         shutil.copytree(REPO / "dags", where / "dags", ignore=skip)
     return where

@@ -29,6 +29,8 @@ if TYPE_CHECKING:
     from airflow_provider_exactly_once.store import SqlSinkStateStore
 
 
+#: ``[exactly_once] meta_conn_id``: the meta store of every task that names none.
+META_CONN_ID_OPTION = "meta_conn_id"
 #: ``[exactly_once] fault_hook``: ``module:callable`` naming a ``FaultHookFactory``; unset in production.
 FAULT_HOOK_OPTION = "fault_hook"
 #: The same option as Airflow reads it from the environment.
@@ -59,7 +61,7 @@ def load_fault_hook_factory(value: str) -> FaultHookFactory:
     where = f"[{CONFIG_SECTION}] {FAULT_HOOK_OPTION} ({FAULT_HOOK_ENV_VAR}) = {value!r}"
     module_name, _, attribute = value.partition(":")
     if not module_name or not attribute:
-        raise ValueError(f"{where} is not 'module:callable', e.g. 'fault_harness.fault_plan:fault_hook_for'")
+        raise ValueError(f"{where} is not 'module:callable', e.g. 'demo.fault_plan:fault_hook_for'")
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
@@ -170,15 +172,31 @@ def coordinator_for(
     )
 
 
-def open_meta_store(meta_conn_id: str) -> SqlSinkStateStore:
-    """The meta store of an Airflow connection; the hook (and SQLAlchemy's engine) load only in a
-    task that opens one, not when a DAG file naming the operators is parsed."""
+def meta_conn_id_or_configured(meta_conn_id: str | None) -> str:
+    """``meta_conn_id``, or when it is ``None`` ``[exactly_once] meta_conn_id`` (default
+    ``exactly_once_default``): the one place every task, the trigger and the UI resolve it.
+
+    Read when a task runs, not when its DAG is parsed, so that a deployment moves every DAG to
+    another meta store by its configuration and a parse reads no more configuration than Airflow's.
+    """
+    if meta_conn_id is not None:
+        return meta_conn_id
+    from airflow_provider_exactly_once.version_compat import conf
+
+    configured = conf.get(CONFIG_SECTION, META_CONN_ID_OPTION, fallback=DEFAULT_META_CONN_ID)
+    return str(configured or DEFAULT_META_CONN_ID).strip() or DEFAULT_META_CONN_ID
+
+
+def open_meta_store(meta_conn_id: str | None) -> SqlSinkStateStore:
+    """The meta store of an Airflow connection (``None``: the configured one); the hook (and
+    SQLAlchemy's engine) load only in a task that opens one, not when a DAG file naming the
+    operators is parsed."""
     from airflow_provider_exactly_once.hooks.meta_store import ExactlyOnceMetaStoreHook
 
-    return ExactlyOnceMetaStoreHook(meta_conn_id).get_store()
+    return ExactlyOnceMetaStoreHook(meta_conn_id_or_configured(meta_conn_id)).get_store()
 
 
-def run_epoch(context: Mapping[str, Any], sink_id: str, meta_conn_id: str) -> int:
+def run_epoch(context: Mapping[str, Any], sink_id: str, meta_conn_id: str | None) -> int:
     """The run's epoch (``runtime.epochs.epoch_for_context``), opening the meta store only when the
     run has no data interval and its epoch must be allocated."""
     epoch = interval_epoch(context)

@@ -19,7 +19,7 @@ from airflow_provider_exactly_once.core.faults import SimulatedCrash
 from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochStatus
 from airflow_provider_exactly_once.runtime.assembly import FAULT_HOOK_ENV_VAR, coordinator_for
 from airflow_provider_exactly_once.sinks.config import FileSinkConfig
-from fault_harness.fault_plan import FAULT_ENV_VAR, FAULT_HOOK_FACTORY, FAULT_PLAN_ENV_VAR
+from demo.fault_plan import FAULT_ENV_VAR, FAULT_HOOK_FACTORY, FAULT_PLAN_ENV_VAR
 from tests.support.pipeline import Pipeline
 
 EPOCH = 1714521600000
@@ -96,10 +96,10 @@ def test_a_malformed_fault_fails_the_task_loudly(pipeline: Pipeline, monkeypatch
 @pytest.mark.parametrize(
     ("value", "message"),
     [
-        ("fault_harness.fault_plan", "is not 'module:callable'"),
+        ("demo.fault_plan", "is not 'module:callable'"),
         ("no_such_module_here:hook", "cannot import 'no_such_module_here'"),
-        ("fault_harness.fault_plan:no_such_factory", "has no callable 'no_such_factory'"),
-        ("fault_harness.fault_plan:FAULT_ENV_VAR", "has no callable 'FAULT_ENV_VAR'"),
+        ("demo.fault_plan:no_such_factory", "has no callable 'no_such_factory'"),
+        ("demo.fault_plan:FAULT_ENV_VAR", "has no callable 'FAULT_ENV_VAR'"),
     ],
 )
 def test_a_fault_hook_option_that_names_no_factory_fails_naming_the_option(

@@ -27,7 +27,7 @@ from airflow_provider_exactly_once.observability.urls import epoch_page
 from airflow_provider_exactly_once.runtime.assembly import FAULT_HOOK_ENV_VAR
 from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig
 from airflow_provider_exactly_once.task_groups import exactly_once_epoch
-from fault_harness.fault_plan import FAULT_ENV_VAR, FAULT_HOOK_FACTORY
+from demo.fault_plan import FAULT_ENV_VAR, FAULT_HOOK_FACTORY
 from tests.support.airflow_world import World, run, ti_states, xcom
 
 DAY = dt.datetime(2024, 5, 1, tzinfo=dt.UTC)

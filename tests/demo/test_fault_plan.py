@@ -1,4 +1,4 @@
-"""The fault harness's reader (``fault_harness.fault_plan``): the demo and the fault-injection harness
+"""The fault reader (``demo.fault_plan``): the demo and the fault-injection harness
 stop a real task at a named point, once ``[exactly_once] fault_hook`` names ``fault_hook_for``."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from airflow_provider_exactly_once.core.faults import SimulatedCrash, no_faults
-from fault_harness.fault_plan import (
+from demo.fault_plan import (
     FAULT_ENV_VAR,
     FAULT_PLAN_ENV_VAR,
     EnvFaultHook,
@@ -62,7 +62,7 @@ def test_crash_at_the_nth_occurrence_only() -> None:
 def test_kill_sends_sigkill_to_the_process() -> None:
     """The process dies at the point: nothing after it runs, not even ``finally`` blocks."""
     code = (
-        "from fault_harness.fault_plan import fault_hook_from_env\n"
+        "from demo.fault_plan import fault_hook_from_env\n"
         "hook = fault_hook_from_env()\n"
         "try:\n"
         "    hook('commit.decided'); print('before', flush=True); hook('commit.visible')\n"
@@ -161,7 +161,7 @@ def test_a_missing_plan_file_is_refused(tmp_path: Path) -> None:
 def test_a_planned_kill_sends_sigkill(tmp_path: Path) -> None:
     env = _plan(tmp_path, [{"sink": "s", "epoch": 7, "point": "commit.visible", "mode": "kill"}])
     code = (
-        "from fault_harness.fault_plan import fault_hook_for\n"
+        "from demo.fault_plan import fault_hook_for\n"
         "hook = fault_hook_for('s', 7, 1)\n"
         "hook('commit.decided'); print('before', flush=True); hook('commit.visible'); print('after')\n"
     )
