@@ -48,12 +48,15 @@ if TYPE_CHECKING:
         SqlInput,
         TableInput,
     )
+    from airflow_provider_exactly_once.table_spec import TableSpec
     from airflow_provider_exactly_once.tables import ensure_table
-    from airflow_provider_exactly_once.task_groups import exactly_once_epoch
+    from airflow_provider_exactly_once.task_groups import SparkWrite, exactly_once_epoch
 
 #: Each public name and the module that defines it.
 _WHERE = {
     "exactly_once_epoch": "task_groups",
+    "SparkWrite": "task_groups",
+    "TableSpec": "table_spec",
     "SparkPreCommitOperator": "operators.spark_precommit",
     "EnsureTableOperator": "operators.tables",
     "MarkCheckpointOperator": "operators.checkpoint",
@@ -93,10 +96,12 @@ __all__ = [
     "MetaStoreCheckpoint",
     "PersistPendingOperator",
     "SparkPreCommitOperator",
+    "SparkWrite",
     "SqlInput",
     "StreamingCheckpoint",
     "TableInput",
     "TableSelect",
+    "TableSpec",
     "ensure_table",
     "exactly_once_epoch",
     "recovery_dag",

@@ -1,8 +1,15 @@
 """One epoch of one sink as a task group: write -> persist -> wait for checkpoint -> commit, or abort.
 
-    write ──► persist ──► wait ──► commit ──(failed)──► rewrite_1 ──► persist_1 ──► wait_1 ──► commit_1 ──► ...
-      │          │          │                        (upsert sinks only, ``rewrites`` times)
-      └──────────┴──────────┴──(one failed)──► abort
+    create_table ─┐
+         settled ─┴─► write ──► persist ──► wait ──► commit ──(failed)──► rewrite_1 ──► persist_1 ──► ...
+                        │          │          │                        (upsert sinks only, ``rewrites`` times)
+                        └──────────┴──────────┴──(one failed)──► abort
+
+The group is the whole DAG of an epoch, stated once: the sink, its checkpoint, the meta store and
+the retry and sensor settings are given to it, and it builds every task that needs them, as
+cosmos's ``DbtTaskGroup`` builds a project's tasks from one call. The write is an operator or a
+``@task`` of the author's, or a ``SparkWrite`` the group builds; ``create_table`` (one per declared
+table, ``table=``) and ``settled`` (``wait_until_settled=True``) are built only when asked for.
 
 The abort runs when the write, the persist or the wait failed (a failed or timed-out checkpoint
 fails the wait without retries; any other failure of the wait, a lost worker above all, is retried,
@@ -24,13 +31,12 @@ import re
 import warnings
 from collections.abc import Mapping
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from airflow.sdk import BaseOperator, TaskGroup, TriggerRule, XComArg
 
 from airflow_provider_exactly_once.checkpoints.config import CheckpointConfig
 from airflow_provider_exactly_once.core.errors import InvalidSinkConfig
-from airflow_provider_exactly_once.defaults import DEFAULT_META_CONN_ID
 from airflow_provider_exactly_once.operators.epoch import (
     AbortEpochOperator,
     CommitEpochOperator,
@@ -38,75 +44,120 @@ from airflow_provider_exactly_once.operators.epoch import (
 )
 from airflow_provider_exactly_once.runtime.assembly import as_checkpoint, as_sink
 from airflow_provider_exactly_once.sensors.checkpoint import CheckpointSensor
-from airflow_provider_exactly_once.sinks.config import SinkConfig
+from airflow_provider_exactly_once.sensors.settled import CheckpointSettledSensor
+from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig, SinkConfig
+from airflow_provider_exactly_once.table_spec import TableSpec, declare_table
+
+if TYPE_CHECKING:
+    from pyiceberg.partitioning import PartitionSpec
+    from pyiceberg.schema import Schema
+
+    from airflow_provider_exactly_once.spark.author_specs import FilesInput, FunctionInput, SqlInput, TableInput
+    from airflow_provider_exactly_once.table_spec import DeclaredPartitioning, DeclaredSchema
+
+
+class SparkWrite:
+    """The epoch's write for the group to build: a ``SparkPreCommitOperator`` of the group's sink
+    and meta store, task ``write`` unless ``task_id`` says otherwise.
+
+    :param input: where the epoch's rows come from (``FilesInput``, ``TableInput``, ``SqlInput``,
+        ``FunctionInput`` or such a spec's dict). A JSON or CSV ``FilesInput`` without
+        ``schema_ddl`` is read with the schema of the group's ``table`` (``table_spec.spark_types``).
+    :param options: the operator's other parameters as it takes them (``conn_id``, ``conf``,
+        ``partition_by``, ``retries``, ``retry_delay``...), checked when the group builds it.
+    """
+
+    __slots__ = ("input", "options")
+
+    def __init__(
+        self, input: FilesInput | TableInput | SqlInput | FunctionInput | dict[str, Any], **options: Any
+    ) -> None:
+        for name in ("sink", "sink_id", "meta_conn_id"):
+            if name in options:
+                raise InvalidSinkConfig(f"SparkWrite: {name} is exactly_once_epoch's, given once there; drop it here")
+        self.input = input
+        self.options = options
 
 
 def exactly_once_epoch(
-    write: BaseOperator | XComArg,
+    write: BaseOperator | XComArg | SparkWrite,
     *,
     sink: SinkConfig | Mapping[str, Any],
     checkpoint: CheckpointConfig | Mapping[str, Any],
-    meta_conn_id: str = DEFAULT_META_CONN_ID,
+    table: TableSpec | Mapping[str, TableSpec] | None = None,
+    wait_until_settled: bool = False,
+    meta_conn_id: str | None = None,
     group_id: str | None = None,
     sensor_kwargs: Mapping[str, Any] | None = None,
     commit_retries: int = 8,
     commit_retry_delay: timedelta = timedelta(seconds=15),
     rewrites: int = 2,
 ) -> TaskGroup:
-    """Wire the epoch's steps after ``write`` (an operator, or a ``@task`` call's result).
+    """Build the epoch's group around ``write``: an operator, a ``@task`` call's result, or a
+    ``SparkWrite`` the group builds inside itself.
 
     The write must return the pre-commit metadata of the run's epoch (``epoch_for_context``).
-    ``sensor_kwargs`` go to ``CheckpointSensor`` (``deferrable``, ``mode``, ``poke_interval``,
-    ``timeout``...). Persist, commit and abort are retried ``commit_retries`` times with
-    exponential backoff from ``commit_retry_delay``: all three are idempotent, and a transient
-    fault in the meta store or the catalog must not leave a completed epoch uncommitted. The
-    sensor gets the same retries unless ``sensor_kwargs`` names its own: only a failed checkpoint
-    and a timeout end the wait for good (Airflow never retries those), so a retry only answers a
-    lost worker or a transient error, which must not abort an epoch whose checkpoint is pending.
+    ``table``: the Iceberg sink's table to create when it is missing (``TableSpec``), or for a sink
+    of several tables a mapping of table name to ``TableSpec``; each becomes an
+    ``EnsureTableOperator`` before the write (``create_table``, or ``create_<name>`` per table).
+    ``wait_until_settled``: a ``CheckpointSettledSensor`` (``settled``) before the write, so that it
+    does not read an input still being landed. ``meta_conn_id``: by default
+    ``[exactly_once] meta_conn_id``, read when the tasks run. ``sensor_kwargs`` go to both sensors
+    (``deferrable``, ``mode``, ``poke_interval``, ``timeout``...). Persist, commit, abort and the
+    table tasks are retried ``commit_retries`` times with exponential backoff from
+    ``commit_retry_delay``: all are idempotent, and a transient fault in the meta store or the
+    catalog must not leave a completed epoch uncommitted. The sensors get the same retries unless
+    ``sensor_kwargs`` names its own: only a failed checkpoint and a timeout end the wait for good
+    (Airflow never retries those), so a retry only answers a lost worker or a transient error,
+    which must not abort an epoch whose checkpoint is pending.
     Task ids inside the group: ``persist``, ``wait_for_checkpoint``, ``commit``, ``abort``; for an
     upsert sink also ``rewrite_N``, ``persist_N``, ``wait_N`` and ``commit_N`` for N up to
     ``rewrites``: how many times the epoch is written again when another writer changed the files
     it rewrote (0: never; the run then fails and clearing it writes the epoch again).
+    Every argument is checked here, when the DAG is parsed; an error names the one at fault.
     """
-    write_op = getattr(write, "operator", None) if isinstance(write, XComArg) else write
-    if not isinstance(write_op, BaseOperator):
-        raise InvalidSinkConfig(f"write must be an operator or a task's output, got {type(write).__name__}")
+    dag = None if isinstance(write, SparkWrite) else _operator_of(write).dag
     sink_cfg = as_sink(sink)
     checkpoint_cfg = as_checkpoint(checkpoint)
     if commit_retries < 0:
         raise InvalidSinkConfig(f"commit_retries must not be negative, got {commit_retries}")
     if rewrites < 0:
         raise InvalidSinkConfig(f"rewrites must not be negative, got {rewrites}")
-    upsert = getattr(sink_cfg, "mode", "append") == "upsert"
-    if upsert and rewrites and not getattr(write_op, "allow_nested_operators", True):
-        raise InvalidSinkConfig(
-            f"task {write_op.task_id}: a rewrite runs the write task's operator inside its own task, which "
-            "allow_nested_operators=False forbids; allow it, or give exactly_once_epoch rewrites=0"
-        )
+    tables = _declared_tables(sink_cfg, table)
     group_id = group_id or "exactly_once_" + re.sub(r"[^\w-]", "_", sink_cfg.sink_id)
-    _warn_if_upserts_overlap(sink_cfg, write_op)
     common: dict[str, Any] = {"sink": sink_cfg, "meta_conn_id": meta_conn_id}
     retried: dict[str, Any] = {
         "retries": commit_retries,
         "retry_delay": commit_retry_delay,
         "retry_exponential_backoff": True,
     }
+    # The group's retries unless the author gave others (found by the harness's kill_sensor_wait).
+    sensing = {**retried, **dict(sensor_kwargs or {})}
 
-    with TaskGroup(group_id=group_id, dag=write_op.dag) as group:
+    # A built write joins the DAG of the ``with DAG`` block, as the group itself then does.
+    with TaskGroup(group_id=group_id) if dag is None else TaskGroup(group_id=group_id, dag=dag) as group:
+        before: list[BaseOperator] = _table_tasks(sink_cfg, tables, retried)
+        if wait_until_settled:
+            before.append(CheckpointSettledSensor(task_id="settled", checkpoint=checkpoint_cfg, **common, **sensing))
+        if isinstance(write, SparkWrite):
+            write_op = _spark_write(write, sink_cfg, tables, meta_conn_id)
+        else:
+            write_op = _operator_of(write)
+        write_op.set_upstream(before)
+        upsert = getattr(sink_cfg, "upsert", None) is not None
+        if upsert and rewrites and not getattr(write_op, "allow_nested_operators", True):
+            raise InvalidSinkConfig(
+                f"task {write_op.task_id}: a rewrite runs the write task's operator inside its own task, which "
+                "allow_nested_operators=False forbids; allow it, or give exactly_once_epoch rewrites=0"
+            )
+        _warn_if_upserts_overlap(sink_cfg, write_op)
         # Persist is retried like commit and abort: it is idempotent, and a persist that failed on a
         # transient fault (the meta store restarting) would otherwise fail the run into its abort,
         # dropping an epoch whose checkpoint may have completed (the fault harness's meta-store outage).
         persist = PersistPendingOperator(
             task_id="persist", write_task_id=write_op.task_id, checkpoint=checkpoint_cfg, **common, **retried
         )
-        # The group's retries unless the author gave others (found by the harness's kill_sensor_wait).
-        wait = CheckpointSensor(
-            task_id="wait_for_checkpoint",
-            sink=sink_cfg,
-            checkpoint=checkpoint_cfg,
-            meta_conn_id=meta_conn_id,
-            **{**retried, **dict(sensor_kwargs or {})},
-        )
+        wait = CheckpointSensor(task_id="wait_for_checkpoint", checkpoint=checkpoint_cfg, **common, **sensing)
         commit = CommitEpochOperator(
             task_id="commit", checkpoint=checkpoint_cfg, write_task_id=write_op.task_id, **common, **retried
         )
@@ -121,11 +172,112 @@ def exactly_once_epoch(
         persist >> wait >> commit
         [persist, wait] >> abort
         if upsert:
-            sensing = {**retried, **dict(sensor_kwargs or {})}
             _rewrite_chain(commit, write_op, checkpoint_cfg, rewrites, common, retried, sensing)
     write_op >> persist
     write_op >> abort
     return group
+
+
+def _operator_of(write: object) -> BaseOperator:
+    write_op = getattr(write, "operator", None) if isinstance(write, XComArg) else write
+    if not isinstance(write_op, BaseOperator):
+        raise InvalidSinkConfig(
+            f"write must be an operator, a task's output or a SparkWrite, got {type(write).__name__}"
+        )
+    return write_op
+
+
+#: A table as the group checked it: its declared schema, partitioning and properties.
+_Declared: TypeAlias = "tuple[Schema | DeclaredSchema, PartitionSpec | DeclaredPartitioning | None, dict[str, str]]"
+
+
+def _declared_tables(sink: SinkConfig, table: TableSpec | Mapping[str, TableSpec] | None) -> dict[str, _Declared]:
+    """``table=`` checked once, each table's declaration where its name is known (``declare_table``)."""
+    if table is None:
+        return {}
+    if not isinstance(sink, IcebergSinkConfig):
+        raise InvalidSinkConfig(f"table: sink {sink.sink_id!r} is not an Iceberg sink; it has no table to create")
+    if isinstance(table, TableSpec):
+        if len(sink.tables) != 1:
+            raise InvalidSinkConfig(
+                f"table: sink {sink.sink_id!r} has several tables; give table={{name: TableSpec(...), ...}}"
+            )
+        table = {sink.tables[0]: table}
+    if not isinstance(table, Mapping):
+        raise InvalidSinkConfig(f"table must be a TableSpec or a mapping of table name to TableSpec, got {table!r}")
+    declared: dict[str, _Declared] = {}
+    for name, spec in table.items():
+        where = f"table {name!r}"
+        if name not in sink.tables:
+            raise InvalidSinkConfig(f"{where} is not a table of sink {sink.sink_id!r}: {list(sink.tables)}")
+        if not isinstance(spec, TableSpec):
+            raise InvalidSinkConfig(f"{where}: give a TableSpec(schema, partitioning), not {type(spec).__name__}")
+        properties = dict(spec.properties or {})
+        schema, partitioning = declare_table(spec.schema, spec.partitioning, where=where, properties=properties)
+        declared[name] = (schema, partitioning, properties)
+    return declared
+
+
+def _table_tasks(sink: SinkConfig, tables: Mapping[str, _Declared], retried: Mapping[str, Any]) -> list[BaseOperator]:
+    """One ``EnsureTableOperator`` per declared table: ``create_table`` for a sink of one table,
+    ``create_<name>`` (the name's last part, or all of it where two share one) for a fan-out."""
+    if not tables:
+        return []
+    # Only a DAG that declares a table pays for the operator's import at its parse.
+    from airflow_provider_exactly_once.operators.tables import EnsureTableOperator
+
+    short = {name: name.rsplit(".", 1)[-1] for name in tables}
+    unique = len(set(short.values())) == len(short)
+    return [
+        EnsureTableOperator(
+            task_id="create_table"
+            if len(getattr(sink, "tables", ())) == 1
+            else "create_" + re.sub(r"[^\w-]", "_", short[name] if unique else name),
+            sink=sink,
+            table=name,
+            schema=schema,
+            partition_spec=partitioning,
+            properties=properties,
+            **retried,
+        )
+        for name, (schema, partitioning, properties) in tables.items()
+    ]
+
+
+def _spark_write(
+    write: SparkWrite, sink: SinkConfig, tables: Mapping[str, _Declared], meta_conn_id: str | None
+) -> BaseOperator:
+    """The ``SparkPreCommitOperator`` a ``SparkWrite`` stands for; a JSON or CSV input that names no
+    schema is read with the tables' (``_read_schema``)."""
+    from airflow_provider_exactly_once.operators.spark_precommit import SparkPreCommitOperator
+    from airflow_provider_exactly_once.spark.author_specs import FilesInput
+
+    spec = write.input
+    if isinstance(spec, FilesInput) and spec.schema_ddl is None and spec.format != "parquet":
+        ddl = _read_schema(sink, tables)
+        if ddl is not None:
+            spec = spec.model_copy(update={"schema_ddl": ddl})
+    options = {"task_id": "write", **write.options}
+    return SparkPreCommitOperator(sink=sink, input=spec, meta_conn_id=meta_conn_id, **options)
+
+
+def _read_schema(sink: SinkConfig, tables: Mapping[str, _Declared]) -> str | None:
+    """The Spark DDL of the declared tables that take the input as it is (those without a
+    ``select``); ``None`` when none is declared (Spark then infers it, as without the group)."""
+    from airflow_provider_exactly_once.table_spec.spark_types import spark_read_schema
+
+    selected = getattr(sink, "select", {})
+    ddls = {
+        name: spark_read_schema(schema, where=f"table {name!r}")
+        for name, (schema, _, _) in tables.items()
+        if name not in selected
+    }
+    if len(set(ddls.values())) > 1:
+        raise InvalidSinkConfig(
+            f"write: the tables {sorted(ddls)} take the input as it is but declare different schemas, so no read "
+            "schema follows from them; give the input its schema_ddl"
+        )
+    return next(iter(ddls.values()), None)
 
 
 def _rewrite_chain(
@@ -180,7 +332,7 @@ def _warn_if_upserts_overlap(sink: SinkConfig, write_op: BaseOperator) -> None:
     """An upsert epoch written while an earlier one is not yet committed has not seen its rows, and
     meets a conflict whenever their key ranges overlap, costing a rewrite (design.md D14): said when
     the DAG is parsed, where the author can still set ``max_active_runs=1``."""
-    if getattr(sink, "mode", "append") != "upsert" or write_op.dag is None:
+    if getattr(sink, "upsert", None) is None or write_op.dag is None:
         return
     runs = write_op.dag.max_active_runs
     if runs != 1:

@@ -25,29 +25,23 @@ from airflow.sdk import DAG
 from airflow.timetables.interval import CronDataIntervalTimetable
 
 from airflow_provider_exactly_once import (
-    CheckpointSettledSensor,
-    EnsureTableOperator,
     FilesInput,
     IcebergSinkConfig,
     MarkerFileCheckpoint,
-    SparkPreCommitOperator,
+    SparkWrite,
     TableSelect,
+    TableSpec,
     exactly_once_epoch,
 )
 
 _HOME = Path(os.environ.get("AIRFLOW_HOME", "~/airflow")).expanduser()
 LANDING = os.environ.get("EO_EXAMPLES_LANDING", str(_HOME / "exactly_once_examples" / "landing" / "events"))
-ICEBERG_CONN_ID = os.environ.get("EO_EXAMPLES_ICEBERG_CONN_ID", "iceberg_default")
-SPARK_CONN_ID = os.environ.get("EO_EXAMPLES_SPARK_CONN_ID", "spark_default")
-META_CONN_ID = os.environ.get("EO_EXAMPLES_META_CONN_ID", "exactly_once_default")
 
-TABLES = ("examples.events_by_day", "examples.events_by_type", "examples.purchases")
 HOUR_DIR = LANDING.rstrip("/") + "/{start:%Y/%m/%d/%H}"
-EVENT_SCHEMA = "event_id STRING, user_id BIGINT, event_type STRING, event_time TIMESTAMP, amount DOUBLE"
 SINK = IcebergSinkConfig(
     "events-fan-out",
-    TABLES,
-    iceberg_conn_id=ICEBERG_CONN_ID,
+    ("examples.events_by_day", "examples.events_by_type", "examples.purchases"),
+    iceberg_conn_id=os.environ.get("EO_EXAMPLES_ICEBERG_CONN_ID", "iceberg_default"),
     # The tables not named here get every event of the hour.
     select={
         "examples.purchases": TableSelect(
@@ -55,17 +49,9 @@ SINK = IcebergSinkConfig(
         )
     },
 )
-CHECKPOINT = MarkerFileCheckpoint(HOUR_DIR)
-SPARK_CONF = {
-    "spark.ui.enabled": "false",
-    "spark.sql.shuffle.partitions": "2",
-    "spark.driver.memory": os.environ.get("EO_EXAMPLES_SPARK_DRIVER_MEMORY", "768m"),
-    "spark.pyspark.python": os.environ.get("PYSPARK_PYTHON", sys.executable),
-}
 
-
-#: Column name to Iceberg type, as in ``hourly_events.py``: no pyiceberg import at parse time.
-#: Spark's ``TIMESTAMP`` is an instant: it maps to Iceberg's ``timestamptz``.
+#: Column name to Iceberg type, as in ``hourly_events.py``: no pyiceberg import at parse time. The
+#: tables that get every event also give the schema Spark reads the hour with.
 EVENTS = {
     "event_id": "string",
     "user_id": "long",
@@ -74,11 +60,6 @@ EVENTS = {
     "amount": "double",
 }
 PURCHASES = {"event_id": "string", "user_id": "long", "event_time": "timestamptz", "amount": "double"}
-LAYOUTS = {
-    TABLES[0]: (EVENTS, ["day(event_time) as event_day"]),
-    TABLES[1]: (EVENTS, ["event_type"]),
-    TABLES[2]: (PURCHASES, ["day(event_time) as event_day"]),
-}
 
 
 with DAG(
@@ -93,43 +74,30 @@ with DAG(
     tags=["exactly-once", "example"],
     doc_md=__doc__,
 ) as dag:
-    create_tables = [
-        EnsureTableOperator(
-            task_id=f"create_{name.split('.')[-1]}",
-            sink=SINK,
-            table=name,
-            schema=schema,
-            partition_spec=spec,
-            retries=3,
-        )
-        for name, (schema, spec) in LAYOUTS.items()
-    ]
-    hour_settled = CheckpointSettledSensor(
-        task_id="hour_settled",
-        sink=SINK,
-        checkpoint=CHECKPOINT,
-        meta_conn_id=META_CONN_ID,
-        poke_interval=60,
-        timeout=6 * 3600,
-        mode="reschedule",
-    )
-    # Every table of the sink, with its selection, and their catalog come from the sink and its
-    # Iceberg connection when the task runs.
-    write = SparkPreCommitOperator(
-        task_id="write",
-        conn_id=SPARK_CONN_ID,
-        sink=SINK,
-        input=FilesInput(format="json", path=HOUR_DIR, schema_ddl=EVENT_SCHEMA),
-        conf=SPARK_CONF,
-        retries=2,
-        retry_delay=dt.timedelta(minutes=1),
-    )
-    [*create_tables, hour_settled] >> write
     exactly_once_epoch(
-        write,
+        # Every table of the sink, with its selection, and their catalog come from the sink and its
+        # Iceberg connection when the task runs.
+        SparkWrite(
+            FilesInput(format="json", path=HOUR_DIR),
+            conn_id=os.environ.get("EO_EXAMPLES_SPARK_CONN_ID", "spark_default"),
+            conf={
+                "spark.ui.enabled": "false",
+                "spark.sql.shuffle.partitions": "2",
+                "spark.driver.memory": os.environ.get("EO_EXAMPLES_SPARK_DRIVER_MEMORY", "768m"),
+                "spark.pyspark.python": os.environ.get("PYSPARK_PYTHON", sys.executable),
+            },
+            retries=2,
+            retry_delay=dt.timedelta(minutes=1),
+        ),
         sink=SINK,
-        checkpoint=CHECKPOINT,
-        meta_conn_id=META_CONN_ID,
+        checkpoint=MarkerFileCheckpoint(HOUR_DIR),
+        table={
+            "examples.events_by_day": TableSpec(EVENTS, ["day(event_time) as event_day"]),
+            "examples.events_by_type": TableSpec(EVENTS, ["event_type"]),
+            "examples.purchases": TableSpec(PURCHASES, ["day(event_time) as event_day"]),
+        },
+        wait_until_settled=True,
+        meta_conn_id=os.environ.get("EO_EXAMPLES_META_CONN_ID"),
         group_id="events",
         sensor_kwargs={"poke_interval": 60, "timeout": 6 * 3600, "mode": "reschedule"},
     )

@@ -21,24 +21,20 @@ from airflow.sdk import DAG
 from airflow.timetables.interval import CronDataIntervalTimetable
 
 from airflow_provider_exactly_once import (
-    CheckpointSettledSensor,
     FileSinkConfig,
     FilesInput,
     MarkerFileCheckpoint,
-    SparkPreCommitOperator,
+    SparkWrite,
     exactly_once_epoch,
 )
 
 _HOME = Path(os.environ.get("AIRFLOW_HOME", "~/airflow")).expanduser()
 LANDING = os.environ.get("EO_EXAMPLES_LANDING", str(_HOME / "exactly_once_examples" / "landing" / "events"))
 ROOT = os.environ.get("EO_EXAMPLES_FILE_SINK_ROOT", str(_HOME / "exactly_once_examples" / "events_parquet"))
-SPARK_CONN_ID = os.environ.get("EO_EXAMPLES_SPARK_CONN_ID", "spark_default")
-META_CONN_ID = os.environ.get("EO_EXAMPLES_META_CONN_ID", "exactly_once_default")
 
 HOUR_DIR = LANDING.rstrip("/") + "/{start:%Y/%m/%d/%H}"
+#: A file sink has no table to declare: its one schema is the one Spark reads the hour with.
 EVENT_SCHEMA = "event_id STRING, user_id BIGINT, event_type STRING, event_time TIMESTAMP, amount DOUBLE"
-SINK = FileSinkConfig("events-parquet", ROOT)
-CHECKPOINT = MarkerFileCheckpoint(HOUR_DIR)
 
 
 with DAG(
@@ -53,39 +49,27 @@ with DAG(
     tags=["exactly-once", "example"],
     doc_md=__doc__,
 ) as dag:
-    # Reading the hour while files still arrive would commit a partial hour; a _FAILED hour settles
-    # too, so the write runs and the epoch's wait aborts it, recorded in the meta store.
-    hour_settled = CheckpointSettledSensor(
-        task_id="hour_settled",
-        sink=SINK,
-        checkpoint=CHECKPOINT,
-        meta_conn_id=META_CONN_ID,
-        poke_interval=60,
-        timeout=6 * 3600,
-        mode="reschedule",
-    )
-    write = SparkPreCommitOperator(
-        task_id="write",
-        conn_id=SPARK_CONN_ID,
-        # The directory is created by the first commit; there is nothing to set up beforehand.
-        sink=SINK,
-        partition_by=["event_type"],
-        input=FilesInput(format="json", path=HOUR_DIR, schema_ddl=EVENT_SCHEMA),
-        conf={
-            "spark.ui.enabled": "false",
-            "spark.sql.shuffle.partitions": "2",
-            "spark.driver.memory": os.environ.get("EO_EXAMPLES_SPARK_DRIVER_MEMORY", "768m"),
-            "spark.pyspark.python": os.environ.get("PYSPARK_PYTHON", sys.executable),
-        },
-        retries=2,
-        retry_delay=dt.timedelta(minutes=1),
-    )
-    hour_settled >> write
     exactly_once_epoch(
-        write,
-        sink=SINK,
-        checkpoint=CHECKPOINT,
-        meta_conn_id=META_CONN_ID,
+        SparkWrite(
+            FilesInput(format="json", path=HOUR_DIR, schema_ddl=EVENT_SCHEMA),
+            conn_id=os.environ.get("EO_EXAMPLES_SPARK_CONN_ID", "spark_default"),
+            partition_by=["event_type"],
+            conf={
+                "spark.ui.enabled": "false",
+                "spark.sql.shuffle.partitions": "2",
+                "spark.driver.memory": os.environ.get("EO_EXAMPLES_SPARK_DRIVER_MEMORY", "768m"),
+                "spark.pyspark.python": os.environ.get("PYSPARK_PYTHON", sys.executable),
+            },
+            retries=2,
+            retry_delay=dt.timedelta(minutes=1),
+        ),
+        # The directory is created by the first commit; there is nothing to set up beforehand.
+        sink=FileSinkConfig("events-parquet", ROOT),
+        checkpoint=MarkerFileCheckpoint(HOUR_DIR),
+        # Reading the hour while files still arrive would commit a partial hour; a _FAILED hour
+        # settles too, so the write runs and the epoch's wait aborts it, recorded in the meta store.
+        wait_until_settled=True,
+        meta_conn_id=os.environ.get("EO_EXAMPLES_META_CONN_ID"),
         group_id="events",
         sensor_kwargs={"poke_interval": 60, "timeout": 6 * 3600, "mode": "reschedule"},
     )

@@ -16,8 +16,9 @@ has a default under ``$AIRFLOW_HOME``:
 - ``EO_EXAMPLES_SPARK_CONN_ID``: the Spark connection (default ``spark_default``)
 - ``EO_EXAMPLES_STORAGE_CONN_ID``: an ``aws`` connection for a landing root on S3 (default none: local
   files, or the environment's credentials); the checkpoint markers are read through it
-- ``EO_EXAMPLES_META_CONN_ID``: the meta store connection (default ``exactly_once_default``; without
-  it the embedded SQLite file under ``$AIRFLOW_HOME/exactly_once/`` is used)
+- ``EO_EXAMPLES_META_CONN_ID``: the meta store connection (default ``[exactly_once] meta_conn_id``,
+  itself ``exactly_once_default`` unless set; without that connection the embedded SQLite file
+  under ``$AIRFLOW_HOME/exactly_once/`` is used)
 """
 
 from __future__ import annotations
@@ -31,31 +32,43 @@ from airflow.sdk import DAG
 from airflow.timetables.interval import CronDataIntervalTimetable
 
 from airflow_provider_exactly_once import (
-    CheckpointSettledSensor,
-    EnsureTableOperator,
     FilesInput,
     IcebergSinkConfig,
     MarkerFileCheckpoint,
-    SparkPreCommitOperator,
+    SparkWrite,
+    TableSpec,
     exactly_once_epoch,
 )
 
 _HOME = Path(os.environ.get("AIRFLOW_HOME", "~/airflow")).expanduser()
 LANDING = os.environ.get("EO_EXAMPLES_LANDING", str(_HOME / "exactly_once_examples" / "landing" / "events"))
-ICEBERG_CONN_ID = os.environ.get("EO_EXAMPLES_ICEBERG_CONN_ID", "iceberg_default")
-SPARK_CONN_ID = os.environ.get("EO_EXAMPLES_SPARK_CONN_ID", "spark_default")
-META_CONN_ID = os.environ.get("EO_EXAMPLES_META_CONN_ID", "exactly_once_default")
 
-TABLE = "examples.events"
 #: The hour's directory; the input and the checkpoint name the same one, so the hour Spark read
 #: is the hour whose ``_SUCCESS`` the commit waits for.
 HOUR_DIR = LANDING.rstrip("/") + "/{start:%Y/%m/%d/%H}"
-#: Explicit, so that Spark does not infer a schema per hour (an hour with a missing field would
-#: otherwise be read with a different schema than the table's).
-EVENT_SCHEMA = "event_id STRING, user_id BIGINT, event_type STRING, event_time TIMESTAMP, amount DOUBLE"
-
-SINK = IcebergSinkConfig("hourly-events", (TABLE,), iceberg_conn_id=ICEBERG_CONN_ID)
+SINK = IcebergSinkConfig(
+    "hourly-events",
+    ("examples.events",),
+    iceberg_conn_id=os.environ.get("EO_EXAMPLES_ICEBERG_CONN_ID", "iceberg_default"),
+)
 CHECKPOINT = MarkerFileCheckpoint(HOUR_DIR, storage_conn_id=os.environ.get("EO_EXAMPLES_STORAGE_CONN_ID"))
+
+#: The table, created by the first run and left alone by every later one. Column name to Iceberg
+#: type: checked when the DAG is parsed, turned into pyiceberg's ``Schema`` only when the task
+#: runs, so the parse does not import pyiceberg. It is also the schema Spark reads the hour's JSON
+#: with (``timestamptz`` is Spark's ``TIMESTAMP``), so that Spark does not infer one per hour: an
+#: hour with a missing field would otherwise be read with other types than the table's.
+#: Partitioned by day so that a day's hours share a partition and queries prune by day.
+TABLE = TableSpec(
+    schema={
+        "event_id": "string",
+        "user_id": "long",
+        "event_type": "string",
+        "event_time": "timestamptz",
+        "amount": "double",
+    },
+    partitioning=["day(event_time) as event_day"],
+)
 
 #: Spark settings for a small machine; a cluster takes its own from the Spark connection.
 SPARK_CONF = {
@@ -64,21 +77,6 @@ SPARK_CONF = {
     "spark.driver.memory": os.environ.get("EO_EXAMPLES_SPARK_DRIVER_MEMORY", "768m"),
     "spark.pyspark.python": os.environ.get("PYSPARK_PYTHON", sys.executable),
 }
-
-
-#: The table, created by the first run and left alone by every later one (``EnsureTableOperator``).
-#: Column name to Iceberg type: checked when the DAG is parsed, turned into pyiceberg's ``Schema``
-#: only when the task runs, so the parse does not import pyiceberg. Spark's ``TIMESTAMP`` is an
-#: instant: it maps to Iceberg's ``timestamptz``.
-TABLE_SCHEMA = {
-    "event_id": "string",
-    "user_id": "long",
-    "event_type": "string",
-    "event_time": "timestamptz",
-    "amount": "double",
-}
-#: Partitioned by day so that a day's hours share a partition and queries prune by day.
-TABLE_PARTITIONING = ["day(event_time) as event_day"]
 
 
 with DAG(
@@ -93,36 +91,22 @@ with DAG(
     tags=["exactly-once", "example"],
     doc_md=__doc__,
 ) as dag:
-    create_table = EnsureTableOperator(
-        task_id="create_table", sink=SINK, schema=TABLE_SCHEMA, partition_spec=TABLE_PARTITIONING, retries=3
-    )
-    # Reading the hour while files still arrive would commit a partial hour; a _FAILED hour settles
-    # too, so the write runs and the epoch's wait aborts it, recorded in the meta store.
-    hour_settled = CheckpointSettledSensor(
-        task_id="hour_settled",
-        sink=SINK,
-        checkpoint=CHECKPOINT,
-        meta_conn_id=META_CONN_ID,
-        poke_interval=60,
-        timeout=6 * 3600,
-        mode="reschedule",
-    )
-    # The table and its catalog come from the sink and its Iceberg connection when the task runs.
-    transform = SparkPreCommitOperator(
-        task_id="transform",
-        conn_id=SPARK_CONN_ID,
-        sink=SINK,
-        input=FilesInput(format="json", path=HOUR_DIR, schema_ddl=EVENT_SCHEMA),
-        conf=SPARK_CONF,
-        retries=2,
-        retry_delay=dt.timedelta(minutes=1),
-    )
-    [create_table, hour_settled] >> transform
     exactly_once_epoch(
-        transform,
+        # The table and its catalog come from the sink and its Iceberg connection when the task runs.
+        SparkWrite(
+            FilesInput(format="json", path=HOUR_DIR),
+            conn_id=os.environ.get("EO_EXAMPLES_SPARK_CONN_ID", "spark_default"),
+            conf=SPARK_CONF,
+            retries=2,
+            retry_delay=dt.timedelta(minutes=1),
+        ),
         sink=SINK,
         checkpoint=CHECKPOINT,
-        meta_conn_id=META_CONN_ID,
+        table=TABLE,
+        # Reading the hour while files still arrive would commit a partial hour; a _FAILED hour
+        # settles too, so the write runs and the epoch's wait aborts it, recorded in the meta store.
+        wait_until_settled=True,
+        meta_conn_id=os.environ.get("EO_EXAMPLES_META_CONN_ID"),
         group_id="events",
         # The upstream may be late: look every minute, give up (and abort the hour) after 6 hours.
         sensor_kwargs={"poke_interval": 60, "timeout": 6 * 3600, "mode": "reschedule"},

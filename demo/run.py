@@ -197,16 +197,16 @@ def land(stack: stacks.Stack, count: int, rows: int) -> list[Hour]:
 
 def run_hour(dag: Any, hour: Hour) -> world.RunResult:
     """One hourly run, with this hour's scenario switched on for exactly this run."""
-    transform = dag.task_dict["transform"]
+    write = dag.task_dict["events.write"]
     if hour.scenario == "retried write":
-        transform._post_execute_hook = _fail_first_try
+        write._post_execute_hook = _fail_first_try
     if hour.scenario == "crash at commit.visible":
         os.environ[FAULT_HOOK_ENV_VAR] = FAULT_HOOK_FACTORY
         os.environ[FAULT_ENV_VAR] = "commit.visible:crash"
     try:
         return world.run_interval(dag, hour.start)
     finally:
-        transform._post_execute_hook = None
+        write._post_execute_hook = None
         os.environ.pop(FAULT_HOOK_ENV_VAR, None)
         os.environ.pop(FAULT_ENV_VAR, None)
 
@@ -321,8 +321,8 @@ def scenario_problems(hour: Hour) -> list[str]:
         return [f"{hour.start:%H:00}: not run"]
     tries = {task: t for task, (_, t) in run.tasks.items()}
     states = {task: s for task, (s, _) in run.tasks.items()}
-    if hour.scenario == "retried write" and tries.get("transform") != 2:
-        return [f"{hour.start:%H:00}: the write ran {tries.get('transform')} time(s), expected a retry (2)"]
+    if hour.scenario == "retried write" and tries.get("events.write") != 2:
+        return [f"{hour.start:%H:00}: the write ran {tries.get('events.write')} time(s), expected a retry (2)"]
     if hour.scenario == "failed checkpoint" and states.get("events.abort") != "success":
         return [f"{hour.start:%H:00}: abort is {states.get('events.abort')}, expected success"]
     if hour.scenario == "crash at commit.visible" and not (

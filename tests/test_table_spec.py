@@ -528,8 +528,8 @@ def parse(dag_file: Path, tmp_path: Path) -> tuple[list[str], dict[str, str]]:
 @pytest.mark.parametrize(
     ("dag_file", "tables"),
     [
-        ("hourly_events.py", {"create_table"}),
-        ("fan_out.py", {"create_events_by_day", "create_events_by_type", "create_purchases"}),
+        ("hourly_events.py", {"events.create_table"}),
+        ("fan_out.py", {"events.create_events_by_day", "events.create_events_by_type", "events.create_purchases"}),
     ],
 )
 def test_parsing_an_example_dag_imports_neither_pyiceberg_nor_pyarrow(
@@ -543,17 +543,17 @@ def test_parsing_an_example_dag_imports_neither_pyiceberg_nor_pyarrow(
 def test_the_parse_check_sees_a_dag_that_imports_pyiceberg(tmp_path: Path) -> None:
     """The check above can fail: the same DAG with its table as pyiceberg objects brings pyiceberg."""
     source = (REPO / "dags" / "hourly_events.py").read_text(encoding="utf-8")
-    declaration = 'TABLE_SCHEMA = {\n    "event_id": "string",'
+    declaration = 'TABLE = TableSpec(\n    schema={\n        "event_id": "string",'
     assert declaration in source
     with_objects = source.replace(
         declaration,
         "from pyiceberg.schema import Schema\n"
         "from pyiceberg.types import NestedField, StringType\n"
-        'TABLE_SCHEMA = Schema(NestedField(1, "event_id", StringType()))\n'
-        'UNUSED = {\n    "event_id": "string",',
-    ).replace('TABLE_PARTITIONING = ["day(event_time) as event_day"]', "TABLE_PARTITIONING = None")
+        'TABLE = TableSpec(Schema(NestedField(1, "event_id", StringType())))\n'
+        'UNUSED = dict(\n    schema={\n        "event_id": "string",',
+    )
     dag_file = tmp_path / "hourly_events_objects.py"
     dag_file.write_text(with_objects, encoding="utf-8")
     added, declared = parse(dag_file, tmp_path)
-    assert declared == {"create_table": "Schema"}
+    assert declared == {"events.create_table": "Schema"}
     assert "pyiceberg" in added

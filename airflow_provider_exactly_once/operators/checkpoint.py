@@ -16,7 +16,6 @@ from airflow_provider_exactly_once.checkpoints.config import MetaStoreCheckpoint
 from airflow_provider_exactly_once.core.errors import InvalidSinkConfig
 from airflow_provider_exactly_once.core.identifiers import check_epoch
 from airflow_provider_exactly_once.core.status import CheckpointStatus
-from airflow_provider_exactly_once.defaults import DEFAULT_META_CONN_ID
 from airflow_provider_exactly_once.operators._common import airflow_errors
 from airflow_provider_exactly_once.runtime.assembly import open_meta_store
 from airflow_provider_exactly_once.runtime.epochs import epoch_for_context, interval_epoch
@@ -54,7 +53,7 @@ class MarkCheckpointOperator(BaseOperator):
         checkpoint: MetaStoreCheckpoint | None = None,
         epoch: int | str | None = None,
         detail: str | None = None,
-        meta_conn_id: str = DEFAULT_META_CONN_ID,
+        meta_conn_id: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)

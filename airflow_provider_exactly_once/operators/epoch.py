@@ -17,7 +17,6 @@ from airflow.sdk import BaseOperator
 
 from airflow_provider_exactly_once.checkpoints.config import CheckpointConfig
 from airflow_provider_exactly_once.core.errors import AbortRefused, ExactlyOnceError, InvalidPreCommit
-from airflow_provider_exactly_once.defaults import DEFAULT_META_CONN_ID
 from airflow_provider_exactly_once.observability.assets import commit_alias, emit_committed
 from airflow_provider_exactly_once.observability.links import EpochLink
 from airflow_provider_exactly_once.operators._common import (
@@ -63,7 +62,7 @@ class _EpochOperator(BaseOperator):
         *,
         sink: SinkConfig | Mapping[str, Any],
         checkpoint: CheckpointConfig | Mapping[str, Any] | None = None,
-        meta_conn_id: str = DEFAULT_META_CONN_ID,
+        meta_conn_id: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -105,7 +104,8 @@ class PersistPendingOperator(_EpochOperator):
 
     :param sink: the sink the write belongs to (``IcebergSinkConfig``, ``FileSinkConfig`` or a dict).
     :param write_task_id: the task whose return value is the pre-commit (dict, JSON or compressed).
-    :param meta_conn_id: the ``exactly_once_meta`` connection of the meta store.
+    :param meta_conn_id: the ``exactly_once_meta`` connection of the meta store; by default
+        ``[exactly_once] meta_conn_id``, read when the task runs.
     :return: ``{"sink_id", "epoch", "outcome", "write_id", "persisted_write_id"}``; ``write_id`` is
         the write the epoch holds, which differs from this run's when the epoch was already settled.
     """

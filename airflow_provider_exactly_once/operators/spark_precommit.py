@@ -31,7 +31,6 @@ from airflow.sdk import BaseOperator
 from airflow_provider_exactly_once.core.epochs import epoch_start
 from airflow_provider_exactly_once.core.errors import InvalidSinkConfig, MetaStoreUnavailable
 from airflow_provider_exactly_once.core.identifiers import check_epoch, check_sink_id, new_write_id
-from airflow_provider_exactly_once.defaults import DEFAULT_META_CONN_ID
 from airflow_provider_exactly_once.operators._common import airflow_errors, execute_nested
 from airflow_provider_exactly_once.operators._targets import (
     INPUT_FIX,
@@ -172,7 +171,7 @@ class SparkPreCommitOperator(BaseOperator):
         work_dir: str | None = None,
         xcom_compress_above: int | None = XCOM_COMPRESS_ABOVE,
         application: str = EPOCH_WRITER_APPLICATION,
-        meta_conn_id: str = DEFAULT_META_CONN_ID,
+        meta_conn_id: str | None = None,
         durable: bool = False,
         input_storage_conn_id: str | None = None,
         **kwargs: Any,

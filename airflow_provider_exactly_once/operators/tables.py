@@ -11,7 +11,12 @@ from airflow_provider_exactly_once.core.errors import InvalidSinkConfig
 from airflow_provider_exactly_once.operators._common import airflow_errors
 from airflow_provider_exactly_once.runtime.assembly import as_sink
 from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig, SinkConfig
-from airflow_provider_exactly_once.table_spec import declare_table, to_pyiceberg
+from airflow_provider_exactly_once.table_spec import (
+    DeclaredPartitioning,
+    DeclaredSchema,
+    declare_table,
+    to_pyiceberg,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -27,7 +32,8 @@ class EnsureTableOperator(BaseOperator):
     :param sink: an Iceberg sink (config or dict); its connection reaches the catalog.
     :param schema: the table's schema when it has to be created: a mapping of column name to
         Iceberg type (``{"id": "long not null", "at": "timestamptz"}``, see
-        :mod:`~airflow_provider_exactly_once.table_spec`) or a pyiceberg ``Schema``.
+        :mod:`~airflow_provider_exactly_once.table_spec`) or a pyiceberg ``Schema`` (or one the
+        epoch group declared already).
     :param partition_spec: its partitioning (unpartitioned by default): a list of transforms
         (``["day(at)"]``, ``["bucket(16, id) as shard"]``) or a pyiceberg ``PartitionSpec``.
         The light forms are checked when the DAG is parsed, without importing pyiceberg (whose
@@ -44,8 +50,8 @@ class EnsureTableOperator(BaseOperator):
         self,
         *,
         sink: SinkConfig | Mapping[str, Any],
-        schema: Schema | Mapping[str, Any],
-        partition_spec: PartitionSpec | Sequence[str] | None = None,
+        schema: Schema | DeclaredSchema | Mapping[str, Any],
+        partition_spec: PartitionSpec | DeclaredPartitioning | Sequence[str] | None = None,
         table: str | None = None,
         properties: Mapping[str, str] | None = None,
         **kwargs: Any,

@@ -23,12 +23,7 @@ from typing import Any
 
 from airflow.sdk import DAG
 
-from airflow_provider_exactly_once.defaults import (
-    CONFIG_SECTION,
-    DEFAULT_LOCK_TTL,
-    DEFAULT_META_CONN_ID,
-    DEFAULT_ORPHAN_GRACE,
-)
+from airflow_provider_exactly_once.defaults import CONFIG_SECTION, DEFAULT_LOCK_TTL, DEFAULT_ORPHAN_GRACE
 from airflow_provider_exactly_once.observability.assets import recovery_alias
 from airflow_provider_exactly_once.recovery.operators import ListRegisteredSinksOperator, RecoverSinkOperator
 from airflow_provider_exactly_once.version_compat import conf
@@ -60,7 +55,7 @@ def recovery_dag(
     dag_id: str = DEFAULT_RECOVERY_DAG_ID,
     *,
     schedule: Any = FROM_CONFIG,
-    meta_conn_id: str = DEFAULT_META_CONN_ID,
+    meta_conn_id: str | None = None,
     orphan_grace: timedelta | None = None,
     lock_ttl: timedelta = DEFAULT_LOCK_TTL,
     **dag_kwargs: Any,
@@ -68,6 +63,7 @@ def recovery_dag(
     """Build the recovery DAG (one per meta store; the scheduler-start trigger runs ``dag_id``).
 
     :param schedule: any Airflow schedule; by default ``[exactly_once] recovery_schedule``, every 15 minutes.
+    :param meta_conn_id: the meta store; by default ``[exactly_once] meta_conn_id``, read when the tasks run.
     :param orphan_grace: by default ``[exactly_once] recovery_orphan_grace_seconds``, 6 hours.
     :param dag_kwargs: passed to ``DAG`` (tags, default_args, ...).
     """

@@ -11,7 +11,7 @@ from airflow.sdk import BaseOperator
 
 from airflow_provider_exactly_once.core.errors import SinkLocked
 from airflow_provider_exactly_once.core.status import EpochStatus
-from airflow_provider_exactly_once.defaults import DEFAULT_LOCK_TTL, DEFAULT_META_CONN_ID, DEFAULT_ORPHAN_GRACE
+from airflow_provider_exactly_once.defaults import DEFAULT_LOCK_TTL, DEFAULT_ORPHAN_GRACE
 from airflow_provider_exactly_once.observability.assets import emit_committed, recovery_alias
 from airflow_provider_exactly_once.operators._common import airflow_errors
 from airflow_provider_exactly_once.runtime.assembly import open_meta_store
@@ -32,7 +32,7 @@ class ListRegisteredSinksOperator(BaseOperator):
 
     ui_color = "#fdf2e0"
 
-    def __init__(self, *, meta_conn_id: str = DEFAULT_META_CONN_ID, **kwargs: Any) -> None:
+    def __init__(self, *, meta_conn_id: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.meta_conn_id = meta_conn_id
 
@@ -67,7 +67,7 @@ class RecoverSinkOperator(BaseOperator):
         self,
         *,
         sink_id: str,
-        meta_conn_id: str = DEFAULT_META_CONN_ID,
+        meta_conn_id: str | None = None,
         orphan_grace: timedelta = DEFAULT_ORPHAN_GRACE,
         lock_ttl: timedelta = DEFAULT_LOCK_TTL,
         **kwargs: Any,

@@ -19,7 +19,6 @@ from airflow_provider_exactly_once.checkpoints.config import CheckpointConfig, M
 from airflow_provider_exactly_once.core.errors import ExactlyOnceError, InvalidSinkConfig
 from airflow_provider_exactly_once.core.identifiers import check_sink_id
 from airflow_provider_exactly_once.core.status import CheckpointStatus
-from airflow_provider_exactly_once.defaults import DEFAULT_META_CONN_ID
 from airflow_provider_exactly_once.runtime.assembly import as_checkpoint, as_sink, open_meta_store, run_epoch
 from airflow_provider_exactly_once.runtime.epochs import (
     checkpoint_location,
@@ -41,7 +40,7 @@ class CheckpointSensor(BaseSensorOperator):
     :param checkpoint: where the upstream records its checkpoints (``MetaStoreCheckpoint``,
         ``MarkerFileCheckpoint``, ``StreamingCheckpoint``, or such a config's dict).
     :param meta_conn_id: the meta store (read for a meta-store checkpoint and for the epoch of runs
-        without a data interval).
+        without a data interval); by default ``[exactly_once] meta_conn_id``, read when the task runs.
     :param deferrable: wait in the triggerer (``CheckpointTrigger``) instead of a worker.
     :param poke_interval, timeout, mode: as for every sensor; ``timeout`` bounds the whole wait.
     """
@@ -55,7 +54,7 @@ class CheckpointSensor(BaseSensorOperator):
         checkpoint: CheckpointConfig | Mapping[str, Any],
         sink: SinkConfig | Mapping[str, Any] | None = None,
         sink_id: str | None = None,
-        meta_conn_id: str = DEFAULT_META_CONN_ID,
+        meta_conn_id: str | None = None,
         deferrable: bool = False,
         **kwargs: Any,
     ) -> None:

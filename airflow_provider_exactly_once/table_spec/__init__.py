@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from airflow_provider_exactly_once.core.errors import InvalidSinkConfig
 from airflow_provider_exactly_once.table_spec.partitioning import (
@@ -76,11 +76,29 @@ __all__ = [
     "Column",
     "DeclaredPartitioning",
     "DeclaredSchema",
+    "TableSpec",
     "declare_partitioning",
     "declare_schema",
     "declare_table",
     "to_pyiceberg",
 ]
+
+
+class TableSpec(NamedTuple):
+    """An Iceberg table as ``exactly_once_epoch(table=...)`` creates it when it is missing: the
+    arguments ``EnsureTableOperator`` takes, given once, and the read schema of a JSON or CSV input
+    that names none (``spark_types``).
+
+    A named tuple, not a dataclass: DAG files import it at every parse. It is checked where the
+    table's name is known, by the task group (``declare_table``).
+    """
+
+    #: Column name to Iceberg type (the rules above), or a pyiceberg ``Schema``.
+    schema: Schema | Mapping[str, Any]
+    #: Transforms (``["day(at)"]``) or a pyiceberg ``PartitionSpec``; unpartitioned by default.
+    partitioning: PartitionSpec | Sequence[str] | None = None
+    #: Table properties at creation.
+    properties: Mapping[str, str] | None = None
 
 
 def declare_table(

@@ -19,8 +19,8 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 from airflow_provider_exactly_once.checkpoints.config import MetaStoreCheckpoint, checkpoint_config_from_dict
 from airflow_provider_exactly_once.core.errors import ExactlyOnceError
 from airflow_provider_exactly_once.core.status import CheckpointStatus
-from airflow_provider_exactly_once.defaults import DEFAULT_META_CONN_ID
 from airflow_provider_exactly_once.hooks.meta_store import ExactlyOnceMetaStoreHook
+from airflow_provider_exactly_once.runtime.assembly import meta_conn_id_or_configured
 from airflow_provider_exactly_once.runtime.epochs import checkpoint_location, epoch_interval
 
 if TYPE_CHECKING:
@@ -37,7 +37,9 @@ class CheckpointTrigger(BaseTrigger):
     :param sink_id: the sink whose epoch is awaited.
     :param epoch: the epoch (already resolved by the sensor: the triggerer has no task context).
     :param checkpoint: ``CheckpointConfig.to_dict()`` of the sink's checkpoint source.
-    :param meta_conn_id: the meta store (read only by a meta-store checkpoint).
+    :param meta_conn_id: the meta store (read only by a meta-store checkpoint); ``None``: the one
+        ``[exactly_once] meta_conn_id`` names, resolved as the sensor defers, so that the triggerer
+        gets the id the task used.
     :param poll_interval: seconds between polls.
     :param timeout_at: POSIX time after which the trigger fires ``TIMEOUT`` (the sensor's timeout;
         also enforced by the triggerer's own deferral timeout, this keeps runs without one finite).
@@ -51,7 +53,7 @@ class CheckpointTrigger(BaseTrigger):
         sink_id: str,
         epoch: int,
         checkpoint: dict[str, Any],
-        meta_conn_id: str = DEFAULT_META_CONN_ID,
+        meta_conn_id: str | None = None,
         poll_interval: float = 30.0,
         timeout_at: float | None = None,
         retryable_errors_fail_after: int = 20,
@@ -60,7 +62,7 @@ class CheckpointTrigger(BaseTrigger):
         self.sink_id = sink_id
         self.epoch = int(epoch)
         self.checkpoint = dict(checkpoint)
-        self.meta_conn_id = meta_conn_id
+        self.meta_conn_id = meta_conn_id_or_configured(meta_conn_id)
         self.poll_interval = float(poll_interval)
         self.timeout_at = None if timeout_at is None else float(timeout_at)
         self.retryable_errors_fail_after = int(retryable_errors_fail_after)

@@ -44,16 +44,17 @@ def test_example_dags_import_cleanly_without_side_effects(tmp_path: Path) -> Non
         "fan_out.py": {},
         "file_sink.py": {},
     }
-    group = ["events.abort", "events.commit", "events.persist", "events.wait_for_checkpoint"]
+    # every task is the epoch group's, built from one call
+    group = ["abort", "commit", "persist", "settled", "wait_for_checkpoint", "write"]
     assert result["hourly_events.py"]["dags"] == {
-        "exactly_once_hourly_events": sorted(["create_table", "hour_settled", "transform", *group])
+        "exactly_once_hourly_events": sorted(f"events.{t}" for t in ["create_table", *group])
     }
     assert result["fan_out.py"]["dags"] == {
         "exactly_once_fan_out": sorted(
-            ["create_events_by_day", "create_events_by_type", "create_purchases", "hour_settled", "write", *group]
+            f"events.{t}" for t in ["create_events_by_day", "create_events_by_type", "create_purchases", *group]
         )
     }
-    assert result["file_sink.py"]["dags"] == {"exactly_once_file_sink": sorted(["hour_settled", "write", *group])}
+    assert result["file_sink.py"]["dags"] == {"exactly_once_file_sink": sorted(f"events.{t}" for t in group)}
 
 
 @pytest.mark.spark
@@ -78,7 +79,7 @@ def test_hourly_events_lands_every_hour_once_and_a_rerun_replaces_its_hour(tmp_p
 def test_fan_out_writes_every_table_in_one_job_and_commits_them_as_one_epoch(tmp_path: Path) -> None:
     result = example(tmp_path, "run", "fan_out.py", "1")
     assert [r["state"] for r in result["runs"]] == ["success"], result["runs"]
-    assert result["runs"][0]["tasks"]["write"] == ["success", 1]  # every table by one try of one task
+    assert result["runs"][0]["tasks"]["events.write"] == ["success", 1]  # every table by one try of one task
     ((epoch, landed),) = result["landed"].items()
     by_type = result["landed_ids_by_type"]
     every_id = sorted(i for ids in by_type.values() for i in ids)

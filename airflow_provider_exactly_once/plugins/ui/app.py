@@ -85,14 +85,11 @@ Offset = Annotated[int, Query(ge=0, le=EPOCH_MAX)]
 
 def default_operations() -> SinkOperations:
     """``SinkOperations`` on the meta store of ``[exactly_once] meta_conn_id`` (default connection)."""
-    from airflow.configuration import conf
-
-    from airflow_provider_exactly_once.defaults import DEFAULT_META_CONN_ID
-    from airflow_provider_exactly_once.hooks.meta_store import ExactlyOnceMetaStoreHook
     from airflow_provider_exactly_once.operations import SinkOperations
+    from airflow_provider_exactly_once.runtime.assembly import meta_conn_id_or_configured, open_meta_store
 
-    conn_id = str(conf.get(CONFIG_SECTION, "meta_conn_id", fallback=DEFAULT_META_CONN_ID) or DEFAULT_META_CONN_ID)
-    return SinkOperations(ExactlyOnceMetaStoreHook(conn_id).get_store(), meta_conn_id=conn_id)
+    conn_id = meta_conn_id_or_configured(None)
+    return SinkOperations(open_meta_store(conn_id), meta_conn_id=conn_id)
 
 
 def sink_listing() -> str:
