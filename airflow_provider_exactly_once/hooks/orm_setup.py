@@ -5,8 +5,8 @@ of any SQLAlchemy mapper, and then imports all of its own models so that their r
 resolve: about 0.3 s. In a task process the first configuration is the meta store's first query, or
 pyiceberg's SQL catalog's, so every persist, commit and abort task start paid for models it never
 uses. Neither registry relates to Airflow's models, so each is configured alone: Airflow's listener
-is set aside for that moment and put back for the first configuration of Airflow's own mappers,
-which then imports them as before. Where Airflow has no such listener, this is a plain configuration.
+is set aside for that moment (``upstream_private.airflow_model_import_set_aside``) and put back for
+the first configuration of Airflow's own mappers, which then imports them as before.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ from __future__ import annotations
 import sys
 import threading
 from typing import Any
+
+from airflow_provider_exactly_once.upstream_private import airflow_model_import_set_aside
 
 _lock = threading.Lock()
 _configured: set[int] = set()
@@ -29,22 +31,8 @@ def configure_alone(registry: Any) -> None:
     with _lock:
         if id(registry) in _configured:
             return
-        from sqlalchemy import event
-        from sqlalchemy.orm import Mapper
-
-        try:
-            from airflow.models import import_all_models
-        except ImportError:  # pragma: no cover - an Airflow without it
+        with airflow_model_import_set_aside():
             registry.configure()
-        else:
-            if event.contains(Mapper, "before_configured", import_all_models):
-                event.remove(Mapper, "before_configured", import_all_models)
-                try:
-                    registry.configure()
-                finally:
-                    event.listen(Mapper, "before_configured", import_all_models, once=True)
-            else:
-                registry.configure()
         _configured.add(id(registry))
 
 

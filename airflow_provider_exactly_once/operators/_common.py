@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_exactly_once.core.errors import ExactlyOnceError, InvalidSinkConfig
+from airflow_provider_exactly_once.upstream_private import executor_safeguard_tracker
 from airflow_provider_exactly_once.version_compat import AirflowFailException
 
 if TYPE_CHECKING:
@@ -39,14 +39,11 @@ def execute_nested(operator: BaseOperator, context: Any) -> Any:
     to catch DAG authors calling operators by hand; here it is the design (the write runs the Spark
     provider's operator, a rewrite runs the write), so the warning would only be noise in every
     epoch's log. Where the SDK keeps its guard in a context variable, the inner operator is marked as
-    the one being run; elsewhere the call is made plainly and the warning stays.
+    the one being run (``upstream_private.executor_safeguard_tracker``); elsewhere the call is made
+    plainly and the warning stays.
     """
-    try:
-        from airflow.sdk.bases.operator import ExecutorSafeguard
-    except ImportError:  # pragma: no cover - an SDK without the guard
-        return operator.execute(context)
-    tracker = getattr(ExecutorSafeguard, "tracker", None)
-    if not isinstance(tracker, ContextVar):  # pragma: no cover - an SDK that guards differently
+    tracker = executor_safeguard_tracker()
+    if tracker is None:  # pragma: no cover - an SDK that guards differently
         return operator.execute(context)
     token = tracker.set(operator)
     try:

@@ -44,6 +44,7 @@ from airflow_provider_exactly_once.runtime.assembly import as_sink, open_meta_st
 from airflow_provider_exactly_once.runtime.epochs import epoch_interval, generation_for_context
 from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig, SinkConfig
 from airflow_provider_exactly_once.spark import author_specs
+from airflow_provider_exactly_once.upstream_private import spark_binary_of
 from airflow_provider_exactly_once.version_compat import spark_submit_has_durable
 
 if TYPE_CHECKING:
@@ -278,7 +279,7 @@ class SparkPreCommitOperator(BaseOperator):
             spec_path = work / "job.json"
             jobspec.dump_spec(spec, spec_path)
             submit = self._spark_submit(spec_path)
-            check_spark_submit(self.task_id, submit._get_hook()._connection["spark_binary"], self.conn_id)
+            check_spark_submit(self.task_id, spark_binary_of(submit), self.conn_id)
             self.log.info(
                 "Writing sink %r %s as write %s into %s",
                 spec.sink_id,

@@ -1,0 +1,63 @@
+"""Every use of another project's private parts, fenced in one module beside ``version_compat``.
+
+Each is a name an upstream may change in any release without notice, so each is taken here and
+nowhere else, and ``tests/test_upstream_private.py`` asserts each one as the installed upstream has
+it: an upgrade that renames or reshapes one fails that test, naming it, before a task meets it.
+(pyiceberg's are the exception: its snapshot producer is subclassed, so they stay together in
+``sinks/iceberg/transaction.py``, each naming the upstream issue it works around.)
+
+Nothing is imported at module level: the Spark driver and DAG parsing import the package without
+Airflow's ORM or the Spark provider, and each function imports what it reaches into when called.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any
+
+
+def executor_safeguard_tracker() -> ContextVar[Any] | None:
+    """The Task SDK's ``ExecutorSafeguard.tracker``: the context variable naming the operator whose
+    ``execute`` its runner is calling, or ``None`` where the SDK guards differently (or not at all).
+
+    Setting it around a nested ``execute`` is how ``operators._common.execute_nested`` tells the
+    guard the call is meant; the SDK offers no public way to say so.
+    """
+    try:
+        from airflow.sdk.bases.operator import ExecutorSafeguard
+    except ImportError:  # pragma: no cover - an SDK without the guard
+        return None
+    tracker = getattr(ExecutorSafeguard, "tracker", None)
+    return tracker if isinstance(tracker, ContextVar) else None
+
+
+def spark_binary_of(submit: Any) -> str:
+    """The ``spark-submit`` binary a ``SparkSubmitOperator`` will run, as its hook resolved it from
+    the connection (``SparkSubmitHook._connection["spark_binary"]``): the provider makes this
+    choice in a private method and exposes no accessor, and checking the binary before submitting
+    turns a missing one into a clear refusal instead of a bare ``FileNotFoundError``."""
+    return str(submit._get_hook()._connection["spark_binary"])
+
+
+@contextmanager
+def airflow_model_import_set_aside() -> Iterator[None]:
+    """While inside, Airflow's listener that imports every Airflow model at the first SQLAlchemy
+    mapper configuration (``airflow.utils.orm_event_handlers.setup_event_handlers`` listens with
+    ``airflow.models.import_all_models``) is removed; it is put back on leaving, so the first
+    configuration of Airflow's own mappers imports them as before. Where the listener is not
+    registered (no ORM set up, or an Airflow that does it otherwise), nothing is changed."""
+    from sqlalchemy import event
+    from sqlalchemy.orm import Mapper
+
+    from airflow.models import import_all_models
+
+    if not event.contains(Mapper, "before_configured", import_all_models):
+        yield
+        return
+    event.remove(Mapper, "before_configured", import_all_models)
+    try:
+        yield
+    finally:
+        event.listen(Mapper, "before_configured", import_all_models, once=True)
