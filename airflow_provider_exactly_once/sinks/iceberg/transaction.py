@@ -1,7 +1,8 @@
 """The places where pyiceberg 0.12's ``Transaction`` must behave differently for sink commits.
 
 All rely on private attributes, pinned by ``pyiceberg<0.13`` in pyproject.toml; keeping them in this
-one module means an upgrade has one file to re-check.
+one module means an upgrade has one file to re-check. Each names what upstream has about it (issues
+and pull requests of apache/iceberg-python, ``#n``), or says that nothing was found.
 
 1. ``commit_transaction`` retries a ``CommitFailedException`` itself by rebasing the registered
    snapshot producers onto the new head (``commit.retry.*`` table properties). That rebase does not
@@ -10,6 +11,8 @@ one module means an upgrade has one file to re-check.
    back to the committer, which reloads the table and re-checks the marker. The single commit
    (``epoch_snapshot.py``) and the batch (``batch.py``) stage through ``staging`` and commit through
    ``commit_staged``, which say the same of a refusal, a conflict and an unknown outcome for both.
+   Upstream: not a bug there; the rebase is the retry loop #3320 added (for #269 and #3319), which
+   re-applies the producers with no hook for a check of the caller's own.
 2. ``Transaction.table_metadata`` re-applies every staged update and deep-copies the whole metadata
    (every snapshot of the table's history) on each access, and one fast append reads it about sixteen
    times. A table with a long history then makes every commit, and so recovery of many epochs,
@@ -17,6 +20,8 @@ one module means an upgrade has one file to re-check.
    cached until then, and only the updates staged since are applied to the cached copy: a batch of
    epochs stacked in one transaction (``sinks/iceberg/batch.py``) would otherwise re-apply every
    earlier epoch's snapshot at each new one, quadratic in the batch.
+   Upstream: #2673 (open) reports the cost, which came with #1903; #3302 and #3784 proposed this
+   cache and were closed unmerged.
 3. pyiceberg's ``AssertRefSnapshotId`` refuses any ref but ``main`` on a table without snapshots, so
    the first commit to a named branch of a new table fails while staging. The Iceberg spec (and Java
    Iceberg, whose REST servers check the same requirement) only asks that a ref expected absent is
@@ -26,6 +31,8 @@ one module means an upgrade has one file to re-check.
    stacked on one branch in one transaction each assert the head before them; only the first
    assertion per ref is a requirement on the catalog's table (pyiceberg keeps one per requirement
    type, and the spec-meaning one has a type of its own), the others hold by construction.
+   Upstream: no issue found; it works around ``AssertRefSnapshotId.validate`` refusing every ref
+   but ``main`` while the table has no snapshots.
 4. A fast append writes every added file into one manifest of the table's *default* spec and
    summarises partitions with it. Iceberg keeps files of older specs, and a write partitioned for
    the spec of its time must be filed under that spec when the table's spec changed before the
@@ -34,10 +41,13 @@ one module means an upgrade has one file to re-check.
    step 6): pyiceberg's ``_OverwriteFiles`` removes exactly the files given to ``delete_data_file``
    (refusing, in ``_validate_required_deletes``, one that is no longer in the table) and adds the
    new ones, in one snapshot.
+   Upstream: no pyiceberg issue found; Java's ``FastAppend`` learnt it in apache/iceberg#11771.
 5. A snapshot producer lists its parent's manifests by reading the parent's manifest list back from
    storage. When the parent is the producer staged just before it in the same transaction (a batch
    of epochs, ``sinks/iceberg/batch.py``), that list was written milliseconds earlier and is still
    in memory: ``StackedFastAppend`` takes it from there, as the manifest list writer stamped it.
+   Upstream: no issue found; it works around the read-back of a manifest list the same
+   transaction has just written.
 """
 
 from __future__ import annotations
