@@ -65,7 +65,6 @@ from airflow_provider_exactly_once.core.coordinator import TwoPhaseCommitCoordin
 from airflow_provider_exactly_once.core.precommit import DataFileDescriptor, PreCommit, TableWrite
 from airflow_provider_exactly_once.core.status import CheckpointStatus
 from airflow_provider_exactly_once.sinks.iceberg.data_files import build_data_files
-from airflow_provider_exactly_once.store.rows import forget_parsed
 from bench._world import World, median, plot_cost, save, timed, world, write_files
 
 SIZES = [10, 100, 1000, 10000]
@@ -225,7 +224,7 @@ def main() -> None:
                     committing: TwoPhaseCommitCoordinator = committing,
                 ) -> None:
                     persisting.persist(pre)
-                    forget_parsed()  # the commit task's process never saw the write
+                    w.store.forget_parsed()  # the commit task's process never saw the write
                     committing.commit(pre.sink_id, pre.epoch)
 
                 def bare(size: int = size, prebuilt: list[DataFile] = prebuilt) -> None:
@@ -251,7 +250,7 @@ def main() -> None:
                     sink.append(timed(action))
                 # The commit task's process ends with its commit: the write it parsed must not stay in
                 # this one's heap, where every later collection would walk its objects.
-                forget_parsed()
+                w.store.forget_parsed()
             paired = [eo / built for eo, built in zip(eo_times, built_times, strict=True)]
             paired_cross = [cross / built for cross, built in zip(cross_times, built_times, strict=True)]
             row = {

@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 from typing import cast
 
-from sqlalchemy import BigInteger, BindParameter, ColumnElement, String, Table, Update, bindparam, update
+from sqlalchemy import BigInteger, ColumnElement, String, Table, Update, bindparam, update
 from sqlalchemy.orm import Session
 
 from airflow_provider_exactly_once.core.errors import EpochNotFound, StateConflict
@@ -26,23 +26,23 @@ class EpochRowMissing(StateConflict, EpochNotFound):
     """A compare-and-swap found no row at all: both a conflict and "never persisted"."""
 
 
-def guarded_update(
-    sink_id: str | BindParameter[str],
-    epoch: int | BindParameter[int],
-    status: EpochStatus,
-    write_id: str | BindParameter[str],
-    *,
-    undecided: bool = False,
-    decided: bool = False,
-) -> Update:
-    """An ``UPDATE`` of the epoch's row that matches only while it holds ``status`` and ``write_id``
-    (with ``undecided``/``decided``: only before/after the commit decision); add ``.values(...)``."""
+#: The parameters of every ``guarded`` statement: the row's key and the write it must hold (``key``).
+_SINK_ID, _EPOCH, _WRITE_ID = "g_sink_id", "g_epoch", "g_write_id"
+
+
+@functools.cache
+def guarded(status: EpochStatus, *, undecided: bool = False, decided: bool = False) -> Update:
+    """An ``UPDATE`` of an epoch's row that matches only while it holds ``status`` and the write
+    (with ``undecided``/``decided``: only before/after the commit decision); add ``.values(...)``.
+
+    The row and the write are parameters (``key``), so each form is built once: building one per
+    call cost as much as running it."""
     row = _STATE.c
     conditions: list[ColumnElement[bool]] = [
-        row.sink_id == sink_id,
-        row.epoch == epoch,
+        row.sink_id == bindparam(_SINK_ID, type_=String),
+        row.epoch == bindparam(_EPOCH, type_=BigInteger),
         row.status == status.value,
-        row.write_id == write_id,
+        row.write_id == bindparam(_WRITE_ID, type_=String),
     ]
     if undecided:
         conditions.append(row.commit_decided_at.is_(None))
@@ -54,25 +54,12 @@ def guarded_update(
     return update(_STATE).where(*conditions)
 
 
-#: The parameters of a ``guarded_template``: the row's key and the write it must hold.
-SINK_ID, EPOCH, WRITE_ID = "g_sink_id", "g_epoch", "g_write_id"
+def key(sink_id: str, epoch: int, write_id: str, **values: object) -> dict[str, object]:
+    """The parameters of a ``guarded`` statement, with those of its values."""
+    return {_SINK_ID: sink_id, _EPOCH: epoch, _WRITE_ID: write_id, **values}
 
 
-@functools.cache
-def guarded_template(status: EpochStatus, *, undecided: bool = False, decided: bool = False) -> Update:
-    """``guarded_update`` with the row and write as parameters (``SINK_ID``, ``EPOCH``, ``WRITE_ID``),
-    for a statement built once: building one per call cost as much as running it."""
-    return guarded_update(
-        bindparam(SINK_ID, type_=String),
-        bindparam(EPOCH, type_=BigInteger),
-        status,
-        bindparam(WRITE_ID, type_=String),
-        undecided=undecided,
-        decided=decided,
-    )
-
-
-def holds(record: EpochRecord | PendingSinkState | None) -> str:
+def holds(record: EpochRecord | None) -> str:
     if record is None:
         return "there is no row"
     decided = record.commit_decided_at
@@ -81,35 +68,34 @@ def holds(record: EpochRecord | PendingSinkState | None) -> str:
     )
 
 
-def conflict(row: PendingSinkState | None, sink_id: str, epoch: int, wanted: str) -> StateConflict:
-    message = f"sink {sink_id!r} epoch {epoch}: expected to {wanted}, but {holds(row)}"
-    return EpochRowMissing(message) if row is None else StateConflict(message)
+def conflict(record: EpochRecord | None, sink_id: str, epoch: int, wanted: str) -> StateConflict:
+    message = f"sink {sink_id!r} epoch {epoch}: expected to {wanted}, but {holds(record)}"
+    return EpochRowMissing(message) if record is None else StateConflict(message)
 
 
-def swap(session: Session, statement: Update, sink_id: str, epoch: int, wanted: str) -> None:
-    """Run a ``guarded_update`` statement; ``StateConflict`` (``EpochRowMissing`` without a row) unless it
-    changed exactly the one row."""
-    if rows.rowcount(session, statement) != 1:
-        raise conflict(rows.load(session, sink_id, epoch), sink_id, epoch, wanted)
+def swap(session: Session, statement: Update, parameters: dict[str, object], wanted: str) -> None:
+    """Run a ``guarded`` statement with its ``key``; ``StateConflict`` (``EpochRowMissing`` without a
+    row) unless it changed exactly the one row."""
+    if rows.rowcount(session, statement, parameters) != 1:
+        raise _conflict(session, parameters, wanted)
 
 
-def swapped(
-    session: Session,
-    statement: Update,
-    sink_id: str,
-    epoch: int,
-    wanted: str,
-    parameters: dict[str, object] | None = None,
-) -> EpochRecord:
-    """``swap``, returning the row as the statement changed it (``rows.updated``: no second read)."""
+def swapped(session: Session, statement: Update, parameters: dict[str, object], wanted: str) -> EpochRecord:
+    """``swap`` of a statement with ``rows.returning_row``: the row as the statement changed it, no
+    second read."""
     changed = rows.updated(session, statement, parameters)
     if changed is None:
-        raise conflict(rows.load(session, sink_id, epoch), sink_id, epoch, wanted)
+        raise _conflict(session, parameters, wanted)
     return changed
+
+
+def _conflict(session: Session, parameters: dict[str, object], wanted: str) -> StateConflict:
+    sink_id, epoch = str(parameters[_SINK_ID]), int(cast(int, parameters[_EPOCH]))
+    return conflict(rows.load(session, sink_id, epoch), sink_id, epoch, wanted)
 
 
 def reloaded(session: Session, sink_id: str, epoch: int) -> EpochRecord:
     """The row as the transaction now sees it, after a change that must have left it in place."""
-    row = rows.load(session, sink_id, epoch)
-    assert row is not None
-    return rows.record(row)
+    record = rows.load(session, sink_id, epoch)
+    assert record is not None
+    return record

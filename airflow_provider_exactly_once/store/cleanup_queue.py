@@ -57,7 +57,7 @@ class SqlCleanupQueue:
                     sink_id=pre_commit.sink_id,
                     epoch=pre_commit.epoch,
                     write_id=pre_commit.write_id,
-                    metadata_json=rows.remembered_json(pre_commit),
+                    metadata_json=pre_commit.to_json(),
                     reason=reason,
                     created_at=db_now(),
                 )

@@ -47,7 +47,7 @@ def insert_row(
         },
     ).one()
     # The row as every read maps it (``rows.record``), from its columns: no ORM object is built.
-    return rows.record(cast(PendingSinkState, SimpleNamespace(**found._mapping)), pre_commit=pre_commit)
+    return rows.record(session, cast(PendingSinkState, SimpleNamespace(**found._mapping)), pre_commit=pre_commit)
 
 
 @functools.cache

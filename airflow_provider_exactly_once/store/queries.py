@@ -117,7 +117,7 @@ def list_epochs(
         rows = session.scalars(
             epochs_statement(sink_id=sink_id, status=status, limit=limit, offset=offset, dag_ids=dag_ids)
         )
-        return [record(row) for row in rows]
+        return [record(session, row) for row in rows]
 
 
 def count_epochs(

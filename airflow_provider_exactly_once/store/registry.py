@@ -191,7 +191,7 @@ class SqlSinkRegistry:
                     sink_id=sink_id,
                     epoch=ORPHAN_EPOCH,
                     write_id=write_id,
-                    metadata_json=rows.remembered_json(pre_commit),
+                    metadata_json=pre_commit.to_json(),
                     reason=reason,
                     created_at=created_at,
                 )

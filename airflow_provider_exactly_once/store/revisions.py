@@ -84,20 +84,22 @@ class SqlRevisions:
         if pre_commit.write_id == expected_write_id:
             raise StateConflict(f"sink {sink_id!r} epoch {epoch}: cannot {wanted}: it needs a new write id")
         with self._db.transaction(f"opening a revision of sink {sink_id!r} epoch {epoch}", write=True) as session:
-            old = rows.load(session, sink_id, epoch, for_update=True)
-            if old is None or old.status != EpochStatus.COMMITTED.value or old.write_id != expected_write_id:
-                raise cas.conflict(old, sink_id, epoch, wanted)
-            replaced = rows.record(old)
+            replaced = rows.load(session, sink_id, epoch, for_update=True)
+            if (
+                replaced is None
+                or replaced.status is not EpochStatus.COMMITTED
+                or replaced.write_id != expected_write_id
+            ):
+                raise cas.conflict(replaced, sink_id, epoch, wanted)
             now = db_now()
             cas.swap(
                 session,
-                cas.guarded_update(sink_id, epoch, EpochStatus.COMMITTED, expected_write_id).values(
+                cas.guarded(EpochStatus.COMMITTED).values(
                     **rows.new_write_values(pre_commit, run_id=run_id, try_number=try_number, dag_id=dag_id, now=now),
                     revision=replaced.revision + 1,
-                    replaces=rows.replaces_json(replaced),
+                    replaces=rows.replaces_json(session, replaced),
                 ),
-                sink_id,
-                epoch,
+                cas.key(sink_id, epoch, expected_write_id),
                 wanted,
             )
             rows.replace_metadata(session, pre_commit, replaced_write_id=expected_write_id)
@@ -118,17 +120,14 @@ class SqlRevisions:
             "whose commit is decided" if decided else "while no commit is decided"
         )
         with self._db.transaction(f"aborting a revision of sink {sink_id!r} epoch {epoch}", write=True) as session:
-            row = rows.load(session, sink_id, epoch, for_update=True)
-            if row is None or row.replaces is None:
-                raise cas.conflict(row, sink_id, epoch, wanted)
-            revision = rows.record(row)
-            replaced = rows.replaced_write(row.replaces)
+            revision = rows.load(session, sink_id, epoch, for_update=True)
+            replaced = None if revision is None else revision.replaces
+            if revision is None or replaced is None:
+                raise cas.conflict(revision, sink_id, epoch, wanted)
             now = db_now()
             cas.swap(
                 session,
-                cas.guarded_update(
-                    sink_id, epoch, EpochStatus.PENDING, write_id, undecided=not decided, decided=decided
-                ).values(
+                cas.guarded(EpochStatus.PENDING, undecided=not decided, decided=decided).values(
                     status=EpochStatus.COMMITTED.value,
                     write_id=replaced.write_id,
                     committed=rows.committed_json(replaced.committed, sink_id, epoch),
@@ -139,8 +138,7 @@ class SqlRevisions:
                     warning=f"revision {revision.revision} (write {write_id}) aborted: {reason}",
                     updated_at=now,
                 ),
-                sink_id,
-                epoch,
+                cas.key(sink_id, epoch, write_id),
                 wanted,
             )
             rows.replace_metadata(session, replaced.pre_commit, replaced_write_id=write_id)
@@ -149,7 +147,7 @@ class SqlRevisions:
                     sink_id=sink_id,
                     epoch=epoch,
                     write_id=write_id,
-                    metadata_json=rows.stored_json(row),
+                    metadata_json=revision.pre_commit.to_json(),
                     reason=f"revision aborted: {reason}",
                     created_at=now,
                 )
@@ -178,9 +176,8 @@ class SqlRevisions:
                 .order_by(EpochRevision.revision, EpochRevision.created_at)
             ).all()
             listed = [_revision(r) for r in found]
-            row = rows.load(session, sink_id, epoch)
-        if row is not None and row.replaces is not None:
-            pending = rows.record(row)
+            pending = rows.load(session, sink_id, epoch)
+        if pending is not None and pending.replaces is not None:
             listed.append(
                 RevisionRecord(
                     sink_id=sink_id,
@@ -223,7 +220,7 @@ def commit_revision(session: Session, record: EpochRecord, committed: Mapping[st
             sink_id=record.sink_id,
             epoch=record.epoch,
             write_id=replaced.write_id,
-            metadata_json=rows.remembered_json(replaced.pre_commit),
+            metadata_json=replaced.pre_commit.to_json(),
             reason=f"replaced by revision {record.revision} (write {record.write_id})",
             created_at=now,
             removed_by=json.dumps(dict(committed), sort_keys=True),

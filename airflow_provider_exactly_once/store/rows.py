@@ -17,12 +17,10 @@ from types import SimpleNamespace
 from typing import Any, cast
 
 from sqlalchemy import (
-    ColumnElement,
     CursorResult,
     Insert,
     Label,
     Row,
-    ScalarSelect,
     Select,
     Table,
     Update,
@@ -44,120 +42,112 @@ _STATE = cast(Table, PendingSinkState.__table__)
 _BYTES = "metadata_bytes"
 
 
-def load(session: Session, sink_id: str, epoch: int, *, for_update: bool = False) -> PendingSinkState | None:
-    statement = (
-        select(PendingSinkState)
-        .where(PendingSinkState.sink_id == sink_id, PendingSinkState.epoch == epoch)
-        .execution_options(populate_existing=True)
-    )
-    if for_update:
-        statement = statement.with_for_update()
-    return session.scalars(statement).one_or_none()
+def load(session: Session, sink_id: str, epoch: int, *, for_update: bool = False) -> EpochRecord | None:
+    """The epoch's row as the domain's value, its metadata read only when this store has not parsed
+    that write yet (``ParsedWrites``): an epoch of 10,000 files has megabytes of metadata, which every
+    step of its commit would fetch again otherwise. The first statement reads the row and the size of
+    its metadata, which with the write id names a parsed write; only when it names none, a second
+    reads the row with its metadata, in one statement, as the epoch may take another write between
+    two of them (PostgreSQL's statements each see the latest commits)."""
+    parameters = {"l_sink_id": sink_id, "l_epoch": epoch}
+    found = session.execute(_row_select(for_update=for_update), parameters).one_or_none()
+    if found is None:
+        return None
+    return _known(session, found) or _with_metadata(session, sink_id, epoch, for_update=for_update)
 
 
-def load_light(session: Session, sink_id: str, epoch: int) -> EpochRecord | None:
-    """The row as ``load`` and ``record`` give it, fetching its metadata only when this process has
-    not parsed it already: a write's metadata never changes (``_parsed``), so its size names it, and
-    the size is a column of its own. An epoch of 10,000 files has megabytes of metadata, fetched at
-    every step of its commit otherwise."""
-    found = session.execute(_light_select(), {"l_sink_id": sink_id, "l_epoch": epoch}).one_or_none()
-    return None if found is None else _light_row(session, found)
+def _with_metadata(session: Session, sink_id: str, epoch: int, *, for_update: bool) -> EpochRecord | None:
+    parameters = {"l_sink_id": sink_id, "l_epoch": epoch}
+    found = session.execute(_row_select(for_update=for_update, metadata=True), parameters).one_or_none()
+    return None if found is None else _mapped(session, found)
 
 
 @functools.cache
-def _light_select() -> Select[Any]:
-    """``load_light``'s query, built once: building it cost as much as running it on SQLite."""
-    return select(*_STATE.columns, _sized()).where(
+def _row_select(*, for_update: bool, metadata: bool = False) -> Select[Any]:
+    """``load``'s statements, built once each: building one cost as much as running it on SQLite."""
+    columns = [*_STATE.columns, _of_write(EpochMetadata.metadata_bytes, _BYTES)]
+    if metadata:
+        columns += [
+            _of_write(EpochMetadata.metadata_json, "metadata_json"),
+            _of_write(EpochMetadata.metadata_zlib, "metadata_zlib"),
+        ]
+    statement = select(*columns).where(
         _STATE.c.sink_id == bindparam("l_sink_id"), _STATE.c.epoch == bindparam("l_epoch")
     )
+    return statement.with_for_update() if for_update else statement
 
 
-def updated(session: Session, statement: Update, parameters: Mapping[str, Any] | None = None) -> EpochRecord | None:
-    """Run an ``UPDATE`` of one row (a ``cas.guarded_update``); the row as changed, read back by the
-    statement itself (``RETURNING``), or ``None`` when it matched no row. A statement built once
-    with its ``RETURNING`` already (``returning_row``) takes its values as ``parameters``."""
-    if parameters is None:
-        statement = returning_row(statement)
+def updated(session: Session, statement: Update, parameters: Mapping[str, Any]) -> EpochRecord | None:
+    """Run an ``UPDATE`` of one row (a ``cas.guarded`` statement with ``returning_row``); the row as
+    changed, read back by the statement itself (``RETURNING``), or ``None`` when it matched no row."""
     found = session.execute(statement, parameters).one_or_none()
-    return None if found is None else _light_row(session, found)
+    if found is None:
+        return None
+    return _known(session, found) or _with_metadata(session, found.sink_id, int(found.epoch), for_update=False)
 
 
 def returning_row(statement: Update) -> Update:
-    """``statement`` reading back the row as ``updated`` maps it."""
-    return statement.returning(*_STATE.columns, _sized())
+    """``statement`` reading back the row as ``updated`` maps it: its columns and its metadata's size."""
+    return statement.returning(*_STATE.columns, _of_write(EpochMetadata.metadata_bytes, _BYTES))
 
 
-def _light_row(session: Session, found: Row[*tuple[Any, ...]]) -> EpochRecord:
-    """``_light`` of a row read as columns (the table's, then the metadata's size): no ORM loading,
-    and no ORM object either (its instrumentation cost about 0.1 ms a row, three rows a commit):
-    ``record`` only reads the attributes, which a plain namespace holds as well."""
-    values = dict(found._mapping)
-    size = values.pop(_BYTES)
-    row = SimpleNamespace(**values, metadata_json=None, metadata_zlib=None, metadata_bytes=size)
-    return _light(session, cast(PendingSinkState, row), size)
+def _known(session: Session, found: Row[*tuple[Any, ...]]) -> EpochRecord | None:
+    """The row read without its metadata, when its write is one this store parsed; ``None`` otherwise."""
+    size = found._mapping[_BYTES]
+    if size is None:
+        return None
+    parsed = parsed_writes(session).get((found.sink_id, int(found.epoch), found.write_id, int(size)))
+    return None if parsed is None else _mapped(session, found, parsed)
 
 
-def _light(session: Session, row: PendingSinkState, size: int | None) -> EpochRecord:
-    """``record`` of a row read without its metadata, fetched now unless this process parsed it."""
-    known = None
-    if size is not None:
-        with _parsed_lock:
-            known = _parsed_cache.get((row.sink_id, int(row.epoch), row.write_id, int(size)))
-    if known is None:
-        stored = session.execute(
-            select(EpochMetadata.metadata_json, EpochMetadata.metadata_zlib).where(
-                *_metadata_of(row.sink_id, int(row.epoch), row.write_id)
-            )
-        ).one_or_none()
-        if stored is None:
-            # On PostgreSQL each statement of a transaction sees what was committed before it began:
-            # the epoch took another write between the two reads. One statement reads both together.
-            current = load(session, row.sink_id, int(row.epoch))
-            return record(row if current is None else current)
-        known = _parsed(row.sink_id, int(row.epoch), row.write_id, stored[0], packed=stored[1], size=size)
-    return record(row, pre_commit=known)
+def _mapped(session: Session, found: Row[*tuple[Any, ...]], pre_commit: PreCommit | None = None) -> EpochRecord:
+    """``record`` of a row read as columns: no ORM loading, and no ORM object either (its
+    instrumentation cost about 0.1 ms a row, three rows a commit): ``record`` only reads the
+    attributes, which a plain namespace holds as well."""
+    row = SimpleNamespace(**{"metadata_json": None, "metadata_zlib": None, **found._mapping})
+    return record(session, cast(PendingSinkState, row), pre_commit=pre_commit)
 
 
-def _metadata_of(sink_id: str, epoch: int, write_id: str) -> list[ColumnElement[bool]]:
-    return [EpochMetadata.sink_id == sink_id, EpochMetadata.epoch == epoch, EpochMetadata.write_id == write_id]
-
-
-@functools.cache
-def _sized() -> Label[int]:
-    """``_metadata_bytes`` as the column ``metadata_bytes`` of a row read without its metadata."""
-    return _metadata_bytes().label(_BYTES)
-
-
-def _metadata_bytes() -> ScalarSelect[int]:
-    """The size of the row's metadata, as a column of a query or ``RETURNING`` clause on the row.
+def _of_write(column: Any, name: str) -> Label[Any]:
+    """``column`` of the row's write's ``epoch_metadata``, as the column ``name`` of a query or
+    ``RETURNING`` clause on the row.
 
     Selected from ``epoch_metadata`` under other column names: SQLite's ``RETURNING`` names the row's
     columns unqualified (``sink_id``), and inside a subquery over ``epoch_metadata`` itself those
     would be ``epoch_metadata``'s own columns, matching its every row (the size of any epoch's
     metadata came back, and the process parsed its own write again)."""
-    sizes = select(
+    of = select(
         EpochMetadata.sink_id.label("of_sink"),
         EpochMetadata.epoch.label("of_epoch"),
         EpochMetadata.write_id.label("of_write"),
-        EpochMetadata.metadata_bytes.label("of_bytes"),
-    ).subquery("sizes")
+        column.label("of_value"),
+    ).subquery()
     # Correlated to the table, not the mapped class, which would make every statement carrying it
     # ORM-enabled (and compiled and run through the ORM) for a row that is read as plain columns.
     row = _STATE.c
     return (
-        select(sizes.c.of_bytes)
-        .where(sizes.c.of_sink == row.sink_id, sizes.c.of_epoch == row.epoch, sizes.c.of_write == row.write_id)
+        select(of.c.of_value)
+        .where(of.c.of_sink == row.sink_id, of.c.of_epoch == row.epoch, of.c.of_write == row.write_id)
         .correlate(_STATE)
         .scalar_subquery()
+        .label(name)
     )
 
 
 def insert_metadata(session: Session, pre_commit: PreCommit) -> str:
     """Store the metadata of a new row's write; its JSON text, which the caller may keep elsewhere too."""
-    text = remembered_json(pre_commit)
+    text = _remembered_json(session, pre_commit)
     # Passed as parameters, not as values of the statement: the engine caches a compiled statement with
     # the values it was first compiled with, and megabytes would live as long as the engine.
     session.execute(_metadata_insert(), _metadata_values(pre_commit, text))
+    return text
+
+
+def _remembered_json(session: Session, pre_commit: PreCommit) -> str:
+    """The JSON text of a write's metadata about to be stored, the write known to the store as parsed:
+    the store reads back every row it changes, and reading this one parses nothing."""
+    text = pre_commit.to_json()
+    parsed_writes(session).put((pre_commit.sink_id, pre_commit.epoch, pre_commit.write_id, _size(text)), pre_commit)
     return text
 
 
@@ -199,18 +189,9 @@ def _unreadable(sink_id: str, epoch: int, write_id: str, why: str) -> InvalidPre
     )
 
 
-def stored_json(row: PendingSinkState) -> str:
-    """The JSON text of the row's write's metadata, whichever form holds it (for ``sink_cleanup``)."""
-    if row.metadata_zlib is not None:
-        return _inflated(row.metadata_zlib, row.sink_id, int(row.epoch), row.write_id).decode()
-    if row.metadata_json is None:
-        raise _unreadable(row.sink_id, int(row.epoch), row.write_id, "there is none")
-    return row.metadata_json
-
-
 def replace_metadata(session: Session, pre_commit: PreCommit, *, replaced_write_id: str) -> None:
     """The row's write became ``pre_commit``'s, in the same transaction: so does its metadata."""
-    packed, size = _deflated(remembered_json(pre_commit))
+    packed, size = _deflated(_remembered_json(session, pre_commit))
     table = cast(Table, EpochMetadata.__table__)
     statement = (
         update(table)
@@ -254,20 +235,21 @@ def _metadata_values(pre_commit: PreCommit, text: str) -> dict[str, Any]:
     }
 
 
-def rowcount(session: Session, statement: Update) -> int:
-    result = cast(CursorResult[Any], session.execute(statement))
+def rowcount(session: Session, statement: Update, parameters: Mapping[str, Any] | None = None) -> int:
+    result = cast(CursorResult[Any], session.execute(statement, parameters))
     return int(result.rowcount)
 
 
-def record(row: PendingSinkState, *, pre_commit: PreCommit | None = None) -> EpochRecord:
+def record(session: Session, row: PendingSinkState, *, pre_commit: PreCommit | None = None) -> EpochRecord:
     """The row as the domain's value; ``pre_commit``: its metadata, when known to be the row's."""
+    parsed = parsed_writes(session)
     return EpochRecord(
         sink_id=row.sink_id,
         epoch=int(row.epoch),
         status=EpochStatus(row.status),
         write_id=row.write_id,
         pre_commit=pre_commit
-        or _parsed(
+        or parsed.pre_commit(
             row.sink_id,
             int(row.epoch),
             row.write_id,
@@ -286,12 +268,12 @@ def record(row: PendingSinkState, *, pre_commit: PreCommit | None = None) -> Epo
         table_uuids=None if row.table_uuids is None else json.loads(row.table_uuids),
         warning=row.warning,
         revision=int(row.revision or 0),
-        replaces=None if row.replaces is None else replaced_write(row.replaces),
+        replaces=None if row.replaces is None else parsed.replaced(row.replaces),
     )
 
 
-def replaces_json(record: EpochRecord) -> str:
-    """What a revision keeps of the Committed row it replaces (``replaced_write`` reads it back)."""
+def replaces_json(session: Session, record: EpochRecord) -> str:
+    """What a revision keeps of the Committed row it replaces (``ParsedWrites.replaced`` reads it back)."""
     text = json.dumps(
         {
             "write_id": record.write_id,
@@ -303,33 +285,7 @@ def replaces_json(record: EpochRecord) -> str:
         },
         sort_keys=True,
     )
-    _remember_replaced(text, _replaced(record))
-    return text
-
-
-def replaced_write(text: str) -> ReplacedWrite:
-    """Parsed once per process: every read of a revision's row carries the replaced write's files
-    (10,000 descriptors make a JSON text of megabytes), and it never changes."""
-    key = (hash(text), len(text))
-    with _parsed_lock:
-        cached = _replaced_cache.get(key)
-    if cached is not None:
-        return cached
-    data = json.loads(text)
     replaced = ReplacedWrite(
-        write_id=data["write_id"],
-        pre_commit=PreCommit.parse(data["metadata"], recorded=True),
-        committed=data["committed"],
-        table_uuids=data["table_uuids"],
-        revision=int(data["revision"]),
-        committed_at=datetime.fromisoformat(data["committed_at"]),
-    )
-    _remember_replaced(text, replaced)
-    return replaced
-
-
-def _replaced(record: EpochRecord) -> ReplacedWrite:
-    return ReplacedWrite(
         write_id=record.write_id,
         pre_commit=record.pre_commit,
         committed=dict(record.committed or {}),
@@ -337,13 +293,8 @@ def _replaced(record: EpochRecord) -> ReplacedWrite:
         revision=record.revision,
         committed_at=record.updated_at,
     )
-
-
-def _remember_replaced(text: str, replaced: ReplacedWrite) -> None:
-    with _parsed_lock:
-        _replaced_cache[(hash(text), len(text))] = replaced
-        while len(_replaced_cache) > _PARSED_CAPACITY:
-            _replaced_cache.popitem(last=False)
+    parsed_writes(session).put_replaced(text, replaced)
+    return text
 
 
 def new_write_values(
@@ -373,7 +324,7 @@ def cleanup_task(row: SinkCleanup) -> CleanupTask:
         sink_id=row.sink_id,
         epoch=int(row.epoch),
         write_id=row.write_id,
-        pre_commit=_parsed(row.sink_id, int(row.epoch), row.write_id, row.metadata_json),
+        pre_commit=PreCommit.from_json(row.metadata_json, recorded=True),
         reason=row.reason,
         created_at=row.created_at,
         removed_by=None if row.removed_by is None else json.loads(row.removed_by),
@@ -416,78 +367,118 @@ def identities_json(identities: Mapping[str, str], sink_id: str, epoch: int) -> 
 
 # -- parsed metadata ------------------------------------------------------------------------------
 
-#: A write's metadata never changes once written (a new write gets a new write id), so one process
-#: parses it once: an epoch of 10,000 files would otherwise be re-validated on every row read
-#: (get, decide, mark), which costs more than the Iceberg commit itself.
-_PARSED_CAPACITY = 8
-_parsed_cache: OrderedDict[tuple[str, int, str, int], PreCommit] = OrderedDict()
-_replaced_cache: OrderedDict[tuple[int, int], ReplacedWrite] = OrderedDict()
-_parsed_lock = threading.Lock()
 #: Refuse to inflate more than this: real metadata is megabytes, a damaged value could be anything.
 _MAX_INFLATED = 1024 * 1024 * 1024
+#: Where a session of the store's database finds its ``ParsedWrites`` (``Session.info``).
+PARSED = "exactly_once_parsed_writes"
+
+
+def parsed_writes(session: Session) -> ParsedWrites:
+    """The ``ParsedWrites`` of the database the session belongs to (``MetaStoreDatabase.transaction``);
+    a session of no store parses afresh."""
+    found = session.info.get(PARSED)
+    return found if isinstance(found, ParsedWrites) else ParsedWrites()
+
+
+class ParsedWrites:
+    """The writes' metadata one store parsed or wrote, each parsed once for as long as the store lives.
+
+    A write's metadata never changes once written (a new write gets a new write id), so it is named
+    by its sink, epoch, write id and size; an epoch of 10,000 files would otherwise be re-validated
+    on every read of its row (get, decide, mark), which costs more than the Iceberg commit itself.
+    The store's database owns one (``MetaStoreDatabase.parsed``); a new store, as a new process,
+    knows none. Safe to share between threads, as the store is.
+    """
+
+    #: Writes kept: a commit reads a few epochs at a time, and each may be megabytes of objects.
+    CAPACITY = 8
+
+    def __init__(self) -> None:
+        self._writes: OrderedDict[tuple[str, int, str, int], PreCommit] = OrderedDict()
+        self._replaced: OrderedDict[tuple[int, int], ReplacedWrite] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple[str, int, str, int]) -> PreCommit | None:
+        with self._lock:
+            found = self._writes.get(key)
+            if found is not None:
+                self._writes.move_to_end(key)
+            return found
+
+    def put(self, key: tuple[str, int, str, int], pre_commit: PreCommit) -> None:
+        with self._lock:
+            self._writes[key] = pre_commit
+            self._writes.move_to_end(key)
+            while len(self._writes) > self.CAPACITY:
+                self._writes.popitem(last=False)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._writes.clear()
+            self._replaced.clear()
+
+    def pre_commit(
+        self, sink_id: str, epoch: int, write_id: str, text: str | None, *, packed: bytes | None, size: int | None
+    ) -> PreCommit:
+        """The write's metadata from its text, or from its deflated form (``packed``, whose JSON is
+        ``size`` bytes), parsed unless known.
+
+        The deflated form is only ever written by this package, after the write passed every check, so
+        it is parsed as trusted (``PreCommit.parse``); zlib's checksum refuses a damaged one, and a form
+        that inflates to another write's metadata is refused too."""
+        if text is None and packed is None:
+            raise InvalidPreCommit(
+                f"sink {sink_id!r} epoch {epoch}: the meta store holds no metadata of write {write_id}"
+            )
+        if size is None and text is not None:
+            size = _size(text)
+        if size is not None:
+            known = self.get((sink_id, epoch, write_id, int(size)))
+            if known is not None:
+                return known
+        if packed is not None:
+            raw = _inflated(packed, sink_id, epoch, write_id)
+            try:
+                pre_commit = PreCommit.parse(raw, recorded=True, trusted=True)
+            except InvalidPreCommit as exc:
+                raise _unreadable(sink_id, epoch, write_id, str(exc)) from None
+            if (pre_commit.sink_id, pre_commit.epoch, pre_commit.write_id) != (sink_id, epoch, write_id):
+                raise _unreadable(sink_id, epoch, write_id, f"it describes {pre_commit.describe()}")
+            size = len(raw)
+        else:
+            assert text is not None
+            pre_commit = PreCommit.from_json(text, recorded=True)
+        self.put((sink_id, epoch, write_id, int(size or 0)), pre_commit)
+        return pre_commit
+
+    def replaced(self, text: str) -> ReplacedWrite:
+        """The write a revision replaces, from its row's ``replaces``: every read of a revision's row
+        carries the replaced write's files (10,000 descriptors make a JSON text of megabytes)."""
+        key = (hash(text), len(text))
+        with self._lock:
+            cached = self._replaced.get(key)
+        if cached is not None:
+            return cached
+        data = json.loads(text)
+        replaced = ReplacedWrite(
+            write_id=data["write_id"],
+            pre_commit=PreCommit.parse(data["metadata"], recorded=True),
+            committed=data["committed"],
+            table_uuids=data["table_uuids"],
+            revision=int(data["revision"]),
+            committed_at=datetime.fromisoformat(data["committed_at"]),
+        )
+        self.put_replaced(text, replaced)
+        return replaced
+
+    def put_replaced(self, text: str, replaced: ReplacedWrite) -> None:
+        with self._lock:
+            self._replaced[(hash(text), len(text))] = replaced
+            while len(self._replaced) > self.CAPACITY:
+                self._replaced.popitem(last=False)
 
 
 def _size(text: str) -> int:
     """The text's size in UTF-8 bytes (``epoch_metadata.metadata_bytes``); O(1) for ASCII, which
     metadata JSON nearly always is."""
     return len(text) if text.isascii() else len(text.encode())
-
-
-def _parsed(
-    sink_id: str, epoch: int, write_id: str, text: str | None, *, packed: bytes | None = None, size: int | None = None
-) -> PreCommit:
-    """The write's metadata from its text, or from its deflated form (``packed``, whose JSON is
-    ``size`` bytes): parsed once per process (``_parsed_cache``).
-
-    The deflated form is only ever written by this package, after the write passed every check, so
-    it is parsed as trusted (``PreCommit.parse``); zlib's checksum refuses a damaged one, and a form
-    that inflates to another write's metadata is refused too."""
-    if text is None and packed is None:
-        raise InvalidPreCommit(f"sink {sink_id!r} epoch {epoch}: the meta store holds no metadata of write {write_id}")
-    if size is None and text is not None:
-        size = _size(text)
-    if size is not None:
-        key = (sink_id, epoch, write_id, int(size))
-        with _parsed_lock:
-            cached = _parsed_cache.get(key)
-            if cached is not None:
-                _parsed_cache.move_to_end(key)
-                return cached
-    if packed is not None:
-        raw = _inflated(packed, sink_id, epoch, write_id)
-        try:
-            pre_commit = PreCommit.parse(raw, recorded=True, trusted=True)
-        except InvalidPreCommit as exc:
-            raise _unreadable(sink_id, epoch, write_id, str(exc)) from None
-        if (pre_commit.sink_id, pre_commit.epoch, pre_commit.write_id) != (sink_id, epoch, write_id):
-            raise _unreadable(sink_id, epoch, write_id, f"it describes {pre_commit.describe()}")
-        size = len(raw)
-    else:
-        assert text is not None
-        pre_commit = PreCommit.from_json(text, recorded=True)
-    _remember((sink_id, epoch, write_id, int(size or 0)), pre_commit)
-    return pre_commit
-
-
-def remembered_json(pre_commit: PreCommit) -> str:
-    """The column text of a write's metadata; the write is cached as parsed, so reading its row
-    back in the same process (the store reloads every row it changes) parses nothing."""
-    text = pre_commit.to_json()
-    _remember((pre_commit.sink_id, pre_commit.epoch, pre_commit.write_id, _size(text)), pre_commit)
-    return text
-
-
-def forget_parsed() -> None:
-    """Forget every metadata this process parsed or wrote, as a new process would not know it (tests
-    and benchmarks of what a commit task in its own process pays)."""
-    with _parsed_lock:
-        _parsed_cache.clear()
-        _replaced_cache.clear()
-
-
-def _remember(key: tuple[str, int, str, int], pre_commit: PreCommit) -> None:
-    with _parsed_lock:
-        _parsed_cache[key] = pre_commit
-        _parsed_cache.move_to_end(key)
-        while len(_parsed_cache) > _PARSED_CAPACITY:
-            _parsed_cache.popitem(last=False)

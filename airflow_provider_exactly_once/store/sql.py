@@ -78,6 +78,11 @@ class SqlSinkStateStore(SqlCleanupQueue, SqlBatchTransitions):
     def dispose(self) -> None:
         self._db.dispose()
 
+    def forget_parsed(self) -> None:
+        """Forget every write's metadata this store parsed or wrote, as a new process would not know it
+        (benchmarks of what a commit task in its own process pays)."""
+        self._db.parsed.clear()
+
     def __repr__(self) -> str:
         return f"SqlSinkStateStore({self.url_for_display!r})"
 
@@ -98,7 +103,7 @@ class SqlSinkStateStore(SqlCleanupQueue, SqlBatchTransitions):
         check_sink_id(sink_id)
         check_epoch(epoch)
         with self._db.transaction(f"reading sink {sink_id!r} epoch {epoch}", write=False) as session:
-            return rows.load_light(session, sink_id, epoch)
+            return rows.load(session, sink_id, epoch)
 
     def epochs_with_status(self, sink_id: str, status: EpochStatus) -> Sequence[EpochRecord]:
         check_sink_id(sink_id)
@@ -109,7 +114,7 @@ class SqlSinkStateStore(SqlCleanupQueue, SqlBatchTransitions):
                 .where(PendingSinkState.sink_id == sink_id, PendingSinkState.status == status.value)
                 .order_by(PendingSinkState.epoch)
             )
-            return [rows.record(row) for row in found]
+            return [rows.record(session, row) for row in found]
 
     def sink_ids(self) -> Sequence[str]:
         with self._db.transaction("listing sinks", write=False) as session:
@@ -238,11 +243,8 @@ class SqlSinkStateStore(SqlCleanupQueue, SqlBatchTransitions):
                 values.update(commit_decided_at=None, committed=None)
             cas.swap(
                 session,
-                cas.guarded_update(sink_id, epoch, expected_status, expected_write_id, undecided=pending).values(
-                    **values
-                ),
-                sink_id,
-                epoch,
+                cas.guarded(expected_status, undecided=pending).values(**values),
+                cas.key(sink_id, epoch, expected_write_id),
                 f"{wanted}{' while no commit is decided' if pending else ''}",
             )
             rows.replace_metadata(session, pre_commit, replaced_write_id=expected_write_id)
@@ -253,7 +255,7 @@ class SqlSinkStateStore(SqlCleanupQueue, SqlBatchTransitions):
                         sink_id=sink_id,
                         epoch=epoch,
                         write_id=old.write_id,
-                        metadata_json=rows.stored_json(old),
+                        metadata_json=old.pre_commit.to_json(),
                         reason=f"replaced by write {pre_commit.write_id}",
                         created_at=now,
                     )
@@ -290,12 +292,11 @@ class SqlSinkStateStore(SqlCleanupQueue, SqlBatchTransitions):
             now = db_now()
             cas.swap(
                 session,
-                cas.guarded_update(sink_id, epoch, EpochStatus.COMMITTED, expected_write_id).values(
+                cas.guarded(EpochStatus.COMMITTED).values(
                     **rows.new_write_values(pre_commit, run_id=run_id, try_number=try_number, dag_id=dag_id, now=now),
                     warning=reason,
                 ),
-                sink_id,
-                epoch,
+                cas.key(sink_id, epoch, expected_write_id),
                 wanted,
             )
             rows.replace_metadata(session, pre_commit, replaced_write_id=expected_write_id)
@@ -316,20 +317,19 @@ class SqlSinkStateStore(SqlCleanupQueue, SqlBatchTransitions):
     def decide_commit(self, sink_id: str, epoch: int, *, write_id: str) -> EpochRecord:
         sink_id, epoch, write_id = check_sink_id(sink_id), check_epoch(epoch), check_write_id(write_id)
         with self._db.transaction(f"deciding the commit of sink {sink_id!r} epoch {epoch}", write=True) as session:
-            key = {cas.SINK_ID: sink_id, cas.EPOCH: epoch, cas.WRITE_ID: write_id}
-            decided = rows.updated(session, _decide_statement(), key)
+            decided = rows.updated(session, _decide_statement(), cas.key(sink_id, epoch, write_id))
             if decided is not None:
                 return decided
-            row = rows.load(session, sink_id, epoch)
+            found = rows.load(session, sink_id, epoch)
             already = (
-                row is not None
-                and row.status == EpochStatus.PENDING.value
-                and row.write_id == write_id
-                and row.commit_decided_at is not None
+                found is not None
+                and found.status is EpochStatus.PENDING
+                and found.write_id == write_id
+                and found.commit_decided_at is not None
             )
-            if not already:
-                raise cas.conflict(row, sink_id, epoch, f"decide to commit Pending write {write_id}")
-            return self._reloaded(session, sink_id, epoch)
+            if found is None or not already:
+                raise cas.conflict(found, sink_id, epoch, f"decide to commit Pending write {write_id}")
+            return found
 
     def mark_committed(
         self,
@@ -350,16 +350,8 @@ class SqlSinkStateStore(SqlCleanupQueue, SqlBatchTransitions):
             record = cas.swapped(
                 session,
                 _mark_statement(),
-                sink_id,
-                epoch,
+                cas.key(sink_id, epoch, write_id, m_committed=committed_json, m_uuids=identities_json),
                 f"mark Pending write {write_id} Committed",
-                {
-                    cas.SINK_ID: sink_id,
-                    cas.EPOCH: epoch,
-                    cas.WRITE_ID: write_id,
-                    "m_committed": committed_json,
-                    "m_uuids": identities_json,
-                },
             )
             tables = {t.table for t in record.pre_commit.tables}
             if set(committed) != tables:
@@ -370,7 +362,7 @@ class SqlSinkStateStore(SqlCleanupQueue, SqlBatchTransitions):
                 )
             if record.replaces is not None:
                 commit_revision(session, record, committed)
-                record = self._reloaded(session, sink_id, epoch)
+                record = cas.reloaded(session, sink_id, epoch)
             return record
 
     def mark_aborted(
@@ -382,17 +374,15 @@ class SqlSinkStateStore(SqlCleanupQueue, SqlBatchTransitions):
             now = db_now()
             cas.swap(
                 session,
-                cas.guarded_update(
-                    sink_id, epoch, EpochStatus.PENDING, write_id, undecided=not decided, decided=decided
-                ).values(status=EpochStatus.ABORTED.value, error=reason, updated_at=now),
-                sink_id,
-                epoch,
+                cas.guarded(EpochStatus.PENDING, undecided=not decided, decided=decided).values(
+                    status=EpochStatus.ABORTED.value, error=reason, updated_at=now
+                ),
+                cas.key(sink_id, epoch, write_id),
                 f"abort Pending write {write_id} "
                 + ("whose commit is decided" if decided else "while no commit is decided"),
             )
-            row = rows.load(session, sink_id, epoch)
-            assert row is not None
-            if row.replaces is not None:  # rolls the CAS back: a revision's abort restores the replaced write
+            record = cas.reloaded(session, sink_id, epoch)
+            if record.replaces is not None:  # rolls the CAS back: a revision's abort restores the replaced write
                 raise StateConflict(
                     f"sink {sink_id!r} epoch {epoch}: write {write_id} is a revision; abort it with abort_revision"
                 )
@@ -401,12 +391,12 @@ class SqlSinkStateStore(SqlCleanupQueue, SqlBatchTransitions):
                     sink_id=sink_id,
                     epoch=epoch,
                     write_id=write_id,
-                    metadata_json=rows.stored_json(row),
+                    metadata_json=record.pre_commit.to_json(),
                     reason=reason,
                     created_at=now,
                 )
             )
-            return rows.record(row)
+            return record
 
     def record_error(self, sink_id: str, epoch: int, *, write_id: str, error: str) -> None:
         """Only on a row of this write that is not Committed: committing clears the error for good."""
@@ -425,34 +415,24 @@ class SqlSinkStateStore(SqlCleanupQueue, SqlBatchTransitions):
                 .execution_options(synchronize_session=False)
             )
 
-    @staticmethod
-    def _reloaded(session: Session, sink_id: str, epoch: int) -> EpochRecord:
-        """``cas.reloaded`` without fetching the metadata again when it was parsed (``rows.load_light``)."""
-        record = rows.load_light(session, sink_id, epoch)
-        assert record is not None
-        return record
-
     def _reload(self, sink_id: str, epoch: int, action: str) -> EpochRecord | None:
         with self._db.transaction(action, write=False) as session:
-            row = rows.load(session, sink_id, epoch)
-            return None if row is None else rows.record(row)
+            return rows.load(session, sink_id, epoch)
 
 
 @functools.cache
 def _decide_statement() -> Update:
-    """The commit decision's ``UPDATE``, built once (``cas.guarded_template``)."""
+    """The commit decision's ``UPDATE``, built once."""
     return rows.returning_row(
-        cas.guarded_template(EpochStatus.PENDING, undecided=True).values(
-            commit_decided_at=db_now(), updated_at=db_now()
-        )
+        cas.guarded(EpochStatus.PENDING, undecided=True).values(commit_decided_at=db_now(), updated_at=db_now())
     )
 
 
 @functools.cache
 def _mark_statement() -> Update:
-    """The Committed mark's ``UPDATE``, built once (``cas.guarded_template``)."""
+    """The Committed mark's ``UPDATE``, built once."""
     return rows.returning_row(
-        cas.guarded_template(EpochStatus.PENDING).values(
+        cas.guarded(EpochStatus.PENDING).values(
             status=EpochStatus.COMMITTED.value,
             committed=bindparam("m_committed"),
             table_uuids=bindparam("m_uuids"),

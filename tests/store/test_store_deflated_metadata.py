@@ -13,7 +13,8 @@ from alembic import command
 
 from airflow_provider_exactly_once.core.errors import InvalidPreCommit
 from airflow_provider_exactly_once.core.status import EpochStatus
-from airflow_provider_exactly_once.store import SqlSinkStateStore, migrate, rows
+from airflow_provider_exactly_once.store import SqlSinkStateStore, migrate
+from tests.store.store_helpers import another_process
 from tests.support.builders import make_pre_commit
 
 EPOCH = 1_700_000_000_000
@@ -58,10 +59,10 @@ def test_a_write_is_stored_deflated_with_the_size_of_its_json_and_read_back_whol
         assert json_text == pre.to_json() and size == len(json_text.encode())
         assert len(packed) * 10 < size  # 200 descriptors alike but for their names
 
-        rows._parsed_cache.clear()  # as in a commit task's own process
-        row = store.get(sink_id, EPOCH)
-        assert row is not None and row.pre_commit == pre and row.pre_commit is not pre
-        assert store.epochs_with_status(sink_id, EpochStatus.PENDING)[0].pre_commit == pre
+        with another_process(fresh_url) as committing:  # as in a commit task's own process
+            row = committing.get(sink_id, EPOCH)
+            assert row is not None and row.pre_commit == pre and row.pre_commit is not pre
+            assert committing.epochs_with_status(sink_id, EpochStatus.PENDING)[0].pre_commit == pre
 
         second = make_pre_commit(sink_id, EPOCH, files=3)
         store.replace_write(
@@ -104,10 +105,10 @@ def test_the_migration_keeps_text_rows_readable_and_its_downgrade_inflates_the_d
         assert _stored(engine, sink_id, EPOCH)[2:] == (older.to_json(), None)  # not rewritten
         store.insert_pending(newer, run_id="r", try_number=1)
         assert _stored(engine, sink_id, EPOCH + 1)[2] is None
-        rows._parsed_cache.clear()
-        for pre in (older, newer):
-            row = store.get(sink_id, pre.epoch)
-            assert row is not None and row.pre_commit == pre
+        with another_process(fresh_url) as reading:
+            for pre in (older, newer):
+                row = reading.get(sink_id, pre.epoch)
+                assert row is not None and row.pre_commit == pre
     finally:
         store.dispose()
 
@@ -145,9 +146,8 @@ def test_a_damaged_or_foreign_row_names_the_epoch_and_what_to_do(
         packed = bytes(_stored(engine, sink_id, EPOCH)[3])
         other = zlib.compress(make_pre_commit(sink_id, EPOCH + 1).to_json().encode())
         _set_deflated(engine, sink_id, EPOCH, damage(packed, other))
-        rows._parsed_cache.clear()
-        with pytest.raises(InvalidPreCommit) as raised:
-            store.get(sink_id, EPOCH)
+        with another_process(fresh_url) as reading, pytest.raises(InvalidPreCommit) as raised:
+            reading.get(sink_id, EPOCH)
         message = str(raised.value)
         assert message.startswith(f"sink {sink_id!r} epoch {EPOCH}: the meta store's metadata of write {pre.write_id}")
         assert said in message and "restore that row from a backup" in message

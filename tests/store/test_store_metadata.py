@@ -12,7 +12,8 @@ import sqlalchemy as sa
 from alembic import command
 
 from airflow_provider_exactly_once.core.status import EpochStatus
-from airflow_provider_exactly_once.store import SqlSinkStateStore, migrate, rows
+from airflow_provider_exactly_once.store import SqlSinkStateStore, migrate
+from tests.store.store_helpers import another_process
 from tests.support.builders import make_pre_commit
 
 EPOCH = 1_700_000_000_000
@@ -77,7 +78,6 @@ def test_the_migration_moves_the_metadata_out_of_the_row_and_back(fresh_url: str
             (accented.epoch, accented.write_id, texts[accented.epoch]),
         ]
         assert [size for _, _, size, _ in moved] == [len(texts[e].encode()) for e, *_ in moved]
-        rows._parsed_cache.clear()  # read from the database, not from this process's memory
         for pre in (older, accented):
             row = store.get(pre.sink_id, pre.epoch)
             assert row is not None and row.pre_commit == pre
@@ -138,46 +138,53 @@ def test_a_first_persist_inserts_the_row_and_its_metadata_reading_only_the_clean
 
 @pytest.mark.parametrize(("run_id", "try_number", "dag_id"), [("scheduled__1", 2, "events_dag"), (None, None, None)])
 def test_the_record_a_first_persist_returns_is_the_row_as_read_back(
-    store: SqlSinkStateStore, sink_id: str, run_id: str | None, try_number: int | None, dag_id: str | None
+    store: SqlSinkStateStore,
+    meta_url: str,
+    sink_id: str,
+    run_id: str | None,
+    try_number: int | None,
+    dag_id: str | None,
 ) -> None:
     """The record is built from the values inserted and the timestamps the insert read back, not
     from the row read again: it must be what a read of the row gives, field by field."""
     pre = make_pre_commit(sink_id, EPOCH, files=4)
     inserted = store.insert_pending(pre, run_id=run_id, try_number=try_number, dag_id=dag_id)
     assert inserted.pre_commit is pre
-    read = _read_afresh(store, sink_id)
+    read = _read_afresh(meta_url, sink_id)
     assert read.pre_commit is not pre and read.pre_commit == pre
     assert inserted == read
     assert inserted.created_at == inserted.updated_at and inserted.created_at.tzinfo is not None
 
 
-def _read_afresh(store: SqlSinkStateStore, sink_id: str) -> Any:
-    rows._parsed_cache.clear()  # as in another process
-    return store.get(sink_id, EPOCH)
+def _read_afresh(meta_url: str, sink_id: str, epoch: int = EPOCH) -> Any:
+    with another_process(meta_url) as store:
+        return store.get(sink_id, epoch)
 
 
-def test_every_new_write_of_an_epoch_brings_its_own_metadata(store: SqlSinkStateStore, sink_id: str) -> None:
+def test_every_new_write_of_an_epoch_brings_its_own_metadata(
+    store: SqlSinkStateStore, meta_url: str, sink_id: str
+) -> None:
     """Replaced, re-opened, revised and a revision aborted: the row and its metadata name the same write."""
     first, second, third, fourth = (make_pre_commit(sink_id, EPOCH, files=n) for n in range(1, 5))
     store.insert_pending(first, run_id="r", try_number=1)
     store.replace_write(
         second, expected_status=EpochStatus.PENDING, expected_write_id=first.write_id, run_id="r", try_number=2
     )
-    assert _read_afresh(store, sink_id).pre_commit == second
+    assert _read_afresh(meta_url, sink_id).pre_commit == second
 
     store.decide_commit(sink_id, EPOCH, write_id=second.write_id)
     store.mark_committed(sink_id, EPOCH, write_id=second.write_id, committed={"db.events": "1"})
     store.reopen_committed(third, expected_write_id=second.write_id, run_id="r", try_number=3, reason="re-created")
-    assert _read_afresh(store, sink_id).pre_commit == third
+    assert _read_afresh(meta_url, sink_id).pre_commit == third
 
     store.decide_commit(sink_id, EPOCH, write_id=third.write_id)
     store.mark_committed(sink_id, EPOCH, write_id=third.write_id, committed={"db.events": "2"})
     store.revisions.open_revision(fourth, expected_write_id=third.write_id, run_id="r", try_number=4)
-    revision = _read_afresh(store, sink_id)
+    revision = _read_afresh(meta_url, sink_id)
     assert revision.pre_commit == fourth and revision.replaces.pre_commit == third
 
     store.revisions.abort_revision(sink_id, EPOCH, write_id=fourth.write_id, reason="given up")
-    restored = _read_afresh(store, sink_id)
+    restored = _read_afresh(meta_url, sink_id)
     assert (restored.status, restored.write_id, restored.pre_commit) == (EpochStatus.COMMITTED, third.write_id, third)
     assert [c.pre_commit for c in store.cleanups(sink_id)] == [first, fourth]
 
@@ -186,8 +193,7 @@ def test_every_new_write_of_an_epoch_brings_its_own_metadata(store: SqlSinkState
     store.replace_write(
         again, expected_status=EpochStatus.ABORTED, expected_write_id=aborted.write_id, run_id="r", try_number=1
     )
-    rows._parsed_cache.clear()
-    row = store.get(sink_id, EPOCH + 1)
+    row = _read_afresh(meta_url, sink_id, EPOCH + 1)
     assert row is not None and row.pre_commit == again
 
 
@@ -238,19 +244,19 @@ def test_a_read_that_meets_a_new_write_between_its_statements_returns_one_write_
     replaced: list[bool] = []
 
     def replace_in_between(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        if not replaced and statement.lstrip().startswith("SELECT epoch_metadata.metadata"):
+        if not replaced and "metadata_zlib" in statement:  # the statement reading the metadata
             replaced.append(True)
             other.replace_write(
                 second, expected_status=EpochStatus.PENDING, expected_write_id=first.write_id, run_id="r", try_number=2
             )
 
-    rows._parsed_cache.clear()  # as in another process: the metadata is fetched
-    sa.event.listen(store.engine, "before_cursor_execute", replace_in_between)
-    try:
-        row = store.get(sink_id, EPOCH)
-    finally:
-        sa.event.remove(store.engine, "before_cursor_execute", replace_in_between)
-        other.dispose()
+    with another_process(meta_url) as reading:  # it never parsed the write: the metadata is fetched
+        sa.event.listen(reading.engine, "before_cursor_execute", replace_in_between)
+        try:
+            row = reading.get(sink_id, EPOCH)
+        finally:
+            sa.event.remove(reading.engine, "before_cursor_execute", replace_in_between)
+            other.dispose()
     assert replaced
     assert row is not None and row.pre_commit.write_id == row.write_id
     assert row.pre_commit == (first if row.write_id == first.write_id else second)
