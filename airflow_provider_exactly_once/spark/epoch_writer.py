@@ -23,7 +23,6 @@ properties.
 
 from __future__ import annotations
 
-import functools
 import logging
 import re
 import sys
@@ -56,12 +55,14 @@ from airflow_provider_exactly_once.spark.changes import (
     read_changes,
     row_columns,
 )
-from airflow_provider_exactly_once.spark.file_writer import DESCRIPTOR_COLUMN, FileWriteConfig, spark_task
+from airflow_provider_exactly_once.spark.file_io import remove_tree
+from airflow_provider_exactly_once.spark.file_writer import ArrowFileWriter
 from airflow_provider_exactly_once.spark.inputs import read_input
 from airflow_provider_exactly_once.spark.jobspec import INPUT_VIEW, EpochJobSpec, IcebergTarget, TargetSpec
-from airflow_provider_exactly_once.spark.storage import remove_tree
+from airflow_provider_exactly_once.spark.parquet_writer import SparkParquetWriter
 from airflow_provider_exactly_once.spark.targets import ResolvedTarget, load_file_target, load_iceberg_target
 from airflow_provider_exactly_once.spark.upsert import Rewrite, check_key, copy_on_write, no_changes
+from airflow_provider_exactly_once.spark.writer_protocol import DataFileWriter, FileWrite
 
 ERROR_PREFIX = "EXACTLY-ONCE WRITE FAILED:"
 EXIT_OK, EXIT_FAILED, EXIT_BAD_SPEC = 0, 1, 2
@@ -269,26 +270,6 @@ def _align(spec: EpochJobSpec, target: ResolvedTarget, frame: DataFrame, carry: 
     return _Planned(aligned, plan)
 
 
-def _distribute(spec: EpochJobSpec, target: ResolvedTarget, planned: _Planned, target_file_size: int) -> DataFrame:
-    """The rows as the pyarrow writer needs them: a task closes its file whenever the partition
-    value changes, so rows of one value must be adjacent. An upsert knows how many rows it writes,
-    so its tasks are as many as files of the target size they fill."""
-    plan, aligned = planned.alignment, planned.frame
-    keys = target.spark_sort_keys(plan.write_schema, {c.target for c in plan.columns})
-    if planned.rewrite is not None:
-        rows_per_file = parquet_writer.rows_per_file(target_file_size, plan.write_schema)
-        return planned.rewrite.distributed(keys, rows_per_file, spec.writers)
-    if keys:
-        # Hash-partition by the partition values: each value goes to one task, so it becomes one
-        # file (or a few, past the target size) instead of one per input split.
-        spark = aligned.sparkSession
-        writers = spec.writers or int(spark.conf.get("spark.sql.shuffle.partitions") or "200")
-        aligned = aligned.repartition(writers, *keys).sortWithinPartitions(*keys)
-    elif spec.writers:
-        aligned = aligned.repartition(spec.writers)
-    return aligned
-
-
 def _empty_upsert(given: TargetSpec, target: ResolvedTarget) -> dict[str, Any]:
     """What an upsert epoch without input records: no changes, and the snapshot it saw, which a
     later revision of the epoch is planned at (``core.upsert_revisions``)."""
@@ -348,48 +329,39 @@ def _write_table(
 
 
 def _write_files(spec: EpochJobSpec, target: ResolvedTarget, planned: _Planned) -> list[DataFileDescriptor]:
-    """Spark's own Parquet writer where its files can be what the table needs (``parquet_writer``),
-    else the pyarrow writer on the executors: object stores, file sinks, list and map columns, and
-    upserts, whose rewrite reads and writes on the executors as one step."""
     plan = planned.alignment
-    file_spec = target.spec_for(plan.write_schema)
-    target_file_size = spec.target_file_size_bytes or target.target_file_size
-    reason = (
-        "a file sink"
-        if target.partition_style != "iceberg"
-        else "an upsert"
-        if planned.rewrite is not None
-        else parquet_writer.refusal(target.location, plan.write_schema, file_spec, target.write_properties)
-    )
-    if reason is None:
-        log.info("%s: Spark's Parquet writer writes the files", target.name)
-        return parquet_writer.write(
-            planned.frame,
-            parquet_writer.SparkParquetWrite(
-                location=target.location,
-                write_schema=plan.write_schema,
-                spec=file_spec,
-                table_properties=target.write_properties,
-                io_properties=target.io_properties,
-                checked_required=tuple(plan.checked_required),
-                target_file_size=target_file_size,
-                writers=spec.writers,
-            ),
-        )
-    log.info("%s: the pyarrow writer writes the files (%s)", target.name, reason)
-    config = FileWriteConfig(
+    write = FileWrite(
         location=target.location,
         write_schema=plan.write_schema,
-        spec=file_spec,
+        spec=target.spec_for(plan.write_schema),
         partition_style=target.partition_style,
         table_properties=target.write_properties,
         io_properties=target.io_properties,
         checked_required=tuple(plan.checked_required),
-        target_file_size=target_file_size,
+        target_file_size=spec.target_file_size_bytes or target.target_file_size,
+        writers=spec.writers,
     )
-    frame = _distribute(spec, target, planned, target_file_size)
-    rows = frame.mapInArrow(functools.partial(spark_task, config), f"{DESCRIPTOR_COLUMN} string").collect()
-    return [DataFileDescriptor.model_validate_json(row[0]) for row in rows]
+    return choose_writer(target.name, write, planned.rewrite).write(planned.frame, write)
+
+
+def choose_writer(table: str, write: FileWrite, rewrite: Rewrite | None) -> DataFileWriter:
+    """Which writer writes a table's files, and why: Spark's own Parquet writer wherever its files
+    can be what the table needs (``parquet_writer.refusal`` names where they cannot: object stores,
+    list and map columns, ...), else the pyarrow writer on the executors. A file sink's partition
+    directories are Hive-style, which only the pyarrow writer names, and an upsert's rewrite reads
+    and writes on the executors as one step."""
+    reason = (
+        "a file sink"
+        if write.partition_style != "iceberg"
+        else "an upsert"
+        if rewrite is not None
+        else parquet_writer.refusal(write.location, write.write_schema, write.spec, write.table_properties)
+    )
+    if reason is None:
+        log.info("%s: Spark's Parquet writer writes the files", table)
+        return SparkParquetWriter()
+    log.info("%s: the pyarrow writer writes the files (%s)", table, reason)
+    return ArrowFileWriter(rewrite)
 
 
 def _quote(name: str) -> str:

@@ -2,8 +2,8 @@
 
 It runs inside ``DataFrame.mapInArrow`` on the executors, so the footer statistics are computed
 where the footer was just written (from the closed writer's metadata, no read-back) and only the
-small descriptors travel to the driver. Pure pyarrow and pyiceberg: no Spark import at module level,
-which also lets the benchmark and tests drive it without a session.
+small descriptors travel to the driver. A task's work is pure pyarrow and pyiceberg
+(``write_task``), which also lets tests drive it without a session.
 
 A file holds exactly one partition value. Rows arrive sorted by a Spark key that groups them the way
 the partition transform does, so a task usually closes each file once; if equal partition values were
@@ -12,80 +12,76 @@ ever not adjacent, the result would be more files, never a file with two partiti
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import uuid
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import date, datetime
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyiceberg.io import load_file_io
 from pyiceberg.io.pyarrow import _get_parquet_writer_kwargs, schema_to_pyarrow
-from pyiceberg.partitioning import PartitionSpec, partition_record_value
-from pyiceberg.schema import Schema
-from pyiceberg.table import TableProperties
-from pyiceberg.transforms import (
-    DayTransform,
-    HourTransform,
-    IdentityTransform,
-    MonthTransform,
-    Transform,
-    VoidTransform,
-    YearTransform,
-)
+from pyiceberg.partitioning import partition_record_value
 from pyiceberg.typedef import Record
 from pyiceberg.types import DateType, IcebergType, TimestampType, TimestamptzType
 
-from airflow_provider_exactly_once.core.precommit import PartitionValue
+from airflow_provider_exactly_once.core.precommit import DataFileDescriptor, PartitionValue
 from airflow_provider_exactly_once.sinks.files import partition_path as hive_partition_path
 from airflow_provider_exactly_once.sinks.iceberg.descriptors import describe_parquet_file
+from airflow_provider_exactly_once.spark.partition_transforms import arrow_values, spark_sort_keys
+from airflow_provider_exactly_once.spark.writer_protocol import (
+    FileWrite,
+    RequiredColumnHasNulls,
+    required_nulls_message,
+    rows_per_file,
+)
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+    from airflow_provider_exactly_once.spark.upsert import Rewrite
 
 #: The single column ``mapInArrow`` returns: one descriptor (compact JSON) per row.
 DESCRIPTOR_COLUMN = "descriptor"
-DEFAULT_TARGET_FILE_SIZE = 512 * 1024 * 1024
 #: Batches are buffered to this many uncompressed bytes per row group: Spark hands over 10,000-row
 #: batches, and one row group each would make files with weak compression and many footers entries.
 ROW_GROUP_BYTES = 64 * 1024 * 1024
 
 
-class RequiredColumnHasNulls(ValueError):
-    """A required column received a null: the write fails, and its location is removed with it."""
-
-
-def required_nulls_message(name: str, count: int) -> str:
-    return f"required column {name!r} holds {count} null value(s); the table refuses them (filter or fill them in the input)"
-
-
 @dataclass(frozen=True)
-class FileWriteConfig:
-    """Everything a write task needs; pickled to the executors once per job."""
+class ArrowFileWriter:
+    """The pyarrow writer: rows handed to Python workers as Arrow, written there with pyarrow."""
 
-    location: str
-    write_schema: Schema
-    spec: PartitionSpec
-    #: ``iceberg``: partition values in Iceberg's internal representation, keyed by partition field
-    #: name; ``hive``: a file sink's identity partitions as readers of ``k=v`` directories expect.
-    partition_style: Literal["iceberg", "hive"]
-    table_properties: dict[str, str] = field(default_factory=dict)
-    io_properties: dict[str, str] = field(default_factory=dict)
-    checked_required: tuple[str, ...] = ()
-    target_file_size: int = DEFAULT_TARGET_FILE_SIZE
-    row_group_bytes: int = ROW_GROUP_BYTES
+    #: An upsert's copy-on-write, whose rows are spread over tasks by its expected size.
+    rewrite: Rewrite | None = None
 
-    @property
-    def row_group_rows(self) -> int:
-        return int(
-            self.table_properties.get(
-                TableProperties.PARQUET_ROW_GROUP_LIMIT, str(TableProperties.PARQUET_ROW_GROUP_LIMIT_DEFAULT)
-            )
-        )
+    def write(self, frame: DataFrame, write: FileWrite) -> list[DataFileDescriptor]:
+        frame = self._distribute(frame, write)
+        rows = frame.mapInArrow(functools.partial(spark_task, write), f"{DESCRIPTOR_COLUMN} string").collect()
+        return [DataFileDescriptor.model_validate_json(row[0]) for row in rows]
+
+    def _distribute(self, frame: DataFrame, write: FileWrite) -> DataFrame:
+        """A task closes its file whenever the partition value changes, so rows of one value must be
+        adjacent. An upsert knows how many rows it writes, so its tasks are as many as files of the
+        target size they fill."""
+        keys = spark_sort_keys(write.spec, write.write_schema, set(frame.columns))
+        if self.rewrite is not None:
+            size = rows_per_file(write.target_file_size, write.write_schema)
+            return self.rewrite.distributed(keys, size, write.writers)
+        if keys:
+            # Hash-partition by the partition values: each value goes to one task, so it becomes one
+            # file (or a few, past the target size) instead of one per input split.
+            shuffle = frame.sparkSession.conf.get("spark.sql.shuffle.partitions")
+            return frame.repartition(write.writers or int(shuffle or "200"), *keys).sortWithinPartitions(*keys)
+        return frame.repartition(write.writers) if write.writers else frame
 
 
-def write_task(config: FileWriteConfig, batches: Iterator[pa.RecordBatch], task: str) -> Iterator[pa.RecordBatch]:
+def write_task(config: FileWrite, batches: Iterator[pa.RecordBatch], task: str) -> Iterator[pa.RecordBatch]:
     """Write one task's rows; yield one single-row batch of descriptor JSON per closed file."""
     arrow_schema = schema_to_pyarrow(config.write_schema, include_field_ids=True)
     writer: _RollingFile | None = None
@@ -108,7 +104,7 @@ def _descriptor_batch(descriptor_json: str) -> pa.RecordBatch:
     return pa.RecordBatch.from_pydict({DESCRIPTOR_COLUMN: [descriptor_json]})
 
 
-def _conform(batch: pa.RecordBatch, schema: pa.Schema, config: FileWriteConfig) -> pa.RecordBatch:
+def _conform(batch: pa.RecordBatch, schema: pa.Schema, config: FileWrite) -> pa.RecordBatch:
     """The batch in the file's schema: field ids attached, absent optional columns as typed nulls."""
     for name in config.checked_required:
         column = batch.column(name)
@@ -126,7 +122,7 @@ def _conform(batch: pa.RecordBatch, schema: pa.Schema, config: FileWriteConfig) 
 
 
 def _split_by_partition(
-    batch: pa.RecordBatch, config: FileWriteConfig
+    batch: pa.RecordBatch, config: FileWrite
 ) -> Iterator[tuple[tuple[PartitionValue, ...], pa.RecordBatch]]:
     if not config.spec.fields:
         yield (), batch
@@ -136,7 +132,7 @@ def _split_by_partition(
         name = config.write_schema.find_column_name(partition_field.source_id)
         assert name is not None
         array = _column(batch, name)
-        transformed = transform_array(partition_field.transform, array)
+        transformed = arrow_values(partition_field.transform, array)
         if _single_value(transformed):
             columns.append([transformed[0].as_py()])
         else:
@@ -152,38 +148,6 @@ def _split_by_partition(
         if i == width or not _same(rows[i], rows[start]):
             yield _partition_key(config, list(rows[start])), batch.slice(start, i - start)
             start = i
-
-
-def transform_array(transform: Transform[Any, Any], array: pa.Array) -> pa.Array:
-    """Partition values of a column, computed with pyarrow alone.
-
-    pyiceberg 0.12 needs the optional ``pyiceberg-core`` (Rust) for its temporal ``pyarrow_transform``;
-    these four are simple enough to compute exactly here: floor to the unit in UTC, then count units
-    since 1970 (day and hour by exact division of the floored microseconds, which is also right for
-    instants before 1970).
-    """
-    if isinstance(transform, IdentityTransform):
-        return array
-    if isinstance(transform, VoidTransform):
-        return pa.nulls(len(array), type=pa.int32())
-    if pa.types.is_timestamp(array.type):
-        naive = array.cast(pa.int64()).cast(pa.timestamp("us"))
-    elif pa.types.is_date(array.type):
-        naive = array.cast(pa.date32()).cast(pa.timestamp("us"))
-    else:
-        raise TypeError(f"transform {transform} needs a date or timestamp column, not {array.type}")
-    if isinstance(transform, YearTransform):
-        return pc.subtract(pc.year(naive), 1970).cast(pa.int32())
-    if isinstance(transform, MonthTransform):
-        months = pc.add(pc.multiply(pc.subtract(pc.year(naive), 1970), 12), pc.subtract(pc.month(naive), 1))
-        return months.cast(pa.int32())
-    units: dict[type[Any], tuple[str, int]] = {
-        DayTransform: ("day", 86_400_000_000),
-        HourTransform: ("hour", 3_600_000_000),
-    }
-    unit, micros = units[type(transform)]
-    floored = pc.floor_temporal(naive, unit=unit).cast(pa.int64())
-    return pc.divide(floored, micros).cast(pa.int32())
 
 
 def _column(batch: pa.RecordBatch, dotted: str) -> pa.Array:
@@ -212,7 +176,7 @@ def _same(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
     )
 
 
-def _partition_key(config: FileWriteConfig, values: Sequence[Any]) -> tuple[PartitionValue, ...]:
+def _partition_key(config: FileWrite, values: Sequence[Any]) -> tuple[PartitionValue, ...]:
     key: list[PartitionValue] = []
     for partition_field, value in zip(config.spec.fields, values, strict=True):
         if config.partition_style == "iceberg":
@@ -237,7 +201,7 @@ def _hive_value(source: IcebergType, value: Any) -> PartitionValue:
 class _RollingFile:
     """One open Parquet file for one partition value, with buffered row groups."""
 
-    def __init__(self, config: FileWriteConfig, schema: pa.Schema, key: tuple[PartitionValue, ...], task: str):
+    def __init__(self, config: FileWrite, schema: pa.Schema, key: tuple[PartitionValue, ...], task: str):
         self.config = config
         self.key = key
         self.task = task
@@ -275,7 +239,7 @@ class _RollingFile:
         self._buffer.append(batch)
         self._buffered_bytes += batch.nbytes
         self._buffered_rows += batch.num_rows
-        if self._buffered_bytes >= self.config.row_group_bytes or self._buffered_rows >= self.config.row_group_rows:
+        if self._buffered_bytes >= ROW_GROUP_BYTES or self._buffered_rows >= self.config.row_group_rows:
             self._flush()
 
     def _flush(self) -> None:
@@ -303,7 +267,7 @@ class _RollingFile:
         return json.dumps(descriptor.model_dump(mode="json", exclude_defaults=True), separators=(",", ":"))
 
 
-def spark_task(config: FileWriteConfig, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+def spark_task(config: FileWrite, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """The ``mapInArrow`` function: names the writer after the Spark partition and attempt, so a
     retried or speculative attempt never writes over the files of another."""
     from pyspark import TaskContext

@@ -21,6 +21,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from airflow_provider_exactly_once.core.errors import ExactlyOnceError, InvalidSinkConfig
+from airflow_provider_exactly_once.spark.file_io import is_object_store, storage_properties
 from airflow_provider_exactly_once.spark.jobspec import (
     EpochJobSpec,
     FilesInput,
@@ -30,7 +31,6 @@ from airflow_provider_exactly_once.spark.jobspec import (
     TableInput,
 )
 from airflow_provider_exactly_once.spark.object_inputs import list_object_files, read_object_files
-from airflow_provider_exactly_once.spark.storage import is_object_store, storage_properties
 
 #: Up to this many input files are listed in the source positions; beyond, a count and a digest,
 #: so that a huge landing directory cannot blow up the pre-commit metadata that travels by XCom.

@@ -40,7 +40,7 @@ import functools
 import posixpath
 import re
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow.parquet as pq
@@ -48,21 +48,10 @@ from pyiceberg.io import load_file_io
 from pyiceberg.partitioning import PartitionSpec
 from pyiceberg.schema import Schema
 from pyiceberg.table import TableProperties
-from pyiceberg.transforms import (
-    DayTransform,
-    HourTransform,
-    IdentityTransform,
-    MonthTransform,
-    Transform,
-    VoidTransform,
-    YearTransform,
-)
+from pyiceberg.transforms import IdentityTransform, Transform, VoidTransform
 from pyiceberg.types import (
-    BinaryType,
     BooleanType,
     DateType,
-    DecimalType,
-    FloatType,
     IcebergType,
     IntegerType,
     ListType,
@@ -80,8 +69,14 @@ from pyspark.sql import types as st
 from airflow_provider_exactly_once.core.precommit import DataFileDescriptor, PartitionValue
 from airflow_provider_exactly_once.sinks.iceberg.descriptors import describe_parquet_file
 from airflow_provider_exactly_once.spark.alignment import iceberg_to_spark
-from airflow_provider_exactly_once.spark.file_writer import RequiredColumnHasNulls, required_nulls_message
-from airflow_provider_exactly_once.spark.storage import driver_filesystem, is_object_store
+from airflow_provider_exactly_once.spark.file_io import driver_filesystem, is_object_store
+from airflow_provider_exactly_once.spark.partition_transforms import spark_value
+from airflow_provider_exactly_once.spark.writer_protocol import (
+    FileWrite,
+    RequiredColumnHasNulls,
+    required_nulls_message,
+    rows_per_file,
+)
 
 #: What Spark writes for a null partition value (it is not configurable).
 NULL_DIRECTORY = "__HIVE_DEFAULT_PARTITION__"
@@ -99,8 +94,6 @@ _CODECS = {
 }
 #: Iceberg's table property for how rows are spread over write tasks (``none``, ``hash``, ``range``).
 DISTRIBUTION_MODE = "write.distribution-mode"
-_DAY_MICROS = 86_400_000_000
-_HOUR_MICROS = 3_600_000_000
 _IDENTITY_SOURCES = (BooleanType, IntegerType, LongType, StringType, DateType, TimestampType, TimestamptzType)
 _PART_FILE = re.compile(r"^part-(\d+)-")
 #: Up to this many files are described on the driver: a Spark job costs a tenth of a second or more
@@ -142,39 +135,26 @@ def _unwritable(iceberg: IcebergType) -> str | None:
     return None
 
 
-@dataclass(frozen=True)
-class SparkParquetWrite:
-    """One table's write by Spark; the parts the describing tasks need are pickled to the executors."""
+class SparkParquetWriter:
+    """Spark's own Parquet writer, for the tables ``refusal`` finds nothing against."""
 
-    location: str
-    write_schema: Schema
-    spec: PartitionSpec
-    table_properties: dict[str, str] = field(default_factory=dict)
-    io_properties: dict[str, str] = field(default_factory=dict)
-    checked_required: tuple[str, ...] = ()
-    target_file_size: int = 512 * 1024 * 1024
-    #: Tasks to write with, rows hash-distributed by partition value; ``None``: as the input comes.
-    writers: int | None = None
-
-
-def write(frame: DataFrame, config: SparkParquetWrite) -> list[DataFileDescriptor]:
-    """Write ``frame`` (aligned to the write schema) below the write location; describe its files."""
-    spark = frame.sparkSession
-    columns, values = _file_columns(frame, config.write_schema)
-    partitions = _partition_columns(config, values)
-    out = frame.select(*columns.values(), *[p.column.alias(p.directory) for p in partitions])
-    keys = [F.col(_quote(p.directory)) for p in partitions]
-    distribution = config.table_properties.get(DISTRIBUTION_MODE, "none")
-    if config.writers is not None:
-        out = out.repartition(config.writers, *keys)
-    elif keys and distribution in ("hash", "range"):
-        out = out.repartition(*keys)
-    writer = out.write.options(**_writer_options(config)).mode("errorifexists")
-    if partitions:
-        writer = writer.partitionBy(*[p.directory for p in partitions])
-    with session_conf(spark, SESSION_CONF):
-        writer.parquet(config.location)
-    return _describe(spark, config, partitions)
+    def write(self, frame: DataFrame, write: FileWrite) -> list[DataFileDescriptor]:
+        spark = frame.sparkSession
+        columns, values = _file_columns(frame, write.write_schema)
+        partitions = _partition_columns(write, values)
+        out = frame.select(*columns.values(), *[p.column.alias(p.directory) for p in partitions])
+        keys = [F.col(_quote(p.directory)) for p in partitions]
+        distribution = write.table_properties.get(DISTRIBUTION_MODE, "none")
+        if write.writers is not None:
+            out = out.repartition(write.writers, *keys)
+        elif keys and distribution in ("hash", "range"):
+            out = out.repartition(*keys)
+        writer = out.write.options(**_writer_options(write)).mode("errorifexists")
+        if partitions:
+            writer = writer.partitionBy(*[p.directory for p in partitions])
+        with session_conf(spark, SESSION_CONF):
+            writer.parquet(write.location)
+        return _describe(spark, write, partitions)
 
 
 #: Session settings the Parquet writer reads from the session alone: Iceberg's timestamps are
@@ -217,7 +197,7 @@ _PARQUET_OPTIONS = {
 }
 
 
-def _writer_options(config: SparkParquetWrite) -> dict[str, str]:
+def _writer_options(config: FileWrite) -> dict[str, str]:
     """The table's Parquet properties as Spark's writer options (they reach the job's Hadoop conf).
 
     Only the properties the table sets: parquet-java's own defaults are Iceberg's (128 MiB row
@@ -240,29 +220,6 @@ def _writer_options(config: SparkParquetWrite) -> dict[str, str]:
         }
     )
     return options
-
-
-def rows_per_file(target_file_size: int, write_schema: Schema) -> int:
-    """How many rows fill a file of the target size: the target over Spark's estimate of a row's
-    uncompressed size. Spark's writer rolls files by rows alone, and an upsert sizes its write tasks
-    by it before the pyarrow writer, which rolls on uncompressed bytes, writes them."""
-    return max(1, target_file_size // _row_size(write_schema.as_struct()))
-
-
-def _row_size(iceberg: IcebergType) -> int:
-    """Spark's estimate of a value's uncompressed size (``DataType.defaultSize``): 20 bytes a string,
-    100 a binary, the width of everything else."""
-    if isinstance(iceberg, StructType):
-        return max(1, sum(_row_size(f.field_type) for f in iceberg.fields))
-    if isinstance(iceberg, StringType):
-        return 20
-    if isinstance(iceberg, BinaryType):
-        return 100
-    if isinstance(iceberg, DecimalType):
-        return 8 if iceberg.precision <= 18 else 16
-    if isinstance(iceberg, BooleanType):
-        return 1
-    return 4 if isinstance(iceberg, IntegerType | DateType | FloatType) else 8
 
 
 def _quote(name: str) -> str:
@@ -319,7 +276,7 @@ class _PartitionColumn:
     kind: str
 
 
-def _partition_columns(config: SparkParquetWrite, columns: Mapping[str, Column]) -> list[_PartitionColumn]:
+def _partition_columns(config: FileWrite, columns: Mapping[str, Column]) -> list[_PartitionColumn]:
     taken = {name.lower() for name in columns}
     result = []
     for partition_field in config.spec.fields:
@@ -337,58 +294,26 @@ def _partition_columns(config: SparkParquetWrite, columns: Mapping[str, Column])
         while directory.lower() in taken:
             directory += "_"
         taken.add(directory.lower())
-        value, kind = partition_value(transform, source_type, source)
+        value = spark_value(transform, source_type, source)
+        kind = _kind(transform, source_type)
+        if kind == "str":
+            value = F.concat(F.lit(STRING_PREFIX), value)
         result.append(_PartitionColumn(partition_field.name, directory, value, kind))
     return result
 
 
-def partition_value(transform: Transform[Any, Any], source_type: IcebergType, source: Column) -> tuple[Column, str]:
-    """A Spark expression for the Iceberg partition value of ``source``, independent of the session
-    time zone, and how its directory name reads back."""
-    if isinstance(transform, IdentityTransform):
-        if isinstance(source_type, StringType):
-            return F.concat(F.lit(STRING_PREFIX), source), "str"
-        if isinstance(source_type, BooleanType):
-            return source, "bool"
-        if isinstance(source_type, DateType):
-            return F.unix_date(source), "int"
-        if isinstance(source_type, TimestampType | TimestamptzType):
-            return _micros(source_type, source), "int"
-        return source, "int"
-    if isinstance(source_type, DateType):
-        days = F.unix_date(source)
-        date = source
-    else:
-        micros = _micros(source_type, source)
-        if isinstance(transform, HourTransform):
-            return _floor_div(micros, _HOUR_MICROS), "int"
-        days = _floor_div(micros, _DAY_MICROS)
-        date = F.date_from_unix_date(days)
-    if isinstance(transform, DayTransform):
-        return days.cast("int"), "int"
-    if isinstance(transform, MonthTransform):
-        return ((F.year(date) - 1970) * 12 + F.month(date) - 1).cast("int"), "int"
-    if isinstance(transform, YearTransform):
-        return (F.year(date) - 1970).cast("int"), "int"
-    raise TypeError(f"transform {transform} is not written by Spark's writer")  # pragma: no cover - refused
-
-
-def _micros(source_type: IcebergType, source: Column) -> Column:
-    if isinstance(source_type, TimestamptzType):
-        return F.unix_micros(source)
-    # timestamp without zone: microseconds of its wall-clock time since 1970-01-01 00:00, which is
-    # what Iceberg stores; no session time zone is involved.
-    return F.timestamp_diff("MICROSECOND", F.lit("1970-01-01 00:00:00").cast("timestamp_ntz"), source)
-
-
-def _floor_div(micros: Column, unit: int) -> Column:
-    """Exact floor division of a 64-bit count: the difference is a multiple of ``unit``, and the
-    quotient (below 2^31) survives the double division within far less than 0.5."""
-    return F.round((micros - F.pmod(micros, F.lit(unit))) / F.lit(unit)).cast("int")
+def _kind(transform: Transform[Any, Any], source_type: IcebergType) -> str:
+    """How a partition value's directory name reads back: every value is an integer but an identity
+    string's or boolean's."""
+    if isinstance(transform, IdentityTransform) and isinstance(source_type, StringType):
+        return "str"
+    if isinstance(transform, IdentityTransform) and isinstance(source_type, BooleanType):
+        return "bool"
+    return "int"
 
 
 def _describe(
-    spark: SparkSession, config: SparkParquetWrite, partitions: Sequence[_PartitionColumn]
+    spark: SparkSession, config: FileWrite, partitions: Sequence[_PartitionColumn]
 ) -> list[DataFileDescriptor]:
     files = _committed_files(config, partitions)
     if not files:
@@ -421,7 +346,7 @@ def _describe(
 
 
 def _committed_files(
-    config: SparkParquetWrite, partitions: Sequence[_PartitionColumn]
+    config: FileWrite, partitions: Sequence[_PartitionColumn]
 ) -> list[tuple[str, int, dict[str, PartitionValue]]]:
     """Every data file the job committed, with its size and partition; Spark's commit put exactly the
     files of one successful attempt per task here and removed its ``_temporary`` folder."""
@@ -469,7 +394,7 @@ def _unescape(text: str) -> str:
 
 
 def _describe_files(
-    config: SparkParquetWrite, files: Iterator[tuple[str, int, dict[str, PartitionValue]]]
+    config: FileWrite, files: Iterator[tuple[str, int, dict[str, PartitionValue]]]
 ) -> Iterator[tuple[str, dict[str, int]]]:
     """Each file's descriptor from its footer, and the nulls of the required columns Spark could not
     prove non-null (the footer counts them per column chunk); on the executors, or on the driver."""

@@ -16,51 +16,15 @@ from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
 from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.schema import Schema
 from pyiceberg.table import TableProperties
-from pyiceberg.transforms import (
-    DayTransform,
-    HourTransform,
-    IdentityTransform,
-    MonthTransform,
-    Transform,
-    VoidTransform,
-    YearTransform,
-)
-from pyiceberg.types import (
-    BooleanType,
-    DateType,
-    DoubleType,
-    FloatType,
-    IntegerType,
-    LongType,
-    StringType,
-    TimestampType,
-    TimestamptzType,
-)
+from pyiceberg.transforms import IdentityTransform
 
 from airflow_provider_exactly_once.core.errors import InvalidSinkConfig, SchemaMismatch, UnknownTable
 from airflow_provider_exactly_once.sinks.layout import iceberg_data_root, iceberg_write_location
-from airflow_provider_exactly_once.spark.file_writer import DEFAULT_TARGET_FILE_SIZE
+from airflow_provider_exactly_once.spark.file_io import storage_properties
 from airflow_provider_exactly_once.spark.jobspec import FileSinkTarget, IcebergTarget
-from airflow_provider_exactly_once.spark.storage import storage_properties
+from airflow_provider_exactly_once.spark.partition_transforms import IDENTITY_SOURCES, check_spec
+from airflow_provider_exactly_once.spark.writer_protocol import DEFAULT_TARGET_FILE_SIZE
 
-#: Source types whose identity partition value fits the pre-commit's JSON scalars.
-_IDENTITY_SOURCES = (
-    BooleanType,
-    IntegerType,
-    LongType,
-    FloatType,
-    DoubleType,
-    StringType,
-    DateType,
-    TimestampType,
-    TimestamptzType,
-)
-_TEMPORAL: dict[type[Any], str] = {
-    YearTransform: "year",
-    MonthTransform: "month",
-    DayTransform: "day",
-    HourTransform: "hour",
-}
 FILE_SINK_PARTITION_FIELD_ID = 1000
 
 
@@ -105,50 +69,11 @@ class ResolvedTarget:
         for name in self.partition_by:
             if name not in names:
                 raise SchemaMismatch(f"file sink {self.name!r}: partition column {name!r} is not in the input")
-            if not isinstance(names[name].field_type, _IDENTITY_SOURCES):
+            if not isinstance(names[name].field_type, IDENTITY_SOURCES):
                 raise SchemaMismatch(
                     f"file sink {self.name!r}: partition column {name!r} has type {names[name].field_type}; "
                     "partition directories take boolean, integer, floating, string, date or timestamp values"
                 )
-
-    def spark_sort_keys(self, write_schema: Schema, present: set[str]) -> list[Any]:
-        """Spark expressions that group rows exactly as the partition transforms do (session time
-        zone UTC), to shuffle and sort by before the write; a transform whose source column is not
-        in the input (all nulls) needs no key."""
-        from pyspark.sql import functions as F
-
-        keys = []
-        for partition_field in self.spec_for(write_schema).fields:
-            name = write_schema.find_column_name(partition_field.source_id)
-            if name is None or name.split(".")[0] not in present:
-                continue
-            column = F.col(".".join("`" + p.replace("`", "``") + "`" for p in name.split(".")))
-            transform = partition_field.transform
-            if isinstance(transform, IdentityTransform):
-                keys.append(column)
-            elif type(transform) in _TEMPORAL:
-                keys.append(F.date_trunc(_TEMPORAL[type(transform)], column))
-        return keys
-
-
-def _check_spec(table: str, spec: PartitionSpec, schema: Schema) -> None:
-    faults = []
-    for partition_field in spec.fields:
-        transform: Transform[Any, Any] = partition_field.transform
-        source = schema.find_field(partition_field.source_id)
-        if isinstance(transform, IdentityTransform):
-            if not isinstance(source.field_type, _IDENTITY_SOURCES):
-                faults.append(
-                    f"identity partition field {partition_field.name!r} on {source.field_type} column "
-                    f"{source.name!r} (supported: boolean, int, long, float, double, string, date, timestamp)"
-                )
-        elif type(transform) not in _TEMPORAL and not isinstance(transform, VoidTransform):
-            faults.append(f"partition field {partition_field.name!r} uses transform {transform}")
-    if faults:
-        raise InvalidSinkConfig(
-            f"table {table!r} is partitioned in a way the epoch writer cannot write: {'; '.join(faults)}; "
-            "it writes identity, year, month, day and hour partitions"
-        )
 
 
 def load_iceberg_target(target: IcebergTarget, write_id: str) -> ResolvedTarget:
@@ -159,7 +84,7 @@ def load_iceberg_target(target: IcebergTarget, write_id: str) -> ResolvedTarget:
         raise UnknownTable(f"catalog {target.catalog_name!r} has no table {target.table!r}: {exc}") from None
     schema = table.schema()
     spec = table.spec()
-    _check_spec(target.table, spec, schema)
+    check_spec(target.table, spec, schema)
     properties = dict(table.properties)
     data_root = iceberg_data_root(table.location(), properties)
     return ResolvedTarget(

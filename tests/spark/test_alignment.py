@@ -1,15 +1,12 @@
-"""Schema alignment and partition transforms decided without a Spark session."""
+"""Schema alignment and job specs decided without a Spark session."""
 
 from __future__ import annotations
 
 import datetime as dt
 
-import pyarrow as pa
 import pytest
 from pyiceberg.schema import Schema
-from pyiceberg.transforms import DayTransform, HourTransform, MonthTransform, YearTransform
 from pyiceberg.types import (
-    DateType,
     DecimalType,
     DoubleType,
     IntegerType,
@@ -18,14 +15,12 @@ from pyiceberg.types import (
     NestedField,
     StringType,
     StructType,
-    TimestamptzType,
     UUIDType,
 )
 from pyspark.sql import types as st
 
 from airflow_provider_exactly_once.core.errors import InvalidSinkConfig, SchemaMismatch
 from airflow_provider_exactly_once.spark.alignment import plan_alignment
-from airflow_provider_exactly_once.spark.file_writer import transform_array
 from airflow_provider_exactly_once.spark.jobspec import EpochJobSpec, FilesInput
 
 TABLE = Schema(
@@ -133,26 +128,6 @@ def test_types_spark_cannot_produce_are_refused_but_may_be_missing() -> None:
         frame(st.StructField("id", st.LongType())), schema, table="t", last_column_id=2, allow_schema_evolution=False
     )
     assert [c.target for c in ok.columns] == ["id"]
-
-
-@pytest.mark.parametrize("transform", [YearTransform(), MonthTransform(), DayTransform(), HourTransform()])
-def test_temporal_transforms_match_iceberg(transform: object) -> None:
-    instants = [
-        dt.datetime(1969, 12, 31, 23, 59, 59, 999999, tzinfo=dt.UTC),
-        dt.datetime(1970, 1, 1, tzinfo=dt.UTC),
-        dt.datetime(2024, 2, 29, 23, 30, tzinfo=dt.UTC),
-        dt.datetime(1900, 3, 1, 1, tzinfo=dt.UTC),
-        None,
-    ]
-    epoch = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
-    micros = [None if t is None else (t - epoch) // dt.timedelta(microseconds=1) for t in instants]
-    expected = [transform.transform(TimestamptzType())(m) for m in micros]  # type: ignore[attr-defined]
-    got = transform_array(transform, pa.array(instants, pa.timestamp("us", tz="UTC")))  # type: ignore[arg-type]
-    assert got.to_pylist() == expected
-    if not isinstance(transform, HourTransform):
-        days = [None if t is None else (t.date() - epoch.date()).days for t in instants]
-        dates = pa.array([None if t is None else t.date() for t in instants], pa.date32())
-        assert transform_array(transform, dates).to_pylist() == [transform.transform(DateType())(d) for d in days]  # type: ignore[arg-type, attr-defined]
 
 
 def test_path_template_expansion() -> None:

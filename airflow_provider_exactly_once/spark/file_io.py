@@ -9,7 +9,7 @@ removing a failed write's folder). Both are configured from the same FileIO prop
 (``s3.endpoint``, ``s3.access-key-id``, ...), which is also how the committer reaches the table, so
 writer and committer cannot disagree about where a file is or who may read it.
 
-The properties travel to the executors inside the pickled task (``FileWriteConfig``, the input
+The properties travel to the executors inside the pickled task (``FileWrite``, the input
 readers' closures), never through Spark configuration, environment variables or the command line:
 an executor on another host gets them from the job spec and from nowhere else.
 """
