@@ -11,7 +11,7 @@ the cluster's DAGs folder. The differences from the example, each for a reason:
   ``spark-submit``, used by the scenarios that kill the Spark write;
 - the light writer reaches the fault point ``write.files_written`` (after its files exist, before
   it returns them), so a plan can kill a write that left files behind;
-- no ``hour_settled`` gate before the write: the harness lands every hour's files before the run
+- no settled gate (``wait_until_settled``) before the write: the harness lands every hour's files before the run
   and only the markers arrive late, so the epoch's own sensor is the one that waits;
 - short retry delays and poke intervals, so that recovery from a fault takes seconds;
 - an unpartitioned table (partitioning is not what the harness tests);
