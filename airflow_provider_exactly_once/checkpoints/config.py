@@ -10,17 +10,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from airflow_provider_exactly_once.checkpoints._fs import (
-    aresolve_storage_options,
-    check_storage_conn_id,
-    refuse_secret_options,
-    resolve_storage_options,
-)
 from airflow_provider_exactly_once.checkpoints.markers import MarkerFileCheckpointSource
 from airflow_provider_exactly_once.checkpoints.metastore import CheckpointTable, MetaStoreCheckpointSource
 from airflow_provider_exactly_once.checkpoints.streaming import StructuredStreamingCheckpointSource
 from airflow_provider_exactly_once.core.errors import InvalidSinkConfig
 from airflow_provider_exactly_once.core.redact import mask_userinfo
+from airflow_provider_exactly_once.filesystems import (
+    check_storage_conn_id,
+    given_storage_options,
+    refuse_secret_options,
+)
 
 if TYPE_CHECKING:
     from airflow_provider_exactly_once.core.ports import CheckpointSource
@@ -47,28 +46,24 @@ class _StoredOnObjectStorage:
     """What the file-based checkpoints share: credentials named by a connection, read late.
 
     ``storage_conn_id`` (an Airflow connection of type ``aws``) is resolved only where the source is
-    built to be read: the sensor's task, the triggerer, the recovery run. ``__post_init__`` builds
-    a source too, to validate, but with the non-secret ``storage_options`` alone, so parsing a DAG
+    built to be read (the sensor's task, the triggerer, the recovery run), by the runtime
+    (``runtime.storage_options``), which hands the result to ``source``. ``__post_init__`` builds a
+    source too, to validate, but with the non-secret ``storage_options`` alone, so parsing a DAG
     never reads a connection.
     """
 
     storage_options: Mapping[str, Any]
     storage_conn_id: str | None
+    kind: str
 
     def _check_storage(self, what: str) -> None:
         object.__setattr__(self, "storage_options", refuse_secret_options(self.storage_options, what=what))
         check_storage_conn_id(self.storage_conn_id, what=what)
 
-    def resolve_storage_options(self) -> dict[str, Any]:
-        """The filesystem's options with the connection's credentials."""
-        return resolve_storage_options(self.storage_options, self.storage_conn_id)
-
-    async def aresolve_storage_options(self) -> dict[str, Any]:
-        """``resolve_storage_options`` for the triggerer's event loop."""
-        return await aresolve_storage_options(self.storage_options, self.storage_conn_id)
-
     def _options(self, storage_options: Mapping[str, Any] | None) -> Mapping[str, Any]:
-        return self.resolve_storage_options() if storage_options is None else storage_options
+        return given_storage_options(
+            self.storage_options, self.storage_conn_id, storage_options, what=f"{self.kind} checkpoint"
+        )
 
     def _storage_dict(self) -> dict[str, Any]:
         return {
@@ -96,7 +91,7 @@ class MarkerFileCheckpoint(_StoredOnObjectStorage):
     def source(
         self, table: CheckpointTable | None = None, *, storage_options: Mapping[str, Any] | None = None
     ) -> CheckpointSource:
-        """``storage_options``: already resolved by the caller; by default the connection is read now."""
+        """``storage_options``: resolved by the runtime when ``storage_conn_id`` names a connection."""
         return MarkerFileCheckpointSource(
             self.path_template,
             success_marker=self.success_marker,
@@ -130,7 +125,7 @@ class StreamingCheckpoint(_StoredOnObjectStorage):
     def source(
         self, table: CheckpointTable | None = None, *, storage_options: Mapping[str, Any] | None = None
     ) -> CheckpointSource:
-        """``storage_options``: already resolved by the caller; by default the connection is read now."""
+        """``storage_options``: resolved by the runtime when ``storage_conn_id`` names a connection."""
         return StructuredStreamingCheckpointSource(
             self.checkpoint_location, storage_options=self._options(storage_options)
         )

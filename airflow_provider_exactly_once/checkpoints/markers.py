@@ -11,9 +11,9 @@ import asyncio
 from collections.abc import Mapping
 from typing import Any
 
-from airflow_provider_exactly_once.checkpoints._fs import FsLookup, PathTemplate, refuse_credentials
 from airflow_provider_exactly_once.core.errors import InvalidSinkConfig
 from airflow_provider_exactly_once.core.status import CheckpointStatus
+from airflow_provider_exactly_once.filesystems import FsLookup, PathTemplate, refuse_credentials
 
 __all__ = ["MarkerFileCheckpointSource"]
 

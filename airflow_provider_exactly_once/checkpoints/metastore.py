@@ -10,9 +10,9 @@ from __future__ import annotations
 import asyncio
 from typing import Protocol, runtime_checkable
 
-from airflow_provider_exactly_once.checkpoints._fs import PathTemplate
 from airflow_provider_exactly_once.core.errors import InvalidSinkConfig
 from airflow_provider_exactly_once.core.status import CheckpointStatus
+from airflow_provider_exactly_once.filesystems import PathTemplate
 
 __all__ = ["CheckpointTable", "MetaStoreCheckpointSource"]
 

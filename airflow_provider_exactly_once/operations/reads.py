@@ -23,6 +23,7 @@ from airflow_provider_exactly_once.core.ports import EpochRecord
 from airflow_provider_exactly_once.core.redact import mask_userinfo
 from airflow_provider_exactly_once.core.status import EpochStatus
 from airflow_provider_exactly_once.operations.views import CheckpointView, EpochView, RevisionView, SinkSummary
+from airflow_provider_exactly_once.runtime.storage_options import checkpoint_source
 from airflow_provider_exactly_once.store import SqlSinkStateStore
 from airflow_provider_exactly_once.store.queries import (
     MAX_PAGE,
@@ -171,7 +172,7 @@ class SinkReads:
         kind = str((checkpoint or {}).get("kind", MetaStoreCheckpoint.kind))
         try:
             config = MetaStoreCheckpoint() if checkpoint is None else checkpoint_config_from_dict(checkpoint)
-            status = config.source(self.store.checkpoints).status(sink_id, epoch)
+            status = checkpoint_source(config, self.store.checkpoints).status(sink_id, epoch)
         except Exception as exc:  # a source that cannot answer (or be built) is shown, not raised: it is a view
             return CheckpointView(sink_id, epoch, None, mask_userinfo(f"{type(exc).__name__}: {exc}"), kind)
         return CheckpointView(sink_id, epoch, status.value, None, kind)

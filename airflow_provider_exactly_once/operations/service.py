@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from airflow_provider_exactly_once.checkpoints.config import CheckpointConfig, MetaStoreCheckpoint
+from airflow_provider_exactly_once.checkpoints.config import CheckpointConfig
 from airflow_provider_exactly_once.core.decisions import Action, abort_decision, commit_decision, recovery_decision
 from airflow_provider_exactly_once.core.errors import (
     EpochNotFound,
@@ -37,6 +37,8 @@ from airflow_provider_exactly_once.core.status import EpochStatus
 from airflow_provider_exactly_once.defaults import DEFAULT_META_CONN_ID, DEFAULT_ORPHAN_GRACE
 from airflow_provider_exactly_once.operations.reads import InvalidRequest, SinkNotFound, SinkReads
 from airflow_provider_exactly_once.operations.views import ActionResult, describe_write
+from airflow_provider_exactly_once.runtime.storage_options import checkpoint_source, resolved_storage_options
+from airflow_provider_exactly_once.sinks.config import FileSinkConfig
 from airflow_provider_exactly_once.store import SqlSinkStateStore
 
 if TYPE_CHECKING:
@@ -268,7 +270,7 @@ class SinkOperations(SinkReads):
 
     def _recovery_plan(self, sink: SinkConfig, checkpoint: CheckpointConfig | None) -> ActionResult:
         sink_id = sink.sink_id
-        source = (checkpoint or MetaStoreCheckpoint()).source(self.store.checkpoints)
+        source = checkpoint_source(checkpoint, self.store.checkpoints)
         commit: list[int] = []
         abort: list[int] = []
         waiting: list[int] = []
@@ -407,7 +409,7 @@ class SinkOperations(SinkReads):
     def _checkpoints(self, sink_id: str) -> CheckpointSource:
         """The sink's checkpoint source, as its coordinator has it (``runtime.assembly``)."""
         _, checkpoint = self._registration(sink_id)
-        return (checkpoint or MetaStoreCheckpoint()).source(self.store.checkpoints)
+        return checkpoint_source(checkpoint, self.store.checkpoints)
 
     def _cleanup_plan(self, tasks: Sequence[CleanupTask]) -> str:
         if not tasks:
@@ -427,10 +429,13 @@ class SinkOperations(SinkReads):
 
         try:
             catalog = sink_catalog(sink)
+            storage_options = resolved_storage_options(sink) if isinstance(sink, FileSinkConfig) else None
         except Exception as exc:  # reported, as the recovery DAG reports a failed scan
             return [], [], _unreachable(sink, exc)
         try:
-            old, young = find_orphans(sink, self.store.registry, grace=grace, catalog=catalog)
+            old, young = find_orphans(
+                sink, self.store.registry, grace=grace, catalog=catalog, storage_options=storage_options
+            )
         except Exception as exc:
             return [], [], mask_userinfo(f"sink {sink.sink_id!r}: {type(exc).__name__}: {exc}")
         return old, young, None

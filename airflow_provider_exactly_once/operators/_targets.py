@@ -18,6 +18,7 @@ from urllib.parse import urlparse
 
 from airflow_provider_exactly_once.core.errors import InvalidSinkConfig
 from airflow_provider_exactly_once.core.redact import CREDENTIAL_PROPERTY_MARKS
+from airflow_provider_exactly_once.runtime.storage_options import resolved_storage_options
 from airflow_provider_exactly_once.sinks.config import FileSinkConfig, IcebergSinkConfig, SinkConfig
 from airflow_provider_exactly_once.spark.author_specs import FileSinkTarget
 
@@ -172,7 +173,7 @@ def targets_for(sink: SinkConfig, target: FileSinkTarget | None, partition_by: l
     update: dict[str, Any] = {
         # Resolved here, in the task: the storage connection's secret goes into the spec file only.
         "io_properties": {
-            **file_sink_io_properties(sink.root, sink.resolve_storage_options()),
+            **file_sink_io_properties(sink.root, resolved_storage_options(sink)),
             **base.io_properties,
         }
     }

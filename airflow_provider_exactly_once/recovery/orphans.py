@@ -186,8 +186,10 @@ def _iceberg_locations(sink: IcebergSinkConfig, catalog: Catalog) -> dict[str, l
     return found
 
 
-def _file_sink_locations(sink: FileSinkConfig) -> dict[str, list[tuple[WriteLocation, _Tree, str]]]:
-    committer = sink.committer()
+def _file_sink_locations(
+    sink: FileSinkConfig, storage_options: Mapping[str, Any] | None
+) -> dict[str, list[tuple[WriteLocation, _Tree, str]]]:
+    committer = sink.committer(storage_options=storage_options)
     filesystem = committer.filesystem
     root_path = str(filesystem._strip_protocol(committer.root))
     tree = _FsspecTree(filesystem)
@@ -205,9 +207,11 @@ def find_orphans(
     *,
     grace: timedelta,
     catalog: Catalog | None = None,
+    storage_options: Mapping[str, Any] | None = None,
     now: datetime | None = None,
 ) -> tuple[list[OrphanCandidate], list[OrphanCandidate]]:
-    """The sink's write locations that no Pending/Committed row and no queued clean-up names.
+    """The sink's write locations that no Pending/Committed row and no queued clean-up names; a
+    file sink's root is opened with ``storage_options`` (its connection resolved, ``runtime.storage_options``).
 
     Returns ``(old, young)``: ``old`` have files all older than ``grace`` (safe to hand to the
     clean-up path); ``young`` may belong to a write still running or about to be persisted, or
@@ -220,7 +224,7 @@ def find_orphans(
             raise ValueError(f"sink {sink.sink_id!r}: an Iceberg sink needs its catalog to list write locations")
         locations = _iceberg_locations(sink, catalog)
     else:
-        locations = _file_sink_locations(sink)
+        locations = _file_sink_locations(sink, storage_options)
     unknown = sorted(set(locations) - registry.known_writes(sink.sink_id, sorted(locations)))
     cutoff = (now or datetime.now(UTC)) - grace
     old: list[OrphanCandidate] = []

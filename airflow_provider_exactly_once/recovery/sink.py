@@ -31,7 +31,13 @@ from airflow_provider_exactly_once.core.ports import ORPHAN_EPOCH, SinkRegistry
 from airflow_provider_exactly_once.defaults import DEFAULT_LOCK_TTL, DEFAULT_ORPHAN_GRACE
 from airflow_provider_exactly_once.observability.stats import airflow_metrics
 from airflow_provider_exactly_once.runtime.assembly import coordinator_for
-from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig, SinkConfig, sink_config_from_dict
+from airflow_provider_exactly_once.runtime.storage_options import resolved_storage_options
+from airflow_provider_exactly_once.sinks.config import (
+    FileSinkConfig,
+    IcebergSinkConfig,
+    SinkConfig,
+    sink_config_from_dict,
+)
 from airflow_provider_exactly_once.store import SqlSinkStateStore
 
 if TYPE_CHECKING:
@@ -170,11 +176,12 @@ def queue_orphans(registry: SinkRegistry, sink: SinkConfig, grace: timedelta, re
     """Queue every orphan older than ``grace`` for the coordinator's clean-up path; their write ids."""
     try:
         catalog = sink_catalog(sink)
+        storage_options = resolved_storage_options(sink) if isinstance(sink, FileSinkConfig) else None
         # Imported here: the orphan scan brings pyarrow's filesystems, and the recovery DAG's file is
         # parsed by the dag-processor, which never scans.
         from airflow_provider_exactly_once.recovery.orphans import find_orphans
 
-        old, young = find_orphans(sink, registry, grace=grace, catalog=catalog)
+        old, young = find_orphans(sink, registry, grace=grace, catalog=catalog, storage_options=storage_options)
     except MetaStoreUnavailable:
         raise
     except Exception as exc:  # a listing failure must not stop the epochs' recovery

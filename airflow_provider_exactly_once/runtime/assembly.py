@@ -20,6 +20,7 @@ from airflow_provider_exactly_once.core.identifiers import check_sink_id
 from airflow_provider_exactly_once.core.redact import mask_userinfo
 from airflow_provider_exactly_once.defaults import CONFIG_SECTION, DEFAULT_META_CONN_ID
 from airflow_provider_exactly_once.runtime.epochs import epoch_for_context, interval_epoch
+from airflow_provider_exactly_once.runtime.storage_options import checkpoint_source, resolved_storage_options
 from airflow_provider_exactly_once.sinks.config import SinkConfig, sink_config_from_dict
 
 if TYPE_CHECKING:
@@ -119,7 +120,7 @@ def sink_committer(sink: SinkConfig, *, fault: FaultHook = no_faults, metrics: M
         committer = sink.committer(catalog, fault=fault)
         committer.metrics = metrics  # its conflict retries (``core.observe.COMMIT_RETRIES``)
         return committer
-    return sink.committer(fault=fault)
+    return sink.committer(fault=fault, storage_options=resolved_storage_options(sink))
 
 
 def coordinator_for(
@@ -148,14 +149,13 @@ def coordinator_for(
     ``allow_beyond_horizon`` is an operator's word that an epoch older than the table's snapshot
     history is not in the table (``eo-sink commit --beyond-horizon``); never set by a task.
     """
-    from airflow_provider_exactly_once.checkpoints.config import MetaStoreCheckpoint
     from airflow_provider_exactly_once.observability.stats import airflow_metrics
 
     if fault is None:
         fault = configured_fault_hook(sink.sink_id, epoch, try_number)
     if store is None:
         store = open_meta_store(meta_conn_id)
-    source = (checkpoint or MetaStoreCheckpoint()).source(store.checkpoints)
+    source = checkpoint_source(checkpoint, store.checkpoints)
     if metrics is None:
         metrics = airflow_metrics()
     committer = sink_committer(sink, fault=fault, metrics=metrics)

@@ -92,7 +92,6 @@ def checkpoint_location(checkpoint: CheckpointConfig, sink_id: str, epoch: int) 
     """Where the checkpoint that decides this epoch lives, as resolved for it (the folder whose
     markers are read, the meta-store checkpoint name, the streaming checkpoint): a wait that never
     ends is debugged by looking there."""
-    from airflow_provider_exactly_once.checkpoints._fs import PathTemplate
     from airflow_provider_exactly_once.checkpoints.config import (
         MarkerFileCheckpoint,
         MetaStoreCheckpoint,
@@ -100,9 +99,11 @@ def checkpoint_location(checkpoint: CheckpointConfig, sink_id: str, epoch: int) 
     )
     from airflow_provider_exactly_once.checkpoints.markers import MarkerFileCheckpointSource
     from airflow_provider_exactly_once.core.redact import mask_userinfo
+    from airflow_provider_exactly_once.filesystems import PathTemplate
 
     if isinstance(checkpoint, MarkerFileCheckpoint):
-        source = checkpoint.source()
+        # Where the markers are needs no credentials: the connection is not read for it.
+        source = checkpoint.source(storage_options=checkpoint.storage_options)
         assert isinstance(source, MarkerFileCheckpointSource)
         folder = source.location(sink_id, epoch)
         return mask_userinfo(f"{folder} ({checkpoint.success_marker} / {checkpoint.failed_marker})")

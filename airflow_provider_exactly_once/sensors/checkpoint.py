@@ -26,6 +26,7 @@ from airflow_provider_exactly_once.runtime.epochs import (
     epoch_interval,
     interval_epoch,
 )
+from airflow_provider_exactly_once.runtime.storage_options import checkpoint_source, resolved_storage_options
 from airflow_provider_exactly_once.sinks.config import SinkConfig
 from airflow_provider_exactly_once.version_compat import AirflowException, AirflowFailException, AirflowSensorTimeout
 
@@ -72,12 +73,14 @@ class CheckpointSensor(BaseSensorOperator):
         """The run's epoch and its checkpoint status; the store is opened only when needed."""
         epoch = interval_epoch(context)
         if epoch is not None and not isinstance(self.checkpoint, MetaStoreCheckpoint):
-            return epoch, self.checkpoint.source().status(self.sink_id, epoch)
+            return epoch, self.checkpoint.source(storage_options=resolved_storage_options(self.checkpoint)).status(
+                self.sink_id, epoch
+            )
         store = open_meta_store(self.meta_conn_id)
         try:
             if epoch is None:
                 epoch = epoch_for_context(context, self.sink_id, store.epochs)
-            return epoch, self.checkpoint.source(store.checkpoints).status(self.sink_id, epoch)
+            return epoch, checkpoint_source(self.checkpoint, store.checkpoints).status(self.sink_id, epoch)
         finally:
             store.dispose()
 

@@ -12,15 +12,15 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
-from airflow_provider_exactly_once.checkpoints._fs import (
-    check_storage_conn_id,
-    refuse_secret_options,
-    resolve_storage_options,
-)
 from airflow_provider_exactly_once.core.errors import InvalidPreCommit, InvalidSinkConfig
 from airflow_provider_exactly_once.core.faults import FaultHook, no_faults
 from airflow_provider_exactly_once.core.identifiers import check_sink_id
 from airflow_provider_exactly_once.core.redact import find_control, has_userinfo, mask_userinfo
+from airflow_provider_exactly_once.filesystems import (
+    check_storage_conn_id,
+    given_storage_options,
+    refuse_secret_options,
+)
 
 if TYPE_CHECKING:
     # The committers bring pyiceberg, pyarrow and fsspec's filesystems: DAG files import these configs
@@ -264,8 +264,9 @@ class FileSinkConfig:
     """A directory of Parquet files (local path or fsspec URL) with deterministic final names.
 
     ``storage_conn_id`` names an Airflow connection of type ``aws`` holding the object store's
-    credentials; it is read only where the filesystem is opened (``committer``), so the config that
-    is registered, passed through XCom and shown by the UI carries the id, never the secret.
+    credentials; it is read only where the filesystem is opened (the runtime resolves it for
+    ``committer``, ``runtime.storage_options``), so the config that is registered, passed through
+    XCom and shown by the UI carries the id, never the secret.
     ``storage_options`` takes the other, non-secret fsspec options and refuses credentials.
     """
 
@@ -308,15 +309,13 @@ class FileSinkConfig:
         object.__setattr__(self, "storage_options", refuse_secret_options(self.storage_options, what=what))
         check_storage_conn_id(self.storage_conn_id, what=what)
 
-    def resolve_storage_options(self) -> dict[str, Any]:
-        """The filesystem's options with the connection's credentials: call it where files are touched."""
-        return resolve_storage_options(self.storage_options, self.storage_conn_id)
-
     def committer(
         self, *, fault: FaultHook = no_faults, storage_options: Mapping[str, Any] | None = None
     ) -> FileSinkCommitter:
-        """``storage_options``: already resolved by the caller; by default the connection is read now."""
-        options = self.resolve_storage_options() if storage_options is None else storage_options
+        """``storage_options``: resolved by the runtime when ``storage_conn_id`` names a connection."""
+        options = given_storage_options(
+            self.storage_options, self.storage_conn_id, storage_options, what=f"sink {self.sink_id!r}"
+        )
         from airflow_provider_exactly_once.sinks.files import FileSinkCommitter
 
         return FileSinkCommitter(self.root, storage_options=options, fault=fault)

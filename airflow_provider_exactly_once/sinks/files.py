@@ -34,7 +34,6 @@ from typing import Any
 from fsspec.core import split_protocol
 from fsspec.implementations.local import LocalFileSystem
 
-from airflow_provider_exactly_once.checkpoints._fs import store_errors
 from airflow_provider_exactly_once.core.errors import (
     AbortRefused,
     CommitRefused,
@@ -53,6 +52,7 @@ from airflow_provider_exactly_once.core.precommit import (
     TableWrite,
 )
 from airflow_provider_exactly_once.extras import url_to_fs
+from airflow_provider_exactly_once.filesystems import store_errors
 from airflow_provider_exactly_once.sinks.layout import FILE_STAGING_DIR, file_write_location, file_writes_folder
 
 __all__ = [

@@ -22,6 +22,7 @@ from airflow_provider_exactly_once.core.status import CheckpointStatus
 from airflow_provider_exactly_once.hooks.meta_store import ExactlyOnceMetaStoreHook
 from airflow_provider_exactly_once.runtime.assembly import meta_conn_id_or_configured
 from airflow_provider_exactly_once.runtime.epochs import checkpoint_location, epoch_interval
+from airflow_provider_exactly_once.runtime.storage_options import aresolved_storage_options
 
 if TYPE_CHECKING:
     from airflow_provider_exactly_once.store import SqlSinkStateStore
@@ -97,7 +98,7 @@ class CheckpointTrigger(BaseTrigger):
                 else:
                     # The storage connection is fetched asynchronously here (a synchronous fetch
                     # may not run on the triggerer's loop), and the filesystem is made in this run.
-                    source = config.source(storage_options=await config.aresolve_storage_options())
+                    source = config.source(storage_options=await aresolved_storage_options(config))
             except ExactlyOnceError as exc:
                 yield self._event(ERROR, error=f"{type(exc).__name__}: {exc}", retryable=exc.retryable)
                 return

@@ -14,6 +14,7 @@ from airflow_provider_exactly_once.core.epochs import epoch_from_interval_start
 from airflow_provider_exactly_once.core.errors import SinkUnavailable
 from airflow_provider_exactly_once.core.ports import CheckpointSource
 from airflow_provider_exactly_once.core.status import CheckpointStatus
+from airflow_provider_exactly_once.runtime.storage_options import aresolved_storage_options, resolved_storage_options
 from demo.servers import SeaweedFS
 from tests.hooks.s3_connection import S3Place, SeaweedDown, s3_place  # noqa: F401
 
@@ -24,10 +25,10 @@ EPOCH = epoch_from_interval_start(HOUR)
 def both(config: MarkerFileCheckpoint | StreamingCheckpoint, sink_id: str, epoch: int) -> CheckpointStatus:
     """The sensor's answer (connection read synchronously), after checking the trigger's agrees:
     connection read asynchronously, filesystem made and awaited inside the running loop."""
-    sync = config.source().status(sink_id, epoch)
+    sync = config.source(storage_options=resolved_storage_options(config)).status(sink_id, epoch)
 
     async def in_the_triggerer() -> CheckpointStatus:
-        source: CheckpointSource = config.source(storage_options=await config.aresolve_storage_options())
+        source: CheckpointSource = config.source(storage_options=await aresolved_storage_options(config))
         assert source._lookup.is_async  # type: ignore[attr-defined]  # s3fs's own coroutines, no thread
         return await source.astatus(sink_id, epoch)
 
@@ -81,11 +82,11 @@ def test_an_s3_outage_is_an_error_never_absent(s3_place: S3Place, seaweed: Seawe
     else:
         config = StreamingCheckpoint(s3_place.url("_checkpoints/{sink_id}"), storage_conn_id=s3_place.conn_id)
         epoch, expected = 3, CheckpointStatus.PENDING
-    source = config.source()
+    source = config.source(storage_options=resolved_storage_options(config))
     assert source.status("orders", epoch) is expected  # a filesystem (and its caches) from before the outage
 
     async def in_the_triggerer() -> CheckpointStatus:
-        fresh = config.source(storage_options=await config.aresolve_storage_options())
+        fresh = config.source(storage_options=await aresolved_storage_options(config))
         return await fresh.astatus("orders", epoch)
 
     with SeaweedDown(seaweed):

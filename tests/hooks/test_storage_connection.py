@@ -21,6 +21,7 @@ from airflow_provider_exactly_once.checkpoints.config import (
 )
 from airflow_provider_exactly_once.core.errors import InvalidSinkConfig
 from airflow_provider_exactly_once.hooks.storage import ObjectStorageHook
+from airflow_provider_exactly_once.runtime.storage_options import resolved_storage_options
 from airflow_provider_exactly_once.sinks.config import FileSinkConfig, sink_config_from_dict
 from tests.hooks.s3_connection import define_connection
 
@@ -158,7 +159,7 @@ def test_configs_carry_the_connection_id_and_never_the_secret(
     )
     assert rebuilt == config
     # Resolved only when asked, where the files are touched.
-    assert config.resolve_storage_options() == {
+    assert resolved_storage_options(config) == {
         "default_block_size": 1024,
         "key": "AKIAEXAMPLE",
         "secret": SECRET,
@@ -171,9 +172,18 @@ def test_configs_carry_the_connection_id_and_never_the_secret(
 @pytest.mark.parametrize("build", CONFIGS)
 def test_parsing_a_dag_never_reads_the_connection(tmp_path: Path, build: Callable[..., Any]) -> None:
     """The config is built when the DAG file is parsed, where the connection may not be readable;
-    it is read when the committer or source is built, and a missing one is refused then."""
+    the runtime reads it when the committer or source is built, and a missing one is refused then."""
     config = build(tmp_path, storage_conn_id="eo_s3_not_defined_anywhere")
     with pytest.raises(InvalidSinkConfig, match="'eo_s3_not_defined_anywhere' does not exist"):
+        resolved_storage_options(config)
+
+
+@pytest.mark.parametrize("build", CONFIGS)
+def test_a_config_naming_a_connection_is_not_opened_without_it(tmp_path: Path, build: Callable[..., Any]) -> None:
+    """Below the runtime nothing reads a connection: a committer or source asked for without the
+    resolved options refuses, rather than opening the store with no credentials."""
+    config = build(tmp_path, storage_conn_id="eo_s3")
+    with pytest.raises(InvalidSinkConfig, match="storage_conn_id 'eo_s3' is resolved in the task"):
         config.committer() if isinstance(config, FileSinkConfig) else config.source()
 
 

@@ -23,6 +23,7 @@ from airflow_provider_exactly_once.core.outcomes import CommitOutcome, PersistOu
 from airflow_provider_exactly_once.core.ports import CommitPlan
 from airflow_provider_exactly_once.core.status import EpochStatus
 from airflow_provider_exactly_once.runtime.assembly import coordinator_for
+from airflow_provider_exactly_once.runtime.storage_options import resolved_storage_options
 from airflow_provider_exactly_once.sinks.config import FileSinkConfig
 from airflow_provider_exactly_once.sinks.files import COMMIT_STARTED_MARKER, FileSinkCommitter
 from airflow_provider_exactly_once.store import SqlSinkStateStore
@@ -51,7 +52,9 @@ class S3Setup:
             self.sink, self.checkpoint, store=store, fault=self.faults
         )
         #: The same sink as the coordinator's committer sees it: for staging writes and looking.
-        self.committer: FileSinkCommitter = self.sink.committer(fault=self.faults)
+        self.committer: FileSinkCommitter = self.sink.committer(
+            fault=self.faults, storage_options=resolved_storage_options(self.sink)
+        )
 
     def mark(self, epoch: int, marker: str = "_SUCCESS") -> None:
         self.place.touch("landing", SINK, str(epoch), marker)
@@ -185,7 +188,9 @@ def test_the_orphan_finder_lists_a_stale_s3_staging_folder(s3: S3Setup) -> None:
     known = stage_write(s3.committer, FILES[:1], sink_id=SINK)
     s3.coordinator.persist(known)
     orphan = stage_write(s3.committer, FILES[:2], sink_id=SINK, epoch=EPOCH + 1)
-    old, young = find_orphans(s3.sink, s3.store.registry, grace=timedelta(0))
+    old, young = find_orphans(
+        s3.sink, s3.store.registry, grace=timedelta(0), storage_options=resolved_storage_options(s3.sink)
+    )
     assert [c.write_id for c in old] == [orphan.write_id] and young == []
     assert old[0].age.files == 2
     assert old[0].locations[0].location == s3.place.url("sink", "_staging", orphan.write_id)

@@ -1,5 +1,8 @@
-"""What the file-based checkpoint sources (and the file sink) share: path templates, strict and
+"""What the file-based checkpoint sources and the file sink share: path templates, strict and
 cache-free look-ups, and the rules that keep storage secrets out of serialised configs.
+
+It imports no Airflow: a config's ``storage_conn_id`` is resolved into fsspec options by the
+runtime (``runtime.storage_options``), and the sources and committers here below are handed the result.
 
 Two things matter for a checkpoint read that ``fs.exists`` gets wrong:
 
@@ -117,23 +120,21 @@ def check_storage_conn_id(conn_id: object, *, what: str) -> None:
         raise InvalidSinkConfig(f"{what}: storage_conn_id must be a connection id or None, got {conn_id!r}")
 
 
-def resolve_storage_options(options: Mapping[str, Any], conn_id: str | None) -> dict[str, Any]:
-    """A config's non-secret ``options`` with the credentials of its ``storage_conn_id`` (an ``aws``
-    connection), read now: call it only where files are touched, never while a DAG is parsed."""
-    if conn_id is None:
-        return dict(options)
-    from airflow_provider_exactly_once.hooks.storage import ObjectStorageHook
-
-    return ObjectStorageHook(conn_id).storage_options(options)
-
-
-async def aresolve_storage_options(options: Mapping[str, Any], conn_id: str | None) -> dict[str, Any]:
-    """``resolve_storage_options`` for the triggerer's event loop."""
-    if conn_id is None:
-        return dict(options)
-    from airflow_provider_exactly_once.hooks.storage import ObjectStorageHook
-
-    return await ObjectStorageHook(conn_id).astorage_options(options)
+def given_storage_options(
+    options: Mapping[str, Any], conn_id: str | None, resolved: Mapping[str, Any] | None, *, what: str
+) -> Mapping[str, Any]:
+    """The options a source or committer opens its filesystem with: ``resolved`` (the config's
+    options with its connection's credentials, from ``runtime.storage_options``), else the config's own
+    options when it names no connection. A config that names one is never opened without its
+    credentials, which would otherwise read as an absent or unreadable store."""
+    if resolved is not None:
+        return resolved
+    if conn_id is not None:
+        raise InvalidSinkConfig(
+            f"{what}: storage_conn_id {conn_id!r} is resolved in the task (runtime.storage_options), "
+            "not here; pass the resolved storage_options"
+        )
+    return options
 
 
 def refuse_credentials(location: str, *, what: str) -> None:
