@@ -48,10 +48,9 @@ def airflow_model_import_set_aside() -> Iterator[None]:
     ``airflow.models.import_all_models``) is removed; it is put back on leaving, so the first
     configuration of Airflow's own mappers imports them as before. Where the listener is not
     registered (no ORM set up, or an Airflow that does it otherwise), nothing is changed."""
+    from airflow.models import import_all_models
     from sqlalchemy import event
     from sqlalchemy.orm import Mapper
-
-    from airflow.models import import_all_models
 
     if not event.contains(Mapper, "before_configured", import_all_models):
         yield
