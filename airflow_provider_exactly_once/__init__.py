@@ -29,6 +29,7 @@ if TYPE_CHECKING:
         MetaStoreCheckpoint,
         StreamingCheckpoint,
     )
+    from airflow_provider_exactly_once.core.upserts import UpsertSpec
     from airflow_provider_exactly_once.operators.checkpoint import MarkCheckpointOperator
     from airflow_provider_exactly_once.operators.epoch import (
         AbortEpochOperator,
@@ -68,6 +69,7 @@ _WHERE = {
     "IcebergSinkConfig": "sinks.config",
     "FileSinkConfig": "sinks.config",
     "TableSelect": "sinks.config",
+    "UpsertSpec": "core.upserts",
     "MetaStoreCheckpoint": "checkpoints.config",
     "MarkerFileCheckpoint": "checkpoints.config",
     "StreamingCheckpoint": "checkpoints.config",
@@ -102,6 +104,7 @@ __all__ = [
     "TableInput",
     "TableSelect",
     "TableSpec",
+    "UpsertSpec",
     "ensure_table",
     "exactly_once_epoch",
     "recovery_dag",

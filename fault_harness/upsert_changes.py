@@ -27,7 +27,7 @@ from demo.world import hour_dir
 from fault_harness.landed import Row, row_of_event
 
 KEY, OP_COLUMN, ORDER_BY = "event_id", "op", "seq"
-#: The sink's settings (``IcebergSinkConfig(mode="upsert", ...)`` in ``pipeline.upsert_sink``).
+#: The sink's settings (``IcebergSinkConfig(upsert=SPEC)`` in ``upsert_pipeline.upsert_sink``).
 SPEC = UpsertSpec(key=(KEY,), op_column=OP_COLUMN, order_by=ORDER_BY)
 #: Keys an hour's changes are drawn from, and changes per hour (before the repeated ones).
 KEY_POOL = 40

@@ -25,16 +25,7 @@ from fault_harness.upsert_changes import SPEC
 
 def upsert_sink(sink_id: str, table: str, conn_id: str) -> IcebergSinkConfig:
     """The upsert pipeline's sink: the landed changes' key, operation column and order column."""
-    assert SPEC.op_column is not None and SPEC.order_by is not None
-    return IcebergSinkConfig(
-        sink_id,
-        (table,),
-        iceberg_conn_id=conn_id,
-        mode="upsert",
-        key=SPEC.key,
-        op_column=SPEC.op_column,
-        order_by=SPEC.order_by,
-    )
+    return IcebergSinkConfig(sink_id, (table,), iceberg_conn_id=conn_id, upsert=SPEC)
 
 
 def light_upsert_write(sink_id: str, table_name: str, landing: str, conn_id: str) -> dict[str, Any]:

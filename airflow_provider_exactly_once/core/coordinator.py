@@ -27,7 +27,7 @@ from datetime import timedelta
 
 from .bookkeeping import note_error, record_warning, require_epoch, warn_other_dag
 from .cleanups import clean_up, run_cleanups
-from .decisions import Action, abort_decision, commit_decision, persist_conflict_reason, persist_decision
+from .decisions import Action, abort_decision, commit_decision, persist_decision
 from .errors import AbortRefused, InvalidPreCommit, InvalidSinkConfig, StateConflict, UpsertConflict
 from .faults import FaultHook, no_faults
 from .generations import OnReprocess
@@ -49,7 +49,8 @@ from .outcomes import (
 from .ports import CheckpointSource, CommitPlan, EpochRecord, SinkCommitter, SinkStateStore
 from .precommit import PreCommit
 from .recovery import EpochBatches, recover_pending
-from .status import EpochStatus
+from .rewrite_decisions import persist_conflict_abort
+from .status import AbortCause, EpochStatus
 
 __all__ = ["TwoPhaseCommitCoordinator", "require_epoch"]
 
@@ -116,8 +117,8 @@ class TwoPhaseCommitCoordinator:
         except UpsertConflict as exc:
             # The table moved while the write ran: given up, for the group's rewrite task
             # (``prepare_rewrite``) to write the epoch again.
-            reason = persist_conflict_reason(exc, lambda: self._checkpoints.status(pre.sink_id, pre.epoch))
-            self.abort(pre.sink_id, pre.epoch, reason=reason, write=pre, dag_id=dag_id)
+            cause, reason = persist_conflict_abort(exc, lambda: self._checkpoints.status(pre.sink_id, pre.epoch))
+            self.abort(pre.sink_id, pre.epoch, reason=reason, write=pre, dag_id=dag_id, cause=cause)
             raise
 
         on_reprocess = self._on_reprocess.get(pre.sink_id, "keep")
@@ -318,12 +319,14 @@ class TwoPhaseCommitCoordinator:
         force: bool = False,
         files_lost: bool = False,
         dag_id: str | None = None,
+        cause: AbortCause | None = None,
     ) -> AbortResult:
         """Give up on a write and delete its files (``_abort``), counted by outcome for the metrics.
 
-        ``dag_id`` is recorded on the tombstone row of a write that was never persisted."""
+        ``dag_id`` is recorded on the tombstone row of a write that was never persisted. ``cause``:
+        why, when the caller knows better than the abort's decision (an upsert conflict)."""
         result = self._abort(
-            sink_id, epoch, reason=reason, write=write, force=force, files_lost=files_lost, dag_id=dag_id
+            sink_id, epoch, reason=reason, write=write, force=force, files_lost=files_lost, dag_id=dag_id, cause=cause
         )
         count_abort(self._metrics, sink_id, result)
         return result
@@ -338,6 +341,7 @@ class TwoPhaseCommitCoordinator:
         force: bool = False,
         files_lost: bool = False,
         dag_id: str | None = None,
+        cause: AbortCause | None = None,
     ) -> AbortResult:
         """Give up on a write and delete its files, but never against a durable commit decision.
 
@@ -370,7 +374,10 @@ class TwoPhaseCommitCoordinator:
             # without a write, the record that the epoch was given up and why.
             try:
                 record = self._store.insert_aborted(
-                    write or PreCommit.nothing_written(sink_id, epoch), reason=reason, dag_id=dag_id
+                    write or PreCommit.nothing_written(sink_id, epoch),
+                    reason=reason,
+                    dag_id=dag_id,
+                    cause=cause or decision.cause,
                 )
             except StateConflict:
                 continue  # a persist won: decide against its row
@@ -394,12 +401,14 @@ class TwoPhaseCommitCoordinator:
             log.warning("%s: giving up a write with %d data file(s) lost", row.pre_commit.describe(), len(missing))
         decided = row.commit_decided_at is not None
         try:
-            if row.replaces is not None:  # the write it replaces is the epoch's again, Committed
+            if row.kind.revises:  # the write it replaces is the epoch's again, Committed
                 record = self._store.revisions.abort_revision(
                     sink_id, epoch, write_id=row.write_id, reason=reason, decided=decided
                 )
             else:
-                record = self._store.mark_aborted(sink_id, epoch, write_id=row.write_id, reason=reason, decided=decided)
+                record = self._store.mark_aborted(
+                    sink_id, epoch, write_id=row.write_id, reason=reason, decided=decided, cause=cause or decision.cause
+                )
         except StateConflict:
             latest = self._require(sink_id, epoch)
             if latest.status is EpochStatus.ABORTED and latest.write_id == row.write_id:
@@ -411,9 +420,9 @@ class TwoPhaseCommitCoordinator:
         self._fault("abort.marked")
         deleted = self._run_cleanups(sink_id, epoch)
         self._fault("abort.cleaned")
-        what = "aborted" if row.replaces is None else f"revision {row.revision} aborted, write {record.write_id} stays"
+        what = f"revision {row.revision} aborted, write {record.write_id} stays" if row.kind.revises else "aborted"
         log.info("%s %s (%s); %d file(s) deleted", row.pre_commit.describe(), what, reason, deleted)
-        outcome = AbortOutcome.ABORTED if row.replaces is None else AbortOutcome.REVISION_ABORTED
+        outcome = AbortOutcome.REVISION_ABORTED if row.kind.revises else AbortOutcome.ABORTED
         return AbortResult(outcome, deleted, record)
 
     def lost_files(self, row: EpochRecord) -> list[str]:
@@ -430,7 +439,7 @@ class TwoPhaseCommitCoordinator:
             self._require(sink_id, epoch),
             self._committer(sink_id),
             lambda: self._checkpoints.status(sink_id, epoch),
-            lambda reason: self.abort(sink_id, epoch, reason=reason, files_lost=True),
+            lambda reason: self.abort(sink_id, epoch, reason=reason, files_lost=True, cause=AbortCause.UPSERT_CONFLICT),
             run_writes,
         )
 

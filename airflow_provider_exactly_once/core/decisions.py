@@ -13,7 +13,7 @@ the same way, so they decide on the same inputs.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -25,20 +25,17 @@ from .errors import (
     EpochAborted,
     ExactlyOnceError,
     InvalidPreCommit,
-    MetaStoreUnavailable,
     ReprocessRefused,
     RevisionInProgress,
-    RewriteRefused,
     SinkReused,
-    SinkUnavailable,
-    UpsertConflict,
 )
 from .generations import OnReprocess, is_newer, is_older
 from .lookups import CheckpointLookup, EpochLookups, WriteLookups
 from .ports import EpochRecord
 from .precommit import PreCommit
-from .status import CheckpointStatus, EpochStatus
+from .status import AbortCause, CheckpointStatus, EpochStatus
 from .upsert_revisions import revision_refusal, untellable_revision
+from .write_kinds import WriteKind
 
 
 class Action(StrEnum):
@@ -84,6 +81,8 @@ class Decision:
     error: ExactlyOnceError | None = None
     #: Why, in words an operator reads in a dry run (the checkpoint's status, the decision time).
     why: str = ""
+    #: For an action that marks the epoch Aborted: the cause recorded on the row.
+    cause: AbortCause | None = None
 
     def raise_if_refused(self) -> Decision:
         if self.action is Action.REFUSE and self.error is not None:
@@ -91,11 +90,11 @@ class Decision:
         return self
 
 
-def _refuse(error: ExactlyOnceError) -> Decision:
+def refuse(error: ExactlyOnceError) -> Decision:
     return Decision(Action.REFUSE, error)
 
 
-def _name(row: EpochRecord) -> str:
+def epoch_name(row: EpochRecord) -> str:
     return f"sink {row.sink_id!r} epoch {row.epoch}"
 
 
@@ -117,14 +116,14 @@ def persist_decision(
     a run since cleared) never takes the epoch. A write a revision replaces is settled (``_replaced``).
     """
     if not write.written:
-        return _refuse(
+        return refuse(
             InvalidPreCommit(f"{write.describe()}: a write lists at least one table; this is the record of an abort")
         )
     if row is None:
         return Decision(Action.INSERT)
     if row.write_id == write.write_id:
         if row.status is EpochStatus.ABORTED:
-            return _refuse(
+            return refuse(
                 EpochAborted(
                     f"{write.describe()} was aborted and its files removed; run the write again for a new write"
                 )
@@ -147,10 +146,10 @@ def persist_decision(
             )
         recreated = recreated_tables(row, lookups.identities())
         if recreated:
-            return _refuse(discarded_error(write)) if lookups.discarded() else Decision(Action.REOPEN, why=recreated)
+            return refuse(discarded_error(write)) if lookups.discarded() else Decision(Action.REOPEN, why=recreated)
         if is_newer(write.generation, row.pre_commit.generation):
             newer = f"generation {write.generation} is newer than the committed write's ({row.pre_commit.generation})"
-            upsert = any(t.is_upsert for t in (*write.tables, *row.pre_commit.tables))
+            upsert = WriteKind.of(write).by_key or row.kind.by_key
             refusal = revision_refusal(write, row.write_id, row.pre_commit) if upsert else None
             if on_reprocess == "replace" and refusal is not None:
                 # Changes by key replace the committed ones only when planned against the table
@@ -164,7 +163,7 @@ def persist_decision(
                 )
             if on_reprocess == "replace":
                 if lookups.discarded():
-                    return _refuse(discarded_error(write))
+                    return refuse(discarded_error(write))
                 untellable = untellable_revision(write, lookups.committed)
                 if untellable is not None:
                     return Decision(Action.DISCARD_REFUSED, untellable)
@@ -185,21 +184,21 @@ def persist_decision(
         )
     if row.status is EpochStatus.PENDING and row.commit_decided_at is not None:
         if is_newer(write.generation, row.pre_commit.generation):
-            return _refuse(
+            return refuse(
                 RevisionInProgress(
                     f"{write.describe()} of generation {write.generation} is newer than write {row.write_id}, whose "
                     "commit is under way; retry once it is committed, and this write replaces it"
                 )
             )
         return Decision(Action.DISCARD_LATE, why=f"epoch holds write {row.write_id}, its commit decided")
-    return _refuse(discarded_error(write)) if lookups.discarded() else Decision(Action.REPLACE)
+    return refuse(discarded_error(write)) if lookups.discarded() else Decision(Action.REPLACE)
 
 
 def _replaced(row: EpochRecord, write: PreCommit, replaced: Callable[[], bool]) -> Decision | None:
     """A write a Pending revision replaces (its row names it) or a committed one replaced (the store's
     record, asked only of an epoch ever revised) is settled: the revision's commit queues its files
     to wait for snapshot expiry (D12), and a second clean-up of it could never succeed."""
-    if (row.replaces is not None and row.replaces.write_id == write.write_id) or (row.revision > 0 and replaced()):
+    if row.kind.replaced_write_id == write.write_id or (row.revision > 0 and replaced()):
         return Decision(Action.ALREADY_REPLACED, why=f"the epoch holds write {row.write_id} of revision {row.revision}")
     return None
 
@@ -212,7 +211,7 @@ def write_kept(row: EpochRecord | None, generation: str | None, on_reprocess: On
     if not is_newer(generation, row.pre_commit.generation):
         return None
     return (
-        f"{_name(row)} is committed with write {row.write_id} ({row.pre_commit.record_count} row(s)) and the sink "
+        f"{epoch_name(row)} is committed with write {row.write_id} ({row.pre_commit.record_count} row(s)) and the sink "
         "keeps what it committed (on_reprocess='keep'): this run's newer generation writes nothing and applies "
         "nothing new. To replace the epoch, give the sink on_reprocess='replace'"
     )
@@ -235,7 +234,7 @@ def upsert_order_refusal(row: EpochRecord, pending_epochs: Callable[[], Iterable
     applied out of order would leave an older state of a key visible. ``pending_epochs``: the sink's
     undecided epochs, listed only for an upsert write (a backlog of appends must not list its Pending
     rows at every commit). Asked before a commit is decided; a decided commit goes on."""
-    if not any(t.is_upsert for t in row.pre_commit.tables):
+    if not row.kind.in_epoch_order:
         return None
     earlier = sorted(epoch for epoch in pending_epochs() if epoch < row.epoch)
     if not earlier:
@@ -289,14 +288,14 @@ def commit_decision(row: EpochRecord, lookups: EpochLookups) -> Decision:
     if row.status is EpochStatus.COMMITTED:
         return Decision(Action.ALREADY_COMMITTED, why=f"write {row.write_id} is committed")
     if row.status is EpochStatus.ABORTED:
-        return _refuse(EpochAborted(f"{_name(row)} is Aborted: it cannot be committed"))
+        return refuse(EpochAborted(f"{epoch_name(row)} is Aborted: it cannot be committed"))
     if row.commit_decided_at is not None:
         return Decision(Action.COMMIT_DECIDED, why=f"commit decided at {row.commit_decided_at.isoformat()}")
     status = lookups.checkpoint()
     if status is CheckpointStatus.FAILED:
-        return _refuse(CheckpointFailed(f"{_name(row)}: checkpoint FAILED; the epoch must be aborted"))
+        return refuse(CheckpointFailed(f"{epoch_name(row)}: checkpoint FAILED; the epoch must be aborted"))
     if status is CheckpointStatus.PENDING:
-        return _refuse(CheckpointNotReady(f"{_name(row)}: checkpoint still PENDING"))
+        return refuse(CheckpointNotReady(f"{epoch_name(row)}: checkpoint still PENDING"))
     return _decide_after_completed(row, lookups)
 
 
@@ -304,9 +303,9 @@ def _decide_after_completed(row: EpochRecord, lookups: EpochLookups) -> Decision
     """The rules that still hold an undecided epoch back once its checkpoint COMPLETED. A decided
     commit goes on whatever they say: it was decided under them."""
     refusal: ExactlyOnceError | None = upsert_order_refusal(row, lookups.pending)
-    if refusal is None and row.replaces is not None:
+    if refusal is None and row.kind.revises:
         refusal = untellable_revision(row.pre_commit, lookups.committed)
-    return _refuse(refusal) if refusal is not None else Decision(Action.DECIDE_AND_COMMIT, why="checkpoint COMPLETED")
+    return refuse(refusal) if refusal is not None else Decision(Action.DECIDE_AND_COMMIT, why="checkpoint COMPLETED")
 
 
 # -- abort --------------------------------------------------------------------------------------------
@@ -330,7 +329,7 @@ def abort_decision(
     """
     if row is None:
         # Recorded even without a write, so that the abort and its reason are seen in the UI and eo-sink.
-        return Decision(Action.RECORD_NO_WRITE if write is None else Action.TOMBSTONE)
+        return Decision(Action.RECORD_NO_WRITE if write is None else Action.TOMBSTONE, cause=AbortCause.GIVEN_UP)
     if write is not None and write.write_id != row.write_id:
         return _replaced(row, write, replaced) or Decision(Action.REMOVE_OTHER_WRITE)
     if row.status is EpochStatus.COMMITTED:
@@ -338,34 +337,38 @@ def abort_decision(
     if row.status is EpochStatus.ABORTED:
         return Decision(Action.ALREADY_ABORTED)
     if files_lost:
-        return Decision(Action.GIVE_UP_LOST_FILES)
+        return Decision(Action.GIVE_UP_LOST_FILES, cause=AbortCause.FILES_LOST)
     if row.commit_decided_at is not None:
-        return _refuse(
+        return refuse(
             AbortRefused(
-                f"{_name(row)}: the commit of write {row.write_id} was decided at "
+                f"{epoch_name(row)}: the commit of write {row.write_id} was decided at "
                 f"{row.commit_decided_at.isoformat()}; it will be committed (commit task or recovery), not "
                 "aborted. Only if its data files are lost for good: abort with files_lost=True "
                 "(eo-sink abort SINK EPOCH --reason ... --files-lost)"
             )
         )
-    if row.replaces is not None:
+    if row.kind.revises:
         # The epoch stays committed with the write the revision would replace (invariant 3 holds),
         # so a completed checkpoint does not hold a revision that its run gave up.
         return Decision(
-            Action.ABORT_REVISION, why=f"revision {row.revision} given up; write {row.replaces.write_id} stays"
+            Action.ABORT_REVISION, why=f"revision {row.revision} given up; write {row.kind.replaced_write_id} stays"
         )
-    give_up = Action.ABORT
     if force:
-        return Decision(give_up, why="forced")
+        return Decision(Action.ABORT, why="forced", cause=AbortCause.FORCED)
     status = checkpoint()
     if status is CheckpointStatus.COMPLETED:
-        return _refuse(
+        return refuse(
             AbortRefused(
-                f"{_name(row)}: checkpoint COMPLETED, so the epoch must be committed; "
+                f"{epoch_name(row)}: checkpoint COMPLETED, so the epoch must be committed; "
                 "abort with force=True only to drop its data on purpose"
             )
         )
-    return Decision(give_up, why=f"checkpoint {status.value}")
+    failed = status is CheckpointStatus.FAILED
+    return Decision(
+        Action.ABORT,
+        why=f"checkpoint {status.value}",
+        cause=AbortCause.CHECKPOINT_FAILED if failed else AbortCause.GIVEN_UP,
+    )
 
 
 def files_lost_refusal(row: EpochRecord, visible_tables: list[str], missing: list[str]) -> AbortRefused | None:
@@ -395,7 +398,8 @@ def recovery_decision(row: EpochRecord, lookups: EpochLookups) -> Decision:
     if status is CheckpointStatus.PENDING:
         return Decision(Action.WAIT)
     if status is CheckpointStatus.FAILED:
-        return Decision(Action.ABORT if row.replaces is None else Action.ABORT_REVISION, why="checkpoint FAILED")
+        action = Action.ABORT_REVISION if row.kind.revises else Action.ABORT
+        return Decision(action, why="checkpoint FAILED", cause=AbortCause.CHECKPOINT_FAILED)
     return _decide_after_completed(row, lookups)
 
 
@@ -403,108 +407,10 @@ def commits_in_batch(row: EpochRecord, decision: Decision) -> bool:
     """Whether recovery may commit the epoch together with its neighbours (``core/batch.py``): one
     sink commit holding one marked snapshot per epoch, in epoch order, instead of one commit each.
 
-    Only a plain append qualifies. A revision replaces files that the table must still hold when
-    its own snapshot is made, and an upsert epoch is checked against the table just before it; both
-    depend on what the epoch before them left, so they commit on their own, as does a write the sink
-    cannot batch (``BatchCommitter.prepare_batch``). Nothing else about the epoch changes: the same
+    Only a kind that batches (``WriteKind.batches``: a plain append) qualifies; the others commit
+    on their own, as does a write the sink cannot batch (``BatchCommitter.prepare_batch``). Nothing else about the epoch changes: the same
     decision (``recovery_decision``), the same commit decision by CAS before anything is visible.
     """
     if decision.action not in (Action.DECIDE_AND_COMMIT, Action.COMMIT_DECIDED):
         return False
-    return row.replaces is None and row.pre_commit.written and not any(t.is_upsert for t in row.pre_commit.tables)
-
-
-# -- rewrite after an upsert conflict ---------------------------------------------------------------
-
-#: The reason recorded on a decided write given up for a rewrite; a rewrite task that crashed after
-#: giving it up recognises its own abort by it and writes again.
-REWRITE_REASON = "upsert conflict: the epoch is written again"
-
-ConflictLookup = Callable[[], UpsertConflict | None]
-
-
-def persist_conflict_reason(conflict: UpsertConflict, checkpoint: CheckpointLookup) -> str:
-    """What persist records when it gives up an upsert write whose table moved under it: given up for
-    a rewrite (the group's rewrite task writes the epoch again), unless the checkpoint already
-    FAILED, when no rewrite follows (``rewrite_decision``) and the record says why the epoch ended."""
-    try:
-        failed = checkpoint() is CheckpointStatus.FAILED
-    except (MetaStoreUnavailable, SinkUnavailable):
-        failed = False  # the rewrite task reads it again, and refuses then
-    return f"checkpoint FAILED; the write also conflicted: {conflict}" if failed else f"{REWRITE_REASON}: {conflict}"
-
-
-def rewrite_decision(
-    row: EpochRecord,
-    run_writes: Collection[str],
-    conflict: ConflictLookup,
-    checkpoint: CheckpointLookup,
-    shown: Callable[[], list[str]],
-) -> Decision:
-    """Whether a rewrite task writes the epoch again after its persist or commit failed (design.md D14).
-
-    Only a write that can never be committed as written is written again: an upsert write whose
-    table moved under it (``conflict`` checks that against the table now), or one that persist
-    already gave up for that reason. A commit that failed for any other reason keeps its write,
-    which a retry of the commit can still make visible; writing again would only discard it. A
-    decided write is given up first (``files_lost``), because the next write's persist cannot replace
-    it, unless a table shows it (``shown``): the conflict is then its own commit, which crashed before
-    the row was marked. A failed checkpoint is never written again,
-    nor a revision of a committed epoch (``core.upsert_revisions``): it conflicts with what was
-    committed after the epoch, which a new write meets again. ``run_writes`` are the writes of this
-    run: an epoch committed with another write means this run's was refused, which the run must show.
-    """
-    if row.status is EpochStatus.COMMITTED:
-        if row.write_id in run_writes:
-            return Decision(Action.ALREADY_COMMITTED, why=f"write {row.write_id} of this run is committed")
-        return _refuse(
-            RewriteRefused(
-                f"{_name(row)} is committed with write {row.write_id}, which is not one of this run's "
-                f"({', '.join(sorted(run_writes)) or 'none'}): this run's write was refused or discarded, and "
-                "writing it again would meet the same refusal; the failed task upstream says why"
-            )
-        )
-    if row.replaces is not None:
-        return _refuse(
-            RewriteRefused(
-                f"{_name(row)}: revision {row.revision} (write {row.write_id}) conflicts with the table; a revision "
-                f"of an upsert epoch meets the same later changes when written again. Give it up (eo-sink abort "
-                f"{row.sink_id} {row.epoch} --reason ...; add --files-lost once its commit was decided): "
-                f"write {row.replaces.write_id} stays committed"
-            )
-        )
-    if row.status is EpochStatus.ABORTED and not (row.error or "").startswith(REWRITE_REASON):
-        return _refuse(
-            RewriteRefused(
-                f"{_name(row)} is Aborted ({row.error or 'no reason recorded'}), not for an upsert conflict; "
-                "nothing is written again here. Clear the run to write the epoch again once its input is right"
-            )
-        )
-    if row.commit_decided_at is None and checkpoint() is CheckpointStatus.FAILED:
-        return _refuse(RewriteRefused(f"{_name(row)}: checkpoint FAILED; the epoch is aborted, not written again"))
-    if row.status is EpochStatus.ABORTED:
-        return Decision(Action.REWRITE, why=f"write {row.write_id} was given up: {row.error}")
-    if not any(t.is_upsert for t in row.pre_commit.tables):
-        return _refuse(
-            RewriteRefused(f"{_name(row)}: write {row.write_id} is not an upsert; only an upsert conflict is rewritten")
-        )
-    found = conflict()
-    if found is None:
-        return _refuse(
-            RewriteRefused(
-                f"{_name(row)}: write {row.write_id} can still be committed (its commit failed for another reason: "
-                f"{row.error or 'see the commit task log'}); it is kept, not written again. Clear the commit task "
-                f"or run eo-sink commit {row.sink_id} {row.epoch}"
-            )
-        )
-    if row.commit_decided_at is None:
-        return Decision(Action.REWRITE, why=str(found))
-    if visible := shown():
-        why = f"table(s) {', '.join(sorted(visible))} show the commit of write {row.write_id}, decided"
-        return _refuse(
-            RewriteRefused(
-                f"{_name(row)}: {why}; it is not written again. Commit it (eo-sink commit {row.sink_id} {row.epoch}, "
-                "or the recovery DAG): the commit finds it there and marks the epoch Committed"
-            )
-        )
-    return Decision(Action.GIVE_UP_AND_REWRITE, why=str(found))
+    return row.kind.batches

@@ -11,11 +11,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Collection
 
-from .decisions import REWRITE_REASON, Action, files_lost_refusal, rewrite_decision
+from .decisions import Action, files_lost_refusal
 from .errors import ReplacedFilesMissing, UpsertConflict
 from .lookups import CheckpointLookup
 from .outcomes import AbortResult, RewriteOutcome, RewriteResult
 from .ports import EpochRecord, SinkCommitter
+from .rewrite_decisions import REWRITE_REASON, rewrite_decision
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +33,7 @@ def lost_files(committer: SinkCommitter, row: EpochRecord) -> list[str]:
     """
     shown = shown_tables(committer, row)
     missing = [] if shown else list(committer.missing_files(row.pre_commit))
-    if not shown and (row.replaces is not None or any(t.is_upsert for t in row.pre_commit.tables)):
+    if not shown and row.kind.lost_beyond_files:
         try:
             committer.prepare(row.pre_commit, replaces=row.replaces)
         except ReplacedFilesMissing as exc:
@@ -48,7 +49,7 @@ def lost_files(committer: SinkCommitter, row: EpochRecord) -> list[str]:
 def shown_tables(committer: SinkCommitter, row: EpochRecord) -> list[str]:
     """The tables that show this write's commit (of a revision: its own, not the write it replaces)."""
     visible = committer.find_committed(row.pre_commit, row.created_at)
-    return [t for t in visible.tables if row.replaces is None or visible.write_ids.get(t) == row.write_id]
+    return [t for t in visible.tables if not row.kind.revises or visible.write_ids.get(t) == row.write_id]
 
 
 def prepare_rewrite(

@@ -16,7 +16,8 @@ from typing import Any, Protocol, runtime_checkable
 from .errors import InvalidPreCommit
 from .identifiers import EPOCH_MAX
 from .precommit import PreCommit
-from .status import CheckpointStatus, EpochStatus
+from .status import AbortCause, CheckpointStatus, EpochStatus
+from .write_kinds import WriteKind
 
 #: Per table: the snapshot id that made the epoch visible, or ``EMPTY`` when there was nothing to add.
 CommittedTables = Mapping[str, str]
@@ -51,6 +52,13 @@ class EpochRecord:
     revision: int = 0
     #: While a revision is Pending: the committed write it replaces, still the visible one.
     replaces: ReplacedWrite | None = None
+    #: Why an Aborted epoch's write was given up (``error`` says it in words); ``None`` otherwise
+    #: and for rows aborted before the cause was recorded whose reason did not tell it.
+    abort_cause: AbortCause | None = None
+
+    @property
+    def kind(self) -> WriteKind:
+        return WriteKind.of(self.pre_commit, self.replaces)
 
 
 @dataclass(frozen=True)
@@ -168,7 +176,9 @@ class SinkStateStore(Protocol):
         """
         ...
 
-    def insert_aborted(self, pre_commit: PreCommit, *, reason: str, dag_id: str | None = None) -> EpochRecord:
+    def insert_aborted(
+        self, pre_commit: PreCommit, *, reason: str, dag_id: str | None = None, cause: AbortCause | None = None
+    ) -> EpochRecord:
         """``(none) -> Aborted`` for a write aborted before it was ever persisted, queuing its cleanup.
 
         The row is the tombstone that makes a late persist of the same write fail instead of
@@ -225,7 +235,14 @@ class SinkStateStore(Protocol):
         ...
 
     def mark_aborted(
-        self, sink_id: str, epoch: int, *, write_id: str, reason: str, decided: bool = False
+        self,
+        sink_id: str,
+        epoch: int,
+        *,
+        write_id: str,
+        reason: str,
+        decided: bool = False,
+        cause: AbortCause | None = None,
     ) -> EpochRecord:
         """``Pending -> Aborted`` for this write, only while no commit is decided; queues its cleanup.
 
@@ -351,6 +368,10 @@ class CommitPlan:
         if unknown:
             raise InvalidPreCommit(f"{self.pre_commit.describe()}: prepared state for other tables {sorted(unknown)}")
         object.__setattr__(self, "prepared", MappingProxyType(dict(self.prepared)))
+
+    @property
+    def kind(self) -> WriteKind:
+        return WriteKind.of(self.pre_commit, self.replaces)
 
     def fresh_state(self, committer: object, max_age_s: float) -> Mapping[str, object]:
         """The prepared state ``committer`` may use: its own, prepared at most ``max_age_s`` ago; else

@@ -206,10 +206,6 @@ class TableWrite(_Frozen):
         """Nothing to add and nothing to remove: an epoch of only deletes of absent keys is empty."""
         return not self.data_files and not self.rewritten
 
-    @property
-    def is_upsert(self) -> bool:
-        return self.changes is not None
-
 
 class PreCommit(_Frozen):
     """The first phase's result for one (sink, epoch): the unit the coordinator persists and commits."""

@@ -1,4 +1,4 @@
-"""The two small vocabularies every layer shares."""
+"""The small vocabularies every layer shares."""
 
 from __future__ import annotations
 
@@ -23,3 +23,23 @@ class CheckpointStatus(StrEnum):
     COMPLETED = "COMPLETED"
     FAILED = "FAILED"
     PENDING = "PENDING"
+
+
+class AbortCause(StrEnum):
+    """Why an epoch's write was given up, kept beside the free-text reason (migration 0009).
+
+    The rules that depend on why an epoch ended (the rewrite task writes again only a write given
+    up for an upsert conflict) read this, never the reason's words. ``None`` on rows aborted before
+    it was recorded whose reason did not tell it.
+    """
+
+    #: The upstream's checkpoint FAILED: the epoch's input is not to be committed.
+    CHECKPOINT_FAILED = "checkpoint_failed"
+    #: Given up before its checkpoint completed: a step of the run failed, or it was aborted by hand.
+    GIVEN_UP = "given_up"
+    #: Dropped on purpose although its checkpoint completed (``force``).
+    FORCED = "forced"
+    #: A decided write whose data files are gone for good (``files_lost``).
+    FILES_LOST = "files_lost"
+    #: Changes by key whose table moved under them, given up to be written again (design.md D14).
+    UPSERT_CONFLICT = "upsert_conflict"

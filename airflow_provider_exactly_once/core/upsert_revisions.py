@@ -27,6 +27,7 @@ from .ports import EMPTY, CommittedTables, EpochRecord
 from .precommit import PreCommit, TableWrite
 from .status import EpochStatus
 from .upserts import RevisionBasis
+from .write_kinds import Kind, WriteKind
 
 #: Where the rule is explained to operators; every refusal points there.
 DOCUMENTED = "docs/operators.md, 'Reprocessing an upsert epoch'"
@@ -46,14 +47,13 @@ def revised_write(
         return None
     if row.status is EpochStatus.COMMITTED and is_newer(generation, row.pre_commit.generation):
         replaced = (row.write_id, row.pre_commit, row.committed or {}, row.table_uuids or {})
-    elif row.status is EpochStatus.PENDING and row.replaces is not None:
+    elif row.status is EpochStatus.PENDING and (was := row.kind.replaces) is not None:
         if is_older(generation, row.pre_commit.generation):
             return None
-        was = row.replaces
         replaced = (was.write_id, was.pre_commit, was.committed, was.table_uuids or {})
     else:
         return None
-    if not any(t.is_upsert for t in replaced[1].tables):
+    if not WriteKind.of(replaced[1]).by_key:
         return None
     return replaced
 
@@ -70,7 +70,7 @@ def revision_basis(
     return {
         t.table: _basis(write_id, t, committed.get(t.table), identities.get(t.table))
         for t in pre_commit.tables
-        if t.is_upsert
+        if Kind.of_table(t).by_key
     }
 
 
@@ -97,10 +97,10 @@ def _is_id(text: str) -> bool:
 def revision_refusal(write: PreCommit, committed_write_id: str, committed: PreCommit) -> str | None:
     """Why ``write`` (a newer generation's) cannot revise the epoch's committed upsert write, in
     words that end an error message; ``None`` when it can."""
-    if not all(t.is_upsert for t in (*write.tables, *committed.tables)):
+    if not (WriteKind.of(write).by_key and WriteKind.of(committed).by_key):
         kinds = {"committed": committed, "new": write}
         shown = ", ".join(
-            f"the {name} write {'is' if all(t.is_upsert for t in w.tables) else 'is not'} changes by key"
+            f"the {name} write {'is' if WriteKind.of(w).by_key else 'is not'} changes by key"
             for name, w in kinds.items()
         )
         return (

@@ -204,7 +204,7 @@ class EpochView:
             logical_date=None if run is None else run.logical_date,
             written=record.pre_commit.written,
             revision=record.revision,
-            replacing_write_id=None if record.replaces is None else record.replaces.write_id,
+            replacing_write_id=record.kind.replaced_write_id,
             generation=record.pre_commit.generation,
         )
 

@@ -7,8 +7,9 @@ its state and rebuilt by a process that never imported the DAG (the recovery DAG
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -107,19 +108,26 @@ class IcebergSinkConfig:
     #: ``"replace"`` it atomically (a revision), or ``"keep"`` what was committed, for inputs that
     #: cannot be read again (the write task then skips its Spark job).
     on_reprocess: OnReprocess = "replace"
-    #: ``"append"`` (every row is new) or ``"upsert"``: every row is a change by ``key`` (insert or
-    #: update, or a delete where ``op_column`` says so), applied copy-on-write (``core.upserts``).
-    mode: Literal["append", "upsert"] = "append"
-    #: The primary key of an upsert sink (the tables' identifier fields).
-    key: tuple[str, ...] = ()
-    #: An upsert's operation column, its values (``{"insert": [...], "update": [...], "delete":
-    #: [...]}``, defaults in ``UpsertSpec``), and the column ordering two changes of one key.
-    op_column: str | None = None
-    op_values: Mapping[str, tuple[str, ...]] = field(default_factory=dict, hash=False)
-    order_by: str | None = None
+    #: Every row is a change by key (insert or update, or a delete where the spec's ``op_column``
+    #: says so), applied copy-on-write (``core.upserts.UpsertSpec``); ``None``: every row is new.
+    upsert: UpsertSpec | None = field(default=None, hash=False)
+    #: The earlier spelling of ``upsert`` (``mode="upsert", key=..., op_column=..., op_values=...,
+    #: order_by=...``), accepted for one release with a ``DeprecationWarning``.
+    mode: InitVar[str | None] = None
+    key: InitVar[str | tuple[str, ...] | None] = None
+    op_column: InitVar[str | None] = None
+    op_values: InitVar[Mapping[str, tuple[str, ...]] | None] = None
+    order_by: InitVar[str | None] = None
     kind: Literal["iceberg"] = field(default="iceberg", init=False)
 
-    def __post_init__(self) -> None:
+    def __post_init__(
+        self,
+        mode: str | None,
+        key: str | tuple[str, ...] | None,
+        op_column: str | None,
+        op_values: Mapping[str, tuple[str, ...]] | None,
+        order_by: str | None,
+    ) -> None:
         _sink_id(self.sink_id)
         if isinstance(self.tables, str):
             object.__setattr__(self, "tables", (self.tables,))
@@ -143,15 +151,20 @@ class IcebergSinkConfig:
             raise InvalidSinkConfig(f"sink {self.sink_id!r}: max_commit_attempts must be at least 1")
         object.__setattr__(self, "select", _selections(self.sink_id, self.tables, self.select))
         _on_reprocess(self.sink_id, self.on_reprocess)
-        if isinstance(self.key, str):
-            object.__setattr__(self, "key", (self.key,))
-        object.__setattr__(self, "key", tuple(self.key))
-        self.upsert  # noqa: B018 - validated once, here
-
-    @property
-    def upsert(self) -> UpsertSpec | None:
-        """The upsert settings, or ``None`` for an append sink."""
-        return _upsert_spec(self)
+        given = {"mode": mode, "key": key, "op_column": op_column, "op_values": op_values, "order_by": order_by}
+        if any(value is not None for value in given.values()):
+            warnings.warn(
+                f"sink {self.sink_id!r}: IcebergSinkConfig(mode=, key=, op_column=, op_values=, order_by=) is "
+                "deprecated; write upsert=UpsertSpec(key=..., op_column=..., order_by=...) "
+                "(from airflow_provider_exactly_once import UpsertSpec)",
+                DeprecationWarning,
+                stacklevel=3,
+            )
+            if self.upsert is not None:
+                raise InvalidSinkConfig(
+                    f"sink {self.sink_id!r}: give upsert=UpsertSpec(...) or mode='upsert', not both"
+                )
+            object.__setattr__(self, "upsert", _upsert_spec(self.sink_id, given))
 
     def committer(self, catalog: Catalog, *, fault: FaultHook = no_faults) -> IcebergSinkCommitter:
         from airflow_provider_exactly_once.sinks.iceberg import IcebergSinkCommitter
@@ -178,55 +191,56 @@ class IcebergSinkConfig:
             # Left out when empty, so the registered form of a sink without selections is unchanged.
             **({"select": {t: s.to_dict() for t, s in self.select.items()}} if self.select else {}),
             **({"on_reprocess": self.on_reprocess} if self.on_reprocess != "replace" else {}),
-            **(
-                {
-                    "mode": self.mode,
-                    "key": list(self.key),
-                    "op_column": self.op_column,
-                    "op_values": {k: list(v) for k, v in self.op_values.items()},
-                    "order_by": self.order_by,
-                }
-                if self.mode != "append"
-                else {}
-            ),
+            **({"upsert": self.upsert.model_dump(mode="json")} if self.upsert is not None else {}),
         }
 
 
-def _upsert_spec(sink: IcebergSinkConfig) -> UpsertSpec | None:
-    from pydantic import ValidationError
+#: The earlier, flat spelling of the upsert settings: ``IcebergSinkConfig``'s deprecated arguments,
+#: and the registered form of a sink recorded before ``upsert`` (which ``sink_config_from_dict`` reads).
+_FLAT_UPSERT = ("mode", "key", "op_column", "op_values", "order_by")
 
-    if sink.mode not in ("append", "upsert"):
-        raise InvalidSinkConfig(f"sink {sink.sink_id!r}: mode must be 'append' or 'upsert', got {sink.mode!r}")
-    extra = [n for n in ("op_column", "order_by") if getattr(sink, n) is not None] + (
-        ["op_values"] if sink.op_values else []
-    )
-    if sink.mode == "append":
-        if sink.key or extra:
+
+def _upsert_spec(sink_id: str, given: Mapping[str, Any]) -> UpsertSpec | None:
+    """The spec the flat settings describe, or ``None`` for an append sink."""
+    mode = given.get("mode") or "append"
+    if mode not in ("append", "upsert"):
+        raise InvalidSinkConfig(f"sink {sink_id!r}: mode must be 'append' or 'upsert', got {mode!r}")
+    key = given.get("key") or ()
+    extra = [n for n in ("op_column", "order_by", "op_values") if given.get(n)]
+    if mode == "append":
+        if key or extra:
             raise InvalidSinkConfig(
-                f"sink {sink.sink_id!r}: key, op_column, op_values and order_by are for mode='upsert' "
-                f"(given: {['key'] * bool(sink.key) + extra}); an append sink adds every row"
+                f"sink {sink_id!r}: key, op_column, op_values and order_by are for mode='upsert' "
+                f"(given: {['key'] * bool(key) + extra}); an append sink adds every row"
             )
         return None
-    # The upsert models only for an upsert sink: an append sink's DAG parse need not build them.
-    from airflow_provider_exactly_once.core.upserts import UpsertSpec
-
-    values = dict(sink.op_values)
+    values = dict(given.get("op_values") or {})
     unknown = sorted(set(values) - {"insert", "update", "delete"})
     if unknown:
-        raise InvalidSinkConfig(f"sink {sink.sink_id!r}: op_values keys are insert, update and delete, not {unknown}")
+        raise InvalidSinkConfig(f"sink {sink_id!r}: op_values keys are insert, update and delete, not {unknown}")
+    spec = {
+        "key": (key,) if isinstance(key, str) else tuple(key),
+        "op_column": given.get("op_column"),
+        "order_by": given.get("order_by"),
+        **{f"{name}_values": tuple(v) for name, v in values.items()},
+    }
+    return _validated_spec(sink_id, spec)
+
+
+def _validated_spec(sink_id: str, spec: Mapping[str, Any]) -> UpsertSpec:
+    # The upsert models only for an upsert sink: an append sink's DAG parse need not build them.
+    from pydantic import ValidationError
+
+    from airflow_provider_exactly_once.core.upserts import UpsertSpec
+
     try:
-        return UpsertSpec(
-            key=sink.key,
-            op_column=sink.op_column,
-            order_by=sink.order_by,
-            **{f"{name}_values": tuple(v) for name, v in values.items()},
-        )
+        return UpsertSpec.model_validate(spec)
     except ValidationError as exc:
         faults = "; ".join(
             f"{'.'.join(map(str, e['loc'])) or 'upsert'}: {e['msg']}" for e in exc.errors(include_url=False)
         )
         raise InvalidSinkConfig(
-            f"sink {sink.sink_id!r}: mode='upsert' needs key=(column, ...) naming the primary key; {faults}"
+            f"sink {sink_id!r}: an upsert sink needs UpsertSpec(key=(column, ...)) naming the primary key; {faults}"
         ) from None
 
 
@@ -343,10 +357,12 @@ def sink_config_from_dict(data: Mapping[str, Any]) -> SinkConfig:
             if "clock_skew_s" in values:
                 values["clock_skew"] = timedelta(seconds=float(values.pop("clock_skew_s")))
             values["tables"] = tuple(values.get("tables", ()))
-            if "key" in values:
-                values["key"] = tuple(values["key"])
-            if "op_values" in values:
-                values["op_values"] = {k: tuple(v) for k, v in dict(values["op_values"]).items()}
+            sink_id = str(values.get("sink_id"))
+            flat = {name: values.pop(name) for name in _FLAT_UPSERT if name in values}
+            if flat:  # registered before the settings were nested
+                values["upsert"] = _upsert_spec(sink_id, flat)
+            elif values.get("upsert") is not None:
+                values["upsert"] = _validated_spec(sink_id, values["upsert"])
             return IcebergSinkConfig(**values)
         if kind == "files":
             return FileSinkConfig(**values)

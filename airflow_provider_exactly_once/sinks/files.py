@@ -51,6 +51,7 @@ from airflow_provider_exactly_once.core.precommit import (
     PreCommit,
     TableWrite,
 )
+from airflow_provider_exactly_once.core.write_kinds import WriteKind
 from airflow_provider_exactly_once.extras import url_to_fs
 from airflow_provider_exactly_once.filesystems import store_errors
 from airflow_provider_exactly_once.sinks.layout import FILE_STAGING_DIR, file_write_location, file_writes_folder
@@ -196,9 +197,10 @@ class FileSinkCommitter:
         the final names are a pure function of the metadata, and ``commit`` looks at every file anyway.
         """
         self._plan(pre_commit)
-        if replaces is not None:
+        kind = WriteKind.of(pre_commit, replaces)
+        if kind.revises:
             raise CommitRefused(
-                f"{pre_commit.describe()}: a file sink cannot replace committed write {replaces.write_id}"
+                f"{pre_commit.describe()}: a file sink cannot replace committed write {kind.replaced_write_id}"
             )
         return CommitPlan(pre_commit)
 
@@ -230,9 +232,9 @@ class FileSinkCommitter:
         refuses ``on_reprocess="replace"``), so a plan that ``replaces`` is refused.
         """
         pre_commit = plan.pre_commit
-        if plan.replaces is not None:
+        if plan.kind.revises:
             raise CommitRefused(
-                f"{pre_commit.describe()}: a file sink cannot replace committed write {plan.replaces.write_id}; "
+                f"{pre_commit.describe()}: a file sink cannot replace committed write {plan.kind.replaced_write_id}; "
                 "nothing was moved"
             )
         layout = self._plan(pre_commit)

@@ -48,6 +48,7 @@ RUN_ID_LENGTH = 250
 DAG_ID_LENGTH = 250
 WRITE_ID_LENGTH = 36
 STATUS_LENGTH = 16
+ABORT_CAUSE_LENGTH = 32
 GENERATION_LENGTH = 40
 CHECKPOINT_NAME_LENGTH = 128
 
@@ -196,6 +197,8 @@ class PendingSinkState(Base):
     #: JSON object: table -> the table's identity (Iceberg UUID) the epoch was committed to (0004).
     table_uuids: Mapped[str | None] = mapped_column(Text)
     error: Mapped[str | None] = mapped_column(Text)
+    #: Why an Aborted epoch's write was given up (``core.status.AbortCause``, 0009); ``error`` says it in words.
+    abort_cause: Mapped[str | None] = mapped_column(String(ABORT_CAUSE_LENGTH))
     #: What a persist found suspicious about the epoch (0004): shown to operators, decides nothing.
     warning: Mapped[str | None] = mapped_column(Text)
     #: How often the epoch's committed write was replaced by a newer generation's (0005).

@@ -121,7 +121,7 @@ class SqlRevisions:
         )
         with self._db.transaction(f"aborting a revision of sink {sink_id!r} epoch {epoch}", write=True) as session:
             revision = rows.load(session, sink_id, epoch, for_update=True)
-            replaced = None if revision is None else revision.replaces
+            replaced = None if revision is None else revision.kind.replaces
             if revision is None or replaced is None:
                 raise cas.conflict(revision, sink_id, epoch, wanted)
             now = db_now()
@@ -177,7 +177,7 @@ class SqlRevisions:
             ).all()
             listed = [_revision(r) for r in found]
             pending = rows.load(session, sink_id, epoch)
-        if pending is not None and pending.replaces is not None:
+        if pending is not None and pending.kind.revises:
             listed.append(
                 RevisionRecord(
                     sink_id=sink_id,

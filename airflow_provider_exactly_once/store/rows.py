@@ -34,7 +34,7 @@ from sqlalchemy.orm import Session
 from airflow_provider_exactly_once.core.errors import InvalidPreCommit, InvalidSinkConfig, MetaStoreUnavailable
 from airflow_provider_exactly_once.core.ports import CleanupTask, EpochRecord, ReplacedWrite
 from airflow_provider_exactly_once.core.precommit import PreCommit
-from airflow_provider_exactly_once.core.status import EpochStatus
+from airflow_provider_exactly_once.core.status import AbortCause, EpochStatus
 from airflow_provider_exactly_once.store.models import EpochMetadata, PendingSinkState, SinkCleanup, db_now
 
 #: ``pending_sink_state`` itself: the row without its metadata, which is ``epoch_metadata``'s.
@@ -264,6 +264,7 @@ def record(session: Session, row: PendingSinkState, *, pre_commit: PreCommit | N
         commit_decided_at=row.commit_decided_at,
         committed=None if row.committed is None else json.loads(row.committed),
         error=row.error,
+        abort_cause=None if row.abort_cause is None else AbortCause(row.abort_cause),
         dag_id=row.dag_id,
         table_uuids=None if row.table_uuids is None else json.loads(row.table_uuids),
         warning=row.warning,

@@ -29,7 +29,7 @@ from airflow_provider_exactly_once.core.errors import InvalidPreCommit, StateCon
 from airflow_provider_exactly_once.core.identifiers import check_epoch, check_sink_id, check_write_id
 from airflow_provider_exactly_once.core.ports import CommittedTables, EpochRecord
 from airflow_provider_exactly_once.core.precommit import PreCommit
-from airflow_provider_exactly_once.core.status import EpochStatus
+from airflow_provider_exactly_once.core.status import AbortCause, EpochStatus
 from airflow_provider_exactly_once.store import arguments, cas, first_write, rows
 from airflow_provider_exactly_once.store.batch_transitions import SqlBatchTransitions
 from airflow_provider_exactly_once.store.checkpoints import SqlCheckpointTable
@@ -152,7 +152,9 @@ class SqlSinkStateStore(SqlCleanupQueue, SqlBatchTransitions):
             f"the row already exists: {cas.holds(existing)}"
         )
 
-    def insert_aborted(self, pre_commit: PreCommit, *, reason: str, dag_id: str | None = None) -> EpochRecord:
+    def insert_aborted(
+        self, pre_commit: PreCommit, *, reason: str, dag_id: str | None = None, cause: AbortCause | None = None
+    ) -> EpochRecord:
         """``(none) -> Aborted``: a tombstone for a write aborted before it was ever persisted.
 
         Row and clean-up are written in one transaction; the primary key settles a race with a
@@ -177,6 +179,7 @@ class SqlSinkStateStore(SqlCleanupQueue, SqlBatchTransitions):
                             created_at=now,
                             updated_at=now,
                             error=reason,
+                            abort_cause=cause,
                         )
                     )
                     metadata_json = rows.insert_metadata(session, pre_commit)
@@ -238,6 +241,7 @@ class SqlSinkStateStore(SqlCleanupQueue, SqlBatchTransitions):
                 "dag_id": dag_id,
                 "updated_at": now,
                 "error": None,
+                "abort_cause": None,
             }
             if not pending:
                 values.update(commit_decided_at=None, committed=None)
@@ -360,13 +364,20 @@ class SqlSinkStateStore(SqlCleanupQueue, SqlBatchTransitions):
                     f"sink {sink_id!r} epoch {epoch}: committed tables {sorted(committed)} are not the "
                     f"write's tables {sorted(tables)}"
                 )
-            if record.replaces is not None:
+            if record.kind.revises:
                 commit_revision(session, record, committed)
                 record = cas.reloaded(session, sink_id, epoch)
             return record
 
     def mark_aborted(
-        self, sink_id: str, epoch: int, *, write_id: str, reason: str, decided: bool = False
+        self,
+        sink_id: str,
+        epoch: int,
+        *,
+        write_id: str,
+        reason: str,
+        decided: bool = False,
+        cause: AbortCause | None = None,
     ) -> EpochRecord:
         sink_id, epoch, write_id = check_sink_id(sink_id), check_epoch(epoch), check_write_id(write_id)
         reason = arguments.text(reason, "abort reason")
@@ -375,14 +386,14 @@ class SqlSinkStateStore(SqlCleanupQueue, SqlBatchTransitions):
             cas.swap(
                 session,
                 cas.guarded(EpochStatus.PENDING, undecided=not decided, decided=decided).values(
-                    status=EpochStatus.ABORTED.value, error=reason, updated_at=now
+                    status=EpochStatus.ABORTED.value, error=reason, abort_cause=cause, updated_at=now
                 ),
                 cas.key(sink_id, epoch, write_id),
                 f"abort Pending write {write_id} "
                 + ("whose commit is decided" if decided else "while no commit is decided"),
             )
             record = cas.reloaded(session, sink_id, epoch)
-            if record.replaces is not None:  # rolls the CAS back: a revision's abort restores the replaced write
+            if record.kind.revises:  # rolls the CAS back: a revision's abort restores the replaced write
                 raise StateConflict(
                     f"sink {sink_id!r} epoch {epoch}: write {write_id} is a revision; abort it with abort_revision"
                 )

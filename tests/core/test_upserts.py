@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import warnings
 
 import pytest
 
@@ -59,26 +60,34 @@ def test_change_counts_add_up_and_read_as_a_sentence() -> None:
     assert total.describe() == "1 inserted, 2 updated, 3 deleted (1 deletes of absent keys)"
 
 
-def test_an_upsert_sink_is_validated_once_and_survives_its_dict_form() -> None:
-    sink = IcebergSinkConfig(
-        "cdc",
-        tables=("ns.t",),
-        mode="upsert",
-        key=("id",),
-        op_column="op",
-        order_by="lsn",
-        op_values={"delete": ("X",)},
-    )
-    assert sink.upsert == UpsertSpec(key=("id",), op_column="op", order_by="lsn", delete_values=("X",))
+SPEC = UpsertSpec(key=("id",), op_column="op", order_by="lsn", delete_values=("X",))
+#: The earlier spelling of ``SPEC``: the deprecated arguments, and the registered form of such a sink.
+FLAT = {"mode": "upsert", "key": ("id",), "op_column": "op", "order_by": "lsn", "op_values": {"delete": ("X",)}}
+
+
+def test_an_upsert_sink_survives_its_dict_form() -> None:
+    sink = IcebergSinkConfig("cdc", tables=("ns.t",), upsert=SPEC)
     again = sink_config_from_dict(sink.to_dict())
-    assert again == sink and isinstance(again, IcebergSinkConfig) and again.upsert == sink.upsert
-    assert "mode" not in IcebergSinkConfig("plain", tables=("ns.t",)).to_dict()  # an append sink's form is unchanged
+    assert again == sink and isinstance(again, IcebergSinkConfig) and again.upsert == SPEC
+    assert "upsert" not in IcebergSinkConfig("plain", tables=("ns.t",)).to_dict()  # an append sink's form is unchanged
+
+
+def test_the_earlier_spelling_still_works_for_a_release_and_says_the_new_one() -> None:
+    with pytest.warns(DeprecationWarning, match=r"write upsert=UpsertSpec\(key=\.\.\."):
+        sink = IcebergSinkConfig("cdc", tables=("ns.t",), **FLAT)  # type: ignore[arg-type]
+    assert sink == IcebergSinkConfig("cdc", tables=("ns.t",), upsert=SPEC)
+    registered = {"kind": "iceberg", "sink_id": "cdc", "tables": ["ns.t"], **FLAT}  # recorded by an earlier release
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # not the DAG author's to fix: no warning
+        assert sink_config_from_dict(registered) == sink
+    with pytest.raises(InvalidSinkConfig, match="not both"), pytest.warns(DeprecationWarning):
+        IcebergSinkConfig("cdc", tables=("ns.t",), upsert=SPEC, key=("id",))
 
 
 @pytest.mark.parametrize(
     ("settings", "refusal"),
     [
-        ({"mode": "upsert"}, r"sink 'cdc': mode='upsert' needs key=\(column, ...\)"),
+        ({"mode": "upsert"}, r"sink 'cdc': an upsert sink needs UpsertSpec\(key=\(column, ...\)\)"),
         (
             {"key": ("id",)},
             r"sink 'cdc': key, op_column, op_values and order_by are for mode='upsert' \(given: \['key'\]\)",
@@ -91,7 +100,7 @@ def test_an_upsert_sink_is_validated_once_and_survives_its_dict_form() -> None:
     ],
 )
 def test_a_bad_upsert_sink_is_refused_naming_it(settings: dict[str, object], refusal: str) -> None:
-    with pytest.raises(InvalidSinkConfig, match=refusal):
+    with pytest.raises(InvalidSinkConfig, match=refusal), pytest.warns(DeprecationWarning):
         IcebergSinkConfig("cdc", tables=("ns.t",), **settings)  # type: ignore[arg-type]
 
 

@@ -32,6 +32,7 @@ from airflow_provider_exactly_once.core.outcomes import CommitOutcome, PersistOu
 from airflow_provider_exactly_once.core.precommit import PreCommit
 from airflow_provider_exactly_once.core.status import CheckpointStatus
 from airflow_provider_exactly_once.core.upsert_revisions import revision_basis
+from airflow_provider_exactly_once.core.upserts import UpsertSpec
 from airflow_provider_exactly_once.operations import SinkOperations
 from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig
 from tests.operations.helpers import coordinator, write
@@ -57,7 +58,9 @@ class Upserts:
     def of(cls, world: World) -> Upserts:
         sink_id, table = f"{world.sink_id}-upserts", f"{world.pipeline.namespace}.keyed"
         world.pipeline.catalog.create_table(table, schema=KEYED)
-        config = IcebergSinkConfig(sink_id, (table,), iceberg_conn_id=world.iceberg_conn_id, mode="upsert", key=("id",))
+        config = IcebergSinkConfig(
+            sink_id, (table,), iceberg_conn_id=world.iceberg_conn_id, upsert=UpsertSpec(key=("id",))
+        )
         world.pipeline.store.registry.register_sink(sink_id, config.to_dict(), MetaStoreCheckpoint().to_dict())
         driver = world.pipeline.coordinator(
             sink_id, world.pipeline.iceberg_committer(), on_reprocess={sink_id: "replace"}

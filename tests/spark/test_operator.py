@@ -21,6 +21,7 @@ from pyiceberg.transforms import IdentityTransform
 from airflow_provider_exactly_once.core.epochs import epoch_from_interval_start
 from airflow_provider_exactly_once.core.errors import InvalidPreCommit, InvalidSinkConfig
 from airflow_provider_exactly_once.core.precommit import COMPRESSED_PREFIX, PreCommit
+from airflow_provider_exactly_once.core.upserts import UpsertSpec
 from airflow_provider_exactly_once.operators.spark_precommit import (
     EPOCH_WRITER_APPLICATION,
     SparkPreCommitOperator,
@@ -255,7 +256,7 @@ def test_a_fan_out_sink_is_one_write_of_every_table_with_its_selection(monkeypat
 def test_an_upsert_sinks_key_and_branch_reach_the_job_spec(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AIRFLOW_CONN_LAKE", json.dumps({"conn_type": "iceberg", "extra": {"type": "sql", "uri": "x"}}))
     sink = IcebergSinkConfig(
-        "cdc", ("ns.accounts",), iceberg_conn_id="lake", branch="audit", mode="upsert", key=("id",), op_column="op"
+        "cdc", ("ns.accounts",), iceberg_conn_id="lake", branch="audit", upsert=UpsertSpec(key=("id",), op_column="op")
     )
     operator = SparkPreCommitOperator(task_id="w", sink=sink.to_dict(), input={"kind": "sql", "query": "select 1"})
     (target,) = operator._resolve_targets()
@@ -393,7 +394,7 @@ def test_a_reprocessed_upsert_epoch_is_planned_as_a_revision_of_the_committed_wr
     from airflow_provider_exactly_once.core.precommit import TableWrite
     from airflow_provider_exactly_once.core.upserts import ChangeCounts, RewrittenFile
 
-    sink = dataclasses.replace(world.iceberg_sink(), mode="upsert", key=("id",))
+    sink = dataclasses.replace(world.iceberg_sink(), upsert=UpsertSpec(key=("id",)))
     start = dt.datetime(2024, 6, 1, tzinfo=dt.UTC)
     epoch = epoch_from_interval_start(start)
     write_id = str(uuid.uuid4())

@@ -13,18 +13,18 @@ from airflow.providers.standard.operators.python import PythonOperator
 from airflow.sdk import DAG
 
 from airflow_provider_exactly_once.checkpoints.config import MarkerFileCheckpoint
-from airflow_provider_exactly_once.core.decisions import REWRITE_REASON
 from airflow_provider_exactly_once.core.epochs import epoch_from_interval_start
 from airflow_provider_exactly_once.core.errors import InvalidSinkConfig
 from airflow_provider_exactly_once.core.identifiers import new_write_id
-from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochStatus
+from airflow_provider_exactly_once.core.status import AbortCause, CheckpointStatus, EpochStatus
+from airflow_provider_exactly_once.core.upserts import UpsertSpec
 from airflow_provider_exactly_once.runtime.assembly import run_epoch
 from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig
 from airflow_provider_exactly_once.task_groups import exactly_once_epoch
 from tests.support.airflow_world import World, clear_and_resume, run, ti_states, xcom
 from tests.support.upsert_writer import KEYED, Changes, write_upsert
 
-UPSERT = IcebergSinkConfig("cdc", ("ns.accounts",), mode="upsert", key=("id",))
+UPSERT = IcebergSinkConfig("cdc", ("ns.accounts",), upsert=UpsertSpec(key=("id",)))
 APPEND = IcebergSinkConfig("events", ("ns.events",))
 
 
@@ -65,7 +65,9 @@ def keyed_dag(
     meets it), or with ``compact_before_commit`` between the wait and the commit (the commit does)."""
     table = f"{world.pipeline.namespace}.accounts"
     world.pipeline.catalog.create_table(table, schema=KEYED)
-    sink = IcebergSinkConfig(world.sink_id, (table,), iceberg_conn_id=world.iceberg_conn_id, mode="upsert", key=("id",))
+    sink = IcebergSinkConfig(
+        world.sink_id, (table,), iceberg_conn_id=world.iceberg_conn_id, upsert=UpsertSpec(key=("id",))
+    )
 
     def write(**context: Any) -> Any:
         epoch = run_epoch(context, world.sink_id, world.meta_conn_id)
@@ -155,7 +157,7 @@ def test_without_rewrites_the_conflict_fails_the_run_and_clearing_it_writes_agai
     assert dr.state == "failed"
     assert not any(task.startswith(f"{G}.rewrite") for task in dag.task_dict)
     row = world.pipeline.store.get(world.sink_id, second)
-    assert row is not None and row.status is EpochStatus.ABORTED and (row.error or "").startswith(REWRITE_REASON)
+    assert row is not None and row.status is EpochStatus.ABORTED and row.abort_cause is AbortCause.UPSERT_CONFLICT
     assert shown(world) == {0: "v0", 1: "v0", 2: "v0"}
 
     tasks = ["write", *(f"{G}.{t}" for t in ("persist", "wait_for_checkpoint", "commit", "abort"))]

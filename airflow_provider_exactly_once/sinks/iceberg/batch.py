@@ -34,6 +34,7 @@ from airflow_provider_exactly_once.core.errors import (
 from airflow_provider_exactly_once.core.observe import COMMIT_RETRIES
 from airflow_provider_exactly_once.core.ports import EMPTY, CommitPlan, CommittedTables
 from airflow_provider_exactly_once.core.precommit import PreCommit, TableWrite
+from airflow_provider_exactly_once.core.write_kinds import Kind
 from airflow_provider_exactly_once.sinks.iceberg.epoch_snapshot import ensure_name_mapping, staged_data_files
 from airflow_provider_exactly_once.sinks.iceberg.markers import marker_properties, sink_markers
 from airflow_provider_exactly_once.sinks.iceberg.plans import PREPARED_FRESH_S, BatchHost, TablePlan
@@ -71,7 +72,7 @@ def prepare_batch(committer: BatchHost, pre_commits: Sequence[PreCommit]) -> lis
                 if write.table not in tables:
                     tables[write.table] = committer.load(write.table)
                 table = tables[write.table]
-                if write.is_upsert or committer.check(table, pre, write):
+                if Kind.of_table(write).by_key or committer.check(table, pre, write):
                     break  # an overwrite, or a schema change staged before the append: alone
                 prepared[write.table] = TablePlan(write, table, [], [])
             else:
@@ -96,7 +97,7 @@ def commit_batch(
     already is skipped there. Raises what the single commit raises, for the batch as a whole."""
     by_table: dict[str, list[_Entry]] = {}
     for index, (plan, created_at) in enumerate(zip(plans, since, strict=True)):
-        if plan.replaces is not None or any(write.is_upsert for write in plan.pre_commit.tables):
+        if not plan.kind.batches:
             raise CommitRefused(f"{plan.pre_commit.describe()}: only appends are committed in a batch")
         for write in plan.pre_commit.tables:
             not_before_ms = committer.not_before_ms(created_at)

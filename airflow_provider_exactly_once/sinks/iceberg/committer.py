@@ -27,6 +27,7 @@ from airflow_provider_exactly_once.core.faults import FaultHook, no_faults
 from airflow_provider_exactly_once.core.observe import COMMIT_RETRIES, NO_METRICS, Metrics, safe
 from airflow_provider_exactly_once.core.ports import EMPTY, CommitPlan, CommittedTables, ReplacedWrite, VisibleEpoch
 from airflow_provider_exactly_once.core.precommit import PreCommit, TableWrite
+from airflow_provider_exactly_once.core.write_kinds import Kind, WriteKind
 from airflow_provider_exactly_once.sinks.iceberg.batch import commit_batch, foreign_write_visible, prepare_batch
 from airflow_provider_exactly_once.sinks.iceberg.catalog_access import load_table, unavailable_when_unreachable
 from airflow_provider_exactly_once.sinks.iceberg.epoch_snapshot import commit_snapshot
@@ -296,7 +297,7 @@ class IcebergSinkCommitter:
         if found is None:
             return None
         snapshot_id, write_id = found
-        if replaces is not None and write_id == replaces.write_id:
+        if write_id == WriteKind.of(pre_commit, replaces).replaced_write_id:
             return None
         if write_id != pre_commit.write_id:
             raise foreign_write_visible(pre_commit, table, snapshot_id, write_id)
@@ -322,16 +323,17 @@ class IcebergSinkCommitter:
     def _to_replace(
         self, table: Table, pre_commit: PreCommit, write: TableWrite, replaces: ReplacedWrite | None
     ) -> list[DataFile]:
-        if write.is_upsert:
+        if Kind.of_table(write).by_key:
             # The files it rewrote; a revision's also the revised write's (``upsert_revisions``).
             what = f"{pre_commit.describe()}: could not read the files the upsert rewrote in table {write.table!r}"
             with unavailable_when_unreachable(what, table.io.properties):
                 return upsert_files_to_replace(table, self.branch, pre_commit, write, replaces)
-        if replaces is None:
+        replaced = WriteKind.of(pre_commit, replaces).replaces
+        if replaced is None:
             return []
         what = f"{pre_commit.describe()}: could not read the replaced files in table {write.table!r}"
         with unavailable_when_unreachable(what, table.io.properties):  # reads the table's manifests
-            return files_to_replace(table, self.branch, pre_commit, replaces, write.table)
+            return files_to_replace(table, self.branch, pre_commit, replaced, write.table)
 
     def _commit_table(
         self, pre_commit: PreCommit, plan: TablePlan, not_before_ms: int, replaces: ReplacedWrite | None

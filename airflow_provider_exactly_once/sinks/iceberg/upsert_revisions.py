@@ -32,6 +32,7 @@ from airflow_provider_exactly_once.core.errors import InvalidPreCommit, UpsertCo
 from airflow_provider_exactly_once.core.ports import ReplacedWrite
 from airflow_provider_exactly_once.core.precommit import PreCommit, TableWrite
 from airflow_provider_exactly_once.core.upsert_revisions import DOCUMENTED
+from airflow_provider_exactly_once.core.write_kinds import WriteKind
 from airflow_provider_exactly_once.sinks.iceberg.markers import EPOCH_KEY, SINK_ID_KEY, marker_of
 from airflow_provider_exactly_once.sinks.iceberg.upserts import files_to_rewrite, may_hold_range, shown, snapshots_since
 
@@ -45,18 +46,19 @@ def upsert_files_to_replace(
     before the revision is opened: ``write.revises`` says the same).
     """
     revised = write.revises
+    kind = WriteKind.of(pre_commit, replaces)
     if revised is None:
-        if replaces is not None:
+        if kind.revises:
             raise UpsertConflict(
                 f"{pre_commit.describe()}: table {write.table!r}: this write replaces the committed write "
-                f"{replaces.write_id} of the epoch, but its changes were planned against the table as it was when it "
+                f"{kind.replaced_write_id} of the epoch, but its changes were planned against the table as it was when it "
                 "ran, not as it was before that write; nothing was committed. Write the epoch again: a new write "
                 f"is planned as a revision ({DOCUMENTED})",
                 (write.table,),
             )
         return files_to_rewrite(table, branch, pre_commit, write)
-    if replaces is not None:
-        _check_against(pre_commit, write, replaces)
+    if (replaced := kind.replaces) is not None:
+        _check_against(pre_commit, write, replaced)
     return files_to_revise(table, branch, pre_commit, write)
 
 

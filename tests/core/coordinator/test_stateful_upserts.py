@@ -17,7 +17,6 @@ from collections.abc import Callable
 import hypothesis.strategies as st
 from hypothesis.stateful import Bundle, invariant, rule
 
-from airflow_provider_exactly_once.core.decisions import REWRITE_REASON
 from airflow_provider_exactly_once.core.errors import (
     AbortRefused,
     CheckpointFailed,
@@ -29,7 +28,7 @@ from airflow_provider_exactly_once.core.errors import (
     UpsertConflict,
 )
 from airflow_provider_exactly_once.core.precommit import PreCommit
-from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochStatus
+from airflow_provider_exactly_once.core.status import AbortCause, CheckpointStatus, EpochStatus
 from tests.core.coordinator.test_stateful_invariants import ABORT_CRASHES, COMMIT_CRASHES, PERSIST_CRASHES
 from tests.support.pipeline import Pipeline
 from tests.support.stateful import PipelineMachine, machine_settings
@@ -170,7 +169,7 @@ class UpsertLifecycle(PipelineMachine):
                 # failed after its write was given up is final as it is: no rewrite follows a failure.
                 row = self.pipeline.store.get(SINK, epoch)
                 assert row is None or row.status is not EpochStatus.PENDING, (epoch, row.error)
-                given_up = row is not None and (row.error or "").startswith(REWRITE_REASON)
+                given_up = row is not None and row.abort_cause is AbortCause.UPSERT_CONFLICT
                 assert not given_up or self.checkpoints.get(epoch) is CheckpointStatus.FAILED, (epoch, row.error)
         finally:
             self.dispose()

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from airflow_provider_exactly_once.core.coordinator import TwoPhaseCommitCoordinator
-from airflow_provider_exactly_once.core.decisions import REWRITE_REASON
 from airflow_provider_exactly_once.core.errors import RewriteRefused, UpsertConflict
 from airflow_provider_exactly_once.core.outcomes import PersistOutcome, RewriteOutcome
-from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochStatus
+from airflow_provider_exactly_once.core.rewrite_decisions import REWRITE_REASON
+from airflow_provider_exactly_once.core.status import AbortCause, CheckpointStatus, EpochStatus
 from tests.support.faults import FaultSwitch
 from tests.support.pipeline import Pipeline
 from tests.support.upsert_writer import Changes, keyed_pipeline, write_upsert
@@ -114,7 +114,8 @@ def test_a_conflict_after_the_decision_gives_the_write_up_and_the_new_write_reop
     prepared = coordinator.prepare_rewrite(SINK, 1)
     assert prepared.outcome is RewriteOutcome.GAVE_UP
     row = pipeline.store.get(SINK, 1)
-    assert row is not None and row.status is EpochStatus.ABORTED and (row.error or "").startswith(REWRITE_REASON)
+    assert row is not None and row.status is EpochStatus.ABORTED and row.abort_cause is AbortCause.UPSERT_CONFLICT
+    assert (row.error or "").startswith(REWRITE_REASON)
     # a rewrite task that crashed after giving the write up finds its own abort and writes again
     assert coordinator.prepare_rewrite(SINK, 1).outcome is RewriteOutcome.REWRITE
 
@@ -174,6 +175,7 @@ def test_a_write_that_conflicts_at_persist_for_a_failed_checkpoint_is_aborted_fo
     row = pipeline.store.get(SINK, 1)
     assert row is not None and row.status is EpochStatus.ABORTED
     assert (row.error or "").startswith("checkpoint FAILED" if failed_first else REWRITE_REASON), row.error
+    assert row.abort_cause is (AbortCause.CHECKPOINT_FAILED if failed_first else AbortCause.UPSERT_CONFLICT)
     refusal = r"not for an upsert conflict" if failed_first else r"checkpoint FAILED; the epoch is aborted, not written"
     with pytest.raises(RewriteRefused, match=refusal):
         coordinator.prepare_rewrite(SINK, 1)

@@ -9,6 +9,7 @@ import uuid
 
 from airflow_provider_exactly_once.checkpoints.config import MetaStoreCheckpoint
 from airflow_provider_exactly_once.core.status import CheckpointStatus
+from airflow_provider_exactly_once.core.upserts import UpsertSpec
 from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig
 from tests.plugins.ui.conftest import DAG_ID, ApiServer
 from tests.support.upsert_writer import KEYED, write_upsert
@@ -19,7 +20,7 @@ def test_a_commit_the_order_of_upsert_epochs_refuses_is_refused_by_its_dry_run(a
     pipeline, suffix = world.pipeline, uuid.uuid4().hex[:8]
     sink_id, table = f"upserts-{suffix}", f"{pipeline.namespace}.keyed_{suffix}"
     pipeline.catalog.create_table(table, schema=KEYED)
-    config = IcebergSinkConfig(sink_id, (table,), iceberg_conn_id=world.catalog_conn_id, mode="upsert", key=("id",))
+    config = IcebergSinkConfig(sink_id, (table,), iceberg_conn_id=world.catalog_conn_id, upsert=UpsertSpec(key=("id",)))
     pipeline.store.registry.register_sink(sink_id, config.to_dict(), MetaStoreCheckpoint().to_dict())
     coordinator = pipeline.coordinator(sink_id, pipeline.iceberg_committer())
     for epoch, key in ((1, 1), (2, 2)):
