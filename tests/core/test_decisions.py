@@ -35,7 +35,7 @@ from airflow_provider_exactly_once.core.errors import (
 from airflow_provider_exactly_once.core.lookups import EpochLookups, WriteLookups
 from airflow_provider_exactly_once.core.ports import EpochRecord, ReplacedWrite
 from airflow_provider_exactly_once.core.precommit import PreCommit, TableWrite
-from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochStatus
+from airflow_provider_exactly_once.core.status import AbortCause, CheckpointStatus, EpochStatus
 from airflow_provider_exactly_once.core.upserts import ChangeCounts
 
 SINK, EPOCH = "orders", 1_717_200_000_000
@@ -216,18 +216,18 @@ def test_commit(
 
 
 @pytest.mark.parametrize(
-    ("status", "decided", "force", "files_lost", "checkpoint_status", "expected", "refusal"),
+    ("status", "decided", "force", "files_lost", "checkpoint_status", "expected", "refusal", "cause"),
     [
-        (COMMITTED, False, False, False, None, Action.ALREADY_COMMITTED, None),
-        (COMMITTED, False, True, True, None, Action.ALREADY_COMMITTED, None),  # nothing overrides a commit
-        (ABORTED, False, False, False, None, Action.ALREADY_ABORTED, None),
-        (PENDING, True, False, False, None, Action.REFUSE, "was decided"),
-        (PENDING, True, True, False, None, Action.REFUSE, "files-lost"),  # force does not beat a decision
-        (PENDING, True, False, True, None, Action.GIVE_UP_LOST_FILES, None),
-        (PENDING, False, False, False, DONE, Action.REFUSE, "must be committed"),
-        (PENDING, False, True, False, None, Action.ABORT, None),
-        (PENDING, False, False, False, FAILED, Action.ABORT, None),
-        (PENDING, False, False, False, WAITING, Action.ABORT, None),
+        (COMMITTED, False, False, False, None, Action.ALREADY_COMMITTED, None, None),
+        (COMMITTED, False, True, True, None, Action.ALREADY_COMMITTED, None, None),  # nothing overrides a commit
+        (ABORTED, False, False, False, None, Action.ALREADY_ABORTED, None, None),
+        (PENDING, True, False, False, None, Action.REFUSE, "was decided", None),
+        (PENDING, True, True, False, None, Action.REFUSE, "files-lost", None),  # force does not beat a decision
+        (PENDING, True, False, True, None, Action.GIVE_UP_LOST_FILES, None, AbortCause.FILES_LOST),
+        (PENDING, False, False, False, DONE, Action.REFUSE, "must be committed", None),
+        (PENDING, False, True, False, None, Action.ABORT, None, AbortCause.FORCED),
+        (PENDING, False, False, False, FAILED, Action.ABORT, None, AbortCause.CHECKPOINT_FAILED),
+        (PENDING, False, False, False, WAITING, Action.ABORT, None, AbortCause.GIVEN_UP),
     ],
 )
 def test_abort_of_the_epochs_write(
@@ -238,6 +238,7 @@ def test_abort_of_the_epochs_write(
     checkpoint_status: CheckpointStatus | None,
     expected: Action,
     refusal: str | None,
+    cause: AbortCause | None,
 ) -> None:
     decision = abort_decision(
         row(status, decided=decided),
@@ -247,7 +248,7 @@ def test_abort_of_the_epochs_write(
         force=force,
         files_lost=files_lost,
     )
-    assert decision.action is expected
+    assert decision.action is expected and decision.cause is cause
     if refusal is None:
         assert decision.error is None
     else:
