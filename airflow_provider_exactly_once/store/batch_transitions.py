@@ -7,10 +7,7 @@ of a hundred epochs waits for the disk twice instead of two hundred times.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
-
-from sqlalchemy import Update, bindparam
 
 from airflow_provider_exactly_once.core.identifiers import check_epoch, check_sink_id, check_write_id
 from airflow_provider_exactly_once.core.ports import CommitMark
@@ -29,10 +26,13 @@ class SqlBatchTransitions:
         sink_id = check_sink_id(sink_id)
         decided: list[int] = []
         action = f"deciding the commits of {len(writes)} epochs of sink {sink_id!r}"
+        statement = cas.guarded(EpochStatus.PENDING, undecided=True).values(
+            commit_decided_at=db_now(), updated_at=db_now()
+        )
         with self._db.transaction(action, write=True) as session:
             for epoch, write_id in writes:
                 epoch, write_id = check_epoch(epoch), check_write_id(write_id)
-                if rows.rowcount(session, _decision(), cas.key(sink_id, epoch, write_id)) != 1:
+                if rows.rowcount(session, statement, cas.key(sink_id, epoch, write_id)) != 1:
                     row = rows.load(session, sink_id, epoch)
                     if row is None or (row.status, row.write_id) != (EpochStatus.PENDING, write_id):
                         break
@@ -47,35 +47,17 @@ class SqlBatchTransitions:
         with self._db.transaction(f"marking {len(marks)} epochs of sink {sink_id!r} committed", write=True) as session:
             for mark in marks:
                 epoch, write_id = check_epoch(mark.epoch), check_write_id(mark.write_id)
-                parameters = cas.key(
-                    sink_id,
-                    epoch,
-                    write_id,
-                    b_committed=rows.committed_json(mark.committed, sink_id, epoch),
-                    b_uuids=rows.identities_json(mark.identities, sink_id, epoch),
+                statement = (
+                    cas.guarded(EpochStatus.PENDING, decided=True)
+                    .where(PendingSinkState.replaces.is_(None))  # a revision's commit also records the revision
+                    .values(
+                        status=EpochStatus.COMMITTED.value,
+                        committed=rows.committed_json(mark.committed, sink_id, epoch),
+                        table_uuids=rows.identities_json(mark.identities, sink_id, epoch),
+                        error=None,
+                        updated_at=db_now(),
+                    )
                 )
-                if rows.rowcount(session, _mark(), parameters) == 1:
+                if rows.rowcount(session, statement, cas.key(sink_id, epoch, write_id)) == 1:
                     marked.append(epoch)
         return marked
-
-
-@functools.cache
-def _decision() -> Update:
-    """The commit decision of one epoch of the batch, built once (``cas.guarded``)."""
-    return cas.guarded(EpochStatus.PENDING, undecided=True).values(commit_decided_at=db_now(), updated_at=db_now())
-
-
-@functools.cache
-def _mark() -> Update:
-    """The Committed mark of one epoch of the batch, built once (``cas.guarded``)."""
-    return (
-        cas.guarded(EpochStatus.PENDING, decided=True)
-        .where(PendingSinkState.replaces.is_(None))  # a revision's commit also records the revision
-        .values(
-            status=EpochStatus.COMMITTED.value,
-            committed=bindparam("b_committed"),
-            table_uuids=bindparam("b_uuids"),
-            error=None,
-            updated_at=db_now(),
-        )
-    )
