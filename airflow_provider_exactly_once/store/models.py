@@ -144,7 +144,7 @@ class EpochMetadata(Base):
     #: The write the metadata describes: always the row's, which every read checks by joining on it.
     write_id: Mapped[str] = mapped_column(String(WRITE_ID_LENGTH))
     #: The JSON's size in UTF-8 bytes, whichever form holds it: with the write id it names the
-    #: metadata for a process that parsed it already (``rows.load_light``), without reading it.
+    #: metadata for a store that parsed it already (``rows.load``), without reading it.
     #: Before the metadata, so that SQLite reads it without walking overflow pages.
     metadata_bytes: Mapped[int] = mapped_column(BigInteger)
     #: The PreCommit JSON of rows written before migration 0007, which deflates it into
@@ -206,7 +206,7 @@ class PendingSinkState(Base):
     #: JSON, while a revision is Pending: the committed write it replaces (``core.ports.ReplacedWrite``).
     replaces: Mapped[str | None] = mapped_column(Text)
     #: The write's metadata, from ``epoch_metadata`` (0006) in either of its forms, and its size
-    #: (``rows.stored_metadata``); a query that has no use for it leaves it out (``rows.load_light``).
+    #: (``rows.record``); ``rows.load`` reads the row without it when its write is parsed already.
     metadata_json: Mapped[str | None] = column_property(
         _of_write(EpochMetadata.metadata_json, sink_id, epoch, write_id)
     )
