@@ -37,13 +37,12 @@ from airflow_provider_exactly_once.core.status import EpochStatus
 from airflow_provider_exactly_once.defaults import DEFAULT_META_CONN_ID, DEFAULT_ORPHAN_GRACE
 from airflow_provider_exactly_once.operations.reads import InvalidRequest, SinkNotFound, SinkReads
 from airflow_provider_exactly_once.operations.views import ActionResult, describe_write
-from airflow_provider_exactly_once.runtime.storage_options import checkpoint_source, resolved_storage_options
-from airflow_provider_exactly_once.sinks.config import FileSinkConfig
+from airflow_provider_exactly_once.runtime.storage_options import checkpoint_source
 from airflow_provider_exactly_once.store import SqlSinkStateStore
 
 if TYPE_CHECKING:
     from airflow_provider_exactly_once.core.coordinator import TwoPhaseCommitCoordinator
-    from airflow_provider_exactly_once.recovery.orphans import OrphanCandidate
+    from airflow_provider_exactly_once.core.orphans import OrphanCandidate
     from airflow_provider_exactly_once.sinks.config import SinkConfig
 
 
@@ -293,7 +292,9 @@ class SinkOperations(SinkReads):
                 continue
             lists.get(decision.action, waiting).append(row.epoch)
         tasks = self.store.cleanups(sink_id)
-        old, young, scan_error = self._orphans(sink, DEFAULT_ORPHAN_GRACE)
+        from airflow_provider_exactly_once.recovery.sink import scan_orphans
+
+        old, young, scan_error = scan_orphans(self.store.registry, sink, DEFAULT_ORPHAN_GRACE)
         report: dict[str, Any] = {
             "commit": commit,
             "abort": abort,
@@ -329,8 +330,10 @@ class SinkOperations(SinkReads):
         if not isinstance(grace, timedelta) or grace < timedelta(0):
             raise InvalidRequest(f"sink {sink_id!r}: the orphan grace must be a non-negative duration, got {grace!r}")
         sink, checkpoint = self._registration(sink_id)
+        from airflow_provider_exactly_once.recovery.sink import remove_orphans, scan_orphans
+
         if dry_run:
-            old, young, scan_error = self._orphans(sink, grace)
+            old, young, scan_error = scan_orphans(self.store.registry, sink, grace)
             if scan_error:
                 # The sink, not the request, is at fault: a refusal to retry, not a usage error.
                 raise SinkUnavailable(f"the orphan scan failed: {scan_error}")
@@ -345,9 +348,8 @@ class SinkOperations(SinkReads):
                 f"{len(young)} younger or of unknown age kept",
                 report={"orphans": [_orphan_dict(c) for c in old], "orphans_kept": [c.write_id for c in young]},
             )
-        from airflow_provider_exactly_once.recovery.sink import remove_orphans
-
-        report = remove_orphans(self.store, sink, self._build(sink, checkpoint), holder=_holder(), grace=grace)
+        coordinator = self._build(sink, checkpoint)
+        report = remove_orphans(self.store, sink, coordinator, holder=_holder(), grace=grace)
         failed = dict(report.failed)
         return ActionResult(
             "gc",
@@ -404,7 +406,9 @@ class SinkOperations(SinkReads):
         except AirflowNotFoundException as exc:
             raise InvalidSinkConfig(mask_userinfo(f"sink {sink.sink_id!r}: {exc}")) from None
         except Exception as exc:
-            raise SinkUnavailable(_unreachable(sink, exc)) from None
+            from airflow_provider_exactly_once.recovery.sink import unreachable
+
+            raise SinkUnavailable(unreachable(sink, exc)) from None
 
     def _checkpoints(self, sink_id: str) -> CheckpointSource:
         """The sink's checkpoint source, as its coordinator has it (``runtime.assembly``)."""
@@ -420,54 +424,6 @@ class SinkOperations(SinkReads):
             f"{len(tasks)} queued clean-up(s) would run (write(s) {writes}; up to {files} listed file(s) "
             "plus anything else under their write locations), each only where the sink proves it unreferenced"
         )
-
-    def _orphans(
-        self, sink: SinkConfig, grace: timedelta
-    ) -> tuple[list[OrphanCandidate], list[OrphanCandidate], str | None]:
-        from airflow_provider_exactly_once.recovery.orphans import find_orphans
-        from airflow_provider_exactly_once.recovery.sink import sink_catalog
-
-        try:
-            catalog = sink_catalog(sink)
-            storage_options = resolved_storage_options(sink) if isinstance(sink, FileSinkConfig) else None
-        except Exception as exc:  # reported, as the recovery DAG reports a failed scan
-            return [], [], _unreachable(sink, exc)
-        try:
-            old, young = find_orphans(
-                sink, self.store.registry, grace=grace, catalog=catalog, storage_options=storage_options
-            )
-        except Exception as exc:
-            return [], [], mask_userinfo(f"sink {sink.sink_id!r}: {type(exc).__name__}: {exc}")
-        return old, young, None
-
-
-def _unreachable(sink: SinkConfig, exc: Exception) -> str:
-    lines = str(exc).strip().splitlines()
-    why = f"{type(exc).__name__}: {lines[0] if lines else ''}".rstrip(": ")
-    conn_id = getattr(sink, "iceberg_conn_id", None)
-    if conn_id is None:
-        where = f"the file system of root {sink.to_dict().get('root')!r}"
-    else:
-        where = f"the Iceberg catalog of connection {conn_id!r}"
-        uri = _catalog_uri(conn_id)
-        if uri:
-            where += f" ({uri})"
-    return mask_userinfo(
-        f"sink {sink.sink_id!r}: {where} cannot be reached: {why}; check that it is up and that the "
-        "connection is right, then retry"
-    )
-
-
-def _catalog_uri(conn_id: str) -> str | None:
-    """The catalog's URI from its connection, to name it in a message (masked by the caller)."""
-    try:
-        from airflow.sdk import BaseHook
-
-        conn = BaseHook.get_connection(conn_id)
-    except Exception:  # naming the catalog is a courtesy: the refusal stands without it
-        return None
-    uri = conn.host or (conn.extra_dejson or {}).get("uri")  # the host wins, as in IcebergHook
-    return str(uri) if uri else None
 
 
 def _cleanup_dict(task: CleanupTask) -> dict[str, Any]:

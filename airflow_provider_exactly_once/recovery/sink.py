@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from airflow_provider_exactly_once.checkpoints.config import checkpoint_config_from_dict
 from airflow_provider_exactly_once.core.coordinator import TwoPhaseCommitCoordinator
@@ -23,11 +23,12 @@ from airflow_provider_exactly_once.core.errors import (
     InvalidSinkConfig,
     MetaStoreUnavailable,
     SinkLocked,
-    StateConflict,
 )
 from airflow_provider_exactly_once.core.observe import report_pending
+from airflow_provider_exactly_once.core.orphans import OrphanCandidate, queue_orphans
 from airflow_provider_exactly_once.core.outcomes import CleanupReport
 from airflow_provider_exactly_once.core.ports import ORPHAN_EPOCH, SinkRegistry
+from airflow_provider_exactly_once.core.redact import mask_userinfo
 from airflow_provider_exactly_once.defaults import DEFAULT_LOCK_TTL, DEFAULT_ORPHAN_GRACE
 from airflow_provider_exactly_once.observability.stats import airflow_metrics
 from airflow_provider_exactly_once.runtime.assembly import coordinator_for
@@ -39,9 +40,6 @@ from airflow_provider_exactly_once.sinks.config import (
     sink_config_from_dict,
 )
 from airflow_provider_exactly_once.store import SqlSinkStateStore
-
-if TYPE_CHECKING:
-    from airflow_provider_exactly_once.recovery.orphans import OrphanCandidate
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +120,7 @@ def recover_sink(
         report = SinkRecoveryReport(sink_id)
         metrics = airflow_metrics()
         coordinator = coordinator_for(sink, checkpoint, store=store, metrics=metrics)
-        enqueued = queue_orphans(store.registry, sink, orphan_grace, report)
+        enqueued = _queue_orphans(store.registry, sink, orphan_grace, report)
         result = coordinator.recover(sink_id)
         report.committed, report.aborted, report.waiting = result.committed, result.aborted, result.waiting
         report.files_deleted = result.files_deleted
@@ -155,7 +153,7 @@ def remove_orphans(
     sink_id = sink.sink_id
     with sink_lock(store.registry, sink_id, holder, lock_ttl):
         report = SinkRecoveryReport(sink_id)
-        enqueued = queue_orphans(store.registry, sink, grace, report)
+        enqueued = _queue_orphans(store.registry, sink, grace, report)
         result = coordinator.clean_up(sink_id, ORPHAN_EPOCH)
         report.files_deleted = result.files_deleted
         _settle_orphans(store, sink_id, enqueued, result, report)
@@ -172,37 +170,43 @@ def _settle_orphans(
         report.failed[f"orphan {write_id}"] = result.failed.get(ORPHAN_EPOCH, "its clean-up did not complete")
 
 
-def queue_orphans(registry: SinkRegistry, sink: SinkConfig, grace: timedelta, report: SinkRecoveryReport) -> set[str]:
+def _queue_orphans(registry: SinkRegistry, sink: SinkConfig, grace: timedelta, report: SinkRecoveryReport) -> set[str]:
     """Queue every orphan older than ``grace`` for the coordinator's clean-up path; their write ids."""
+    old, young, failed = scan_orphans(registry, sink, grace)
+    if failed is not None:  # a listing failure must not stop the epochs' recovery
+        report.failed["orphan scan"] = failed
+    report.orphans_kept = [candidate.write_id for candidate in young]
+    return queue_orphans(registry, old, grace)
+
+
+def scan_orphans(
+    registry: SinkRegistry, sink: SinkConfig, grace: timedelta
+) -> tuple[list[OrphanCandidate], list[OrphanCandidate], str | None]:
+    """The sink's orphans, ``(old, young, None)`` (``sinks.write_locations.find_orphans``), for the
+    removal and the dry runs alike. A failed scan is ``([], [], why)``, its secrets masked: recovery
+    reports it and goes on with the epochs. ``MetaStoreUnavailable`` is raised (nothing can go on).
+    """
     try:
-        catalog = sink_catalog(sink)
+        catalog = _catalog(sink)
         storage_options = resolved_storage_options(sink) if isinstance(sink, FileSinkConfig) else None
-        # Imported here: the orphan scan brings pyarrow's filesystems, and the recovery DAG's file is
+    except Exception as exc:
+        log.warning("sink %r: the orphan scan could not open the catalog: %s", sink.sink_id, exc)
+        return [], [], unreachable(sink, exc)
+    try:
+        # Imported here: the listing brings pyarrow's filesystems, and the recovery DAG's file is
         # parsed by the dag-processor, which never scans.
-        from airflow_provider_exactly_once.recovery.orphans import find_orphans
+        from airflow_provider_exactly_once.sinks.write_locations import find_orphans
 
         old, young = find_orphans(sink, registry, grace=grace, catalog=catalog, storage_options=storage_options)
     except MetaStoreUnavailable:
         raise
-    except Exception as exc:  # a listing failure must not stop the epochs' recovery
+    except Exception as exc:
         log.warning("sink %r: the orphan scan failed: %s", sink.sink_id, exc, exc_info=True)
-        report.failed["orphan scan"] = f"{type(exc).__name__}: {exc}"
-        return set()
-    report.orphans_kept = [candidate.write_id for candidate in young]
-    enqueued: set[str] = set()
-    for candidate in old:
-        try:
-            registry.enqueue_orphan_cleanup(
-                candidate.pre_commit(), reason=_reason(candidate, grace), written_since=_oldest(candidate)
-            )
-        except StateConflict as exc:  # persisted since the scan: it is no orphan
-            log.info("sink %r: %s", sink.sink_id, exc)
-            continue
-        enqueued.add(candidate.write_id)
-    return enqueued
+        return [], [], mask_userinfo(f"sink {sink.sink_id!r}: {type(exc).__name__}: {exc}")
+    return old, young, None
 
 
-def sink_catalog(sink: SinkConfig) -> Any:
+def _catalog(sink: SinkConfig) -> Any:
     if not isinstance(sink, IcebergSinkConfig):
         return None
     from airflow.providers.apache.iceberg.hooks.iceberg import IcebergHook
@@ -210,15 +214,31 @@ def sink_catalog(sink: SinkConfig) -> Any:
     return IcebergHook(sink.iceberg_conn_id).catalog
 
 
-def _oldest(candidate: OrphanCandidate) -> Any:
-    assert candidate.age.oldest is not None  # only dated candidates are old enough to be queued
-    return candidate.age.oldest
-
-
-def _reason(candidate: OrphanCandidate, grace: timedelta) -> str:
-    where = ", ".join(location.location for location in candidate.locations)
-    return (
-        f"recovery: orphaned write location(s) {where}: no Pending or Committed epoch and no clean-up names "
-        f"write {candidate.write_id}, and its {candidate.age.files} file(s) are older than {grace} "
-        f"(newest {candidate.age.newest.isoformat() if candidate.age.newest else '?'})"
+def unreachable(sink: SinkConfig, exc: Exception) -> str:
+    """Why the sink's catalog or file system cannot be reached, naming it, credentials masked."""
+    lines = str(exc).strip().splitlines()
+    why = f"{type(exc).__name__}: {lines[0] if lines else ''}".rstrip(": ")
+    conn_id = getattr(sink, "iceberg_conn_id", None)
+    if conn_id is None:
+        where = f"the file system of root {sink.to_dict().get('root')!r}"
+    else:
+        where = f"the Iceberg catalog of connection {conn_id!r}"
+        uri = _catalog_uri(conn_id)
+        if uri:
+            where += f" ({uri})"
+    return mask_userinfo(
+        f"sink {sink.sink_id!r}: {where} cannot be reached: {why}; check that it is up and that the "
+        "connection is right, then retry"
     )
+
+
+def _catalog_uri(conn_id: str) -> str | None:
+    """The catalog's URI from its connection, to name it in a message (masked by the caller)."""
+    try:
+        from airflow.sdk import BaseHook
+
+        conn = BaseHook.get_connection(conn_id)
+    except Exception:  # naming the catalog is a courtesy: the refusal stands without it
+        return None
+    uri = conn.host or (conn.extra_dejson or {}).get("uri")  # the host wins, as in IcebergHook
+    return str(uri) if uri else None

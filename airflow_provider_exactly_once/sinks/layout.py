@@ -1,8 +1,8 @@
 """Where each kind of sink keeps a write's files until the write is committed or given up.
 
 Three parties must agree on it: the Spark writer puts the files there, the committer commits or
-deletes them, and the orphan finder lists the folders to find writes nobody answers for. They all
-ask this module, which imports nothing heavy, so the Spark side and recovery need no committer.
+deletes them, and the orphan scan (``write_locations.py``) lists the folders to find writes nobody
+answers for. They all ask this module, which imports nothing heavy, so the Spark side needs no committer.
 
 - Iceberg: ``<data root>/_eo/<write_id>/``, inside the table's data root (``write.data.path``, else
   ``<table location>/data``). Committed files stay where they were written; the table's manifests

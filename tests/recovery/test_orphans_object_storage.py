@@ -13,8 +13,8 @@ from datetime import UTC, datetime, timedelta
 
 from airflow_provider_exactly_once.core.ports import ORPHAN_EPOCH
 from airflow_provider_exactly_once.core.status import CheckpointStatus
-from airflow_provider_exactly_once.recovery.orphans import find_orphans
 from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig
+from airflow_provider_exactly_once.sinks.write_locations import find_orphans
 from tests.support.object_store import S3Pipeline
 
 

@@ -183,7 +183,7 @@ def _plan(s3: S3Setup) -> CommitPlan:
 
 def test_the_orphan_finder_lists_a_stale_s3_staging_folder(s3: S3Setup) -> None:
     """Recovery's orphan finder on a file sink on S3: folders are prefixes, ages are LastModified."""
-    from airflow_provider_exactly_once.recovery.orphans import find_orphans
+    from airflow_provider_exactly_once.sinks.write_locations import find_orphans
 
     known = stage_write(s3.committer, FILES[:1], sink_id=SINK)
     s3.coordinator.persist(known)

@@ -1,0 +1,174 @@
+"""Which of a sink's write locations are orphans, and how they are handed to the clean-up queue.
+
+A write puts its files under a location unique to it (``sinks/layout.py``) *before* it is
+persisted. A Spark job killed after writing, or a write task that crashed before its XCom was read,
+leaves such a location that no row and no clean-up names: nothing in the protocol will ever delete
+it (D9). The sink layer lists the locations (``sinks/write_locations.py``); the rules of which are
+orphans live here, apart from any storage, so recovery, ``eo-sink gc`` and their dry runs apply the
+same ones. Deleting goes through the store's clean-up queue and the coordinator's clean-up path, so
+the committers' own checks (invariant 4) decide whether anything may go.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from .errors import InvalidPreCommit, StateConflict
+from .identifiers import check_write_id
+from .ports import ORPHAN_EPOCH, SinkRegistry
+from .precommit import PreCommit, TableWrite
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class WriteLocation:
+    """One write's folder for one target: ``table`` is the Iceberg table or the file sink's root."""
+
+    table: str
+    location: str
+
+
+@dataclass(frozen=True)
+class FileAge:
+    files: int
+    #: ``None`` when the storage reported no modification time for some file: age unknown.
+    oldest: datetime | None
+    newest: datetime | None
+
+    @classmethod
+    def of(cls, mtimes: Iterable[datetime | None]) -> FileAge:
+        """The age of files by their modification times; one unknown time makes the age unknown."""
+        times = list(mtimes)
+        if not times or any(t is None for t in times):
+            return cls(len(times), None, None)
+        known = [t for t in times if t is not None]
+        return cls(len(known), min(known), max(known))
+
+    @classmethod
+    def combined(cls, ages: Sequence[FileAge]) -> FileAge:
+        """The age of one write's files over all its locations (a fan-out writes one per table)."""
+        files = sum(a.files for a in ages)
+        dated = [a for a in ages if a.files and a.newest is not None]
+        if not dated or any(a.files and a.newest is None for a in ages):
+            return cls(files, None, None)
+        oldest = min(a.oldest for a in dated if a.oldest is not None)
+        newest = max(a.newest for a in dated if a.newest is not None)
+        return cls(files, oldest, newest)
+
+
+@dataclass(frozen=True)
+class WriteFolder:
+    """A write location found on storage. Its files are listed only when ``age`` is asked, which the
+    scan does only for writes the store does not know (committed Iceberg writes keep their folder,
+    so the folder count grows with history; their files are never listed)."""
+
+    location: WriteLocation
+    age: Callable[[], FileAge]
+
+
+@dataclass(frozen=True)
+class OrphanCandidate:
+    """A write location nobody answers for, with the age of its files."""
+
+    sink_id: str
+    write_id: str
+    locations: tuple[WriteLocation, ...]
+    age: FileAge
+
+    def pre_commit(self) -> PreCommit:
+        """The write as the committers' ``delete_write`` takes it: its locations, no data files.
+
+        Its epoch is unknown (``ORPHAN_EPOCH``); the committers check the locations themselves (file
+        sink: no commit-started marker; Iceberg: inside the table, not referenced by it).
+        """
+        return PreCommit(
+            sink_id=self.sink_id,
+            epoch=ORPHAN_EPOCH,
+            write_id=self.write_id,
+            tables=[TableWrite(table=w.table, location=w.location) for w in self.locations],
+        )
+
+    def older_than(self, cutoff: datetime) -> bool:
+        return self.age.files > 0 and self.age.newest is not None and self.age.newest < cutoff
+
+    def reason(self, grace: timedelta) -> str:
+        where = ", ".join(location.location for location in self.locations)
+        newest = self.age.newest.isoformat() if self.age.newest else "?"
+        return (
+            f"recovery: orphaned write location(s) {where}: no Pending or Committed epoch and no clean-up names "
+            f"write {self.write_id}, and its {self.age.files} file(s) are older than {grace} (newest {newest})"
+        )
+
+
+def write_ids(names: Iterable[str]) -> list[str]:
+    """Folder names that are canonical write ids; anything else is not ours to judge."""
+    ids = []
+    for name in names:
+        try:
+            if check_write_id(name) == name:
+                ids.append(name)
+        except InvalidPreCommit:
+            continue
+    return ids
+
+
+def classify_orphans(
+    sink_id: str,
+    folders: Mapping[str, Sequence[WriteFolder]],
+    registry: SinkRegistry,
+    *,
+    grace: timedelta,
+    now: datetime | None = None,
+) -> tuple[list[OrphanCandidate], list[OrphanCandidate]]:
+    """The write folders (by write id) that no Pending/Committed row and no queued clean-up names.
+
+    Returns ``(old, young)``: ``old`` have files all older than ``grace`` (safe to hand to the
+    clean-up path); ``young`` may belong to a write still running or about to be persisted, or
+    have files of unknown age, and are kept. Empty folders are ignored.
+    """
+    if grace < timedelta(0):
+        raise ValueError(f"orphan grace must not be negative, got {grace}")
+    unknown = sorted(set(folders) - registry.known_writes(sink_id, sorted(folders)))
+    cutoff = (now or datetime.now(UTC)) - grace
+    old: list[OrphanCandidate] = []
+    young: list[OrphanCandidate] = []
+    for write_id in unknown:
+        found = folders[write_id]
+        age = FileAge.combined([folder.age() for folder in found])
+        if age.files == 0:
+            continue
+        candidate = OrphanCandidate(sink_id, write_id, tuple(folder.location for folder in found), age)
+        (old if candidate.older_than(cutoff) else young).append(candidate)
+    log.info(
+        "sink %r: %d write location(s), %d unknown to the store: %d orphaned past the %s grace, %d kept",
+        sink_id,
+        len(folders),
+        len(unknown),
+        len(old),
+        grace,
+        len(young),
+    )
+    return old, young
+
+
+def queue_orphans(registry: SinkRegistry, old: Sequence[OrphanCandidate], grace: timedelta) -> set[str]:
+    """Queue each old orphan for the coordinator's clean-up path; the write ids queued.
+
+    A write persisted since the scan is refused by the store (``StateConflict``): it is no orphan.
+    """
+    queued: set[str] = set()
+    for candidate in old:
+        assert candidate.age.oldest is not None  # only dated candidates are old enough to be queued
+        try:
+            registry.enqueue_orphan_cleanup(
+                candidate.pre_commit(), reason=candidate.reason(grace), written_since=candidate.age.oldest
+            )
+        except StateConflict as exc:
+            log.info("sink %r: %s", candidate.sink_id, exc)
+            continue
+        queued.add(candidate.write_id)
+    return queued

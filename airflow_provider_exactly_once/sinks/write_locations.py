@@ -1,0 +1,153 @@
+"""A sink's write locations as they are on storage, with the age of their files: what the orphan
+scan lists (``core/orphans.py`` decides which of them are orphans).
+
+Every kind of sink keeps a write's files in a folder of its own until the write is committed or
+given up (``sinks/layout.py``): an Iceberg table's ``<data root>/_eo/<write_id>/``, a file sink's
+``<root>/_staging/<write_id>/``. Listing them costs one listing of the write-location folders per
+target; the files below a location are listed only when its age is asked.
+
+On an object store the "folders" are key prefixes: the listing of ``_eo/`` is one delimited prefix
+listing, a write location whose objects are all gone is simply absent from it, and a location is
+dated by the objects below it, never by a directory's own time (there is none).
+"""
+
+from __future__ import annotations
+
+import posixpath
+from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
+from functools import partial
+from typing import Any
+
+from pyarrow import fs as pafs
+from pyiceberg.catalog import Catalog
+from pyiceberg.io import FileIO
+from pyiceberg.io.pyarrow import PyArrowFileIO
+
+from airflow_provider_exactly_once.core.orphans import (
+    FileAge,
+    OrphanCandidate,
+    WriteFolder,
+    WriteLocation,
+    classify_orphans,
+    write_ids,
+)
+from airflow_provider_exactly_once.core.ports import SinkRegistry
+from airflow_provider_exactly_once.sinks.config import FileSinkConfig, IcebergSinkConfig, SinkConfig
+from airflow_provider_exactly_once.sinks.iceberg.catalog_access import load_table
+from airflow_provider_exactly_once.sinks.iceberg.storage import fsspec_filesystem
+from airflow_provider_exactly_once.sinks.layout import (
+    file_writes_folder,
+    iceberg_data_root,
+    iceberg_write_location,
+    iceberg_writes_folder,
+)
+
+
+class _ArrowTree:
+    def __init__(self, filesystem: Any) -> None:
+        self._fs = filesystem
+
+    def subdirectories(self, path: str) -> list[str]:
+        infos = self._fs.get_file_info(pafs.FileSelector(path, recursive=False, allow_not_found=True))
+        return [info.base_name for info in infos if info.type == pafs.FileType.Directory]
+
+    def file_age(self, path: str) -> FileAge:
+        infos = self._fs.get_file_info(pafs.FileSelector(path, recursive=True, allow_not_found=True))
+        return FileAge.of(_as_utc(info.mtime) for info in infos if info.type == pafs.FileType.File)
+
+
+class _FsspecTree:
+    def __init__(self, filesystem: Any) -> None:
+        self._fs = filesystem
+
+    def subdirectories(self, path: str) -> list[str]:
+        self._fs.invalidate_cache(path)
+        try:
+            entries = self._fs.ls(path, detail=True)
+        except FileNotFoundError:
+            return []
+        return [posixpath.basename(str(e["name"]).rstrip("/")) for e in entries if e.get("type") == "directory"]
+
+    def file_age(self, path: str) -> FileAge:
+        try:
+            found: Mapping[str, Mapping[str, Any]] = self._fs.find(path, detail=True)
+        except FileNotFoundError:
+            return FileAge(0, None, None)
+        return FileAge.of(_fsspec_mtime(info) for info in found.values())
+
+
+def _as_utc(value: object) -> datetime | None:
+    if isinstance(value, datetime):
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return datetime.fromtimestamp(float(value), UTC)
+    if isinstance(value, str):
+        try:
+            return _as_utc(datetime.fromisoformat(value.replace("Z", "+00:00")))
+        except ValueError:
+            return None
+    return None
+
+
+def _fsspec_mtime(info: Mapping[str, Any]) -> datetime | None:
+    """Filesystems name the modification time differently (local, S3, GCS, Azure)."""
+    for key in ("mtime", "LastModified", "last_modified", "updated", "modified"):
+        if info.get(key) is not None:
+            return _as_utc(info[key])
+    return None
+
+
+def _tree_of_io(io: FileIO, location: str) -> tuple[_ArrowTree | _FsspecTree, str]:
+    """The table FileIO's own file system (its credentials), as ``storage.delete_tree`` uses it."""
+    if isinstance(io, PyArrowFileIO):
+        scheme, netloc, path = io.parse_location(location, io.properties)
+        return _ArrowTree(io.fs_by_scheme(scheme, netloc)), path
+    # Any other FileIO: fsspec configured from the same properties, never a bare URL (no credentials).
+    filesystem, path = fsspec_filesystem(io, location)
+    return _FsspecTree(filesystem), path
+
+
+def _iceberg_folders(sink: IcebergSinkConfig, catalog: Catalog) -> dict[str, list[WriteFolder]]:
+    found: dict[str, list[WriteFolder]] = {}
+    for name in sink.tables:
+        table = load_table(catalog, name)
+        data_root = iceberg_data_root(table.location(), table.properties)
+        tree, parent = _tree_of_io(table.io, iceberg_writes_folder(data_root))
+        for write_id in write_ids(tree.subdirectories(parent)):
+            location = WriteLocation(name, iceberg_write_location(data_root, write_id))
+            age = partial(tree.file_age, posixpath.join(parent, write_id))
+            found.setdefault(write_id, []).append(WriteFolder(location, age))
+    return found
+
+
+def _file_sink_folders(sink: FileSinkConfig, storage_options: Mapping[str, Any] | None) -> dict[str, list[WriteFolder]]:
+    committer = sink.committer(storage_options=storage_options)
+    tree = _FsspecTree(committer.filesystem)
+    folder = file_writes_folder(str(committer.filesystem._strip_protocol(committer.root)))
+    found: dict[str, list[WriteFolder]] = {}
+    for write_id in write_ids(tree.subdirectories(folder)):
+        location = WriteLocation(committer.root, committer.staging_location(write_id))
+        found[write_id] = [WriteFolder(location, partial(tree.file_age, posixpath.join(folder, write_id)))]
+    return found
+
+
+def find_orphans(
+    sink: SinkConfig,
+    registry: SinkRegistry,
+    *,
+    grace: timedelta,
+    catalog: Catalog | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+    now: datetime | None = None,
+) -> tuple[list[OrphanCandidate], list[OrphanCandidate]]:
+    """The sink's orphaned write locations, ``(old, young)`` as ``core.orphans.classify_orphans``
+    says; an Iceberg sink's tables are read through ``catalog``, a file sink's root with
+    ``storage_options`` (its connection resolved, ``runtime.storage_options``)."""
+    if isinstance(sink, IcebergSinkConfig):
+        if catalog is None:
+            raise ValueError(f"sink {sink.sink_id!r}: an Iceberg sink needs its catalog to list write locations")
+        folders = _iceberg_folders(sink, catalog)
+    else:
+        folders = _file_sink_folders(sink, storage_options)
+    return classify_orphans(sink.sink_id, folders, registry, grace=grace, now=now)
