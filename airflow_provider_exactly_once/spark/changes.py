@@ -35,6 +35,7 @@ class Owner:
 
 
 def quote(name: str) -> str:
+    """A top-level column reference; a dot in ``name`` is part of the name."""
     return "`" + name.replace("`", "``") + "`"
 
 

@@ -52,6 +52,7 @@ from airflow_provider_exactly_once.spark.changes import (
     Owner,
     check_changes,
     last_change_per_key,
+    quote,
     read_changes,
     row_columns,
 )
@@ -260,12 +261,12 @@ def _align(spec: EpochJobSpec, target: ResolvedTarget, frame: DataFrame, carry: 
     target.check_partition_sources(plan.write_schema)
     aligned = frame.select(
         *[
-            (F.col(_quote(c.source)).cast(c.cast_to) if c.cast_to is not None else F.col(_quote(c.source))).alias(
+            (F.col(quote(c.source)).cast(c.cast_to) if c.cast_to is not None else F.col(quote(c.source))).alias(
                 c.target
             )
             for c in plan.columns
         ],
-        *[F.col(_quote(name)) for name in carried],
+        *[F.col(quote(name)) for name in carried],
     )
     return _Planned(aligned, plan)
 
@@ -362,10 +363,6 @@ def choose_writer(table: str, write: FileWrite, rewrite: Rewrite | None) -> Data
         return SparkParquetWriter()
     log.info("%s: the pyarrow writer writes the files (%s)", table, reason)
     return ArrowFileWriter(rewrite)
-
-
-def _quote(name: str) -> str:
-    return "`" + name.replace("`", "``") + "`"
 
 
 _EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?([A-Z]\w*(?:Error|Exception|Nulls|Mismatch|Failed|Table)): (.+)$")

@@ -29,6 +29,7 @@ from pyiceberg.io.pyarrow import _get_parquet_writer_kwargs, schema_to_pyarrow
 from pyiceberg.partitioning import partition_record_value
 from pyiceberg.typedef import Record
 from pyiceberg.types import DateType, IcebergType, TimestampType, TimestamptzType
+from pyspark import TaskContext
 
 from airflow_provider_exactly_once.core.precommit import DataFileDescriptor, PartitionValue
 from airflow_provider_exactly_once.sinks.files import partition_path as hive_partition_path
@@ -270,8 +271,6 @@ class _RollingFile:
 def spark_task(config: FileWrite, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """The ``mapInArrow`` function: names the writer after the Spark partition and attempt, so a
     retried or speculative attempt never writes over the files of another."""
-    from pyspark import TaskContext
-
     context = TaskContext.get()
     task = f"{context.partitionId():05d}-{context.attemptNumber()}" if context is not None else "00000-0"
     yield from write_task(config, batches, task)

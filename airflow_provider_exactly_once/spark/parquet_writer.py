@@ -51,16 +51,13 @@ from pyiceberg.table import TableProperties
 from pyiceberg.transforms import IdentityTransform, Transform, VoidTransform
 from pyiceberg.types import (
     BooleanType,
-    DateType,
+    DoubleType,
+    FloatType,
     IcebergType,
-    IntegerType,
     ListType,
-    LongType,
     MapType,
     StringType,
     StructType,
-    TimestampType,
-    TimestamptzType,
 )
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -69,6 +66,7 @@ from pyspark.sql import types as st
 from airflow_provider_exactly_once.core.precommit import DataFileDescriptor, PartitionValue
 from airflow_provider_exactly_once.sinks.iceberg.descriptors import describe_parquet_file
 from airflow_provider_exactly_once.spark.alignment import iceberg_to_spark
+from airflow_provider_exactly_once.spark.changes import quote
 from airflow_provider_exactly_once.spark.file_io import driver_filesystem, is_object_store
 from airflow_provider_exactly_once.spark.partition_transforms import spark_value
 from airflow_provider_exactly_once.spark.writer_protocol import (
@@ -94,7 +92,6 @@ _CODECS = {
 }
 #: Iceberg's table property for how rows are spread over write tasks (``none``, ``hash``, ``range``).
 DISTRIBUTION_MODE = "write.distribution-mode"
-_IDENTITY_SOURCES = (BooleanType, IntegerType, LongType, StringType, DateType, TimestampType, TimestamptzType)
 _PART_FILE = re.compile(r"^part-(\d+)-")
 #: Up to this many files are described on the driver: a Spark job costs a tenth of a second or more
 #: to schedule its Python tasks, the driver reads and describes a local footer in about a millisecond.
@@ -115,7 +112,9 @@ def refusal(
     for partition_field in spec.fields:
         transform = partition_field.transform
         source = write_schema.find_field(partition_field.source_id).field_type
-        if isinstance(transform, IdentityTransform) and not isinstance(source, _IDENTITY_SOURCES):
+        # identity sources are the ones ``partition_transforms.check_spec`` let through; a float's
+        # directory name would not read back as the value it was written from
+        if isinstance(transform, IdentityTransform) and isinstance(source, FloatType | DoubleType):
             return f"identity partition field {partition_field.name!r} on {source}"
     codec = table_properties.get(TableProperties.PARQUET_COMPRESSION, TableProperties.PARQUET_COMPRESSION_DEFAULT)
     if codec.lower() not in _CODECS:
@@ -143,7 +142,7 @@ class SparkParquetWriter:
         columns, values = _file_columns(frame, write.write_schema)
         partitions = _partition_columns(write, values)
         out = frame.select(*columns.values(), *[p.column.alias(p.directory) for p in partitions])
-        keys = [F.col(_quote(p.directory)) for p in partitions]
+        keys = [F.col(quote(p.directory)) for p in partitions]
         distribution = write.table_properties.get(DISTRIBUTION_MODE, "none")
         if write.writers is not None:
             out = out.repartition(write.writers, *keys)
@@ -222,11 +221,6 @@ def _writer_options(config: FileWrite) -> dict[str, str]:
     return options
 
 
-def _quote(name: str) -> str:
-    """A top-level column reference; a dot in ``name`` is part of the name."""
-    return "`" + name.replace("`", "``") + "`"
-
-
 def _file_columns(frame: DataFrame, schema: Schema) -> tuple[dict[str, Column], dict[str, Column]]:
     """Every column of the write schema, in its order, carrying its field ids (and the same without
     its name, for the partition values); absent optional columns as typed nulls, so every file has
@@ -237,7 +231,7 @@ def _file_columns(frame: DataFrame, schema: Schema) -> tuple[dict[str, Column], 
     for column in schema.fields:
         spark_type = _with_ids(column.field_type)
         if column.name in present:
-            value = F.col(_quote(column.name))
+            value = F.col(quote(column.name))
             if isinstance(column.field_type, StructType):
                 value = value.cast(spark_type)  # the cast carries the nested fields' ids
         else:

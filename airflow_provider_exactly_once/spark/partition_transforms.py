@@ -41,6 +41,7 @@ from pyspark.sql import Column
 from pyspark.sql import functions as F
 
 from airflow_provider_exactly_once.core.errors import InvalidSinkConfig
+from airflow_provider_exactly_once.spark.changes import quote
 
 #: Source types whose identity partition value fits the pre-commit's JSON scalars.
 IDENTITY_SOURCES = (
@@ -145,7 +146,7 @@ def spark_sort_keys(spec: PartitionSpec, write_schema: Schema, present: set[str]
         name = write_schema.find_column_name(partition_field.source_id)
         if name is None or name.split(".")[0] not in present or isinstance(partition_field.transform, VoidTransform):
             continue
-        column = F.col(".".join("`" + p.replace("`", "``") + "`" for p in name.split(".")))
+        column = F.col(".".join(quote(part) for part in name.split(".")))
         source_type = write_schema.find_field(partition_field.source_id).field_type
         keys.append(spark_value(partition_field.transform, source_type, column))
     return keys

@@ -2,8 +2,8 @@
 
 Both are reduced to the same few facts the write needs (location, schema, partitioning, writer
 properties, and the FileIO properties that reach the files), so the write path has no branch per
-sink kind. Partitioning is checked here, before
-the input is read: a spec the writer cannot honour is refused before anything is written.
+sink kind. Partitioning is checked here (``partition_transforms.check_spec``), before the input is
+read: a spec the writer cannot honour is refused before anything is written.
 """
 
 from __future__ import annotations
