@@ -35,6 +35,8 @@ ROOT = os.environ.get("EO_EXAMPLES_FILE_SINK_ROOT", str(_HOME / "exactly_once_ex
 HOUR_DIR = LANDING.rstrip("/") + "/{start:%Y/%m/%d/%H}"
 #: A file sink has no table to declare: its one schema is the one Spark reads the hour with.
 EVENT_SCHEMA = "event_id STRING, user_id BIGINT, event_type STRING, event_time TIMESTAMP, amount DOUBLE"
+#: The directory is created by the first commit; there is nothing to set up beforehand.
+SINK = FileSinkConfig("events-parquet", ROOT)
 
 
 with DAG(
@@ -63,8 +65,7 @@ with DAG(
             retries=2,
             retry_delay=dt.timedelta(minutes=1),
         ),
-        # The directory is created by the first commit; there is nothing to set up beforehand.
-        sink=FileSinkConfig("events-parquet", ROOT),
+        sink=SINK,
         checkpoint=MarkerFileCheckpoint(HOUR_DIR),
         # Reading the hour while files still arrive would commit a partial hour; a _FAILED hour
         # settles too, so the write runs and the epoch's wait aborts it, recorded in the meta store.

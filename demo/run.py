@@ -261,7 +261,7 @@ def describe_tasks(run: world.RunResult) -> str:
 def summarize(hours: list[Hour], module: Any, recovery_note: str) -> bool:
     """Print the table against the landed input and the meta store; ``True`` when all agree."""
     sink_id = module.SINK.sink_id
-    table = world.catalog().load_table(module.TABLE)
+    table = world.catalog().load_table(module.SINK.tables[0])
     per_hour, total, distinct = world.rows_per_hour(table)
     markers = world.marker_snapshots(table, sink_id)
     store = world.meta_store()
@@ -271,7 +271,7 @@ def summarize(hours: list[Hour], module: Any, recovery_note: str) -> bool:
         store.dispose()
 
     problems: list[str] = []
-    say(f"\n== summary: table {module.TABLE}, sink {sink_id!r}")
+    say(f"\n== summary: table {module.SINK.tables[0]}, sink {sink_id!r}")
     header = (
         f"{'hour (UTC)':<17} {'scenario':<24} {'landed':>6} {'in table':>8} {'snapshots':>9}  {'after run':<26} now"
     )
