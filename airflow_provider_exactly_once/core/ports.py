@@ -17,7 +17,7 @@ from .errors import InvalidPreCommit
 from .identifiers import EPOCH_MAX
 from .precommit import PreCommit
 from .status import AbortCause, CheckpointStatus, EpochStatus
-from .write_kinds import WriteKind
+from .write_kinds import ReplacedWrite, WriteKind
 
 #: Per table: the snapshot id that made the epoch visible, or ``EMPTY`` when there was nothing to add.
 CommittedTables = Mapping[str, str]
@@ -59,19 +59,6 @@ class EpochRecord:
     @property
     def kind(self) -> WriteKind:
         return WriteKind.of(self.pre_commit, self.replaces)
-
-
-@dataclass(frozen=True)
-class ReplacedWrite:
-    """The committed write a Pending revision replaces: its commit removes exactly these files, and
-    an abort of the revision makes this write the epoch's again, Committed as it was."""
-
-    write_id: str
-    pre_commit: PreCommit
-    committed: CommittedTables
-    table_uuids: Mapping[str, str] | None
-    revision: int
-    committed_at: datetime
 
 
 @dataclass(frozen=True)

@@ -13,12 +13,13 @@ every stored row keeps parsing, and the kind of an old row is what it always was
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .ports import ReplacedWrite
     from .precommit import PreCommit, TableWrite
 
 
@@ -45,6 +46,20 @@ class Kind(StrEnum):
         """Changes by key (insert, update, delete), applied copy-on-write: the commit removes the
         files they rewrote and refuses when the table moved under them (``UpsertConflict``)."""
         return self in (Kind.UPSERT, Kind.UPSERT_REVISION)
+
+
+@dataclass(frozen=True)
+class ReplacedWrite:
+    """The committed write a Pending revision replaces: its commit removes exactly these files, and
+    an abort of the revision makes this write the epoch's again, Committed as it was."""
+
+    write_id: str
+    pre_commit: PreCommit
+    #: Per table, the snapshot that made it visible (``ports.CommittedTables``).
+    committed: Mapping[str, str]
+    table_uuids: Mapping[str, str] | None
+    revision: int
+    committed_at: datetime
 
 
 @dataclass(frozen=True)

@@ -44,14 +44,14 @@ from airflow_provider_exactly_once.core.errors import (
 )
 from airflow_provider_exactly_once.core.faults import FaultHook, no_faults
 from airflow_provider_exactly_once.core.identifiers import check_write_id
-from airflow_provider_exactly_once.core.ports import EMPTY, CommitPlan, CommittedTables, ReplacedWrite, VisibleEpoch
+from airflow_provider_exactly_once.core.ports import EMPTY, CommitPlan, CommittedTables, VisibleEpoch
 from airflow_provider_exactly_once.core.precommit import (
     DataFileDescriptor,
     PartitionValue,
     PreCommit,
     TableWrite,
 )
-from airflow_provider_exactly_once.core.write_kinds import WriteKind
+from airflow_provider_exactly_once.core.write_kinds import ReplacedWrite, WriteKind
 from airflow_provider_exactly_once.extras import url_to_fs
 from airflow_provider_exactly_once.filesystems import store_errors
 from airflow_provider_exactly_once.sinks.layout import FILE_STAGING_DIR, file_write_location, file_writes_folder

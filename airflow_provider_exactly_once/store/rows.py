@@ -32,9 +32,10 @@ from sqlalchemy import (
 from sqlalchemy.orm import Session
 
 from airflow_provider_exactly_once.core.errors import InvalidPreCommit, InvalidSinkConfig, MetaStoreUnavailable
-from airflow_provider_exactly_once.core.ports import CleanupTask, EpochRecord, ReplacedWrite
+from airflow_provider_exactly_once.core.ports import CleanupTask, EpochRecord
 from airflow_provider_exactly_once.core.precommit import PreCommit
 from airflow_provider_exactly_once.core.status import AbortCause, EpochStatus
+from airflow_provider_exactly_once.core.write_kinds import ReplacedWrite
 from airflow_provider_exactly_once.store.models import EpochMetadata, PendingSinkState, SinkCleanup, db_now
 
 #: ``pending_sink_state`` itself: the row without its metadata, which is ``epoch_metadata``'s.

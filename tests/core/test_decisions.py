@@ -33,10 +33,11 @@ from airflow_provider_exactly_once.core.errors import (
     SinkReused,
 )
 from airflow_provider_exactly_once.core.lookups import EpochLookups, WriteLookups
-from airflow_provider_exactly_once.core.ports import EpochRecord, ReplacedWrite
+from airflow_provider_exactly_once.core.ports import EpochRecord
 from airflow_provider_exactly_once.core.precommit import PreCommit, TableWrite
 from airflow_provider_exactly_once.core.status import AbortCause, CheckpointStatus, EpochStatus
 from airflow_provider_exactly_once.core.upserts import ChangeCounts
+from airflow_provider_exactly_once.core.write_kinds import ReplacedWrite
 
 SINK, EPOCH = "orders", 1_717_200_000_000
 AT = datetime(2024, 6, 1, tzinfo=UTC)

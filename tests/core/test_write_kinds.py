@@ -7,10 +7,10 @@ import dataclasses
 
 import pytest
 
-from airflow_provider_exactly_once.core.ports import CommitPlan, EpochRecord, ReplacedWrite
+from airflow_provider_exactly_once.core.ports import CommitPlan, EpochRecord
 from airflow_provider_exactly_once.core.precommit import PreCommit
 from airflow_provider_exactly_once.core.status import EpochStatus
-from airflow_provider_exactly_once.core.write_kinds import Kind, WriteKind
+from airflow_provider_exactly_once.core.write_kinds import Kind, ReplacedWrite, WriteKind
 from tests.core.test_decisions import AT, EPOCH, SINK, row, write
 from tests.core.test_upserts import upsert_write
 

@@ -25,9 +25,9 @@ from airflow_provider_exactly_once.core.errors import (
 )
 from airflow_provider_exactly_once.core.faults import FaultHook, no_faults
 from airflow_provider_exactly_once.core.observe import COMMIT_RETRIES, NO_METRICS, Metrics, safe
-from airflow_provider_exactly_once.core.ports import EMPTY, CommitPlan, CommittedTables, ReplacedWrite, VisibleEpoch
+from airflow_provider_exactly_once.core.ports import EMPTY, CommitPlan, CommittedTables, VisibleEpoch
 from airflow_provider_exactly_once.core.precommit import PreCommit, TableWrite
-from airflow_provider_exactly_once.core.write_kinds import Kind, WriteKind
+from airflow_provider_exactly_once.core.write_kinds import Kind, ReplacedWrite, WriteKind
 from airflow_provider_exactly_once.sinks.iceberg.batch import commit_batch, foreign_write_visible, prepare_batch
 from airflow_provider_exactly_once.sinks.iceberg.catalog_access import load_table, unavailable_when_unreachable
 from airflow_provider_exactly_once.sinks.iceberg.epoch_snapshot import commit_snapshot

@@ -19,8 +19,9 @@ from pyiceberg.manifest import DataFile, ManifestContent
 from pyiceberg.table import Table
 
 from airflow_provider_exactly_once.core.errors import ReplacedFilesMissing
-from airflow_provider_exactly_once.core.ports import EMPTY, ReplacedWrite
+from airflow_provider_exactly_once.core.ports import EMPTY
 from airflow_provider_exactly_once.core.precommit import PreCommit
+from airflow_provider_exactly_once.core.write_kinds import ReplacedWrite
 
 
 def files_to_replace(

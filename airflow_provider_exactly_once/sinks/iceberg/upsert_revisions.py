@@ -29,10 +29,9 @@ from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.snapshots import Snapshot
 
 from airflow_provider_exactly_once.core.errors import InvalidPreCommit, UpsertConflict
-from airflow_provider_exactly_once.core.ports import ReplacedWrite
 from airflow_provider_exactly_once.core.precommit import PreCommit, TableWrite
 from airflow_provider_exactly_once.core.upsert_revisions import DOCUMENTED
-from airflow_provider_exactly_once.core.write_kinds import WriteKind
+from airflow_provider_exactly_once.core.write_kinds import ReplacedWrite, WriteKind
 from airflow_provider_exactly_once.sinks.iceberg.markers import EPOCH_KEY, SINK_ID_KEY, marker_of
 from airflow_provider_exactly_once.sinks.iceberg.upserts import files_to_rewrite, may_hold_range, shown, snapshots_since
 
