@@ -97,7 +97,7 @@ def fault_hook_from_env(environ: Mapping[str, str] = os.environ) -> FaultHook:
     changing any DAG. Known points: ``persist.inserted``, ``persist.replaced``, ``commit.decided``,
     ``commit.visible``, ``commit.marked``, ``abort.marked``, ``abort.cleaned``, ``cleanup.deleted``
     (coordinator); ``batch.decided``, ``batch.visible``, ``batch.marked`` (recovery's batched
-    commit, ``core.batch``); ``iceberg.loaded``, ``iceberg.before_catalog_update``,
+    commit, ``core.backlog``); ``iceberg.loaded``, ``iceberg.before_catalog_update``,
     ``iceberg.after_catalog_update`` (Iceberg committer); ``files.before_move``, ``files.after_move``
     (file sink committer).
     """

@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING
 from airflow_provider_exactly_once._lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from airflow_provider_exactly_once.checkpoints.markers import MarkerFileCheckpointSource
+    from airflow_provider_exactly_once.checkpoints.marker_files import MarkerFileCheckpointSource
     from airflow_provider_exactly_once.checkpoints.metastore import CheckpointTable, MetaStoreCheckpointSource
     from airflow_provider_exactly_once.checkpoints.streaming import StructuredStreamingCheckpointSource
 
 _WHERE = {
     "CheckpointTable": "metastore",
-    "MarkerFileCheckpointSource": "markers",
+    "MarkerFileCheckpointSource": "marker_files",
     "MetaStoreCheckpointSource": "metastore",
     "StructuredStreamingCheckpointSource": "streaming",
 }

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from airflow_provider_exactly_once.checkpoints.markers import MarkerFileCheckpointSource
+from airflow_provider_exactly_once.checkpoints.marker_files import MarkerFileCheckpointSource
 from airflow_provider_exactly_once.checkpoints.metastore import CheckpointTable, MetaStoreCheckpointSource
 from airflow_provider_exactly_once.checkpoints.streaming import StructuredStreamingCheckpointSource
 from airflow_provider_exactly_once.core.errors import InvalidSinkConfig

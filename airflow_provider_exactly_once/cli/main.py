@@ -33,7 +33,7 @@ from airflow_provider_exactly_once.core.errors import ExactlyOnceError, InvalidS
 from airflow_provider_exactly_once.core.redact import mask_userinfo, safe_text
 from airflow_provider_exactly_once.core.status import EpochStatus
 from airflow_provider_exactly_once.operations import ActionResult, InvalidRequest, SinkOperations
-from airflow_provider_exactly_once.runtime.epochs import instant_text, interval_text
+from airflow_provider_exactly_once.runtime.run_epochs import instant_text, interval_text
 from airflow_provider_exactly_once.store import SqlSinkStateStore
 
 EXIT_OK = 0

@@ -404,7 +404,7 @@ def recovery_decision(row: EpochRecord, lookups: EpochLookups) -> Decision:
 
 
 def commits_in_batch(row: EpochRecord, decision: Decision) -> bool:
-    """Whether recovery may commit the epoch together with its neighbours (``core/batch.py``): one
+    """Whether recovery may commit the epoch together with its neighbours (``core/backlog.py``): one
     sink commit holding one marked snapshot per epoch, in epoch order, instead of one commit each.
 
     Only a kind that batches (``WriteKind.batches``: a plain append) qualifies; the others commit

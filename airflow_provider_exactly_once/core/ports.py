@@ -449,7 +449,7 @@ class SinkCommitter(Protocol):
 class BatchCommitter(SinkCommitter, Protocol):
     """A committer that can make several epochs' appends visible in one sink commit, each epoch still
     with its own snapshot and marker (invariant 1), in epoch order: how recovery clears a backlog
-    (``core/batch.py``). Optional: a committer without it commits every epoch on its own."""
+    (``core/backlog.py``). Optional: a committer without it commits every epoch on its own."""
 
     def prepare_batch(self, pre_commits: Sequence[PreCommit]) -> Sequence[CommitPlan | None]:
         """``SinkCommitter.prepare`` for each write, sharing what can be shared (a table loaded once);

@@ -3,7 +3,7 @@ scheduler-start run and ``eo-sink recover`` share. It decides nothing itself: ea
 ``decisions.recovery_decision``, carried out through the coordinator's own ``commit`` and ``abort``,
 so a recovered epoch goes through exactly the steps (and checks) its own tasks would have taken.
 Neighbouring appends that ``decisions.commits_in_batch`` lets through are committed together
-(``core/batch.py``), through the same steps per epoch. Costs O(pending), not O(history): only the
+(``core/backlog.py``), through the same steps per epoch. Costs O(pending), not O(history): only the
 ``(sink_id, status)`` index is read.
 """
 
@@ -13,7 +13,7 @@ import logging
 from collections.abc import Callable
 from typing import Protocol
 
-from .batch import EpochBatches
+from .backlog import EpochBatches
 from .bookkeeping import note_error
 from .decisions import Action, Decision, commits_in_batch, recovery_decision
 from .errors import ExactlyOnceError, MetaStoreUnavailable

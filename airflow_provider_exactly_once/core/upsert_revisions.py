@@ -8,7 +8,7 @@ before E (the parent of E's commit snapshot), rewriting every file E rewrote as 
 holding its own keys. Its commit removes E's added files and the files it rewrote that E did not,
 and adds its own: the table becomes P with E' applied instead of E, with everything committed since
 kept. That is well defined only while nothing committed since E touched those files or may hold a
-key of E or E'; the commit checks exactly that (``sinks.iceberg.upsert_revisions``) and refuses
+key of E or E'; the commit checks exactly that (``sinks.iceberg.upsert_overwrites``) and refuses
 otherwise.
 
 A revision of a revision is planned at the same P: the revised write's own read snapshot.

@@ -18,7 +18,7 @@ from airflow_provider_exactly_once.core.identifiers import check_epoch
 from airflow_provider_exactly_once.core.status import CheckpointStatus
 from airflow_provider_exactly_once.operators._common import airflow_errors
 from airflow_provider_exactly_once.runtime.assembly import open_meta_store
-from airflow_provider_exactly_once.runtime.epochs import epoch_for_context, interval_epoch
+from airflow_provider_exactly_once.runtime.run_epochs import epoch_for_context, interval_epoch
 
 if TYPE_CHECKING:
     from airflow.sdk import Context

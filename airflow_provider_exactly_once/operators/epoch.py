@@ -27,7 +27,7 @@ from airflow_provider_exactly_once.operators._common import (
     try_number,
 )
 from airflow_provider_exactly_once.runtime.assembly import as_checkpoint, as_sink, coordinator_for, open_meta_store
-from airflow_provider_exactly_once.runtime.epochs import (
+from airflow_provider_exactly_once.runtime.run_epochs import (
     epoch_for_context,
     epoch_interval,
     generation_for_context,

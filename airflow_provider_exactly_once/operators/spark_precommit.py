@@ -41,7 +41,7 @@ from airflow_provider_exactly_once.operators._targets import (
 )
 from airflow_provider_exactly_once.operators.spark_binary import check_spark_submit
 from airflow_provider_exactly_once.runtime.assembly import as_sink, open_meta_store, run_epoch
-from airflow_provider_exactly_once.runtime.epochs import epoch_interval, generation_for_context
+from airflow_provider_exactly_once.runtime.run_epochs import epoch_interval, generation_for_context
 from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig, SinkConfig
 from airflow_provider_exactly_once.spark import author_specs
 from airflow_provider_exactly_once.upstream_private import spark_binary_of

@@ -19,7 +19,7 @@ from airflow_provider_exactly_once.core.faults import FaultHook, no_faults
 from airflow_provider_exactly_once.core.identifiers import check_sink_id
 from airflow_provider_exactly_once.core.redact import mask_userinfo
 from airflow_provider_exactly_once.defaults import CONFIG_SECTION, DEFAULT_META_CONN_ID
-from airflow_provider_exactly_once.runtime.epochs import epoch_for_context, interval_epoch
+from airflow_provider_exactly_once.runtime.run_epochs import epoch_for_context, interval_epoch
 from airflow_provider_exactly_once.runtime.storage_options import checkpoint_source, resolved_storage_options
 from airflow_provider_exactly_once.sinks.config import SinkConfig, sink_config_from_dict
 
@@ -197,7 +197,7 @@ def open_meta_store(meta_conn_id: str | None) -> SqlSinkStateStore:
 
 
 def run_epoch(context: Mapping[str, Any], sink_id: str, meta_conn_id: str | None) -> int:
-    """The run's epoch (``runtime.epochs.epoch_for_context``), opening the meta store only when the
+    """The run's epoch (``runtime.run_epochs.epoch_for_context``), opening the meta store only when the
     run has no data interval and its epoch must be allocated."""
     epoch = interval_epoch(context)
     if epoch is not None:

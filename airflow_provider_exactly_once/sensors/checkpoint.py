@@ -20,7 +20,7 @@ from airflow_provider_exactly_once.core.errors import ExactlyOnceError, InvalidS
 from airflow_provider_exactly_once.core.identifiers import check_sink_id
 from airflow_provider_exactly_once.core.status import CheckpointStatus
 from airflow_provider_exactly_once.runtime.assembly import as_checkpoint, as_sink, open_meta_store, run_epoch
-from airflow_provider_exactly_once.runtime.epochs import (
+from airflow_provider_exactly_once.runtime.run_epochs import (
     checkpoint_location,
     epoch_for_context,
     epoch_interval,

@@ -1,4 +1,4 @@
-"""Recovery's transitions of many epochs of a sink in one transaction (``core/batch.py``, design.md D15).
+"""Recovery's transitions of many epochs of a sink in one transaction (``core/backlog.py``, design.md D15).
 
 Each epoch still changes by its own compare-and-swap, with the refusals of the single
 ``decide_commit`` and ``mark_committed`` (``sql.py``); only the transaction is shared, so that a backlog

@@ -35,7 +35,7 @@ from airflow_provider_exactly_once.store.batch_transitions import SqlBatchTransi
 from airflow_provider_exactly_once.store.checkpoints import SqlCheckpointTable
 from airflow_provider_exactly_once.store.cleanup_queue import SqlCleanupQueue, discarded
 from airflow_provider_exactly_once.store.database import MetaStoreDatabase
-from airflow_provider_exactly_once.store.epochs import SqlEpochAllocator
+from airflow_provider_exactly_once.store.epoch_allocations import SqlEpochAllocator
 from airflow_provider_exactly_once.store.models import PendingSinkState, SinkCleanup, db_now
 from airflow_provider_exactly_once.store.registry import SqlSinkRegistry
 from airflow_provider_exactly_once.store.revisions import SqlRevisions, commit_revision

@@ -20,7 +20,7 @@ from fastapi.templating import Jinja2Templates
 from airflow_provider_exactly_once.core.redact import mask_userinfo
 from airflow_provider_exactly_once.core.status import EpochStatus
 from airflow_provider_exactly_once.observability import urls
-from airflow_provider_exactly_once.runtime.epochs import instant_text, interval_text
+from airflow_provider_exactly_once.runtime.run_epochs import instant_text, interval_text
 from airflow_provider_exactly_once.version_compat import HTTP_422
 
 log = logging.getLogger(__name__)

@@ -47,7 +47,7 @@ from airflow_provider_exactly_once.sinks.iceberg.replacement import files_to_rep
 from airflow_provider_exactly_once.sinks.iceberg.schema_check import ColumnToAdd
 from airflow_provider_exactly_once.sinks.iceberg.storage import delete_tree, missing_files
 from airflow_provider_exactly_once.sinks.iceberg.transaction import SinkCommitConflict
-from airflow_provider_exactly_once.sinks.iceberg.upsert_revisions import upsert_files_to_replace
+from airflow_provider_exactly_once.sinks.iceberg.upsert_overwrites import upsert_files_to_replace
 from airflow_provider_exactly_once.sinks.iceberg.write_check import CheckedWrites, check_location
 
 #: The fault point of every table load; those around the catalog update are ``transaction.py``'s.

@@ -23,7 +23,7 @@ from airflow_provider_exactly_once.sinks.iceberg.transaction import (
     SpecAwareFastAppend,
     SpecAwareOverwrite,
 )
-from airflow_provider_exactly_once.sinks.iceberg.upserts import identifier_update
+from airflow_provider_exactly_once.sinks.iceberg.upsert_commits import identifier_update
 from airflow_provider_exactly_once.sinks.iceberg.write_check import write_spec
 
 

@@ -1,4 +1,4 @@
-"""Where recovery cuts a backlog into batches (``core/batch.py``, ``core/recovery.py``), judged by the
+"""Where recovery cuts a backlog into batches (``core/backlog.py``, ``core/recovery.py``), judged by the
 table's catalog commits (one metadata file each) and by the recovery report: a row that moved ends
 the batch before it, an epoch that commits on its own lets the run before it commit first, every
 epoch is reported once and only as what its row became, and a revision whose checkpoint failed is

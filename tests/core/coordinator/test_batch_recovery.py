@@ -1,4 +1,4 @@
-"""Recovery commits runs of Pending appends together (``core/batch.py``): a crash at every step of a
+"""Recovery commits runs of Pending appends together (``core/backlog.py``): a crash at every step of a
 batch, then a clean recovery, leaves every epoch committed exactly once, each in its own marked
 snapshot, in epoch order on the branch; an epoch that cannot join a batch commits alone where it
 stands in that order.

@@ -1,5 +1,5 @@
 """Hypothesis builds a backlog of Pending epochs and recovers it with a crash at any step of a batch
-(``core/batch.py``), again and again: every epoch whose checkpoint completed ends committed exactly
+(``core/backlog.py``), again and again: every epoch whose checkpoint completed ends committed exactly
 once, each in its own marked snapshot, in epoch order on the table's history, and nothing else is
 ever visible (invariants 1 to 3).
 

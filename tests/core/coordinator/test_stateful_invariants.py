@@ -45,7 +45,7 @@ COMMIT_CRASHES = st.none() | st.sampled_from(
 )
 ABORT_CRASHES = st.none() | st.sampled_from(["abort.marked", "cleanup.deleted", "abort.cleaned"])
 PERSIST_CRASHES = st.none() | st.sampled_from(["persist.inserted", "persist.replaced", "cleanup.deleted"])
-#: Recovery commits the Pending appends together (``core/batch.py``); a crash at each of its steps.
+#: Recovery commits the Pending appends together (``core/backlog.py``); a crash at each of its steps.
 RECOVER_CRASHES = st.none() | st.sampled_from(
     [
         "batch.decided",

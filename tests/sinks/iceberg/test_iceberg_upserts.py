@@ -1,4 +1,4 @@
-"""The commit side of upsert writes (``sinks/iceberg/upserts.py``) against real tables of a SQL
+"""The commit side of upsert writes (``sinks/iceberg/upsert_commits.py``) against real tables of a SQL
 catalog: which files may hold the epoch's keys, and when the table moved so that the write must
 not be committed. The Spark half is in ``tests/spark/test_upsert.py``."""
 
@@ -19,8 +19,8 @@ from airflow_provider_exactly_once.core.precommit import PreCommit, TableWrite
 from airflow_provider_exactly_once.core.upserts import ChangeCounts, RevisedWrite, RewrittenFile
 from airflow_provider_exactly_once.core.write_kinds import ReplacedWrite
 from airflow_provider_exactly_once.sinks.iceberg.markers import marker_properties
-from airflow_provider_exactly_once.sinks.iceberg.upsert_revisions import upsert_files_to_replace
-from airflow_provider_exactly_once.sinks.iceberg.upserts import files_to_rewrite, may_hold_keys, snapshots_since
+from airflow_provider_exactly_once.sinks.iceberg.upsert_commits import files_to_rewrite, may_hold_keys, snapshots_since
+from airflow_provider_exactly_once.sinks.iceberg.upsert_overwrites import upsert_files_to_replace
 
 from .iceberg_helpers import NAMESPACE, create_table, rows
 

@@ -33,7 +33,12 @@ from airflow_provider_exactly_once.core.precommit import PreCommit, TableWrite
 from airflow_provider_exactly_once.core.upsert_revisions import DOCUMENTED
 from airflow_provider_exactly_once.core.write_kinds import ReplacedWrite, WriteKind
 from airflow_provider_exactly_once.sinks.iceberg.markers import EPOCH_KEY, SINK_ID_KEY, marker_of
-from airflow_provider_exactly_once.sinks.iceberg.upserts import files_to_rewrite, may_hold_range, shown, snapshots_since
+from airflow_provider_exactly_once.sinks.iceberg.upsert_commits import (
+    files_to_rewrite,
+    may_hold_range,
+    shown,
+    snapshots_since,
+)
 
 
 def upsert_files_to_replace(

@@ -1,6 +1,6 @@
 """Epochs of DAG runs without a data interval: the store's ``epochs`` companion.
 
-Only the epoch operators' hook allocates (``runtime.epochs.epoch_for_context``); the coordinator is
+Only the epoch operators' hook allocates (``runtime.run_epochs.epoch_for_context``); the coordinator is
 handed epochs and never draws one, so allocation is not part of its port.
 """
 
@@ -23,7 +23,7 @@ _ALLOCATION_ATTEMPTS = 50
 
 
 class SqlEpochAllocator:
-    """``runtime.epochs.EpochAllocator`` on the meta store's ``epoch_allocation`` table, keyed by (sink, run id)."""
+    """``runtime.run_epochs.EpochAllocator`` on the meta store's ``epoch_allocation`` table, keyed by (sink, run id)."""
 
     def __init__(self, db: MetaStoreDatabase) -> None:
         self._db = db

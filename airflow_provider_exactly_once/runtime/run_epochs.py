@@ -97,7 +97,7 @@ def checkpoint_location(checkpoint: CheckpointConfig, sink_id: str, epoch: int) 
         MetaStoreCheckpoint,
         StreamingCheckpoint,
     )
-    from airflow_provider_exactly_once.checkpoints.markers import MarkerFileCheckpointSource
+    from airflow_provider_exactly_once.checkpoints.marker_files import MarkerFileCheckpointSource
     from airflow_provider_exactly_once.core.redact import mask_userinfo
     from airflow_provider_exactly_once.filesystems import PathTemplate
 
