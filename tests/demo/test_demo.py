@@ -55,7 +55,7 @@ def check_summary(done: subprocess.CompletedProcess[str], root: Path) -> None:
             assert (in_table, snapshots, now) == (landed, 1, "Committed"), scenario
     # The crash really happened between the Iceberg commit and the mark, and recovery finished it.
     assert rows["crash at commit.visible"][3] == "Pending (commit decided)"
-    assert "transform=success(try 2)" in out
+    assert "events.write=success(try 2)" in out
     assert (root / "demo.log").stat().st_size > 0
 
 
@@ -106,7 +106,7 @@ def test_a_scenario_that_did_not_happen_is_reported() -> None:
     assert run.scenario_problems(hour) == []
 
     retried = run.Hour(hour.start, "retried write", 10)
-    retried.run = world.RunResult("r", "success", {"transform": ("success", 1)}, hour.start)
+    retried.run = world.RunResult("r", "success", {"events.write": ("success", 1)}, hour.start)
     assert run.scenario_problems(retried)
 
 
