@@ -22,12 +22,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass
 from datetime import timedelta
 
 from .bookkeeping import note_error, record_warning, require_epoch, warn_other_dag
 from .cleanups import clean_up, run_cleanups
-from .decisions import Action, abort_decision, commit_decision, persist_decision
+from .decisions import Action, Decision, abort_decision, commit_decision, persist_decision
 from .errors import AbortRefused, InvalidPreCommit, InvalidSinkConfig, StateConflict, UpsertConflict
 from .faults import FaultHook, no_faults
 from .generations import OnReprocess
@@ -58,6 +59,30 @@ log = logging.getLogger(__name__)
 
 #: How often persist (and abort) re-reads the row after losing a CAS race before it gives up.
 _PERSIST_RACE_ROUNDS = 5
+
+#: What a persist that leaves the epoch's row as it is reports, per action.
+_KEPT_OUTCOMES = {
+    Action.KEEP: PersistOutcome.ALREADY_PERSISTED,
+    Action.ALREADY_COMMITTED: PersistOutcome.ALREADY_COMMITTED,
+    Action.ALREADY_REPLACED: PersistOutcome.SUPERSEDED,
+    Action.DISCARD_LATE: PersistOutcome.ALREADY_COMMITTED,
+    Action.DISCARD_UNDER_COMMIT: PersistOutcome.COMMIT_DECIDED,
+    Action.DISCARD_OLDER: PersistOutcome.SUPERSEDED,
+    Action.DISCARD_KEPT: PersistOutcome.KEPT,
+}
+
+
+@dataclass(frozen=True)
+class _Persisting:
+    """One persist: the write, and the task attempt that made it (recorded on the row)."""
+
+    pre: PreCommit
+    run_id: str | None
+    try_number: int | None
+    dag_id: str | None
+
+
+_PersistStep = Callable[[_Persisting, EpochRecord | None, Decision], PersistResult | None]
 
 
 class TwoPhaseCommitCoordinator:
@@ -90,6 +115,22 @@ class TwoPhaseCommitCoordinator:
         self._fault = fault
         #: Commit durations, files, rows, outcomes and aborts (``core.observe``); never decides anything.
         self._metrics = safe(metrics)
+        #: Persist's one step for each action ``persist_decision`` can take.
+        self._persist_steps: dict[Action, _PersistStep] = {
+            Action.INSERT: self._insert,
+            Action.REPLACE: self._replace,
+            Action.REOPEN: self._reopen,
+            Action.REVISE: self._revise,
+            Action.KEEP: self._keep,
+            Action.ALREADY_COMMITTED: self._keep,
+            Action.ALREADY_REPLACED: self._keep,
+            Action.DISCARD_LATE: self._discard_late,
+            Action.DISCARD_UNDER_COMMIT: self._discard_late,
+            Action.DISCARD_OLDER: self._discard_superseded,
+            Action.DISCARD_KEPT: self._discard_superseded,
+            Action.DISCARD_OTHER_TABLES: self._discard_refused,
+            Action.DISCARD_REFUSED: self._discard_refused,
+        }
 
     # -- phase one: persist -----------------------------------------------------------------------
 
@@ -108,7 +149,8 @@ class TwoPhaseCommitCoordinator:
         cleaned up when the epoch is already committed or its commit decided. A Committed epoch is
         re-opened for it only when a table the epoch went into was since dropped and re-created (the
         old commit proves nothing for the new table); a write for other tables than the epoch's is
-        refused (``SinkReused``).
+        refused (``SinkReused``). What happens is ``persist_decision``'s; each action has one step
+        below, which returns ``None`` when a concurrent attempt moved the row first.
         """
         pre = PreCommit.parse(pre_commit)
         committer = self._committer(pre.sink_id)
@@ -121,111 +163,103 @@ class TwoPhaseCommitCoordinator:
             self.abort(pre.sink_id, pre.epoch, reason=reason, write=pre, dag_id=dag_id, cause=cause)
             raise
 
-        on_reprocess = self._on_reprocess.get(pre.sink_id, "keep")
         lookups = WriteLookups.of(self._store, committer, pre)
-        if persist_decision(None, pre, lookups, on_reprocess=on_reprocess).raise_if_refused().action is Action.INSERT:
-            # The common case, a first persist, without reading the row first: the insert is refused
-            # (``StateConflict``) when the epoch has a row, which is then read and decided on below.
-            try:
-                record = self._store.insert_pending(pre, run_id=run_id, try_number=try_number, dag_id=dag_id)
-            except StateConflict:
-                pass
-            else:
-                self._fault("persist.inserted")
-                return PersistResult(PersistOutcome.PERSISTED, record, pre.write_id)
-
-        for _ in range(_PERSIST_RACE_ROUNDS):
-            row = self._store.get(pre.sink_id, pre.epoch)
+        on_reprocess = self._on_reprocess.get(pre.sink_id, "keep")
+        persisting = _Persisting(pre, run_id, try_number, dag_id)
+        # The first round decides as if the epoch had no row, the common case, without reading it:
+        # the insert is refused (``StateConflict``) when it has one, which is then read and decided on.
+        row: EpochRecord | None = None
+        for _ in range(1 + _PERSIST_RACE_ROUNDS):
             decision = persist_decision(row, pre, lookups, on_reprocess=on_reprocess).raise_if_refused()
-            action = decision.action
-            if row is not None and action is Action.KEEP:
-                outcome = (
-                    PersistOutcome.ALREADY_COMMITTED
-                    if row.status is EpochStatus.COMMITTED
-                    else PersistOutcome.ALREADY_PERSISTED
-                )
-                return PersistResult(outcome, row, row.write_id)
-
-            if row is not None and action is Action.ALREADY_REPLACED:
-                log.info("%s: %s; %s", pre.describe(), action.value, decision.why)
-                return PersistResult(PersistOutcome.SUPERSEDED, row, row.write_id)
-
-            if row is not None and action in (Action.DISCARD_OTHER_TABLES, Action.DISCARD_REFUSED):
-                self._discard(pre, f"{action.value}: epoch committed with write {row.write_id}")
-                assert decision.error is not None
-                raise decision.error
-
-            if row is not None and action is Action.REOPEN:
-                try:
-                    record = self._store.reopen_committed(
-                        pre,
-                        expected_write_id=row.write_id,
-                        run_id=run_id,
-                        try_number=try_number,
-                        dag_id=dag_id,
-                        reason=decision.why,
-                    )
-                except StateConflict:
-                    continue  # another persist re-opened it first: decide against its row
-                log.warning("%s: %s", pre.describe(), decision.why)
-                return PersistResult(PersistOutcome.REOPENED, record, pre.write_id, warning=decision.why)
-
-            if row is not None and action is Action.REVISE:
-                try:
-                    record = self._store.revisions.open_revision(
-                        pre, expected_write_id=row.write_id, run_id=run_id, try_number=try_number, dag_id=dag_id
-                    )
-                except StateConflict:
-                    continue  # another persist opened a revision first: decide against its row
-                self._fault("persist.revised")
-                log.warning("%s: %s", pre.describe(), decision.why)
-                return PersistResult(PersistOutcome.REVISED, record, pre.write_id, warning=decision.why)
-
-            if row is not None and action in (Action.DISCARD_OLDER, Action.DISCARD_KEPT):
-                self._discard(pre, f"{action.value}: {decision.why}")
-                record_warning(self._store, pre, f"{pre.describe()}: {decision.why}")
-                outcome = PersistOutcome.SUPERSEDED if action is Action.DISCARD_OLDER else PersistOutcome.KEPT
-                return PersistResult(outcome, row, row.write_id, warning=decision.why)
-
-            if row is not None and action is Action.DISCARD_LATE:
-                # The epoch's data is (or will be) the earlier write's: this one must never be seen.
-                self._discard(pre, f"late write: epoch holds write {row.write_id}")
-                outcome = (
-                    PersistOutcome.ALREADY_COMMITTED
-                    if row.status is EpochStatus.COMMITTED
-                    else PersistOutcome.COMMIT_DECIDED
-                )
-                warning = warn_other_dag(self._store, pre, row, dag_id)
-                log.info("%s: %s with write %s; the new write was removed", pre.describe(), outcome, row.write_id)
-                return PersistResult(outcome, row, row.write_id, warning=warning)
-
-            # From here the write would become the epoch's: refused if it was ever discarded.
-            if row is None:
-                try:  # the store refuses a discarded write in the insert's own transaction
-                    record = self._store.insert_pending(pre, run_id=run_id, try_number=try_number, dag_id=dag_id)
-                except StateConflict:
-                    continue  # another persist inserted first: decide against its row
-                self._fault("persist.inserted")
-                return PersistResult(PersistOutcome.PERSISTED, record, pre.write_id)
-
-            try:
-                record = self._store.replace_write(
-                    pre,
-                    expected_status=row.status,
-                    expected_write_id=row.write_id,
-                    run_id=run_id,
-                    try_number=try_number,
-                    dag_id=dag_id,
-                )
-            except StateConflict:
-                continue  # the row moved under us (commit decided, aborted, replaced): look again
-            self._fault("persist.replaced")
-            self._run_cleanups(pre.sink_id, pre.epoch)  # the replaced write's files
-            return PersistResult(PersistOutcome.REPLACED, record, pre.write_id)
-
+            result = self._persist_steps[decision.action](persisting, row, decision)
+            if result is not None:
+                return result
+            row = self._store.get(pre.sink_id, pre.epoch)
         raise StateConflict(
             f"{pre.describe()}: the epoch kept changing under {_PERSIST_RACE_ROUNDS} attempts to persist"
         )
+
+    def _insert(self, p: _Persisting, row: EpochRecord | None, decision: Decision) -> PersistResult | None:
+        try:  # the store refuses a discarded write in the insert's own transaction
+            record = self._store.insert_pending(p.pre, run_id=p.run_id, try_number=p.try_number, dag_id=p.dag_id)
+        except StateConflict:
+            return None  # the epoch has a row (another persist inserted first): decide against it
+        self._fault("persist.inserted")
+        return PersistResult(PersistOutcome.PERSISTED, record, p.pre.write_id)
+
+    def _replace(self, p: _Persisting, row: EpochRecord | None, decision: Decision) -> PersistResult | None:
+        assert row is not None
+        try:
+            record = self._store.replace_write(
+                p.pre,
+                expected_status=row.status,
+                expected_write_id=row.write_id,
+                run_id=p.run_id,
+                try_number=p.try_number,
+                dag_id=p.dag_id,
+            )
+        except StateConflict:
+            return None  # the row moved under us (commit decided, aborted, replaced): look again
+        self._fault("persist.replaced")
+        self._run_cleanups(p.pre.sink_id, p.pre.epoch)  # the replaced write's files
+        return PersistResult(PersistOutcome.REPLACED, record, p.pre.write_id)
+
+    def _reopen(self, p: _Persisting, row: EpochRecord | None, decision: Decision) -> PersistResult | None:
+        assert row is not None
+        try:
+            record = self._store.reopen_committed(
+                p.pre,
+                expected_write_id=row.write_id,
+                run_id=p.run_id,
+                try_number=p.try_number,
+                dag_id=p.dag_id,
+                reason=decision.why,
+            )
+        except StateConflict:
+            return None  # another persist re-opened it first: decide against its row
+        log.warning("%s: %s", p.pre.describe(), decision.why)
+        return PersistResult(PersistOutcome.REOPENED, record, p.pre.write_id, warning=decision.why)
+
+    def _revise(self, p: _Persisting, row: EpochRecord | None, decision: Decision) -> PersistResult | None:
+        assert row is not None
+        try:
+            record = self._store.revisions.open_revision(
+                p.pre, expected_write_id=row.write_id, run_id=p.run_id, try_number=p.try_number, dag_id=p.dag_id
+            )
+        except StateConflict:
+            return None  # another persist opened a revision first: decide against its row
+        self._fault("persist.revised")
+        log.warning("%s: %s", p.pre.describe(), decision.why)
+        return PersistResult(PersistOutcome.REVISED, record, p.pre.write_id, warning=decision.why)
+
+    def _keep(self, p: _Persisting, row: EpochRecord | None, decision: Decision) -> PersistResult:
+        """This write is the epoch's already (a retried persist), or a revision replaced it."""
+        assert row is not None
+        if decision.action is Action.ALREADY_REPLACED:
+            log.info("%s: %s; %s", p.pre.describe(), decision.action.value, decision.why)
+        return PersistResult(_KEPT_OUTCOMES[decision.action], row, row.write_id)
+
+    def _discard_late(self, p: _Persisting, row: EpochRecord | None, decision: Decision) -> PersistResult:
+        """The epoch's data is (or will be) an earlier write's: this one must never be seen."""
+        assert row is not None
+        self._discard(p.pre, f"late write: epoch holds write {row.write_id}")
+        outcome = _KEPT_OUTCOMES[decision.action]
+        warning = warn_other_dag(self._store, p.pre, row, p.dag_id)
+        log.info("%s: %s with write %s; the new write was removed", p.pre.describe(), outcome, row.write_id)
+        return PersistResult(outcome, row, row.write_id, warning=warning)
+
+    def _discard_superseded(self, p: _Persisting, row: EpochRecord | None, decision: Decision) -> PersistResult:
+        """Another generation's write holds the epoch, and keeps it: this one is removed, and said."""
+        assert row is not None
+        self._discard(p.pre, f"{decision.action.value}: {decision.why}")
+        record_warning(self._store, p.pre, f"{p.pre.describe()}: {decision.why}")
+        return PersistResult(_KEPT_OUTCOMES[decision.action], row, row.write_id, warning=decision.why)
+
+    def _discard_refused(self, p: _Persisting, row: EpochRecord | None, decision: Decision) -> PersistResult:
+        """The write can never be the epoch's, and the caller must hear it as an error."""
+        assert row is not None and decision.error is not None
+        self._discard(p.pre, f"{decision.action.value}: epoch committed with write {row.write_id}")
+        raise decision.error
 
     def _discard(self, pre: PreCommit, reason: str) -> None:
         """This write must never be the epoch's: its files go, through the clean-up queue."""

@@ -48,13 +48,14 @@ class Action(StrEnum):
     ALREADY_REPLACED = "nothing: a revision replaced this write, and its files wait in the clean-up queue"
     REPLACE = "replace the earlier, undecided write"
     REOPEN = "re-open the Committed epoch for the re-created table"
-    DISCARD_LATE = "discard the late write: the epoch holds an earlier one"
+    DISCARD_LATE = "discard the late write: the epoch is committed with an earlier one"
+    DISCARD_UNDER_COMMIT = "discard the late write: the commit of an earlier one is decided"
     DISCARD_OTHER_TABLES = "discard the write: the epoch was committed to other tables"
     DISCARD_REFUSED = "discard the newer generation's write and refuse: it cannot replace the upsert epoch's changes"
     DISCARD_OLDER = "discard the write: a newer generation's write holds the epoch"
     DISCARD_KEPT = "discard the newer generation's write: the sink keeps what it committed (on_reprocess='keep')"
     REVISE = "open a revision: the newer generation's write replaces the committed one once it commits"
-    # commit
+    # commit (and persist and abort of the write an epoch committed)
     ALREADY_COMMITTED = "nothing: already committed"
     DECIDE_AND_COMMIT = "validate, record the commit decision, commit"
     COMMIT_DECIDED = "commit the decided write"
@@ -128,7 +129,7 @@ def persist_decision(
                     f"{write.describe()} was aborted and its files removed; run the write again for a new write"
                 )
             )
-        return Decision(Action.KEEP)
+        return Decision(Action.ALREADY_COMMITTED if row.status is EpochStatus.COMMITTED else Action.KEEP)
     if (settled := _replaced(row, write, lookups.replaced)) is not None:
         return settled
     if row.status is EpochStatus.COMMITTED:
@@ -190,7 +191,7 @@ def persist_decision(
                     "commit is under way; retry once it is committed, and this write replaces it"
                 )
             )
-        return Decision(Action.DISCARD_LATE, why=f"epoch holds write {row.write_id}, its commit decided")
+        return Decision(Action.DISCARD_UNDER_COMMIT, why=f"epoch holds write {row.write_id}, its commit decided")
     return refuse(discarded_error(write)) if lookups.discarded() else Decision(Action.REPLACE)
 
 

@@ -142,8 +142,8 @@ DONE, WAITING, FAILED = CheckpointStatus.COMPLETED, CheckpointStatus.PENDING, Ch
 def test_persist_of_a_new_epoch_inserts_and_a_repeat_keeps() -> None:
     pre = write()
     assert persist_decision(None, pre, asks()).action is Action.INSERT
-    for status in (PENDING, COMMITTED):
-        assert persist_decision(row(status, pre), pre, asks()).action is Action.KEEP
+    assert persist_decision(row(PENDING, pre), pre, asks()).action is Action.KEEP
+    assert persist_decision(row(COMMITTED, pre), pre, asks()).action is Action.ALREADY_COMMITTED
 
 
 def test_persist_of_an_aborted_write_again_is_refused() -> None:
@@ -159,7 +159,7 @@ def test_persist_of_an_aborted_write_again_is_refused() -> None:
     [
         (PENDING, False, Action.REPLACE),
         (ABORTED, False, Action.REPLACE),  # an aborted epoch is re-opened by a new write
-        (PENDING, True, Action.DISCARD_LATE),  # a decided commit is never overtaken
+        (PENDING, True, Action.DISCARD_UNDER_COMMIT),  # a decided commit is never overtaken
     ],
 )
 def test_persist_of_another_write(status: EpochStatus, decided: bool, expected: Action) -> None:
@@ -338,7 +338,7 @@ def test_a_write_for_a_committed_epoch(
         (ABORTED, False, NEW, OLD, Action.DISCARD_OLDER),
         (PENDING, False, OLD, NEW, Action.REPLACE),
         (PENDING, False, OLD, OLD, Action.REPLACE),  # a retry inside the generation, as before
-        (PENDING, True, OLD, OLD, Action.DISCARD_LATE),
+        (PENDING, True, OLD, OLD, Action.DISCARD_UNDER_COMMIT),
     ],
 )
 def test_a_write_for_an_open_epoch(
