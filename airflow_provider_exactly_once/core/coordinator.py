@@ -37,6 +37,7 @@ from .lookups import EpochLookups, WriteLookups
 from .lost_writes import lost_files, prepare_rewrite
 from .observe import COMMIT_ERRORS, NO_METRICS, Metrics, count_abort, count_commit, safe
 from .outcomes import (
+    KEPT_OUTCOMES,
     AbortOutcome,
     AbortResult,
     CleanupReport,
@@ -60,17 +61,6 @@ log = logging.getLogger(__name__)
 #: How often persist (and abort) re-reads the row after losing a CAS race before it gives up.
 _PERSIST_RACE_ROUNDS = 5
 
-#: What a persist that leaves the epoch's row as it is reports, per action.
-_KEPT_OUTCOMES = {
-    Action.KEEP: PersistOutcome.ALREADY_PERSISTED,
-    Action.ALREADY_COMMITTED: PersistOutcome.ALREADY_COMMITTED,
-    Action.ALREADY_REPLACED: PersistOutcome.SUPERSEDED,
-    Action.DISCARD_LATE: PersistOutcome.ALREADY_COMMITTED,
-    Action.DISCARD_UNDER_COMMIT: PersistOutcome.COMMIT_DECIDED,
-    Action.DISCARD_OLDER: PersistOutcome.SUPERSEDED,
-    Action.DISCARD_KEPT: PersistOutcome.KEPT,
-}
-
 
 @dataclass(frozen=True)
 class _Persisting:
@@ -80,9 +70,6 @@ class _Persisting:
     run_id: str | None
     try_number: int | None
     dag_id: str | None
-
-
-_PersistStep = Callable[[_Persisting, EpochRecord | None, Decision], PersistResult | None]
 
 
 class TwoPhaseCommitCoordinator:
@@ -116,7 +103,9 @@ class TwoPhaseCommitCoordinator:
         #: Commit durations, files, rows, outcomes and aborts (``core.observe``); never decides anything.
         self._metrics = safe(metrics)
         #: Persist's one step for each action ``persist_decision`` can take.
-        self._persist_steps: dict[Action, _PersistStep] = {
+        self._persist_steps: dict[
+            Action, Callable[[_Persisting, EpochRecord | None, Decision], PersistResult | None]
+        ] = {
             Action.INSERT: self._insert,
             Action.REPLACE: self._replace,
             Action.REOPEN: self._reopen,
@@ -237,13 +226,13 @@ class TwoPhaseCommitCoordinator:
         assert row is not None
         if decision.action is Action.ALREADY_REPLACED:
             log.info("%s: %s; %s", p.pre.describe(), decision.action.value, decision.why)
-        return PersistResult(_KEPT_OUTCOMES[decision.action], row, row.write_id)
+        return PersistResult(KEPT_OUTCOMES[decision.action], row, row.write_id)
 
     def _discard_late(self, p: _Persisting, row: EpochRecord | None, decision: Decision) -> PersistResult:
         """The epoch's data is (or will be) an earlier write's: this one must never be seen."""
         assert row is not None
         self._discard(p.pre, f"late write: epoch holds write {row.write_id}")
-        outcome = _KEPT_OUTCOMES[decision.action]
+        outcome = KEPT_OUTCOMES[decision.action]
         warning = warn_other_dag(self._store, p.pre, row, p.dag_id)
         log.info("%s: %s with write %s; the new write was removed", p.pre.describe(), outcome, row.write_id)
         return PersistResult(outcome, row, row.write_id, warning=warning)
@@ -253,7 +242,7 @@ class TwoPhaseCommitCoordinator:
         assert row is not None
         self._discard(p.pre, f"{decision.action.value}: {decision.why}")
         record_warning(self._store, p.pre, f"{p.pre.describe()}: {decision.why}")
-        return PersistResult(_KEPT_OUTCOMES[decision.action], row, row.write_id, warning=decision.why)
+        return PersistResult(KEPT_OUTCOMES[decision.action], row, row.write_id, warning=decision.why)
 
     def _discard_refused(self, p: _Persisting, row: EpochRecord | None, decision: Decision) -> PersistResult:
         """The write can never be the epoch's, and the caller must hear it as an error."""
@@ -496,8 +485,6 @@ class TwoPhaseCommitCoordinator:
     def _run_cleanups(self, sink_id: str, epoch: int | None, report: CleanupReport | None = None) -> int:
         """Delete the files of queued writes that can no longer become visible (``core.cleanups``)."""
         return run_cleanups(self._store, self._committer(sink_id), sink_id, epoch, report=report, fault=self._fault)
-
-    # -- helpers ----------------------------------------------------------------------------------
 
     def _committer(self, sink_id: str) -> SinkCommitter:
         check_sink_id(sink_id)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from .decisions import Action
 from .ports import EpochRecord
 
 
@@ -43,6 +44,18 @@ class RewriteOutcome(StrEnum):
     ALREADY_COMMITTED = "already committed: nothing to write again"
     REWRITE = "write again: the write conflicts with the table; the next write replaces it"
     GAVE_UP = "the decided write can never be committed and was given up; write again"
+
+
+#: What a persist that leaves the epoch's row as it is reports, per action of ``persist_decision``.
+KEPT_OUTCOMES = {
+    Action.KEEP: PersistOutcome.ALREADY_PERSISTED,
+    Action.ALREADY_COMMITTED: PersistOutcome.ALREADY_COMMITTED,
+    Action.ALREADY_REPLACED: PersistOutcome.SUPERSEDED,
+    Action.DISCARD_LATE: PersistOutcome.ALREADY_COMMITTED,
+    Action.DISCARD_UNDER_COMMIT: PersistOutcome.COMMIT_DECIDED,
+    Action.DISCARD_OLDER: PersistOutcome.SUPERSEDED,
+    Action.DISCARD_KEPT: PersistOutcome.KEPT,
+}
 
 
 @dataclass(frozen=True)
