@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -41,46 +42,91 @@ def fault_cluster(pg_url: str) -> Iterator[Cluster]:  # pg_url: skips (fails und
         yield c
 
 
+#: The named scenarios CI runs, at once: those whose mechanism the fixed-seed random plan below
+#: does not draw (a zombie committer, a foreign writer, a meta-store outage held across commits, a
+#: failed checkpoint beside a completed one, a reprocess backfill, a revision given up, a compaction
+#: between an upsert epoch's write and its commit). Every named scenario is the long run:
+#: ``uv run --frozen pytest -m long tests/fault_harness`` or ``scripts/faults --scenario all``.
+CI_SCENARIOS = [
+    "zombie",
+    "other_writer",
+    "meta_store_outage",
+    "failed_checkpoint",
+    "reprocess_completed",
+    "revision_given_up",
+    "upsert_compaction",
+]
+
+
 # The runs take minutes under a real scheduler (17 min for the named scenarios on a loaded
 # 2-core machine before the reprocessing ones were added); the project's 600 s default per test
 # would cut them off.
+@pytest.mark.timeout(1800)
+def test_the_ci_scenarios_end_with_no_anomaly(fault_cluster: Cluster) -> None:
+    scenarios, skipped = scenarios_for("local", CI_SCENARIOS)
+    assert not skipped and [s.name for s in scenarios] == CI_SCENARIOS
+    check_named_results(run_scenarios(fault_cluster, scenarios, timeout=1500))
+
+
+@pytest.mark.long
 @pytest.mark.timeout(3600)
 def test_every_named_scenario_ends_with_no_anomaly(fault_cluster: Cluster) -> None:
     scenarios, _production_only = scenarios_for("local")
-    report = run_scenarios(fault_cluster, scenarios, timeout=2700)
+    results = check_named_results(run_scenarios(fault_cluster, scenarios, timeout=2700))
+    for name in ("kill_spark_write", "kill_sensor_wait", "kill_scheduler", "kill_triggerer"):
+        assert results[name]["actions"], f"{name}: no action was taken"
+
+
+def check_named_results(report: dict[str, Any]) -> dict[str, Any]:
+    """What every named scenario that ran must show: no anomaly, its faults done, its tables' counts
+    (each checked only where the scenario ran). Returns the results by scenario."""
     assert report["recovery_run"] == "success", failures(report)
     assert report["anomalies"] == 0 and report["action_errors"] == 0, failures(report)
-    results = report["scenarios"]
+    results: dict[str, Any] = report["scenarios"]
+    ran = results.keys()
     # The faults did happen: each action left its note, and the checked tables hold what they should.
-    for name in ("kill_spark_write", "kill_sensor_wait", "kill_scheduler", "kill_triggerer", "meta_store_outage"):
-        assert results[name]["actions"], f"{name}: no action was taken"
-    assert any("second committer exited 0" in line for line in results["zombie"]["actions"]), results["zombie"]
-    assert results["other_writer"]["foreign_rows"] > 0
-    assert results["failed_checkpoint"]["hours"] == {"completed": 1, "failed": 1}
+    if "meta_store_outage" in ran:
+        assert results["meta_store_outage"]["actions"], "meta_store_outage: no action was taken"
+    if "zombie" in ran:
+        assert any("second committer exited 0" in line for line in results["zombie"]["actions"]), results["zombie"]
+    if "other_writer" in ran:
+        assert results["other_writer"]["foreign_rows"] > 0
+    if "failed_checkpoint" in ran:
+        assert results["failed_checkpoint"]["hours"] == {"completed": 1, "failed": 1}
     # Reprocessing: each re-run of a committed epoch is one revision (a marked overwrite snapshot).
     revisions = {name: results[name]["revisions"] for name in results}
-    assert revisions["clear_successful"] == 2, revisions
-    assert revisions["reprocess_completed"] == 2 and results["reprocess_completed"]["relanded_hours"] == 2
-    assert revisions["clear_via_api"] == 1 and results["clear_via_api"]["relanded_hours"] == 1
-    assert revisions["kill_during_replacement"] == 6, revisions
-    assert any("every armed fault fired (6)" in line for line in results["kill_during_replacement"]["actions"])
-    # A revision given up leaves the first write (checked by the action) and no snapshot.
-    given_up = results["revision_given_up"]
-    assert (given_up["revisions"], given_up["marked_snapshots"], given_up["relanded_hours"]) == (1, 2, 1), given_up
-    assert any("still shows the first write" in line for line in given_up["actions"]), given_up["actions"]
-    # Only the failed epoch was re-opened: three first commits, no revision, every hour completed now.
-    failed = results["reprocess_failed"]
-    assert (failed["revisions"], failed["marked_snapshots"], failed["hours"]) == (0, 3, {"completed": 3}), failed
+    expected_revisions = {
+        "clear_successful": 2,
+        "reprocess_completed": 2,
+        "clear_via_api": 1,
+        "kill_during_replacement": 6,
+    }
+    for name, count in expected_revisions.items():
+        if name in ran:
+            assert revisions[name] == count, revisions
+    for name, relanded in {"reprocess_completed": 2, "clear_via_api": 1}.items():
+        if name in ran:
+            assert results[name]["relanded_hours"] == relanded, results[name]
+    if "kill_during_replacement" in ran:
+        actions = results["kill_during_replacement"]["actions"]
+        assert any("every armed fault fired (6)" in line for line in actions), actions
+    if "revision_given_up" in ran:
+        # A revision given up leaves the first write (checked by the action) and no snapshot.
+        given_up = results["revision_given_up"]
+        assert (given_up["revisions"], given_up["marked_snapshots"], given_up["relanded_hours"]) == (1, 2, 1), given_up
+        assert any("still shows the first write" in line for line in given_up["actions"]), given_up["actions"]
+    if "reprocess_failed" in ran:
+        # Only the failed epoch was re-opened: three first commits, no revision, every hour completed now.
+        failed = results["reprocess_failed"]
+        assert (failed["revisions"], failed["marked_snapshots"], failed["hours"]) == (0, 3, {"completed": 3}), failed
     # Upsert pipelines: one marked snapshot per checkpointed hour, the table equal to the key model
     # (the checker's verdict above); the compaction landed between hour 1's write and its commit.
-    upserts = {name: r for name, r in results.items() if r["mode"] == "upsert"}
-    assert {name: r["marked_snapshots"] for name, r in upserts.items()} == {
-        "upsert_kill_commit": 3,
-        "upsert_failed_hour": 2,
-        "upsert_compaction": 2,
-    }, upserts
-    compaction = results["upsert_compaction"]["actions"]
-    assert any(line.split(" ", 1)[1].startswith("compaction: ") for line in compaction), compaction
+    expected_upserts = {"upsert_kill_commit": 3, "upsert_failed_hour": 2, "upsert_compaction": 2}
+    upserts = {name: r["marked_snapshots"] for name, r in results.items() if r["mode"] == "upsert"}
+    assert upserts == {name: n for name, n in expected_upserts.items() if name in ran}, upserts
+    if "upsert_compaction" in ran:
+        compaction = results["upsert_compaction"]["actions"]
+        assert any(line.split(" ", 1)[1].startswith("compaction: ") for line in compaction), compaction
     for name, result in results.items():
         completed = result["hours"].get("completed", 0)
         if result["mode"] == "upsert":
@@ -90,6 +136,7 @@ def test_every_named_scenario_ends_with_no_anomaly(fault_cluster: Cluster) -> No
         assert result["rows_expected"] == 12 * completed or result["relanded_hours"], name
         assert result["rows_visible"] - result["foreign_rows"] == result["rows_expected"], name
         assert sum(1 for s in result["runs"].values() if s == "success") >= completed, (name, result["runs"])
+    return results
 
 
 @pytest.mark.timeout(1800)
