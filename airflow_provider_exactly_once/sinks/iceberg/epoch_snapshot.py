@@ -1,82 +1,111 @@
-"""One epoch's snapshot of one table: staged in one transaction, committed at most once.
+"""Epochs' snapshots of one table: staged in one transaction, committed at most once.
 
-The committer (``committer.py``) decides whether a table takes a snapshot and retries conflicts; this
-module is what the snapshot consists of (design.md section 5, steps 3, 6 and 7): the columns the write
-adds, an upsert's identifier fields, a name mapping for a table without one, the data files built from
-the writers' descriptors under the spec they were written for, and the marker in the summary, as an
-append, or as an overwrite that removes exactly the files a revision or an upsert replaces.
+The committer (``committer.py``) decides which epochs a table takes a snapshot of and retries
+conflicts; this module is what the snapshots consist of (design.md section 5, steps 3, 6 and 7): the
+columns a write adds, an upsert's identifier fields, a name mapping for a table without one, the data
+files built from the writers' descriptors under the spec they were written for, and the marker in
+the summary, as an append, or as an overwrite that removes exactly the files a revision or an upsert
+replaces. Several epochs (recovery's backlog, D15) are stacked in epoch order, each snapshot parented
+on the one before, so the catalog writes one metadata file for all of them and swaps it in once.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table, TableProperties
 
+from airflow_provider_exactly_once.core.errors import CommitRefused
 from airflow_provider_exactly_once.core.precommit import PreCommit, TableWrite
 from airflow_provider_exactly_once.sinks.iceberg.data_files import build_data_files
 from airflow_provider_exactly_once.sinks.iceberg.markers import marker_properties
 from airflow_provider_exactly_once.sinks.iceberg.schema_check import ColumnToAdd, check_added_field_ids
 from airflow_provider_exactly_once.sinks.iceberg.transaction import (
     SinkTransaction,
-    SpecAwareFastAppend,
     SpecAwareOverwrite,
+    StackedFastAppend,
 )
 from airflow_provider_exactly_once.sinks.iceberg.upsert_commits import identifier_update
 from airflow_provider_exactly_once.sinks.iceberg.write_check import write_spec
 
 
-def commit_snapshot(
-    pre_commit: PreCommit,
-    write: TableWrite,
-    table: Table,
-    to_add: list[ColumnToAdd],
-    revision: tuple[int, list[DataFile]] | None,
-    *,
-    branch: str,
-    fault: Callable[[str], None],
-) -> int:
-    """Stage schema changes, name mapping and the marked snapshot in one transaction; commit it once.
+@dataclass(frozen=True)
+class EpochSnapshot:
+    """What one epoch's snapshot of one table holds, as the committer checked it against the table."""
 
-    A revision (its number and the replaced files), or an upsert (revision 0 and the files it
-    rewrote), makes the snapshot an overwrite that removes exactly those files in the same step as it
-    adds the new ones. An upsert's key becomes the table's identifier fields when the table has none
-    and its columns allow it. The snapshot's id; ``SinkCommitConflict`` when the table moved.
+    pre_commit: PreCommit
+    write: TableWrite
+    to_add: list[ColumnToAdd]
+    #: A revision's number and the files it replaces, or an upsert's (revision 0 and the files it
+    #: rewrote): the snapshot is then an overwrite; ``None``: an append.
+    revision: tuple[int, list[DataFile]] | None
+
+
+def refuse_stacked_schema_changes(snapshots: Sequence[EpochSnapshot]) -> None:
+    """Only one epoch's snapshot of a table may change its schema: the columns each write adds were
+    found missing from the table before the transaction, so a second epoch would add them again."""
+    if len(snapshots) < 2:
+        return
+    for snapshot in snapshots:
+        if snapshot.to_add:
+            raise CommitRefused(
+                f"{snapshot.pre_commit.describe()}: adds columns to table {snapshot.write.table!r}, "
+                "so it is committed on its own, not stacked with other epochs; nothing was committed"
+            )
+
+
+def commit_snapshots(
+    table: Table, snapshots: Sequence[EpochSnapshot], *, branch: str, fault: Callable[[str], None]
+) -> list[int]:
+    """Stage each epoch's schema changes, name mapping and marked snapshot, in order, in one
+    transaction; commit it once. The snapshots' ids; ``SinkCommitConflict`` when the table moved.
+
+    An upsert's key becomes the table's identifier fields when the table has none and its columns
+    allow it. An overwrite removes exactly its replaced files in the same step as it adds the new ones.
     """
+    refuse_stacked_schema_changes(snapshots)
+    name, owner = snapshots[0].write.table, describe_epochs([staged.pre_commit for staged in snapshots])
     tx = SinkTransaction(table)
-    with tx.staging(pre_commit.describe(), write.table, branch):
-        if to_add:
-            with tx.update_schema() as update:
-                for column in to_add:
-                    update.add_column(column.name, column.type, doc=column.doc, required=False)
-            check_added_field_ids(tx.table_metadata.schema(), write)  # the ids the files carry
-        key = identifier_update(tx.table_metadata, write)
-        if key:
-            with tx.update_schema() as update:
-                update.set_identifier_fields(*key)
-        ensure_name_mapping(tx)
-        data_files = staged_data_files(tx, pre_commit, write)
-        number, to_replace = revision or (0, [])
-        marker = marker_properties(pre_commit.sink_id, pre_commit.epoch, pre_commit.write_id, number)
-        snapshot: SpecAwareFastAppend | SpecAwareOverwrite
-        if revision is None:
-            snapshot = tx.fast_append(branch=branch, snapshot_properties=marker)
-        else:
-            snapshot = tx.replace_files(branch=branch, snapshot_properties=marker)
-            for replaced in to_replace:
-                snapshot.delete_data_file(replaced)
-        for data_file in data_files:
-            snapshot.append_data_file(data_file)
-        # Writes the manifests; stages the snapshot and AssertRefSnapshotId(the head checked before).
-        snapshot.commit()
-    tx.commit_staged(
-        fault, lambda: f"{pre_commit.describe()}: the commit of table {write.table!r} (snapshot {snapshot.snapshot_id})"
-    )
-    return int(snapshot.snapshot_id)
+    snapshot_ids: list[int] = []
+    with tx.staging(owner, name, branch):
+        previous: StackedFastAppend | None = None
+        for position, staged in enumerate(snapshots):
+            pre_commit, write = staged.pre_commit, staged.write
+            if staged.to_add:
+                with tx.update_schema() as update:
+                    for column in staged.to_add:
+                        update.add_column(column.name, column.type, doc=column.doc, required=False)
+                check_added_field_ids(tx.table_metadata.schema(), write)  # the ids the files carry
+            key = identifier_update(tx.table_metadata, write)
+            if key:
+                with tx.update_schema() as update:
+                    update.set_identifier_fields(*key)
+            if position == 0:
+                _ensure_name_mapping(tx)  # once: a later schema change keeps the mapping current
+            data_files = _staged_data_files(tx, pre_commit, write)
+            number, to_replace = staged.revision or (0, [])
+            marker = marker_properties(pre_commit.sink_id, pre_commit.epoch, pre_commit.write_id, number)
+            snapshot: StackedFastAppend | SpecAwareOverwrite
+            if staged.revision is None:
+                snapshot = tx.stacked_append(branch=branch, snapshot_properties=marker, previous=previous)
+            else:
+                snapshot = tx.replace_files(branch=branch, snapshot_properties=marker)
+                for replaced in to_replace:
+                    snapshot.delete_data_file(replaced)
+            for data_file in data_files:
+                snapshot.append_data_file(data_file)
+            # Writes the manifests; stages the snapshot and AssertRefSnapshotId(the head checked
+            # before). Staged before the next one is created, so that one's parent is this one.
+            snapshot.commit()
+            previous = snapshot if isinstance(snapshot, StackedFastAppend) else None
+            snapshot_ids.append(int(snapshot.snapshot_id))
+    tx.commit_staged(fault, lambda: f"{owner}: the commit of table {name!r} ({_counted(snapshot_ids)})")
+    return snapshot_ids
 
 
-def ensure_name_mapping(tx: SinkTransaction) -> None:
+def _ensure_name_mapping(tx: SinkTransaction) -> None:
     """Give a table without a name mapping one, from its staged schema.
 
     Spark and pyarrow write Parquet without Iceberg field ids; readers resolve columns through the
@@ -88,7 +117,7 @@ def ensure_name_mapping(tx: SinkTransaction) -> None:
         tx.set_properties({TableProperties.DEFAULT_NAME_MAPPING: mapping})
 
 
-def staged_data_files(tx: SinkTransaction, pre_commit: PreCommit, write: TableWrite) -> list[DataFile]:
+def _staged_data_files(tx: SinkTransaction, pre_commit: PreCommit, write: TableWrite) -> list[DataFile]:
     """The write's ``DataFile`` entries against the table as staged so far, in the spec the files
     were written for (not necessarily the table's default)."""
     metadata = tx.table_metadata
@@ -101,3 +130,17 @@ def staged_data_files(tx: SinkTransaction, pre_commit: PreCommit, write: TableWr
         format_version=metadata.format_version,
         table=write.table,
     )
+
+
+def describe_epochs(pre_commits: Sequence[PreCommit]) -> str:
+    """The epochs of one table's commit, in the words of an error."""
+    first, last = pre_commits[0], pre_commits[-1]
+    if len(pre_commits) == 1:
+        return first.describe()
+    return f"sink {first.sink_id!r} epochs {first.epoch} to {last.epoch} ({len(pre_commits)} epochs in one commit)"
+
+
+def _counted(snapshot_ids: list[int]) -> str:
+    if len(snapshot_ids) == 1:
+        return f"snapshot {snapshot_ids[0]}"
+    return f"{len(snapshot_ids)} snapshots, the last {snapshot_ids[-1]}"

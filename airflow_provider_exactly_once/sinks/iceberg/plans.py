@@ -1,24 +1,19 @@
-"""What the single commit (``committer.py``) and the batched one (``batch.py``) share: a table's
-prepared plan, how long it stays usable, and what the batch asks of the committer.
-
-The batch is the committer's own commit path stretched over several epochs, so it must use the
-committer's loads, checks, marker window and retry policy, never copies of them; it reaches them
-through ``BatchHost``, which the committer implements, so neither module imports the other both ways.
+"""A commit's plans as the Iceberg committer (``committer.py``) keeps them: a table's prepared
+state, how long it stays usable, and one plan's write to one table of a commit.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Protocol
 
 from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table
-from tenacity import Retrying
 
-from airflow_provider_exactly_once.core.faults import FaultHook
-from airflow_provider_exactly_once.core.observe import Metrics
+from airflow_provider_exactly_once.core.ports import CommitPlan
 from airflow_provider_exactly_once.core.precommit import PreCommit, TableWrite
+from airflow_provider_exactly_once.core.write_kinds import ReplacedWrite
+from airflow_provider_exactly_once.sinks.iceberg.epoch_snapshot import EpochSnapshot
 from airflow_provider_exactly_once.sinks.iceberg.schema_check import ColumnToAdd
 
 #: How long a table ``prepare`` loaded may stand in for the commit's own load (``CommitPlan.fresh_state``).
@@ -40,31 +35,25 @@ class TablePlan:
     to_replace: list[DataFile]
 
 
-class BatchHost(Protocol):
-    """The committer as ``batch.py`` uses it (``IcebergSinkCommitter``)."""
+@dataclass(frozen=True)
+class TableEntry:
+    """One plan's write to one table of a commit: a commit of several plans groups these by table."""
 
-    branch: str
-    metrics: Metrics
-    fault: FaultHook
-    max_attempts: int
+    #: The plan's position in the commit.
+    index: int
+    plan: CommitPlan
+    write: TableWrite
+    since: datetime
+    #: The oldest snapshot time its marker walk looks at (``since`` minus the clock skew).
+    not_before_ms: int
 
-    def load(self, name: str) -> Table:
-        """The table, loaded afresh from the catalog."""
+    @property
+    def write_of(self) -> tuple[PreCommit, TableWrite, ReplacedWrite | None]:
+        return self.plan.pre_commit, self.write, self.plan.replaces
 
-    def adopt(self, name: str, table: Table) -> None:
-        """``table``, loaded earlier, is the one this commit goes into."""
-
-    def check(self, table: Table, pre_commit: PreCommit, write: TableWrite) -> list[ColumnToAdd]:
-        """The write checked against the table: the columns its commit would add, or a refusal."""
-
-    def check_horizon(self, table: Table, pre_commit: PreCommit, write: TableWrite, since: datetime) -> None:
-        """Refuses a commit the table's retained snapshots can no longer prove absent."""
-
-    def missing_in(self, pre_commit: PreCommit, writes: list[tuple[TableWrite, Table]]) -> list[str]:
-        """The data files of the writes that storage does not have."""
-
-    def not_before_ms(self, since: datetime) -> int:
-        """The oldest snapshot time the marker walk of a row created at ``since`` looks at."""
-
-    def retrying(self) -> Retrying:
-        """The bounded, jittered retry of a commit conflict (design.md section 5, step 4)."""
+    def snapshot(self, to_add: list[ColumnToAdd], to_replace: list[DataFile]) -> EpochSnapshot:
+        """Its snapshot: an overwrite for a revision, or for an upsert that rewrote files."""
+        replaces = self.plan.replaces
+        number = replaces.revision + 1 if replaces else 0  # 0: an upsert's overwrite of what it rewrote
+        revision = (number, to_replace) if replaces or to_replace else None
+        return EpochSnapshot(self.plan.pre_commit, self.write, to_add, revision)

@@ -8,9 +8,9 @@ and pull requests of apache/iceberg-python, ``#n``), or says that nothing was fo
    snapshot producers onto the new head (``commit.retry.*`` table properties). That rebase does not
    look for our marker again, so a concurrent commit of the same epoch would be duplicated
    (design.md section 5, step 4). ``commit_once`` detaches the producers so the first conflict comes
-   back to the committer, which reloads the table and re-checks the marker. The single commit
-   (``epoch_snapshot.py``) and the batch (``batch.py``) stage through ``staging`` and commit through
-   ``commit_staged``, which say the same of a refusal, a conflict and an unknown outcome for both.
+   back to the committer, which reloads the table and re-checks the marker. Every commit
+   (``epoch_snapshot.py``, one epoch or several) stages through ``staging`` and commits through
+   ``commit_staged``, which say what a refusal, a conflict and an unknown outcome mean.
    Upstream: not a bug there; the rebase is the retry loop #3320 added (for #269 and #3319), which
    re-applies the producers with no hook for a check of the caller's own.
 2. ``Transaction.table_metadata`` re-applies every staged update and deep-copies the whole metadata
@@ -18,7 +18,7 @@ and pull requests of apache/iceberg-python, ``#n``), or says that nothing was fo
    times. A table with a long history then makes every commit, and so recovery of many epochs,
    cost O(history) many times over. The metadata only changes when an update is staged, so it is
    cached until then, and only the updates staged since are applied to the cached copy: a batch of
-   epochs stacked in one transaction (``sinks/iceberg/batch.py``) would otherwise re-apply every
+   epochs stacked in one transaction (``epoch_snapshot.commit_snapshots``) would otherwise re-apply every
    earlier epoch's snapshot at each new one, quadratic in the batch.
    Upstream: #2673 (open) reports the cost, which came with #1903; #3302 and #3784 proposed this
    cache and were closed unmerged.
@@ -44,7 +44,7 @@ and pull requests of apache/iceberg-python, ``#n``), or says that nothing was fo
    Upstream: no pyiceberg issue found; Java's ``FastAppend`` learnt it in apache/iceberg#11771.
 5. A snapshot producer lists its parent's manifests by reading the parent's manifest list back from
    storage. When the parent is the producer staged just before it in the same transaction (a batch
-   of epochs, ``sinks/iceberg/batch.py``), that list was written milliseconds earlier and is still
+   of epochs, ``epoch_snapshot.commit_snapshots``), that list was written milliseconds earlier and is still
    in memory: ``StackedFastAppend`` takes it from there, as the manifest list writer stamped it.
    Upstream: no issue found; it works around the read-back of a manifest list the same
    transaction has just written.
@@ -285,15 +285,6 @@ class SinkTransaction(Transaction):
             if not (isinstance(requirement, AssertRefSnapshotId) and requirement.ref in asserted)
         )
         return super()._stage(updates, kept)
-
-    def fast_append(self, *, branch: str, snapshot_properties: dict[str, str]) -> SpecAwareFastAppend:
-        return SpecAwareFastAppend(
-            operation=Operation.APPEND,
-            transaction=self,
-            io=self._table.io,
-            branch=branch,
-            snapshot_properties=snapshot_properties,
-        )
 
     def stacked_append(
         self, *, branch: str, snapshot_properties: dict[str, str], previous: StackedFastAppend | None

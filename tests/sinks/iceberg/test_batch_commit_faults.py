@@ -1,6 +1,7 @@
-"""The batch commit (``sinks/iceberg/batch.py``) held to what the single commit promises, case by case:
+"""The batch commit (``IcebergSinkCommitter.commit_batch`` of several plans) held to what the single commit promises, case by case:
 rows of manifests that hold only existing files carried into every stacked snapshot, the retention
-horizon refused, another write's marker refused, and the refusal naming the table as it is configured.
+horizon refused, another write's marker refused, and the refusal naming the table as it is configured;
+and what only a commit of several epochs refuses, a schema change stacked with other epochs.
 
 Each table is judged by DuckDB's iceberg reader (``tests.support.independent_reader``), not only by
 pyiceberg, whose scan shares our manifest code.
@@ -13,13 +14,14 @@ from datetime import timedelta
 import pytest
 from pyiceberg.catalog.sql import SqlCatalog
 
-from airflow_provider_exactly_once.core.errors import ForeignWriteVisible, MarkerHorizonExceeded
+from airflow_provider_exactly_once.core.errors import CommitRefused, ForeignWriteVisible, MarkerHorizonExceeded
 from airflow_provider_exactly_once.core.ports import CommitPlan
 from airflow_provider_exactly_once.core.precommit import PreCommit
 from airflow_provider_exactly_once.sinks.iceberg import IcebergSinkCommitter
 from tests.support.independent_reader import read_rows
 
 from .iceberg_helpers import create_table, now, simple_write, snapshot_count
+from .test_iceberg_commit import _write_with_new_column
 
 
 def _plans(committer: IcebergSinkCommitter, writes: list[PreCommit]) -> list[CommitPlan]:
@@ -93,3 +95,21 @@ def test_another_writes_marker_names_the_table_by_its_dotted_name(catalog: SqlCa
 
     for refusal in (single.value, batch.value):
         assert "table 'ns.t' already shows this epoch" in str(refusal)
+
+
+def test_a_write_that_adds_columns_is_not_stacked_with_other_epochs(catalog: SqlCatalog, sink_id: str) -> None:
+    """``prepare_batch`` leaves it to commit alone; a plan that did not show it (unprepared, or stale
+    and checked again) is refused before anything is committed, and commits alone after all."""
+    table, adds_a_column = _write_with_new_column("t", catalog, sink_id)  # epoch 9
+    before = simple_write(table, sink_id, 8, start=100)
+    committer = IcebergSinkCommitter(catalog, allow_schema_evolution=True)
+    assert committer.prepare_batch([before, adds_a_column])[1] is None
+
+    with pytest.raises(CommitRefused, match=r"adds columns to table 'ns\.t'"):
+        committer.commit_batch([CommitPlan(before), CommitPlan(adds_a_column)], [now()] * 2)
+    assert snapshot_count(table) == 0
+
+    committer.commit_batch([CommitPlan(before)], [now()])
+    committer.commit_batch([CommitPlan(adds_a_column)], [now()])
+    assert snapshot_count(table) == 2
+    assert table.refresh().schema().find_field("country").doc == "ISO code"

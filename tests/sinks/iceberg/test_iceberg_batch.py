@@ -1,4 +1,4 @@
-"""Several epochs' appends in one catalog commit (``sinks/iceberg/batch.py``): each epoch its own marked
+"""Several epochs' appends in one catalog commit (``IcebergSinkCommitter.commit_batch``): each epoch its own marked
 snapshot, parented on the one before, with manifest lists as pyiceberg itself would have written them;
 idempotent, and retried on a conflict with the markers read again."""
 
@@ -17,7 +17,7 @@ from airflow_provider_exactly_once.sinks.iceberg.data_files import build_data_fi
 from airflow_provider_exactly_once.sinks.iceberg.markers import EPOCH_KEY, WRITE_ID_KEY
 from tests.support.faults import FaultSwitch
 
-from .iceberg_helpers import create_table, ids_in, now, simple_write
+from .iceberg_helpers import create_table, ids_in, now, simple_write, snapshot_count
 
 
 def _plans(committer: IcebergSinkCommitter, writes: list) -> list[CommitPlan]:  # type: ignore[type-arg]
@@ -108,12 +108,19 @@ def test_a_conflict_is_retried_with_the_markers_read_again(catalog: SqlCatalog, 
     assert ids_in(table) == sorted([*range(10, 15), *range(20, 25), *range(30, 35), *range(100, 105)])
 
 
-def test_only_appends_are_committed_in_a_batch(catalog: SqlCatalog, sink_id: str) -> None:
+def test_only_appends_are_committed_together_and_a_batch_of_one_is_a_commit(catalog: SqlCatalog, sink_id: str) -> None:
     table = create_table(catalog, "t")
     committer = IcebergSinkCommitter(catalog)
     committed = simple_write(table, sink_id, 1)
-    committer.commit(CommitPlan(committed), now())
-    replaces = ReplacedWrite(committed.write_id, committed, {"ns.t": "1"}, None, 0, now())
+    first = committer.commit(CommitPlan(committed), now())
+    replaces = ReplacedWrite(committed.write_id, committed, first, None, 0, now())
     revision = CommitPlan(simple_write(table, sink_id, 1, start=50), replaces)
+    append = CommitPlan(simple_write(table, sink_id, 2, start=60))
     with pytest.raises(CommitRefused, match="only appends"):
-        committer.commit_batch([revision], [now()])
+        committer.commit_batch([revision, append], [now(), now()])
+    assert snapshot_count(table) == 1
+
+    [revised] = committer.commit_batch([revision], [now()])  # alone, as its own commit would
+
+    assert revised != first
+    assert ids_in(table.refresh()) == list(range(50, 55))

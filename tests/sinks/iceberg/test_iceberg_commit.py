@@ -27,7 +27,7 @@ from airflow_provider_exactly_once.core.faults import no_faults
 from airflow_provider_exactly_once.core.ports import EMPTY, CommitPlan, SinkCommitter
 from airflow_provider_exactly_once.core.precommit import PartitionValue, WrittenColumn
 from airflow_provider_exactly_once.sinks.iceberg import IcebergSinkCommitter
-from airflow_provider_exactly_once.sinks.iceberg.epoch_snapshot import commit_snapshot
+from airflow_provider_exactly_once.sinks.iceberg.epoch_snapshot import EpochSnapshot, commit_snapshots
 from airflow_provider_exactly_once.sinks.iceberg.markers import EPOCH_KEY, SINK_ID_KEY, WRITE_ID_KEY
 from airflow_provider_exactly_once.sinks.iceberg.schema_check import ColumnToAdd
 from tests.support.independent_reader import read_branch
@@ -386,6 +386,6 @@ def test_a_refusal_while_staging_is_a_package_error_that_retrying_cannot_heal(
     pc = simple_write(table, sink_id)
     clash = [ColumnToAdd("name", StringType(), None)]
     with pytest.raises(CommitRefused, match=r"epoch 1000 .*'ns.t' on branch 'main': ValueError") as caught:
-        commit_snapshot(pc, pc.tables[0], table, clash, None, branch="main", fault=no_faults)
+        commit_snapshots(table, [EpochSnapshot(pc, pc.tables[0], clash, None)], branch="main", fault=no_faults)
     assert not caught.value.retryable
     assert snapshot_count(table) == 0
