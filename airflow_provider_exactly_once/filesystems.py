@@ -27,7 +27,7 @@ from typing import Any
 
 from airflow_provider_exactly_once.core.epochs import epoch_start
 from airflow_provider_exactly_once.core.errors import InvalidPreCommit, InvalidSinkConfig, SinkUnavailable
-from airflow_provider_exactly_once.core.identifiers import check_epoch, check_sink_id
+from airflow_provider_exactly_once.core.identifiers import check_epoch
 from airflow_provider_exactly_once.core.redact import has_userinfo, mask_userinfo
 from airflow_provider_exactly_once.extras import url_to_fs
 
@@ -184,7 +184,6 @@ class PathTemplate:
             raise InvalidSinkConfig(f"{what} {template!r} cannot be rendered: {exc}") from None
 
     def render(self, sink_id: str, epoch: int) -> str:
-        check_sink_id(sink_id)
         check_epoch(epoch)
         values: dict[str, Any] = {"sink_id": sink_id, "epoch": epoch}
         if "start" in self.fields:

@@ -71,7 +71,7 @@ class StructuredStreamingCheckpointSource:
 
     def batch_id(self, sink_id: str, epoch: int) -> int:
         """The micro-batch that must have committed for this epoch's input to be final."""
-        self._template.render(sink_id, epoch)  # validates sink_id and epoch
+        self._template.render(sink_id, epoch)  # validates the epoch
         batch = self._batch_id(sink_id, epoch)
         if isinstance(batch, bool) or not isinstance(batch, int) or batch < 0:
             mapping = getattr(self._batch_id, "__name__", self._batch_id)

@@ -8,7 +8,7 @@ import logging
 
 from .decisions import other_dag_warning
 from .errors import EpochNotFound, MetaStoreUnavailable
-from .identifiers import check_epoch, check_sink_id
+from .identifiers import check_epoch
 from .ports import EpochRecord, SinkStateStore
 from .precommit import PreCommit
 
@@ -19,7 +19,6 @@ log = logging.getLogger(__name__)
 
 def require_epoch(store: SinkStateStore, sink_id: str, epoch: int) -> EpochRecord:
     """The epoch's row; ``EpochNotFound`` (naming sink and epoch) when it was never persisted."""
-    check_sink_id(sink_id)
     check_epoch(epoch)
     row = store.get(sink_id, epoch)
     if row is None:

@@ -18,7 +18,7 @@ from typing import Any
 from airflow_provider_exactly_once.checkpoints.config import MetaStoreCheckpoint, checkpoint_config_from_dict
 from airflow_provider_exactly_once.core.coordinator import require_epoch
 from airflow_provider_exactly_once.core.errors import EpochNotFound, ExactlyOnceError
-from airflow_provider_exactly_once.core.identifiers import EPOCH_MAX, check_epoch, check_sink_id
+from airflow_provider_exactly_once.core.identifiers import EPOCH_MAX, check_epoch
 from airflow_provider_exactly_once.core.ports import EpochRecord
 from airflow_provider_exactly_once.core.redact import mask_userinfo
 from airflow_provider_exactly_once.core.status import EpochStatus
@@ -84,7 +84,6 @@ class SinkReads:
 
     def sink(self, sink_id: str, *, dag_ids: Collection[str] | None = None) -> SinkSummary:
         """One sink's summary; ``SinkNotFound`` when it is neither registered nor has rows (visible ones)."""
-        check_sink_id(sink_id)
         visible = _dag_ids(dag_ids)
         registration = self.store.registry.registered_sink(sink_id)
         count = sink_counts(self.store, sink_id, dag_ids=visible).get(sink_id)
@@ -106,8 +105,6 @@ class SinkReads:
             raise InvalidRequest(f"limit must be an integer from 1 to {MAX_PAGE}, got {limit!r}")
         if isinstance(offset, bool) or not isinstance(offset, int) or not 0 <= offset <= EPOCH_MAX:
             raise InvalidRequest(f"offset must be an integer from 0 to {EPOCH_MAX}, got {offset!r}")
-        if sink_id is not None:
-            check_sink_id(sink_id)
         records = list_epochs(
             self.store, sink_id=sink_id, status=_status(status), limit=limit, offset=offset, dag_ids=_dag_ids(dag_ids)
         )
@@ -134,8 +131,6 @@ class SinkReads:
         dag_ids: Collection[str] | None = None,
     ) -> int:
         """How many epochs ``epochs`` pages through with the same filters (for a pager's total)."""
-        if sink_id is not None:
-            check_sink_id(sink_id)
         return count_epochs(self.store, sink_id=sink_id, status=_status(status), dag_ids=_dag_ids(dag_ids))
 
     def epoch(self, sink_id: str, epoch: int) -> EpochView:
@@ -154,7 +149,6 @@ class SinkReads:
 
         The cheapest look at an epoch: a caller deciding whether a user may see it asks this first.
         """
-        check_sink_id(sink_id)
         check_epoch(epoch)
         found = epoch_dag(self.store, sink_id, epoch)
         if found is None:
@@ -163,7 +157,6 @@ class SinkReads:
 
     def checkpoint(self, sink_id: str, epoch: int) -> CheckpointView:
         """The registered checkpoint source's status for the epoch, or why it could not be read."""
-        check_sink_id(sink_id)
         check_epoch(epoch)
         registration = self.store.registry.registered_sink(sink_id)
         if registration is None:

@@ -29,7 +29,7 @@ from airflow_provider_exactly_once.core.errors import (
     InvalidSinkConfig,
     SinkUnavailable,
 )
-from airflow_provider_exactly_once.core.identifiers import abort_reason_fault, check_epoch, check_sink_id
+from airflow_provider_exactly_once.core.identifiers import abort_reason_fault, check_epoch
 from airflow_provider_exactly_once.core.lookups import EpochLookups
 from airflow_provider_exactly_once.core.ports import CheckpointSource, CleanupTask, EpochRecord
 from airflow_provider_exactly_once.core.redact import find_control, mask_userinfo
@@ -367,7 +367,6 @@ class SinkOperations(SinkReads):
     # -- helpers -----------------------------------------------------------------------------------
 
     def _registration(self, sink_id: str) -> tuple[SinkConfig, CheckpointConfig | None]:
-        check_sink_id(sink_id)
         if self.store.registry.registered_sink(sink_id) is None:
             raise SinkNotFound(
                 f"sink {sink_id!r} is not in the sink registry (the epoch operators register a sink on first use), "

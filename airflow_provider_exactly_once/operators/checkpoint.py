@@ -14,7 +14,7 @@ from airflow.sdk import BaseOperator
 
 from airflow_provider_exactly_once.checkpoints.config import MetaStoreCheckpoint
 from airflow_provider_exactly_once.core.errors import InvalidSinkConfig
-from airflow_provider_exactly_once.core.identifiers import check_epoch
+from airflow_provider_exactly_once.core.identifiers import check_epoch, check_sink_id
 from airflow_provider_exactly_once.core.status import CheckpointStatus
 from airflow_provider_exactly_once.operators._common import airflow_errors
 from airflow_provider_exactly_once.runtime.assembly import open_meta_store
@@ -75,6 +75,8 @@ class MarkCheckpointOperator(BaseOperator):
                 raise InvalidSinkConfig(
                     f"task {self.task_id}: status {self.status!r} is not one of {[s.value for s in CheckpointStatus]}"
                 ) from None
+            if self.sink_id is not None:
+                check_sink_id(self.sink_id)  # templated: only the rendered value can be checked
             store = open_meta_store(self.meta_conn_id)
             try:
                 from airflow_provider_exactly_once.checkpoints.metastore import MetaStoreCheckpointSource

@@ -235,6 +235,7 @@ class SparkPreCommitOperator(BaseOperator):
         # The job spec's models are built here, in the task, never when the DAG file is parsed.
         from airflow_provider_exactly_once.spark import jobspec
 
+        check_sink_id(self.sink_id)  # templated: only the rendered value can be checked
         start: datetime | None = context.get("data_interval_start")
         end: datetime | None = context.get("data_interval_end")
         if self.epoch is not None:
@@ -260,7 +261,7 @@ class SparkPreCommitOperator(BaseOperator):
             try:
                 spec = jobspec.EpochJobSpec.model_validate(
                     {
-                        "sink_id": check_sink_id(self.sink_id),
+                        "sink_id": self.sink_id,
                         "epoch": epoch,
                         "write_id": write_id,
                         "data_interval_start": start,

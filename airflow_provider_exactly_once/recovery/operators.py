@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseOperator
 
 from airflow_provider_exactly_once.core.errors import SinkLocked
+from airflow_provider_exactly_once.core.identifiers import check_sink_id
 from airflow_provider_exactly_once.core.status import EpochStatus
 from airflow_provider_exactly_once.defaults import DEFAULT_LOCK_TTL, DEFAULT_ORPHAN_GRACE
 from airflow_provider_exactly_once.observability.assets import emit_committed, recovery_alias
@@ -83,6 +84,7 @@ class RecoverSinkOperator(BaseOperator):
         from airflow_provider_exactly_once.recovery.sink import recover_sink
 
         with airflow_errors():
+            check_sink_id(self.sink_id)  # templated: only the rendered value can be checked
             store = open_meta_store(self.meta_conn_id)
             try:
                 report = recover_sink(

@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any
 from airflow_provider_exactly_once.checkpoints.config import CheckpointConfig, checkpoint_config_from_dict
 from airflow_provider_exactly_once.core.errors import SinkUnavailable
 from airflow_provider_exactly_once.core.faults import FaultHook, no_faults
-from airflow_provider_exactly_once.core.identifiers import check_sink_id
 from airflow_provider_exactly_once.core.redact import mask_userinfo
 from airflow_provider_exactly_once.defaults import CONFIG_SECTION, DEFAULT_META_CONN_ID
 from airflow_provider_exactly_once.runtime.run_epochs import epoch_for_context, interval_epoch
@@ -201,7 +200,6 @@ def run_epoch(context: Mapping[str, Any], sink_id: str, meta_conn_id: str | None
     run has no data interval and its epoch must be allocated."""
     epoch = interval_epoch(context)
     if epoch is not None:
-        check_sink_id(sink_id)
         return epoch
     store = open_meta_store(meta_conn_id)
     try:

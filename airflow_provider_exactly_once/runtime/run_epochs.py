@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 from airflow_provider_exactly_once.core.epochs import epoch_from_interval_start, epoch_start
 from airflow_provider_exactly_once.core.errors import InvalidIdentifier, InvalidSinkConfig
 from airflow_provider_exactly_once.core.generations import generation_of
-from airflow_provider_exactly_once.core.identifiers import check_sink_id
 
 if TYPE_CHECKING:
     from airflow_provider_exactly_once.checkpoints.config import CheckpointConfig
@@ -47,7 +46,6 @@ def run_id_of(context: Mapping[str, Any]) -> str:
 
 def epoch_for_context(context: Mapping[str, Any], sink_id: str, store: EpochAllocator) -> int:
     """The run's epoch for ``sink_id``: its data-interval start in ms, else the run's allocated epoch."""
-    check_sink_id(sink_id)
     epoch = interval_epoch(context)
     if epoch is not None:
         return epoch

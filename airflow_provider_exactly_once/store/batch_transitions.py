@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from airflow_provider_exactly_once.core.identifiers import check_epoch, check_sink_id, check_write_id
+from airflow_provider_exactly_once.core.identifiers import check_epoch, check_write_id
 from airflow_provider_exactly_once.core.ports import CommitMark
 from airflow_provider_exactly_once.core.status import EpochStatus
 from airflow_provider_exactly_once.store import cas, rows
@@ -23,7 +23,6 @@ class SqlBatchTransitions:
     _db: MetaStoreDatabase
 
     def decide_commits(self, sink_id: str, writes: Sequence[tuple[int, str]]) -> Sequence[int]:
-        sink_id = check_sink_id(sink_id)
         decided: list[int] = []
         action = f"deciding the commits of {len(writes)} epochs of sink {sink_id!r}"
         statement = cas.guarded(EpochStatus.PENDING, undecided=True).values(
@@ -42,7 +41,6 @@ class SqlBatchTransitions:
         return decided
 
     def mark_committed_batch(self, sink_id: str, marks: Sequence[CommitMark]) -> Sequence[int]:
-        sink_id = check_sink_id(sink_id)
         marked: list[int] = []
         with self._db.transaction(f"marking {len(marks)} epochs of sink {sink_id!r} committed", write=True) as session:
             for mark in marks:

@@ -16,7 +16,7 @@ from sqlalchemy import ColumnElement, Select, Table, bindparam, insert, select, 
 from sqlalchemy.orm import Session
 
 from airflow_provider_exactly_once.core.errors import InvalidPreCommit, StateConflict
-from airflow_provider_exactly_once.core.identifiers import check_epoch, check_sink_id, check_write_id
+from airflow_provider_exactly_once.core.identifiers import check_epoch, check_write_id
 from airflow_provider_exactly_once.core.ports import ORPHAN_EPOCH, CleanupTask
 from airflow_provider_exactly_once.core.precommit import PreCommit
 from airflow_provider_exactly_once.store import arguments, rows
@@ -30,7 +30,6 @@ class SqlCleanupQueue:
     _db: MetaStoreDatabase
 
     def cleanups(self, sink_id: str, epoch: int | None = None) -> Sequence[CleanupTask]:
-        check_sink_id(sink_id)
         conditions: list[ColumnElement[bool]] = [
             SinkCleanup.sink_id == sink_id,
             SinkCleanup.done_at.is_(None),
@@ -43,7 +42,7 @@ class SqlCleanupQueue:
 
     def write_discarded(self, sink_id: str, epoch: int, write_id: str) -> bool:
         """Whether the write was ever queued for clean-up; done clean-ups count (they are the record)."""
-        sink_id, epoch, write_id = check_sink_id(sink_id), check_epoch(epoch), check_write_id(write_id)
+        epoch, write_id = check_epoch(epoch), check_write_id(write_id)
         with self._db.transaction(f"looking up write {write_id} of sink {sink_id!r}", write=False) as session:
             return discarded(session, sink_id, epoch, write_id)
 

@@ -14,7 +14,7 @@ from sqlalchemy.exc import IntegrityError
 
 from airflow_provider_exactly_once.core.epochs import epoch_from_interval_start
 from airflow_provider_exactly_once.core.errors import MetaStoreUnavailable
-from airflow_provider_exactly_once.core.identifiers import check_epoch, check_sink_id
+from airflow_provider_exactly_once.core.identifiers import check_epoch
 from airflow_provider_exactly_once.store import arguments, rows
 from airflow_provider_exactly_once.store.database import MetaStoreDatabase
 from airflow_provider_exactly_once.store.models import EpochAllocation
@@ -37,7 +37,6 @@ class SqlEpochAllocator:
         New epochs follow the database clock in milliseconds (like interval-derived ones), and stay
         strictly increasing per sink even when the clock does not.
         """
-        sink_id = check_sink_id(sink_id)
         run_id = arguments.run_id(run_id)
         action = f"allocating an epoch for sink {sink_id!r} run {run_id!r}"
         for attempt in range(_ALLOCATION_ATTEMPTS):

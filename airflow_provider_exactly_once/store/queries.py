@@ -19,7 +19,6 @@ from datetime import datetime
 
 from sqlalchemy import ColumnElement, Select, func, select, tuple_
 
-from airflow_provider_exactly_once.core.identifiers import check_sink_id
 from airflow_provider_exactly_once.core.ports import EpochRecord
 from airflow_provider_exactly_once.core.status import EpochStatus
 from airflow_provider_exactly_once.store.models import PendingSinkState, SinkCleanup
@@ -57,7 +56,6 @@ def sink_counts(
     state_filter: list[ColumnElement[bool]] = _of_dags(dag_ids)
     cleanup_filter: list[ColumnElement[bool]] = [SinkCleanup.done_at.is_(None)]
     if sink_id is not None:
-        check_sink_id(sink_id)
         state_filter.append(PendingSinkState.sink_id == sink_id)
         cleanup_filter.append(SinkCleanup.sink_id == sink_id)
     cleanup_query = select(SinkCleanup.sink_id, func.count()).where(*cleanup_filter)
@@ -130,7 +128,7 @@ def count_epochs(
     """How many epochs ``list_epochs`` pages through (a count over the same indexes, no rows fetched)."""
     conditions: list[ColumnElement[bool]] = _of_dags(dag_ids)
     if sink_id is not None:
-        conditions.append(PendingSinkState.sink_id == check_sink_id(sink_id))
+        conditions.append(PendingSinkState.sink_id == sink_id)
     if status is not None:
         conditions.append(PendingSinkState.status == EpochStatus(status).value)
     with store.reading("counting epochs") as session:
@@ -146,7 +144,7 @@ def epoch_dag(store: SqlSinkStateStore, sink_id: str, epoch: int) -> tuple[str |
     with store.reading(f"reading the DAG of sink {sink_id!r} epoch {epoch}") as session:
         found = session.execute(
             select(PendingSinkState.dag_id).where(
-                PendingSinkState.sink_id == check_sink_id(sink_id), PendingSinkState.epoch == epoch
+                PendingSinkState.sink_id == sink_id, PendingSinkState.epoch == epoch
             )
         ).first()
         return None if found is None else (found[0],)
@@ -166,7 +164,7 @@ def epochs_statement(
     """
     conditions: list[ColumnElement[bool]] = _of_dags(dag_ids)
     if sink_id is not None:
-        conditions.append(PendingSinkState.sink_id == check_sink_id(sink_id))
+        conditions.append(PendingSinkState.sink_id == sink_id)
     if status is not None:
         conditions.append(PendingSinkState.status == EpochStatus(status).value)
     order = (
@@ -179,7 +177,7 @@ def epochs_statement(
 
 def cleanup_counts(store: SqlSinkStateStore, keys: Sequence[tuple[str, int]]) -> dict[tuple[str, int], int]:
     """Open clean-ups per ``(sink_id, epoch)`` of one page (the clean-up log's ``(sink_id, epoch, ...)`` index)."""
-    wanted = sorted({(check_sink_id(sink), int(epoch)) for sink, epoch in keys})
+    wanted = sorted({(sink, int(epoch)) for sink, epoch in keys})
     if not wanted:
         return {}
     with store.reading("counting open clean-ups") as session:

@@ -21,7 +21,7 @@ from airflow_provider_exactly_once.core.errors import (
     MetaStoreUnavailable,
     StateConflict,
 )
-from airflow_provider_exactly_once.core.identifiers import check_sink_id, check_write_id
+from airflow_provider_exactly_once.core.identifiers import check_write_id
 from airflow_provider_exactly_once.core.ports import ORPHAN_EPOCH, CleanupTask
 from airflow_provider_exactly_once.core.precommit import PreCommit
 from airflow_provider_exactly_once.core.status import EpochStatus
@@ -54,7 +54,6 @@ class SqlSinkRegistry:
         checkpoint) and keeps a registered one: clearing it would make recovery consult the wrong
         checkpoint source.
         """
-        sink_id = check_sink_id(sink_id)
         sink_json = rows.config_json(sink_config, f"sink {sink_id!r} configuration")
         if sink_config.get("sink_id", sink_id) != sink_id:
             raise InvalidSinkConfig(
@@ -118,7 +117,6 @@ class SqlSinkRegistry:
 
     def registered_sink(self, sink_id: str) -> tuple[dict[str, Any], dict[str, Any] | None] | None:
         """One sink's registered ``(sink_config, checkpoint_config)``, or ``None`` if never registered."""
-        sink_id = check_sink_id(sink_id)
         with self._db.transaction(f"reading the registration of sink {sink_id!r}", write=False) as session:
             row = session.get(models.SinkRegistry, sink_id)
             if row is None:
@@ -131,7 +129,6 @@ class SqlSinkRegistry:
         """The given write ids the store still answers for: the row's write of a Pending or Committed
         epoch, or a write queued for a clean-up not yet done. Any other write found on storage is
         an orphan candidate (served by the ``(sink_id, write_id)`` indexes)."""
-        sink_id = check_sink_id(sink_id)
         ids = sorted({check_write_id(w) for w in write_ids})
         known: set[str] = set()
         with self._db.transaction(f"looking up {len(ids)} write(s) of sink {sink_id!r}", write=False) as session:
@@ -206,7 +203,6 @@ class SqlSinkRegistry:
         same holder taking it again extends it. An expired lock is taken over, so a recovery task
         killed while holding it delays the next one by at most ``ttl``.
         """
-        sink_id = check_sink_id(sink_id)
         holder = arguments.lock_holder(holder)
         if not isinstance(ttl, timedelta) or ttl <= timedelta(0):
             raise InvalidSinkConfig(f"lock ttl must be a positive timedelta, got {ttl!r}")
@@ -242,7 +238,7 @@ class SqlSinkRegistry:
 
     def release_sink_lock(self, sink_id: str, holder: str) -> bool:
         """Give the lock back if ``holder`` still has it; ``False`` when it was taken over meanwhile."""
-        sink_id, holder = check_sink_id(sink_id), arguments.lock_holder(holder)
+        holder = arguments.lock_holder(holder)
         with self._db.transaction(f"unlocking sink {sink_id!r} for {holder!r}", write=True) as session:
             statement = (
                 update(SinkLock)

@@ -19,7 +19,7 @@ from sqlalchemy import insert, select, update
 from sqlalchemy.orm import Session
 
 from airflow_provider_exactly_once.core.errors import StateConflict
-from airflow_provider_exactly_once.core.identifiers import check_epoch, check_sink_id, check_write_id
+from airflow_provider_exactly_once.core.identifiers import check_epoch, check_write_id
 from airflow_provider_exactly_once.core.ports import EpochRecord
 from airflow_provider_exactly_once.core.precommit import PreCommit
 from airflow_provider_exactly_once.core.status import EpochStatus
@@ -114,7 +114,7 @@ class SqlRevisions:
         Before its commit decision, or (``decided``) after it when its files are lost, as for
         ``mark_aborted``; the revision's write is queued for clean-up in the same transaction.
         """
-        sink_id, epoch, write_id = check_sink_id(sink_id), check_epoch(epoch), check_write_id(write_id)
+        epoch, write_id = check_epoch(epoch), check_write_id(write_id)
         reason = arguments.text(reason, "abort reason")
         wanted = f"abort Pending revision write {write_id} " + (
             "whose commit is decided" if decided else "while no commit is decided"
@@ -157,7 +157,7 @@ class SqlRevisions:
 
     def was_replaced(self, sink_id: str, epoch: int, write_id: str) -> bool:
         """Whether a revision's commit replaced this write (``commit_revision`` recorded it)."""
-        sink_id, epoch, write_id = check_sink_id(sink_id), check_epoch(epoch), check_write_id(write_id)
+        epoch, write_id = check_epoch(epoch), check_write_id(write_id)
         with self._db.transaction(f"looking up write {write_id} of sink {sink_id!r}", write=False) as session:
             status = session.scalar(
                 select(EpochRevision.status).where(
@@ -168,7 +168,7 @@ class SqlRevisions:
 
     def revisions(self, sink_id: str, epoch: int) -> Sequence[RevisionRecord]:
         """Every recorded revision of the epoch, oldest first; the one in flight is read from its row."""
-        sink_id, epoch = check_sink_id(sink_id), check_epoch(epoch)
+        epoch = check_epoch(epoch)
         with self._db.transaction(f"reading the revisions of sink {sink_id!r} epoch {epoch}", write=False) as session:
             found = session.scalars(
                 select(EpochRevision)

@@ -26,7 +26,7 @@ from sqlalchemy.orm import Session
 
 from airflow_provider_exactly_once.core.decisions import discarded_error
 from airflow_provider_exactly_once.core.errors import InvalidPreCommit, StateConflict
-from airflow_provider_exactly_once.core.identifiers import check_epoch, check_sink_id, check_write_id
+from airflow_provider_exactly_once.core.identifiers import check_epoch, check_write_id
 from airflow_provider_exactly_once.core.ports import CommittedTables, EpochRecord
 from airflow_provider_exactly_once.core.precommit import PreCommit
 from airflow_provider_exactly_once.core.status import AbortCause, EpochStatus
@@ -100,13 +100,11 @@ class SqlSinkStateStore(SqlCleanupQueue, SqlBatchTransitions):
             return rows.database_now(session)
 
     def get(self, sink_id: str, epoch: int) -> EpochRecord | None:
-        check_sink_id(sink_id)
         check_epoch(epoch)
         with self._db.transaction(f"reading sink {sink_id!r} epoch {epoch}", write=False) as session:
             return rows.load(session, sink_id, epoch)
 
     def epochs_with_status(self, sink_id: str, status: EpochStatus) -> Sequence[EpochRecord]:
-        check_sink_id(sink_id)
         status = arguments.epoch_status(status)
         with self._db.transaction(f"listing {status} epochs of sink {sink_id!r}", write=False) as session:
             found = session.scalars(
@@ -308,7 +306,7 @@ class SqlSinkStateStore(SqlCleanupQueue, SqlBatchTransitions):
 
     def record_warning(self, sink_id: str, epoch: int, *, warning: str) -> None:
         """Keep a warning on the row whatever its status; it decides nothing, operators read it."""
-        sink_id, epoch = check_sink_id(sink_id), check_epoch(epoch)
+        epoch = check_epoch(epoch)
         warning = arguments.text(warning, "warning")
         with self._db.transaction(f"recording a warning on sink {sink_id!r} epoch {epoch}", write=True) as session:
             session.execute(
@@ -319,7 +317,7 @@ class SqlSinkStateStore(SqlCleanupQueue, SqlBatchTransitions):
             )
 
     def decide_commit(self, sink_id: str, epoch: int, *, write_id: str) -> EpochRecord:
-        sink_id, epoch, write_id = check_sink_id(sink_id), check_epoch(epoch), check_write_id(write_id)
+        epoch, write_id = check_epoch(epoch), check_write_id(write_id)
         with self._db.transaction(f"deciding the commit of sink {sink_id!r} epoch {epoch}", write=True) as session:
             decided = rows.updated(session, _decide_statement(), cas.key(sink_id, epoch, write_id))
             if decided is not None:
@@ -344,7 +342,7 @@ class SqlSinkStateStore(SqlCleanupQueue, SqlBatchTransitions):
         committed: CommittedTables,
         identities: Mapping[str, str] | None = None,
     ) -> EpochRecord:
-        sink_id, epoch, write_id = check_sink_id(sink_id), check_epoch(epoch), check_write_id(write_id)
+        epoch, write_id = check_epoch(epoch), check_write_id(write_id)
         committed_json = rows.committed_json(committed, sink_id, epoch)
         identities_json = rows.identities_json(identities or {}, sink_id, epoch)
         # Not waited for on disk: lost with the database's host, the mark is made again by the next
@@ -379,7 +377,7 @@ class SqlSinkStateStore(SqlCleanupQueue, SqlBatchTransitions):
         decided: bool = False,
         cause: AbortCause | None = None,
     ) -> EpochRecord:
-        sink_id, epoch, write_id = check_sink_id(sink_id), check_epoch(epoch), check_write_id(write_id)
+        epoch, write_id = check_epoch(epoch), check_write_id(write_id)
         reason = arguments.text(reason, "abort reason")
         with self._db.transaction(f"aborting sink {sink_id!r} epoch {epoch}", write=True) as session:
             now = db_now()
@@ -411,7 +409,7 @@ class SqlSinkStateStore(SqlCleanupQueue, SqlBatchTransitions):
 
     def record_error(self, sink_id: str, epoch: int, *, write_id: str, error: str) -> None:
         """Only on a row of this write that is not Committed: committing clears the error for good."""
-        sink_id, epoch, write_id = check_sink_id(sink_id), check_epoch(epoch), check_write_id(write_id)
+        epoch, write_id = check_epoch(epoch), check_write_id(write_id)
         error = arguments.text(error, "error")
         with self._db.transaction(f"recording an error on sink {sink_id!r} epoch {epoch}", write=True) as session:
             session.execute(

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from airflow_provider_exactly_once.checkpoints import CheckpointTable, MetaStoreCheckpointSource
-from airflow_provider_exactly_once.core.errors import InvalidPreCommit, InvalidSinkConfig, StateConflict
+from airflow_provider_exactly_once.core.errors import InvalidSinkConfig, StateConflict
 from airflow_provider_exactly_once.core.ports import CheckpointSource
 from airflow_provider_exactly_once.core.status import CheckpointStatus
 from airflow_provider_exactly_once.store.sql import SqlSinkStateStore
@@ -83,11 +83,6 @@ def test_name_template_validation(template: str, match: str) -> None:
 def test_a_table_without_the_methods_is_refused() -> None:
     with pytest.raises(InvalidSinkConfig, match="get_checkpoint"):
         MetaStoreCheckpointSource(object())  # type: ignore[arg-type]
-
-
-def test_bad_sink_id_is_refused_before_any_query() -> None:
-    with pytest.raises(InvalidPreCommit, match="sink_id"):
-        MetaStoreCheckpointSource(_DictTable()).status("a/b", EPOCH)
 
 
 def test_a_table_answering_nonsense_is_an_error() -> None:

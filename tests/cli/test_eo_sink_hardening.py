@@ -278,6 +278,14 @@ def test_argparse_errors_are_masked_and_escaped() -> None:
     assert code == EXIT_USAGE and "unrecognized arguments: --nope=eo:***@db/x" in err, err
 
 
+@pytest.mark.parametrize("args", [("show", "../etc", "1"), ("epochs", "../etc"), ("gc", "../etc")])
+def test_a_bad_sink_id_is_a_usage_error_before_the_meta_store_is_read(args: tuple[str, ...]) -> None:
+    """The service and the store below it take the sink id as given: the argument is its one check."""
+    code, out, err = run_main(*args, "--url", "sqlite://")
+    assert code == EXIT_USAGE and out == ""
+    assert "sink_id '../etc' has characters unsafe in a path" in err, err
+
+
 @pytest.mark.parametrize("backend", ["sqlite"])
 def test_an_abort_reason_is_capped_where_it_enters(world: World) -> None:
     """The UI took 2000 characters at most, eo-sink and the service any length: one cap for all."""

@@ -279,6 +279,19 @@ def test_contradictory_arguments_are_refused_when_the_dag_is_parsed(kwargs: dict
         SparkPreCommitOperator(task_id="w", input={"kind": "sql", "query": "select 1"}, **kwargs)
 
 
+def test_a_bad_rendered_sink_id_is_refused_before_anything_reads_the_store(tmp_path: Path) -> None:
+    operator = SparkPreCommitOperator(
+        task_id="w",
+        sink_id="../etc",
+        input={"kind": "sql", "query": "select 1"},
+        target={"kind": "files", "root": "/x"},
+        work_dir=str(tmp_path),
+    )
+    with pytest.raises(AirflowFailException, match=r"sink_id '\.\./etc' has characters unsafe in a path"):
+        operator.execute({"data_interval_start": INTERVAL_START, "data_interval_end": INTERVAL_START})
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_xcom_value_of_ten_thousand_files_stays_small(tmp_path: Path) -> None:
     """10,000 descriptors of real files: the XCom value is compressed and parses back unchanged."""
     import pyarrow.parquet as pq

@@ -85,8 +85,6 @@ def test_insert_twice_is_a_conflict_naming_the_existing_write(store: SqlSinkStat
 
 
 def test_bad_input_is_refused_before_touching_the_database(store: SqlSinkStateStore, sink_id: str) -> None:
-    with pytest.raises(InvalidPreCommit, match="unsafe in a path"):
-        store.get("../etc", EPOCH)
     with pytest.raises(InvalidPreCommit, match="negative"):
         store.get(sink_id, -1)
     with pytest.raises(InvalidPreCommit, match="not a UUID"):
