@@ -23,7 +23,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass
 from datetime import timedelta
 
 from .bookkeeping import note_error, record_warning, require_epoch, warn_other_dag
@@ -53,6 +52,7 @@ from .precommit import PreCommit
 from .recovery import EpochBatches, recover_pending
 from .rewrite_decisions import persist_conflict_abort
 from .status import AbortCause, EpochStatus
+from .step_requests import AbortRequest, PersistRequest
 
 __all__ = ["TwoPhaseCommitCoordinator", "require_epoch"]
 
@@ -60,16 +60,6 @@ log = logging.getLogger(__name__)
 
 #: How often persist (and abort) re-reads the row after losing a CAS race before it gives up.
 _PERSIST_RACE_ROUNDS = 5
-
-
-@dataclass(frozen=True)
-class _Persisting:
-    """One persist: the write, and the task attempt that made it (recorded on the row)."""
-
-    pre: PreCommit
-    run_id: str | None
-    try_number: int | None
-    dag_id: str | None
 
 
 class TwoPhaseCommitCoordinator:
@@ -104,7 +94,7 @@ class TwoPhaseCommitCoordinator:
         self._metrics = safe(metrics)
         #: Persist's one step for each action ``persist_decision`` can take.
         self._persist_steps: dict[
-            Action, Callable[[_Persisting, EpochRecord | None, Decision], PersistResult | None]
+            Action, Callable[[PersistRequest, EpochRecord | None, Decision], PersistResult | None]
         ] = {
             Action.INSERT: self._insert,
             Action.REPLACE: self._replace,
@@ -119,6 +109,18 @@ class TwoPhaseCommitCoordinator:
             Action.DISCARD_KEPT: self._discard_superseded,
             Action.DISCARD_OTHER_TABLES: self._discard_refused,
             Action.DISCARD_REFUSED: self._discard_refused,
+        }
+        #: Abort's one step for each action ``abort_decision`` can take (a refusal is raised before).
+        self._abort_steps: dict[Action, Callable[[AbortRequest, EpochRecord | None, Decision], AbortResult | None]] = {
+            Action.RECORD_NO_WRITE: self._tombstone,
+            Action.TOMBSTONE: self._tombstone,
+            Action.REMOVE_OTHER_WRITE: self._remove_other_write,
+            Action.ALREADY_COMMITTED: self._settled,
+            Action.ALREADY_REPLACED: self._settled,
+            Action.ALREADY_ABORTED: self._settled,
+            Action.GIVE_UP_LOST_FILES: self._mark_aborted,
+            Action.ABORT: self._mark_aborted,
+            Action.ABORT_REVISION: self._mark_aborted,
         }
 
     # -- phase one: persist -----------------------------------------------------------------------
@@ -154,7 +156,7 @@ class TwoPhaseCommitCoordinator:
 
         lookups = WriteLookups.of(self._store, committer, pre)
         on_reprocess = self._on_reprocess.get(pre.sink_id, "keep")
-        persisting = _Persisting(pre, run_id, try_number, dag_id)
+        persisting = PersistRequest(pre, run_id, try_number, dag_id)
         # The first round decides as if the epoch had no row, the common case, without reading it:
         # the insert is refused (``StateConflict``) when it has one, which is then read and decided on.
         row: EpochRecord | None = None
@@ -168,7 +170,7 @@ class TwoPhaseCommitCoordinator:
             f"{pre.describe()}: the epoch kept changing under {_PERSIST_RACE_ROUNDS} attempts to persist"
         )
 
-    def _insert(self, p: _Persisting, row: EpochRecord | None, decision: Decision) -> PersistResult | None:
+    def _insert(self, p: PersistRequest, row: EpochRecord | None, decision: Decision) -> PersistResult | None:
         try:  # the store refuses a discarded write in the insert's own transaction
             record = self._store.insert_pending(p.pre, run_id=p.run_id, try_number=p.try_number, dag_id=p.dag_id)
         except StateConflict:
@@ -176,7 +178,7 @@ class TwoPhaseCommitCoordinator:
         self._fault("persist.inserted")
         return PersistResult(PersistOutcome.PERSISTED, record, p.pre.write_id)
 
-    def _replace(self, p: _Persisting, row: EpochRecord | None, decision: Decision) -> PersistResult | None:
+    def _replace(self, p: PersistRequest, row: EpochRecord | None, decision: Decision) -> PersistResult | None:
         assert row is not None
         try:
             record = self._store.replace_write(
@@ -193,7 +195,7 @@ class TwoPhaseCommitCoordinator:
         self._run_cleanups(p.pre.sink_id, p.pre.epoch)  # the replaced write's files
         return PersistResult(PersistOutcome.REPLACED, record, p.pre.write_id)
 
-    def _reopen(self, p: _Persisting, row: EpochRecord | None, decision: Decision) -> PersistResult | None:
+    def _reopen(self, p: PersistRequest, row: EpochRecord | None, decision: Decision) -> PersistResult | None:
         assert row is not None
         try:
             record = self._store.reopen_committed(
@@ -209,7 +211,7 @@ class TwoPhaseCommitCoordinator:
         log.warning("%s: %s", p.pre.describe(), decision.why)
         return PersistResult(PersistOutcome.REOPENED, record, p.pre.write_id, warning=decision.why)
 
-    def _revise(self, p: _Persisting, row: EpochRecord | None, decision: Decision) -> PersistResult | None:
+    def _revise(self, p: PersistRequest, row: EpochRecord | None, decision: Decision) -> PersistResult | None:
         assert row is not None
         try:
             record = self._store.revisions.open_revision(
@@ -221,14 +223,14 @@ class TwoPhaseCommitCoordinator:
         log.warning("%s: %s", p.pre.describe(), decision.why)
         return PersistResult(PersistOutcome.REVISED, record, p.pre.write_id, warning=decision.why)
 
-    def _keep(self, p: _Persisting, row: EpochRecord | None, decision: Decision) -> PersistResult:
+    def _keep(self, p: PersistRequest, row: EpochRecord | None, decision: Decision) -> PersistResult:
         """This write is the epoch's already (a retried persist), or a revision replaced it."""
         assert row is not None
         if decision.action is Action.ALREADY_REPLACED:
             log.info("%s: %s; %s", p.pre.describe(), decision.action.value, decision.why)
         return PersistResult(KEPT_OUTCOMES[decision.action], row, row.write_id)
 
-    def _discard_late(self, p: _Persisting, row: EpochRecord | None, decision: Decision) -> PersistResult:
+    def _discard_late(self, p: PersistRequest, row: EpochRecord | None, decision: Decision) -> PersistResult:
         """The epoch's data is (or will be) an earlier write's: this one must never be seen."""
         assert row is not None
         self._discard(p.pre, f"late write: epoch holds write {row.write_id}")
@@ -237,14 +239,14 @@ class TwoPhaseCommitCoordinator:
         log.info("%s: %s with write %s; the new write was removed", p.pre.describe(), outcome, row.write_id)
         return PersistResult(outcome, row, row.write_id, warning=warning)
 
-    def _discard_superseded(self, p: _Persisting, row: EpochRecord | None, decision: Decision) -> PersistResult:
+    def _discard_superseded(self, p: PersistRequest, row: EpochRecord | None, decision: Decision) -> PersistResult:
         """Another generation's write holds the epoch, and keeps it: this one is removed, and said."""
         assert row is not None
         self._discard(p.pre, f"{decision.action.value}: {decision.why}")
         record_warning(self._store, p.pre, f"{p.pre.describe()}: {decision.why}")
         return PersistResult(KEPT_OUTCOMES[decision.action], row, row.write_id, warning=decision.why)
 
-    def _discard_refused(self, p: _Persisting, row: EpochRecord | None, decision: Decision) -> PersistResult:
+    def _discard_refused(self, p: PersistRequest, row: EpochRecord | None, decision: Decision) -> PersistResult:
         """The write can never be the epoch's, and the caller must hear it as an error."""
         assert row is not None and decision.error is not None
         self._discard(p.pre, f"{decision.action.value}: epoch committed with write {row.write_id}")
@@ -344,28 +346,6 @@ class TwoPhaseCommitCoordinator:
         dag_id: str | None = None,
         cause: AbortCause | None = None,
     ) -> AbortResult:
-        """Give up on a write and delete its files (``_abort``), counted by outcome for the metrics.
-
-        ``dag_id`` is recorded on the tombstone row of a write that was never persisted. ``cause``:
-        why, when the caller knows better than the abort's decision (an upsert conflict)."""
-        result = self._abort(
-            sink_id, epoch, reason=reason, write=write, force=force, files_lost=files_lost, dag_id=dag_id, cause=cause
-        )
-        count_abort(self._metrics, sink_id, result)
-        return result
-
-    def _abort(
-        self,
-        sink_id: str,
-        epoch: int,
-        *,
-        reason: str,
-        write: PreCommit | None = None,
-        force: bool = False,
-        files_lost: bool = False,
-        dag_id: str | None = None,
-        cause: AbortCause | None = None,
-    ) -> AbortResult:
         """Give up on a write and delete its files, but never against a durable commit decision.
 
         ``write`` names the write being given up (an abort task knows its own run's write); without it
@@ -373,12 +353,16 @@ class TwoPhaseCommitCoordinator:
         removed. Refused once the checkpoint COMPLETED, unless ``force`` (an operator deliberately
         dropping an epoch's data), and once a commit was decided, unless ``files_lost``: then the
         decision can never be carried out, and the abort goes ahead only if some of the write's
-        files are gone and no table shows the epoch (``lost_files``).
+        files are gone and no table shows the epoch (``lost_files``). ``dag_id`` is recorded on the
+        tombstone row of a write that was never persisted; ``cause``: why, when the caller knows
+        better than ``abort_decision`` (an upsert conflict). Each action of the decision has one
+        step below; the result is counted by outcome for the metrics.
         """
         self._committer(sink_id)  # an unknown sink is a configuration error, whatever the store holds
         check_epoch(epoch)
         if write is not None and (write.sink_id, write.epoch) != (sink_id, epoch):
             raise InvalidPreCommit(f"abort of sink {sink_id!r} epoch {epoch} was given {write.describe()}")
+        aborting = AbortRequest(sink_id, epoch, reason, write, dag_id, cause)
         for _ in range(_PERSIST_RACE_ROUNDS):
             row = self._store.get(sink_id, epoch)
             decision = abort_decision(
@@ -391,60 +375,71 @@ class TwoPhaseCommitCoordinator:
                 force=force,
                 files_lost=files_lost,
             ).raise_if_refused()
-            if row is not None:
-                break
-            # A tombstone row, so that a late persist of this write cannot resurrect deleted files;
-            # without a write, the record that the epoch was given up and why.
-            try:
-                record = self._store.insert_aborted(
-                    write or PreCommit.nothing_written(sink_id, epoch),
-                    reason=reason,
-                    dag_id=dag_id,
-                    cause=cause or decision.cause,
-                )
-            except StateConflict:
-                continue  # a persist won: decide against its row
-            self._fault("abort.marked")
-            outcome = AbortOutcome.NOT_PERSISTED if write is not None else AbortOutcome.NO_WRITE
-            return AbortResult(outcome, self._run_cleanups(sink_id, epoch), record)
-        else:
-            raise StateConflict(f"sink {sink_id!r} epoch {epoch}: kept changing under {_PERSIST_RACE_ROUNDS} aborts")
+            result = self._abort_steps[decision.action](aborting, row, decision)
+            if result is not None:
+                count_abort(self._metrics, sink_id, result)
+                return result
+        raise StateConflict(f"sink {sink_id!r} epoch {epoch}: kept changing under {_PERSIST_RACE_ROUNDS} aborts")
 
-        action = decision.action
-        if action is Action.REMOVE_OTHER_WRITE:
-            assert write is not None
-            self._store.enqueue_cleanup(write, reason=f"abort: {reason}")
-            return AbortResult(AbortOutcome.OTHER_WRITE_REMOVED, self._run_cleanups(sink_id, epoch), row)
-        if action in (Action.ALREADY_COMMITTED, Action.ALREADY_REPLACED):
-            return AbortResult(AbortOutcome.ALREADY_COMMITTED, 0, row)
-        if action is Action.ALREADY_ABORTED:
-            return AbortResult(AbortOutcome.ALREADY_ABORTED, self._run_cleanups(sink_id, epoch), row)
-        if action is Action.GIVE_UP_LOST_FILES:
-            missing = self.lost_files(row)
+    def _tombstone(self, a: AbortRequest, row: EpochRecord | None, decision: Decision) -> AbortResult | None:
+        """A row for a write never persisted, so that a late persist of it cannot resurrect deleted
+        files; without a write, the record that the epoch was given up and why."""
+        try:
+            record = self._store.insert_aborted(
+                a.write or PreCommit.nothing_written(a.sink_id, a.epoch),
+                reason=a.reason,
+                dag_id=a.dag_id,
+                cause=a.cause or decision.cause,
+            )
+        except StateConflict:
+            return None  # a persist won: decide against its row
+        self._fault("abort.marked")
+        outcome = AbortOutcome.NOT_PERSISTED if a.write is not None else AbortOutcome.NO_WRITE
+        return AbortResult(outcome, self._run_cleanups(a.sink_id, a.epoch), record)
+
+    def _remove_other_write(self, a: AbortRequest, row: EpochRecord | None, decision: Decision) -> AbortResult:
+        assert a.write is not None and row is not None
+        self._store.enqueue_cleanup(a.write, reason=f"abort: {a.reason}")
+        return AbortResult(AbortOutcome.OTHER_WRITE_REMOVED, self._run_cleanups(a.sink_id, a.epoch), row)
+
+    def _settled(self, a: AbortRequest, row: EpochRecord | None, decision: Decision) -> AbortResult:
+        """Already committed (or replaced by a committed revision), or already aborted: its queued
+        clean-ups run again, as a crashed abort may have left them."""
+        if decision.action is Action.ALREADY_ABORTED:
+            return AbortResult(AbortOutcome.ALREADY_ABORTED, self._run_cleanups(a.sink_id, a.epoch), row)
+        return AbortResult(AbortOutcome.ALREADY_COMMITTED, 0, row)
+
+    def _mark_aborted(self, a: AbortRequest, row: EpochRecord | None, decision: Decision) -> AbortResult:
+        """Aborted, and the write's files deleted; a revision's abort leaves the epoch Committed
+        with the write it would have replaced, whatever made it give up (lost files included)."""
+        assert row is not None
+        if decision.action is Action.GIVE_UP_LOST_FILES:
+            missing = self.lost_files(row)  # refuses unless the files are lost and no table shows the epoch
             log.warning("%s: giving up a write with %d data file(s) lost", row.pre_commit.describe(), len(missing))
         decided = row.commit_decided_at is not None
         try:
-            if row.kind.revises:  # the write it replaces is the epoch's again, Committed
+            if row.kind.revises:
                 record = self._store.revisions.abort_revision(
-                    sink_id, epoch, write_id=row.write_id, reason=reason, decided=decided
+                    a.sink_id, a.epoch, write_id=row.write_id, reason=a.reason, decided=decided
                 )
             else:
+                cause = a.cause or decision.cause
                 record = self._store.mark_aborted(
-                    sink_id, epoch, write_id=row.write_id, reason=reason, decided=decided, cause=cause or decision.cause
+                    a.sink_id, a.epoch, write_id=row.write_id, reason=a.reason, decided=decided, cause=cause
                 )
         except StateConflict:
-            latest = self._require(sink_id, epoch)
+            latest = self._require(a.sink_id, a.epoch)
             if latest.status is EpochStatus.ABORTED and latest.write_id == row.write_id:
-                return AbortResult(AbortOutcome.ALREADY_ABORTED, self._run_cleanups(sink_id, epoch), latest)
+                return AbortResult(AbortOutcome.ALREADY_ABORTED, self._run_cleanups(a.sink_id, a.epoch), latest)
             raise AbortRefused(
-                f"sink {sink_id!r} epoch {epoch}: changed while aborting (now {latest.status}, write "
+                f"sink {a.sink_id!r} epoch {a.epoch}: changed while aborting (now {latest.status}, write "
                 f"{latest.write_id}, commit decided: {latest.commit_decided_at is not None})"
             ) from None
         self._fault("abort.marked")
-        deleted = self._run_cleanups(sink_id, epoch)
+        deleted = self._run_cleanups(a.sink_id, a.epoch)
         self._fault("abort.cleaned")
         what = f"revision {row.revision} aborted, write {record.write_id} stays" if row.kind.revises else "aborted"
-        log.info("%s %s (%s); %d file(s) deleted", row.pre_commit.describe(), what, reason, deleted)
+        log.info("%s %s (%s); %d file(s) deleted", row.pre_commit.describe(), what, a.reason, deleted)
         outcome = AbortOutcome.REVISION_ABORTED if row.kind.revises else AbortOutcome.ABORTED
         return AbortResult(outcome, deleted, record)
 

@@ -1,0 +1,36 @@
+"""What one persist or one abort was asked to do, as each step of the coordinator takes it.
+
+The coordinator decides once per round (``core.decisions``) and hands the request, the row and the
+decision to the one step of that action; these values keep the steps' signatures the same.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .precommit import PreCommit
+from .status import AbortCause
+
+__all__ = ["AbortRequest", "PersistRequest"]
+
+
+@dataclass(frozen=True)
+class PersistRequest:
+    """One persist: the write, and the task attempt that made it (recorded on the row)."""
+
+    pre: PreCommit
+    run_id: str | None
+    try_number: int | None
+    dag_id: str | None
+
+
+@dataclass(frozen=True)
+class AbortRequest:
+    """One abort: of which epoch and write (``None``: the epoch's), why, and by which DAG."""
+
+    sink_id: str
+    epoch: int
+    reason: str
+    write: PreCommit | None
+    dag_id: str | None
+    cause: AbortCause | None
