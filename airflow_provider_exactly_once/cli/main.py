@@ -32,6 +32,7 @@ from airflow_provider_exactly_once.cli.parser import build_parser, duration
 from airflow_provider_exactly_once.core.errors import ExactlyOnceError, InvalidSinkConfig, SinkLocked
 from airflow_provider_exactly_once.core.redact import mask_userinfo, safe_text
 from airflow_provider_exactly_once.core.status import EpochStatus
+from airflow_provider_exactly_once.defaults import DEFAULT_META_CONN_ID
 from airflow_provider_exactly_once.operations import ActionResult, InvalidRequest, SinkOperations
 from airflow_provider_exactly_once.runtime.run_epochs import instant_text, interval_text
 from airflow_provider_exactly_once.store import SqlSinkStateStore
@@ -54,7 +55,10 @@ def _open_store(args: argparse.Namespace) -> SqlSinkStateStore:
     if args.url:
         return _store_at(args.url)
     from airflow_provider_exactly_once.hooks.meta_store import ExactlyOnceMetaStoreHook
+    from airflow_provider_exactly_once.runtime.assembly import meta_conn_id_or_configured
 
+    # The connection the tasks use when a DAG names none, so that eo-sink reads their meta store.
+    args.meta_conn_id = meta_conn_id_or_configured(args.meta_conn_id)
     return ExactlyOnceMetaStoreHook(args.meta_conn_id).get_store()
 
 
@@ -129,7 +133,9 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         # Airflow, imported only when an action rebuilds a sink's coordinator, sets up its own logging
         # to whatever ``sys.stdout`` is then: point that at stderr so stdout holds only our output.
         with contextlib.redirect_stdout(err):
-            return COMMANDS[args.command](SinkOperations(store, meta_conn_id=args.meta_conn_id), args, out, err)
+            return COMMANDS[args.command](
+                SinkOperations(store, meta_conn_id=args.meta_conn_id or DEFAULT_META_CONN_ID), args, out, err
+            )
     except InvalidRequest as exc:
         print(safe_text(f"eo-sink {args.command} {target}: {exc}"), file=err)
         return EXIT_USAGE

@@ -120,8 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
     where = common.add_mutually_exclusive_group()
     where.add_argument(
         "--meta-conn-id",
-        default=DEFAULT_META_CONN_ID,
-        help=f"the exactly_once_meta Airflow connection of the meta store (default {DEFAULT_META_CONN_ID})",
+        help="the exactly_once_meta Airflow connection of the meta store (default: the provider's "
+        f"[exactly_once] meta_conn_id, else {DEFAULT_META_CONN_ID}), as the tasks resolve it",
     )
     where.add_argument("--url", help="a SQLAlchemy URL of the meta store, bypassing Airflow connections")
     common.add_argument("--json", action="store_true", help="print JSON instead of tables")

@@ -200,6 +200,13 @@ def test_the_meta_store_connection_is_resolved_through_airflow(world: World, mon
     assert code == EXIT_USAGE and "'no_such_connection' does not exist" in err
     code, out, err = run_main("status", "--url", "mysql://nope/db")
     assert code == EXIT_USAGE and "not supported" in err
+    # Without --meta-conn-id, the provider's configured connection, as the tasks resolve it.
+    monkeypatch.setenv("AIRFLOW__EXACTLY_ONCE__META_CONN_ID", world.meta_conn_id)
+    code, out, err = run_main("status", world.sink_id, "--json")
+    assert code == EXIT_OK and json.loads(out)["sinks"][0]["counts"]["pending"] == 1, err
+    monkeypatch.setenv("AIRFLOW__EXACTLY_ONCE__META_CONN_ID", "configured_but_missing")
+    code, out, err = run_main("status")
+    assert code == EXIT_USAGE and "'configured_but_missing' does not exist" in err
 
 
 @pytest.mark.parametrize(
