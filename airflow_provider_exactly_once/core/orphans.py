@@ -4,9 +4,10 @@ A write puts its files under a location unique to it (``sinks/layout.py``) *befo
 persisted. A Spark job killed after writing, or a write task that crashed before its XCom was read,
 leaves such a location that no row and no clean-up names: nothing in the protocol will ever delete
 it (D9). The sink layer lists the locations (``sinks/write_locations.py``); the rules of which are
-orphans live here, apart from any storage, so recovery, ``eo-sink gc`` and their dry runs apply the
-same ones. Deleting goes through the store's clean-up queue and the coordinator's clean-up path, so
-the committers' own checks (invariant 4) decide whether anything may go.
+orphans live here, apart from any storage (a sink's listing is a ``WriteFolderListing``), so
+recovery, ``eo-sink gc`` and their dry runs apply the same ones. Deleting goes through the store's
+clean-up queue and the clean-up path (``core/cleanups.py``), so the committers' own checks
+(invariant 4) decide whether anything may go.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Protocol
 
 from .errors import InvalidPreCommit, StateConflict
 from .identifiers import check_write_id
@@ -68,6 +70,13 @@ class WriteFolder:
 
     location: WriteLocation
     age: Callable[[], FileAge]
+
+
+class WriteFolderListing(Protocol):
+    """A sink's write folders on storage, by write id: what a scan asks the sink for
+    (``sinks/write_locations.py`` lists them for each kind of sink)."""
+
+    def folders(self) -> Mapping[str, Sequence[WriteFolder]]: ...
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """What a person operating Airflow can do to the sinks: one service for the CLI and the UI.
 
 The reads it inherits are in ``reads.py``. Every action goes through
-the sink's coordinator, rebuilt from the sink registry exactly as the recovery DAG rebuilds it, so
+the sink's coordinator, rebuilt from the sink registry exactly as the recovery DAG rebuilds it (``gc``
+through recovery's own orphan removal, with the sink opened as recovery opens it), so
 an operator's abort, commit or clean-up runs under the same invariants as the DAG's own tasks: an
 abort is refused once the checkpoint completed (unless forced) and always once a commit was decided,
 a commit waits for the checkpoint, a delete happens only where the committer proves nothing is
@@ -17,7 +18,8 @@ from __future__ import annotations
 import getpass
 import os
 import socket
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -43,7 +45,11 @@ from airflow_provider_exactly_once.store import SqlSinkStateStore
 if TYPE_CHECKING:
     from airflow_provider_exactly_once.core.coordinator import TwoPhaseCommitCoordinator
     from airflow_provider_exactly_once.core.orphans import OrphanCandidate
+    from airflow_provider_exactly_once.runtime.assembly import OpenedSink
     from airflow_provider_exactly_once.sinks.config import SinkConfig
+
+    #: Opens a registered sink's storage.
+    SinkOpener = Callable[[SinkConfig], OpenedSink]
 
 
 def _holder() -> str:
@@ -62,6 +68,9 @@ class SinkOperations(SinkReads):
     :param meta_conn_id: the meta-store connection the store came from, passed to the coordinators
         it rebuilds (they reuse ``store``). Each sink's Iceberg catalog comes from the sink's Iceberg
         connection, as in the recovery DAG.
+    :param open_sink: opens a registered sink's storage for the orphan scans and ``gc`` (its
+        committer and write-folder listing); ``runtime.assembly.open_sink`` unless a caller hands
+        its own.
     """
 
     def __init__(
@@ -69,9 +78,15 @@ class SinkOperations(SinkReads):
         store: SqlSinkStateStore,
         *,
         meta_conn_id: str = DEFAULT_META_CONN_ID,
+        open_sink: SinkOpener | None = None,
     ) -> None:
         super().__init__(store)
         self.meta_conn_id = meta_conn_id
+        if open_sink is None:
+            from airflow_provider_exactly_once.runtime.assembly import open_sink as runtime_open_sink
+
+            open_sink = runtime_open_sink
+        self._open_sink: SinkOpener = open_sink
 
     # -- actions on one epoch ----------------------------------------------------------------------
 
@@ -294,7 +309,14 @@ class SinkOperations(SinkReads):
         tasks = self.store.cleanups(sink_id)
         from airflow_provider_exactly_once.recovery.sink import scan_orphans
 
-        old, young, scan_error = scan_orphans(self.store.registry, sink, DEFAULT_ORPHAN_GRACE)
+        scan: tuple[list[OrphanCandidate], list[OrphanCandidate], str | None]
+        try:
+            opened = self._open(sink)
+        except ExactlyOnceError as exc:  # recovery would report the scan failed and go on with the epochs
+            scan = [], [], str(exc)
+        else:
+            scan = scan_orphans(self.store.registry, opened, DEFAULT_ORPHAN_GRACE)
+        old, young, scan_error = scan
         report: dict[str, Any] = {
             "commit": commit,
             "abort": abort,
@@ -324,16 +346,17 @@ class SinkOperations(SinkReads):
     def gc(self, sink_id: str, *, grace: timedelta, dry_run: bool = False) -> ActionResult:
         """Remove the sink's orphaned write locations whose files are all older than ``grace``.
 
-        Orphans go through the store's clean-up queue and the coordinator's clean-up path, under the
-        sink's lock, exactly as the recovery DAG removes them; no epoch's status is touched.
+        Orphans go through the store's clean-up queue and the clean-up path with the sink's committer,
+        under the sink's lock, exactly as the recovery DAG removes them; no epoch's status is touched.
         """
         if not isinstance(grace, timedelta) or grace < timedelta(0):
             raise InvalidRequest(f"sink {sink_id!r}: the orphan grace must be a non-negative duration, got {grace!r}")
-        sink, checkpoint = self._registration(sink_id)
+        sink, _ = self._registration(sink_id)
+        opened = self._open(sink)
         from airflow_provider_exactly_once.recovery.sink import remove_orphans, scan_orphans
 
         if dry_run:
-            old, young, scan_error = scan_orphans(self.store.registry, sink, grace)
+            old, young, scan_error = scan_orphans(self.store.registry, opened, grace)
             if scan_error:
                 # The sink, not the request, is at fault: a refusal to retry, not a usage error.
                 raise SinkUnavailable(f"the orphan scan failed: {scan_error}")
@@ -348,8 +371,7 @@ class SinkOperations(SinkReads):
                 f"{len(young)} younger or of unknown age kept",
                 report={"orphans": [_orphan_dict(c) for c in old], "orphans_kept": [c.write_id for c in young]},
             )
-        coordinator = self._build(sink, checkpoint)
-        report = remove_orphans(self.store, sink, coordinator, holder=_holder(), grace=grace)
+        report = remove_orphans(self.store, opened, holder=_holder(), grace=grace)
         failed = dict(report.failed)
         return ActionResult(
             "gc",
@@ -367,15 +389,15 @@ class SinkOperations(SinkReads):
     # -- helpers -----------------------------------------------------------------------------------
 
     def _registration(self, sink_id: str) -> tuple[SinkConfig, CheckpointConfig | None]:
-        if self.store.registry.registered_sink(sink_id) is None:
+        from airflow_provider_exactly_once.recovery.sink import registered_configs
+
+        registration = registered_configs(self.store.registry, sink_id)
+        if registration is None:
             raise SinkNotFound(
                 f"sink {sink_id!r} is not in the sink registry (the epoch operators register a sink on first use), "
                 "so its coordinator cannot be rebuilt"
             )
-        from airflow_provider_exactly_once.recovery.sink import registered_sink
-
-        sink, checkpoint = registered_sink(self.store.registry, sink_id)
-        return sink, checkpoint
+        return registration
 
     def _coordinator(self, sink_id: str, *, allow_beyond_horizon: bool = False) -> TwoPhaseCommitCoordinator:
         return self._build(*self._registration(sink_id), allow_beyond_horizon=allow_beyond_horizon)
@@ -390,9 +412,8 @@ class SinkOperations(SinkReads):
         catalog failed, with any credentials masked, instead of a traceback or a bare 500.
         """
         from airflow_provider_exactly_once.runtime.assembly import coordinator_for
-        from airflow_provider_exactly_once.version_compat import AirflowNotFoundException
 
-        try:
+        with _reaching(sink):
             return coordinator_for(
                 sink,
                 checkpoint,
@@ -400,14 +421,11 @@ class SinkOperations(SinkReads):
                 store=self.store,
                 allow_beyond_horizon=allow_beyond_horizon,
             )
-        except ExactlyOnceError:
-            raise
-        except AirflowNotFoundException as exc:
-            raise InvalidSinkConfig(mask_userinfo(f"sink {sink.sink_id!r}: {exc}")) from None
-        except Exception as exc:
-            from airflow_provider_exactly_once.recovery.sink import unreachable
 
-            raise SinkUnavailable(unreachable(sink, exc)) from None
+    def _open(self, sink: SinkConfig) -> OpenedSink:
+        """The sink's committer and write-folder listing, opened once; failures as ``_build`` says them."""
+        with _reaching(sink):
+            return self._open_sink(sink)
 
     def _checkpoints(self, sink_id: str) -> CheckpointSource:
         """The sink's checkpoint source, as its coordinator has it (``runtime.assembly``)."""
@@ -423,6 +441,24 @@ class SinkOperations(SinkReads):
             f"{len(tasks)} queued clean-up(s) would run (write(s) {writes}; up to {files} listed file(s) "
             "plus anything else under their write locations), each only where the sink proves it unreferenced"
         )
+
+
+@contextmanager
+def _reaching(sink: SinkConfig) -> Iterator[None]:
+    """A sink's storage that cannot be opened: a connection that is not there is ``InvalidSinkConfig``,
+    anything else ``SinkUnavailable`` naming the catalog or file system, credentials masked."""
+    from airflow_provider_exactly_once.version_compat import AirflowNotFoundException
+
+    try:
+        yield
+    except ExactlyOnceError:
+        raise
+    except AirflowNotFoundException as exc:
+        raise InvalidSinkConfig(mask_userinfo(f"sink {sink.sink_id!r}: {exc}")) from None
+    except Exception as exc:
+        from airflow_provider_exactly_once.recovery.sink import unreachable
+
+        raise SinkUnavailable(unreachable(sink, exc)) from None
 
 
 def _cleanup_dict(task: CleanupTask) -> dict[str, Any]:

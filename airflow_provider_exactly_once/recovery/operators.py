@@ -118,11 +118,11 @@ class RecoverSinkOperator(BaseOperator):
         alias = recovery_alias()
         if not committed or alias not in self.outlets:
             return
-        from airflow_provider_exactly_once.recovery.sink import registered_sink
+        from airflow_provider_exactly_once.recovery.sink import registered_configs
 
         try:
-            sink, _ = registered_sink(store.registry, self.sink_id)
-            if not isinstance(sink, IcebergSinkConfig):
+            registration = registered_configs(store.registry, self.sink_id)
+            if registration is None or not isinstance(sink := registration[0], IcebergSinkConfig):
                 return
             for epoch in committed:
                 record = store.get(self.sink_id, epoch)

@@ -3,8 +3,10 @@
 Everything that decides an epoch's fate stays in the coordinator (``recover``); this function only
 rebuilds the sink's coordinator from the registry (the recovery DAG never imports user DAGs), holds
 the sink's lock so two recoveries never work on one sink at once, and hands orphaned write
-locations to the store's clean-up queue, whose deletes the coordinator runs with the committers'
-own safety checks (invariant 4).
+locations to the store's clean-up queue, whose deletes the clean-up path (``core/cleanups.py``)
+runs with the committers' own safety checks (invariant 4). The sink is opened once
+(``runtime.assembly.open_sink``): its committer and its write-folder listing share a catalog or
+file system.
 """
 
 from __future__ import annotations
@@ -16,8 +18,8 @@ from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from airflow_provider_exactly_once.checkpoints.config import checkpoint_config_from_dict
-from airflow_provider_exactly_once.core.coordinator import TwoPhaseCommitCoordinator
+from airflow_provider_exactly_once.checkpoints.config import CheckpointConfig, checkpoint_config_from_dict
+from airflow_provider_exactly_once.core.cleanups import clean_up
 from airflow_provider_exactly_once.core.errors import (
     ExactlyOnceError,
     InvalidSinkConfig,
@@ -25,20 +27,14 @@ from airflow_provider_exactly_once.core.errors import (
     SinkLocked,
 )
 from airflow_provider_exactly_once.core.observe import report_pending
-from airflow_provider_exactly_once.core.orphans import OrphanCandidate, queue_orphans
+from airflow_provider_exactly_once.core.orphans import OrphanCandidate, classify_orphans, queue_orphans
 from airflow_provider_exactly_once.core.outcomes import CleanupReport
 from airflow_provider_exactly_once.core.ports import ORPHAN_EPOCH, SinkRegistry
 from airflow_provider_exactly_once.core.redact import mask_userinfo
 from airflow_provider_exactly_once.defaults import DEFAULT_LOCK_TTL, DEFAULT_ORPHAN_GRACE
 from airflow_provider_exactly_once.observability.stats import airflow_metrics
-from airflow_provider_exactly_once.runtime.assembly import coordinator_for
-from airflow_provider_exactly_once.runtime.storage_options import resolved_storage_options
-from airflow_provider_exactly_once.sinks.config import (
-    FileSinkConfig,
-    IcebergSinkConfig,
-    SinkConfig,
-    sink_config_from_dict,
-)
+from airflow_provider_exactly_once.runtime.assembly import OpenedSink, coordinator_for, open_sink
+from airflow_provider_exactly_once.sinks.config import SinkConfig, sink_config_from_dict
 from airflow_provider_exactly_once.store import SqlSinkStateStore
 
 log = logging.getLogger(__name__)
@@ -74,13 +70,12 @@ class SinkRecoveryReport:
         )
 
 
-def registered_sink(registry: SinkRegistry, sink_id: str) -> tuple[SinkConfig, Any]:
-    """The sink's config and checkpoint config (``None``: the meta-store checkpoint table) as registered."""
+def registered_configs(registry: SinkRegistry, sink_id: str) -> tuple[SinkConfig, CheckpointConfig | None] | None:
+    """The sink's config and checkpoint config (``None``: the meta-store checkpoint table) as
+    registered, or ``None`` for a sink never registered."""
     registration = registry.registered_sink(sink_id)
     if registration is None:
-        raise InvalidSinkConfig(
-            f"sink {sink_id!r} is not in the sink registry; it is registered by its first persist, commit or abort"
-        )
+        return None
     sink_dict, checkpoint_dict = registration
     checkpoint = None if checkpoint_dict is None else checkpoint_config_from_dict(checkpoint_dict)
     return sink_config_from_dict(sink_dict), checkpoint
@@ -115,17 +110,25 @@ def recover_sink(
     ``MetaStoreUnavailable`` through (nothing else can make progress); every other failure, per epoch
     or per orphan, is in the report, and the rest of the sink is still recovered.
     """
-    sink, checkpoint = registered_sink(store.registry, sink_id)
+    registration = registered_configs(store.registry, sink_id)
+    if registration is None:
+        raise InvalidSinkConfig(
+            f"sink {sink_id!r} is not in the sink registry; it is registered by its first persist, commit or abort"
+        )
+    sink, checkpoint = registration
     with sink_lock(store.registry, sink_id, holder, lock_ttl):
         report = SinkRecoveryReport(sink_id)
         metrics = airflow_metrics()
-        coordinator = coordinator_for(sink, checkpoint, store=store, metrics=metrics)
-        enqueued = _queue_orphans(store.registry, sink, orphan_grace, report)
+        opened = open_sink(sink, metrics=metrics)
+        coordinator = coordinator_for(
+            sink, checkpoint, store=store, metrics=metrics, fault=opened.fault, committer=opened.committer
+        )
+        enqueued = _queue_orphans(store.registry, opened, orphan_grace, report)
         result = coordinator.recover(sink_id)
         report.committed, report.aborted, report.waiting = result.committed, result.aborted, result.waiting
         report.files_deleted = result.files_deleted
         report.failed.update({f"epoch {e}": why for e, why in result.failed.items() if e != ORPHAN_EPOCH})
-        _settle_orphans(store, sink_id, enqueued, result, report)
+        _settle_orphans(store, enqueued, result, report)
         # After recovery, so the gauges show what is still Pending: epochs waiting for their checkpoint
         # or failing to commit; a growing oldest age is the signal that one is stuck.
         try:
@@ -137,8 +140,7 @@ def recover_sink(
 
 def remove_orphans(
     store: SqlSinkStateStore,
-    sink: SinkConfig,
-    coordinator: TwoPhaseCommitCoordinator,
+    sink: OpenedSink,
     *,
     holder: str,
     grace: timedelta,
@@ -146,32 +148,31 @@ def remove_orphans(
 ) -> SinkRecoveryReport:
     """Only the orphan half of ``recover_sink`` (``eo-sink gc``): no epoch's status is touched.
 
-    Orphans go through the store's clean-up queue and the coordinator's clean-up path, under the
-    sink's lock, exactly as the recovery DAG removes them. The caller builds ``coordinator``, so it can
-    say which catalog could not be reached.
+    Orphans go through the store's clean-up queue and the clean-up path (``core.cleanups``, with the
+    sink's committer), under the sink's lock, exactly as the recovery DAG removes them. The caller
+    opens the sink, so it can say which catalog could not be reached.
     """
-    sink_id = sink.sink_id
-    with sink_lock(store.registry, sink_id, holder, lock_ttl):
-        report = SinkRecoveryReport(sink_id)
+    with sink_lock(store.registry, sink.sink_id, holder, lock_ttl):
+        report = SinkRecoveryReport(sink.sink_id)
         enqueued = _queue_orphans(store.registry, sink, grace, report)
-        result = coordinator.clean_up(sink_id, ORPHAN_EPOCH)
+        result = clean_up(store, sink.committer, sink.sink_id, ORPHAN_EPOCH, fault=sink.fault)
         report.files_deleted = result.files_deleted
-        _settle_orphans(store, sink_id, enqueued, result, report)
+        _settle_orphans(store, enqueued, result, report)
         return report
 
 
 def _settle_orphans(
-    store: SqlSinkStateStore, sink_id: str, enqueued: set[str], result: CleanupReport, report: SinkRecoveryReport
+    store: SqlSinkStateStore, enqueued: set[str], result: CleanupReport, report: SinkRecoveryReport
 ) -> None:
     """An orphan is removed once its clean-up left the queue; what is still queued failed."""
-    remaining = {task.write_id for task in store.cleanups(sink_id, ORPHAN_EPOCH)}
+    remaining = {task.write_id for task in store.cleanups(report.sink_id, ORPHAN_EPOCH)}
     report.orphans_removed = sorted(enqueued - remaining)
     for write_id in sorted(remaining):
         report.failed[f"orphan {write_id}"] = result.failed.get(ORPHAN_EPOCH, "its clean-up did not complete")
 
 
-def _queue_orphans(registry: SinkRegistry, sink: SinkConfig, grace: timedelta, report: SinkRecoveryReport) -> set[str]:
-    """Queue every orphan older than ``grace`` for the coordinator's clean-up path; their write ids."""
+def _queue_orphans(registry: SinkRegistry, sink: OpenedSink, grace: timedelta, report: SinkRecoveryReport) -> set[str]:
+    """Queue every orphan older than ``grace`` for the clean-up path; their write ids."""
     old, young, failed = scan_orphans(registry, sink, grace)
     if failed is not None:  # a listing failure must not stop the epochs' recovery
         report.failed["orphan scan"] = failed
@@ -180,38 +181,21 @@ def _queue_orphans(registry: SinkRegistry, sink: SinkConfig, grace: timedelta, r
 
 
 def scan_orphans(
-    registry: SinkRegistry, sink: SinkConfig, grace: timedelta
+    registry: SinkRegistry, sink: OpenedSink, grace: timedelta
 ) -> tuple[list[OrphanCandidate], list[OrphanCandidate], str | None]:
-    """The sink's orphans, ``(old, young, None)`` (``sinks.write_locations.find_orphans``), for the
-    removal and the dry runs alike. A failed scan is ``([], [], why)``, its secrets masked: recovery
-    reports it and goes on with the epochs. ``MetaStoreUnavailable`` is raised (nothing can go on).
+    """The sink's orphans, ``(old, young, None)`` (``core.orphans.classify_orphans`` of the sink's
+    write folders), for the removal and the dry runs alike. A failed listing is ``([], [], why)``,
+    its secrets masked: recovery reports it and goes on with the epochs. ``MetaStoreUnavailable`` is
+    raised (nothing can go on).
     """
     try:
-        catalog = _catalog(sink)
-        storage_options = resolved_storage_options(sink) if isinstance(sink, FileSinkConfig) else None
-    except Exception as exc:
-        log.warning("sink %r: the orphan scan could not open the catalog: %s", sink.sink_id, exc)
-        return [], [], unreachable(sink, exc)
-    try:
-        # Imported here: the listing brings pyarrow's filesystems, and the recovery DAG's file is
-        # parsed by the dag-processor, which never scans.
-        from airflow_provider_exactly_once.sinks.write_locations import find_orphans
-
-        old, young = find_orphans(sink, registry, grace=grace, catalog=catalog, storage_options=storage_options)
+        old, young = classify_orphans(sink.sink_id, sink.write_folders.folders(), registry, grace=grace)
     except MetaStoreUnavailable:
         raise
     except Exception as exc:
         log.warning("sink %r: the orphan scan failed: %s", sink.sink_id, exc, exc_info=True)
         return [], [], mask_userinfo(f"sink {sink.sink_id!r}: {type(exc).__name__}: {exc}")
     return old, young, None
-
-
-def _catalog(sink: SinkConfig) -> Any:
-    if not isinstance(sink, IcebergSinkConfig):
-        return None
-    from airflow.providers.apache.iceberg.hooks.iceberg import IcebergHook
-
-    return IcebergHook(sink.iceberg_conn_id).catalog
 
 
 def unreachable(sink: SinkConfig, exc: Exception) -> str:

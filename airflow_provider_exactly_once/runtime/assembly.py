@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_exactly_once.checkpoints.config import CheckpointConfig, checkpoint_config_from_dict
@@ -20,11 +21,12 @@ from airflow_provider_exactly_once.core.redact import mask_userinfo
 from airflow_provider_exactly_once.defaults import CONFIG_SECTION, DEFAULT_META_CONN_ID
 from airflow_provider_exactly_once.runtime.run_epochs import epoch_for_context, interval_epoch
 from airflow_provider_exactly_once.runtime.storage_options import checkpoint_source, resolved_storage_options
-from airflow_provider_exactly_once.sinks.config import SinkConfig, sink_config_from_dict
+from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig, SinkConfig, sink_config_from_dict
 
 if TYPE_CHECKING:
     from airflow_provider_exactly_once.core.coordinator import TwoPhaseCommitCoordinator
     from airflow_provider_exactly_once.core.observe import Metrics
+    from airflow_provider_exactly_once.core.orphans import WriteFolderListing
     from airflow_provider_exactly_once.core.ports import SinkCommitter
     from airflow_provider_exactly_once.store import SqlSinkStateStore
 
@@ -83,8 +85,11 @@ def as_checkpoint(checkpoint: CheckpointConfig | Mapping[str, Any]) -> Checkpoin
     return checkpoint if not isinstance(checkpoint, Mapping) else checkpoint_config_from_dict(checkpoint)
 
 
-def sink_committer(sink: SinkConfig, *, fault: FaultHook = no_faults, metrics: Metrics | None = None) -> SinkCommitter:
-    """The committer of a sink, its Iceberg catalog built from the sink's Iceberg connection.
+def sink_committer(
+    sink: SinkConfig, *, fault: FaultHook = no_faults, metrics: Metrics | None = None, catalog: Any = None
+) -> SinkCommitter:
+    """The committer of a sink, its Iceberg catalog built from the sink's Iceberg connection
+    (``catalog``: one opened already, by ``iceberg_catalog``).
 
     ``fault`` is the fault-injection hook (``core.faults``); production passes none. ``metrics``:
     none by default (``core.observe`` is imported here, not where DAG files import this module).
@@ -93,33 +98,81 @@ def sink_committer(sink: SinkConfig, *, fault: FaultHook = no_faults, metrics: M
         from airflow_provider_exactly_once.core.observe import NO_METRICS
 
         metrics = NO_METRICS
-    from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig
 
     if isinstance(sink, IcebergSinkConfig):
-        from airflow.providers.apache.iceberg.hooks.iceberg import IcebergHook
-
-        from airflow_provider_exactly_once.sinks.iceberg.catalog_access import UNREACHABLE, describe_error
-
-        hook = IcebergHook(sink.iceberg_conn_id)
-        try:
-            catalog = hook.catalog
-        except UNREACHABLE as exc:
-            # A REST catalog is contacted as it is loaded: down, it must read "try again" like any
-            # other unreachable catalog call, not as an unknown failure (its connection's secrets masked).
-            conn = hook.get_connection(sink.iceberg_conn_id)
-            extra = conn.extra_dejson or {}
-            properties = {**extra, "password": conn.password or ""}
-            uri = conn.host or extra.get("uri")  # the host wins, as in IcebergHook
-            where = f"catalog of connection {sink.iceberg_conn_id!r}" + (f" ({uri})" if uri else "")
-            what = mask_userinfo(f"sink {sink.sink_id!r}: {where} could not be loaded")
-            raise SinkUnavailable(f"{what}: {describe_error(exc, properties)}") from exc
-        from airflow_provider_exactly_once.hooks.orm_setup import configure_catalog_mappers
-
-        configure_catalog_mappers(catalog)
-        committer = sink.committer(catalog, fault=fault)
+        committer = sink.committer(iceberg_catalog(sink) if catalog is None else catalog, fault=fault)
         committer.metrics = metrics  # its conflict retries (``core.observe.COMMIT_RETRIES``)
         return committer
     return sink.committer(fault=fault, storage_options=resolved_storage_options(sink))
+
+
+def iceberg_catalog(sink: IcebergSinkConfig) -> Any:
+    """The sink's catalog, from its Iceberg connection; one that cannot be loaded is ``SinkUnavailable``."""
+    from airflow.providers.apache.iceberg.hooks.iceberg import IcebergHook
+
+    from airflow_provider_exactly_once.sinks.iceberg.catalog_access import UNREACHABLE, describe_error
+
+    hook = IcebergHook(sink.iceberg_conn_id)
+    try:
+        catalog = hook.catalog
+    except UNREACHABLE as exc:
+        # A REST catalog is contacted as it is loaded: down, it must read "try again" like any
+        # other unreachable catalog call, not as an unknown failure (its connection's secrets masked).
+        conn = hook.get_connection(sink.iceberg_conn_id)
+        extra = conn.extra_dejson or {}
+        properties = {**extra, "password": conn.password or ""}
+        uri = conn.host or extra.get("uri")  # the host wins, as in IcebergHook
+        where = f"catalog of connection {sink.iceberg_conn_id!r}" + (f" ({uri})" if uri else "")
+        what = mask_userinfo(f"sink {sink.sink_id!r}: {where} could not be loaded")
+        raise SinkUnavailable(f"{what}: {describe_error(exc, properties)}") from exc
+    from airflow_provider_exactly_once.hooks.orm_setup import configure_catalog_mappers
+
+    configure_catalog_mappers(catalog)
+    return catalog
+
+
+@dataclass(frozen=True)
+class OpenedSink:
+    """A registered sink opened once: what recovery and ``eo-sink gc`` ask about its storage.
+
+    The committer and the write-folder listing share one catalog or file system, so an orphan
+    scan lists with the credentials the deletes use, and a sink is opened once per action.
+    """
+
+    sink: SinkConfig
+    committer: SinkCommitter
+    write_folders: WriteFolderListing
+    #: The hook of the committer, for every clean-up run with it.
+    fault: FaultHook
+
+    @property
+    def sink_id(self) -> str:
+        return self.sink.sink_id
+
+
+def open_sink(
+    sink: SinkConfig,
+    *,
+    fault: FaultHook | None = None,
+    metrics: Metrics | None = None,
+) -> OpenedSink:
+    """The sink's committer and write-folder listing (``sinks.write_locations``, imported here: it
+    brings pyarrow's filesystems, which a parse of the recovery DAG's file never needs).
+
+    ``fault`` defaults to ``configured_fault_hook``, as for ``coordinator_for``.
+    """
+    from airflow_provider_exactly_once.sinks.files import FileSinkCommitter
+    from airflow_provider_exactly_once.sinks.write_locations import FileWriteFolders, IcebergWriteFolders
+
+    if fault is None:
+        fault = configured_fault_hook(sink.sink_id, None, None)
+    if isinstance(sink, IcebergSinkConfig):
+        catalog = iceberg_catalog(sink)
+        committer = sink_committer(sink, fault=fault, metrics=metrics, catalog=catalog)
+        return OpenedSink(sink, committer, IcebergWriteFolders(catalog, sink.tables), fault)
+    committer = sink_committer(sink, fault=fault, metrics=metrics)
+    assert isinstance(committer, FileSinkCommitter)  # a file sink's committer, by its config
+    return OpenedSink(sink, committer, FileWriteFolders(committer), fault)
 
 
 def coordinator_for(
@@ -133,9 +186,10 @@ def coordinator_for(
     try_number: int | None = None,
     metrics: Metrics | None = None,
     allow_beyond_horizon: bool = False,
+    committer: SinkCommitter | None = None,
 ) -> TwoPhaseCommitCoordinator:
     """The coordinator of one sink: the meta store of ``meta_conn_id`` (or ``store``), the sink's
-    committer, and the checkpoint source (``None`` only for steps that never consult it, such as
+    committer (``committer``: one opened already, with ``fault``), and the checkpoint source (``None`` only for steps that never consult it, such as
     persist; the meta-store checkpoint table then stands in).
 
     ``fault`` defaults to ``configured_fault_hook``: a no-op unless ``[exactly_once] fault_hook``
@@ -157,7 +211,8 @@ def coordinator_for(
     source = checkpoint_source(checkpoint, store.checkpoints)
     if metrics is None:
         metrics = airflow_metrics()
-    committer = sink_committer(sink, fault=fault, metrics=metrics)
+    if committer is None:
+        committer = sink_committer(sink, fault=fault, metrics=metrics)
     from airflow_provider_exactly_once.core.coordinator import TwoPhaseCommitCoordinator
 
     return TwoPhaseCommitCoordinator(

@@ -1,5 +1,7 @@
 """A sink's write locations as they are on storage, with the age of their files: what the orphan
-scan lists (``core/orphans.py`` decides which of them are orphans).
+scan lists (``core/orphans.py`` decides which of them are orphans). Each kind of sink has its
+listing, built with its committer from the same catalog or file system (``runtime.assembly.open_sink``),
+so a scan opens nothing of its own.
 
 Every kind of sink keeps a write's files in a folder of its own until the write is committed or
 given up (``sinks/layout.py``): an Iceberg table's ``<data root>/_eo/<write_id>/``, a file sink's
@@ -14,8 +16,8 @@ dated by the objects below it, never by a directory's own time (there is none).
 from __future__ import annotations
 
 import posixpath
-from collections.abc import Mapping
-from datetime import UTC, datetime, timedelta
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
 from functools import partial
 from typing import Any
 
@@ -24,16 +26,8 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.io import FileIO
 from pyiceberg.io.pyarrow import PyArrowFileIO
 
-from airflow_provider_exactly_once.core.orphans import (
-    FileAge,
-    OrphanCandidate,
-    WriteFolder,
-    WriteLocation,
-    classify_orphans,
-    write_ids,
-)
-from airflow_provider_exactly_once.core.ports import SinkRegistry
-from airflow_provider_exactly_once.sinks.config import FileSinkConfig, IcebergSinkConfig, SinkConfig
+from airflow_provider_exactly_once.core.orphans import FileAge, WriteFolder, WriteLocation, write_ids
+from airflow_provider_exactly_once.sinks.files import FileSinkCommitter
 from airflow_provider_exactly_once.sinks.iceberg.catalog_access import load_table
 from airflow_provider_exactly_once.sinks.iceberg.storage import fsspec_filesystem
 from airflow_provider_exactly_once.sinks.layout import (
@@ -108,46 +102,43 @@ def _tree_of_io(io: FileIO, location: str) -> tuple[_ArrowTree | _FsspecTree, st
     return _FsspecTree(filesystem), path
 
 
-def _iceberg_folders(sink: IcebergSinkConfig, catalog: Catalog) -> dict[str, list[WriteFolder]]:
-    found: dict[str, list[WriteFolder]] = {}
-    for name in sink.tables:
-        table = load_table(catalog, name)
-        data_root = iceberg_data_root(table.location(), table.properties)
-        tree, parent = _tree_of_io(table.io, iceberg_writes_folder(data_root))
-        for write_id in write_ids(tree.subdirectories(parent)):
-            location = WriteLocation(name, iceberg_write_location(data_root, write_id))
-            age = partial(tree.file_age, posixpath.join(parent, write_id))
-            found.setdefault(write_id, []).append(WriteFolder(location, age))
-    return found
+class IcebergWriteFolders:
+    """An Iceberg sink's write locations, read through the catalog its committer commits with.
+
+    :param catalog: the sink's catalog, opened once for the committer and this listing.
+    :param tables: the sink's tables.
+    """
+
+    def __init__(self, catalog: Catalog, tables: Sequence[str]) -> None:
+        self._catalog = catalog
+        self._tables = tuple(tables)
+
+    def folders(self) -> dict[str, list[WriteFolder]]:
+        found: dict[str, list[WriteFolder]] = {}
+        for name in self._tables:
+            table = load_table(self._catalog, name)
+            data_root = iceberg_data_root(table.location(), table.properties)
+            tree, parent = _tree_of_io(table.io, iceberg_writes_folder(data_root))
+            for write_id in write_ids(tree.subdirectories(parent)):
+                location = WriteLocation(name, iceberg_write_location(data_root, write_id))
+                age = partial(tree.file_age, posixpath.join(parent, write_id))
+                found.setdefault(write_id, []).append(WriteFolder(location, age))
+        return found
 
 
-def _file_sink_folders(sink: FileSinkConfig, storage_options: Mapping[str, Any] | None) -> dict[str, list[WriteFolder]]:
-    committer = sink.committer(storage_options=storage_options)
-    tree = _FsspecTree(committer.filesystem)
-    folder = file_writes_folder(str(committer.filesystem._strip_protocol(committer.root)))
-    found: dict[str, list[WriteFolder]] = {}
-    for write_id in write_ids(tree.subdirectories(folder)):
-        location = WriteLocation(committer.root, committer.staging_location(write_id))
-        found[write_id] = [WriteFolder(location, partial(tree.file_age, posixpath.join(folder, write_id)))]
-    return found
+class FileWriteFolders:
+    """A file sink's write locations (its staging folders), listed on its committer's file system,
+    the one its deletes use."""
 
+    def __init__(self, committer: FileSinkCommitter) -> None:
+        self._committer = committer
 
-def find_orphans(
-    sink: SinkConfig,
-    registry: SinkRegistry,
-    *,
-    grace: timedelta,
-    catalog: Catalog | None = None,
-    storage_options: Mapping[str, Any] | None = None,
-    now: datetime | None = None,
-) -> tuple[list[OrphanCandidate], list[OrphanCandidate]]:
-    """The sink's orphaned write locations, ``(old, young)`` as ``core.orphans.classify_orphans``
-    says; an Iceberg sink's tables are read through ``catalog``, a file sink's root with
-    ``storage_options`` (its connection resolved, ``runtime.storage_options``)."""
-    if isinstance(sink, IcebergSinkConfig):
-        if catalog is None:
-            raise ValueError(f"sink {sink.sink_id!r}: an Iceberg sink needs its catalog to list write locations")
-        folders = _iceberg_folders(sink, catalog)
-    else:
-        folders = _file_sink_folders(sink, storage_options)
-    return classify_orphans(sink.sink_id, folders, registry, grace=grace, now=now)
+    def folders(self) -> dict[str, list[WriteFolder]]:
+        committer = self._committer
+        tree = _FsspecTree(committer.filesystem)
+        folder = file_writes_folder(str(committer.filesystem._strip_protocol(committer.root)))
+        found: dict[str, list[WriteFolder]] = {}
+        for write_id in write_ids(tree.subdirectories(folder)):
+            location = WriteLocation(committer.root, committer.staging_location(write_id))
+            found[write_id] = [WriteFolder(location, partial(tree.file_age, posixpath.join(folder, write_id)))]
+        return found

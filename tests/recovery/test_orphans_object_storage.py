@@ -11,10 +11,11 @@ from __future__ import annotations
 import time
 from datetime import UTC, datetime, timedelta
 
+from airflow_provider_exactly_once.core.orphans import classify_orphans
 from airflow_provider_exactly_once.core.ports import ORPHAN_EPOCH
 from airflow_provider_exactly_once.core.status import CheckpointStatus
 from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig
-from airflow_provider_exactly_once.sinks.write_locations import find_orphans
+from airflow_provider_exactly_once.sinks.write_locations import IcebergWriteFolders
 from tests.support.object_store import S3Pipeline
 
 
@@ -38,7 +39,8 @@ def test_an_orphan_on_s3_is_removed_after_its_grace_and_live_writes_are_not(
 
     grace = timedelta(seconds=2)
     registry = pipeline.store.registry
-    old, kept = find_orphans(sink, registry, grace=grace, catalog=pipeline.catalog, now=datetime.now(UTC))
+    listing = IcebergWriteFolders(pipeline.catalog, sink.tables)
+    old, kept = classify_orphans(sink_id, listing.folders(), registry, grace=grace, now=datetime.now(UTC))
     assert [c.write_id for c in old] == [orphan.write_id]
     assert [c.write_id for c in kept] == [young.write_id]
     assert old[0].age.files == 3 and old[0].locations[0].location == orphan.tables[0].location
@@ -53,5 +55,5 @@ def test_an_orphan_on_s3_is_removed_after_its_grace_and_live_writes_are_not(
 
     # The removed location is gone from the listing (no empty "folder" lingers), the others stay.
     later = datetime.now(UTC) + timedelta(hours=1)
-    old, kept = find_orphans(sink, registry, grace=grace, catalog=pipeline.catalog, now=later)
+    old, kept = classify_orphans(sink_id, listing.folders(), registry, grace=grace, now=later)
     assert [c.write_id for c in old] == [young.write_id] and kept == []

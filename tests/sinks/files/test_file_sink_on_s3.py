@@ -19,6 +19,7 @@ from airflow_provider_exactly_once.checkpoints.config import MarkerFileCheckpoin
 from airflow_provider_exactly_once.core.coordinator import TwoPhaseCommitCoordinator
 from airflow_provider_exactly_once.core.errors import AbortRefused, CheckpointNotReady, SinkUnavailable
 from airflow_provider_exactly_once.core.faults import SimulatedCrash
+from airflow_provider_exactly_once.core.orphans import classify_orphans
 from airflow_provider_exactly_once.core.outcomes import CommitOutcome, PersistOutcome
 from airflow_provider_exactly_once.core.ports import CommitPlan
 from airflow_provider_exactly_once.core.status import EpochStatus
@@ -183,14 +184,13 @@ def _plan(s3: S3Setup) -> CommitPlan:
 
 def test_the_orphan_finder_lists_a_stale_s3_staging_folder(s3: S3Setup) -> None:
     """Recovery's orphan finder on a file sink on S3: folders are prefixes, ages are LastModified."""
-    from airflow_provider_exactly_once.sinks.write_locations import find_orphans
+    from airflow_provider_exactly_once.sinks.write_locations import FileWriteFolders
 
     known = stage_write(s3.committer, FILES[:1], sink_id=SINK)
     s3.coordinator.persist(known)
     orphan = stage_write(s3.committer, FILES[:2], sink_id=SINK, epoch=EPOCH + 1)
-    old, young = find_orphans(
-        s3.sink, s3.store.registry, grace=timedelta(0), storage_options=resolved_storage_options(s3.sink)
-    )
+    listing = FileWriteFolders(s3.sink.committer(storage_options=resolved_storage_options(s3.sink)))
+    old, young = classify_orphans(SINK, listing.folders(), s3.store.registry, grace=timedelta(0))
     assert [c.write_id for c in old] == [orphan.write_id] and young == []
     assert old[0].age.files == 2
     assert old[0].locations[0].location == s3.place.url("sink", "_staging", orphan.write_id)
