@@ -18,7 +18,7 @@ from __future__ import annotations
 import getpass
 import os
 import socket
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -48,9 +48,6 @@ if TYPE_CHECKING:
     from airflow_provider_exactly_once.runtime.assembly import OpenedSink
     from airflow_provider_exactly_once.sinks.config import SinkConfig
 
-    #: Opens a registered sink's storage.
-    SinkOpener = Callable[[SinkConfig], OpenedSink]
-
 
 def _holder() -> str:
     """Who holds a sink's lock during an operator's recovery or gc: shown to anyone who finds it taken."""
@@ -68,9 +65,6 @@ class SinkOperations(SinkReads):
     :param meta_conn_id: the meta-store connection the store came from, passed to the coordinators
         it rebuilds (they reuse ``store``). Each sink's Iceberg catalog comes from the sink's Iceberg
         connection, as in the recovery DAG.
-    :param open_sink: opens a registered sink's storage for the orphan scans and ``gc`` (its
-        committer and write-folder listing); ``runtime.assembly.open_sink`` unless a caller hands
-        its own.
     """
 
     def __init__(
@@ -78,15 +72,9 @@ class SinkOperations(SinkReads):
         store: SqlSinkStateStore,
         *,
         meta_conn_id: str = DEFAULT_META_CONN_ID,
-        open_sink: SinkOpener | None = None,
     ) -> None:
         super().__init__(store)
         self.meta_conn_id = meta_conn_id
-        if open_sink is None:
-            from airflow_provider_exactly_once.runtime.assembly import open_sink as runtime_open_sink
-
-            open_sink = runtime_open_sink
-        self._open_sink: SinkOpener = open_sink
 
     # -- actions on one epoch ----------------------------------------------------------------------
 
@@ -424,8 +412,10 @@ class SinkOperations(SinkReads):
 
     def _open(self, sink: SinkConfig) -> OpenedSink:
         """The sink's committer and write-folder listing, opened once; failures as ``_build`` says them."""
+        from airflow_provider_exactly_once.runtime.assembly import open_sink
+
         with _reaching(sink):
-            return self._open_sink(sink)
+            return open_sink(sink)
 
     def _checkpoints(self, sink_id: str) -> CheckpointSource:
         """The sink's checkpoint source, as its coordinator has it (``runtime.assembly``)."""
