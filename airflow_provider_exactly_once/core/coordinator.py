@@ -52,7 +52,7 @@ from .precommit import PreCommit
 from .recovery import EpochBatches, recover_pending
 from .rewrite_decisions import persist_conflict_abort
 from .status import AbortCause, EpochStatus
-from .step_requests import AbortRequest, PersistRequest
+from .step_requests import AbortRequest, PersistRequest, RunAttempt
 
 __all__ = ["TwoPhaseCommitCoordinator", "require_epoch"]
 
@@ -156,7 +156,7 @@ class TwoPhaseCommitCoordinator:
 
         lookups = WriteLookups.of(self._store, committer, pre)
         on_reprocess = self._on_reprocess.get(pre.sink_id, "keep")
-        persisting = PersistRequest(pre, run_id, try_number, dag_id)
+        persisting = PersistRequest(pre, RunAttempt(run_id=run_id, try_number=try_number, dag_id=dag_id))
         # The first round decides as if the epoch had no row, the common case, without reading it:
         # the insert is refused (``StateConflict``) when it has one, which is then read and decided on.
         row: EpochRecord | None = None
@@ -172,7 +172,7 @@ class TwoPhaseCommitCoordinator:
 
     def _insert(self, p: PersistRequest, row: EpochRecord | None, decision: Decision) -> PersistResult | None:
         try:  # the store refuses a discarded write in the insert's own transaction
-            record = self._store.insert_pending(p.pre, run_id=p.run_id, try_number=p.try_number, dag_id=p.dag_id)
+            record = self._store.insert_pending(p.pre, **p.attempt)
         except StateConflict:
             return None  # the epoch has a row (another persist inserted first): decide against it
         self._fault("persist.inserted")
@@ -182,12 +182,7 @@ class TwoPhaseCommitCoordinator:
         assert row is not None
         try:
             record = self._store.replace_write(
-                p.pre,
-                expected_status=row.status,
-                expected_write_id=row.write_id,
-                run_id=p.run_id,
-                try_number=p.try_number,
-                dag_id=p.dag_id,
+                p.pre, expected_status=row.status, expected_write_id=row.write_id, **p.attempt
             )
         except StateConflict:
             return None  # the row moved under us (commit decided, aborted, replaced): look again
@@ -199,12 +194,7 @@ class TwoPhaseCommitCoordinator:
         assert row is not None
         try:
             record = self._store.reopen_committed(
-                p.pre,
-                expected_write_id=row.write_id,
-                run_id=p.run_id,
-                try_number=p.try_number,
-                dag_id=p.dag_id,
-                reason=decision.why,
+                p.pre, expected_write_id=row.write_id, reason=decision.why, **p.attempt
             )
         except StateConflict:
             return None  # another persist re-opened it first: decide against its row
@@ -214,9 +204,7 @@ class TwoPhaseCommitCoordinator:
     def _revise(self, p: PersistRequest, row: EpochRecord | None, decision: Decision) -> PersistResult | None:
         assert row is not None
         try:
-            record = self._store.revisions.open_revision(
-                p.pre, expected_write_id=row.write_id, run_id=p.run_id, try_number=p.try_number, dag_id=p.dag_id
-            )
+            record = self._store.revisions.open_revision(p.pre, expected_write_id=row.write_id, **p.attempt)
         except StateConflict:
             return None  # another persist opened a revision first: decide against its row
         self._fault("persist.revised")
@@ -235,7 +223,7 @@ class TwoPhaseCommitCoordinator:
         assert row is not None
         self._discard(p.pre, f"late write: epoch holds write {row.write_id}")
         outcome = KEPT_OUTCOMES[decision.action]
-        warning = warn_other_dag(self._store, p.pre, row, p.dag_id)
+        warning = warn_other_dag(self._store, p.pre, row, p.attempt["dag_id"])
         log.info("%s: %s with write %s; the new write was removed", p.pre.describe(), outcome, row.write_id)
         return PersistResult(outcome, row, row.write_id, warning=warning)
 

@@ -7,21 +7,28 @@ decision to the one step of that action; these values keep the steps' signatures
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypedDict
 
 from .precommit import PreCommit
 from .status import AbortCause
 
-__all__ = ["AbortRequest", "PersistRequest"]
+__all__ = ["AbortRequest", "PersistRequest", "RunAttempt"]
+
+
+class RunAttempt(TypedDict):
+    """The task attempt a write came from, as each of the store's persist transitions records it."""
+
+    run_id: str | None
+    try_number: int | None
+    dag_id: str | None
 
 
 @dataclass(frozen=True)
 class PersistRequest:
-    """One persist: the write, and the task attempt that made it (recorded on the row)."""
+    """One persist: the write, and the task attempt that made it."""
 
     pre: PreCommit
-    run_id: str | None
-    try_number: int | None
-    dag_id: str | None
+    attempt: RunAttempt
 
 
 @dataclass(frozen=True)
