@@ -143,9 +143,7 @@ def epoch_dag(store: SqlSinkStateStore, sink_id: str, epoch: int) -> tuple[str |
     """
     with store.reading(f"reading the DAG of sink {sink_id!r} epoch {epoch}") as session:
         found = session.execute(
-            select(PendingSinkState.dag_id).where(
-                PendingSinkState.sink_id == sink_id, PendingSinkState.epoch == epoch
-            )
+            select(PendingSinkState.dag_id).where(PendingSinkState.sink_id == sink_id, PendingSinkState.epoch == epoch)
         ).first()
         return None if found is None else (found[0],)
 
