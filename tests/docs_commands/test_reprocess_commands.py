@@ -240,7 +240,17 @@ def test_with_the_scheduler_the_documented_clear_and_backfill_select_the_day_mea
     """The days run by the scheduler (catch-up over two days), then the clear and the backfill the
     page gives for scheduled runs (the day's start is their logical date) rerun the day 2024-06-01,
     which the scheduler commits as revisions of that epoch alone."""
-    tutorial = _tutorial(tmp_path, EO_DOC_CATCHUP="1", AIRFLOW__CORE__EXECUTOR="LocalExecutor")
+    # Airflow's SQLite metadata DB, written at once by the scheduler, the dag-processor, the
+    # api-server, the tasks and the CLI, now and then refuses a CLI write after SQLite's default
+    # 5 s busy wait ("database is locked", seen once in CI on `airflow backfill create`): the wait
+    # a SQLite user would set, in the URL Airflow would use anyway.
+    metadata_db = f"sqlite:///{tmp_path / 'eo-tutorial' / 'airflow.db'}?timeout=60"
+    tutorial = _tutorial(
+        tmp_path,
+        EO_DOC_CATCHUP="1",
+        AIRFLOW__CORE__EXECUTOR="LocalExecutor",
+        AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=metadata_db,
+    )
     with _services(tutorial):
         # The page's prerequisite: the DAG is created paused, and can be unpaused once a dag-processor
         # stored it (before that, ``airflow dags unpause`` finds nothing to unpause).
