@@ -15,7 +15,9 @@ byte of the write is visible. So abort and commit can never both act on one writ
 only ever deleted for a write that can no longer become visible (invariant 4).
 
 The coordinator alone decides what happens to an epoch; operators, the recovery DAG and the CLI only
-call these methods.
+call these methods. Orphaned write locations belong to no epoch: ``eo-sink gc`` and recovery queue
+them under the reserved epoch and delete them through the same clean-up path (``core.cleanups``)
+with the sink's committer.
 """
 
 from __future__ import annotations
