@@ -18,10 +18,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
-from .errors import InvalidPreCommit, StateConflict
+from .errors import InvalidPreCommit, MetaStoreUnavailable, StateConflict
 from .identifiers import check_write_id
 from .ports import ORPHAN_EPOCH, SinkRegistry
 from .precommit import PreCommit, TableWrite
+from .redact import mask_userinfo
 
 log = logging.getLogger(__name__)
 
@@ -162,6 +163,24 @@ def classify_orphans(
         len(young),
     )
     return old, young
+
+
+def scan_orphans(
+    sink_id: str, listing: WriteFolderListing, registry: SinkRegistry, grace: timedelta
+) -> tuple[list[OrphanCandidate], list[OrphanCandidate], str | None]:
+    """The sink's orphans, ``(old, young, None)``: ``classify_orphans`` of what ``listing`` finds, the
+    one scan behind recovery's removal, ``eo-sink gc`` and their dry runs. A listing that fails is
+    ``([], [], why)``, its secrets masked, not an error: recovery reports it and still finishes the
+    sink's epochs. ``MetaStoreUnavailable`` is raised: without the store nothing can go on.
+    """
+    try:
+        old, young = classify_orphans(sink_id, listing.folders(), registry, grace=grace)
+    except MetaStoreUnavailable:
+        raise
+    except Exception as exc:
+        log.warning("sink %r: the orphan scan failed: %s", sink_id, exc, exc_info=True)
+        return [], [], mask_userinfo(f"sink {sink_id!r}: {type(exc).__name__}: {exc}")
+    return old, young, None
 
 
 def queue_orphans(registry: SinkRegistry, old: Sequence[OrphanCandidate], grace: timedelta) -> set[str]:

@@ -33,6 +33,7 @@ from airflow_provider_exactly_once.core.errors import (
 )
 from airflow_provider_exactly_once.core.identifiers import abort_reason_fault, check_epoch
 from airflow_provider_exactly_once.core.lookups import EpochLookups
+from airflow_provider_exactly_once.core.orphans import scan_orphans
 from airflow_provider_exactly_once.core.ports import CheckpointSource, CleanupTask, EpochRecord
 from airflow_provider_exactly_once.core.redact import find_control, mask_userinfo
 from airflow_provider_exactly_once.core.status import EpochStatus
@@ -295,15 +296,13 @@ class SinkOperations(SinkReads):
                 continue
             lists.get(decision.action, waiting).append(row.epoch)
         tasks = self.store.cleanups(sink_id)
-        from airflow_provider_exactly_once.recovery.sink import scan_orphans
-
         scan: tuple[list[OrphanCandidate], list[OrphanCandidate], str | None]
         try:
             opened = self._open(sink)
         except ExactlyOnceError as exc:  # recovery would report the scan failed and go on with the epochs
             scan = [], [], str(exc)
         else:
-            scan = scan_orphans(self.store.registry, opened, DEFAULT_ORPHAN_GRACE)
+            scan = scan_orphans(opened.sink_id, opened.write_folders, self.store.registry, DEFAULT_ORPHAN_GRACE)
         old, young, scan_error = scan
         report: dict[str, Any] = {
             "commit": commit,
@@ -341,10 +340,10 @@ class SinkOperations(SinkReads):
             raise InvalidRequest(f"sink {sink_id!r}: the orphan grace must be a non-negative duration, got {grace!r}")
         sink, _ = self._registration(sink_id)
         opened = self._open(sink)
-        from airflow_provider_exactly_once.recovery.sink import remove_orphans, scan_orphans
+        from airflow_provider_exactly_once.recovery.sink import remove_orphans
 
         if dry_run:
-            old, young, scan_error = scan_orphans(self.store.registry, opened, grace)
+            old, young, scan_error = scan_orphans(opened.sink_id, opened.write_folders, self.store.registry, grace)
             if scan_error:
                 # The sink, not the request, is at fault: a refusal to retry, not a usage error.
                 raise SinkUnavailable(f"the orphan scan failed: {scan_error}")

@@ -27,7 +27,7 @@ from airflow_provider_exactly_once.core.errors import (
     SinkLocked,
 )
 from airflow_provider_exactly_once.core.observe import report_pending
-from airflow_provider_exactly_once.core.orphans import OrphanCandidate, classify_orphans, queue_orphans
+from airflow_provider_exactly_once.core.orphans import queue_orphans, scan_orphans
 from airflow_provider_exactly_once.core.outcomes import CleanupReport
 from airflow_provider_exactly_once.core.ports import ORPHAN_EPOCH, SinkRegistry
 from airflow_provider_exactly_once.core.redact import mask_userinfo
@@ -173,29 +173,11 @@ def _settle_orphans(
 
 def _queue_orphans(registry: SinkRegistry, sink: OpenedSink, grace: timedelta, report: SinkRecoveryReport) -> set[str]:
     """Queue every orphan older than ``grace`` for the clean-up path; their write ids."""
-    old, young, failed = scan_orphans(registry, sink, grace)
+    old, young, failed = scan_orphans(sink.sink_id, sink.write_folders, registry, grace)
     if failed is not None:  # a listing failure must not stop the epochs' recovery
         report.failed["orphan scan"] = failed
     report.orphans_kept = [candidate.write_id for candidate in young]
     return queue_orphans(registry, old, grace)
-
-
-def scan_orphans(
-    registry: SinkRegistry, sink: OpenedSink, grace: timedelta
-) -> tuple[list[OrphanCandidate], list[OrphanCandidate], str | None]:
-    """The sink's orphans, ``(old, young, None)`` (``core.orphans.classify_orphans`` of the sink's
-    write folders), for the removal and the dry runs alike. A failed listing is ``([], [], why)``,
-    its secrets masked: recovery reports it and goes on with the epochs. ``MetaStoreUnavailable`` is
-    raised (nothing can go on).
-    """
-    try:
-        old, young = classify_orphans(sink.sink_id, sink.write_folders.folders(), registry, grace=grace)
-    except MetaStoreUnavailable:
-        raise
-    except Exception as exc:
-        log.warning("sink %r: the orphan scan failed: %s", sink.sink_id, exc, exc_info=True)
-        return [], [], mask_userinfo(f"sink {sink.sink_id!r}: {type(exc).__name__}: {exc}")
-    return old, young, None
 
 
 def unreachable(sink: SinkConfig, exc: Exception) -> str:

@@ -166,13 +166,16 @@ def open_sink(
 
     if fault is None:
         fault = configured_fault_hook(sink.sink_id, None, None)
+    # One catalog (an Iceberg sink) or file system (a file sink) serves the committer and the listing.
+    catalog: Any = iceberg_catalog(sink) if isinstance(sink, IcebergSinkConfig) else None
+    committer = sink_committer(sink, fault=fault, metrics=metrics, catalog=catalog)
+    listing: WriteFolderListing
     if isinstance(sink, IcebergSinkConfig):
-        catalog = iceberg_catalog(sink)
-        committer = sink_committer(sink, fault=fault, metrics=metrics, catalog=catalog)
-        return OpenedSink(sink, committer, IcebergWriteFolders(catalog, sink.tables), fault)
-    committer = sink_committer(sink, fault=fault, metrics=metrics)
-    assert isinstance(committer, FileSinkCommitter)  # a file sink's committer, by its config
-    return OpenedSink(sink, committer, FileWriteFolders(committer), fault)
+        listing = IcebergWriteFolders(catalog, sink.tables)
+    else:
+        assert isinstance(committer, FileSinkCommitter)  # a file sink's committer, by its config
+        listing = FileWriteFolders(committer)
+    return OpenedSink(sink, committer, listing, fault)
 
 
 def coordinator_for(
