@@ -93,7 +93,6 @@ def main() -> None:
                     schema=eo_table.schema(),
                     spec=eo_table.spec(),
                     spec_id=eo_table.spec().spec_id,
-                    format_version=eo_table.format_version,
                     table=f"eo_{size}",
                 )
                 eo_times, bare_times = [], []

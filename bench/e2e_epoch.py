@@ -178,7 +178,6 @@ def build_dags(landing: str, storage_conn_id: str | None = None) -> tuple[Any, A
                     schema=table.schema(),
                     spec=table.spec(),
                     spec_id=table.spec().spec_id,
-                    format_version=table.format_version,
                     table=write.table,
                 )
                 with table.transaction() as tx, tx.update_snapshot().fast_append() as append:

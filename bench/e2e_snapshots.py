@@ -97,7 +97,6 @@ def _naive_task_commit(table_name: str, descriptor_json: str, start_at: float) -
             schema=table.schema(),
             spec=table.spec(),
             spec_id=table.spec().spec_id,
-            format_version=table.format_version,
             table=table_name,
         )
         try:

@@ -52,7 +52,6 @@ def _bare_appends(w: World, sink_ids: list[str]) -> float:
                 schema=fresh.schema(),
                 spec=fresh.spec(),
                 spec_id=fresh.spec().spec_id,
-                format_version=fresh.format_version,
                 table=name,
             )
             with fresh.transaction() as tx, tx.update_snapshot().fast_append() as append:

@@ -57,6 +57,12 @@ def named_scenarios() -> dict[str, Scenario]:
             description="kill -9 of the write task after its files exist, before it returns them",
         ),
         Scenario(
+            "kill_after_staging",
+            epochs=1,
+            rules=(Rule(0, "persist.staged"),),
+            description="kill -9 after persist wrote the epoch's manifest, before its row",
+        ),
+        Scenario(
             "kill_after_persist", epochs=1, rules=(Rule(0, "persist.inserted"),), description="kill -9 after persist"
         ),
         Scenario(

@@ -70,7 +70,8 @@ class Storage:
 
 
 def referenced_files(table: Table) -> set[str]:
-    """Every data file any snapshot of the table's history references (added or still live)."""
+    """Every data file any snapshot of the table's history references (added or still live), and
+    every manifest (an append's lies below its write location, written at persist)."""
     io = table.io
     paths: set[str] = set()
     seen_manifests: set[str] = set()
@@ -79,6 +80,7 @@ def referenced_files(table: Table) -> set[str]:
             if manifest.manifest_path in seen_manifests:
                 continue
             seen_manifests.add(manifest.manifest_path)
+            paths.add(local_path(manifest.manifest_path))
             for entry in manifest.fetch_manifest_entry(io, discard_deleted=False):
                 paths.add(local_path(entry.data_file.file_path))
     return paths

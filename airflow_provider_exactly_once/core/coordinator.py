@@ -148,7 +148,7 @@ class TwoPhaseCommitCoordinator:
         pre = PreCommit.parse(pre_commit)
         committer = self._committer(pre.sink_id)
         try:
-            committer.prepare(pre)  # refuse what can never be committed before it is made durable
+            plan = committer.prepare(pre)  # refuse what can never be committed before it is made durable
         except UpsertConflict as exc:
             # The table moved while the write ran: given up, for the group's rewrite task
             # (``prepare_rewrite``) to write the epoch again.
@@ -156,25 +156,44 @@ class TwoPhaseCommitCoordinator:
             self.abort(pre.sink_id, pre.epoch, reason=reason, write=pre, dag_id=dag_id, cause=cause)
             raise
 
-        lookups = WriteLookups.of(self._store, committer, pre)
-        on_reprocess = self._on_reprocess.get(pre.sink_id, "keep")
-        persisting = PersistRequest(pre, RunAttempt(run_id=run_id, try_number=try_number, dag_id=dag_id))
-        # The first round decides as if the epoch had no row, the common case, without reading it:
-        # the insert is refused (``StateConflict``) when it has one, which is then read and decided on.
+        persisting = PersistRequest(pre, RunAttempt(run_id=run_id, try_number=try_number, dag_id=dag_id), plan)
+        try:
+            result = self._persist_rounds(persisting, WriteLookups.of(self._store, committer, pre))
+        except Exception:
+            if persisting.staged:  # recorded by no row this attempt knows of
+                committer.tidy(persisting.staged[0], None)
+            raise
+        if persisting.staged:  # what the row does not record goes: no snapshot will ever list it
+            ours = result.record.write_id == pre.write_id
+            committer.tidy(persisting.staged[0], result.record.pre_commit if ours else None)
+        return result
+
+    def _persist_rounds(self, p: PersistRequest, lookups: WriteLookups) -> PersistResult:
+        """Decide and take the step until one settles it. The first round decides as if the epoch had
+        no row, the common case: the insert is refused (``StateConflict``) when it has one, read then."""
+        on_reprocess = self._on_reprocess.get(p.pre.sink_id, "keep")
         row: EpochRecord | None = None
         for _ in range(1 + _PERSIST_RACE_ROUNDS):
-            decision = persist_decision(row, pre, lookups, on_reprocess=on_reprocess).raise_if_refused()
-            result = self._persist_steps[decision.action](persisting, row, decision)
+            decision = persist_decision(row, p.pre, lookups, on_reprocess=on_reprocess).raise_if_refused()
+            result = self._persist_steps[decision.action](p, row, decision)
             if result is not None:
                 return result
-            row = self._store.get(pre.sink_id, pre.epoch)
+            row = self._store.get(p.pre.sink_id, p.pre.epoch)
         raise StateConflict(
-            f"{pre.describe()}: the epoch kept changing under {_PERSIST_RACE_ROUNDS} attempts to persist"
+            f"{p.pre.describe()}: the epoch kept changing under {_PERSIST_RACE_ROUNDS} attempts to persist"
         )
+
+    def _staged(self, p: PersistRequest) -> PreCommit:
+        """The write as the steps that record it store it: what its commit can write ahead (an Iceberg
+        append's manifest, ``SinkCommitter.stage``) is written once, off the commit's critical path."""
+        if not p.staged:
+            p.staged.append(self._committer(p.pre.sink_id).stage(p.plan))
+            self._fault("persist.staged")
+        return p.staged[0]
 
     def _insert(self, p: PersistRequest, row: EpochRecord | None, decision: Decision) -> PersistResult | None:
         try:  # the store refuses a discarded write in the insert's own transaction
-            record = self._store.insert_pending(p.pre, **p.attempt)
+            record = self._store.insert_pending(self._staged(p), **p.attempt)
         except StateConflict:
             return None  # the epoch has a row (another persist inserted first): decide against it
         self._fault("persist.inserted")
@@ -184,7 +203,7 @@ class TwoPhaseCommitCoordinator:
         assert row is not None
         try:
             record = self._store.replace_write(
-                p.pre, expected_status=row.status, expected_write_id=row.write_id, **p.attempt
+                self._staged(p), expected_status=row.status, expected_write_id=row.write_id, **p.attempt
             )
         except StateConflict:
             return None  # the row moved under us (commit decided, aborted, replaced): look again
@@ -196,7 +215,7 @@ class TwoPhaseCommitCoordinator:
         assert row is not None
         try:
             record = self._store.reopen_committed(
-                p.pre, expected_write_id=row.write_id, reason=decision.why, **p.attempt
+                self._staged(p), expected_write_id=row.write_id, reason=decision.why, **p.attempt
             )
         except StateConflict:
             return None  # another persist re-opened it first: decide against its row
@@ -262,7 +281,7 @@ class TwoPhaseCommitCoordinator:
 
     def _commit(self, sink_id: str, epoch: int) -> CommitResult:
         committer = self._committer(sink_id)
-        row = self._require(sink_id, epoch)
+        row = require_epoch(self._store, sink_id, epoch)
         lookups = EpochLookups.of(self._store, self._checkpoints, sink_id, epoch)
         decision = commit_decision(row, lookups).raise_if_refused()
         if decision.action is Action.ALREADY_COMMITTED:
@@ -307,14 +326,13 @@ class TwoPhaseCommitCoordinator:
         return CommitResult(CommitOutcome.COMMITTED, record)
 
     def prepare(self, row: EpochRecord) -> CommitPlan:
-        """The sink's own checks of a Pending write right before its commit decision
-        (``SinkCommitter.prepare``: the schema, a revision's replaced files, an upsert's conflicts);
-        the commit's dry run runs them too."""
+        """The sink's checks of a Pending write right before its commit decision (``SinkCommitter.prepare``:
+        the schema, a revision's replaced files, an upsert's conflicts), as the commit's dry run runs them."""
         return self._committer(row.sink_id).prepare(row.pre_commit, replaces=row.replaces)
 
     def _settled_by_other(self, sink_id: str, epoch: int, write_id: str) -> CommitResult:
         """A CAS of ours lost: benign if a concurrent attempt committed the same write, loud otherwise."""
-        row = self._require(sink_id, epoch)
+        row = require_epoch(self._store, sink_id, epoch)
         if row.status is EpochStatus.COMMITTED and row.write_id == write_id:
             return CommitResult(CommitOutcome.ALREADY_COMMITTED, row)
         raise StateConflict(
@@ -418,7 +436,7 @@ class TwoPhaseCommitCoordinator:
                     a.sink_id, a.epoch, write_id=row.write_id, reason=a.reason, decided=decided, cause=cause
                 )
         except StateConflict:
-            latest = self._require(a.sink_id, a.epoch)
+            latest = require_epoch(self._store, a.sink_id, a.epoch)
             if latest.status is EpochStatus.ABORTED and latest.write_id == row.write_id:
                 return AbortResult(AbortOutcome.ALREADY_ABORTED, self._run_cleanups(a.sink_id, a.epoch), latest)
             raise AbortRefused(
@@ -434,8 +452,7 @@ class TwoPhaseCommitCoordinator:
         return AbortResult(outcome, deleted, record)
 
     def lost_files(self, row: EpochRecord) -> list[str]:
-        """The data files of a Pending write that are gone, when that is reason enough to give it up
-        (``lost_writes.lost_files``); refused (``AbortRefused``) otherwise."""
+        """A Pending write's lost data files, when reason enough to give it up; ``AbortRefused`` otherwise."""
         return lost_files(self._committer(row.sink_id), row)
 
     # -- rewrite after an upsert conflict -----------------------------------------------------------
@@ -444,7 +461,7 @@ class TwoPhaseCommitCoordinator:
         """Make way for writing an upsert epoch again after its write conflicted
         (``lost_writes.prepare_rewrite``). ``run_writes``: the writes the run made so far."""
         return prepare_rewrite(
-            self._require(sink_id, epoch),
+            require_epoch(self._store, sink_id, epoch),
             self._committer(sink_id),
             lambda: self._checkpoints.status(sink_id, epoch),
             lambda reason: self.abort(sink_id, epoch, reason=reason, files_lost=True, cause=AbortCause.UPSERT_CONFLICT),
@@ -479,6 +496,3 @@ class TwoPhaseCommitCoordinator:
             raise InvalidSinkConfig(
                 f"no committer is configured for sink {sink_id!r} (known: {sorted(self._committers)})"
             ) from None
-
-    def _require(self, sink_id: str, epoch: int) -> EpochRecord:
-        return require_epoch(self._store, sink_id, epoch)

@@ -379,7 +379,7 @@ class SinkCommitter(Protocol):
     def prepare(self, pre_commit: PreCommit, *, replaces: ReplacedWrite | None = None) -> CommitPlan:
         """Refuse what can never be committed, and return the plan ``commit`` applies.
 
-        Runs before persisting (the plan is dropped) and again right before the commit decision, so
+        Runs before persisting (the plan is handed to ``stage``) and again right before the commit decision, so
         a refusal always leaves the epoch abortable: unknown table, paths outside the table or sink
         location, partition values that do not match the spec the write was made for, incompatible
         schema, a table or branch the append would refuse. With ``replaces`` (a revision) it also
@@ -388,6 +388,18 @@ class SinkCommitter(Protocol):
         Changes nothing. Raises ``InvalidPreCommit``, ``UnknownTable``, ``SchemaMismatch``,
         ``CommitRefused``, or ``SinkUnavailable`` (retryable) when the sink cannot be asked.
         """
+        ...
+
+    def stage(self, plan: CommitPlan) -> PreCommit:
+        """At persist: write what the commit can write ahead of time, below the write location, and
+        return the pre-commit that records it (``plan.pre_commit`` when there is nothing to stage).
+        Staged files are only an optimisation: a commit that finds them stale or gone writes its own."""
+        ...
+
+    def tidy(self, staged: PreCommit, recorded: PreCommit | None) -> None:
+        """After a persist that staged ``staged``: delete what ``stage`` wrote for the write that
+        ``recorded`` (the row's pre-commit of the same write) does not list, from this attempt or
+        earlier ones; with no row of the write, only what this attempt staged. Best effort: never raises."""
         ...
 
     def find_committed(self, pre_commit: PreCommit, since: datetime) -> VisibleEpoch:

@@ -132,6 +132,39 @@ class WrittenColumn(_Frozen):
     field_id: int | None = Field(default=None, ge=1)
 
 
+class PartitionSummary(_Frozen):
+    """One partition field's summary in a manifest list entry (Iceberg's ``field_summary``), bounds
+    in Iceberg's single-value binary serialisation, base64: what readers prune manifests by."""
+
+    contains_null: bool
+    contains_nan: bool | None = None
+    lower_bound: str | None = None
+    upper_bound: str | None = None
+
+
+class PreparedManifest(_Frozen):
+    """A manifest persist wrote for the write's files, the entries' snapshot id and sequence
+    numbers left to inheritance: the commit lists it as it is (``sinks/iceberg/prepared_manifests.py``)."""
+
+    path: str = Field(min_length=1)
+    length: int = Field(ge=1)
+    spec_id: int = Field(ge=0)
+    added_files: int = Field(ge=1)
+    added_rows: int = Field(ge=0)
+    partitions: list[PartitionSummary] = Field(default_factory=list)
+
+
+class PreparedSnapshot(_Frozen):
+    """What persist prepared of a table's snapshot, valid while the table keeps the schema and the
+    partition-summary limit it was prepared against; otherwise the commit writes its own."""
+
+    schema_id: int = Field(ge=0)
+    summary_limit: int
+    #: The snapshot summary's properties for the added files (before the table's totals).
+    summary: dict[str, str]
+    manifests: list[PreparedManifest] = Field(min_length=1)
+
+
 class TableWrite(_Frozen):
     """What one write produced for one target (an Iceberg table, or a file sink's directory)."""
 
@@ -166,6 +199,9 @@ class TableWrite(_Frozen):
     #: An upsert revision (design.md D14): the committed write it replaces. ``read_snapshot_id`` is
     #: then the table as it was before that write, and ``rewritten`` includes that write's.
     revises: RevisedWrite | None = None
+    #: The manifests persist wrote for ``data_files`` (an Iceberg append on a format-2 table);
+    #: set by the committer at persist (``SinkCommitter.stage``), never by a writer.
+    prepared: PreparedSnapshot | None = None
 
     _names_printable = field_validator("table", "location")(_no_control)
 
@@ -187,10 +223,11 @@ class TableWrite(_Frozen):
 
     def _check_files(self) -> None:
         root = self.location.rstrip("/") + "/"
-        outside = [f.path for f in self.data_files if not f.path.startswith(root) or "/../" in f.path]
+        manifests = [m.path for m in self.prepared.manifests] if self.prepared else []
+        outside = [p for p in [f.path for f in self.data_files] + manifests if not p.startswith(root) or "/../" in p]
         if outside:
             raise ValueError(
-                f"table {self.table!r}: {len(outside)} data file(s) outside the write location {self.location!r}, "
+                f"table {self.table!r}: {len(outside)} file(s) outside the write location {self.location!r}, "
                 f"first: {outside[0]!r}"
             )
         paths = [f.path for f in self.data_files]

@@ -6,9 +6,10 @@ decision to the one step of that action; these values keep the steps' signatures
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypedDict
 
+from .ports import CommitPlan
 from .precommit import PreCommit
 from .status import AbortCause
 
@@ -25,10 +26,14 @@ class RunAttempt(TypedDict):
 
 @dataclass(frozen=True)
 class PersistRequest:
-    """One persist: the write, and the task attempt that made it."""
+    """One persist: the write, the task attempt that made it, and what the sink checked of it."""
 
     pre: PreCommit
     attempt: RunAttempt
+    #: ``SinkCommitter.prepare``'s plan, for a step that records the write to stage it.
+    plan: CommitPlan
+    #: The write as staged (``SinkCommitter.stage``), once a step did: at most once per persist.
+    staged: list[PreCommit] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

@@ -204,6 +204,13 @@ class FileSinkCommitter:
             )
         return CommitPlan(pre_commit)
 
+    def stage(self, plan: CommitPlan) -> PreCommit:
+        """Nothing to write ahead: a file sink's commit moves the staged files, no more."""
+        return plan.pre_commit
+
+    def tidy(self, staged: PreCommit, recorded: PreCommit | None) -> None:
+        """``stage`` writes nothing, so nothing is left to delete."""
+
     def identities(self, pre_commit: PreCommit) -> Mapping[str, str]:
         """A directory has no identity apart from its path: re-created, it is the same sink root."""
         return {}

@@ -138,7 +138,7 @@ def test_abort_of_a_pending_epoch_deletes_its_files_and_dry_run_changes_nothing(
 
     result = ops.abort(world.sink_id, E1, reason="bad input")
     assert (result.outcome, result.dry_run, result.ok) == ("aborted", False, True)
-    assert result.files_deleted == 1
+    assert result.files_deleted == 2  # its data file and the manifest persist wrote
     row = world.pipeline.store.get(world.sink_id, E1)
     assert row is not None and row.status is EpochStatus.ABORTED and row.error == "bad input"
     assert not write_location_exists(pre), "invariant 4: the aborted write's files are gone"
@@ -239,7 +239,7 @@ def test_cleanup_of_an_aborted_epoch_whose_files_a_crash_left(world: World) -> N
     assert state(world, world.sink_id, [E1], [pre]) == before and exists(pre)
 
     result = ops.cleanup(world.sink_id, E1)
-    assert (result.outcome, result.ok, result.files_deleted) == ("cleaned up", True, 1)
+    assert (result.outcome, result.ok, result.files_deleted) == ("cleaned up", True, 2)  # file and manifest
     assert not exists(pre)
     assert ops.epoch(world.sink_id, E1).pending_cleanups == 0
     assert ops.cleanup(world.sink_id, E1).outcome == "nothing to clean up"

@@ -65,11 +65,11 @@ def leave_crash(world: World, sink: SinkConfig) -> Leftovers:
     coordinator = pipeline.coordinator(sink.sink_id, committer)
     store = pipeline.store
     writes = [write(e) for e in (E0, E1, E2, E3, E4, E5)]
-    for pre in writes[:5]:
-        age_files(pre, 7)  # known writes are never orphans, however old
     w0, w1, w2, w3, w4, w5 = writes
     for pre in (w0, w1, w2, w3):
         coordinator.persist(pre)
+    for pre in writes[:5]:
+        age_files(pre, 7)  # known writes are never orphans, however old (persist adds a manifest)
     pipeline.checkpoint(sink.sink_id, E0, CheckpointStatus.COMPLETED)
     coordinator.commit(sink.sink_id, E0)
     pipeline.checkpoint(sink.sink_id, E1, CheckpointStatus.COMPLETED)

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 
 from pyiceberg.catalog import Catalog
+from pyiceberg.io import FileIO
 from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
@@ -51,10 +52,11 @@ from airflow_provider_exactly_once.sinks.iceberg.markers import (
     sink_markers,
 )
 from airflow_provider_exactly_once.sinks.iceberg.plans import PREPARED_FRESH_S, TableEntry, TablePlan
+from airflow_provider_exactly_once.sinks.iceberg.prepared_manifests import staged_pre_commit, tidy
 from airflow_provider_exactly_once.sinks.iceberg.references import AddedFiles, files_live_in_refs
 from airflow_provider_exactly_once.sinks.iceberg.replacement import files_to_replace, still_referenced
 from airflow_provider_exactly_once.sinks.iceberg.schema_check import ColumnToAdd
-from airflow_provider_exactly_once.sinks.iceberg.storage import delete_tree, missing_files
+from airflow_provider_exactly_once.sinks.iceberg.storage import delete_locations, missing_files
 from airflow_provider_exactly_once.sinks.iceberg.transaction import SinkCommitConflict
 from airflow_provider_exactly_once.sinks.iceberg.upsert_overwrites import upsert_files_to_replace
 from airflow_provider_exactly_once.sinks.iceberg.write_check import CheckedWrites, check_location
@@ -115,6 +117,8 @@ class IcebergSinkCommitter:
         self._uuids: dict[str, str] = {}
         self._added_files = AddedFiles()
         self._checked = CheckedWrites()
+        #: Write location -> the FileIO ``stage`` wrote its manifest with, until ``tidy`` runs.
+        self._staged: dict[str, FileIO] = {}
         #: Conflict retries are reported here (``core.observe.COMMIT_RETRIES``); settable after
         #: construction because sink configs build committers without knowing the metrics backend.
         self.metrics: Metrics = safe(metrics)
@@ -163,6 +167,21 @@ class IcebergSinkCommitter:
                 write, table, to_add, self._to_replace(table, pre_commit, write, replaces)
             )
         return CommitPlan(pre_commit, replaces, prepared, prepared_at=prepared_at, prepared_by=self)
+
+    def stage(self, plan: CommitPlan) -> PreCommit:
+        """An append's manifests (``prepared_manifests``), written against the tables ``prepare`` loaded."""
+        if not plan.kind.batches:
+            return plan.pre_commit  # an overwrite writes its manifests at commit, beside the deleted entries
+        ready = {name: s.table for name, s in plan.prepared.items() if isinstance(s, TablePlan) and not s.to_add}
+        self._staged.update({plan.pre_commit.table(name).location: table.io for name, table in ready.items()})
+        return staged_pre_commit(plan.pre_commit, ready)
+
+    def tidy(self, staged: PreCommit, recorded: PreCommit | None) -> None:
+        for write in staged.tables:
+            io = self._staged.pop(write.location, None)
+            if io is not None:
+                kept = write if recorded is None else recorded.table(write.table)
+                tidy(io, kept, staged.write_id, only_staged=recorded is None)
 
     def identities(self, pre_commit: PreCommit) -> Mapping[str, str]:
         identities: dict[str, str] = {}
@@ -275,7 +294,7 @@ class IcebergSinkCommitter:
                 if still_referenced(table, removed_by, write.table, recorded_ms) is not None:
                     return None
             loaded.append((write, table))
-        return _delete_locations(pre_commit, loaded)
+        return delete_locations(pre_commit, loaded)
 
     def delete_write(self, pre_commit: PreCommit, since: datetime) -> int:
         not_before_ms = self.not_before_ms(since)
@@ -289,7 +308,7 @@ class IcebergSinkCommitter:
             with unavailable_when_unreachable(what, table.io.properties):
                 self._refuse_if_referenced(table, pre_commit, write, since, not_before_ms)
             loaded.append((write, table))
-        return _delete_locations(pre_commit, loaded)
+        return delete_locations(pre_commit, loaded)
 
     # -- loading and markers --------------------------------------------------------------------
 
@@ -475,13 +494,3 @@ class IcebergSinkCommitter:
                 f"{pre_commit.describe()}: table {write.table!r} references {len(referenced)} file(s) "
                 f"below the write location {write.location!r}: {shown}; nothing is deleted"
             )
-
-
-def _delete_locations(pre_commit: PreCommit, loaded: list[tuple[TableWrite, Table]]) -> int:
-    """Delete each write location, once every table cleared it: the number of files deleted."""
-    deleted = 0
-    for write, table in loaded:
-        what = f"{pre_commit.describe()}: could not delete below {write.location!r}"
-        with unavailable_when_unreachable(what, table.io.properties):
-            deleted += delete_tree(table.io, write.location)
-    return deleted

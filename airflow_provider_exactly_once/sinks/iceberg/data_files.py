@@ -17,7 +17,7 @@ from decimal import Decimal, InvalidOperation
 from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
 from pyiceberg.partitioning import PartitionSpec
 from pyiceberg.schema import Schema, index_by_name
-from pyiceberg.typedef import Record, TableVersion
+from pyiceberg.typedef import Record
 from pyiceberg.types import (
     BooleanType,
     DateType,
@@ -136,7 +136,6 @@ def build_data_files(
     schema: Schema,
     spec: PartitionSpec,
     spec_id: int,
-    format_version: TableVersion,
     table: str,
 ) -> list[DataFile]:
     """The manifest entries' data files for a whole write: the name index is built once, not per file."""
@@ -147,7 +146,6 @@ def build_data_files(
             schema=schema,
             spec=spec,
             spec_id=spec_id,
-            format_version=format_version,
             table=table,
             field_ids=field_ids,
         )
@@ -161,11 +159,12 @@ def build_data_file(
     schema: Schema,
     spec: PartitionSpec,
     spec_id: int,
-    format_version: TableVersion,
     table: str,
     field_ids: Mapping[str, int] | None = None,
 ) -> DataFile:
-    """The manifest entry's data file for ``descriptor``, against the schema being committed."""
+    """The manifest entry's data file for ``descriptor``, against the schema being committed. It is
+    built in pyiceberg's read layout, whatever the table's format version: the manifest writers
+    convert it to theirs (one built in format 1's layout fails the version 1 writer)."""
     path = descriptor.path
     if field_ids is None:
         field_ids = index_by_name(schema)
@@ -174,7 +173,6 @@ def build_data_file(
         return {_field_id(field_ids, name, table, path, which): value for name, value in raw.items()}
 
     data_file = DataFile.from_args(
-        _table_format_version=format_version,
         content=DataFileContent.DATA,
         file_path=path,
         file_format=FileFormat(descriptor.format.upper()),

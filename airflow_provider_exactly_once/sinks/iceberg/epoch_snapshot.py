@@ -3,7 +3,8 @@
 The committer (``committer.py``) decides which epochs a table takes a snapshot of and retries
 conflicts; this module is what the snapshots consist of (design.md section 5, steps 3, 6 and 7): the
 columns a write adds, an upsert's identifier fields, a name mapping for a table without one, the data
-files built from the writers' descriptors under the spec they were written for, and the marker in
+files built from the writers' descriptors under the spec they were written for (or, for an append,
+the manifest persist prepared of them: ``prepared_manifests``), and the marker in
 the summary, as an append, or as an overwrite that removes exactly the files a revision or an upsert
 replaces. Several epochs (recovery's backlog, D15) are stacked in epoch order, each snapshot parented
 on the one before, so the catalog writes one metadata file for all of them and swaps it in once.
@@ -21,6 +22,7 @@ from airflow_provider_exactly_once.core.errors import CommitRefused
 from airflow_provider_exactly_once.core.precommit import PreCommit, TableWrite
 from airflow_provider_exactly_once.sinks.iceberg.data_files import build_data_files
 from airflow_provider_exactly_once.sinks.iceberg.markers import marker_properties
+from airflow_provider_exactly_once.sinks.iceberg.prepared_manifests import tidy, usable_manifests
 from airflow_provider_exactly_once.sinks.iceberg.schema_check import ColumnToAdd, check_added_field_ids
 from airflow_provider_exactly_once.sinks.iceberg.transaction import (
     SinkTransaction,
@@ -69,6 +71,7 @@ def commit_snapshots(
     name, owner = snapshots[0].write.table, describe_epochs([staged.pre_commit for staged in snapshots])
     tx = SinkTransaction(table)
     snapshot_ids: list[int] = []
+    unused: list[tuple[TableWrite, str]] = []
     with tx.staging(owner, name, branch):
         previous: StackedFastAppend | None = None
         for position, staged in enumerate(snapshots):
@@ -84,24 +87,32 @@ def commit_snapshots(
                     update.set_identifier_fields(*key)
             if position == 0:
                 _ensure_name_mapping(tx)  # once: a later schema change keeps the mapping current
-            data_files = _staged_data_files(tx, pre_commit, write)
             number, to_replace = staged.revision or (0, [])
             marker = marker_properties(pre_commit.sink_id, pre_commit.epoch, pre_commit.write_id, number)
             snapshot: StackedFastAppend | SpecAwareOverwrite
+            prepared = None
             if staged.revision is None:
                 snapshot = tx.stacked_append(branch=branch, snapshot_properties=marker, previous=previous)
+                prepared = usable_manifests(tx.table_metadata, write, table.io, snapshot.snapshot_id)
             else:
                 snapshot = tx.replace_files(branch=branch, snapshot_properties=marker)
                 for replaced in to_replace:
                     snapshot.delete_data_file(replaced)
-            for data_file in data_files:
-                snapshot.append_data_file(data_file)
+            if prepared is not None and write.prepared is not None and isinstance(snapshot, StackedFastAppend):
+                snapshot.use_prepared(prepared, write.prepared.summary)
+            else:
+                for data_file in _staged_data_files(tx, pre_commit, write):
+                    snapshot.append_data_file(data_file)
+                if write.prepared is not None:
+                    unused.append((write, pre_commit.write_id))
             # Writes the manifests; stages the snapshot and AssertRefSnapshotId(the head checked
             # before). Staged before the next one is created, so that one's parent is this one.
             snapshot.commit()
             previous = snapshot if isinstance(snapshot, StackedFastAppend) else None
             snapshot_ids.append(int(snapshot.snapshot_id))
     tx.commit_staged(fault, lambda: f"{owner}: the commit of table {name!r} ({_counted(snapshot_ids)})")
+    for write, write_id in unused:  # prepared at persist, not listed by the snapshot: nothing ever will
+        tidy(table.io, write, write_id, unused=True)
     return snapshot_ids
 
 
@@ -127,7 +138,6 @@ def _staged_data_files(tx: SinkTransaction, pre_commit: PreCommit, write: TableW
         schema=metadata.schema(),
         spec=spec,
         spec_id=spec.spec_id,
-        format_version=metadata.format_version,
         table=write.table,
     )
 

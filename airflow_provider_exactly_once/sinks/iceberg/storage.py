@@ -16,13 +16,18 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
+
+from airflow_provider_exactly_once.sinks.iceberg.catalog_access import unavailable_when_unreachable
 
 if TYPE_CHECKING:
     from pyiceberg.io import FileIO
     from pyiceberg.io.pyarrow import PyArrowFileIO
+    from pyiceberg.table import Table
+
+    from airflow_provider_exactly_once.core.precommit import PreCommit, TableWrite
 
 #: Existence checks are latency-bound (one request each on an object store), not CPU-bound.
 _EXISTS_THREADS = 16
@@ -80,7 +85,7 @@ def _not_listed(io: FileIO, paths: Sequence[str], under: str) -> list[str]:
     return [path for path in paths if str(filesystem._strip_protocol(path)) not in listed]
 
 
-def _local_folder(path: str) -> str | None:
+def local_folder(path: str) -> str | None:
     """The local file-system folder of ``path`` (``/x/f``, ``file:/x/f``, ``file:///x/f``: ``/x``), or
     ``None`` for an object store or a file URL with a host (asked through the FileIO instead)."""
     if path.startswith("/"):
@@ -106,7 +111,7 @@ def _missing_local(paths: Sequence[str]) -> list[str] | None:
         folder, _, name = path.rpartition("/")
         listed = listings.get(folder)
         if listed is None:
-            local = _local_folder(path)
+            local = local_folder(path)
             if local is None:
                 return None
             try:
@@ -119,12 +124,24 @@ def _missing_local(paths: Sequence[str]) -> list[str] | None:
     return missing
 
 
-def delete_tree(io: FileIO, location: str) -> int:
-    """Delete every file below ``location``; return how many were deleted. Missing is not an error."""
+def delete_locations(pre_commit: PreCommit, loaded: Sequence[tuple[TableWrite, Table]]) -> int:
+    """Delete each write location, once every table cleared it: the number of files deleted."""
+    deleted = 0
+    for write, table in loaded:
+        what = f"{pre_commit.describe()}: could not delete below {write.location!r}"
+        with unavailable_when_unreachable(what, table.io.properties):
+            deleted += delete_tree(table.io, write.location)
+    return deleted
+
+
+def delete_tree(io: FileIO, location: str, *, keep: Collection[str] = ()) -> int:
+    """Delete every file below ``location`` but those in ``keep``; return how many were deleted.
+    Missing is not an error."""
     if (pa_io := _as_pyarrow_io(io)) is not None:
-        return _delete_tree_pyarrow(pa_io, location)
+        kept = {pa_io.parse_location(path, pa_io.properties)[2] for path in keep}
+        return _delete_tree_pyarrow(pa_io, location, kept)
     filesystem, path = fsspec_filesystem(io, location)
-    return _delete_tree_fsspec(filesystem, path)
+    return _delete_tree_fsspec(filesystem, path, {str(filesystem._strip_protocol(p)) for p in keep})
 
 
 def fsspec_filesystem(io: FileIO, location: str) -> tuple[Any, str]:
@@ -142,7 +159,7 @@ def fsspec_filesystem(io: FileIO, location: str) -> tuple[Any, str]:
     return filesystem, str(filesystem._strip_protocol(location))
 
 
-def _delete_tree_pyarrow(io: PyArrowFileIO, location: str) -> int:
+def _delete_tree_pyarrow(io: PyArrowFileIO, location: str, kept: set[str]) -> int:
     from pyarrow import fs as pafs
 
     scheme, netloc, path = io.parse_location(location, io.properties)
@@ -150,7 +167,7 @@ def _delete_tree_pyarrow(io: PyArrowFileIO, location: str) -> int:
     infos = filesystem.get_file_info(pafs.FileSelector(path, recursive=True, allow_not_found=True))
     deleted = 0
     for info in infos:
-        if info.type == pafs.FileType.File:
+        if info.type == pafs.FileType.File and info.path not in kept:
             try:
                 filesystem.delete_file(info.path)
             except FileNotFoundError:
@@ -158,24 +175,35 @@ def _delete_tree_pyarrow(io: PyArrowFileIO, location: str) -> int:
             deleted += 1
     # Directories only exist on hierarchical file systems; their absence is fine.
     with contextlib.suppress(FileNotFoundError, OSError):
-        if filesystem.get_file_info(path).type == pafs.FileType.Directory:
+        if not kept and filesystem.get_file_info(path).type == pafs.FileType.Directory:
             filesystem.delete_dir(path)
     return deleted
 
 
-def _delete_tree_fsspec(filesystem: Any, location: str) -> int:
+def _delete_tree_fsspec(filesystem: Any, location: str, kept: set[str]) -> int:
     try:
-        files = list(filesystem.find(location))
+        found = filesystem.find(location, withdirs=True, detail=True)
     except FileNotFoundError:
         return 0
+    folders = [str(name) for name, info in found.items() if info.get("type") == "directory"]
     deleted = 0
-    for path in files:
+    for path in [str(name) for name, info in found.items() if info.get("type") != "directory"]:
+        if path in kept:
+            continue
         try:
             filesystem.rm_file(path)
         except FileNotFoundError:
             continue
         deleted += 1
+    if kept:
+        return deleted
+    # A store that keeps folders as entries (SeaweedFS's filer) still lists an emptied folder until
+    # its own key goes, deepest first; elsewhere there is no such key, and deleting it is a no-op.
+    for folder in sorted({*folders, location}, key=len, reverse=True):
+        with contextlib.suppress(FileNotFoundError, OSError):
+            filesystem.rm_file(folder.rstrip("/") + "/")
     with contextlib.suppress(FileNotFoundError, OSError):
+        filesystem.invalidate_cache(location)  # the listing above is cached: ask again
         if filesystem.exists(location):
             filesystem.rm(location, recursive=True)
     return deleted

@@ -48,6 +48,11 @@ and pull requests of apache/iceberg-python, ``#n``), or says that nothing was fo
    in memory: ``StackedFastAppend`` takes it from there, as the manifest list writer stamped it.
    Upstream: no issue found; it works around the read-back of a manifest list the same
    transaction has just written.
+6. pyiceberg's fast append only takes data files and writes their manifest itself. An epoch's
+   manifest is written at persist (``prepared_manifests``), so ``SpecAwareFastAppend.use_prepared``
+   lists it as Java's ``AppendFiles.appendManifest`` does (apache/iceberg#201) with snapshot-id
+   inheritance: the manifest list entry carries the snapshot's id and sequence number.
+   Upstream: no pyiceberg issue found for appending existing manifests.
 """
 
 from __future__ import annotations
@@ -59,7 +64,7 @@ from typing import Any
 
 from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.manifest import UNASSIGNED_SEQ, DataFile, ManifestEntry, ManifestEntryStatus, ManifestFile
-from pyiceberg.table import Table, TableProperties, Transaction
+from pyiceberg.table import Table, Transaction
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.snapshots import Operation, SnapshotSummaryCollector, Summary, update_snapshot_summaries
 from pyiceberg.table.update import (
@@ -83,6 +88,7 @@ from airflow_provider_exactly_once.core.errors import (
     SinkUnavailable,
 )
 from airflow_provider_exactly_once.sinks.iceberg.catalog_access import UNREACHABLE, describe_error
+from airflow_provider_exactly_once.sinks.iceberg.prepared_manifests import summary_limit
 
 #: Fault points around a sink commit's catalog update, in the order one attempt passes them.
 FAULT_BEFORE_CATALOG_UPDATE = "iceberg.before_catalog_update"
@@ -149,36 +155,42 @@ def _added_by_spec(producer: Any) -> list[ManifestFile]:
     return added
 
 
-def _summary_by_spec(producer: Any, snapshot_properties: dict[str, str]) -> Summary:
-    """The snapshot summary, each added and removed file counted under its own spec."""
+def _summary_by_spec(
+    producer: Any, snapshot_properties: dict[str, str], prepared: dict[str, str] | None = None
+) -> Summary:
+    """The snapshot summary, each added and removed file counted under its own spec; ``prepared``:
+    the added files' properties as persist computed them (``prepared_manifests``)."""
     metadata = producer._transaction.table_metadata
     schema, specs = metadata.schema(), metadata.specs()
-    limit = int(
-        metadata.properties.get(
-            TableProperties.WRITE_PARTITION_SUMMARY_LIMIT, TableProperties.WRITE_PARTITION_SUMMARY_LIMIT_DEFAULT
-        )
-    )
-    collector = SnapshotSummaryCollector(partition_summary_limit=limit)
+    collector = SnapshotSummaryCollector(partition_summary_limit=summary_limit(metadata))
     for data_file in producer._added_data_files:
         collector.add_file(data_file=data_file, partition_spec=specs[data_file.spec_id], schema=schema)
     for data_file in producer._deleted_data_files:
         collector.remove_file(data_file=data_file, partition_spec=specs[data_file.spec_id], schema=schema)
     parent = producer._parent_snapshot_id
     previous = metadata.snapshot_by_id(parent) if parent is not None else None
+    added = collector.build() if prepared is None else prepared
     return update_snapshot_summaries(
-        summary=Summary(operation=producer._operation, **collector.build(), **snapshot_properties),
+        summary=Summary(operation=producer._operation, **added, **snapshot_properties),
         previous_summary=previous.summary if previous is not None else None,
     )
 
 
 class SpecAwareFastAppend(_FastAppendFiles):
-    """A fast append that files each added data file under the partition spec it names."""
+    """A fast append that files each added data file under the partition spec it names, or lists the
+    manifests persist prepared for them (``use_prepared``) instead of writing its own."""
+
+    _prepared: tuple[list[ManifestFile], dict[str, str]] | None = None
+
+    def use_prepared(self, manifests: list[ManifestFile], summary: dict[str, str]) -> None:
+        self._prepared = (manifests, summary)
 
     def _manifests(self) -> list[ManifestFile]:
-        return self._process_manifests(_added_by_spec(self) + self._existing_manifests())
+        added = _added_by_spec(self) if self._prepared is None else self._prepared[0]
+        return self._process_manifests(added + self._existing_manifests())
 
     def _summary(self, snapshot_properties: dict[str, str] = EMPTY_DICT) -> Summary:
-        return _summary_by_spec(self, snapshot_properties)
+        return _summary_by_spec(self, snapshot_properties, None if self._prepared is None else self._prepared[1])
 
 
 class StackedFastAppend(SpecAwareFastAppend):

@@ -91,7 +91,6 @@ def test_a_conflict_is_retried_with_the_markers_read_again(catalog: SqlCatalog, 
             schema=fresh.schema(),
             spec=fresh.spec(),
             spec_id=fresh.spec().spec_id,
-            format_version=fresh.format_version,
             table="ns.t",
         )
         with fresh.transaction() as tx, tx.update_snapshot().fast_append() as append:

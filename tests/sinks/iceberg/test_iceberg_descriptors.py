@@ -103,7 +103,6 @@ def test_descriptor_round_trip_equals_pyiceberg(catalog: SqlCatalog, properties:
         schema=table.schema(),
         spec=table.spec(),
         spec_id=table.metadata.default_spec_id,
-        format_version=table.metadata.format_version,
         table="ns.d",
     )
     # pyiceberg's add_files path, reading the footer itself (it needs the name mapping for id-less files).
@@ -158,7 +157,6 @@ def test_partition_is_carried_as_given(catalog: SqlCatalog) -> None:
         schema=schema,
         spec=table.spec(),
         spec_id=0,
-        format_version=table.metadata.format_version,
         table="ns.p",
     )
     assert data_file.partition[0] == "a"

@@ -73,10 +73,10 @@ def test_an_abort_deletes_exactly_the_writes_objects(pipeline_s3: S3Pipeline, si
     coordinator.persist(dropped)
     pipeline.checkpoint(sink_id, 2, FAILED)
     result = coordinator.abort(sink_id, 2, reason="checkpoint failed")
-    assert result.outcome is AbortOutcome.ABORTED and result.files_deleted == 2
+    assert result.outcome is AbortOutcome.ABORTED and result.files_deleted == 3  # and persist's manifest
     assert pipeline.objects(dropped.tables[0].location) == []
     # the committed write's objects and the table's own metadata are untouched
-    assert len(pipeline.objects(kept.tables[0].location)) == 1
+    assert len(pipeline.objects(kept.tables[0].location)) == 2  # its data file and persist's manifest
     assert shown(pipeline, "orders") == pipeline.expected_rows([kept], kept.tables[0].table)
     table = pipeline.catalog.load_table(f"{pipeline.namespace}.orders")
     assert pipeline.objects(table.metadata_location)

@@ -1,0 +1,240 @@
+"""An append's manifest written at persist, so that its commit only lists it.
+
+Writing a manifest is most of a fast append's cost (pyiceberg's Avro writer is pure Python, one
+entry per data file), and in the commit it sits inside the window where the catalog is contended
+and a crash leaves the epoch to recovery. Flink's ``IcebergFilesCommitter`` writes its checkpoint's
+data files into a manifest at ``snapshotState`` and only adds that manifest at
+``notifyCheckpointComplete``; persist is our ``snapshotState``: the write is known and durable, and
+its checkpoint has not completed yet.
+
+The manifest's entries leave their snapshot id and sequence numbers unset, which format version 2
+allows: readers inherit them from the manifest list entry, which the commit writes with its own
+snapshot id (pyiceberg's ``ManifestListWriterV2`` assigns the sequence number). The snapshot
+summary's properties for the added files are computed at persist too, so the commit does no work per
+data file. A prepared snapshot is only used while the table still has the schema and the
+partition-summary limit it was prepared against, and while its manifest is there with the length
+recorded; otherwise the commit builds its own as before, and the prepared manifest, referenced by no
+snapshot, is deleted with the write's other unused ones (``tidy``).
+
+Manifests lie below the write location, in a folder of the write's own (``manifest_folder``), so
+everything that deletes a write's
+files (abort, replacement, orphan collection) deletes them too.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import logging
+import os
+import uuid
+from collections.abc import Mapping
+
+from pyiceberg.avro.codecs import AvroCompressionCodec
+from pyiceberg.io import FileIO
+from pyiceberg.manifest import (
+    UNASSIGNED_SEQ,
+    ManifestContent,
+    ManifestEntry,
+    ManifestEntryStatus,
+    ManifestFile,
+    PartitionFieldSummary,
+    write_manifest,
+)
+from pyiceberg.table import Table, TableProperties
+from pyiceberg.table.metadata import TableMetadata
+from pyiceberg.table.snapshots import SnapshotSummaryCollector
+
+from airflow_provider_exactly_once.core.precommit import (
+    PartitionSummary,
+    PreCommit,
+    PreparedManifest,
+    PreparedSnapshot,
+    TableWrite,
+)
+from airflow_provider_exactly_once.sinks.iceberg.catalog_access import unavailable_when_unreachable
+from airflow_provider_exactly_once.sinks.iceberg.data_files import build_data_files
+from airflow_provider_exactly_once.sinks.iceberg.storage import delete_tree, local_folder
+from airflow_provider_exactly_once.sinks.iceberg.write_check import write_spec
+
+log = logging.getLogger(__name__)
+
+#: The folder below a write location that holds the manifests persist prepared for it.
+MANIFEST_FOLDER = "_eo-manifests"
+#: The one format version whose manifests leave snapshot ids and sequence numbers to inheritance
+#: and that pyiceberg 0.12 commits: version 1 has no inheritance, version 3 adds row lineage.
+PREPARED_FORMAT_VERSION = 2
+#: ``ManifestWriter`` wants a snapshot id; the entries are written without one (``snapshot_id=None``)
+#: and the commit's manifest list entry names the real one, so this value is never stored.
+_UNKNOWN_SNAPSHOT = -1
+
+
+def summary_limit(metadata: TableMetadata) -> int:
+    return int(
+        metadata.properties.get(
+            TableProperties.WRITE_PARTITION_SUMMARY_LIMIT, TableProperties.WRITE_PARTITION_SUMMARY_LIMIT_DEFAULT
+        )
+    )
+
+
+def prepare_snapshot(table: Table, pre_commit: PreCommit, write: TableWrite) -> PreparedSnapshot | None:
+    """Write the manifest of ``write``'s files for ``table`` as it is now; ``None`` where the commit
+    must build its own (a format other than 2, or nothing to add)."""
+    metadata = table.metadata
+    if metadata.format_version != PREPARED_FORMAT_VERSION or not write.data_files:
+        return None
+    schema = metadata.schema()
+    spec = write_spec(metadata, write, owner=pre_commit.describe())
+    data_files = build_data_files(write.data_files, schema=schema, spec=spec, spec_id=spec.spec_id, table=write.table)
+    limit = summary_limit(metadata)
+    collector = SnapshotSummaryCollector(partition_summary_limit=limit)
+    path = f"{manifest_folder(write, pre_commit.write_id)}/{uuid.uuid4()}-m0.avro"
+    codec: AvroCompressionCodec = metadata.properties.get(  # type: ignore[assignment]
+        TableProperties.WRITE_AVRO_COMPRESSION, TableProperties.WRITE_AVRO_COMPRESSION_DEFAULT
+    )
+    with write_manifest(2, spec, schema, table.io.new_output(path), _UNKNOWN_SNAPSHOT, codec) as writer:
+        for data_file in data_files:
+            collector.add_file(data_file=data_file, partition_spec=spec, schema=schema)
+            writer.add_entry(
+                ManifestEntry.from_args(
+                    status=ManifestEntryStatus.ADDED,
+                    snapshot_id=None,
+                    sequence_number=None,
+                    file_sequence_number=None,
+                    data_file=data_file,
+                )
+            )
+    manifest = writer.to_manifest_file()
+    return PreparedSnapshot(
+        schema_id=metadata.current_schema_id,
+        summary_limit=limit,
+        summary=collector.build(),
+        manifests=[_recorded(manifest)],
+    )
+
+
+def staged_pre_commit(pre_commit: PreCommit, tables: Mapping[str, Table]) -> PreCommit:
+    """``pre_commit`` with a prepared snapshot for each write into one of ``tables`` (as loaded at
+    persist) that can have one; any other write's is cleared, so only a committer ever sets it."""
+    staged = []
+    for write in pre_commit.tables:
+        prepared = None
+        table = tables.get(write.table)
+        if table is not None:
+            what = f"{pre_commit.describe()}: could not write the manifest of table {write.table!r}"
+            with unavailable_when_unreachable(what, table.io.properties):
+                prepared = prepare_snapshot(table, pre_commit, write)
+        staged.append(write.model_copy(update={"prepared": prepared}))
+    return pre_commit.model_copy(update={"tables": staged})
+
+
+def usable_manifests(
+    metadata: TableMetadata, write: TableWrite, io: FileIO, snapshot_id: int
+) -> list[ManifestFile] | None:
+    """The prepared manifests as the snapshot ``snapshot_id`` lists them, or ``None`` when the commit
+    must write its own: nothing prepared, the table changed what they were prepared against, or a
+    manifest is gone or not the length recorded (never trusted then)."""
+    prepared = write.prepared
+    if (
+        prepared is None
+        or metadata.format_version != PREPARED_FORMAT_VERSION
+        or metadata.current_schema_id != prepared.schema_id
+        or summary_limit(metadata) != prepared.summary_limit
+        or any(m.spec_id not in metadata.specs() for m in prepared.manifests)
+    ):
+        return None
+    for manifest in prepared.manifests:
+        try:
+            if len(io.new_input(manifest.path)) != manifest.length:
+                return None
+        except FileNotFoundError:
+            return None
+    return [_listed(m, snapshot_id) for m in prepared.manifests]
+
+
+def manifest_folder(write: TableWrite, write_id: str) -> str:
+    """Where persist writes the write's manifests: a folder of that write id, so that a location shared
+    by several writes (it should not be) never has one write's clean-up touch another's manifests."""
+    return f"{write.location.rstrip('/')}/{MANIFEST_FOLDER}/{write_id}"
+
+
+def tidy(io: FileIO, write: TableWrite, write_id: str, *, unused: bool = False, only_staged: bool = False) -> None:
+    """Delete the manifests below the write location that no snapshot will list: those of other
+    persist attempts than the one ``write`` records; all of them (``unused``) once its commit wrote
+    its own; or (``only_staged``) just ``write``'s, staged by a persist that recorded nothing, which
+    must not touch what a row of the same write may record. Best effort: a manifest left behind
+    costs its bytes, never correctness, and one deleted while recorded is written again by the commit."""
+    try:
+        if only_staged:
+            for manifest in write.prepared.manifests if write.prepared else []:
+                io.delete(manifest.path)
+            # Staging may have re-created the folders of a write whose files are gone; only a
+            # local file system has folders, and ``rmdir`` removes one only while it is empty.
+            folder = manifest_folder(write, write_id)
+            for path in (folder, folder.rpartition("/")[0], write.location):
+                local = local_folder(f"{path}/_")
+                with contextlib.suppress(OSError):
+                    if local is not None:
+                        os.rmdir(local)
+            return
+        keep = [] if unused or write.prepared is None else [m.path for m in write.prepared.manifests]
+        delete_tree(io, manifest_folder(write, write_id), keep=keep)
+    except Exception as exc:
+        log.warning("table %r: could not delete unused manifests below %r: %s", write.table, write.location, exc)
+
+
+def _recorded(manifest: ManifestFile) -> PreparedManifest:
+    return PreparedManifest(
+        path=manifest.manifest_path,
+        length=manifest.manifest_length,
+        spec_id=manifest.partition_spec_id,
+        added_files=manifest.added_files_count or 0,
+        added_rows=manifest.added_rows_count or 0,
+        partitions=[
+            PartitionSummary(
+                contains_null=summary.contains_null,
+                contains_nan=summary.contains_nan,
+                lower_bound=_b64(summary.lower_bound),
+                upper_bound=_b64(summary.upper_bound),
+            )
+            for summary in manifest.partitions or []
+        ],
+    )
+
+
+def _listed(manifest: PreparedManifest, snapshot_id: int) -> ManifestFile:
+    """The manifest list entry of a prepared manifest, as ``ManifestWriter.to_manifest_file`` makes it
+    for a manifest the snapshot wrote itself: new in ``snapshot_id``, its sequence numbers the snapshot's."""
+    return ManifestFile.from_args(
+        manifest_path=manifest.path,
+        manifest_length=manifest.length,
+        partition_spec_id=manifest.spec_id,
+        content=ManifestContent.DATA,
+        sequence_number=UNASSIGNED_SEQ,
+        min_sequence_number=UNASSIGNED_SEQ,
+        added_snapshot_id=snapshot_id,
+        added_files_count=manifest.added_files,
+        existing_files_count=0,
+        deleted_files_count=0,
+        added_rows_count=manifest.added_rows,
+        existing_rows_count=0,
+        deleted_rows_count=0,
+        partitions=[
+            PartitionFieldSummary.from_args(
+                contains_null=summary.contains_null,
+                contains_nan=summary.contains_nan,
+                lower_bound=_bytes(summary.lower_bound),
+                upper_bound=_bytes(summary.upper_bound),
+            )
+            for summary in manifest.partitions
+        ],
+        key_metadata=None,
+    )
+
+
+def _b64(value: bytes | None) -> str | None:
+    return None if value is None else base64.b64encode(value).decode("ascii")
+
+
+def _bytes(value: str | None) -> bytes | None:
+    return None if value is None else base64.b64decode(value)

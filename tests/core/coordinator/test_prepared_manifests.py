@@ -1,0 +1,199 @@
+"""Manifests written at persist (``sinks/iceberg/prepared_manifests.py``): the commit lists the one
+the row records, readers see what a commit writing its own manifest shows them, and a manifest that
+is stale or gone is never trusted, nor left behind."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyiceberg.partitioning import PartitionField, PartitionSpec
+from pyiceberg.table import Table
+from pyiceberg.transforms import IdentityTransform
+from pyiceberg.types import StringType
+
+from airflow_provider_exactly_once.core.faults import SimulatedCrash
+from airflow_provider_exactly_once.core.ports import CommitPlan
+from airflow_provider_exactly_once.core.precommit import PreCommit
+from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochStatus
+from airflow_provider_exactly_once.sinks.iceberg.prepared_manifests import MANIFEST_FOLDER
+from tests.support.faults import FaultSwitch
+from tests.support.independent_reader import read_rows
+from tests.support.pipeline import ROW_SCHEMA, Pipeline, local_path
+
+EPOCH = 7
+BY_EPOCH = PartitionSpec(PartitionField(source_id=2, field_id=1000, transform=IdentityTransform(), name="epoch"))
+
+
+def _manifests_on_disk(pre: PreCommit) -> set[str]:
+    """The manifests below each of the write's locations, as ``file://`` paths."""
+    found = set()
+    for write in pre.tables:
+        folder = Path(local_path(write.location)) / MANIFEST_FOLDER
+        found |= {f"file://{path}" for path in folder.rglob("*") if path.is_file()}
+    return found
+
+
+def _recorded(pipeline: Pipeline, sink_id: str, epoch: int = EPOCH) -> PreCommit:
+    row = pipeline.store.get(sink_id, epoch)
+    assert row is not None
+    return row.pre_commit
+
+
+def _listed(table: Table, snapshot_id: int) -> set[str]:
+    snapshot = table.snapshot_by_id(snapshot_id)
+    assert snapshot is not None
+    return {m.manifest_path for m in snapshot.manifests(table.io) if m.added_snapshot_id == snapshot_id}
+
+
+def _commit(pipeline: Pipeline, coordinator: Any, sink_id: str, epoch: int = EPOCH) -> int:
+    pipeline.checkpoint(sink_id, epoch, CheckpointStatus.COMPLETED)
+    result = coordinator.commit(sink_id, epoch)
+    assert result.record.status is EpochStatus.COMMITTED
+    return int(next(iter(result.record.committed.values())))
+
+
+@pytest.mark.parametrize("spec", [None, BY_EPOCH], ids=["unpartitioned", "identity"])
+def test_the_commit_lists_the_manifest_persist_wrote_and_readers_see_what_they_saw_before(
+    pipeline: Pipeline, sink_id: str, spec: PartitionSpec | None
+) -> None:
+    pipeline.create_table("prepared", spec)
+    pipeline.create_table("plain", spec)
+    committer = pipeline.iceberg_committer()
+    # The same rows into both tables; the plain one's commit writes its manifest itself, as before.
+    pre = pipeline.write_iceberg(sink_id, EPOCH, ["prepared", "plain"], rows=12, files=3)
+    staged = committer.stage(committer.prepare(pre))
+    prepared = staged.tables[0].prepared
+    assert prepared is not None and len(prepared.manifests) == 1
+    mixed = staged.model_copy(
+        update={"tables": [staged.tables[0], staged.tables[1].model_copy(update={"prepared": None})]}
+    )
+
+    committed = committer.commit(CommitPlan(mixed), pipeline.store.now())
+
+    table = pipeline.catalog.load_table(pre.tables[0].table)
+    plain = pipeline.catalog.load_table(pre.tables[1].table)
+    snapshot_id, plain_id = int(committed[table.name()[0] + ".prepared"]), int(committed[plain.name()[0] + ".plain"])
+    assert _listed(table, snapshot_id) == {prepared.manifests[0].path}
+    (own,) = _listed(plain, plain_id)
+    assert "/metadata/" in own
+    summary = table.snapshot_by_id(snapshot_id).summary  # type: ignore[union-attr]
+    assert summary == plain.snapshot_by_id(plain_id).summary  # type: ignore[union-attr]
+
+    def view(t: Table, name: str, drop: tuple[str, ...]) -> str:
+        rows = getattr(t.inspect, name)().drop_columns(list(drop)).to_pylist()
+        text = repr(sorted(rows, key=repr))
+        return text.replace("/prepared/", "/T/").replace("/plain/", "/T/")
+
+    for name, drop in {
+        "entries": ("snapshot_id",),
+        "files": (),
+        "partitions": ("last_updated_snapshot_id", "last_updated_at"),
+        "manifests": ("path", "length", "added_snapshot_id"),
+    }.items():
+        assert view(table, name, drop) == view(plain, name, drop), name
+    for entry in table.inspect.entries().to_pylist():
+        assert entry["snapshot_id"] == snapshot_id and entry["sequence_number"] == 1
+    assert sorted(read_rows(table, "id, epoch, write_id")) == sorted(read_rows(plain, "id, epoch, write_id"))
+    assert len(read_rows(table)) == 12
+
+
+def test_a_retried_persist_keeps_only_the_manifest_the_row_records(
+    pipeline: Pipeline, sink_id: str, faults: FaultSwitch
+) -> None:
+    pipeline.create_table("t")
+    coordinator = pipeline.coordinator(sink_id, pipeline.iceberg_committer())
+    pre = pipeline.write_iceberg(sink_id, EPOCH, ["t"])
+
+    faults.crash_at("persist.staged")  # the manifest is written, the row is not
+    with pytest.raises(SimulatedCrash):
+        coordinator.persist(pre)
+    assert len(_manifests_on_disk(pre)) == 1 and pipeline.store.get(sink_id, EPOCH) is None
+    coordinator.persist(pre)
+    coordinator.persist(pre)  # a retry of the persist task once the row exists
+
+    recorded = _recorded(pipeline, sink_id).tables[0].prepared
+    assert recorded is not None and _manifests_on_disk(pre) == {recorded.manifests[0].path}
+    snapshot_id = _commit(pipeline, coordinator, sink_id)
+    assert _listed(pipeline.catalog.load_table(pre.tables[0].table), snapshot_id) == {recorded.manifests[0].path}
+
+
+def test_a_manifest_gone_before_the_commit_is_written_again_not_trusted(pipeline: Pipeline, sink_id: str) -> None:
+    pipeline.create_table("t")
+    coordinator = pipeline.coordinator(sink_id, pipeline.iceberg_committer())
+    pre = pipeline.write_iceberg(sink_id, EPOCH, ["t"], rows=6)
+    coordinator.persist(pre)
+    (gone,) = _manifests_on_disk(pre)
+    os.remove(local_path(gone))  # a foreign remove_orphan_files, say
+
+    snapshot_id = _commit(pipeline, coordinator, sink_id)
+
+    table = pipeline.catalog.load_table(pre.tables[0].table)
+    listed = _listed(table, snapshot_id)
+    assert len(listed) == 1 and gone not in listed and "/metadata/" in next(iter(listed))
+    assert len(read_rows(table)) == 6
+
+
+def test_a_manifest_prepared_before_a_schema_change_is_replaced_and_deleted(pipeline: Pipeline, sink_id: str) -> None:
+    table = pipeline.create_table("t")
+    coordinator = pipeline.coordinator(sink_id, pipeline.iceberg_committer())
+    pre = pipeline.write_iceberg(sink_id, EPOCH, ["t"], rows=6)
+    coordinator.persist(pre)
+    (prepared,) = _manifests_on_disk(pre)
+    with table.update_schema() as update:  # another writer evolves the table before the commit
+        update.add_column("note", StringType())
+
+    snapshot_id = _commit(pipeline, coordinator, sink_id)
+
+    assert prepared not in _listed(table.refresh(), snapshot_id)
+    assert _manifests_on_disk(pre) == set()  # referenced by no snapshot: deleted after the commit
+    assert len(read_rows(table)) == 6
+
+
+def test_a_format_1_table_commits_as_before(pipeline: Pipeline, sink_id: str) -> None:
+    pipeline.catalog.create_namespace_if_not_exists(pipeline.namespace)
+    table = pipeline.catalog.create_table(
+        f"{pipeline.namespace}.v1", schema=ROW_SCHEMA, properties={"format-version": "1"}
+    )
+    coordinator = pipeline.coordinator(sink_id, pipeline.iceberg_committer())
+    pre = pipeline.write_iceberg(sink_id, EPOCH, ["v1"])
+    coordinator.persist(pre)
+
+    assert _recorded(pipeline, sink_id).tables[0].prepared is None and _manifests_on_disk(pre) == set()
+    _commit(pipeline, coordinator, sink_id)
+    assert len(read_rows(table.refresh())) == 5
+
+
+def test_recovery_commits_a_backlog_with_the_prepared_manifests(pipeline: Pipeline, sink_id: str) -> None:
+    table = pipeline.create_table("t")
+    coordinator = pipeline.coordinator(sink_id, pipeline.iceberg_committer())
+    writes = [pipeline.write_iceberg(sink_id, epoch, ["t"]) for epoch in (1, 2, 3)]
+    for pre in writes:
+        coordinator.persist(pre)
+        pipeline.checkpoint(sink_id, pre.epoch, CheckpointStatus.COMPLETED)
+
+    report = coordinator.recover(sink_id)
+
+    assert sorted(report.committed) == [1, 2, 3]
+    table = table.refresh()
+    for pre in writes:
+        row = pipeline.store.get(sink_id, pre.epoch)
+        assert row is not None and row.pre_commit.tables[0].prepared is not None
+        snapshot_id = int(row.committed[pre.tables[0].table])  # type: ignore[index]
+        assert _listed(table, snapshot_id) == {m.path for m in row.pre_commit.tables[0].prepared.manifests}
+    assert len(read_rows(table)) == 15
+
+
+def test_an_aborted_write_loses_its_manifest_with_its_files(pipeline: Pipeline, sink_id: str) -> None:
+    pipeline.create_table("t")
+    coordinator = pipeline.coordinator(sink_id, pipeline.iceberg_committer())
+    pre = pipeline.write_iceberg(sink_id, EPOCH, ["t"], rows=3, files=2)
+    coordinator.persist(pre)
+    pipeline.checkpoint(sink_id, EPOCH, CheckpointStatus.FAILED)
+
+    result = coordinator.abort(sink_id, EPOCH, reason="checkpoint failed")
+
+    assert result.files_deleted == 3  # two data files and the manifest
+    assert not Path(local_path(pre.tables[0].location)).exists()
