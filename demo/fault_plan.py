@@ -94,7 +94,8 @@ def fault_hook_from_env(environ: Mapping[str, str] = os.environ) -> FaultHook:
 
     For the demo and the fault-injection harness: they make one task die at a named point (for
     example ``commit.visible``, after the Iceberg commit and before the Committed mark) without
-    changing any DAG. Known points: ``persist.inserted``, ``persist.replaced``, ``commit.decided``,
+    changing any DAG. Known points: ``persist.staged`` (an append's manifest written, its row not yet),
+    ``persist.inserted``, ``persist.replaced``, ``commit.decided``,
     ``commit.visible``, ``commit.marked``, ``abort.marked``, ``abort.cleaned``, ``cleanup.deleted``
     (coordinator); ``batch.decided``, ``batch.visible``, ``batch.marked`` (recovery's batched
     commit, ``core.backlog``); ``iceberg.loaded``, ``iceberg.before_catalog_update``,
