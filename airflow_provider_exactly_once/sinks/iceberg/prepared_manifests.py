@@ -52,7 +52,6 @@ from airflow_provider_exactly_once.core.precommit import (
     PreparedSnapshot,
     TableWrite,
 )
-from airflow_provider_exactly_once.sinks.iceberg.catalog_access import unavailable_when_unreachable
 from airflow_provider_exactly_once.sinks.iceberg.data_files import build_data_files
 from airflow_provider_exactly_once.sinks.iceberg.storage import delete_tree, local_folder
 from airflow_provider_exactly_once.sinks.iceberg.write_check import write_spec
@@ -120,10 +119,12 @@ def staged_pre_commit(pre_commit: PreCommit, tables: Mapping[str, Table]) -> Pre
     for write in pre_commit.tables:
         prepared = None
         table = tables.get(write.table)
-        if table is not None:
-            what = f"{pre_commit.describe()}: could not write the manifest of table {write.table!r}"
-            with unavailable_when_unreachable(what, table.io.properties):
-                prepared = prepare_snapshot(table, pre_commit, write)
+        try:
+            prepared = None if table is None else prepare_snapshot(table, pre_commit, write)
+        except Exception as exc:
+            # Only an optimisation: the commit writes the manifest itself. The write's location may
+            # be going away under it (a concurrent persist discarding this write cleans it up).
+            log.warning("%s: no manifest prepared for table %r: %s", pre_commit.describe(), write.table, exc)
         staged.append(write.model_copy(update={"prepared": prepared}))
     return pre_commit.model_copy(update={"tables": staged})
 

@@ -197,3 +197,18 @@ def test_an_aborted_write_loses_its_manifest_with_its_files(pipeline: Pipeline, 
 
     assert result.files_deleted == 3  # two data files and the manifest
     assert not Path(local_path(pre.tables[0].location)).exists()
+
+
+def test_a_manifest_that_cannot_be_written_leaves_the_persist_to_succeed_without_one(
+    pipeline: Pipeline, sink_id: str
+) -> None:
+    table = pipeline.create_table("t")
+    coordinator = pipeline.coordinator(sink_id, pipeline.iceberg_committer())
+    pre = pipeline.write_iceberg(sink_id, EPOCH, ["t"], rows=4)
+    (Path(local_path(pre.tables[0].location)) / MANIFEST_FOLDER).write_text("in the way")  # a file, not a folder
+
+    coordinator.persist(pre)
+
+    assert _recorded(pipeline, sink_id).tables[0].prepared is None  # only an optimisation
+    _commit(pipeline, coordinator, sink_id)
+    assert len(read_rows(table.refresh())) == 4
