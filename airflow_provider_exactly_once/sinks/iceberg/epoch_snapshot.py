@@ -94,13 +94,13 @@ def commit_snapshots(
             if staged.revision is None:
                 snapshot = tx.stacked_append(branch=branch, snapshot_properties=marker, previous=previous)
                 prepared = usable_manifests(tx.table_metadata, write, table.io, snapshot.snapshot_id)
+                if prepared is not None:
+                    snapshot.use_prepared(*prepared)
             else:
                 snapshot = tx.replace_files(branch=branch, snapshot_properties=marker)
                 for replaced in to_replace:
                     snapshot.delete_data_file(replaced)
-            if prepared is not None and write.prepared is not None and isinstance(snapshot, StackedFastAppend):
-                snapshot.use_prepared(prepared, write.prepared.summary)
-            else:
+            if prepared is None:
                 for data_file in _staged_data_files(tx, pre_commit, write):
                     snapshot.append_data_file(data_file)
                 if write.prepared is not None:

@@ -17,8 +17,7 @@ recorded; otherwise the commit builds its own as before, and the prepared manife
 snapshot, is deleted with the write's other unused ones (``tidy``).
 
 Manifests lie below the write location, in a folder of the write's own (``manifest_folder``), so
-everything that deletes a write's
-files (abort, replacement, orphan collection) deletes them too.
+everything that deletes a write's files (abort, replacement, orphan collection) deletes them too.
 """
 
 from __future__ import annotations
@@ -131,9 +130,9 @@ def staged_pre_commit(pre_commit: PreCommit, tables: Mapping[str, Table]) -> Pre
 
 def usable_manifests(
     metadata: TableMetadata, write: TableWrite, io: FileIO, snapshot_id: int
-) -> list[ManifestFile] | None:
-    """The prepared manifests as the snapshot ``snapshot_id`` lists them, or ``None`` when the commit
-    must write its own: nothing prepared, the table changed what they were prepared against, or a
+) -> tuple[list[ManifestFile], dict[str, str]] | None:
+    """The prepared manifests as the snapshot ``snapshot_id`` lists them, with the summary properties
+    of the files they add, or ``None`` when the commit must write its own: nothing prepared, the table changed what they were prepared against, or a
     manifest is gone or not the length recorded (never trusted then)."""
     prepared = write.prepared
     if (
@@ -150,7 +149,7 @@ def usable_manifests(
                 return None
         except FileNotFoundError:
             return None
-    return [_listed(m, snapshot_id) for m in prepared.manifests]
+    return [_listed(m, snapshot_id) for m in prepared.manifests], prepared.summary
 
 
 def manifest_folder(write: TableWrite, write_id: str) -> str:
