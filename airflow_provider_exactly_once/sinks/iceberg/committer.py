@@ -290,8 +290,9 @@ class IcebergSinkCommitter:
             table = self.load(write.table)
             check_location(table.metadata, write)
             what = f"{pre_commit.describe()}: could not read the history of table {write.table!r}"
+            # A write that added no file left nothing in its location for any snapshot to list.
             with unavailable_when_unreachable(what, table.io.properties):
-                if still_referenced(table, removed_by, write.table, recorded_ms) is not None:
+                if write.data_files and still_referenced(table, removed_by, write.table, recorded_ms) is not None:
                     return None
             loaded.append((write, table))
         return delete_locations(pre_commit, loaded)

@@ -245,6 +245,22 @@ def test_replaced_files_are_deleted_only_after_older_snapshots_expire(pipeline: 
     assert {r["write_id"] for r in pipeline.rows("orders")} == {second.write_id}
 
 
+def test_a_replaced_write_that_added_no_file_is_cleaned_up_at_once(pipeline: Pipeline, sink_id: str) -> None:
+    """An empty revision that removed a write's files made a snapshot, but lists no file of its own:
+    when a newer revision replaces it, nothing of it waits for that snapshot's expiry."""
+    pipeline.create_table("orders")
+    coordinator = replacing(pipeline, sink_id)
+    commit(pipeline, coordinator, generation(pipeline.write_iceberg(sink_id, 1, ["orders"]), G1))
+    emptied = generation(pipeline.write_iceberg(sink_id, 1, ["orders"], rows=0), G2)
+    commit(pipeline, coordinator, emptied)
+    third = generation(pipeline.write_iceberg(sink_id, 1, ["orders"]), G3)
+    commit(pipeline, coordinator, third)
+    coordinator.clean_up(sink_id)
+    assert emptied.write_id not in {t.write_id for t in pipeline.store.cleanups(sink_id, 1)}
+    assert not write_location_exists(emptied)
+    assert {r["write_id"] for r in pipeline.rows("orders")} == {third.write_id}
+
+
 STEPS = [
     "persist.revised",
     "commit.decided",
