@@ -327,8 +327,9 @@ class TwoPhaseCommitCoordinator:
 
     def prepare(self, row: EpochRecord) -> CommitPlan:
         """The sink's checks of a Pending write right before its commit decision (``SinkCommitter.prepare``:
-        the schema, a revision's replaced files, an upsert's conflicts), as the commit's dry run runs them."""
-        return self._committer(row.sink_id).prepare(row.pre_commit, replaces=row.replaces)
+        the schema, a revision's replaced files, an upsert's conflicts, every data file in storage), as
+        the commit's dry run runs them."""
+        return self._committer(row.sink_id).prepare(row.pre_commit, replaces=row.replaces, check_files=True)
 
     def _settled_by_other(self, sink_id: str, epoch: int, write_id: str) -> CommitResult:
         """A CAS of ours lost: benign if a concurrent attempt committed the same write, loud otherwise."""

@@ -376,7 +376,9 @@ class SinkCommitter(Protocol):
     which bounds every look-back by what happened since the write, not by the sink's history.
     """
 
-    def prepare(self, pre_commit: PreCommit, *, replaces: ReplacedWrite | None = None) -> CommitPlan:
+    def prepare(
+        self, pre_commit: PreCommit, *, replaces: ReplacedWrite | None = None, check_files: bool = False
+    ) -> CommitPlan:
         """Refuse what can never be committed, and return the plan ``commit`` applies.
 
         Runs before persisting (the plan is handed to ``stage``) and again right before the commit decision, so
@@ -385,6 +387,9 @@ class SinkCommitter(Protocol):
         schema, a table or branch the append would refuse. With ``replaces`` (a revision) it also
         refuses what the commit would: a replaced file no longer in the table
         (``ReplacedFilesMissing``), or a sink that cannot replace at all (``CommitRefused``).
+        ``check_files`` (right before the decision) also refuses a write whose data files are not all
+        in storage (``MissingDataFiles``), at a cost that does not grow with files per request on an
+        object store; persist does not ask, since a write it discards may have lost its files already.
         Changes nothing. Raises ``InvalidPreCommit``, ``UnknownTable``, ``SchemaMismatch``,
         ``CommitRefused``, or ``SinkUnavailable`` (retryable) when the sink cannot be asked.
         """
@@ -464,8 +469,9 @@ class BatchCommitter(SinkCommitter, Protocol):
     (``core/backlog.py``). Optional: a committer without it commits every epoch on its own."""
 
     def prepare_batch(self, pre_commits: Sequence[PreCommit]) -> Sequence[CommitPlan | None]:
-        """``SinkCommitter.prepare`` for each write, sharing what can be shared (a table loaded once);
-        ``None`` for a write that must be committed on its own (refused, or more than an append)."""
+        """``SinkCommitter.prepare`` with ``check_files`` for each write, sharing what can be shared (a
+        table loaded once); ``None`` for a write that must be committed on its own (refused, or more
+        than an append)."""
         ...
 
     def commit_batch(

@@ -191,17 +191,26 @@ class FileSinkCommitter:
 
     # -- SinkCommitter ----------------------------------------------------------------------------
 
-    def prepare(self, pre_commit: PreCommit, *, replaces: ReplacedWrite | None = None) -> CommitPlan:
+    def prepare(
+        self, pre_commit: PreCommit, *, replaces: ReplacedWrite | None = None, check_files: bool = False
+    ) -> CommitPlan:
         """Refuse metadata that names another sink root or stages files outside this write's folder,
         and any revision: a file sink cannot replace a committed write. Nothing is kept in the plan:
         the final names are a pure function of the metadata, and ``commit`` looks at every file anyway.
+        ``check_files``: every file must be staged or at its final name already (a resumed commit).
         """
-        self._plan(pre_commit)
+        layout = self._plan(pre_commit)
         kind = WriteKind.of(pre_commit, replaces)
         if kind.revises:
             raise CommitRefused(
                 f"{pre_commit.describe()}: a file sink cannot replace committed write {kind.replaced_write_id}"
             )
+        if check_files:
+            missing = [
+                m.descriptor.path for m in layout.moves if not self._exists(m.staged) and not self._exists(m.final)
+            ]
+            if missing:
+                raise MissingDataFiles(pre_commit.sink_id, pre_commit.epoch, missing)
         return CommitPlan(pre_commit)
 
     def stage(self, plan: CommitPlan) -> PreCommit:

@@ -26,7 +26,6 @@ from airflow_provider_exactly_once.core.errors import (
     InvalidPreCommit,
     InvalidSinkConfig,
     MarkerHorizonExceeded,
-    MissingDataFiles,
 )
 from airflow_provider_exactly_once.core.faults import FaultHook, no_faults
 from airflow_provider_exactly_once.core.observe import COMMIT_RETRIES, NO_METRICS, Metrics, safe
@@ -56,7 +55,7 @@ from airflow_provider_exactly_once.sinks.iceberg.prepared_manifests import stage
 from airflow_provider_exactly_once.sinks.iceberg.references import AddedFiles, files_live_in_refs
 from airflow_provider_exactly_once.sinks.iceberg.replacement import files_to_replace, still_referenced
 from airflow_provider_exactly_once.sinks.iceberg.schema_check import ColumnToAdd
-from airflow_provider_exactly_once.sinks.iceberg.storage import delete_locations, missing_files
+from airflow_provider_exactly_once.sinks.iceberg.storage import delete_locations, missing_in_locations, require_files
 from airflow_provider_exactly_once.sinks.iceberg.transaction import SinkCommitConflict
 from airflow_provider_exactly_once.sinks.iceberg.upsert_overwrites import upsert_files_to_replace
 from airflow_provider_exactly_once.sinks.iceberg.write_check import CheckedWrites, check_location
@@ -125,15 +124,19 @@ class IcebergSinkCommitter:
 
     # -- SinkCommitter --------------------------------------------------------------------------
 
-    def prepare(self, pre_commit: PreCommit, *, replaces: ReplacedWrite | None = None) -> CommitPlan:
+    def prepare(
+        self, pre_commit: PreCommit, *, replaces: ReplacedWrite | None = None, check_files: bool = False
+    ) -> CommitPlan:
         """Load and check every table of the write (and a revision's replaced files in it).
 
         The plan keeps each loaded table: the coordinator prepares immediately before recording its
         commit decision and committing, and loading and checking a table with a long history again
         milliseconds later would double the commit's metadata cost. ``commit`` uses them only while
-        fresh (``PREPARED_FRESH_S``), and its append asserts the branch head they showed.
+        fresh (``PREPARED_FRESH_S``), and its append asserts the branch head they showed; nor does it
+        list the files again that ``check_files`` found (``storage.missing_files``: one listing of
+        each write location).
         """
-        return self._prepare(pre_commit, replaces, {}, time.monotonic())
+        return self._prepare(pre_commit, replaces, {}, time.monotonic(), check_files)
 
     def prepare_batch(self, pre_commits: Sequence[PreCommit]) -> list[CommitPlan | None]:
         """``core.ports.BatchCommitter``: per write, in order, its plan, checked against each table
@@ -147,14 +150,19 @@ class IcebergSinkCommitter:
             plan: CommitPlan | None = None
             with contextlib.suppress(ExactlyOnceError):  # refused: its own commit says why
                 if WriteKind.of(pre_commit).batches:
-                    plan = self._prepare(pre_commit, None, loaded, prepared_at)
+                    plan = self._prepare(pre_commit, None, loaded, prepared_at, check_files=True)
             if plan is not None and any(isinstance(t, TablePlan) and t.to_add for t in plan.prepared.values()):
                 plan = None  # a schema change staged before its append: alone
             plans.append(plan)
         return plans
 
     def _prepare(
-        self, pre_commit: PreCommit, replaces: ReplacedWrite | None, loaded: dict[str, Table], prepared_at: float
+        self,
+        pre_commit: PreCommit,
+        replaces: ReplacedWrite | None,
+        loaded: dict[str, Table],
+        prepared_at: float,
+        check_files: bool = False,
     ) -> CommitPlan:
         """``prepare``, loading only the tables ``loaded`` lacks (and adding them to it)."""
         prepared: dict[str, TablePlan] = {}
@@ -163,9 +171,10 @@ class IcebergSinkCommitter:
                 loaded[write.table] = self.load(write.table)
             table = loaded[write.table]
             to_add = self.check(table, pre_commit, write)
-            prepared[write.table] = TablePlan(
-                write, table, to_add, self._to_replace(table, pre_commit, write, replaces)
-            )
+            to_replace = self._to_replace(table, pre_commit, write, replaces)
+            prepared[write.table] = TablePlan(write, table, to_add, to_replace, files_checked=check_files)
+        if check_files:
+            require_files(pre_commit, [(plan.write, plan.table) for plan in prepared.values()])
         return CommitPlan(pre_commit, replaces, prepared, prepared_at=prepared_at, prepared_by=self)
 
     def stage(self, plan: CommitPlan) -> PreCommit:
@@ -216,7 +225,7 @@ class IcebergSinkCommitter:
         return VisibleEpoch(tables=tables, write_ids=write_ids)
 
     def missing_files(self, pre_commit: PreCommit) -> Sequence[str]:
-        return self._missing_in(pre_commit, [(write, self.load(write.table)) for write in pre_commit.tables])
+        return missing_in_locations(pre_commit, [(write, self.load(write.table)) for write in pre_commit.tables])
 
     def commit(self, plan: CommitPlan, since: datetime, *, allow_beyond_horizon: bool = False) -> CommittedTables:
         """One epoch: the batch of one (``commit_batch``)."""
@@ -244,6 +253,7 @@ class IcebergSinkCommitter:
 
         committed: list[dict[str, str]] = [{} for _ in plans]
         staged: list[tuple[Table, list[TableEntry], list[EpochSnapshot]]] = []
+        unchecked: dict[int, list[tuple[TableWrite, Table]]] = {}  # files no fresh plan found all there
         # Every table is checked before any is changed: a refusal on the third table of a fan-out
         # must not leave the first two committed with an epoch that can never complete.
         for name, entries in by_table.items():
@@ -256,18 +266,21 @@ class IcebergSinkCommitter:
                     continue
                 prepared = ready.get(entry.index)
                 to_replace = prepared.to_replace if prepared else self._to_replace(table, *entry.write_of)
-                if entry.write.is_empty and not to_replace:
+                if entry.write.is_empty and not to_replace and not entry.supersedes_a_marker:
                     committed[entry.index][name] = EMPTY
                     continue
                 if not allow_beyond_horizon:
                     self.check_horizon(table, entry.plan.pre_commit, entry.write, entry.since)
                 to_add = prepared.to_add if prepared else self.check(table, entry.plan.pre_commit, entry.write)
+                if prepared is None or not prepared.files_checked:  # a resumed commit, or a stale plan
+                    unchecked.setdefault(entry.index, []).append((entry.write, table))
                 to_commit.append(entry)
                 snapshots.append(entry.snapshot(to_add, to_replace))
             refuse_stacked_schema_changes(snapshots)
             staged.append((table, to_commit, snapshots))
 
-        self._check_files_exist(plans, staged)
+        for index, loaded in unchecked.items():  # once per call: files do not come back for a retry
+            require_files(plans[index].pre_commit, loaded)
         for table, entries, snapshots in staged:
             if entries:
                 for entry, snapshot_id in zip(entries, self._commit_table(table, entries, snapshots), strict=True):
@@ -387,28 +400,6 @@ class IcebergSinkCommitter:
         return found
 
     # -- committing -----------------------------------------------------------------------------
-
-    def _check_files_exist(
-        self, plans: Sequence[CommitPlan], staged: list[tuple[Table, list[TableEntry], list[EpochSnapshot]]]
-    ) -> None:
-        """Once per commit call, not per conflict retry: the files do not go away while it runs."""
-        writes: list[list[tuple[TableWrite, Table]]] = [[] for _ in plans]
-        for table, entries, _ in staged:
-            for entry in entries:
-                writes[entry.index].append((entry.write, table))
-        for plan, loaded in zip(plans, writes, strict=True):
-            missing = self._missing_in(plan.pre_commit, loaded)
-            if missing:
-                raise MissingDataFiles(plan.pre_commit.sink_id, plan.pre_commit.epoch, missing)
-
-    def _missing_in(self, pre_commit: PreCommit, writes: Sequence[tuple[TableWrite, Table]]) -> list[str]:
-        missing: list[str] = []
-        for write, table in writes:
-            what = f"{pre_commit.describe()}: could not check the data files of table {write.table!r}"
-            with unavailable_when_unreachable(what, table.io.properties):
-                paths = [descriptor.path for descriptor in write.data_files]
-                missing.extend(missing_files(table.io, paths, under=write.location))
-        return missing
 
     def _to_replace(
         self, table: Table, pre_commit: PreCommit, write: TableWrite, replaces: ReplacedWrite | None

@@ -10,7 +10,7 @@ from datetime import datetime
 from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table
 
-from airflow_provider_exactly_once.core.ports import CommitPlan
+from airflow_provider_exactly_once.core.ports import EMPTY, CommitPlan
 from airflow_provider_exactly_once.core.precommit import PreCommit, TableWrite
 from airflow_provider_exactly_once.core.write_kinds import ReplacedWrite
 from airflow_provider_exactly_once.sinks.iceberg.epoch_snapshot import EpochSnapshot
@@ -33,6 +33,8 @@ class TablePlan:
     to_add: list[ColumnToAdd]
     #: A revision's: the replaced write's files in this table, removed by the same snapshot.
     to_replace: list[DataFile]
+    #: Whether every data file of the write was found in storage (``prepare(check_files=True)``).
+    files_checked: bool = False
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,14 @@ class TableEntry:
     since: datetime
     #: The oldest snapshot time its marker walk looks at (``since`` minus the clock skew).
     not_before_ms: int
+
+    @property
+    def supersedes_a_marker(self) -> bool:
+        """A revision of a write whose marker the table shows: even an empty one leaves a snapshot with
+        its own marker, or the next revision would find a marker that is neither its write's nor the
+        one it replaces (``ForeignWriteVisible``)."""
+        replaces = self.plan.replaces
+        return replaces is not None and replaces.committed.get(self.write.table, EMPTY) != EMPTY
 
     @property
     def write_of(self) -> tuple[PreCommit, TableWrite, ReplacedWrite | None]:

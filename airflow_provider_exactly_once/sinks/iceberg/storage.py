@@ -20,6 +20,7 @@ from collections.abc import Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
+from airflow_provider_exactly_once.core.errors import MissingDataFiles
 from airflow_provider_exactly_once.sinks.iceberg.catalog_access import unavailable_when_unreachable
 
 if TYPE_CHECKING:
@@ -122,6 +123,24 @@ def _missing_local(paths: Sequence[str]) -> list[str] | None:
         if name not in listed:
             missing.append(path)
     return missing
+
+
+def missing_in_locations(pre_commit: PreCommit, loaded: Sequence[tuple[TableWrite, Table]]) -> list[str]:
+    """The write's data files not in storage, each table's looked for with one listing of its location."""
+    missing: list[str] = []
+    for write, table in loaded:
+        what = f"{pre_commit.describe()}: could not check the data files of table {write.table!r}"
+        with unavailable_when_unreachable(what, table.io.properties):
+            paths = [descriptor.path for descriptor in write.data_files]
+            missing.extend(missing_files(table.io, paths, under=write.location))
+    return missing
+
+
+def require_files(pre_commit: PreCommit, loaded: Sequence[tuple[TableWrite, Table]]) -> None:
+    """``MissingDataFiles`` unless every data file of the write is in storage."""
+    missing = missing_in_locations(pre_commit, loaded)
+    if missing:
+        raise MissingDataFiles(pre_commit.sink_id, pre_commit.epoch, missing)
 
 
 def delete_locations(pre_commit: PreCommit, loaded: Sequence[tuple[TableWrite, Table]]) -> int:

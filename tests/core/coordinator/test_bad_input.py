@@ -24,7 +24,7 @@ from airflow_provider_exactly_once.core.ports import CommitPlan
 from airflow_provider_exactly_once.core.precommit import PreCommit, TableWrite, WrittenColumn
 from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochStatus
 from airflow_provider_exactly_once.store import SqlSinkStateStore
-from tests.support.pipeline import Pipeline, as_tuples, expected_rows, local_path
+from tests.support.pipeline import Pipeline, as_tuples, expected_rows, local_path, write_location_exists
 
 
 def test_malformed_metadata_is_refused_before_any_row(pipeline: Pipeline, sink_id: str) -> None:
@@ -93,11 +93,35 @@ def test_missing_data_files_refuse_the_commit_and_keep_the_epoch_pending(pipelin
         coordinator.commit(sink_id, 1)
     row = pipeline.store.get(sink_id, 1)
     assert row is not None and row.status is EpochStatus.PENDING
+    assert row.commit_decided_at is None, "refused before the commit decision: the epoch stays abortable"
     assert row.error is not None and hidden.name in row.error
     assert pipeline.rows("orders") == []
     parked.rename(hidden)  # the file comes back (a restore, an eventually consistent store)
     assert coordinator.commit(sink_id, 1).outcome is CommitOutcome.COMMITTED
     assert as_tuples(pipeline.rows("orders")) == expected_rows([pre], f"{pipeline.namespace}.orders")
+
+
+def test_a_file_removed_before_the_commit_is_refused_undecided_so_a_new_write_replaces_it(
+    pipeline: Pipeline, sink_id: str
+) -> None:
+    """A foreign ``remove_orphan_files`` between persist and commit: the commit is refused before its
+    decision, so the epoch's run written again replaces the write, with no operator's ``--files-lost``."""
+    pipeline.create_table("orders")
+    coordinator = pipeline.coordinator(sink_id, pipeline.iceberg_committer())
+    pre = pipeline.write_iceberg(sink_id, 1, ["orders"], rows=4, files=2)
+    coordinator.persist(pre)
+    pipeline.checkpoint(sink_id, 1, CheckpointStatus.COMPLETED)
+    Path(local_path(pre.tables[0].data_files[0].path)).unlink()
+    with pytest.raises(MissingDataFiles):
+        coordinator.commit(sink_id, 1)
+    assert not coordinator.recover(sink_id).ok  # recovery's batch refuses it before deciding too
+    row = pipeline.store.get(sink_id, 1)
+    assert row is not None and row.status is EpochStatus.PENDING and row.commit_decided_at is None
+    again = pipeline.write_iceberg(sink_id, 1, ["orders"], rows=3)
+    assert coordinator.persist(again).outcome is PersistOutcome.REPLACED
+    assert not write_location_exists(pre)
+    assert coordinator.commit(sink_id, 1).outcome is CommitOutcome.COMMITTED
+    assert as_tuples(pipeline.rows("orders")) == expected_rows([again], f"{pipeline.namespace}.orders")
 
 
 def test_unreachable_meta_store_fails_retryably_with_its_address() -> None:

@@ -32,6 +32,7 @@ COMPLETED = CheckpointStatus.COMPLETED
 G1 = "2024-06-01T01:00:00.000000Z/0000000000"
 G2 = "2024-06-02T09:30:00.000000Z/0000000001"
 G3 = "2024-06-03T10:00:00.000000Z/0000000002"
+G4 = "2024-06-04T10:00:00.000000Z/0000000003"
 EPOCH_SPEC = PartitionSpec(PartitionField(2, 1000, IdentityTransform(), "epoch"))
 
 
@@ -259,6 +260,22 @@ def test_a_replaced_write_that_added_no_file_is_cleaned_up_at_once(pipeline: Pip
     assert emptied.write_id not in {t.write_id for t in pipeline.store.cleanups(sink_id, 1)}
     assert not write_location_exists(emptied)
     assert {r["write_id"] for r in pipeline.rows("orders")} == {third.write_id}
+
+
+def test_empty_revisions_in_a_row_each_supersede_the_marker_before(pipeline: Pipeline, sink_id: str) -> None:
+    """An empty revision of a write the table shows leaves a snapshot that changes no file but carries
+    its marker: without it the next revision finds the marker of a write it does not replace."""
+    pipeline.create_table("orders")
+    coordinator = replacing(pipeline, sink_id)
+    commit(pipeline, coordinator, generation(pipeline.write_iceberg(sink_id, 1, ["orders"]), G1))
+    emptied = [generation(pipeline.write_iceberg(sink_id, 1, ["orders"], rows=0), g) for g in (G2, G3, G4)]
+    for pre in emptied:
+        commit(pipeline, coordinator, pre)
+        row = pipeline.store.get(sink_id, 1)
+        assert row is not None and row.status is EpochStatus.COMMITTED and row.write_id == pre.write_id
+        assert pipeline.marker_snapshots("orders", sink_id)[1][-1] == pre.write_id
+    assert pipeline.rows("orders") == []
+    assert writes_per_epoch_in_every_snapshot(pipeline, "orders")[-1] == {}
 
 
 STEPS = [

@@ -27,6 +27,7 @@ from airflow_provider_exactly_once.core.errors import (
 )
 from airflow_provider_exactly_once.core.generations import generation_of
 from airflow_provider_exactly_once.core.outcomes import PersistOutcome
+from airflow_provider_exactly_once.core.ports import EMPTY
 from airflow_provider_exactly_once.core.precommit import PreCommit
 from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochStatus
 from tests.support.pipeline import as_tuples, expected_rows, write_location_exists
@@ -219,8 +220,8 @@ class EpochLifecycle(PipelineMachine):
         table_uuid = str(self.pipeline.catalog.load_table(self.table).metadata.table_uuid)
         for epoch in range(3):
             row = self.pipeline.store.get(SINK, epoch)
-            if row is None or row.status is not EpochStatus.COMMITTED or self.all_writes[row.write_id].is_empty:
-                continue
+            if row is None or row.status is not EpochStatus.COMMITTED or (row.committed or {}).get(self.table) == EMPTY:
+                continue  # committed nothing to the table: no marker of its own
             if row.table_uuids is not None and row.table_uuids.get(self.table) != table_uuid:
                 continue  # committed into a table since dropped; the next write of the epoch re-opens it
             assert markers.get(epoch, [])[-1:] == [row.write_id], (

@@ -116,6 +116,10 @@ def test_missing_files_refuse_the_commit_and_move_nothing(committer: FileSinkCom
     gone = sorted(f.path for f in pre.tables[0].data_files)[1:3]
     for path in gone:
         Path(path).unlink()
+    with pytest.raises(MissingDataFiles) as before_the_decision:
+        committer.prepare(pre, check_files=True)
+    assert sorted(before_the_decision.value.paths) == gone
+    committer.prepare(pre)  # persist's checks do not look at the files
     with pytest.raises(MissingDataFiles) as raised:
         committer.commit(CommitPlan(pre), SINCE)
     assert sorted(raised.value.paths) == gone
