@@ -52,7 +52,8 @@ from airflow_provider_exactly_once.sinks.iceberg.markers import (
     sink_markers,
 )
 from airflow_provider_exactly_once.sinks.iceberg.plans import PREPARED_FRESH_S, TableEntry, TablePlan
-from airflow_provider_exactly_once.sinks.iceberg.prepared_manifests import staged_pre_commit, tidy
+from airflow_provider_exactly_once.sinks.iceberg.prepared_deletes import revision_preparer
+from airflow_provider_exactly_once.sinks.iceberg.prepared_manifests import prepare_snapshot, staged_pre_commit, tidy
 from airflow_provider_exactly_once.sinks.iceberg.references import AddedFiles, files_live_in_refs
 from airflow_provider_exactly_once.sinks.iceberg.replacement import files_to_replace, still_referenced
 from airflow_provider_exactly_once.sinks.iceberg.schema_check import ColumnToAdd
@@ -169,12 +170,14 @@ class IcebergSinkCommitter:
         return CommitPlan(pre_commit, replaces, prepared, prepared_at=prepared_at, prepared_by=self)
 
     def stage(self, plan: CommitPlan) -> PreCommit:
-        """An append's manifests (``prepared_manifests``), written against the tables ``prepare`` loaded."""
-        if not plan.kind.batches:
-            return plan.pre_commit  # an overwrite writes its manifests at commit, beside the deleted entries
+        """An append's manifests (``prepared_manifests``), or a revision's (``prepared_deletes``), written
+        against the tables ``prepare`` loaded; an upsert's are written at commit, after its checks."""
+        if (kind := plan.kind).kind not in (Kind.APPEND, Kind.REVISION):
+            return plan.pre_commit
         ready = {name: s.table for name, s in plan.prepared.items() if isinstance(s, TablePlan) and not s.to_add}
         self._staged.update({plan.pre_commit.table(name).location: table.io for name, table in ready.items()})
-        return staged_pre_commit(plan.pre_commit, ready)
+        preparer = prepare_snapshot if kind.replaces is None else revision_preparer(kind.replaces, self.branch)
+        return staged_pre_commit(plan.pre_commit, ready, preparer)
 
     def tidy(self, staged: PreCommit, recorded: PreCommit | None) -> None:
         for write in staged.tables:

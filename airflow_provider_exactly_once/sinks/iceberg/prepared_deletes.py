@@ -1,0 +1,132 @@
+"""A revision's manifests written at persist, deletions included, so that its commit only lists them.
+
+A revision's commit (design.md section 5, step 6) removes the replaced write's files and adds the new
+write's in one overwrite snapshot. Written at commit, that snapshot costs a manifest of the added
+files, one of the removed files' entries (status deleted) and a copy of every manifest that held a
+removed file, without it: every one of them an Avro file written entry by entry inside the window
+where the catalog is contended. At persist the replaced write is known (the epoch's Committed row),
+and the table's branch head lists its files: persist writes all of those manifests
+(``SpecAwareOverwrite.write_ahead``: the very entries the commit would write, the deleted ones with
+the snapshot id the commit will take, which persist picks), and the commit lists them in place of
+the manifests they stand in for.
+
+Where the table changed in between, the commit falls back to writing its own, as before, and the
+prepared manifests are deleted (``prepared_manifests.tidy``): when a manifest that held a removed
+file is no longer listed by the branch head (maintenance merged or rewrote manifests since, or a
+foreign commit removed files), when the schema, the partition-summary limit or a spec is not as
+prepared, when a prepared manifest is gone or not its recorded length, when the files to remove
+are not the ones prepared, or when the snapshot id was taken. Persist itself prepares nothing where
+the replaced files are not all live in one manifest each (the commit then refuses, or filters).
+
+The added files' manifest lies below the write location, like an append's. The deleted entries'
+manifest and the copies list other writes' files or outlive this write's own (a later revision
+carries them over), so they go in the table's metadata folder, where the commit's own would be.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+from pyiceberg.io import FileIO
+from pyiceberg.manifest import DataFile, ManifestFile
+from pyiceberg.table import Table
+from pyiceberg.table.metadata import TableMetadata
+
+from airflow_provider_exactly_once.core.errors import ReplacedFilesMissing
+from airflow_provider_exactly_once.core.precommit import PreCommit, PreparedSnapshot, TableWrite
+from airflow_provider_exactly_once.core.write_kinds import Kind, ReplacedWrite
+from airflow_provider_exactly_once.sinks.iceberg.data_files import build_data_files
+from airflow_provider_exactly_once.sinks.iceberg.prepared_manifests import (
+    PREPARED_FORMAT_VERSION,
+    Preparer,
+    listed,
+    manifest_folder,
+    recorded,
+    still_valid,
+    summary_limit,
+)
+from airflow_provider_exactly_once.sinks.iceberg.replacement import files_to_replace
+from airflow_provider_exactly_once.sinks.iceberg.transaction import SinkTransaction
+from airflow_provider_exactly_once.sinks.iceberg.write_check import write_spec
+
+
+def revision_preparer(replaced: ReplacedWrite, branch: str) -> Preparer:
+    """What prepares each table's snapshot of a revision that replaces ``replaced`` on ``branch``."""
+    return partial(prepare_replacement, replaced=replaced, branch=branch)
+
+
+def prepare_replacement(
+    table: Table, pre_commit: PreCommit, write: TableWrite, *, replaced: ReplacedWrite, branch: str
+) -> PreparedSnapshot | None:
+    """The manifests of ``write``'s overwrite snapshot of ``table`` as its branch head is now; ``None``
+    where the commit must write its own: a format other than 2, an upsert (its commit checks the table
+    for conflicts first), nothing to commit, or a replaced file not found as it expects."""
+    metadata = table.metadata
+    if metadata.format_version != PREPARED_FORMAT_VERSION or Kind.of_table(write).by_key:
+        return None
+    try:
+        to_replace = files_to_replace(table, branch, pre_commit, replaced, write.table)
+    except ReplacedFilesMissing:
+        return None  # the commit refuses, and says why
+    if not to_replace and not write.data_files:
+        return None  # the commit makes no snapshot of this table
+    overwrite = SinkTransaction(table).replace_files(branch=branch, snapshot_properties={})
+    for data_file in to_replace:
+        overwrite.delete_data_file(data_file)
+    for data_file in _data_files(metadata, pre_commit, write):
+        overwrite.append_data_file(data_file)
+    written = overwrite.write_ahead(manifest_folder(write, pre_commit.write_id))
+    if written is None:
+        return None
+    copies = [recorded(copy, replaces=path) for path, copy in written.rewrites.items() if copy is not None]
+    return PreparedSnapshot(
+        schema_id=metadata.current_schema_id,
+        summary_limit=summary_limit(metadata),
+        summary=written.summary,
+        manifests=[recorded(manifest) for manifest in written.new] + copies,
+        snapshot_id=overwrite.snapshot_id,
+        replaced=list(written.rewrites),
+    )
+
+
+def usable_replacement(
+    metadata: TableMetadata, write: TableWrite, io: FileIO, branch: str, to_replace: list[DataFile]
+) -> tuple[int, list[ManifestFile], dict[str, str]] | None:
+    """The snapshot id, manifest list and summary properties a revision's commit takes from what its
+    persist prepared, or ``None`` when it must write its own (the module's docstring says when).
+
+    The manifest list is the one the commit would write: the added and deleted entries' manifests,
+    then the branch head's manifests in order, each that held a removed file replaced by its copy
+    (or dropped, when it held nothing else).
+    """
+    prepared = write.prepared
+    if (
+        prepared is None
+        or prepared.snapshot_id is None
+        or Kind.of_table(write).by_key  # an upsert's overwrite: never staged, so never trusted
+        or not still_valid(metadata, prepared, io)
+        or metadata.snapshot_by_id(prepared.snapshot_id) is not None
+        or sum(m.deleted_files for m in prepared.manifests) != len(to_replace)
+    ):
+        return None
+    head = metadata.snapshot_by_name(branch)
+    current = head.manifests(io) if head is not None else []
+    replaced = set(prepared.replaced)
+    if not replaced <= {m.manifest_path for m in current}:
+        return None  # merged or rewritten since persist: the commit filters the manifests itself
+    snapshot_id = prepared.snapshot_id
+    copies = {m.replaces: listed(m, snapshot_id) for m in prepared.manifests if m.replaces is not None}
+    manifests = [listed(m, snapshot_id) for m in prepared.manifests if m.replaces is None]
+    for manifest in current:
+        if manifest.manifest_path not in replaced:
+            manifests.append(manifest)
+        elif manifest.manifest_path in copies:
+            manifests.append(copies[manifest.manifest_path])
+    return snapshot_id, manifests, prepared.summary
+
+
+def _data_files(metadata: TableMetadata, pre_commit: PreCommit, write: TableWrite) -> list[DataFile]:
+    spec = write_spec(metadata, write, owner=pre_commit.describe())
+    return build_data_files(
+        write.data_files, schema=metadata.schema(), spec=spec, spec_id=spec.spec_id, table=write.table
+    )
