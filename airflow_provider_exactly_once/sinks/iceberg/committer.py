@@ -52,10 +52,10 @@ from airflow_provider_exactly_once.sinks.iceberg.markers import (
     sink_markers,
 )
 from airflow_provider_exactly_once.sinks.iceberg.plans import PREPARED_FRESH_S, TableEntry, TablePlan
-from airflow_provider_exactly_once.sinks.iceberg.prepared_deletes import revision_preparer
+from airflow_provider_exactly_once.sinks.iceberg.prepared_deletes import files_replaced, revision_preparer
 from airflow_provider_exactly_once.sinks.iceberg.prepared_manifests import prepare_snapshot, staged_pre_commit, tidy
 from airflow_provider_exactly_once.sinks.iceberg.references import AddedFiles, files_live_in_refs
-from airflow_provider_exactly_once.sinks.iceberg.replacement import files_to_replace, still_referenced
+from airflow_provider_exactly_once.sinks.iceberg.replacement import still_referenced
 from airflow_provider_exactly_once.sinks.iceberg.schema_check import ColumnToAdd
 from airflow_provider_exactly_once.sinks.iceberg.storage import delete_locations, missing_files
 from airflow_provider_exactly_once.sinks.iceberg.transaction import SinkCommitConflict
@@ -426,7 +426,7 @@ class IcebergSinkCommitter:
             return []
         what = f"{pre_commit.describe()}: could not read the replaced files in table {write.table!r}"
         with unavailable_when_unreachable(what, table.io.properties):  # reads the table's manifests
-            return files_to_replace(table, self.branch, pre_commit, replaced, write.table)
+            return files_replaced(table, self.branch, pre_commit, write, replaced)
 
     def _commit_table(self, table: Table, entries: list[TableEntry], snapshots: list[EpochSnapshot]) -> list[str]:
         """One table's snapshots, with our own bounded retry: every attempt after a conflict re-loads

@@ -99,21 +99,12 @@ def usable_replacement(
     then the branch head's manifests in order, each that held a removed file replaced by its copy
     (or dropped, when it held nothing else).
     """
-    prepared = write.prepared
-    if (
-        prepared is None
-        or prepared.snapshot_id is None
-        or Kind.of_table(write).by_key  # an upsert's overwrite: never staged, so never trusted
-        or not still_valid(metadata, prepared, io)
-        or metadata.snapshot_by_id(prepared.snapshot_id) is not None
-        or sum(m.deleted_files for m in prepared.manifests) != len(to_replace)
-    ):
+    standing = _standing(metadata, write, io, branch)
+    if standing is None or sum(m.deleted_files for m in standing[0].manifests) != len(to_replace):
         return None
-    head = metadata.snapshot_by_name(branch)
-    current = head.manifests(io) if head is not None else []
+    prepared, current = standing
+    assert prepared.snapshot_id is not None
     replaced = set(prepared.replaced)
-    if not replaced <= {m.manifest_path for m in current}:
-        return None  # merged or rewritten since persist: the commit filters the manifests itself
     snapshot_id = prepared.snapshot_id
     copies = {m.replaces: listed(m, snapshot_id) for m in prepared.manifests if m.replaces is not None}
     manifests = [listed(m, snapshot_id) for m in prepared.manifests if m.replaces is None]
@@ -123,6 +114,53 @@ def usable_replacement(
         elif manifest.manifest_path in copies:
             manifests.append(copies[manifest.manifest_path])
     return snapshot_id, manifests, prepared.summary
+
+
+def files_replaced(
+    table: Table, branch: str, pre_commit: PreCommit, write: TableWrite, replaced: ReplacedWrite
+) -> list[DataFile]:
+    """``replacement.files_to_replace``, but without reading the table's manifests while the revision's
+    prepared snapshot stands (``replaced_as_prepared``): that read of every replaced entry is what
+    the commit would otherwise spend right before its decision."""
+    prepared = replaced_as_prepared(table, branch, write, replaced)
+    return prepared or files_to_replace(table, branch, pre_commit, replaced, write.table)
+
+
+def replaced_as_prepared(table: Table, branch: str, write: TableWrite, replaced: ReplacedWrite) -> list[DataFile]:
+    """The files a revision removes from ``table``, built from the replaced write's descriptors, while
+    the prepared snapshot stands: the branch head still lists every manifest that held them, as live
+    entries at persist (a manifest never changes, and one that loses a file is no longer listed), so
+    they are all still in the table, and the commit lists the prepared manifests (its checks are the
+    same), which never look at these. Empty otherwise: the caller looks them up in the table."""
+    if _standing(table.metadata, write, table.io, branch) is None:
+        return []
+    try:
+        written = replaced.pre_commit.table(write.table)
+    except KeyError:
+        return []
+    assert write.prepared is not None
+    files = _data_files(table.metadata, replaced.pre_commit, written)
+    return files if len(files) == sum(m.deleted_files for m in write.prepared.manifests) else []
+
+
+def _standing(
+    metadata: TableMetadata, write: TableWrite, io: FileIO, branch: str
+) -> tuple[PreparedSnapshot, list[ManifestFile]] | None:
+    """The revision's prepared snapshot and the branch head's manifests, while it may be listed as prepared."""
+    prepared = write.prepared
+    if (
+        prepared is None
+        or prepared.snapshot_id is None
+        or Kind.of_table(write).by_key  # an upsert's overwrite: never staged, so never trusted
+        or not still_valid(metadata, prepared, io)
+        or metadata.snapshot_by_id(prepared.snapshot_id) is not None
+    ):
+        return None
+    head = metadata.snapshot_by_name(branch)
+    current = head.manifests(io) if head is not None else []
+    if not set(prepared.replaced) <= {m.manifest_path for m in current}:
+        return None  # merged or rewritten since persist: the commit filters the manifests itself
+    return prepared, current
 
 
 def _data_files(metadata: TableMetadata, pre_commit: PreCommit, write: TableWrite) -> list[DataFile]:
