@@ -23,7 +23,7 @@ from airflow_provider_exactly_once.core.errors import CommitRefused
 from airflow_provider_exactly_once.core.precommit import PreCommit, TableWrite
 from airflow_provider_exactly_once.sinks.iceberg.data_files import build_data_files
 from airflow_provider_exactly_once.sinks.iceberg.markers import marker_properties
-from airflow_provider_exactly_once.sinks.iceberg.prepared_deletes import usable_replacement
+from airflow_provider_exactly_once.sinks.iceberg.prepared_deletes import refuse_stale_placeholders, usable_replacement
 from airflow_provider_exactly_once.sinks.iceberg.prepared_manifests import tidy, usable_manifests
 from airflow_provider_exactly_once.sinks.iceberg.schema_check import ColumnToAdd, check_added_field_ids
 from airflow_provider_exactly_once.sinks.iceberg.transaction import (
@@ -70,6 +70,8 @@ def commit_snapshots(
     allow it. An overwrite removes exactly its replaced files in the same step as it adds the new ones.
     """
     refuse_stacked_schema_changes(snapshots)
+    for staged in snapshots:
+        refuse_stale_placeholders(table, staged.write, branch, staged.revision[1] if staged.revision else [])
     name, owner = snapshots[0].write.table, describe_epochs([staged.pre_commit for staged in snapshots])
     tx = SinkTransaction(table)
     snapshot_ids: list[int] = []

@@ -28,9 +28,10 @@ from __future__ import annotations
 from functools import partial
 
 from pyiceberg.io import FileIO
-from pyiceberg.manifest import DataFile, ManifestFile
+from pyiceberg.manifest import DataFile, DataFileContent, FileFormat, ManifestFile
 from pyiceberg.table import Table
 from pyiceberg.table.metadata import TableMetadata
+from pyiceberg.typedef import Record
 
 from airflow_provider_exactly_once.core.errors import ReplacedFilesMissing
 from airflow_provider_exactly_once.core.precommit import PreCommit, PreparedSnapshot, TableWrite
@@ -46,8 +47,18 @@ from airflow_provider_exactly_once.sinks.iceberg.prepared_manifests import (
     summary_limit,
 )
 from airflow_provider_exactly_once.sinks.iceberg.replacement import files_to_replace
-from airflow_provider_exactly_once.sinks.iceberg.transaction import SinkTransaction
+from airflow_provider_exactly_once.sinks.iceberg.transaction import SinkCommitConflict, SinkTransaction
 from airflow_provider_exactly_once.sinks.iceberg.write_check import write_spec
+
+#: What stands for a replaced file while the prepared snapshot stands (``replaced_as_prepared``).
+PREPARED_FILE = DataFile.from_args(
+    content=DataFileContent.DATA,
+    file_path="exactly-once:replaced-file-listed-by-the-prepared-manifests",
+    file_format=FileFormat.PARQUET,
+    partition=Record(),
+    record_count=0,
+    file_size_in_bytes=0,
+)
 
 
 def revision_preparer(replaced: ReplacedWrite, branch: str) -> Preparer:
@@ -122,25 +133,30 @@ def files_replaced(
     """``replacement.files_to_replace``, but without reading the table's manifests while the revision's
     prepared snapshot stands (``replaced_as_prepared``): that read of every replaced entry is what
     the commit would otherwise spend right before its decision."""
-    prepared = replaced_as_prepared(table, branch, write, replaced)
-    return prepared or files_to_replace(table, branch, pre_commit, replaced, write.table)
+    return replaced_as_prepared(table, branch, write) or files_to_replace(
+        table, branch, pre_commit, replaced, write.table
+    )
 
 
-def replaced_as_prepared(table: Table, branch: str, write: TableWrite, replaced: ReplacedWrite) -> list[DataFile]:
-    """The files a revision removes from ``table``, built from the replaced write's descriptors, while
-    the prepared snapshot stands: the branch head still lists every manifest that held them, as live
-    entries at persist (a manifest never changes, and one that loses a file is no longer listed), so
-    they are all still in the table, and the commit lists the prepared manifests (its checks are the
-    same), which never look at these. Empty otherwise: the caller looks them up in the table."""
-    if _standing(table.metadata, write, table.io, branch) is None:
-        return []
-    try:
-        written = replaced.pre_commit.table(write.table)
-    except KeyError:
-        return []
-    assert write.prepared is not None
-    files = _data_files(table.metadata, replaced.pre_commit, written)
-    return files if len(files) == sum(m.deleted_files for m in write.prepared.manifests) else []
+def replaced_as_prepared(table: Table, branch: str, write: TableWrite) -> list[DataFile]:
+    """While the revision's prepared snapshot stands, ``PREPARED_FILE`` once per file it removes: the
+    branch head still lists every manifest that held them as live entries at persist (a manifest
+    never changes, and one that loses a file is no longer listed), so they are all still in the
+    table, and the commit lists the prepared manifests, never these. Empty otherwise."""
+    standing = _standing(table.metadata, write, table.io, branch)
+    return [] if standing is None else [PREPARED_FILE] * sum(m.deleted_files for m in standing[0].manifests)
+
+
+def refuse_stale_placeholders(table: Table, write: TableWrite, branch: str, to_replace: list[DataFile]) -> None:
+    """``SinkCommitConflict`` when ``to_replace`` holds ``PREPARED_FILE`` but the table no longer lets
+    the prepared snapshot be listed (it changed since the check): the retry loads the table again and
+    looks the files up, so a placeholder never reaches a commit that filters manifests itself."""
+    if (
+        to_replace
+        and to_replace[0] is PREPARED_FILE
+        and usable_replacement(table.metadata, write, table.io, branch, to_replace) is None
+    ):
+        raise SinkCommitConflict(f"table {write.table!r} changed since the revision's prepared snapshot was checked")
 
 
 def _standing(

@@ -22,6 +22,7 @@ from airflow_provider_exactly_once.core.ports import CommitPlan
 from airflow_provider_exactly_once.core.precommit import PreCommit, PreparedSnapshot
 from airflow_provider_exactly_once.core.status import EpochStatus
 from airflow_provider_exactly_once.core.write_kinds import revision_plan
+from airflow_provider_exactly_once.sinks.iceberg import prepared_deletes
 from airflow_provider_exactly_once.sinks.iceberg.data_files import build_data_files
 from airflow_provider_exactly_once.sinks.iceberg.prepared_manifests import MANIFEST_FOLDER
 from tests.core.coordinator.test_reprocessing import G1, G2, commit, generation, replacing
@@ -285,6 +286,55 @@ def test_a_foreign_append_between_persist_and_commit_keeps_the_prepared_manifest
     assert int(next(iter(row.committed.values()))) == prepared.snapshot_id
     shown = sorted(w for _, _, w in read_rows(table, "id, epoch, write_id"))
     assert shown == sorted([second.write_id] * 5 + [foreign.write_id] * 2)
+
+
+def test_the_commit_reads_no_replaced_entry_while_the_prepared_snapshot_stands(
+    pipeline: Pipeline, sink_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pipeline.create_table("t")
+    coordinator = replacing(pipeline, sink_id)
+    commit(pipeline, coordinator, generation(pipeline.write_iceberg(sink_id, 1, ["t"], rows=6, files=3), G1))
+    second = generation(pipeline.write_iceberg(sink_id, 1, ["t"], rows=5), G2)
+    coordinator.persist(second)
+
+    def refuse(*args: object) -> None:
+        raise AssertionError("the replaced write's entries were read again")
+
+    monkeypatch.setattr(prepared_deletes, "files_to_replace", refuse)
+    result = coordinator.commit(sink_id, 1)
+
+    assert result.record.committed is not None
+    assert int(next(iter(result.record.committed.values()))) == _prepared(pipeline, sink_id).snapshot_id
+    assert sorted(w for _, _, w in read_rows(_load(pipeline, "t"), "id, epoch, write_id")) == [second.write_id] * 5
+
+
+def test_a_prepared_manifest_gone_after_the_check_makes_the_commit_look_the_files_up(
+    pipeline: Pipeline, sink_id: str
+) -> None:
+    pipeline.create_table("t")
+    coordinator = replacing(pipeline, sink_id)
+    first = generation(pipeline.write_iceberg(sink_id, 1, ["t"], rows=6, files=3), G1)
+    commit(pipeline, coordinator, first)
+    second = generation(pipeline.write_iceberg(sink_id, 1, ["t"], rows=5), G2)
+    coordinator.persist(second)
+    row = pipeline.store.get(sink_id, 1)
+    assert row is not None
+    committer = pipeline.iceberg_committer()
+    plan = committer.prepare(row.pre_commit, replaces=row.replaces)  # the check right before the decision
+    (table_plan,) = plan.prepared.values()
+    assert table_plan.to_replace == [prepared_deletes.PREPARED_FILE] * 3  # type: ignore[attr-defined]
+    gone = _prepared(pipeline, sink_id).manifests[0].path
+    Path(local_path(gone)).unlink()  # a foreign orphan clean-up, between the check and the commit
+
+    committed = committer.commit(plan, row.created_at)
+
+    table = _load(pipeline, "t")
+    snapshot = table.snapshot_by_id(int(next(iter(committed.values()))))
+    assert snapshot is not None and snapshot.snapshot_id != _prepared(pipeline, sink_id).snapshot_id
+    assert gone not in {m.manifest_path for m in snapshot.manifests(table.io)}
+    assert sorted(w for _, _, w in read_rows(table, "id, epoch, write_id")) == [second.write_id] * 5
+    assert table.snapshot_by_id(snapshot.snapshot_id).summary["deleted-data-files"] == "3"  # type: ignore[union-attr]
+    _every_snapshot_readable(table)
 
 
 @pytest.mark.parametrize("crash", ["persist.staged", "iceberg.before_catalog_update", "iceberg.after_catalog_update"])
