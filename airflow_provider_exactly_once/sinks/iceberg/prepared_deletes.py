@@ -15,8 +15,15 @@ prepared manifests are deleted (``prepared_manifests.tidy``): when a manifest th
 file is no longer listed by the branch head (maintenance merged or rewrote manifests since, or a
 foreign commit removed files), when the schema, the partition-summary limit or a spec is not as
 prepared, when a prepared manifest is gone or not its recorded length, when the files to remove
-are not the ones prepared, or when the snapshot id was taken. Persist itself prepares nothing where
-the replaced files are not all live in one manifest each (the commit then refuses, or filters).
+are not as many as prepared, or when the snapshot id was taken. Persist itself prepares nothing
+where the replaced files are not all live in one manifest each (the commit then refuses, or filters).
+
+While the prepared snapshot stands, the check right before the commit decision that the replaced
+files are still in the table (``files_replaced``) is that the branch head still lists every manifest
+that held them; reading every replaced entry again, and building a ``DataFile`` per descriptor, was
+most of what a replacement's commit still cost. The plan then holds placeholders
+(``PREPARED_FILE``), which only the prepared path takes; a commit that finds the table changed
+since the check retries (``refuse_stale_placeholders``) and looks the files up.
 
 The added files' manifest lies below the write location, like an append's. The deleted entries'
 manifest and the copies list other writes' files or outlive this write's own (a later revision
