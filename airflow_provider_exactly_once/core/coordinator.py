@@ -55,6 +55,7 @@ from .recovery import EpochBatches, recover_pending
 from .rewrite_decisions import persist_conflict_abort
 from .status import AbortCause, EpochStatus
 from .step_requests import AbortRequest, PersistRequest, RunAttempt
+from .write_kinds import revision_plan
 
 __all__ = ["TwoPhaseCommitCoordinator", "require_epoch"]
 
@@ -183,11 +184,11 @@ class TwoPhaseCommitCoordinator:
             f"{p.pre.describe()}: the epoch kept changing under {_PERSIST_RACE_ROUNDS} attempts to persist"
         )
 
-    def _staged(self, p: PersistRequest) -> PreCommit:
-        """The write as the steps that record it store it: what its commit can write ahead (an Iceberg
-        append's manifest, ``SinkCommitter.stage``) is written once, off the commit's critical path."""
-        if not p.staged:
-            p.staged.append(self._committer(p.pre.sink_id).stage(p.plan))
+    def _staged(self, p: PersistRequest, plan: CommitPlan | None = None) -> PreCommit:
+        """The write as the steps that record it store it, with what its commit can write ahead
+        (``SinkCommitter.stage``); staged again for a revision's ``plan`` (round one staged an append)."""
+        if not p.staged or plan is not None:
+            p.staged[:] = [self._committer(p.pre.sink_id).stage(plan or p.plan)]
             self._fault("persist.staged")
         return p.staged[0]
 
@@ -225,7 +226,8 @@ class TwoPhaseCommitCoordinator:
     def _revise(self, p: PersistRequest, row: EpochRecord | None, decision: Decision) -> PersistResult | None:
         assert row is not None
         try:
-            record = self._store.revisions.open_revision(p.pre, expected_write_id=row.write_id, **p.attempt)
+            staged = self._staged(p, revision_plan(p.plan, row))  # its manifests, deletions included
+            record = self._store.revisions.open_revision(staged, expected_write_id=row.write_id, **p.attempt)
         except StateConflict:
             return None  # another persist opened a revision first: decide against its row
         self._fault("persist.revised")
@@ -326,9 +328,8 @@ class TwoPhaseCommitCoordinator:
         return CommitResult(CommitOutcome.COMMITTED, record)
 
     def prepare(self, row: EpochRecord) -> CommitPlan:
-        """The sink's checks of a Pending write right before its commit decision (``SinkCommitter.prepare``:
-        the schema, a revision's replaced files, an upsert's conflicts, every data file in storage), as
-        the commit's dry run runs them."""
+        """The sink's checks of a Pending write right before its commit decision, every data file in
+        storage included (``SinkCommitter.prepare``), as the commit's dry run runs them."""
         return self._committer(row.sink_id).prepare(row.pre_commit, replaces=row.replaces, check_files=True)
 
     def _settled_by_other(self, sink_id: str, epoch: int, write_id: str) -> CommitResult:

@@ -144,14 +144,25 @@ class PartitionSummary(_Frozen):
 
 class PreparedManifest(_Frozen):
     """A manifest persist wrote for the write's files, the entries' snapshot id and sequence
-    numbers left to inheritance: the commit lists it as it is (``sinks/iceberg/prepared_manifests.py``)."""
+    numbers left to inheritance: the commit lists it as it is (``sinks/iceberg/prepared_manifests.py``).
+    A revision's (``sinks/iceberg/prepared_deletes.py``) also records the replaced write's entries,
+    deleted, and the other entries of a manifest that held some, existing: its counts say which."""
 
     path: str = Field(min_length=1)
     length: int = Field(ge=1)
     spec_id: int = Field(ge=0)
-    added_files: int = Field(ge=1)
+    added_files: int = Field(ge=0)
     added_rows: int = Field(ge=0)
     partitions: list[PartitionSummary] = Field(default_factory=list)
+    existing_files: int = Field(default=0, ge=0)
+    existing_rows: int = Field(default=0, ge=0)
+    deleted_files: int = Field(default=0, ge=0)
+    deleted_rows: int = Field(default=0, ge=0)
+    #: The smallest sequence number of its live entries, when they carry their own (existing ones);
+    #: ``None``: the snapshot's, as for a manifest of added entries.
+    min_sequence_number: int | None = Field(default=None, ge=0)
+    #: The manifest of the table it stands in for: the one that listed the entries it keeps existing.
+    replaces: str | None = None
 
 
 class PreparedSnapshot(_Frozen):
@@ -160,9 +171,15 @@ class PreparedSnapshot(_Frozen):
 
     schema_id: int = Field(ge=0)
     summary_limit: int
-    #: The snapshot summary's properties for the added files (before the table's totals).
+    #: The snapshot summary's properties for the added (and a revision's removed) files, before
+    #: the table's totals.
     summary: dict[str, str]
     manifests: list[PreparedManifest] = Field(min_length=1)
+    #: A revision's: the id its snapshot takes, which the entries it deletes carry (``None``: an append).
+    snapshot_id: int | None = None
+    #: A revision's: the manifests of the table that held the replaced write's files, all of which
+    #: the snapshot must still list for the prepared manifests to stand in for them.
+    replaced: list[str] = Field(default_factory=list)
 
 
 class TableWrite(_Frozen):
@@ -223,12 +240,21 @@ class TableWrite(_Frozen):
 
     def _check_files(self) -> None:
         root = self.location.rstrip("/") + "/"
-        manifests = [m.path for m in self.prepared.manifests] if self.prepared else []
+        prepared = self.prepared.manifests if self.prepared else []
+        # A revision's manifests that list other writes' entries outlive this write's files (a later
+        # snapshot carries them), so they lie in the table's metadata folder, never below the location.
+        shared = [m.path for m in prepared if m.replaces is not None or m.deleted_files]
+        manifests = [m.path for m in prepared if m.path not in shared]
         outside = [p for p in [f.path for f in self.data_files] + manifests if not p.startswith(root) or "/../" in p]
         if outside:
             raise ValueError(
                 f"table {self.table!r}: {len(outside)} file(s) outside the write location {self.location!r}, "
                 f"first: {outside[0]!r}"
+            )
+        inside = [p for p in shared if p.startswith(root) or "/../" in p]
+        if inside:
+            raise ValueError(
+                f"table {self.table!r}: a manifest of other writes' entries below the write location: {inside[0]!r}"
             )
         paths = [f.path for f in self.data_files]
         if len(set(paths)) != len(paths):

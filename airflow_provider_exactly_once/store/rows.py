@@ -455,7 +455,8 @@ class ParsedWrites:
 
     def replaced(self, text: str) -> ReplacedWrite:
         """The write a revision replaces, from its row's ``replaces``: every read of a revision's row
-        carries the replaced write's files (10,000 descriptors make a JSON text of megabytes)."""
+        carries the replaced write's files (10,000 descriptors make a JSON text of megabytes). Parsed as
+        trusted: the text is the committed row's metadata, which passed every check at its persist."""
         key = (hash(text), len(text))
         with self._lock:
             cached = self._replaced.get(key)
@@ -464,7 +465,7 @@ class ParsedWrites:
         data = json.loads(text)
         replaced = ReplacedWrite(
             write_id=data["write_id"],
-            pre_commit=PreCommit.parse(data["metadata"], recorded=True),
+            pre_commit=PreCommit.parse(data["metadata"], recorded=True, trusted=True),
             committed=data["committed"],
             table_uuids=data["table_uuids"],
             revision=int(data["revision"]),

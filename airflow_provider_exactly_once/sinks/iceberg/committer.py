@@ -51,9 +51,15 @@ from airflow_provider_exactly_once.sinks.iceberg.markers import (
     sink_markers,
 )
 from airflow_provider_exactly_once.sinks.iceberg.plans import PREPARED_FRESH_S, TableEntry, TablePlan
-from airflow_provider_exactly_once.sinks.iceberg.prepared_manifests import staged_pre_commit, tidy
+from airflow_provider_exactly_once.sinks.iceberg.prepared_deletes import (
+    delete_shared_manifests,
+    files_replaced,
+    revision_preparer,
+    unrecorded,
+)
+from airflow_provider_exactly_once.sinks.iceberg.prepared_manifests import prepare_snapshot, staged_pre_commit, tidy
 from airflow_provider_exactly_once.sinks.iceberg.references import AddedFiles, files_live_in_refs
-from airflow_provider_exactly_once.sinks.iceberg.replacement import files_to_replace, still_referenced
+from airflow_provider_exactly_once.sinks.iceberg.replacement import still_referenced
 from airflow_provider_exactly_once.sinks.iceberg.schema_check import ColumnToAdd
 from airflow_provider_exactly_once.sinks.iceberg.storage import delete_locations, missing_in_locations, require_files
 from airflow_provider_exactly_once.sinks.iceberg.transaction import SinkCommitConflict
@@ -178,12 +184,14 @@ class IcebergSinkCommitter:
         return CommitPlan(pre_commit, replaces, prepared, prepared_at=prepared_at, prepared_by=self)
 
     def stage(self, plan: CommitPlan) -> PreCommit:
-        """An append's manifests (``prepared_manifests``), written against the tables ``prepare`` loaded."""
-        if not plan.kind.batches:
-            return plan.pre_commit  # an overwrite writes its manifests at commit, beside the deleted entries
+        """An append's manifests (``prepared_manifests``), or a revision's (``prepared_deletes``), written
+        against the tables ``prepare`` loaded; an upsert's are written at commit, after its checks."""
+        if (kind := plan.kind).kind not in (Kind.APPEND, Kind.REVISION):
+            return plan.pre_commit
         ready = {name: s.table for name, s in plan.prepared.items() if isinstance(s, TablePlan) and not s.to_add}
         self._staged.update({plan.pre_commit.table(name).location: table.io for name, table in ready.items()})
-        return staged_pre_commit(plan.pre_commit, ready)
+        preparer = prepare_snapshot if kind.replaces is None else revision_preparer(kind.replaces, self.branch)
+        return staged_pre_commit(plan.pre_commit, ready, preparer)
 
     def tidy(self, staged: PreCommit, recorded: PreCommit | None) -> None:
         for write in staged.tables:
@@ -191,6 +199,8 @@ class IcebergSinkCommitter:
             if io is not None:
                 kept = write if recorded is None else recorded.table(write.table)
                 tidy(io, kept, staged.write_id, only_staged=recorded is None)
+                if recorded is not None:  # another attempt's row: what this one wrote outside its location
+                    delete_shared_manifests(staged, [(unrecorded(write, kept), io)])
 
     def identities(self, pre_commit: PreCommit) -> Mapping[str, str]:
         identities: dict[str, str] = {}
@@ -322,7 +332,9 @@ class IcebergSinkCommitter:
             with unavailable_when_unreachable(what, table.io.properties):
                 self._refuse_if_referenced(table, pre_commit, write, since, not_before_ms)
             loaded.append((write, table))
-        return delete_locations(pre_commit, loaded)
+        return delete_locations(pre_commit, loaded) + delete_shared_manifests(
+            pre_commit, [(w, t.io) for w, t in loaded]
+        )
 
     # -- loading and markers --------------------------------------------------------------------
 
@@ -414,7 +426,7 @@ class IcebergSinkCommitter:
             return []
         what = f"{pre_commit.describe()}: could not read the replaced files in table {write.table!r}"
         with unavailable_when_unreachable(what, table.io.properties):  # reads the table's manifests
-            return files_to_replace(table, self.branch, pre_commit, replaced, write.table)
+            return files_replaced(table, self.branch, pre_commit, write, replaced)
 
     def _commit_table(self, table: Table, entries: list[TableEntry], snapshots: list[EpochSnapshot]) -> list[str]:
         """One table's snapshots, with our own bounded retry: every attempt after a conflict re-loads

@@ -3,8 +3,9 @@
 The committer (``committer.py``) decides which epochs a table takes a snapshot of and retries
 conflicts; this module is what the snapshots consist of (design.md section 5, steps 3, 6 and 7): the
 columns a write adds, an upsert's identifier fields, a name mapping for a table without one, the data
-files built from the writers' descriptors under the spec they were written for (or, for an append,
-the manifest persist prepared of them: ``prepared_manifests``), and the marker in
+files built from the writers' descriptors under the spec they were written for (or the manifests
+persist prepared of them: ``prepared_manifests`` for an append, ``prepared_deletes`` for a revision,
+deletions included), and the marker in
 the summary, as an append, or as an overwrite that removes exactly the files a revision or an upsert
 replaces. Several epochs (recovery's backlog, D15) are stacked in epoch order, each snapshot parented
 on the one before, so the catalog writes one metadata file for all of them and swaps it in once.
@@ -22,6 +23,7 @@ from airflow_provider_exactly_once.core.errors import CommitRefused
 from airflow_provider_exactly_once.core.precommit import PreCommit, TableWrite
 from airflow_provider_exactly_once.sinks.iceberg.data_files import build_data_files
 from airflow_provider_exactly_once.sinks.iceberg.markers import marker_properties
+from airflow_provider_exactly_once.sinks.iceberg.prepared_deletes import refuse_stale_placeholders, usable_replacement
 from airflow_provider_exactly_once.sinks.iceberg.prepared_manifests import tidy, usable_manifests
 from airflow_provider_exactly_once.sinks.iceberg.schema_check import ColumnToAdd, check_added_field_ids
 from airflow_provider_exactly_once.sinks.iceberg.transaction import (
@@ -68,6 +70,8 @@ def commit_snapshots(
     allow it. An overwrite removes exactly its replaced files in the same step as it adds the new ones.
     """
     refuse_stacked_schema_changes(snapshots)
+    for staged in snapshots:
+        refuse_stale_placeholders(table, staged.write, branch, staged.revision[1] if staged.revision else [])
     name, owner = snapshots[0].write.table, describe_epochs([staged.pre_commit for staged in snapshots])
     tx = SinkTransaction(table)
     snapshot_ids: list[int] = []
@@ -90,17 +94,22 @@ def commit_snapshots(
             number, to_replace = staged.revision or (0, [])
             marker = marker_properties(pre_commit.sink_id, pre_commit.epoch, pre_commit.write_id, number)
             snapshot: StackedFastAppend | SpecAwareOverwrite
-            prepared = None
+            own = True  # the snapshot writes its manifests itself, not listing those persist wrote
             if staged.revision is None:
                 snapshot = tx.stacked_append(branch=branch, snapshot_properties=marker, previous=previous)
-                prepared = usable_manifests(tx.table_metadata, write, table.io, snapshot.snapshot_id)
-                if prepared is not None:
-                    snapshot.use_prepared(*prepared)
+                appended = usable_manifests(tx.table_metadata, write, table.io, snapshot.snapshot_id)
+                if appended is not None:
+                    snapshot.use_prepared(*appended)
+                    own = False
             else:
                 snapshot = tx.replace_files(branch=branch, snapshot_properties=marker)
-                for replaced in to_replace:
+                replacing = usable_replacement(tx.table_metadata, write, table.io, branch, to_replace)
+                if replacing is not None:
+                    snapshot.use_prepared(*replacing)
+                    own = False
+                for replaced in to_replace if own else []:
                     snapshot.delete_data_file(replaced)
-            if prepared is None:
+            if own:
                 for data_file in _staged_data_files(tx, pre_commit, write):
                     snapshot.append_data_file(data_file)
                 if write.prepared is not None:

@@ -27,7 +27,7 @@ import contextlib
 import logging
 import os
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from pyiceberg.avro.codecs import AvroCompressionCodec
 from pyiceberg.io import FileIO
@@ -107,11 +107,17 @@ def prepare_snapshot(table: Table, pre_commit: PreCommit, write: TableWrite) -> 
         schema_id=metadata.current_schema_id,
         summary_limit=limit,
         summary=collector.build(),
-        manifests=[_recorded(manifest)],
+        manifests=[recorded(manifest)],
     )
 
 
-def staged_pre_commit(pre_commit: PreCommit, tables: Mapping[str, Table]) -> PreCommit:
+#: What prepares one write's snapshot: ``prepare_snapshot``, or a revision's (``prepared_deletes``).
+Preparer = Callable[[Table, PreCommit, TableWrite], PreparedSnapshot | None]
+
+
+def staged_pre_commit(
+    pre_commit: PreCommit, tables: Mapping[str, Table], prepare: Preparer = prepare_snapshot
+) -> PreCommit:
     """``pre_commit`` with a prepared snapshot for each write into one of ``tables`` (as loaded at
     persist) that can have one; any other write's is cleared, so only a committer ever sets it."""
     staged = []
@@ -119,7 +125,7 @@ def staged_pre_commit(pre_commit: PreCommit, tables: Mapping[str, Table]) -> Pre
         prepared = None
         table = tables.get(write.table)
         try:
-            prepared = None if table is None else prepare_snapshot(table, pre_commit, write)
+            prepared = None if table is None else prepare(table, pre_commit, write)
         except Exception as exc:
             # Only an optimisation: the commit writes the manifest itself. The write's location may
             # be going away under it (a concurrent persist discarding this write cleans it up).
@@ -132,24 +138,32 @@ def usable_manifests(
     metadata: TableMetadata, write: TableWrite, io: FileIO, snapshot_id: int
 ) -> tuple[list[ManifestFile], dict[str, str]] | None:
     """The prepared manifests as the snapshot ``snapshot_id`` lists them, with the summary properties
-    of the files they add, or ``None`` when the commit must write its own: nothing prepared, the table changed what they were prepared against, or a
-    manifest is gone or not the length recorded (never trusted then)."""
+    of the files they add, or ``None`` when the commit must write its own: nothing prepared (or a
+    revision's, prepared by a persist round that then recorded the write as an append), the table
+    changed what they were prepared against, or a manifest is gone or not the length recorded."""
     prepared = write.prepared
+    if prepared is None or prepared.snapshot_id is not None or not still_valid(metadata, prepared, io):
+        return None
+    return [listed(m, snapshot_id) for m in prepared.manifests], prepared.summary
+
+
+def still_valid(metadata: TableMetadata, prepared: PreparedSnapshot, io: FileIO) -> bool:
+    """Whether the table still has what ``prepared`` was prepared against, and every manifest it
+    records is there with the length recorded (one written in part or replaced is never trusted)."""
     if (
-        prepared is None
-        or metadata.format_version != PREPARED_FORMAT_VERSION
+        metadata.format_version != PREPARED_FORMAT_VERSION
         or metadata.current_schema_id != prepared.schema_id
         or summary_limit(metadata) != prepared.summary_limit
         or any(m.spec_id not in metadata.specs() for m in prepared.manifests)
     ):
-        return None
+        return False
     for manifest in prepared.manifests:
         try:
             if len(io.new_input(manifest.path)) != manifest.length:
-                return None
+                return False
         except FileNotFoundError:
-            return None
-    return [_listed(m, snapshot_id) for m in prepared.manifests], prepared.summary
+            return False
+    return True
 
 
 def manifest_folder(write: TableWrite, write_id: str) -> str:
@@ -162,15 +176,19 @@ def tidy(io: FileIO, write: TableWrite, write_id: str, *, unused: bool = False, 
     """Delete the manifests below the write location that no snapshot will list: those of other
     persist attempts than the one ``write`` records; all of them (``unused``) once its commit wrote
     its own; or (``only_staged``) just ``write``'s, staged by a persist that recorded nothing, which
-    must not touch what a row of the same write may record. Best effort: a manifest left behind
-    costs its bytes, never correctness, and one deleted while recorded is written again by the commit."""
+    must not touch what a row of the same write may record. A revision's manifests that list other
+    writes' entries lie in the table's metadata folder (``prepared_deletes``), deleted here by path.
+    Best effort: a manifest left behind costs its bytes, never correctness, and one deleted while
+    recorded is written again by the commit."""
     try:
-        if only_staged:
+        folder = manifest_folder(write, write_id)
+        if unused or only_staged:
             for manifest in write.prepared.manifests if write.prepared else []:
-                io.delete(manifest.path)
+                if only_staged or not manifest.path.startswith(f"{folder}/"):
+                    io.delete(manifest.path)
+        if only_staged:
             # Staging may have re-created the folders of a write whose files are gone; only a
             # local file system has folders, and ``rmdir`` removes one only while it is empty.
-            folder = manifest_folder(write, write_id)
             for path in (folder, folder.rpartition("/")[0], write.location):
                 local = local_folder(f"{path}/_")
                 with contextlib.suppress(OSError):
@@ -178,18 +196,26 @@ def tidy(io: FileIO, write: TableWrite, write_id: str, *, unused: bool = False, 
                         os.rmdir(local)
             return
         keep = [] if unused or write.prepared is None else [m.path for m in write.prepared.manifests]
-        delete_tree(io, manifest_folder(write, write_id), keep=keep)
+        delete_tree(io, folder, keep=keep)
     except Exception as exc:
         log.warning("table %r: could not delete unused manifests below %r: %s", write.table, write.location, exc)
 
 
-def _recorded(manifest: ManifestFile) -> PreparedManifest:
+def recorded(manifest: ManifestFile, replaces: str | None = None) -> PreparedManifest:
+    """What the pre-commit keeps of a manifest written at persist: its manifest list entry but for
+    the snapshot's id and sequence number, which the commit fills in (``listed``)."""
     return PreparedManifest(
         path=manifest.manifest_path,
         length=manifest.manifest_length,
         spec_id=manifest.partition_spec_id,
         added_files=manifest.added_files_count or 0,
         added_rows=manifest.added_rows_count or 0,
+        existing_files=manifest.existing_files_count or 0,
+        existing_rows=manifest.existing_rows_count or 0,
+        deleted_files=manifest.deleted_files_count or 0,
+        deleted_rows=manifest.deleted_rows_count or 0,
+        min_sequence_number=None if manifest.min_sequence_number == UNASSIGNED_SEQ else manifest.min_sequence_number,
+        replaces=replaces,
         partitions=[
             PartitionSummary(
                 contains_null=summary.contains_null,
@@ -202,23 +228,24 @@ def _recorded(manifest: ManifestFile) -> PreparedManifest:
     )
 
 
-def _listed(manifest: PreparedManifest, snapshot_id: int) -> ManifestFile:
+def listed(manifest: PreparedManifest, snapshot_id: int) -> ManifestFile:
     """The manifest list entry of a prepared manifest, as ``ManifestWriter.to_manifest_file`` makes it
-    for a manifest the snapshot wrote itself: new in ``snapshot_id``, its sequence numbers the snapshot's."""
+    for a manifest the snapshot wrote itself: new in ``snapshot_id``, its sequence number the snapshot's
+    (and the smallest of its entries', unless existing entries carry their own)."""
     return ManifestFile.from_args(
         manifest_path=manifest.path,
         manifest_length=manifest.length,
         partition_spec_id=manifest.spec_id,
         content=ManifestContent.DATA,
         sequence_number=UNASSIGNED_SEQ,
-        min_sequence_number=UNASSIGNED_SEQ,
+        min_sequence_number=UNASSIGNED_SEQ if manifest.min_sequence_number is None else manifest.min_sequence_number,
         added_snapshot_id=snapshot_id,
         added_files_count=manifest.added_files,
-        existing_files_count=0,
-        deleted_files_count=0,
+        existing_files_count=manifest.existing_files,
+        deleted_files_count=manifest.deleted_files,
         added_rows_count=manifest.added_rows,
-        existing_rows_count=0,
-        deleted_rows_count=0,
+        existing_rows_count=manifest.existing_rows,
+        deleted_rows_count=manifest.deleted_rows,
         partitions=[
             PartitionFieldSummary.from_args(
                 contains_null=summary.contains_null,

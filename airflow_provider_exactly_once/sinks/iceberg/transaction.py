@@ -53,6 +53,11 @@ and pull requests of apache/iceberg-python, ``#n``), or says that nothing was fo
    lists it as Java's ``AppendFiles.appendManifest`` does (apache/iceberg#201) with snapshot-id
    inheritance: the manifest list entry carries the snapshot's id and sequence number.
    Upstream: no pyiceberg issue found for appending existing manifests.
+7. A revision's manifests are written at persist too (``prepared_deletes``): ``SpecAwareOverwrite``
+   writes them ahead (``write_ahead``, the same entries ``_manifests`` writes, the added files'
+   manifest below the write location), and its commit lists them under the snapshot id they were
+   written for (``use_prepared``): the deleted entries carry it, as the commit's own would.
+   Upstream: none; Java's ``OverwriteFiles`` has no way to list prepared manifests either.
 """
 
 from __future__ import annotations
@@ -60,10 +65,19 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from copy import copy
+from dataclasses import dataclass
 from typing import Any
 
 from pyiceberg.exceptions import CommitFailedException
-from pyiceberg.manifest import UNASSIGNED_SEQ, DataFile, ManifestEntry, ManifestEntryStatus, ManifestFile
+from pyiceberg.io import OutputFile
+from pyiceberg.manifest import (
+    UNASSIGNED_SEQ,
+    DataFile,
+    ManifestContent,
+    ManifestEntry,
+    ManifestEntryStatus,
+    ManifestFile,
+)
 from pyiceberg.table import Table, Transaction
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.snapshots import Operation, SnapshotSummaryCollector, Summary, update_snapshot_summaries
@@ -79,7 +93,7 @@ from pyiceberg.table.update import (
     update_table_metadata,
 )
 from pyiceberg.table.update.snapshot import _FastAppendFiles, _OverwriteFiles
-from pyiceberg.typedef import EMPTY_DICT
+from pyiceberg.typedef import EMPTY_DICT, KeyDefaultDict
 
 from airflow_provider_exactly_once.core.errors import (
     CommitOutcomeUnknown,
@@ -161,19 +175,25 @@ def _summary_by_spec(
     """The snapshot summary, each added and removed file counted under its own spec; ``prepared``:
     the added files' properties as persist computed them (``prepared_manifests``)."""
     metadata = producer._transaction.table_metadata
+    parent = producer._parent_snapshot_id
+    previous = metadata.snapshot_by_id(parent) if parent is not None else None
+    added = _changed_files(producer) if prepared is None else prepared
+    return update_snapshot_summaries(
+        summary=Summary(operation=producer._operation, **added, **snapshot_properties),
+        previous_summary=previous.summary if previous is not None else None,
+    )
+
+
+def _changed_files(producer: Any) -> dict[str, str]:
+    """The summary's properties for the files the producer adds and removes, before the totals."""
+    metadata = producer._transaction.table_metadata
     schema, specs = metadata.schema(), metadata.specs()
     collector = SnapshotSummaryCollector(partition_summary_limit=summary_limit(metadata))
     for data_file in producer._added_data_files:
         collector.add_file(data_file=data_file, partition_spec=specs[data_file.spec_id], schema=schema)
     for data_file in producer._deleted_data_files:
         collector.remove_file(data_file=data_file, partition_spec=specs[data_file.spec_id], schema=schema)
-    parent = producer._parent_snapshot_id
-    previous = metadata.snapshot_by_id(parent) if parent is not None else None
-    added = collector.build() if prepared is None else prepared
-    return update_snapshot_summaries(
-        summary=Summary(operation=producer._operation, **added, **snapshot_properties),
-        previous_summary=previous.summary if previous is not None else None,
-    )
+    return collector.build()
 
 
 class SpecAwareFastAppend(_FastAppendFiles):
@@ -243,10 +263,88 @@ def _as_listed(manifest: ManifestFile, format_version: int, sequence_number: int
     return listed
 
 
+@dataclass(frozen=True)
+class WrittenAhead:
+    """A revision's manifests as its persist wrote them (``SpecAwareOverwrite.write_ahead``)."""
+
+    #: The added files' manifests, then the removed files' (deleted entries), as ``_manifests`` lists them.
+    new: list[ManifestFile]
+    #: Each manifest of the branch head that held a removed file -> its copy without them, its other
+    #: entries existing (``None``: it held nothing else, and goes).
+    rewrites: dict[str, ManifestFile | None]
+    #: The summary's properties for the files added and removed, before the table's totals.
+    summary: dict[str, str]
+
+
 class SpecAwareOverwrite(_OverwriteFiles):
-    """An overwrite that removes exactly the given files and adds the new ones under their own specs."""
+    """An overwrite that removes exactly the given files and adds the new ones under their own specs,
+    or lists the manifests a revision's persist wrote of both (``use_prepared``)."""
+
+    _prepared: tuple[list[ManifestFile], dict[str, str]] | None = None
+    #: Where the added files' manifests go; ``None``: the table's metadata folder, as pyiceberg's.
+    _added_folder: str | None = None
+
+    def use_prepared(self, snapshot_id: int, manifests: list[ManifestFile], summary: dict[str, str]) -> None:
+        """List ``manifests`` as they are, as snapshot ``snapshot_id``: the id they were written for."""
+        self._snapshot_id = snapshot_id
+        self._prepared = (manifests, summary)
+
+    def new_manifest_output(self) -> OutputFile:
+        if self._added_folder is None:
+            return super().new_manifest_output()
+        path = f"{self._added_folder}/{self.commit_uuid}-m{next(self._manifest_num_counter)}.avro"
+        self._written_manifests.append(path)
+        return self._io.new_output(path)
+
+    def write_ahead(self, added_folder: str) -> WrittenAhead | None:
+        """At persist, the manifests ``_manifests`` would write at commit: the added files' below
+        ``added_folder``, the others (which list other writes' entries too, and so must outlive this
+        write's location) in the metadata folder. ``None`` when a file to remove is not live in the
+        branch head (the commit then refuses, as it would have). The copies keep the head's manifest
+        order and their entries' snapshot ids and sequence numbers, as ``_existing_manifests`` does;
+        only the manifests whose partitions may hold a removed file are read, as there."""
+        try:
+            self._build_delete_files_partition_predicate()
+            evaluators = KeyDefaultDict(self._build_manifest_evaluator)
+            head = self._transaction.table_metadata.snapshot_by_name(self._target_branch)
+            removed: dict[int, list[ManifestEntry]] = {}
+            kept: dict[str, tuple[int, list[ManifestEntry]]] = {}
+            for manifest in head.manifests(self._io) if head is not None else []:
+                if manifest.content != ManifestContent.DATA or not evaluators[manifest.partition_spec_id](manifest):
+                    continue
+                entries = manifest.fetch_manifest_entry(self._io, discard_deleted=True)
+                if any(entry.data_file in self._deleted_data_files for entry in entries):
+                    others = [e for e in entries if e.data_file not in self._deleted_data_files]
+                    kept[manifest.manifest_path] = (manifest.partition_spec_id, others)
+                    for entry in entries:
+                        if entry.data_file in self._deleted_data_files:
+                            removed.setdefault(entry.data_file.spec_id, []).append(entry)
+            if sum(len(entries) for entries in removed.values()) != len(self._deleted_data_files):
+                return None
+            self._added_folder = added_folder
+            new = _added_by_spec(self)
+            self._added_folder = None
+            for spec_id, entries in removed.items():
+                with self.new_manifest_writer(self.spec(spec_id)) as writer:
+                    for entry in entries:
+                        writer.delete(entry)
+                new.append(writer.to_manifest_file())
+            rewrites: dict[str, ManifestFile | None] = {}
+            for path, (spec_id, entries) in kept.items():
+                rewrites[path] = None
+                if entries:
+                    with self.new_manifest_writer(self.spec(spec_id)) as writer:
+                        for entry in entries:
+                            writer.existing(entry)
+                    rewrites[path] = writer.to_manifest_file()
+            return WrittenAhead(new, rewrites, _changed_files(self))
+        except BaseException:
+            self._clean_all_uncommitted()
+            raise
 
     def _manifests(self) -> list[ManifestFile]:
+        if self._prepared is not None:
+            return self._process_manifests(self._prepared[0])
         self._build_delete_files_partition_predicate()
         # Planned before any manifest is written, so a file no longer in the table fails the commit
         # with nothing left behind.
@@ -263,7 +361,7 @@ class SpecAwareOverwrite(_OverwriteFiles):
         return self._process_manifests(_added_by_spec(self) + deleted + self._existing_manifests())
 
     def _summary(self, snapshot_properties: dict[str, str] = EMPTY_DICT) -> Summary:
-        return _summary_by_spec(self, snapshot_properties)
+        return _summary_by_spec(self, snapshot_properties, None if self._prepared is None else self._prepared[1])
 
 
 class SinkTransaction(Transaction):
