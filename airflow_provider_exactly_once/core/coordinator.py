@@ -54,8 +54,7 @@ from .precommit import PreCommit
 from .recovery import EpochBatches, recover_pending
 from .rewrite_decisions import persist_conflict_abort
 from .status import AbortCause, EpochStatus
-from .step_requests import AbortRequest, PersistRequest, RunAttempt
-from .write_kinds import revision_plan
+from .step_requests import AbortRequest, PersistRequest, RunAttempt, revision_plan
 
 __all__ = ["TwoPhaseCommitCoordinator", "require_epoch"]
 

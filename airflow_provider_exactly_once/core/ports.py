@@ -60,6 +60,17 @@ class EpochRecord:
     def kind(self) -> WriteKind:
         return WriteKind.of(self.pre_commit, self.replaces)
 
+    def as_replaced(self) -> ReplacedWrite:
+        """This Committed row as a revision replacing it records it."""
+        return ReplacedWrite(
+            write_id=self.write_id,
+            pre_commit=self.pre_commit,
+            committed=dict(self.committed or {}),
+            table_uuids=None if self.table_uuids is None else dict(self.table_uuids),
+            revision=self.revision,
+            committed_at=self.updated_at,
+        )
+
 
 @dataclass(frozen=True)
 class CleanupTask:
@@ -387,9 +398,8 @@ class SinkCommitter(Protocol):
         schema, a table or branch the append would refuse. With ``replaces`` (a revision) it also
         refuses what the commit would: a replaced file no longer in the table
         (``ReplacedFilesMissing``), or a sink that cannot replace at all (``CommitRefused``).
-        ``check_files`` (right before the decision) also refuses a write whose data files are not all
-        in storage (``MissingDataFiles``), at a cost that does not grow with files per request on an
-        object store; persist does not ask, since a write it discards may have lost its files already.
+        ``check_files`` (before the decision; not persist, whose discarded writes may have lost their
+        files) refuses missing data files (``MissingDataFiles``), with one listing per location.
         Changes nothing. Raises ``InvalidPreCommit``, ``UnknownTable``, ``SchemaMismatch``,
         ``CommitRefused``, or ``SinkUnavailable`` (retryable) when the sink cannot be asked.
         """
@@ -469,9 +479,8 @@ class BatchCommitter(SinkCommitter, Protocol):
     (``core/backlog.py``). Optional: a committer without it commits every epoch on its own."""
 
     def prepare_batch(self, pre_commits: Sequence[PreCommit]) -> Sequence[CommitPlan | None]:
-        """``SinkCommitter.prepare`` with ``check_files`` for each write, sharing what can be shared (a
-        table loaded once); ``None`` for a write that must be committed on its own (refused, or more
-        than an append)."""
+        """``SinkCommitter.prepare`` with ``check_files`` for each write, a table loaded once; ``None``
+        for a write that must be committed on its own (refused, or more than an append)."""
         ...
 
     def commit_batch(

@@ -6,14 +6,15 @@ decision to the one step of that action; these values keep the steps' signatures
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import TypedDict
 
-from .ports import CommitPlan
+from .ports import CommitPlan, EpochRecord
 from .precommit import PreCommit
 from .status import AbortCause
 
-__all__ = ["AbortRequest", "PersistRequest", "RunAttempt"]
+__all__ = ["AbortRequest", "PersistRequest", "RunAttempt", "revision_plan"]
 
 
 class RunAttempt(TypedDict):
@@ -46,3 +47,9 @@ class AbortRequest:
     write: PreCommit | None
     dag_id: str | None
     cause: AbortCause | None
+
+
+def revision_plan(plan: CommitPlan, committed: EpochRecord) -> CommitPlan:
+    """``plan`` as the revision of the Committed row ``committed``, for persist to stage the
+    revision's deletions with its write."""
+    return dataclasses.replace(plan, replaces=committed.as_replaced())

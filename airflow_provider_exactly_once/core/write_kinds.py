@@ -13,7 +13,6 @@ every stored row keeps parsing, and the kind of an old row is what it always was
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -21,7 +20,6 @@ from enum import StrEnum
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .ports import CommitPlan, EpochRecord
     from .precommit import PreCommit, TableWrite
 
 
@@ -124,17 +122,3 @@ class WriteKind:
         never replace them, and changes by key whose table moved under them can never be
         committed as written."""
         return self.revises or self.by_key
-
-
-def revision_plan(plan: CommitPlan, committed: EpochRecord) -> CommitPlan:
-    """``plan`` as the revision of the Committed row ``committed`` (as ``store.rows.replaces_json``
-    records it), for persist to stage the revision's deletions with its write."""
-    replaced = ReplacedWrite(
-        write_id=committed.write_id,
-        pre_commit=committed.pre_commit,
-        committed=dict(committed.committed or {}),
-        table_uuids=None if committed.table_uuids is None else dict(committed.table_uuids),
-        revision=committed.revision,
-        committed_at=committed.updated_at,
-    )
-    return dataclasses.replace(plan, replaces=replaced)

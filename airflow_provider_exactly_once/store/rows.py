@@ -287,15 +287,7 @@ def replaces_json(session: Session, record: EpochRecord) -> str:
         },
         sort_keys=True,
     )
-    replaced = ReplacedWrite(
-        write_id=record.write_id,
-        pre_commit=record.pre_commit,
-        committed=dict(record.committed or {}),
-        table_uuids=None if record.table_uuids is None else dict(record.table_uuids),
-        revision=record.revision,
-        committed_at=record.updated_at,
-    )
-    parsed_writes(session).put_replaced(text, replaced)
+    parsed_writes(session).put_replaced(text, record.as_replaced())
     return text
 
 

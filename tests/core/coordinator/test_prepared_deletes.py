@@ -21,7 +21,7 @@ from airflow_provider_exactly_once.core.faults import SimulatedCrash
 from airflow_provider_exactly_once.core.ports import CommitPlan
 from airflow_provider_exactly_once.core.precommit import PreCommit, PreparedSnapshot
 from airflow_provider_exactly_once.core.status import EpochStatus
-from airflow_provider_exactly_once.core.write_kinds import revision_plan
+from airflow_provider_exactly_once.core.step_requests import revision_plan
 from airflow_provider_exactly_once.sinks.iceberg import prepared_deletes
 from airflow_provider_exactly_once.sinks.iceberg.data_files import build_data_files
 from airflow_provider_exactly_once.sinks.iceberg.prepared_manifests import MANIFEST_FOLDER
