@@ -17,6 +17,7 @@ from pyiceberg.table.snapshots import Operation, Snapshot, Summary
 from pyiceberg.table.update import AddSnapshotUpdate, AssertRefSnapshotId, SetSnapshotRefUpdate
 from pyiceberg.transforms import IdentityTransform
 
+from airflow_provider_exactly_once.core.coordinator import TwoPhaseCommitCoordinator
 from airflow_provider_exactly_once.core.faults import SimulatedCrash
 from airflow_provider_exactly_once.core.ports import CommitPlan
 from airflow_provider_exactly_once.core.precommit import PreCommit, PreparedSnapshot
@@ -100,6 +101,19 @@ def foreign_append(pipeline: Pipeline, pre: PreCommit, branch: str) -> None:
         with table.transaction() as tx, tx.update_snapshot(branch=branch).fast_append() as append:
             for data_file in files:
                 append.append_data_file(data_file)
+
+
+def _revision_persisted(
+    pipeline: Pipeline, sink_id: str, *, files: int
+) -> tuple[TwoPhaseCommitCoordinator, PreCommit, PreCommit]:
+    """Epoch 1 of table ``t`` committed (6 rows in ``files`` files), then a revision (5 rows) persisted."""
+    pipeline.create_table("t")
+    coordinator = replacing(pipeline, sink_id)
+    first = generation(pipeline.write_iceberg(sink_id, 1, ["t"], rows=6, files=files), G1)
+    commit(pipeline, coordinator, first)
+    second = generation(pipeline.write_iceberg(sink_id, 1, ["t"], rows=5), G2)
+    coordinator.persist(second)
+    return coordinator, first, second
 
 
 def _load(pipeline: Pipeline, name: str) -> Table:
@@ -268,12 +282,7 @@ def test_manifests_merged_between_persist_and_commit_are_filtered_by_the_commit_
 def test_a_foreign_append_between_persist_and_commit_keeps_the_prepared_manifests(
     pipeline: Pipeline, sink_id: str
 ) -> None:
-    pipeline.create_table("t")
-    coordinator = replacing(pipeline, sink_id)
-    first = generation(pipeline.write_iceberg(sink_id, 1, ["t"], rows=6, files=2), G1)
-    commit(pipeline, coordinator, first)
-    second = generation(pipeline.write_iceberg(sink_id, 1, ["t"], rows=5), G2)
-    coordinator.persist(second)
+    coordinator, _, second = _revision_persisted(pipeline, sink_id, files=2)
     prepared = _prepared(pipeline, sink_id)
     foreign = pipeline.write_iceberg("foreign", 9, ["t"], rows=2)
     foreign_append(pipeline, foreign, "main")  # the replaced write's manifest is still listed
@@ -311,12 +320,7 @@ def test_the_commit_reads_no_replaced_entry_while_the_prepared_snapshot_stands(
 def test_a_prepared_manifest_gone_after_the_check_makes_the_commit_look_the_files_up(
     pipeline: Pipeline, sink_id: str
 ) -> None:
-    pipeline.create_table("t")
-    coordinator = replacing(pipeline, sink_id)
-    first = generation(pipeline.write_iceberg(sink_id, 1, ["t"], rows=6, files=3), G1)
-    commit(pipeline, coordinator, first)
-    second = generation(pipeline.write_iceberg(sink_id, 1, ["t"], rows=5), G2)
-    coordinator.persist(second)
+    _, _, second = _revision_persisted(pipeline, sink_id, files=3)
     row = pipeline.store.get(sink_id, 1)
     assert row is not None
     committer = pipeline.iceberg_committer()
@@ -385,12 +389,7 @@ def test_a_crash_then_recovery_commits_one_snapshot_and_expiry_leaves_every_list
 def test_an_aborted_revision_deletes_every_manifest_its_persist_wrote(pipeline: Pipeline, sink_id: str) -> None:
     """Those in the table's metadata folder too, which deleting its write location misses; the
     committed write's manifests and files stay, and every snapshot still reads."""
-    pipeline.create_table("t")
-    coordinator = replacing(pipeline, sink_id)
-    first = generation(pipeline.write_iceberg(sink_id, 1, ["t"], rows=6, files=3), G1)
-    commit(pipeline, coordinator, first)
-    second = generation(pipeline.write_iceberg(sink_id, 1, ["t"], rows=5), G2)
-    coordinator.persist(second)
+    coordinator, first, second = _revision_persisted(pipeline, sink_id, files=3)
     prepared = [m.path for m in _prepared(pipeline, sink_id).manifests]
     shared = [m.path for m in _prepared(pipeline, sink_id).manifests if m.replaces or m.deleted_files]
     assert shared and all(_exists(path) for path in prepared)
