@@ -17,11 +17,12 @@ from .errors import InvalidPreCommit
 from .identifiers import EPOCH_MAX
 from .precommit import PreCommit
 from .status import AbortCause, CheckpointStatus, EpochStatus
+from .write_kinds import EMPTY as EMPTY_TABLE
 from .write_kinds import ReplacedWrite, WriteKind
 
 #: Per table: the snapshot id that made the epoch visible, or ``EMPTY`` when there was nothing to add.
 CommittedTables = Mapping[str, str]
-EMPTY = "empty"
+EMPTY = EMPTY_TABLE
 
 
 @dataclass(frozen=True)
@@ -398,8 +399,7 @@ class SinkCommitter(Protocol):
         schema, a table or branch the append would refuse. With ``replaces`` (a revision) it also
         refuses what the commit would: a replaced file no longer in the table
         (``ReplacedFilesMissing``), or a sink that cannot replace at all (``CommitRefused``).
-        ``check_files`` (before the decision; not persist, whose discarded writes may have lost their
-        files) refuses missing data files (``MissingDataFiles``), with one listing per location.
+        ``check_files`` (right before the decision, not at persist) refuses missing data files too.
         Changes nothing. Raises ``InvalidPreCommit``, ``UnknownTable``, ``SchemaMismatch``,
         ``CommitRefused``, or ``SinkUnavailable`` (retryable) when the sink cannot be asked.
         """

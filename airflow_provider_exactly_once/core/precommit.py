@@ -164,6 +164,12 @@ class PreparedManifest(_Frozen):
     #: The manifest of the table it stands in for: the one that listed the entries it keeps existing.
     replaces: str | None = None
 
+    @property
+    def lists_other_writes(self) -> bool:
+        """A revision's copy of a table manifest, or its deleted entries: it outlives this write's
+        files (later snapshots carry it), so it lies in the table's metadata folder."""
+        return self.replaces is not None or self.deleted_files > 0
+
 
 class PreparedSnapshot(_Frozen):
     """What persist prepared of a table's snapshot, valid while the table keeps the schema and the
@@ -243,7 +249,7 @@ class TableWrite(_Frozen):
         prepared = self.prepared.manifests if self.prepared else []
         # A revision's manifests that list other writes' entries outlive this write's files (a later
         # snapshot carries them), so they lie in the table's metadata folder, never below the location.
-        shared = [m.path for m in prepared if m.replaces is not None or m.deleted_files]
+        shared = [m.path for m in prepared if m.lists_other_writes]
         manifests = [m.path for m in prepared if m.path not in shared]
         outside = [p for p in [f.path for f in self.data_files] + manifests if not p.startswith(root) or "/../" in p]
         if outside:

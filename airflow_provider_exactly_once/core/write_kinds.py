@@ -19,6 +19,9 @@ from datetime import datetime
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
+#: What a commit records for a table it left unchanged (``core.ports.CommittedTables``).
+EMPTY = "empty"
+
 if TYPE_CHECKING:
     from .precommit import PreCommit, TableWrite
 
@@ -46,6 +49,12 @@ class Kind(StrEnum):
         """Changes by key (insert, update, delete), applied copy-on-write: the commit removes the
         files they rewrote and refuses when the table moved under them (``UpsertConflict``)."""
         return self in (Kind.UPSERT, Kind.UPSERT_REVISION)
+
+    @property
+    def stages_manifests(self) -> bool:
+        """Whether persist writes the commit's manifests ahead (D16): an append's and a revision's
+        are known then; changes by key are checked against the table at commit, before their files."""
+        return self in (Kind.APPEND, Kind.REVISION)
 
 
 @dataclass(frozen=True)
@@ -89,6 +98,15 @@ class WriteKind:
     def revises(self) -> bool:
         """A revision: the epoch stays Committed with the replaced write until this one commits."""
         return self.kind in (Kind.REVISION, Kind.UPSERT_REVISION)
+
+    @property
+    def stages_manifests(self) -> bool:
+        return self.kind.stages_manifests
+
+    def shows_replaced(self, table: str) -> bool:
+        """Whether the write a revision replaces made a snapshot of its own in ``table`` (its marker
+        is the table's newest for the epoch until this one commits)."""
+        return self.replaces is not None and self.replaces.committed.get(table, EMPTY) != EMPTY
 
     @property
     def replaced_write_id(self) -> str | None:

@@ -58,9 +58,28 @@ def test_what_depends_on_the_kind_is_answered_by_it(
     answers = (value.by_key, value.revises, value.batches, value.in_epoch_order, value.rewritable)
     assert answers == (by_key, revises, batches, in_epoch_order, rewritable)
     assert value.lost_beyond_files is lost_beyond_files
+    assert value.stages_manifests is (kind in (Kind.APPEND, Kind.REVISION))  # D16: known at persist
 
 
 def test_a_table_is_changes_by_key_when_it_carries_their_counts() -> None:
     (rows,) = write("ns.t").tables
     (changes,) = upsert_write().tables
     assert Kind.of_table(rows) is Kind.APPEND and Kind.of_table(changes) is Kind.UPSERT
+
+
+def test_a_revision_shows_the_write_it_replaces_only_where_that_write_made_a_snapshot() -> None:
+    replaced = ReplacedWrite(
+        write_id="w0",
+        pre_commit=write(),
+        committed={"ns.a": "123", "ns.b": "empty"},
+        table_uuids=None,
+        revision=0,
+        committed_at=AT,
+    )
+    kind = WriteKind(Kind.REVISION, replaced)
+    assert (kind.shows_replaced("ns.a"), kind.shows_replaced("ns.b"), kind.shows_replaced("ns.c")) == (
+        True,
+        False,
+        False,
+    )
+    assert not WriteKind(Kind.APPEND).shows_replaced("ns.a")

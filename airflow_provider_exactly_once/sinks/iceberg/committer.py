@@ -186,11 +186,11 @@ class IcebergSinkCommitter:
     def stage(self, plan: CommitPlan) -> PreCommit:
         """An append's manifests (``prepared_manifests``), or a revision's (``prepared_deletes``), written
         against the tables ``prepare`` loaded; an upsert's are written at commit, after its checks."""
-        if (kind := plan.kind).kind not in (Kind.APPEND, Kind.REVISION):
+        if not (kind := plan.kind).stages_manifests:
             return plan.pre_commit
         ready = {name: s.table for name, s in plan.prepared.items() if isinstance(s, TablePlan) and not s.to_add}
         self._staged.update({plan.pre_commit.table(name).location: table.io for name, table in ready.items()})
-        preparer = prepare_snapshot if kind.replaces is None else revision_preparer(kind.replaces, self.branch)
+        preparer = revision_preparer(kind.replaces, self.branch) if kind.replaces else prepare_snapshot
         return staged_pre_commit(plan.pre_commit, ready, preparer)
 
     def tidy(self, staged: PreCommit, recorded: PreCommit | None) -> None:

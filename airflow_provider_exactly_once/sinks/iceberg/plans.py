@@ -10,7 +10,7 @@ from datetime import datetime
 from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table
 
-from airflow_provider_exactly_once.core.ports import EMPTY, CommitPlan
+from airflow_provider_exactly_once.core.ports import CommitPlan
 from airflow_provider_exactly_once.core.precommit import PreCommit, TableWrite
 from airflow_provider_exactly_once.core.write_kinds import ReplacedWrite
 from airflow_provider_exactly_once.sinks.iceberg.epoch_snapshot import EpochSnapshot
@@ -54,8 +54,7 @@ class TableEntry:
         """A revision of a write whose marker the table shows: even an empty one leaves a snapshot with
         its own marker, or the next revision would find a marker that is neither its write's nor the
         one it replaces (``ForeignWriteVisible``)."""
-        replaces = self.plan.replaces
-        return replaces is not None and replaces.committed.get(self.write.table, EMPTY) != EMPTY
+        return self.plan.kind.shows_replaced(self.write.table)
 
     @property
     def write_of(self) -> tuple[PreCommit, TableWrite, ReplacedWrite | None]:

@@ -82,7 +82,7 @@ def prepare_replacement(
     where the commit must write its own: a format other than 2, an upsert (its commit checks the table
     for conflicts first), nothing to commit, or a replaced file not found as it expects."""
     metadata = table.metadata
-    if metadata.format_version != PREPARED_FORMAT_VERSION or Kind.of_table(write).by_key:
+    if metadata.format_version != PREPARED_FORMAT_VERSION or not Kind.of_table(write).stages_manifests:
         return None
     try:
         to_replace = files_to_replace(table, branch, pre_commit, replaced, write.table)
@@ -176,7 +176,7 @@ def _standing(
     if (
         prepared is None
         or prepared.snapshot_id is None
-        or Kind.of_table(write).by_key  # an upsert's overwrite: never staged, so never trusted
+        or not Kind.of_table(write).stages_manifests  # an upsert's overwrite: never staged, never trusted
         or not still_valid(metadata, prepared, io)
         or metadata.snapshot_by_id(prepared.snapshot_id) is not None
     ):
@@ -201,7 +201,7 @@ def delete_shared_manifests(pre_commit: PreCommit, writes: Sequence[tuple[TableW
     committed, a later snapshot carries them, and a replaced write keeps them."""
     deleted = 0
     for write, io in writes:
-        shared = [m.path for m in write.prepared.manifests if m.replaces or m.deleted_files] if write.prepared else []
+        shared = [m.path for m in write.prepared.manifests if m.lists_other_writes] if write.prepared else []
         with unavailable_when_unreachable(f"{pre_commit.describe()}: could not delete its manifests", io.properties):
             for path in shared:
                 try:
