@@ -184,8 +184,7 @@ class TwoPhaseCommitCoordinator:
         )
 
     def _staged(self, p: PersistRequest, plan: CommitPlan | None = None) -> PreCommit:
-        """The write as the steps that record it store it, with what its commit can write ahead
-        (``SinkCommitter.stage``); staged again for a revision's ``plan`` (round one staged an append)."""
+        """The write with what its commit can write ahead (``SinkCommitter.stage``), again for a revision."""
         if not p.staged or plan is not None:
             p.staged[:] = [self._committer(p.pre.sink_id).stage(plan or p.plan)]
             self._fault("persist.staged")
@@ -294,6 +293,9 @@ class TwoPhaseCommitCoordinator:
             try:
                 plan = self.prepare(row)
             except Exception as exc:
+                now = require_epoch(self._store, sink_id, epoch)  # a newer write may have taken its files
+                if (now.status, now.write_id) != (EpochStatus.PENDING, row.write_id):
+                    return self._settled_by_other(sink_id, epoch, row.write_id)
                 note_error(self._store, row, exc)
                 raise
             try:
@@ -327,8 +329,7 @@ class TwoPhaseCommitCoordinator:
         return CommitResult(CommitOutcome.COMMITTED, record)
 
     def prepare(self, row: EpochRecord) -> CommitPlan:
-        """The sink's checks of a Pending write right before its commit decision, every data file in
-        storage included (``SinkCommitter.prepare``), as the commit's dry run runs them."""
+        """``SinkCommitter.prepare`` right before the commit decision, as the commit's dry run runs it."""
         return self._committer(row.sink_id).prepare(row.pre_commit, replaces=row.replaces, check_files=True)
 
     def _settled_by_other(self, sink_id: str, epoch: int, write_id: str) -> CommitResult:
