@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -58,9 +59,8 @@ def _pg_unreachable_reason() -> str | None:
     return None
 
 
-@pytest.fixture(scope="session")
-def pg_url() -> Iterator[str]:
-    """URL of a fresh PostgreSQL database for this test session."""
+@contextmanager
+def _fresh_pg_database() -> Iterator[str]:
     reason = _pg_unreachable_reason()
     if reason:
         if os.environ.get("CI") == "true" and "extra" not in reason:
@@ -70,11 +70,26 @@ def pg_url() -> Iterator[str]:
     admin = sa.create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
         conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
-    url = PG_ADMIN_URL.rsplit("/", 1)[0] + "/" + name
-    yield url
-    with admin.connect() as conn:
-        conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-    admin.dispose()
+    try:
+        yield PG_ADMIN_URL.rsplit("/", 1)[0] + "/" + name
+    finally:
+        with admin.connect() as conn:
+            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+@pytest.fixture(scope="session")
+def pg_url() -> Iterator[str]:
+    """URL of a fresh PostgreSQL database for this test session."""
+    with _fresh_pg_database() as url:
+        yield url
+
+
+@pytest.fixture
+def pg_database_url() -> Iterator[str]:
+    """URL of a PostgreSQL database of this test alone (for a schema that is not ours, as Airflow's)."""
+    with _fresh_pg_database() as url:
+        yield url
 
 
 @pytest.fixture(params=BACKENDS)
