@@ -27,7 +27,7 @@ from airflow_provider_exactly_once.core.errors import InvalidSinkConfig, MetaSto
 from airflow_provider_exactly_once.core.redact import mask_userinfo
 from airflow_provider_exactly_once.extras import require
 from airflow_provider_exactly_once.store import migrate
-from airflow_provider_exactly_once.store.rows import PARSED, ParsedWrites
+from airflow_provider_exactly_once.store.parsed_writes import PARSED, ParsedWrites
 
 _WRITE = "exactly_once_write"
 #: Off for a write whose loss in a crash of the database's host the package repairs by itself
@@ -80,7 +80,7 @@ class MetaStoreDatabase:
         # Writes go through this engine: on SQLite their transactions take the write lock up front.
         self._write_engine = self._engine.execution_options(**{_WRITE: True})
         self._lazy_write_engine = self._write_engine.execution_options(**{_DURABLE: False})
-        #: The writes' metadata this database's sessions parsed or wrote (``rows.ParsedWrites``).
+        #: The writes' metadata this database's sessions parsed or wrote (``parsed_writes.ParsedWrites``).
         self.parsed = ParsedWrites()
         try:
             self._ensure_schema()

@@ -128,20 +128,13 @@ class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=_NAMING)
 
 
-class EpochMetadata(Base):
-    """The pre-commit metadata of each epoch's current write (migration 0006), apart from its row.
-
-    It is megabytes for a write of thousands of files, and SQLite rewrites a whole row on every
-    ``UPDATE``: kept in ``pending_sink_state`` it was written again by the commit decision and by the
-    Committed mark. Here it is written only when the epoch takes a write.
-    """
-
-    __tablename__ = "epoch_metadata"
-    __table_args__ = (PrimaryKeyConstraint("sink_id", "epoch"),)
+class _StoredMetadata:
+    """A write's pre-commit metadata as stored, in either form; ``metadata_copies`` moves it between
+    the tables that hold it as it is."""
 
     sink_id: Mapped[str] = mapped_column(String(SINK_ID_LENGTH))
     epoch: Mapped[int] = mapped_column(BigInteger, autoincrement=False)
-    #: The write the metadata describes: always the row's, which every read checks by joining on it.
+    #: The write the metadata describes, which every read checks.
     write_id: Mapped[str] = mapped_column(String(WRITE_ID_LENGTH))
     #: The JSON's size in UTF-8 bytes, whichever form holds it: with the write id it names the
     #: metadata for a store that parsed it already (``rows.load``), without reading it.
@@ -155,12 +148,50 @@ class EpochMetadata(Base):
     metadata_zlib: Mapped[bytes | None] = mapped_column(LargeBinary)
 
 
+class EpochMetadata(_StoredMetadata, Base):
+    """The pre-commit metadata of each epoch's current write (migration 0006), apart from its row;
+    its ``write_id`` is always the row's, on which every read joins.
+
+    It is megabytes for a write of thousands of files, and SQLite rewrites a whole row on every
+    ``UPDATE``: kept in ``pending_sink_state`` it was written again by the commit decision and by the
+    Committed mark. Here it is written only when the epoch takes a write.
+    """
+
+    __tablename__ = "epoch_metadata"
+    __table_args__ = (PrimaryKeyConstraint("sink_id", "epoch"),)
+
+
+class ReplacedMetadata(_StoredMetadata, Base):
+    """The metadata of the Committed write a Pending revision replaces (migration 0010), moved here
+    from ``epoch_metadata`` in the database when the revision opens; its ``write_id`` is the one
+    ``pending_sink_state.replaces`` names.
+
+    Kept in the row's ``replaces`` it was megabytes of text that every ``UPDATE`` of the row wrote
+    again (the commit decision, the Committed mark): a replacement commit cost several first commits.
+    The revision's commit moves it on to the clean-up queue, its abort back to ``epoch_metadata``,
+    both without Python reading it.
+    """
+
+    __tablename__ = "replaced_metadata"
+    __table_args__ = (PrimaryKeyConstraint("sink_id", "epoch"),)
+
+
 def _of_write(column: Mapped[_T], sink_id: Mapped[str], epoch: Mapped[int], write_id: Mapped[str]) -> Any:
     """``column`` of the row's write's ``epoch_metadata``, as a column of the row."""
     return (
         select(column)
         .where(EpochMetadata.sink_id == sink_id, EpochMetadata.epoch == epoch, EpochMetadata.write_id == write_id)
         .correlate_except(EpochMetadata)
+        .scalar_subquery()
+    )
+
+
+def _of_replaced(column: Mapped[_T], sink_id: Mapped[str], epoch: Mapped[int]) -> Any:
+    """``column`` of the ``replaced_metadata`` of the row's revision in flight, as a column of the row."""
+    return (
+        select(column)
+        .where(ReplacedMetadata.sink_id == sink_id, ReplacedMetadata.epoch == epoch)
+        .correlate_except(ReplacedMetadata)
         .scalar_subquery()
     )
 
@@ -203,7 +234,8 @@ class PendingSinkState(Base):
     warning: Mapped[str | None] = mapped_column(Text)
     #: How often the epoch's committed write was replaced by a newer generation's (0005).
     revision: Mapped[int] = mapped_column(Integer, server_default=text("0"))
-    #: JSON, while a revision is Pending: the committed write it replaces (``core.ports.ReplacedWrite``).
+    #: JSON, while a revision is Pending: the committed write it replaces (``core.ports.ReplacedWrite``),
+    #: whose metadata is ``replaced_metadata``'s (0010).
     replaces: Mapped[str | None] = mapped_column(Text)
     #: The write's metadata, from ``epoch_metadata`` (0006) in either of its forms, and its size
     #: (``rows.record``); ``rows.load`` reads the row without it when its write is parsed already.
@@ -216,6 +248,10 @@ class PendingSinkState(Base):
     metadata_bytes: Mapped[int | None] = column_property(
         _of_write(EpochMetadata.metadata_bytes, sink_id, epoch, write_id)
     )
+    #: The same of the write a revision in flight replaces (``replaced_metadata``, 0010).
+    replaced_json: Mapped[str | None] = column_property(_of_replaced(ReplacedMetadata.metadata_json, sink_id, epoch))
+    replaced_zlib: Mapped[bytes | None] = column_property(_of_replaced(ReplacedMetadata.metadata_zlib, sink_id, epoch))
+    replaced_bytes: Mapped[int | None] = column_property(_of_replaced(ReplacedMetadata.metadata_bytes, sink_id, epoch))
 
 
 class SinkCleanup(Base):
@@ -232,7 +268,11 @@ class SinkCleanup(Base):
     sink_id: Mapped[str] = mapped_column(String(SINK_ID_LENGTH))
     epoch: Mapped[int] = mapped_column(BigInteger)
     write_id: Mapped[str] = mapped_column(String(WRITE_ID_LENGTH))
-    metadata_json: Mapped[str] = mapped_column("metadata", Text)
+    #: The write's metadata copied from where the epoch kept it (0010: in the database, as it was
+    #: stored): the JSON text, or its deflated form with the text's size; one of the two is set.
+    metadata_json: Mapped[str | None] = mapped_column("metadata", Text)
+    metadata_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    metadata_zlib: Mapped[bytes | None] = mapped_column(LargeBinary)
     reason: Mapped[str] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(UtcDateTime())
     done_at: Mapped[datetime | None] = mapped_column(UtcDateTime())

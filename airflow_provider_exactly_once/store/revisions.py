@@ -23,9 +23,9 @@ from airflow_provider_exactly_once.core.identifiers import check_epoch, check_wr
 from airflow_provider_exactly_once.core.ports import EpochRecord
 from airflow_provider_exactly_once.core.precommit import PreCommit
 from airflow_provider_exactly_once.core.status import EpochStatus
-from airflow_provider_exactly_once.store import arguments, cas, rows
+from airflow_provider_exactly_once.store import arguments, cas, metadata_copies, rows
 from airflow_provider_exactly_once.store.database import MetaStoreDatabase
-from airflow_provider_exactly_once.store.models import EpochRevision, PendingSinkState, SinkCleanup, db_now
+from airflow_provider_exactly_once.store.models import EpochRevision, PendingSinkState, db_now
 
 #: ``epoch_revision.status`` of a committed write a newer revision made invisible.
 REPLACED = "Replaced"
@@ -97,11 +97,12 @@ class SqlRevisions:
                 cas.guarded(EpochStatus.COMMITTED).values(
                     **rows.new_write_values(pre_commit, run_id=run_id, try_number=try_number, dag_id=dag_id, now=now),
                     revision=replaced.revision + 1,
-                    replaces=rows.replaces_json(session, replaced),
+                    replaces=rows.replaces_json(replaced),
                 ),
                 cas.key(sink_id, epoch, expected_write_id),
                 wanted,
             )
+            metadata_copies.keep_replaced(session, sink_id, epoch, expected_write_id)
             rows.replace_metadata(session, pre_commit, replaced_write_id=expected_write_id)
             _record(session, replaced, EpochStatus.COMMITTED.value, replaced.committed, None)
             return cas.reloaded(session, sink_id, epoch)
@@ -141,17 +142,8 @@ class SqlRevisions:
                 cas.key(sink_id, epoch, write_id),
                 wanted,
             )
-            rows.replace_metadata(session, replaced.pre_commit, replaced_write_id=write_id)
-            session.execute(
-                insert(SinkCleanup).values(
-                    sink_id=sink_id,
-                    epoch=epoch,
-                    write_id=write_id,
-                    metadata_json=revision.pre_commit.to_json(),
-                    reason=f"revision aborted: {reason}",
-                    created_at=now,
-                )
-            )
+            metadata_copies.queue_cleanup(session, sink_id, epoch, write_id, reason=f"revision aborted: {reason}")
+            metadata_copies.restore_replaced(session, sink_id, epoch, revision_write_id=write_id)
             _record(session, revision, EpochStatus.ABORTED.value, None, reason)
             return cas.reloaded(session, sink_id, epoch)
 
@@ -215,16 +207,14 @@ def commit_revision(session: Session, record: EpochRecord, committed: Mapping[st
         .values(replaces=None)
         .execution_options(synchronize_session=False)
     )
-    session.execute(
-        insert(SinkCleanup).values(
-            sink_id=record.sink_id,
-            epoch=record.epoch,
-            write_id=replaced.write_id,
-            metadata_json=replaced.pre_commit.to_json(),
-            reason=f"replaced by revision {record.revision} (write {record.write_id})",
-            created_at=now,
-            removed_by=json.dumps(dict(committed), sort_keys=True),
-        )
+    metadata_copies.queue_cleanup(
+        session,
+        record.sink_id,
+        record.epoch,
+        replaced.write_id,
+        reason=f"replaced by revision {record.revision} (write {record.write_id})",
+        removed_by=json.dumps(dict(committed), sort_keys=True),
+        replaced=True,
     )
     session.execute(
         update(EpochRevision)

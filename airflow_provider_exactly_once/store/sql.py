@@ -30,7 +30,7 @@ from airflow_provider_exactly_once.core.identifiers import check_epoch, check_wr
 from airflow_provider_exactly_once.core.ports import CommittedTables, EpochRecord
 from airflow_provider_exactly_once.core.precommit import PreCommit
 from airflow_provider_exactly_once.core.status import AbortCause, EpochStatus
-from airflow_provider_exactly_once.store import arguments, cas, first_write, rows
+from airflow_provider_exactly_once.store import arguments, cas, first_write, metadata_copies, rows
 from airflow_provider_exactly_once.store.batch_transitions import SqlBatchTransitions
 from airflow_provider_exactly_once.store.checkpoints import SqlCheckpointTable
 from airflow_provider_exactly_once.store.cleanup_queue import SqlCleanupQueue, discarded
@@ -180,17 +180,8 @@ class SqlSinkStateStore(SqlCleanupQueue, SqlBatchTransitions):
                             abort_cause=cause,
                         )
                     )
-                    metadata_json = rows.insert_metadata(session, pre_commit)
-                    session.execute(
-                        insert(SinkCleanup).values(
-                            sink_id=sink_id,
-                            epoch=epoch,
-                            write_id=pre_commit.write_id,
-                            metadata_json=metadata_json,
-                            reason=reason,
-                            created_at=now,
-                        )
-                    )
+                    rows.insert_metadata(session, pre_commit)
+                    metadata_copies.queue_cleanup(session, sink_id, epoch, pre_commit.write_id, reason=reason)
                     return cas.reloaded(session, sink_id, epoch)
         except IntegrityError:
             pass  # a concurrent persist inserted first
@@ -229,7 +220,6 @@ class SqlSinkStateStore(SqlCleanupQueue, SqlBatchTransitions):
             )
         pending = expected_status is EpochStatus.PENDING
         with self._db.transaction(f"replacing the write of sink {sink_id!r} epoch {epoch}", write=True) as session:
-            old = rows.load(session, sink_id, epoch, for_update=True)
             now = db_now()
             values: dict[str, Any] = {
                 "status": EpochStatus.PENDING.value,
@@ -249,19 +239,11 @@ class SqlSinkStateStore(SqlCleanupQueue, SqlBatchTransitions):
                 cas.key(sink_id, epoch, expected_write_id),
                 f"{wanted}{' while no commit is decided' if pending else ''}",
             )
-            rows.replace_metadata(session, pre_commit, replaced_write_id=expected_write_id)
             if pending:
-                assert old is not None  # the CAS matched it
-                session.execute(
-                    insert(SinkCleanup).values(
-                        sink_id=sink_id,
-                        epoch=epoch,
-                        write_id=old.write_id,
-                        metadata_json=old.pre_commit.to_json(),
-                        reason=f"replaced by write {pre_commit.write_id}",
-                        created_at=now,
-                    )
+                metadata_copies.queue_cleanup(
+                    session, sink_id, epoch, expected_write_id, reason=f"replaced by write {pre_commit.write_id}"
                 )
+            rows.replace_metadata(session, pre_commit, replaced_write_id=expected_write_id)
             return cas.reloaded(session, sink_id, epoch)
 
     def reopen_committed(
@@ -395,16 +377,7 @@ class SqlSinkStateStore(SqlCleanupQueue, SqlBatchTransitions):
                 raise StateConflict(
                     f"sink {sink_id!r} epoch {epoch}: write {write_id} is a revision; abort it with abort_revision"
                 )
-            session.execute(
-                insert(SinkCleanup).values(
-                    sink_id=sink_id,
-                    epoch=epoch,
-                    write_id=write_id,
-                    metadata_json=record.pre_commit.to_json(),
-                    reason=reason,
-                    created_at=now,
-                )
-            )
+            metadata_copies.queue_cleanup(session, sink_id, epoch, write_id, reason=reason)
             return record
 
     def record_error(self, sink_id: str, epoch: int, *, write_id: str, error: str) -> None:

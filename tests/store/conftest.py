@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import sqlalchemy as sa
 
 from airflow_provider_exactly_once.store import SqlSinkStateStore
 
@@ -25,12 +23,4 @@ def fresh_url(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> I
     if backend == "sqlite":
         yield f"sqlite:///{tmp_path / 'fresh.db'}"
         return
-    pg_url = str(request.getfixturevalue("pg_url"))
-    name = f"eo_store_{uuid.uuid4().hex[:12]}"
-    admin = sa.create_engine(pg_url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
-    yield pg_url.rsplit("/", 1)[0] + "/" + name
-    with admin.connect() as conn:
-        conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-    admin.dispose()
+    yield str(request.getfixturevalue("pg_database_url"))
