@@ -52,9 +52,10 @@ class Kind(StrEnum):
 
     @property
     def stages_manifests(self) -> bool:
-        """Whether persist writes the commit's manifests ahead (D16): an append's and a revision's
-        are known then; changes by key are checked against the table at commit, before their files."""
-        return self in (Kind.APPEND, Kind.REVISION)
+        """Whether persist writes the commit's manifests ahead (D16): an append's, a revision's and an
+        upsert's are known then. An upsert's revision is not: what it removes depends on every commit
+        since the write it revises (``upsert_overwrites.files_to_revise``)."""
+        return self in (Kind.APPEND, Kind.REVISION, Kind.UPSERT)
 
 
 @dataclass(frozen=True)

@@ -54,10 +54,10 @@ from airflow_provider_exactly_once.sinks.iceberg.plans import PREPARED_FRESH_S, 
 from airflow_provider_exactly_once.sinks.iceberg.prepared_deletes import (
     delete_shared_manifests,
     files_replaced,
-    revision_preparer,
+    preparer,
     unrecorded,
 )
-from airflow_provider_exactly_once.sinks.iceberg.prepared_manifests import prepare_snapshot, staged_pre_commit, tidy
+from airflow_provider_exactly_once.sinks.iceberg.prepared_manifests import staged_pre_commit, tidy
 from airflow_provider_exactly_once.sinks.iceberg.references import AddedFiles, files_live_in_refs
 from airflow_provider_exactly_once.sinks.iceberg.replacement import still_referenced
 from airflow_provider_exactly_once.sinks.iceberg.schema_check import ColumnToAdd
@@ -184,14 +184,14 @@ class IcebergSinkCommitter:
         return CommitPlan(pre_commit, replaces, prepared, prepared_at=prepared_at, prepared_by=self)
 
     def stage(self, plan: CommitPlan) -> PreCommit:
-        """An append's manifests (``prepared_manifests``), or a revision's (``prepared_deletes``), written
-        against the tables ``prepare`` loaded; an upsert's are written at commit, after its checks."""
+        """The manifests of the write's snapshots (``prepared_deletes.preparer``), written against the
+        tables ``prepare`` loaded and checked (an upsert's rewritten files as it found them)."""
         if not (kind := plan.kind).stages_manifests:
             return plan.pre_commit
-        ready = {name: s.table for name, s in plan.prepared.items() if isinstance(s, TablePlan) and not s.to_add}
-        self._staged.update({plan.pre_commit.table(name).location: table.io for name, table in ready.items()})
-        preparer = revision_preparer(kind.replaces, self.branch) if kind.replaces else prepare_snapshot
-        return staged_pre_commit(plan.pre_commit, ready, preparer)
+        ready = {name: s for name, s in plan.prepared.items() if isinstance(s, TablePlan) and not s.to_add}
+        self._staged.update({plan.pre_commit.table(name).location: s.table.io for name, s in ready.items()})
+        prepare = preparer(kind, {name: s.to_replace for name, s in ready.items()}, self.branch)
+        return staged_pre_commit(plan.pre_commit, {name: s.table for name, s in ready.items()}, prepare)
 
     def tidy(self, staged: PreCommit, recorded: PreCommit | None) -> None:
         for write in staged.tables:

@@ -4,8 +4,8 @@ The committer (``committer.py``) decides which epochs a table takes a snapshot o
 conflicts; this module is what the snapshots consist of (design.md section 5, steps 3, 6 and 7): the
 columns a write adds, an upsert's identifier fields, a name mapping for a table without one, the data
 files built from the writers' descriptors under the spec they were written for (or the manifests
-persist prepared of them: ``prepared_manifests`` for an append, ``prepared_deletes`` for a revision,
-deletions included), and the marker in
+persist prepared of them: ``prepared_manifests`` for an append, ``prepared_deletes`` for a revision or
+an upsert, deletions included), and the marker in
 the summary, as an append, or as an overwrite that removes exactly the files a revision or an upsert
 replaces. Several epochs (recovery's backlog, D15) are stacked in epoch order, each snapshot parented
 on the one before, so the catalog writes one metadata file for all of them and swaps it in once.
@@ -23,10 +23,15 @@ from airflow_provider_exactly_once.core.errors import CommitRefused
 from airflow_provider_exactly_once.core.precommit import PreCommit, TableWrite
 from airflow_provider_exactly_once.sinks.iceberg.data_files import build_data_files
 from airflow_provider_exactly_once.sinks.iceberg.markers import marker_properties
-from airflow_provider_exactly_once.sinks.iceberg.prepared_deletes import refuse_stale_placeholders, usable_replacement
+from airflow_provider_exactly_once.sinks.iceberg.prepared_deletes import (
+    PREPARED_FILE,
+    refuse_stale_placeholders,
+    usable_replacement,
+)
 from airflow_provider_exactly_once.sinks.iceberg.prepared_manifests import tidy, usable_manifests
 from airflow_provider_exactly_once.sinks.iceberg.schema_check import ColumnToAdd, check_added_field_ids
 from airflow_provider_exactly_once.sinks.iceberg.transaction import (
+    SinkCommitConflict,
     SinkTransaction,
     SpecAwareOverwrite,
     StackedFastAppend,
@@ -107,6 +112,8 @@ def commit_snapshots(
                 if replacing is not None:
                     snapshot.use_prepared(*replacing)
                     own = False
+                elif to_replace and to_replace[0] is PREPARED_FILE:  # the table changed under the staging
+                    raise SinkCommitConflict(f"{owner}: table {name!r} no longer takes the prepared snapshot")
                 for replaced in to_replace if own else []:
                     snapshot.delete_data_file(replaced)
             if own:

@@ -1,4 +1,5 @@
-"""A revision's manifests written at persist, deletions included, so that its commit only lists them.
+"""A revision's or an upsert's manifests written at persist, deletions included, so that its commit
+only lists them.
 
 A revision's commit (design.md section 5, step 6) removes the replaced write's files and adds the new
 write's in one overwrite snapshot. Written at commit, that snapshot costs a manifest of the added
@@ -25,6 +26,11 @@ most of what a replacement's commit still cost. The plan then holds placeholders
 (``PREPARED_FILE``), which only the prepared path takes; a commit that finds the table changed
 since the check retries (``refuse_stale_placeholders``) and looks the files up.
 
+An upsert's first write is an overwrite of the files it rewrote (``prepare_upsert``): persist's
+conflict check found them in the branch head, and they are removed the same way. Its commit still
+checks for conflicts since the write's read; while the prepared snapshot stands, the rewritten files
+are placeholders too (``upsert_commits.files_to_rewrite``).
+
 The added files' manifest lies below the write location, like an append's. The deleted entries'
 manifest and the copies list other writes' files or outlive this write's own (a later revision
 carries them over), so they go in the table's metadata folder, where the commit's own would be.
@@ -32,7 +38,7 @@ carries them over), so they go in the table's metadata folder, where the commit'
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from functools import partial
 
 from pyiceberg.io import FileIO
@@ -43,7 +49,7 @@ from pyiceberg.typedef import Record
 
 from airflow_provider_exactly_once.core.errors import ReplacedFilesMissing
 from airflow_provider_exactly_once.core.precommit import PreCommit, PreparedSnapshot, TableWrite
-from airflow_provider_exactly_once.core.write_kinds import Kind, ReplacedWrite
+from airflow_provider_exactly_once.core.write_kinds import ReplacedWrite, WriteKind
 from airflow_provider_exactly_once.sinks.iceberg.catalog_access import unavailable_when_unreachable
 from airflow_provider_exactly_once.sinks.iceberg.data_files import build_data_files
 from airflow_provider_exactly_once.sinks.iceberg.prepared_manifests import (
@@ -51,12 +57,14 @@ from airflow_provider_exactly_once.sinks.iceberg.prepared_manifests import (
     Preparer,
     listed,
     manifest_folder,
+    prepare_snapshot,
     recorded,
     still_valid,
     summary_limit,
 )
 from airflow_provider_exactly_once.sinks.iceberg.replacement import files_to_replace
 from airflow_provider_exactly_once.sinks.iceberg.transaction import SinkCommitConflict, SinkTransaction
+from airflow_provider_exactly_once.sinks.iceberg.upsert_commits import identifier_update
 from airflow_provider_exactly_once.sinks.iceberg.write_check import write_spec
 
 #: What stands for a replaced file while the prepared snapshot stands (``replaced_as_prepared``).
@@ -70,24 +78,52 @@ PREPARED_FILE = DataFile.from_args(
 )
 
 
-def revision_preparer(replaced: ReplacedWrite, branch: str) -> Preparer:
-    """What prepares each table's snapshot of a revision that replaces ``replaced`` on ``branch``."""
-    return partial(prepare_replacement, replaced=replaced, branch=branch)
+def preparer(kind: WriteKind, rewritten: Mapping[str, list[DataFile]], branch: str) -> Preparer:
+    """What prepares each table's snapshot of a write of ``kind`` on ``branch``: an append's manifest
+    (``prepared_manifests``), a revision's overwrite, or an upsert's (the files it rewrote, as
+    ``prepare`` found them in each table: ``rewritten``); the kind stages manifests."""
+    if kind.replaces is not None:
+        return partial(prepare_replacement, replaced=kind.replaces, branch=branch)
+    if kind.by_key:
+        return partial(prepare_upsert, rewritten=rewritten, branch=branch)
+    return prepare_snapshot
 
 
 def prepare_replacement(
     table: Table, pre_commit: PreCommit, write: TableWrite, *, replaced: ReplacedWrite, branch: str
 ) -> PreparedSnapshot | None:
-    """The manifests of ``write``'s overwrite snapshot of ``table`` as its branch head is now; ``None``
-    where the commit must write its own: a format other than 2, an upsert (its commit checks the table
-    for conflicts first), nothing to commit, or a replaced file not found as it expects."""
-    metadata = table.metadata
-    if metadata.format_version != PREPARED_FORMAT_VERSION or not Kind.of_table(write).stages_manifests:
+    """The manifests of a revision's overwrite snapshot of ``table`` as its branch head is now; ``None``
+    where the commit must write its own: a format other than 2, nothing to commit, or a replaced file
+    not found as it expects."""
+    if table.metadata.format_version != PREPARED_FORMAT_VERSION:
         return None
     try:
         to_replace = files_to_replace(table, branch, pre_commit, replaced, write.table)
     except ReplacedFilesMissing:
         return None  # the commit refuses, and says why
+    return _prepare_overwrite(table, pre_commit, write, to_replace, branch)
+
+
+def prepare_upsert(
+    table: Table, pre_commit: PreCommit, write: TableWrite, *, rewritten: Mapping[str, list[DataFile]], branch: str
+) -> PreparedSnapshot | None:
+    """An upsert's manifests: an append's where it rewrote no file of ``table``, else an overwrite's
+    that removes the files it rewrote. ``None`` where its commit first makes the key the table's
+    identifier fields: that is a new schema, which no manifest written now is valid against."""
+    if identifier_update(table.metadata, write):
+        return None
+    to_replace = rewritten.get(write.table, [])
+    if not to_replace:
+        return prepare_snapshot(table, pre_commit, write)
+    if table.metadata.format_version != PREPARED_FORMAT_VERSION:
+        return None
+    return _prepare_overwrite(table, pre_commit, write, to_replace, branch)
+
+
+def _prepare_overwrite(
+    table: Table, pre_commit: PreCommit, write: TableWrite, to_replace: list[DataFile], branch: str
+) -> PreparedSnapshot | None:
+    metadata = table.metadata
     if not to_replace and not write.data_files:
         return None  # the commit makes no snapshot of this table
     overwrite = SinkTransaction(table).replace_files(branch=branch, snapshot_properties={})
@@ -176,7 +212,6 @@ def _standing(
     if (
         prepared is None
         or prepared.snapshot_id is None
-        or not Kind.of_table(write).stages_manifests  # an upsert's overwrite: never staged, never trusted
         or not still_valid(metadata, prepared, io)
         or metadata.snapshot_by_id(prepared.snapshot_id) is not None
     ):

@@ -22,7 +22,7 @@ model; this is the same rule with the key range as the filter.
 from __future__ import annotations
 
 import base64
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, cast
 
 from pyiceberg.conversions import from_bytes
@@ -38,9 +38,16 @@ from airflow_provider_exactly_once.core.precommit import PreCommit, TableWrite
 SHOWN = 5
 
 
-def files_to_rewrite(table: Table, branch: str, pre_commit: PreCommit, write: TableWrite) -> list[DataFile]:
+def files_to_rewrite(
+    table: Table, branch: str, pre_commit: PreCommit, write: TableWrite, prepared: Sequence[DataFile] = ()
+) -> list[DataFile]:
     """The data files ``write`` rewrote, as the head of ``branch`` holds them; ``UpsertConflict``
-    when the table moved since the write read it in a way the write cannot absorb."""
+    when the table moved since the write read it in a way the write cannot absorb.
+
+    ``prepared``, one per rewritten file, where the write's prepared snapshot stands
+    (``prepared_deletes.replaced_as_prepared``): the head still lists every manifest that held them
+    live at persist, so none is gone, and only the manifests added since the read are read, for the
+    other conflicts; the commit lists the prepared manifests, which remove them."""
     owner = f"{pre_commit.describe()}: upsert into table {write.table!r} on branch {branch!r}"
     metadata = table.metadata
     head = metadata.snapshot_by_name(branch)
@@ -65,6 +72,7 @@ def files_to_rewrite(table: Table, branch: str, pre_commit: PreCommit, write: Ta
         )
         return []  # unreachable: _conflict raises
     found: dict[str, DataFile] = {}
+    as_prepared = len(prepared) == len(wanted) > 0
     overlapping: list[str] = []
     for manifest in head.manifests(table.io):
         new = manifest.added_snapshot_id in since
@@ -76,7 +84,7 @@ def files_to_rewrite(table: Table, branch: str, pre_commit: PreCommit, write: Ta
                     (manifest.manifest_path,),
                 )
             continue
-        if not new and len(found) == len(wanted):
+        if not new and (as_prepared or len(found) == len(wanted)):
             continue
         for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
             data_file = entry.data_file
@@ -89,7 +97,7 @@ def files_to_rewrite(table: Table, branch: str, pre_commit: PreCommit, write: Ta
                 and may_hold_keys(metadata, data_file, write)
             ):
                 overlapping.append(data_file.file_path)
-    missing = sorted(wanted - set(found))
+    missing = [] if as_prepared else sorted(wanted - set(found))
     if missing:
         _conflict(owner, f"{len(missing)} file(s) it rewrote are no longer in the table: {shown(missing)}", missing)
     if overlapping:
@@ -98,7 +106,7 @@ def files_to_rewrite(table: Table, branch: str, pre_commit: PreCommit, write: Ta
             f"{len(overlapping)} data file(s) added since its read may hold the epoch's keys: {shown(overlapping)}",
             overlapping,
         )
-    return [found[path] for path in sorted(found)]
+    return list(prepared) if as_prepared else [found[path] for path in sorted(found)]
 
 
 def snapshots_since(metadata: TableMetadata, head_id: int, read_id: int | None) -> set[int] | None:

@@ -33,6 +33,7 @@ from airflow_provider_exactly_once.core.precommit import PreCommit, TableWrite
 from airflow_provider_exactly_once.core.upsert_revisions import DOCUMENTED
 from airflow_provider_exactly_once.core.write_kinds import ReplacedWrite, WriteKind
 from airflow_provider_exactly_once.sinks.iceberg.markers import EPOCH_KEY, SINK_ID_KEY, marker_of
+from airflow_provider_exactly_once.sinks.iceberg.prepared_deletes import replaced_as_prepared
 from airflow_provider_exactly_once.sinks.iceberg.upsert_commits import (
     files_to_rewrite,
     may_hold_range,
@@ -47,7 +48,8 @@ def upsert_files_to_replace(
     """The data files the overwrite of upsert ``write`` removes, as the head of ``branch`` holds them.
 
     ``replaces`` is the committed write a revision replaces (``None`` while persist checks a write
-    before the revision is opened: ``write.revises`` says the same).
+    before the revision is opened: ``write.revises`` says the same). A first write's prepared
+    snapshot, while it stands, vouches for the files it rewrote (``files_to_rewrite``).
     """
     revised = write.revises
     kind = WriteKind.of(pre_commit, replaces)
@@ -60,7 +62,7 @@ def upsert_files_to_replace(
                 f"is planned as a revision ({DOCUMENTED})",
                 (write.table,),
             )
-        return files_to_rewrite(table, branch, pre_commit, write)
+        return files_to_rewrite(table, branch, pre_commit, write, replaced_as_prepared(table, branch, write))
     if (replaced := kind.replaces) is not None:
         _check_against(pre_commit, write, replaced)
     return files_to_revise(table, branch, pre_commit, write)
