@@ -11,12 +11,14 @@ import pytest
 
 from airflow_provider_exactly_once.core.faults import SimulatedCrash
 from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochStatus
+from airflow_provider_exactly_once.sinks.iceberg.prepared_manifests import MANIFEST_FOLDER
 from tests.core.coordinator.test_crash_recovery import COMMIT_POINTS
 from tests.support.faults import FaultSwitch
+from tests.support.pipeline import local_path
 from tests.support.upsert_writer import keyed_pipeline, write_upsert
 
 SINK = "upsert-crashes"
-STEPS = ["persist.inserted", *COMMIT_POINTS]
+STEPS = ["persist.staged", "persist.inserted", *COMMIT_POINTS]
 
 
 @pytest.mark.parametrize("step", STEPS)
@@ -54,5 +56,10 @@ def test_a_crash_at_any_step_then_recovery_applies_the_epoch_once(tmp_path: Path
         live = {t.file.file_path for t in table.scan().plan_files()}
         assert not live & {r.path for r in pre.tables[0].rewritten}
         assert list(pipeline.store.cleanups(SINK)) == []
+        prepared = row.pre_commit.tables[0].prepared  # its manifests were written at persist
+        assert prepared is not None and prepared.snapshot_id == int((row.committed or {})["ns.t"])
+        folder = Path(local_path(pre.tables[0].location)) / MANIFEST_FOLDER / pre.write_id
+        recorded = {Path(local_path(m.path)).name for m in prepared.manifests if not m.lists_other_writes}
+        assert {p.name for p in folder.iterdir()} == recorded  # a killed attempt's staging is gone
     finally:
         pipeline.dispose()
