@@ -272,7 +272,7 @@ def record(
         table_uuids=None if row.table_uuids is None else json.loads(row.table_uuids),
         warning=row.warning,
         revision=int(row.revision or 0),
-        replaces=None if row.replaces is None else _replaced(parsed, row, replaced),
+        replaces=_replaced(parsed, row, replaced),
     )
 
 
@@ -291,9 +291,11 @@ def replaces_json(record: EpochRecord) -> str:
     )
 
 
-def _replaced(parsed: ParsedWrites, row: PendingSinkState, pre_commit: PreCommit | None) -> ReplacedWrite:
-    """The write a revision replaces: ``replaces_json``'s text, and the write's metadata."""
-    assert row.replaces is not None
+def _replaced(parsed: ParsedWrites, row: PendingSinkState, pre_commit: PreCommit | None) -> ReplacedWrite | None:
+    """The write a revision in flight replaces (``replaces_json``'s text, and the write's metadata);
+    ``None`` for a row with no revision in flight."""
+    if row.replaces is None:
+        return None
     data = json.loads(row.replaces)
     if pre_commit is None:
         pre_commit = parsed.pre_commit(

@@ -49,7 +49,7 @@ from pyiceberg.typedef import Record
 
 from airflow_provider_exactly_once.core.errors import ReplacedFilesMissing
 from airflow_provider_exactly_once.core.precommit import PreCommit, PreparedSnapshot, TableWrite
-from airflow_provider_exactly_once.core.write_kinds import ReplacedWrite, WriteKind
+from airflow_provider_exactly_once.core.write_kinds import Kind, ReplacedWrite, WriteKind
 from airflow_provider_exactly_once.sinks.iceberg.catalog_access import unavailable_when_unreachable
 from airflow_provider_exactly_once.sinks.iceberg.data_files import build_data_files
 from airflow_provider_exactly_once.sinks.iceberg.prepared_manifests import (
@@ -82,11 +82,13 @@ def preparer(kind: WriteKind, rewritten: Mapping[str, list[DataFile]], branch: s
     """What prepares each table's snapshot of a write of ``kind`` on ``branch``: an append's manifest
     (``prepared_manifests``), a revision's overwrite, or an upsert's (the files it rewrote, as
     ``prepare`` found them in each table: ``rewritten``); the kind stages manifests."""
-    if kind.replaces is not None:
-        return partial(prepare_replacement, replaced=kind.replaces, branch=branch)
-    if kind.by_key:
-        return partial(prepare_upsert, rewritten=rewritten, branch=branch)
-    return prepare_snapshot
+    match kind:
+        case WriteKind(kind=Kind.REVISION, replaces=ReplacedWrite() as replaced):
+            return partial(prepare_replacement, replaced=replaced, branch=branch)
+        case WriteKind(kind=Kind.UPSERT):
+            return partial(prepare_upsert, rewritten=rewritten, branch=branch)
+        case _:
+            return prepare_snapshot
 
 
 def prepare_replacement(
