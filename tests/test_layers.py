@@ -47,7 +47,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 )
 
 #: What ``core/`` may import besides the standard library and its own modules.
-CORE_THIRD_PARTY = frozenset({"pydantic"})
+#: pydantic_core is pydantic's own engine, installed with it: a custom type's schema is written with it.
+CORE_THIRD_PARTY = frozenset({"pydantic", "pydantic_core"})
 
 
 @dataclass(frozen=True)

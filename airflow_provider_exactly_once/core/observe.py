@@ -112,10 +112,9 @@ def write_totals(pre_commit: PreCommit) -> tuple[int, int, int]:
     """Files, rows and bytes of a write, over all its tables."""
     files = rows = size = 0
     for table in pre_commit.tables:
-        for descriptor in table.data_files:
-            files += 1
-            rows += descriptor.record_count
-            size += descriptor.file_size_in_bytes
+        files += len(table.data_files)
+        rows += table.data_files.record_count()
+        size += table.data_files.size_in_bytes()
     return files, rows, size
 
 

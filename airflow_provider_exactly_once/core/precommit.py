@@ -33,6 +33,7 @@ from pydantic import (
     model_validator,
 )
 
+from .data_file_list import DataFiles
 from .errors import InvalidPreCommit
 from .generations import check_generation
 from .identifiers import Epoch, SinkId, WriteId
@@ -195,7 +196,8 @@ class TableWrite(_Frozen):
     table: str = Field(min_length=1)
     #: The location unique to this write; every data file lies below it (abort deletes below it).
     location: str = Field(min_length=1)
-    data_files: list[DataFileDescriptor] = Field(default_factory=list)
+    #: Read back from the meta store, parsed only when a descriptor is read (``DataFiles``).
+    data_files: DataFiles = Field(default_factory=DataFiles)
     #: Columns as written, in file order. Empty means "the table's schema as it was".
     schema_written: list[WrittenColumn] = Field(default_factory=list)
     #: Columns the writer asks the commit to add (schema evolution, optional columns only).
@@ -251,7 +253,7 @@ class TableWrite(_Frozen):
         # snapshot carries them), so they lie in the table's metadata folder, never below the location.
         shared = [m.path for m in prepared if m.lists_other_writes]
         manifests = [m.path for m in prepared if m.path not in shared]
-        outside = [p for p in [f.path for f in self.data_files] + manifests if not p.startswith(root) or "/../" in p]
+        outside = [p for p in list(self.data_files.paths()) + manifests if not p.startswith(root) or "/../" in p]
         if outside:
             raise ValueError(
                 f"table {self.table!r}: {len(outside)} file(s) outside the write location {self.location!r}, "
@@ -262,13 +264,13 @@ class TableWrite(_Frozen):
             raise ValueError(
                 f"table {self.table!r}: a manifest of other writes' entries below the write location: {inside[0]!r}"
             )
-        paths = [f.path for f in self.data_files]
+        paths = self.data_files.paths()
         if len(set(paths)) != len(paths):
             raise ValueError(f"table {self.table!r}: a data file is listed twice")
 
     @property
     def record_count(self) -> int:
-        return sum(f.record_count for f in self.data_files)
+        return self.data_files.record_count()
 
     @property
     def is_empty(self) -> bool:

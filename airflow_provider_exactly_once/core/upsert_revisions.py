@@ -78,7 +78,7 @@ def _basis(write_id: str, written: TableWrite, committed: str | None, table_uuid
     revised = {
         "table_uuid": table_uuid,
         "write_id": write_id,
-        "added": [f.path for f in written.data_files],
+        "added": list(written.data_files.paths()),
         "rewritten": [r.path for r in written.rewritten],
         "key_lower_bounds": written.key_lower_bounds,
         "key_upper_bounds": written.key_upper_bounds,

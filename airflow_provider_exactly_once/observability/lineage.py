@@ -128,7 +128,7 @@ def statistics_facet(write: TableWrite) -> Any:
 
     return OutputStatisticsOutputDatasetFacet(
         rowCount=write.record_count,
-        size=sum(d.file_size_in_bytes for d in write.data_files),
+        size=write.data_files.size_in_bytes(),
         fileCount=len(write.data_files),
     )
 

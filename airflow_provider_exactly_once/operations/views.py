@@ -173,7 +173,7 @@ class EpochView:
                 name=mask_userinfo(table.table),
                 files=len(table.data_files),
                 rows=table.record_count,
-                bytes=sum(f.file_size_in_bytes for f in table.data_files),
+                bytes=table.data_files.size_in_bytes(),
                 snapshot=committed.get(table.table),
                 table_uuid=uuids.get(table.table),
                 changes=change_counts(table),

@@ -18,6 +18,9 @@ from airflow_provider_exactly_once.core.errors import InvalidPreCommit
 from airflow_provider_exactly_once.store.models import EpochMetadata, ReplacedMetadata, SinkCleanup, db_now
 
 _METADATA = ("sink_id", "epoch", "write_id", "metadata_bytes", "metadata", "metadata_zlib")
+#: Between ``epoch_metadata`` and ``replaced_metadata``, the write's head goes along; the clean-up
+#: queue reads writes whole.
+_WITH_HEAD = (*_METADATA, "head_zlib")
 
 
 def keep_replaced(session: Session, sink_id: str, epoch: int, write_id: str) -> None:
@@ -83,7 +86,7 @@ def _copy(source: type[EpochMetadata | ReplacedMetadata], target: type[EpochMeta
     origin = cast(Table, source.__table__)
     by_write = source is EpochMetadata  # a replaced write is the epoch's one
     return insert(cast(Table, target.__table__)).from_select(
-        list(_METADATA), select(*(origin.c[c] for c in _METADATA)).where(*_where(origin, by_write=by_write))
+        list(_WITH_HEAD), select(*(origin.c[c] for c in _WITH_HEAD)).where(*_where(origin, by_write=by_write))
     )
 
 

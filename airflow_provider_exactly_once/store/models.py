@@ -146,6 +146,9 @@ class _StoredMetadata:
     metadata_json: Mapped[str | None] = mapped_column("metadata", Text)
     #: The PreCommit JSON deflated (``zlib``, 0007): a tenth or less of the text's pages to write.
     metadata_zlib: Mapped[bytes | None] = mapped_column(LargeBinary)
+    #: The write's head (``write_heads``, 0011): what a commit reads instead of the metadata, whose
+    #: descriptors it parses only if it needs them; ``None`` for rows written before.
+    head_zlib: Mapped[bytes | None] = mapped_column(LargeBinary)
 
 
 class EpochMetadata(_StoredMetadata, Base):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import zlib
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Protocol
 
 from sqlalchemy.orm import Session
@@ -80,7 +81,7 @@ class ParsedWrites:
         with self._lock:
             self._writes.clear()
 
-    def stored(self, row: _Stored) -> PreCommit:
+    def stored(self, row: _Stored, head: Callable[[], PreCommit] | None = None) -> PreCommit:
         """The metadata of the write a row names, in whichever form the row holds it."""
         return self.pre_commit(
             row.sink_id,
@@ -89,17 +90,33 @@ class ParsedWrites:
             row.metadata_json,
             packed=row.metadata_zlib,
             size=row.metadata_bytes,
+            head=head,
         )
 
     def pre_commit(
-        self, sink_id: str, epoch: int, write_id: str, text: str | None, *, packed: bytes | None, size: int | None
+        self,
+        sink_id: str,
+        epoch: int,
+        write_id: str,
+        text: str | None,
+        *,
+        packed: bytes | None,
+        size: int | None,
+        head: Callable[[], PreCommit] | None = None,
     ) -> PreCommit:
         """The write's metadata from its text, or from its deflated form (``packed``, whose JSON is
-        ``size`` bytes), parsed unless known.
+        ``size`` bytes), parsed unless known; or, where the row was read with its write's head and
+        not its metadata, from ``head`` (``write_heads.from_head``), under the same name.
 
         The deflated form is only ever written by this package, after the write passed every check, so
         it is parsed as trusted (``PreCommit.parse``); zlib's checksum refuses a damaged one, and a form
         that inflates to another write's metadata is refused too."""
+        if head is not None and size is not None:
+            known = self.get((sink_id, epoch, write_id, int(size)))
+            if known is None:
+                known = head()
+                self.put((sink_id, epoch, write_id, int(size)), known)
+            return known
         if text is None and packed is None:
             raise InvalidPreCommit(
                 f"sink {sink_id!r} epoch {epoch}: the meta store holds no metadata of write {write_id}"

@@ -10,12 +10,14 @@ revision, written in the same transaction as the transition.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import cast
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import Table, Update, bindparam, insert, select, update
 from sqlalchemy.orm import Session
 
 from airflow_provider_exactly_once.core.errors import StateConflict
@@ -192,8 +194,9 @@ class SqlRevisions:
         return listed
 
 
-def commit_revision(session: Session, record: EpochRecord, committed: Mapping[str, str]) -> None:
-    """Inside ``mark_committed`` of a revision: record it, and queue the replaced write's files.
+def commit_revision(session: Session, record: EpochRecord, committed: Mapping[str, str]) -> EpochRecord:
+    """Inside ``mark_committed`` of a revision: record it, and queue the replaced write's files; the
+    row as it then is.
 
     Those files stay referenced by the snapshots older than ``committed`` (time travel), so the
     clean-up carries ``removed_by`` and waits until no retained snapshot is older.
@@ -201,12 +204,6 @@ def commit_revision(session: Session, record: EpochRecord, committed: Mapping[st
     replaced = record.replaces
     assert replaced is not None
     now = db_now()
-    session.execute(
-        update(PendingSinkState)
-        .where(PendingSinkState.sink_id == record.sink_id, PendingSinkState.epoch == record.epoch)
-        .values(replaces=None)
-        .execution_options(synchronize_session=False)
-    )
     metadata_copies.queue_cleanup(
         session,
         record.sink_id,
@@ -227,6 +224,20 @@ def commit_revision(session: Session, record: EpochRecord, committed: Mapping[st
         .execution_options(synchronize_session=False)
     )
     _record(session, record, EpochStatus.COMMITTED.value, committed, None)
+    done = rows.updated(session, _replaced_statement(), {"r_sink_id": record.sink_id, "r_epoch": record.epoch})
+    assert done is not None  # the row the mark just swapped, in this transaction
+    return done
+
+
+@functools.cache
+def _replaced_statement() -> Update:
+    """The revision no longer replaces anything, the row read back in the same statement."""
+    table = cast(Table, PendingSinkState.__table__)
+    return rows.returning_row(
+        update(table)
+        .where(table.c.sink_id == bindparam("r_sink_id"), table.c.epoch == bindparam("r_epoch"))
+        .values(replaces=None)
+    )
 
 
 def _record(

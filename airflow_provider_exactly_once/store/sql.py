@@ -345,8 +345,7 @@ class SqlSinkStateStore(SqlCleanupQueue, SqlBatchTransitions):
                     f"write's tables {sorted(tables)}"
                 )
             if record.kind.revises:
-                commit_revision(session, record, committed)
-                record = cas.reloaded(session, sink_id, epoch)
+                record = commit_revision(session, record, committed)
             return record
 
     def mark_aborted(

@@ -18,6 +18,7 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.transforms import IdentityTransform
 
+from airflow_provider_exactly_once.core.data_file_list import DataFiles
 from airflow_provider_exactly_once.core.epochs import epoch_from_interval_start
 from airflow_provider_exactly_once.core.errors import InvalidPreCommit, InvalidSinkConfig
 from airflow_provider_exactly_once.core.precommit import COMPRESSED_PREFIX, PreCommit
@@ -328,7 +329,7 @@ def test_xcom_value_of_ten_thousand_files_stays_small(tmp_path: Path) -> None:
         PreCommit.parse(value[: len(value) // 2])
     small = xcom_value(
         pre_commit.model_copy(
-            update={"tables": [pre_commit.tables[0].model_copy(update={"data_files": descriptors[:3]})]}
+            update={"tables": [pre_commit.tables[0].model_copy(update={"data_files": DataFiles(descriptors[:3])})]}
         )
     )
     assert isinstance(small, dict) and PreCommit.parse(small).record_count == sum(

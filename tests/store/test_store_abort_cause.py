@@ -5,10 +5,8 @@ Aborted mark and clears it with the next write; on SQLite and PostgreSQL."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 from datetime import UTC, datetime
 
-import pytest
 import sqlalchemy as sa
 from alembic import command
 
@@ -28,13 +26,6 @@ EARLIER_ROWS = [
     (6, "Aborted", None, None),
     (7, "Pending", "upsert conflict: the epoch is written again: a failed commit noted", None),
 ]
-
-
-@pytest.fixture
-def engine(fresh_url: str) -> Iterator[sa.Engine]:
-    created = sa.create_engine(fresh_url)
-    yield created
-    created.dispose()
 
 
 def _causes(engine: sa.Engine) -> dict[int, str | None]:

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
+from airflow_provider_exactly_once.core.data_file_list import DataFiles
 from airflow_provider_exactly_once.core.ports import CommitMark
 from airflow_provider_exactly_once.core.status import EpochStatus
 from airflow_provider_exactly_once.store import SqlSinkStateStore
@@ -111,7 +112,7 @@ def test_a_write_this_process_stored_is_read_back_without_its_metadata(
     bytes names them, also for text that is not ASCII."""
     pre = make_pre_commit(sink_id, EPOCH)
     files = [f.model_copy(update={"writer": writer}) for f in pre.tables[0].data_files]
-    pre = pre.model_copy(update={"tables": [pre.tables[0].model_copy(update={"data_files": files})]})
+    pre = pre.model_copy(update={"tables": [pre.tables[0].model_copy(update={"data_files": DataFiles(files)})]})
     store.insert_pending(pre, run_id="scheduled__1", try_number=1)
 
     assert not _selected_metadata(store, lambda: store.get(sink_id, EPOCH))

@@ -4,7 +4,7 @@ by the transitions that do not, which read the row back from the statement that 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -36,13 +36,6 @@ def _statements(store: SqlSinkStateStore, action: Callable[[], object]) -> list[
     finally:
         sa.event.remove(store.engine, "before_cursor_execute", recorder)
     return [s for s in recorder.seen if s.split(" ", 1)[0].upper() in {"SELECT", "INSERT", "UPDATE", "DELETE"}]
-
-
-@pytest.fixture
-def engine(fresh_url: str) -> Iterator[sa.Engine]:
-    created = sa.create_engine(fresh_url)
-    yield created
-    created.dispose()
 
 
 def _columns(engine: sa.Engine, table: str) -> set[str]:

@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import json
 import zlib
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
 import sqlalchemy as sa
 from alembic import command
 
@@ -22,13 +20,6 @@ from tests.support.builders import make_pre_commit
 EPOCH = 1_700_000_000_000
 G1 = "2024-06-01T01:00:00.000000Z/0000000000"
 G2 = "2024-06-02T09:30:00.000000Z/0000000001"
-
-
-@pytest.fixture
-def engine(fresh_url: str) -> Iterator[sa.Engine]:
-    created = sa.create_engine(fresh_url)
-    yield created
-    created.dispose()
 
 
 def _write(sink_id: str, generation: str, files: int) -> PreCommit:

@@ -3,7 +3,6 @@ interval, kept per (DAG, run id) for the views, on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -89,13 +88,6 @@ def test_bad_input_is_refused_naming_it(
 ) -> None:
     with pytest.raises(InvalidPreCommit, match=message):
         store.runs.record(dag_id, run_id, dates)  # type: ignore[arg-type]
-
-
-@pytest.fixture
-def engine(fresh_url: str) -> Iterator[sa.Engine]:
-    created = sa.create_engine(fresh_url)
-    yield created
-    created.dispose()
 
 
 def test_the_migration_adds_the_table_and_its_downgrade_drops_it(fresh_url: str, engine: sa.Engine) -> None:

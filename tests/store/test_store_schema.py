@@ -90,7 +90,19 @@ def test_migrations_run_on_first_use_and_match_the_models(fresh_url: str, statem
 
 def test_the_declared_head_is_the_scripted_head() -> None:
     assert migrate.head_revision() == migrate.scripted_head_revision()
-    assert migrate.known_revisions() == {"0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008", "0009", "0010"}
+    assert migrate.known_revisions() == {
+        "0001",
+        "0002",
+        "0003",
+        "0004",
+        "0005",
+        "0006",
+        "0007",
+        "0008",
+        "0009",
+        "0010",
+        "0011",
+    }
 
 
 def test_a_second_open_does_no_ddl(fresh_url: str, statements: _Statements) -> None:

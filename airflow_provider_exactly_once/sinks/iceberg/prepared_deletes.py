@@ -59,6 +59,7 @@ from airflow_provider_exactly_once.sinks.iceberg.prepared_manifests import (
     manifest_folder,
     prepare_snapshot,
     recorded,
+    snapshot_manifests,
     still_valid,
     summary_limit,
 )
@@ -219,7 +220,7 @@ def _standing(
     ):
         return None
     head = metadata.snapshot_by_name(branch)
-    current = head.manifests(io) if head is not None else []
+    current = snapshot_manifests(head, io) if head is not None else []
     if not set(prepared.replaced) <= {m.manifest_path for m in current}:
         return None  # merged or rewritten since persist: the commit filters the manifests itself
     return prepared, current

@@ -26,7 +26,9 @@ import base64
 import contextlib
 import logging
 import os
+import threading
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 
 from pyiceberg.avro.codecs import AvroCompressionCodec
@@ -42,7 +44,7 @@ from pyiceberg.manifest import (
 )
 from pyiceberg.table import Table, TableProperties
 from pyiceberg.table.metadata import TableMetadata
-from pyiceberg.table.snapshots import SnapshotSummaryCollector
+from pyiceberg.table.snapshots import Snapshot, SnapshotSummaryCollector
 
 from airflow_provider_exactly_once.core.precommit import (
     PartitionSummary,
@@ -265,3 +267,27 @@ def _b64(value: bytes | None) -> str | None:
 
 def _bytes(value: str | None) -> bytes | None:
     return None if value is None else base64.b64decode(value)
+
+
+#: Manifest lists read, by path: a list file is never rewritten, and a replacement's commit asks
+#: whether its prepared snapshot stands up to three times (the check before the decision, the
+#: commit, and its retry guard), which pyiceberg answers by reading the list each time.
+_LISTS: OrderedDict[str, tuple[ManifestFile, ...]] = OrderedDict()
+_LISTS_MAX = 16
+_LISTS_LOCK = threading.Lock()
+
+
+def snapshot_manifests(snapshot: Snapshot, io: FileIO) -> list[ManifestFile]:
+    """``snapshot.manifests(io)``, its list file read once per process."""
+    with _LISTS_LOCK:
+        found = _LISTS.get(snapshot.manifest_list)
+        if found is not None:
+            _LISTS.move_to_end(snapshot.manifest_list)
+            return list(found)
+    read = tuple(snapshot.manifests(io))
+    with _LISTS_LOCK:
+        _LISTS[snapshot.manifest_list] = read
+        while len(_LISTS) > _LISTS_MAX:
+            _LISTS.popitem(last=False)
+    return list(read)
+

@@ -131,8 +131,7 @@ def missing_in_locations(pre_commit: PreCommit, loaded: Sequence[tuple[TableWrit
     for write, table in loaded:
         what = f"{pre_commit.describe()}: could not check the data files of table {write.table!r}"
         with unavailable_when_unreachable(what, table.io.properties):
-            paths = [descriptor.path for descriptor in write.data_files]
-            missing.extend(missing_files(table.io, paths, under=write.location))
+            missing.extend(missing_files(table.io, write.data_files.paths(), under=write.location))
     return missing
 
 

@@ -167,13 +167,32 @@ def check_table_write(
     """
     check_target(metadata, write, branch=branch, owner=owner)
     check_location(metadata, write)
-    named = _check_files(metadata, write, owner=owner)
     schema = metadata.schema()
+    if _files_checked_at_persist(metadata, write):
+        return check_columns(
+            schema, write, allow_schema_evolution=allow_schema_evolution, last_column_id=metadata.last_column_id
+        )
+    named = _check_files(metadata, write, owner=owner)
     to_add = check_columns(
         schema, write, allow_schema_evolution=allow_schema_evolution, last_column_id=metadata.last_column_id
     )
     _check_named(write, named, column_names_after(schema, to_add))
     return to_add
+
+
+def _files_checked_at_persist(metadata: TableMetadata, write: TableWrite) -> bool:
+    """Whether every file passed the checks of each file against this schema and spec already.
+
+    Persist prepares a write's manifests only after this check passed against the table's schema
+    of that moment (``PreparedSnapshot.schema_id``) with no column to add; a schema and a spec never
+    change under their ids. So while the table keeps that schema and the write's spec, the files'
+    formats, partitions and statistics' columns need no second look, and the commit task does not
+    parse the descriptors for one (``DataFiles``)."""
+    prepared = write.prepared
+    if prepared is None or prepared.schema_id != metadata.current_schema_id:
+        return False
+    spec_id = write.spec_id if write.spec_id is not None else metadata.default_spec_id
+    return spec_id in metadata.specs() and all(m.spec_id == spec_id for m in prepared.manifests if m.added_files)
 
 
 def _check_files(metadata: TableMetadata, write: TableWrite, *, owner: str) -> set[str]:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from airflow_provider_exactly_once.core.data_file_list import DataFiles
 from airflow_provider_exactly_once.core.errors import (
     InvalidPreCommit,
     InvalidSinkConfig,
@@ -45,7 +46,9 @@ def test_paths_outside_the_table_location_are_refused(pipeline: Pipeline, sink_i
     moved = pre.tables[0].model_copy(
         update={
             "location": elsewhere,
-            "data_files": [f.model_copy(update={"path": f"{elsewhere}/x.parquet"}) for f in pre.tables[0].data_files],
+            "data_files": DataFiles(
+                [f.model_copy(update={"path": f"{elsewhere}/x.parquet"}) for f in pre.tables[0].data_files]
+            ),
         }
     )
     with pytest.raises(InvalidPreCommit, match="elsewhere"):

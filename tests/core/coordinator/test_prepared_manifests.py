@@ -14,11 +14,13 @@ from pyiceberg.table import Table
 from pyiceberg.transforms import IdentityTransform
 from pyiceberg.types import StringType
 
+from airflow_provider_exactly_once.core.coordinator import TwoPhaseCommitCoordinator
 from airflow_provider_exactly_once.core.faults import SimulatedCrash
 from airflow_provider_exactly_once.core.ports import CommitPlan
 from airflow_provider_exactly_once.core.precommit import PreCommit
 from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochStatus
 from airflow_provider_exactly_once.sinks.iceberg.prepared_manifests import MANIFEST_FOLDER
+from airflow_provider_exactly_once.store import SqlSinkStateStore
 from tests.support.faults import FaultSwitch
 from tests.support.independent_reader import read_rows
 from tests.support.pipeline import ROW_SCHEMA, Pipeline, local_path
@@ -212,3 +214,31 @@ def test_a_manifest_that_cannot_be_written_leaves_the_persist_to_succeed_without
     assert _recorded(pipeline, sink_id).tables[0].prepared is None  # only an optimisation
     _commit(pipeline, coordinator, sink_id)
     assert len(read_rows(table.refresh())) == 4
+
+
+@pytest.mark.parametrize("evolved", [False, True], ids=["unchanged", "schema-changed"])
+def test_a_commit_task_of_its_own_parses_the_descriptors_only_when_the_table_changed(
+    pipeline: Pipeline, sink_id: str, evolved: bool
+) -> None:
+    """A commit task reads the row by its write's head (``store.write_heads``): with the manifests
+    persist wrote still standing, the files are listed by their paths and committed without a
+    descriptor parsed; once the schema changed, the commit checks every file and writes its own."""
+    table = pipeline.create_table("t")
+    pipeline.coordinator(sink_id, pipeline.iceberg_committer()).persist(
+        pre := pipeline.write_iceberg(sink_id, EPOCH, ["t"], rows=9, files=3)
+    )
+    if evolved:
+        with table.update_schema() as update:
+            update.add_column("note", StringType())
+    task_store = SqlSinkStateStore(pipeline.meta_url)  # the commit task's process: it parsed nothing
+    try:
+        task = TwoPhaseCommitCoordinator(task_store, {sink_id: pipeline.iceberg_committer()}, pipeline.checkpoints)
+        pipeline.checkpoint(sink_id, EPOCH, CheckpointStatus.COMPLETED)
+        result = task.commit(sink_id, EPOCH)
+        assert result.record.status is EpochStatus.COMMITTED
+        files = result.record.pre_commit.tables[0].data_files
+        assert files.read is evolved
+        assert files == pre.tables[0].data_files
+    finally:
+        task_store.dispose()
+    assert len(read_rows(table.refresh())) == 9
