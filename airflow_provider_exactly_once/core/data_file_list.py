@@ -79,9 +79,9 @@ class DataFiles(Sequence["DataFileDescriptor"]):
 
     def paths(self) -> Sequence[str]:
         """Each file's path, in order, without parsing the descriptors."""
-        if self._names is not None:
-            return self._names
-        return [f.path for f in self._read()]
+        if self._names is None:
+            self._names = tuple(f.path for f in self._read())
+        return self._names
 
     def record_count(self) -> int:
         """The files' rows, without parsing the descriptors."""

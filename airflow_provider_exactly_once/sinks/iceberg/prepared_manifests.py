@@ -290,4 +290,3 @@ def snapshot_manifests(snapshot: Snapshot, io: FileIO) -> list[ManifestFile]:
         while len(_LISTS) > _LISTS_MAX:
             _LISTS.popitem(last=False)
     return list(read)
-

@@ -103,26 +103,20 @@ def local_folder(path: str) -> str | None:
 def _missing_local(paths: Sequence[str]) -> list[str] | None:
     """``missing_files`` of local paths: one directory listing per folder instead of one stat per
     file (a write's thousands of files sit in a handful of folders, and per-file calls through a
-    thread pool cost more than the I/O). Each path is only split at its last ``/``; the folder's
-    URL is parsed once, when it is first met: at 10,000 files, parsing every path cost as much as
-    the listing. ``None`` when a path is not local."""
-    listings: dict[str, set[str]] = {}
-    missing = []
-    for path in paths:
-        folder, _, name = path.rpartition("/")
-        listed = listings.get(folder)
-        if listed is None:
-            local = local_folder(path)
-            if local is None:
-                return None
-            try:
-                listed = set(os.listdir(local))
-            except FileNotFoundError:
-                listed = set()
-            listings[folder] = listed
-        if name not in listed:
-            missing.append(path)
-    return missing
+    thread pool cost more than the I/O). Each path is only split at its last ``/``, and each folder's
+    URL parsed once: at 10,000 files, parsing every path cost as much as the listing. ``None`` when
+    a path is not local."""
+    split = [path.rpartition("/") for path in paths]
+    listings: dict[str, frozenset[str]] = {}
+    for folder, path in {folder: path for path, (folder, _, _) in zip(paths, split, strict=True)}.items():
+        local = local_folder(path)
+        if local is None:
+            return None
+        try:
+            listings[folder] = frozenset(os.listdir(local))
+        except FileNotFoundError:
+            listings[folder] = frozenset()
+    return [path for path, (folder, _, name) in zip(paths, split, strict=True) if name not in listings[folder]]
 
 
 def missing_in_locations(pre_commit: PreCommit, loaded: Sequence[tuple[TableWrite, Table]]) -> list[str]:
