@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
@@ -75,7 +75,7 @@ def _not_listed(io: FileIO, paths: Sequence[str], under: str) -> list[str]:
         filesystem = pa_io.fs_by_scheme(scheme, netloc)
         infos = filesystem.get_file_info(pafs.FileSelector(folder, recursive=True, allow_not_found=True))
         listed = {info.path for info in infos if info.type == pafs.FileType.File}
-        return [path for path in paths if pa_io.parse_location(path, pa_io.properties)[2] not in listed]
+        return _absent(paths, under, folder, listed, lambda path: pa_io.parse_location(path, pa_io.properties)[2])
     filesystem, folder = fsspec_filesystem(io, under)
     # Never from s3fs's listing cache: a file deleted since an earlier listing would read as there.
     filesystem.invalidate_cache(folder)
@@ -83,7 +83,16 @@ def _not_listed(io: FileIO, paths: Sequence[str], under: str) -> list[str]:
         listed = {str(name) for name in filesystem.find(folder)}
     except FileNotFoundError:
         return list(paths)
-    return [path for path in paths if str(filesystem._strip_protocol(path)) not in listed]
+    return _absent(paths, under, str(folder), listed, lambda path: str(filesystem._strip_protocol(path)))
+
+
+def _absent(paths: Sequence[str], under: str, folder: str, listed: set[str], key: Callable[[str], str]) -> list[str]:
+    """The paths whose key in the file system (``key``: ``bucket/key`` for a URL) ``listed`` lacks.
+    A path below ``under`` has the key of ``under`` (``folder``) followed by the rest of the path:
+    parsing each of 1,000 URLs cost a commit on S3 a fifth of its time."""
+    root, prefix = under.rstrip("/") + "/", folder.rstrip("/") + "/"
+    cut = len(root)
+    return [path for path in paths if (prefix + path[cut:] if path.startswith(root) else key(path)) not in listed]
 
 
 def local_folder(path: str) -> str | None:
