@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any, overload
 from pydantic import GetCoreSchemaHandler
 from pydantic_core import core_schema
 
+from .errors import InvalidPreCommit
+
 if TYPE_CHECKING:
     from .precommit import DataFileDescriptor
 
@@ -70,9 +72,10 @@ class DataFiles(Sequence["DataFileDescriptor"]):
                 assert self._load is not None and self._names is not None
                 loaded = tuple(self._load())
                 if tuple(f.path for f in loaded) != self._names:
-                    raise ValueError(
+                    raise InvalidPreCommit(
                         f"the stored descriptors of {len(loaded)} data files are not the {self._count} files listed "
-                        "with the write"
+                        "with the write (its head in epoch_metadata.head_zlib); set that column to NULL for the "
+                        "epoch's row, and the write is read whole"
                     )
                 self._files, self._load = loaded, None
             return self._files

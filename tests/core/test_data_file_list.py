@@ -9,6 +9,7 @@ import pickle
 import pytest
 
 from airflow_provider_exactly_once.core.data_file_list import DataFiles
+from airflow_provider_exactly_once.core.errors import InvalidPreCommit
 from airflow_provider_exactly_once.core.precommit import DataFileDescriptor, PreCommit
 from tests.support.builders import make_pre_commit
 
@@ -47,7 +48,7 @@ def test_descriptors_that_are_not_the_files_listed_are_refused() -> None:
     pre = make_pre_commit("s", 1, files=3)
     paths = list(pre.tables[0].data_files.paths())
     files = _unread(pre, [], paths=[*paths[:2], paths[2] + ".other"])
-    with pytest.raises(ValueError, match="not the 3 files listed with the write"):
+    with pytest.raises(InvalidPreCommit, match="not the 3 files listed with the write"):
         files[0]
     with pytest.raises(ValueError, match="3 data files with 2 paths"):
         _unread(pre, [], paths=paths[:2])
