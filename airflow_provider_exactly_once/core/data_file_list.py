@@ -13,30 +13,41 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, overload
+from typing import Any, Generic, Protocol, TypeVar, get_args, overload
 
 from pydantic import GetCoreSchemaHandler
 from pydantic_core import core_schema
 
 from .errors import InvalidPreCommit
 
-if TYPE_CHECKING:
-    from .precommit import DataFileDescriptor
+
+class _Described(Protocol):
+    """What this module reads of a descriptor (``precommit.DataFileDescriptor``)."""
+
+    @property
+    def path(self) -> str: ...
+    @property
+    def record_count(self) -> int: ...
+    @property
+    def file_size_in_bytes(self) -> int: ...
 
 
-class DataFiles(Sequence["DataFileDescriptor"]):
-    """The data files of one table's write: a sequence of descriptors, parsed when first read when
-    the write came from the meta store (``unread``)."""
+Descriptor = TypeVar("Descriptor", bound=_Described)
+
+
+class DataFiles(Sequence[Descriptor], Generic[Descriptor]):
+    """The data files of one table's write (``DataFiles[precommit.DataFileDescriptor]``): a sequence
+    of descriptors, parsed when first read when the write came from the meta store (``unread``)."""
 
     __slots__ = ("_bytes", "_count", "_files", "_load", "_lock", "_names", "_records")
 
-    def __init__(self, files: Sequence[DataFileDescriptor] = ()) -> None:
-        self._files: tuple[DataFileDescriptor, ...] | None = tuple(files)
+    def __init__(self, files: Sequence[Descriptor] = ()) -> None:
+        self._files: tuple[Descriptor, ...] | None = tuple(files)
         self._count = len(self._files)
         self._records: int | None = None
         self._bytes: int | None = None
         self._names: tuple[str, ...] | None = None
-        self._load: Callable[[], Sequence[DataFileDescriptor]] | None = None
+        self._load: Callable[[], Sequence[Descriptor]] | None = None
         self._lock = threading.Lock()
 
     @classmethod
@@ -47,13 +58,13 @@ class DataFiles(Sequence["DataFileDescriptor"]):
         records: int,
         size: int,
         paths: Sequence[str],
-        load: Callable[[], Sequence[DataFileDescriptor]],
-    ) -> DataFiles:
+        load: Callable[[], Sequence[Descriptor]],
+    ) -> DataFiles[Descriptor]:
         """Files known by their number, rows, bytes and paths; ``load`` gives the descriptors, in the
         order of ``paths``, when one is first read."""
         if len(paths) != count:
             raise ValueError(f"{count} data files with {len(paths)} paths")
-        files = cls()
+        files: DataFiles[Descriptor] = cls()
         files._files, files._count, files._names, files._load = None, count, tuple(paths), load
         files._records, files._bytes = records, size
         return files
@@ -63,7 +74,7 @@ class DataFiles(Sequence["DataFileDescriptor"]):
         """Whether the descriptors are parsed (always, for a write that did not come from the store)."""
         return self._files is not None
 
-    def _read(self) -> tuple[DataFileDescriptor, ...]:
+    def _read(self) -> tuple[Descriptor, ...]:
         files = self._files
         if files is not None:
             return files
@@ -102,13 +113,13 @@ class DataFiles(Sequence["DataFileDescriptor"]):
         return self._count
 
     @overload
-    def __getitem__(self, index: int) -> DataFileDescriptor: ...
+    def __getitem__(self, index: int) -> Descriptor: ...
     @overload
-    def __getitem__(self, index: slice) -> Sequence[DataFileDescriptor]: ...
-    def __getitem__(self, index: int | slice) -> DataFileDescriptor | Sequence[DataFileDescriptor]:
+    def __getitem__(self, index: slice) -> Sequence[Descriptor]: ...
+    def __getitem__(self, index: int | slice) -> Descriptor | Sequence[Descriptor]:
         return self._read()[index]
 
-    def __iter__(self) -> Iterator[DataFileDescriptor]:
+    def __iter__(self) -> Iterator[Descriptor]:
         return iter(self._read())
 
     def __eq__(self, other: object) -> bool:
@@ -116,13 +127,13 @@ class DataFiles(Sequence["DataFileDescriptor"]):
             return len(self) == len(other) and list(self._read()) == list(other)
         return NotImplemented
 
-    def __copy__(self) -> DataFiles:
+    def __copy__(self) -> DataFiles[Descriptor]:
         return self  # immutable, as the frozen descriptors are
 
-    def __deepcopy__(self, memo: dict[int, Any]) -> DataFiles:
+    def __deepcopy__(self, memo: dict[int, Any]) -> DataFiles[Descriptor]:
         return self
 
-    def __reduce__(self) -> tuple[type[DataFiles], tuple[tuple[DataFileDescriptor, ...]]]:
+    def __reduce__(self) -> tuple[type[DataFiles[Descriptor]], tuple[tuple[Descriptor, ...]]]:
         """Pickled read: a loader and its lock do not travel to another process."""
         return DataFiles, (self._read(),)
 
@@ -131,13 +142,12 @@ class DataFiles(Sequence["DataFileDescriptor"]):
 
     @classmethod
     def __get_pydantic_core_schema__(cls, source: Any, handler: GetCoreSchemaHandler) -> core_schema.CoreSchema:
-        """Validated as a list of descriptors (a ``DataFiles`` is taken as it is), serialised as one."""
-        from .precommit import DataFileDescriptor
+        """Validated as a list of its descriptors (a ``DataFiles`` is taken as it is), serialised as one."""
+        (item,) = get_args(source) or (Any,)
+        items = handler.generate_schema(list[item])  # type: ignore[valid-type]
 
-        items = handler.generate_schema(list[DataFileDescriptor])
-
-        def validate(value: Any, inner: core_schema.ValidatorFunctionWrapHandler) -> DataFiles:
-            return value if isinstance(value, DataFiles) else cls(inner(value))
+        def validate(value: Any, inner: core_schema.ValidatorFunctionWrapHandler) -> DataFiles[Any]:
+            return value if isinstance(value, DataFiles) else DataFiles(inner(value))
 
         return core_schema.no_info_wrap_validator_function(
             validate,

@@ -197,7 +197,7 @@ class TableWrite(_Frozen):
     #: The location unique to this write; every data file lies below it (abort deletes below it).
     location: str = Field(min_length=1)
     #: Read back from the meta store, parsed only when a descriptor is read (``DataFiles``).
-    data_files: DataFiles = Field(default_factory=DataFiles)
+    data_files: DataFiles[DataFileDescriptor] = Field(default_factory=DataFiles)
     #: Columns as written, in file order. Empty means "the table's schema as it was".
     schema_written: list[WrittenColumn] = Field(default_factory=list)
     #: Columns the writer asks the commit to add (schema evolution, optional columns only).
