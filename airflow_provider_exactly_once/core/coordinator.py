@@ -145,7 +145,7 @@ class TwoPhaseCommitCoordinator:
         refused (``SinkReused``). What happens is ``persist_decision``'s; each action has one step
         below, which returns ``None`` when a concurrent attempt moved the row first.
         """
-        pre = PreCommit.parse(pre_commit)
+        pre = PreCommit.parse(pre_commit).as_written()
         committer = self._committer(pre.sink_id)
         try:
             plan = committer.prepare(pre)  # refuse what can never be committed before it is made durable

@@ -384,6 +384,14 @@ class PreCommit(_Frozen):
             for data_file in table.data_files:
                 yield table, data_file
 
+    def as_written(self) -> PreCommit:
+        """The write as a writer hands it over: a prepared snapshot is the committer's to make at
+        persist (``SinkCommitter.stage``) after every file passed its checks, so one arriving with
+        the write is dropped, never trusted (the commit skips those checks while it stands)."""
+        if all(t.prepared is None for t in self.tables):
+            return self
+        return self.model_copy(update={"tables": [t.model_copy(update={"prepared": None}) for t in self.tables]})
+
     def table(self, name: str) -> TableWrite:
         for table in self.tables:
             if table.table == name:

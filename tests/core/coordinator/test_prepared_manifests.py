@@ -15,6 +15,8 @@ from pyiceberg.transforms import IdentityTransform
 from pyiceberg.types import StringType
 
 from airflow_provider_exactly_once.core.coordinator import TwoPhaseCommitCoordinator
+from airflow_provider_exactly_once.core.data_file_list import DataFiles
+from airflow_provider_exactly_once.core.errors import InvalidPreCommit
 from airflow_provider_exactly_once.core.faults import SimulatedCrash
 from airflow_provider_exactly_once.core.ports import CommitPlan
 from airflow_provider_exactly_once.core.precommit import PreCommit
@@ -242,3 +244,18 @@ def test_a_commit_task_of_its_own_parses_the_descriptors_only_when_the_table_cha
     finally:
         task_store.dispose()
     assert len(read_rows(table.refresh())) == 9
+
+
+def test_a_prepared_snapshot_arriving_with_the_write_is_dropped_not_trusted(pipeline: Pipeline, sink_id: str) -> None:
+    """Only persist prepares a snapshot, after every file passed its checks; one a writer hands over
+    (copied from another write's row, say) must not spare a file those checks."""
+    pipeline.create_table("t")
+    committer = pipeline.iceberg_committer()
+    staged = committer.stage(committer.prepare(pipeline.write_iceberg(sink_id, EPOCH, ["t"], rows=6)))
+    (write,) = staged.tables
+    mislabelled = DataFiles([f.model_copy(update={"format": "orc"}) for f in write.data_files])
+    forged = staged.model_copy(update={"tables": [write.model_copy(update={"data_files": mislabelled})]})
+
+    with pytest.raises(InvalidPreCommit, match="declared 'orc'"):
+        pipeline.coordinator(sink_id, committer).persist(forged)
+    assert pipeline.store.get(sink_id, EPOCH) is None
