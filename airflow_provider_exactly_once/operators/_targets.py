@@ -12,12 +12,13 @@ templated ``input=`` and ``target=`` are refused when they hold credentials (``c
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import urlparse
 
 from airflow_provider_exactly_once.core.errors import InvalidSinkConfig
 from airflow_provider_exactly_once.core.redact import CREDENTIAL_PROPERTY_MARKS
+from airflow_provider_exactly_once.runtime.assembly import as_sink
 from airflow_provider_exactly_once.runtime.storage_options import resolved_storage_options
 from airflow_provider_exactly_once.sinks.config import FileSinkConfig, IcebergSinkConfig, SinkConfig
 from airflow_provider_exactly_once.spark.author_specs import FileSinkTarget
@@ -180,3 +181,38 @@ def targets_for(sink: SinkConfig, target: FileSinkTarget | None, partition_by: l
     if partition_by:
         update["partition_by"] = list(partition_by)
     return [base.model_copy(update=update).model_dump(mode="json")]
+
+
+def sink_and_id(
+    sink: SinkConfig | Mapping[str, Any] | None,
+    sink_id: str | None,
+    target: object,
+    partition_by: Sequence[str],
+    task_id: object,
+) -> tuple[SinkConfig | None, str]:
+    """The sink config (or none) and the sink id, refusing contradictory arguments at parse time."""
+    if (sink is None) == (sink_id is None):
+        raise InvalidSinkConfig(
+            f"task {task_id}: give exactly one of sink= and sink_id= (the latter with an explicit target=)"
+        )
+    if sink is None:
+        if target is None:
+            raise InvalidSinkConfig(f"task {task_id}: sink_id= needs target=; or give sink=")
+        if partition_by:
+            raise InvalidSinkConfig(f"task {task_id}: partition_by= goes with sink=; put it in the target")
+        return None, str(sink_id)
+    config = as_sink(sink)
+    if isinstance(config, IcebergSinkConfig) and partition_by:
+        raise InvalidSinkConfig(
+            f"task {task_id}: sink {config.sink_id!r} is an Iceberg sink, partitioned by its table's spec"
+        )
+    file_target = target
+    if isinstance(target, dict) and target.get("kind", "files") == "files":
+        try:
+            file_target = FileSinkTarget.model_validate(target)
+        except ValueError as exc:
+            raise InvalidSinkConfig(f"task {task_id}: invalid file sink target: {exc}") from None
+    if file_target is not None and not isinstance(file_target, FileSinkTarget):
+        raise InvalidSinkConfig(f"task {task_id}: with sink= only a file sink's FileSinkTarget may be given")
+    check_target_for(config, file_target)
+    return config, config.sink_id

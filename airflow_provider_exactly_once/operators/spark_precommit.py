@@ -32,15 +32,16 @@ from airflow_provider_exactly_once.core.epochs import epoch_start
 from airflow_provider_exactly_once.core.errors import InvalidSinkConfig, MetaStoreUnavailable
 from airflow_provider_exactly_once.core.identifiers import check_epoch, check_sink_id, new_write_id
 from airflow_provider_exactly_once.operators._common import airflow_errors, execute_nested
+from airflow_provider_exactly_once.operators._spark_connect import check_connect_settings, connect_url
 from airflow_provider_exactly_once.operators._targets import (
     INPUT_FIX,
-    check_target_for,
     check_templated_specs,
     file_sink_io_properties,
+    sink_and_id,
     targets_for,
 )
 from airflow_provider_exactly_once.operators.spark_binary import check_spark_submit
-from airflow_provider_exactly_once.runtime.assembly import as_sink, open_meta_store, run_epoch
+from airflow_provider_exactly_once.runtime.assembly import open_meta_store, run_epoch
 from airflow_provider_exactly_once.runtime.run_epochs import epoch_interval, generation_for_context
 from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig, SinkConfig
 from airflow_provider_exactly_once.spark import author_specs
@@ -51,7 +52,7 @@ if TYPE_CHECKING:
     from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
     from airflow_provider_exactly_once.core.precommit import PreCommit
-    from airflow_provider_exactly_once.spark.jobspec import IcebergTarget
+    from airflow_provider_exactly_once.spark.jobspec import EpochJobSpec, IcebergTarget
 
 #: Above this many bytes of compact JSON the XCom value is compressed (``xcom_value``).
 XCOM_COMPRESS_ABOVE = 64 * 1024
@@ -177,7 +178,7 @@ class SparkPreCommitOperator(BaseOperator):
         input_storage_conn_id: str | None = None,
         **kwargs: Any,
     ) -> None:
-        sink_cfg, sink_id = _sink_and_id(sink, sink_id, target, partition_by, kwargs.get("task_id"))
+        sink_cfg, sink_id = sink_and_id(sink, sink_id, target, partition_by, kwargs.get("task_id"))
         spark = _spark_parameters(kwargs, kwargs.get("task_id"))
         super().__init__(**kwargs)
         self.application = application
@@ -277,10 +278,6 @@ class SparkPreCommitOperator(BaseOperator):
                 )
             except ValueError as exc:  # pydantic's ValidationError is a ValueError
                 raise InvalidSinkConfig(f"task {self.task_id}: invalid epoch writer settings: {exc}") from None
-            spec_path = work / "job.json"
-            jobspec.dump_spec(spec, spec_path)
-            submit = self._spark_submit(spec_path)
-            check_spark_submit(self.task_id, spark_binary_of(submit), self.conn_id)
             self.log.info(
                 "Writing sink %r %s as write %s into %s",
                 spec.sink_id,
@@ -288,22 +285,9 @@ class SparkPreCommitOperator(BaseOperator):
                 write_id,
                 ", ".join(t.table if isinstance(t, jobspec.IcebergTarget) else t.root for t in spec.targets),
             )
-            try:
-                self._submit = submit
-                execute_nested(submit, context)
-            except Exception as exc:
-                error_file = Path(str(output) + ".error")
-                if error_file.exists():
-                    raise RuntimeError(f"epoch writer failed: {error_file.read_text(encoding='utf-8')}") from exc
-                raise
-            if not output.exists():
-                raise RuntimeError(
-                    f"the epoch writer finished but wrote no pre-commit metadata at {output} "
-                    "(in cluster deploy mode work_dir must be shared with the driver)"
-                )
-            from airflow_provider_exactly_once.core.precommit import PreCommit
-
-            pre_commit = PreCommit.from_json(output.read_bytes()).model_copy(update={"generation": generation})
+            url = connect_url(self.conn_id)
+            written = self._submit_write(spec, work, context) if url is None else self._connect_write(url, spec)
+            pre_commit = written.model_copy(update={"generation": generation})
         finally:
             shutil.rmtree(work, ignore_errors=True)
         self._pre_commit = pre_commit
@@ -314,6 +298,51 @@ class SparkPreCommitOperator(BaseOperator):
             pre_commit.record_count,
         )
         return xcom_value(pre_commit, self.xcom_compress_above)
+
+    def _submit_write(self, spec: EpochJobSpec, work: Path, context: Any) -> PreCommit:
+        """The write as a ``spark-submit`` of the epoch writer, its pre-commit read from ``work``."""
+        from airflow_provider_exactly_once.core.precommit import PreCommit
+        from airflow_provider_exactly_once.spark import jobspec
+
+        output = Path(spec.output_path)
+        spec_path = work / "job.json"
+        jobspec.dump_spec(spec, spec_path)
+        submit = self._spark_submit(spec_path)
+        check_spark_submit(self.task_id, spark_binary_of(submit), self.conn_id)
+        try:
+            self._submit = submit
+            execute_nested(submit, context)
+        except Exception as exc:
+            error_file = Path(str(output) + ".error")
+            if error_file.exists():
+                raise RuntimeError(f"epoch writer failed: {error_file.read_text(encoding='utf-8')}") from exc
+            raise
+        if not output.exists():
+            raise RuntimeError(
+                f"the epoch writer finished but wrote no pre-commit metadata at {output} "
+                "(in cluster deploy mode work_dir must be shared with the driver)"
+            )
+        return PreCommit.from_json(output.read_bytes())
+
+    def _connect_write(self, url: str, spec: EpochJobSpec) -> PreCommit:
+        """The write as a client of the Spark Connect server at ``url``, in this task's process."""
+        from airflow_provider_exactly_once.core.errors import ExactlyOnceError
+        from airflow_provider_exactly_once.spark.connect_write import write_through_connect
+        from airflow_provider_exactly_once.spark.epoch_writer import describe_failure
+
+        given = {f: getattr(self, f) for f in SPARK_SUBMIT_TEMPLATE_FIELDS} | self.spark_submit_kwargs
+        if self.application == EPOCH_WRITER_APPLICATION:
+            given.pop("application")
+        conf = check_connect_settings(self.task_id, self.conn_id, given)
+        try:
+            return write_through_connect(url, spec, conf)
+        except ExactlyOnceError:
+            raise
+        except Exception as exc:
+            described = describe_failure(exc)
+            raise RuntimeError(
+                f"epoch writer failed: sink {spec.sink_id!r} epoch {spec.epoch} write {spec.write_id}: {described}"
+            ) from exc
 
     def _spark_submit(self, spec_path: Path) -> SparkSubmitOperator:
         """The Spark provider's operator for this try, with this task's id and rendered Spark settings."""
@@ -425,41 +454,6 @@ def _spark_parameters(kwargs: dict[str, Any], task_id: object) -> dict[str, Any]
     spark = {name: defaults[name] for name in names if name in defaults}
     spark.update({name: kwargs.pop(name) for name in names & kwargs.keys()})
     return spark
-
-
-def _sink_and_id(
-    sink: SinkConfig | Mapping[str, Any] | None,
-    sink_id: str | None,
-    target: object,
-    partition_by: Sequence[str],
-    task_id: object,
-) -> tuple[SinkConfig | None, str]:
-    """The sink config (or none) and the sink id, refusing contradictory arguments at parse time."""
-    if (sink is None) == (sink_id is None):
-        raise InvalidSinkConfig(
-            f"task {task_id}: give exactly one of sink= and sink_id= (the latter with an explicit target=)"
-        )
-    if sink is None:
-        if target is None:
-            raise InvalidSinkConfig(f"task {task_id}: sink_id= needs target=; or give sink=")
-        if partition_by:
-            raise InvalidSinkConfig(f"task {task_id}: partition_by= goes with sink=; put it in the target")
-        return None, str(sink_id)
-    config = as_sink(sink)
-    if isinstance(config, IcebergSinkConfig) and partition_by:
-        raise InvalidSinkConfig(
-            f"task {task_id}: sink {config.sink_id!r} is an Iceberg sink, partitioned by its table's spec"
-        )
-    file_target = target
-    if isinstance(target, dict) and target.get("kind", "files") == "files":
-        try:
-            file_target = author_specs.FileSinkTarget.model_validate(target)
-        except ValueError as exc:
-            raise InvalidSinkConfig(f"task {task_id}: invalid file sink target: {exc}") from None
-    if file_target is not None and not isinstance(file_target, author_specs.FileSinkTarget):
-        raise InvalidSinkConfig(f"task {task_id}: with sink= only a file sink's FileSinkTarget may be given")
-    check_target_for(config, file_target)
-    return config, config.sink_id
 
 
 def xcom_value(pre_commit: PreCommit, compress_above: int | None = XCOM_COMPRESS_ABOVE) -> dict[str, Any] | str:

@@ -70,6 +70,11 @@ EXIT_OK, EXIT_FAILED, EXIT_BAD_SPEC = 0, 1, 2
 
 log = logging.getLogger("airflow_provider_exactly_once.spark.epoch_writer")
 
+#: The session settings of every write, ``spark-submit``'s and Spark Connect's (``connect_write``):
+#: temporal partition transforms are defined in UTC, the zone Spark's date functions then use; and
+#: what Spark's Parquet writer needs for Iceberg's files, set once instead of around each write.
+SESSION_SETTINGS: dict[str, str] = {"spark.sql.session.timeZone": "UTC", **parquet_writer.SESSION_CONF}
+
 
 @dataclass(frozen=True)
 class WriteLocation:
@@ -95,12 +100,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     spark = (
         SparkSession.builder.appName(f"exactly-once {spec.sink_id} epoch {spec.epoch}")
-        # Temporal partition transforms are defined in UTC; Spark's date functions use this zone.
-        .config("spark.sql.session.timeZone", "UTC")
         # A speculative duplicate of a write task would only leave an unreferenced file; no gain.
         .config("spark.speculation", "false")
-        # What Spark's Parquet writer needs for Iceberg's files, set once instead of around each write.
-        .config(map=dict[str, Any](parquet_writer.SESSION_CONF))
+        .config(map=dict[str, Any](SESSION_SETTINGS))
         .getOrCreate()
     )
     written: list[WriteLocation] = []

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -35,6 +36,8 @@ from airflow_provider_exactly_once.spark.object_inputs import list_object_files,
 #: Up to this many input files are listed in the source positions; beyond, a count and a digest,
 #: so that a huge landing directory cannot blow up the pre-commit metadata that travels by XCom.
 LISTED_FILES_MAX = 1000
+#: Spark's condition for a path or glob that selects nothing.
+_PATH_NOT_FOUND = "PATH_NOT_FOUND"
 
 
 class UserFunctionFailed(ExactlyOnceError):
@@ -81,25 +84,31 @@ def read_input(spark: SparkSession, spec: EpochJobSpec) -> EpochInput:
 
 
 def list_input_files(spark: SparkSession, paths: list[str]) -> list[str]:
-    """Files the expanded paths select (see ``jobspec``), through Hadoop's FileSystem so a path
-    Spark reads itself (``hdfs://``, ``file:``, a plain path) is listed the way Spark will read it."""
-    jvm = spark._jvm
-    assert jvm is not None, "the epoch writer needs a classic (JVM) Spark session, not Spark Connect"
-    hadoop_conf = spark._jsc.hadoopConfiguration()
-    found: dict[str, None] = {}
-    for raw in paths:
-        path = jvm.org.apache.hadoop.fs.Path(raw)
-        fs = path.getFileSystem(hadoop_conf)
-        statuses = fs.globStatus(path)
-        if statuses is None:
-            continue
-        for status in statuses:
-            children = fs.listStatus(status.getPath()) if status.isDirectory() else [status]
-            for child in children:
-                name = child.getPath().getName()
-                if child.isFile() and not name.startswith(("_", ".")):
-                    found.setdefault(child.getPath().toString(), None)
+    """Files the expanded paths select (see ``jobspec``), as Spark's own file index lists them, so
+    a path Spark reads itself (``hdfs://``, ``file:``, a plain path) is listed where Spark reads it:
+    on the driver of a classic session, on the server of a Spark Connect one. ``inputFiles`` asks
+    the index without running a job; it leaves out names starting with ``_`` or ``.``, and a
+    directory's files below a subfolder."""
+    try:
+        return sorted(set(_indexed_files(spark, paths)))
+    except AnalysisException as exc:
+        if exc.getCondition() != _PATH_NOT_FOUND:
+            raise
+    if len(paths) == 1:
+        return []
+    # Some of the patterns select nothing (hours without files): each alone, the rest skipped.
+    found: set[str] = set()
+    for path in paths:
+        try:
+            found.update(_indexed_files(spark, [path]))
+        except AnalysisException as exc:
+            if exc.getCondition() != _PATH_NOT_FOUND:
+                raise
     return sorted(found)
+
+
+def _indexed_files(spark: SparkSession, paths: list[str]) -> list[str]:
+    return list(spark.read.format("binaryFile").load(paths).inputFiles())
 
 
 def input_io_properties(spec: EpochJobSpec, source: FilesInput) -> dict[str, str]:

@@ -7,7 +7,8 @@ machine, and the copy would need its own clean-up. Instead:
 
 1. the driver lists the epoch's files with fsspec (pyiceberg's fsspec FileIO, from the input's
    FileIO properties), applying the same selection rule as for local paths (``jobspec``), and packs
-   them into partitions of about ``spark.sql.files.maxPartitionBytes`` each;
+   them into partitions of about ``spark.sql.files.maxPartitionBytes`` each (fewer bytes than one
+   such partition are spread over Spark's default parallelism, ``spread``);
 2. a DataFrame of file paths, one Spark partition per pack, goes through ``mapInArrow``: each task
    opens its files with pyiceberg's FileIO (pyarrow's S3 filesystem, credentials from the spec) and
    yields their rows as Arrow batches;
@@ -39,6 +40,7 @@ from pyspark.sql import DataFrame, SparkSession
 from airflow_provider_exactly_once.core.errors import InvalidSinkConfig
 from airflow_provider_exactly_once.spark.file_io import driver_filesystem, scheme_of
 from airflow_provider_exactly_once.spark.jobspec import FilesInput
+from airflow_provider_exactly_once.spark.spread import spread
 
 #: Lines per Arrow batch a JSON or CSV read task yields.
 LINES_PER_BATCH = 8192
@@ -119,23 +121,27 @@ def read_object_files(
 
 
 def _paths_frame(spark: SparkSession, files: Sequence[ObjectFile]) -> DataFrame:
-    """One Spark partition per pack of files, packs of about ``maxPartitionBytes`` each, largest
-    file first into the emptiest pack, and never fewer packs than the default parallelism allows."""
+    """One row per file. Up to ``maxPartitionBytes`` in all, the files are spread over Spark's
+    default parallelism; above it, one partition per pack of about that many bytes, largest file
+    first into the emptiest pack."""
     target = _bytes_setting(spark.conf.get("spark.sql.files.maxPartitionBytes"), _DEFAULT_PARTITION_BYTES)
-    total = sum(f.size for f in files)
-    count = min(len(files), max(spark.sparkContext.defaultParallelism, math.ceil(total / target), 1))
+    by_size = math.ceil(sum(f.size for f in files) / target)
+    count = min(len(files), by_size) if by_size > 1 else len(files)
     packs: list[list[str]] = [[] for _ in range(count)]
     sizes = [0] * count
     for file in sorted(files, key=lambda f: (-f.size, f.url)):
         emptiest = sizes.index(min(sizes))
         packs[emptiest].append(file.url)
         sizes[emptiest] += file.size
-    rdd = spark.sparkContext.parallelize(packs, count).flatMap(_one_row_per_path)
-    return spark.createDataFrame(rdd, "path string")
+    joined = ["\n".join(pack) for pack in packs]
+    frame = spread(spark, joined, "pack", slices=count if by_size > 1 else None)
+    return frame.mapInArrow(_one_row_per_path, "path string")
 
 
-def _one_row_per_path(pack: list[str]) -> list[tuple[str]]:
-    return [(path,) for path in pack]
+def _one_row_per_path(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    for batch in batches:
+        paths = [path for pack in batch.column("pack").to_pylist() for path in pack.split("\n")]
+        yield pa.RecordBatch.from_arrays([pa.array(paths, pa.string())], names=["path"])
 
 
 def _bytes_setting(value: str | None, default: int) -> int:

@@ -37,12 +37,14 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import functools
+import json
 import posixpath
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 from pyiceberg.io import load_file_io
 from pyiceberg.partitioning import PartitionSpec
@@ -69,6 +71,7 @@ from airflow_provider_exactly_once.spark.alignment import iceberg_to_spark
 from airflow_provider_exactly_once.spark.changes import quote
 from airflow_provider_exactly_once.spark.file_io import driver_filesystem, is_object_store
 from airflow_provider_exactly_once.spark.partition_transforms import spark_value
+from airflow_provider_exactly_once.spark.spread import spread
 from airflow_provider_exactly_once.spark.writer_protocol import (
     FileWrite,
     RequiredColumnHasNulls,
@@ -148,7 +151,7 @@ class SparkParquetWriter:
             out = out.repartition(write.writers, *keys)
         elif keys and distribution in ("hash", "range"):
             out = out.repartition(*keys)
-        writer = out.write.options(**_writer_options(write)).mode("errorifexists")
+        writer = out.write.options(**_writer_options(write)).mode("error")
         if partitions:
             writer = writer.partitionBy(*[p.directory for p in partitions])
         with session_conf(spark, SESSION_CONF):
@@ -317,12 +320,10 @@ def _describe(
         with concurrent.futures.ThreadPoolExecutor(max_workers=8) as pool:  # footer reads wait on storage
             described = list(pool.map(lambda f: next(_describe_files(config, iter([f]))), files))
     else:
-        slices = max(1, min(len(files), spark.sparkContext.defaultParallelism))
-        described = (
-            spark.sparkContext.parallelize(files, slices)
-            .mapPartitions(functools.partial(_describe_files, config))
-            .collect()
-        )
+        encoded = [json.dumps(file) for file in files]
+        task = functools.partial(_describe_task, config)
+        rows = spread(spark, encoded, "file").mapInArrow(task, "described string").collect()
+        described = [(text, counts) for text, counts in (json.loads(row[0]) for row in rows)]
     nulls: dict[str, int] = {}
     descriptors = []
     for text, counts in described:
@@ -408,6 +409,14 @@ def _describe_files(
             descriptor.model_dump_json(exclude_defaults=True),
             {name: _null_count(path, metadata, name, config.io_properties) for name in config.checked_required},
         )
+
+
+def _describe_task(config: FileWrite, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """``_describe_files`` as a ``mapInArrow`` task over ``spread``'s rows, each described file as JSON."""
+    for batch in batches:
+        files = (tuple(json.loads(text)) for text in batch.column("file").to_pylist())
+        described = [json.dumps(pair) for pair in _describe_files(config, files)]
+        yield pa.RecordBatch.from_arrays([pa.array(described, pa.string())], names=["described"])
 
 
 def _writer_of(path: str) -> str | None:

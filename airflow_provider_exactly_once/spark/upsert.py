@@ -73,6 +73,7 @@ from airflow_provider_exactly_once.core.upserts import (
 from airflow_provider_exactly_once.spark.alignment import iceberg_to_spark
 from airflow_provider_exactly_once.spark.changes import DELETE, OP, ORDER, UPSERT, Owner, quote
 from airflow_provider_exactly_once.spark.parquet_writer import session_conf
+from airflow_provider_exactly_once.spark.spread import spread
 
 #: The column a read row carries: the data file it came from.
 FILE = "__eo_file"
@@ -363,9 +364,7 @@ def _read_files(
     arrow = to_arrow_schema(out, timezone="UTC")
     by_path = {f.file_path: f for f in files}
     reader = functools.partial(_read_task, metadata.model_dump_json(), io_properties, by_path, arrow)
-    count = min(len(files), max(spark.sparkContext.defaultParallelism, 1))
-    paths = spark.sparkContext.parallelize([(path,) for path in sorted(by_path)], count)
-    return spark.createDataFrame(paths, "path string").mapInArrow(reader, out)
+    return spread(spark, sorted(by_path), "path").mapInArrow(reader, out)
 
 
 def _read_task(

@@ -227,3 +227,23 @@ def airflow_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     )
     assert migrate.returncode == 0, migrate.stderr[-3000:]
     return env
+
+
+def run_dag_file(
+    airflow_env: dict[str, str], name: str, script: str, settings: dict[str, Any], **connections: dict[str, Any]
+) -> str:
+    """Run ``script`` (a DAG file that calls ``dag.test()`` under ``__main__``) in a child process of
+    the migrated Airflow home, with ``settings`` as ``EO_TEST_SETTINGS`` and each connection as
+    ``AIRFLOW_CONN_<NAME>``; its output, stdout then stderr."""
+    dags = Path(airflow_env["AIRFLOW_HOME"]) / "dags"
+    dags.mkdir(exist_ok=True)
+    (dags / f"{name}.py").write_text(script)
+    variables = {f"AIRFLOW_CONN_{key.upper()}": json.dumps(value) for key, value in connections.items()}
+    run = subprocess.run(
+        [sys.executable, str(dags / f"{name}.py")],
+        env={**airflow_env, "EO_TEST_SETTINGS": json.dumps(settings), **variables},
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    return run.stdout + run.stderr

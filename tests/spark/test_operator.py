@@ -7,8 +7,6 @@ import, and the other suites may already have imported it with theirs.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -32,7 +30,7 @@ from airflow_provider_exactly_once.runtime.assembly import run_epoch
 from airflow_provider_exactly_once.sinks.config import FileSinkConfig, IcebergSinkConfig, TableSelect
 from airflow_provider_exactly_once.spark.jobspec import IcebergTarget
 from airflow_provider_exactly_once.version_compat import AirflowFailException
-from tests.spark.conftest import INTERVAL_START, land, make_table, sample_rows
+from tests.spark.conftest import INTERVAL_START, land, make_table, run_dag_file, sample_rows
 from tests.spark.test_epoch_writer import commit_iceberg, files_input, sorted_rows
 
 DAG_SCRIPT = textwrap.dedent(
@@ -113,23 +111,14 @@ def test_operator_in_a_dag_run_puts_the_pre_commit_in_xcom(
     host, port = standalone.rsplit(":", 1)
     connection = {"conn_type": "spark", "host": host, "port": int(port), "extra": {"deploy-mode": "client"}}
 
-    dags = Path(airflow_env["AIRFLOW_HOME"]) / "dags"
-    dags.mkdir(exist_ok=True)
-    (dags / "eo_spark_write.py").write_text(DAG_SCRIPT)
-    run = subprocess.run(
-        [sys.executable, str(dags / "eo_spark_write.py")],
-        env={
-            **airflow_env,
-            "EO_TEST_SETTINGS": json.dumps(settings),
-            "AIRFLOW_CONN_SPARK_STANDALONE": json.dumps(connection),
-            "AIRFLOW_CONN_DEFAULT": json.dumps({"conn_type": "iceberg", "extra": catalog_props}),
-        },
-        capture_output=True,
-        text=True,
-        timeout=400,
+    output = run_dag_file(
+        airflow_env,
+        "eo_spark_write",
+        DAG_SCRIPT,
+        settings,
+        spark_standalone=connection,
+        default={"conn_type": "iceberg", "extra": catalog_props},
     )
-
-    output = run.stdout + run.stderr
     assert "DAG RUN STATE success" in output, output[-5000:]
     assert f"--master {standalone}" in output and "--deploy-mode client" in output
     result = json.loads(result_file.read_text())

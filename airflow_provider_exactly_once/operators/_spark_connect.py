@@ -1,0 +1,52 @@
+"""The write's other path: a Spark connection of type ``spark_connect`` makes the write task a Spark
+Connect client (``spark.connect_write``) instead of a ``spark-submit``; nothing else of the write
+changes, so choosing the path is choosing the connection.
+
+A Connect session takes SQL settings only: ``conf`` becomes the session's configuration, and the
+``spark-submit`` settings that shape a driver and its executors (memory, cores, jars, deploy mode...)
+are refused by name rather than dropped, since they would silently not apply.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from airflow_provider_exactly_once.core.errors import InvalidSinkConfig
+from airflow_provider_exactly_once.version_compat import AirflowNotFoundException
+
+#: The Spark provider's connection type for Spark Connect (its ``SparkConnectHook``).
+CONNECT_CONN_TYPE = "spark_connect"
+#: Settings that mean nothing to a Connect session but are harmless to have: the application is the
+#: writer's own, and the name only labels a ``spark-submit``.
+_IGNORED = frozenset({"application", "name", "conf", "conn_id"})
+
+
+def connect_url(conn_id: str) -> str | None:
+    """The ``sc://`` URL of the connection when it is a Spark Connect one, else ``None`` (its token,
+    if any, is in the URL: never log it)."""
+    from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
+
+    hook = SparkConnectHook(conn_id)
+    try:
+        conn_type = hook.get_connection(conn_id).conn_type
+    except AirflowNotFoundException:  # the Spark provider's hook then submits to its default master
+        return None
+    if conn_type != CONNECT_CONN_TYPE:
+        return None
+    try:
+        return hook.get_connection_url()
+    except ValueError as exc:  # a path in the host, which the provider refuses
+        raise InvalidSinkConfig(f"Spark Connect connection {conn_id!r}: {exc}") from None
+
+
+def check_connect_settings(task_id: str, conn_id: str, given: Mapping[str, Any]) -> dict[str, str]:
+    """The session settings (``conf``) of a Connect write, after refusing every ``spark-submit``
+    setting given with it."""
+    refused = sorted(name for name, value in given.items() if value not in (None, False) and name not in _IGNORED)
+    if refused:
+        raise InvalidSinkConfig(
+            f"task {task_id}: connection {conn_id!r} is a Spark Connect server, which takes session settings "
+            f"(conf=) only; {', '.join(refused)} shape a spark-submit driver: set them on the server, or drop them"
+        )
+    return {str(key): str(value) for key, value in (given.get("conf") or {}).items()}

@@ -1,0 +1,261 @@
+"""The write through Spark Connect: a real Connect server (``local[2]``) on a free 127.0.0.1 port,
+the epoch writer's own code as its client, tables read back by DuckDB.
+
+The server is started once for the module and stopped by its pid. A Connect session has no
+``sparkContext``, no RDDs and no JVM gateway, so each test here fails if the writer reaches for one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from pyiceberg.catalog import Catalog
+from pyiceberg.partitioning import PartitionField, PartitionSpec
+from pyiceberg.transforms import DayTransform, IdentityTransform
+
+from airflow_provider_exactly_once.core.errors import InvalidSinkConfig, SchemaMismatch
+from airflow_provider_exactly_once.core.precommit import PreCommit
+from airflow_provider_exactly_once.operators._spark_connect import check_connect_settings
+from airflow_provider_exactly_once.spark import parquet_writer
+from airflow_provider_exactly_once.spark.connect_write import connect_session, write_through_connect
+from airflow_provider_exactly_once.spark.epoch_writer import SESSION_SETTINGS
+from demo.servers import ServerUnavailable, SparkConnectServer
+from tests.spark.conftest import (
+    INTERVAL_START,
+    files_under,
+    job_spec,
+    land,
+    make_table,
+    run_dag_file,
+    run_in_process,
+    sample_rows,
+)
+from tests.spark.test_epoch_writer import (
+    check_descriptors_against_files,
+    commit_iceberg,
+    files_input,
+    iceberg_target,
+    sorted_rows,
+)
+from tests.spark.test_upsert import SCHEMA, Model, Upserts, apply_to_model, changes_of, random_epoch
+from tests.support.independent_reader import read_rows
+
+BY_DAY = PartitionSpec(PartitionField(3, 1000, DayTransform(), "ts_day"))
+
+
+@pytest.fixture(scope="module")
+def connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkConnectServer]:
+    server = SparkConnectServer(tmp_path_factory.mktemp("connect"))
+    try:
+        server.start({"spark.sql.shuffle.partitions": "2", "spark.driver.memory": "1g"})
+    except ServerUnavailable as exc:
+        pytest.fail(f"the Spark Connect server did not come up: {exc}")
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def remote(connect_server: SparkConnectServer) -> Iterator[Any]:
+    """A Connect session set up as ``write_through_connect`` sets one up, for the writer's helpers."""
+    with connect_session(connect_server.url, SESSION_SETTINGS) as session:
+        yield session
+    assert "SPARK_CONNECT_MODE_ENABLED" not in os.environ  # a later spark-submit child stays classic
+
+
+def test_an_epoch_written_through_connect_is_read_back_by_duckdb(
+    connect_server: SparkConnectServer, tmp_path: Path, catalog: Catalog, catalog_props: dict[str, str]
+) -> None:
+    rows = sample_rows(700)
+    land(tmp_path / "landing", rows)
+    (tmp_path / "landing/2024/01/01/nested").mkdir()  # a subfolder's files are not the day's
+    land(tmp_path / "landing/2024/01/01/nested", sample_rows(5), parts=1, day="x")
+    make_table(catalog, "ns.by_day", BY_DAY)
+    job = job_spec(tmp_path, input=files_input(tmp_path / "landing"), target=iceberg_target(catalog_props, "ns.by_day"))
+
+    pre_commit = write_through_connect(connect_server.url, job)
+
+    assert not Path(job.output_path).exists()  # the pre-commit comes back to the caller, not through a file
+    assert pre_commit.write_id == job.write_id and pre_commit.record_count == 700
+    assert pre_commit.source_positions is not None and pre_commit.source_positions["file_count"] == 2
+    table = catalog.load_table("ns.by_day")
+    check_descriptors_against_files(pre_commit, table)
+    commit_iceberg(catalog, pre_commit)
+    table = catalog.load_table("ns.by_day")
+    assert sorted(read_rows(table, "id")) == [(i,) for i in range(700)]
+    assert sorted_rows(table.scan().to_arrow()) == sorted_rows(rows)
+
+
+@pytest.mark.parametrize("on_driver_up_to", [0, parquet_writer.DRIVER_DESCRIBES_UP_TO], ids=["executors", "driver"])
+def test_files_are_described_on_the_servers_executors_or_by_the_client(
+    remote: Any,
+    tmp_path: Path,
+    catalog: Catalog,
+    catalog_props: dict[str, str],
+    monkeypatch: pytest.MonkeyPatch,
+    on_driver_up_to: int,
+) -> None:
+    monkeypatch.setattr(parquet_writer, "DRIVER_DESCRIBES_UP_TO", on_driver_up_to)
+    rows = sample_rows(300)
+    land(tmp_path / "landing", rows)
+    make_table(catalog, "ns.by_name", PartitionSpec(PartitionField(2, 1000, IdentityTransform(), "name")))
+    job = job_spec(
+        tmp_path, input=files_input(tmp_path / "landing"), target=iceberg_target(catalog_props, "ns.by_name")
+    )
+
+    pre_commit = run_in_process(remote, job)
+
+    assert len(pre_commit.tables[0].data_files) >= 13  # one file per name at least
+    check_descriptors_against_files(pre_commit, catalog.load_table("ns.by_name"))
+    commit_iceberg(catalog, pre_commit)
+    assert sorted_rows(catalog.load_table("ns.by_name").scan().to_arrow()) == sorted_rows(rows)
+
+
+def test_a_fan_out_and_a_file_sink_through_connect(
+    remote: Any, tmp_path: Path, catalog: Catalog, catalog_props: dict[str, str]
+) -> None:
+    rows = sample_rows(400)
+    land(tmp_path / "landing", rows)
+    make_table(catalog, "ns.low", BY_DAY)
+    make_table(catalog, "ns.high")
+    fan_out = job_spec(
+        tmp_path,
+        input=files_input(tmp_path / "landing"),
+        target=[
+            {**iceberg_target(catalog_props, "ns.low"), "where": "id < 150"},
+            {**iceberg_target(catalog_props, "ns.high"), "query": "SELECT * FROM epoch_input WHERE id >= 150"},
+        ],
+    )
+    pre_commit = run_in_process(remote, fan_out)
+    assert [t.record_count for t in pre_commit.tables] == [150, 250]
+    commit_iceberg(catalog, pre_commit)
+    for name, part in (("ns.low", rows.slice(0, 150)), ("ns.high", rows.slice(150))):
+        assert sorted(read_rows(catalog.load_table(name), "id")) == [(r,) for r in part.column("id").to_pylist()]
+
+    files = run_in_process(
+        remote,
+        job_spec(
+            tmp_path,
+            input=files_input(tmp_path / "landing"),
+            target={"kind": "files", "root": str(tmp_path / "sink"), "partition_by": ["name"]},
+        ),
+    )
+    assert files.record_count == 400
+    assert all(d.path.startswith(f"{tmp_path}/sink/_staging/{files.write_id}/") for d in files.tables[0].data_files)
+
+
+def test_a_refused_write_through_connect_writes_nothing(
+    connect_server: SparkConnectServer, tmp_path: Path, catalog: Catalog, catalog_props: dict[str, str]
+) -> None:
+    rows = sample_rows(20)
+    land(tmp_path / "landing", rows.set_column(0, "id", pa.array([str(i) for i in range(20)])))
+    make_table(catalog, "ns.strict")
+    before = files_under(tmp_path / "warehouse")
+    job = job_spec(tmp_path, input=files_input(tmp_path / "landing"), target=iceberg_target(catalog_props, "ns.strict"))
+
+    with pytest.raises(SchemaMismatch, match="column 'id' is string in the input but long in the table"):
+        write_through_connect(connect_server.url, job)
+
+    assert files_under(tmp_path / "warehouse") == before
+
+
+def test_upsert_epochs_through_connect_leave_the_table_equal_to_the_model(
+    remote: Any, tmp_path: Path, catalog: Catalog, catalog_props: dict[str, str]
+) -> None:
+    catalog.create_table("ns.accounts", SCHEMA, partition_spec=PartitionSpec())
+    sink = Upserts(remote, tmp_path, catalog, catalog_props, "ns.accounts", target_file_size_bytes=4800)
+    rng, model = random.Random(11), Model()
+    first: list[tuple[int, str, str | None, str]] = [(k, ("eu", "us", "ap")[k % 3], f"v1-{k}", "I") for k in range(200)]
+    sink.apply(changes_of(first))
+    apply_to_model(model, first)
+    for epoch in range(2, 4):
+        rows = random_epoch(rng, model, 30, 260, epoch)
+        sink.apply(changes_of(rows))
+        apply_to_model(model, rows)
+        assert sink.rows() == model, f"epoch {epoch}"
+
+
+def test_connect_takes_session_settings_and_refuses_spark_submit_ones_by_name() -> None:
+    conf = check_connect_settings("write", "sc", {"conf": {"spark.sql.shuffle.partitions": 4}, "name": "x"})
+    assert conf == {"spark.sql.shuffle.partitions": "4"}
+    with pytest.raises(InvalidSinkConfig, match=r"connection 'sc' is a Spark Connect server.*executor_memory, jars"):
+        check_connect_settings("write", "sc", {"executor_memory": "2g", "jars": "a.jar", "verbose": False})
+
+
+DAG_SCRIPT = textwrap.dedent(
+    """
+    import datetime as dt, json, os
+    from airflow.sdk import DAG
+    from airflow.providers.standard.operators.python import PythonOperator
+    from airflow.timetables.interval import CronDataIntervalTimetable
+    from airflow_provider_exactly_once.operators.spark_precommit import SparkPreCommitOperator
+
+    settings = json.loads(os.environ["EO_TEST_SETTINGS"])
+
+    def keep(ti, **_):
+        with open(settings["result"], "w") as f:
+            json.dump(ti.xcom_pull(task_ids="write"), f)
+
+    with DAG(
+        "eo_connect_write",
+        schedule=CronDataIntervalTimetable("@daily", timezone="UTC"),
+        start_date=dt.datetime(2023, 12, 1, tzinfo=dt.timezone.utc),
+        catchup=False,
+    ) as dag:
+        write = SparkPreCommitOperator(
+            task_id="write",
+            conn_id="spark_connect_test",  # of type spark_connect: the task is a client of the server
+            sink=settings["sink"],
+            input=settings["input"],
+            conf={"spark.sql.shuffle.partitions": "2"},
+        )
+        write >> PythonOperator(task_id="keep", python_callable=keep)
+
+    if __name__ == "__main__":
+        run = dag.test(logical_date=dt.datetime(2024, 1, 2, tzinfo=dt.timezone.utc))
+        print("DAG RUN STATE", run.state)
+    """
+)
+
+
+def test_the_write_operator_on_a_spark_connect_connection_writes_through_the_server(
+    airflow_env: dict[str, str],
+    connect_server: SparkConnectServer,
+    tmp_path: Path,
+    catalog: Catalog,
+    catalog_props: dict[str, str],
+) -> None:
+    rows = sample_rows(300)
+    land(tmp_path / "landing", rows)
+    make_table(catalog, "ns.orders", BY_DAY)
+    result_file = tmp_path / "result.json"
+    settings = {
+        "input": files_input(tmp_path / "landing"),
+        "sink": {"kind": "iceberg", "sink_id": "orders", "tables": ["ns.orders"], "iceberg_conn_id": "default"},
+        "result": str(result_file),
+    }
+    connection = {"conn_type": "spark_connect", "host": "127.0.0.1", "port": connect_server.port}
+    output = run_dag_file(
+        airflow_env,
+        "eo_connect_write",
+        DAG_SCRIPT,
+        settings,
+        spark_connect_test=connection,
+        default={"conn_type": "iceberg", "extra": catalog_props},
+    )
+    assert "DAG RUN STATE success" in output, output[-5000:]
+    assert "spark-submit" not in output  # no driver of its own: the server ran the write
+    pre_commit = PreCommit.parse(json.loads(result_file.read_text()))
+    assert pre_commit.sink_id == "orders" and pre_commit.record_count == 300
+    assert pre_commit.epoch == int(INTERVAL_START.timestamp() * 1000)
+    commit_iceberg(catalog, pre_commit)
+    assert sorted_rows(catalog.load_table("ns.orders").scan().to_arrow()) == sorted_rows(rows)
