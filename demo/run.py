@@ -86,6 +86,12 @@ def main(argv: list[str] | None = None) -> int:
         default="local",
         help="local: SQL catalog and files on disk; s3: SeaweedFS's REST catalog and S3 (needs the weed binary)",
     )
+    parser.add_argument(
+        "--spark",
+        choices=("submit", "connect"),
+        default="submit",
+        help="submit: each write is a spark-submit; connect: a client of a Spark Connect server the demo starts",
+    )
     args = parser.parse_args(argv)
     if args.hours < len(SCENARIOS):
         parser.error(f"--hours must be at least {len(SCENARIOS)} (one per scenario)")
@@ -97,11 +103,11 @@ def main(argv: list[str] | None = None) -> int:
 
     began = time.monotonic()
     root = prepare_root(args.root.resolve())
-    stack = stacks.make_stack(args.stack, root)
+    stack = stacks.make_stack(args.stack, root, spark=args.spark)
     try:
         stack.start()
     except ServerUnavailable as exc:
-        say(f"--stack {args.stack} cannot run here: {exc}")
+        say(f"--stack {args.stack} --spark {args.spark} cannot run here: {exc}")
         return STACK_UNAVAILABLE
     log_file = root / "demo.log"
     try:

@@ -12,6 +12,10 @@ markers, read through an ``aws`` connection (``storage_conn_id``). Airflow's dat
 store stay SQLite files: what changes on object storage is how files and commits are reached, which
 is what this stack exercises.
 
+``--spark connect`` (either stack): the writes go through a Spark Connect server (``local[2]``,
+``servers.SparkConnectServer``) the demo starts beside the rest, its ``spark_default`` connection of
+type ``spark_connect``; the DAG is the same.
+
 Nothing here imports Airflow: ``environment`` runs before Airflow reads its configuration.
 """
 
@@ -39,11 +43,20 @@ class Stack:
     ``S3Stack`` puts the same things on object storage."""
 
     root: Path
+    #: ``submit``: each write is a ``spark-submit``; ``connect``: a client of ``connect_server``.
+    spark: str = "submit"
     name: str = field(default="local", init=False)
+    connect_server: servers.SparkConnectServer | None = field(default=None, init=False)
 
     @property
     def description(self) -> str:
-        return "Airflow, meta store and Iceberg catalog on SQLite; Spark local[2]"
+        return f"Airflow, meta store and Iceberg catalog on SQLite; {self.spark_description}"
+
+    @property
+    def spark_description(self) -> str:
+        if self.connect_server is None:
+            return "Spark local[2] (spark-submit)"
+        return f"Spark Connect server local[2] at {self.connect_server.url}"
 
     @property
     def landing(self) -> str:
@@ -51,15 +64,24 @@ class Stack:
         return str(self.root / "landing" / "events")
 
     def start(self) -> None:
-        """Nothing runs beside the demo's own process."""
+        """Nothing runs beside the demo's own process, but the Spark Connect server when asked for."""
+        if self.spark == "connect":
+            self.connect_server = servers.SparkConnectServer(self.root / "spark-connect")
+            self.connect_server.start({"spark.sql.shuffle.partitions": "2", "spark.driver.memory": "1g"})
 
     def stop(self) -> None:
-        """Nothing to stop: ``start`` started nothing."""
+        if self.connect_server is not None:
+            self.connect_server.stop()
 
     def environment(self) -> dict[str, str]:
         """Over ``world.environment``'s defaults: the landing zone, named here so the DAG reads
-        where ``land`` writes; the local catalog and connections are the defaults."""
-        return {"EO_EXAMPLES_LANDING": self.landing}
+        where ``land`` writes; the local catalog and connections are the defaults, but the Spark
+        connection with ``--spark connect``."""
+        env = {"EO_EXAMPLES_LANDING": self.landing}
+        if self.connect_server is not None:
+            connection = {"conn_type": "spark_connect", "host": "127.0.0.1", "port": self.connect_server.port}
+            env["AIRFLOW_CONN_SPARK_DEFAULT"] = json.dumps(connection)
+        return env
 
     def locations(self) -> str:
         return f"tables in {self.root / 'warehouse'}; landed input and checkpoint markers in {self.landing}"
@@ -88,7 +110,7 @@ class S3Stack(Stack):
     def description(self) -> str:
         return (
             f"Iceberg REST catalog and S3 on SeaweedFS ({self.seaweed.catalog_uri}, {self.seaweed.s3_endpoint}); "
-            "Airflow and meta store on SQLite; Spark local[2]"
+            f"Airflow and meta store on SQLite; {self.spark_description}"
         )
 
     @property
@@ -98,8 +120,10 @@ class S3Stack(Stack):
     def start(self) -> None:
         """Start ``weed mini``; ``servers.ServerUnavailable`` says what is missing when it cannot."""
         self.seaweed.start()
+        super().start()
 
     def stop(self) -> None:
+        super().stop()
         self.seaweed.stop()
 
     def environment(self) -> dict[str, str]:
@@ -156,9 +180,9 @@ class S3Stack(Stack):
         return s3fs.S3FileSystem(**self.seaweed.s3fs_options(), skip_instance_cache=True)
 
 
-def make_stack(name: str, root: Path) -> Stack:
+def make_stack(name: str, root: Path, *, spark: str = "submit") -> Stack:
     if name == "local":
-        return Stack(root)
+        return Stack(root, spark)
     if name == "s3":
-        return S3Stack(root)
+        return S3Stack(root, spark)
     raise ValueError(f"unknown stack {name!r}; known: {STACKS}")

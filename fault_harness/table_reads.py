@@ -25,6 +25,7 @@ from airflow_provider_exactly_once.sinks.iceberg.markers import (
     WRITE_ID_KEY,
     marker_of,
 )
+from airflow_provider_exactly_once.sinks.layout import PRE_COMMIT_FILE
 from fault_harness.landed import COLUMNS, Row
 
 
@@ -49,18 +50,21 @@ class Storage:
         return self._s3
 
     def files(self, directory: str) -> dict[str, float]:
-        """Every ``*.parquet`` file under ``directory`` (a table location's ``data``), with its mtime."""
+        """Every ``*.parquet`` data file under ``directory`` (a table location's ``data``), with its
+        mtime; a write's pre-commit (``PRE_COMMIT_FILE``, Parquet too) is no data file."""
         if not directory.startswith("s3://"):
             found = {}
             for root, _dirs, names in os.walk(directory):
                 for name in names:
-                    if name.endswith(".parquet"):
+                    if name.endswith(".parquet") and name != PRE_COMMIT_FILE:
                         path = os.path.join(root, name)
                         found[path] = os.stat(path).st_mtime
             return found
         listing = self._fs().find(directory.removeprefix("s3://"), detail=True)
         return {
-            f"s3://{key}": info["LastModified"].timestamp() for key, info in listing.items() if key.endswith(".parquet")
+            f"s3://{key}": info["LastModified"].timestamp()
+            for key, info in listing.items()
+            if key.endswith(".parquet") and not key.endswith(f"/{PRE_COMMIT_FILE}")
         }
 
     def exists(self, path: str) -> bool:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
@@ -71,6 +71,8 @@ class WriteFolder:
 
     location: WriteLocation
     age: Callable[[], FileAge]
+    #: The pre-commit the write left here when it finished (``core/left_writes.py``), or ``None``.
+    left_pre_commit: Callable[[], bytes | None] = field(default=lambda: None)
 
 
 class WriteFolderListing(Protocol):

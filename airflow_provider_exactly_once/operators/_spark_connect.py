@@ -2,9 +2,10 @@
 Connect client (``spark.connect_write``) instead of a ``spark-submit``; nothing else of the write
 changes, so choosing the path is choosing the connection.
 
-A Connect session takes SQL settings only: ``conf`` becomes the session's configuration, and the
-``spark-submit`` settings that shape a driver and its executors (memory, cores, jars, deploy mode...)
-are refused by name rather than dropped, since they would silently not apply.
+A Connect session takes SQL settings only: ``conf`` becomes the session's configuration, and what
+shapes a driver and its executors (``executor_memory``, ``jars``, ``deploy_mode``, a ``conf`` key such
+as ``spark.driver.memory``) is the server's. Those are not applied, and the task's log names them:
+the same DAG runs on either kind of connection, as switching one is meant to be the only change.
 """
 
 from __future__ import annotations
@@ -40,13 +41,8 @@ def connect_url(conn_id: str) -> str | None:
         raise InvalidSinkConfig(f"Spark Connect connection {conn_id!r}: {exc}") from None
 
 
-def check_connect_settings(task_id: str, conn_id: str, given: Mapping[str, Any]) -> dict[str, str]:
-    """The session settings (``conf``) of a Connect write, after refusing every ``spark-submit``
-    setting given with it."""
-    refused = sorted(name for name, value in given.items() if value not in (None, False) and name not in _IGNORED)
-    if refused:
-        raise InvalidSinkConfig(
-            f"task {task_id}: connection {conn_id!r} is a Spark Connect server, which takes session settings "
-            f"(conf=) only; {', '.join(refused)} shape a spark-submit driver: set them on the server, or drop them"
-        )
-    return {str(key): str(value) for key, value in (given.get("conf") or {}).items()}
+def connect_settings(given: Mapping[str, Any]) -> tuple[dict[str, str], list[str]]:
+    """The session settings of a Connect write (``conf``), and the ``spark-submit`` settings given
+    that a Connect session has no place for."""
+    ignored = sorted(name for name, value in given.items() if value not in (None, False) and name not in _IGNORED)
+    return {str(key): str(value) for key, value in (given.get("conf") or {}).items()}, ignored

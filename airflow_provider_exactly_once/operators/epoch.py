@@ -34,7 +34,6 @@ from airflow_provider_exactly_once.runtime.run_epochs import (
     record_run,
 )
 from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig, SinkConfig
-from airflow_provider_exactly_once.version_compat import AirflowFailException
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -103,7 +102,9 @@ class PersistPendingOperator(_EpochOperator):
     re-opens an Aborted one, and is itself removed when the epoch is already committed.
 
     :param sink: the sink the write belongs to (``IcebergSinkConfig``, ``FileSinkConfig`` or a dict).
-    :param write_task_id: the task whose return value is the pre-commit (dict, JSON or compressed).
+    :param write_task_id: the task whose return value is the pre-commit (dict, JSON or compressed);
+        when it returned none (a Spark operator that is not ours), the write it left in its write
+        location is taken (``core/left_writes.py``).
     :param meta_conn_id: the ``exactly_once_meta`` connection of the meta store; by default
         ``[exactly_once] meta_conn_id``, read when the task runs.
     :return: ``{"sink_id", "epoch", "outcome", "write_id", "persisted_write_id"}``; ``write_id`` is
@@ -118,12 +119,8 @@ class PersistPendingOperator(_EpochOperator):
 
     def execute(self, context: Context) -> dict[str, Any]:
         value = pull_pre_commit(context, self.write_task_id)
-        if value is None:
-            raise AirflowFailException(
-                f"task {self.write_task_id!r} returned no pre-commit metadata in this run; nothing to persist"
-            )
         with airflow_errors(), self._step(context) as step:
-            pre = parse_pre_commit(value)
+            pre = parse_pre_commit(value) if value is not None else self._left_write(step)
             check_write_matches(pre, self.sink.sink_id, step.epoch, self.task_id)
             if pre.generation is None:
                 # A write task of the author's own that did not stamp one: the run's generation now.
@@ -143,6 +140,19 @@ class PersistPendingOperator(_EpochOperator):
             "persisted_write_id": pre.write_id,
             **({"warning": result.warning} if result.warning else {}),
         }
+
+    def _left_write(self, step: _Step) -> PreCommit:
+        """The write a task that returned nothing left in the sink's write locations (a Spark operator
+        that is not ours: ``core/left_writes.py``)."""
+        from airflow_provider_exactly_once.core.left_writes import newest_left_write
+        from airflow_provider_exactly_once.runtime.assembly import open_sink
+
+        self.log.info(
+            "Task %r returned no pre-commit: taking the write it left in the sink's write locations",
+            self.write_task_id,
+        )
+        folders = open_sink(self.sink).write_folders.folders()
+        return newest_left_write(self.sink.sink_id, step.epoch, folders, step.store.registry, self.write_task_id)
 
 
 class CommitEpochOperator(_EpochOperator):

@@ -32,7 +32,7 @@ from airflow_provider_exactly_once.core.epochs import epoch_start
 from airflow_provider_exactly_once.core.errors import InvalidSinkConfig, MetaStoreUnavailable
 from airflow_provider_exactly_once.core.identifiers import check_epoch, check_sink_id, new_write_id
 from airflow_provider_exactly_once.operators._common import airflow_errors, execute_nested
-from airflow_provider_exactly_once.operators._spark_connect import check_connect_settings, connect_url
+from airflow_provider_exactly_once.operators._spark_connect import connect_settings, connect_url
 from airflow_provider_exactly_once.operators._targets import (
     INPUT_FIX,
     check_templated_specs,
@@ -304,7 +304,7 @@ class SparkPreCommitOperator(BaseOperator):
         from airflow_provider_exactly_once.core.precommit import PreCommit
         from airflow_provider_exactly_once.spark import jobspec
 
-        output = Path(spec.output_path)
+        output = work / "pre-commit.json"
         spec_path = work / "job.json"
         jobspec.dump_spec(spec, spec_path)
         submit = self._spark_submit(spec_path)
@@ -317,12 +317,19 @@ class SparkPreCommitOperator(BaseOperator):
             if error_file.exists():
                 raise RuntimeError(f"epoch writer failed: {error_file.read_text(encoding='utf-8')}") from exc
             raise
-        if not output.exists():
+        if output.exists():
+            return PreCommit.from_json(output.read_bytes())
+        # A driver whose files this task cannot see (cluster deploy mode, a remote driver) left the
+        # pre-commit in the write location too.
+        from airflow_provider_exactly_once.spark.epoch_writer import left_pre_commit
+
+        left = left_pre_commit(spec)
+        if left is None or left.write_id != spec.write_id:
             raise RuntimeError(
-                f"the epoch writer finished but wrote no pre-commit metadata at {output} "
-                "(in cluster deploy mode work_dir must be shared with the driver)"
+                f"the epoch writer finished but left no pre-commit metadata, neither at {output} nor in the write "
+                f"location of write {spec.write_id}"
             )
-        return PreCommit.from_json(output.read_bytes())
+        return left
 
     def _connect_write(self, url: str, spec: EpochJobSpec) -> PreCommit:
         """The write as a client of the Spark Connect server at ``url``, in this task's process."""
@@ -333,7 +340,14 @@ class SparkPreCommitOperator(BaseOperator):
         given = {f: getattr(self, f) for f in SPARK_SUBMIT_TEMPLATE_FIELDS} | self.spark_submit_kwargs
         if self.application == EPOCH_WRITER_APPLICATION:
             given.pop("application")
-        conf = check_connect_settings(self.task_id, self.conn_id, given)
+        conf, ignored = connect_settings(given)
+        if ignored:
+            self.log.warning(
+                "connection %r is a Spark Connect server: %s shape a spark-submit driver and are not applied "
+                "(set them on the server)",
+                self.conn_id,
+                ", ".join(ignored),
+            )
         try:
             return write_through_connect(url, spec, conf)
         except ExactlyOnceError:

@@ -9,6 +9,10 @@ answers for. They all ask this module, which imports nothing heavy, so the Spark
   point at them.
 - File sink: ``<root>/_staging/<write_id>/``; the commit moves the files out to their final names.
   The leading underscore keeps Spark, Hive and Trino readers of the directory out of it.
+
+A finished write leaves its pre-commit in its first target's location (``PRE_COMMIT_FILE``): where
+the write task returned none (a Spark operator that is not ours, a driver whose local files the
+task cannot see), persist takes it from there (``core/left_writes.py``).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from collections.abc import Mapping
 __all__ = [
     "FILE_STAGING_DIR",
     "ICEBERG_WRITE_DIR",
+    "PRE_COMMIT_FILE",
     "file_write_location",
     "file_writes_folder",
     "iceberg_data_root",
@@ -29,6 +34,9 @@ __all__ = [
 ICEBERG_WRITE_DIR = "_eo"
 #: Folder under a file sink's root that holds one folder per write's staged files.
 FILE_STAGING_DIR = "_staging"
+#: The pre-commit a finished write leaves in its first target's write location (its format:
+#: ``pre_commit_file``); the leading underscore keeps file readers and the commit's moves away from it.
+PRE_COMMIT_FILE = "_pre-commit.parquet"
 #: Iceberg's table property for a data root outside ``<location>/data``.
 _WRITE_DATA_PATH = "write.data.path"
 

@@ -27,10 +27,12 @@ from pyiceberg.io import FileIO
 from pyiceberg.io.pyarrow import PyArrowFileIO
 
 from airflow_provider_exactly_once.core.orphans import FileAge, WriteFolder, WriteLocation, write_ids
+from airflow_provider_exactly_once.sinks import pre_commit_file
 from airflow_provider_exactly_once.sinks.files import FileSinkCommitter
 from airflow_provider_exactly_once.sinks.iceberg.catalog_access import load_table
 from airflow_provider_exactly_once.sinks.iceberg.storage import fsspec_filesystem
 from airflow_provider_exactly_once.sinks.layout import (
+    PRE_COMMIT_FILE,
     file_writes_folder,
     iceberg_data_root,
     iceberg_write_location,
@@ -49,6 +51,14 @@ class _ArrowTree:
     def file_age(self, path: str) -> FileAge:
         infos = self._fs.get_file_info(pafs.FileSelector(path, recursive=True, allow_not_found=True))
         return FileAge.of(_as_utc(info.mtime) for info in infos if info.type == pafs.FileType.File)
+
+    def pre_commit_at(self, path: str) -> bytes | None:
+        try:
+            with self._fs.open_input_stream(path) as stream:
+                data: bytes = stream.read()
+        except FileNotFoundError:
+            return None
+        return pre_commit_file.decode(data)
 
 
 class _FsspecTree:
@@ -69,6 +79,13 @@ class _FsspecTree:
         except FileNotFoundError:
             return FileAge(0, None, None)
         return FileAge.of(_fsspec_mtime(info) for info in found.values())
+
+    def pre_commit_at(self, path: str) -> bytes | None:
+        try:
+            data: bytes = self._fs.cat_file(path)
+        except FileNotFoundError:
+            return None
+        return pre_commit_file.decode(data)
 
 
 def _as_utc(value: object) -> datetime | None:
@@ -121,8 +138,9 @@ class IcebergWriteFolders:
             tree, parent = _tree_of_io(table.io, iceberg_writes_folder(data_root))
             for write_id in write_ids(tree.subdirectories(parent)):
                 location = WriteLocation(name, iceberg_write_location(data_root, write_id))
-                age = partial(tree.file_age, posixpath.join(parent, write_id))
-                found.setdefault(write_id, []).append(WriteFolder(location, age))
+                path = posixpath.join(parent, write_id)
+                left = partial(tree.pre_commit_at, posixpath.join(path, PRE_COMMIT_FILE))
+                found.setdefault(write_id, []).append(WriteFolder(location, partial(tree.file_age, path), left))
         return found
 
 
@@ -140,5 +158,7 @@ class FileWriteFolders:
         found: dict[str, list[WriteFolder]] = {}
         for write_id in write_ids(tree.subdirectories(folder)):
             location = WriteLocation(committer.root, committer.staging_location(write_id))
-            found[write_id] = [WriteFolder(location, partial(tree.file_age, posixpath.join(folder, write_id)))]
+            path = posixpath.join(folder, write_id)
+            left = partial(tree.pre_commit_at, posixpath.join(path, PRE_COMMIT_FILE))
+            found[write_id] = [WriteFolder(location, partial(tree.file_age, path), left)]
         return found

@@ -9,7 +9,8 @@ pays once.
 Each write opens a session of its own (``create``, not ``getOrCreate``): two tasks in one worker
 process must not share the input view or the session settings, and stopping it releases what it
 cached on the server. Only the settings below and the author's ``conf`` go into the session's
-configuration, which the server may log; the catalog's and the store's properties travel inside the
+configuration, which the server may log (a ``conf`` key only the server can set, such as
+``spark.driver.memory``, is left to it and named in the task's log); the catalog's and the store's properties travel inside the
 tasks' functions, as they do in a ``spark-submit`` job spec.
 
 The server's Python workers import this package (their interpreter is the server's
@@ -19,6 +20,7 @@ writes the files, the task describes a few of them and the commit reads them.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -30,6 +32,10 @@ from airflow_provider_exactly_once.core.precommit import PreCommit
 from airflow_provider_exactly_once.spark.epoch_writer import SESSION_SETTINGS, WriteLocation, run
 from airflow_provider_exactly_once.spark.jobspec import EpochJobSpec
 
+log = logging.getLogger(__name__)
+
+#: Spark's conditions for a setting a session cannot change.
+_SERVERS_SETTING = frozenset({"CANNOT_MODIFY_CONFIG", "CANNOT_MODIFY_STATIC_CONFIG"})
 #: What PySpark sets in the environment of a process that opened a Connect session.
 _CONNECT_MARKS = ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE", "SPARK_LOCAL_REMOTE")
 
@@ -68,11 +74,20 @@ def connect_session(url: str, settings: Mapping[str, str]) -> Iterator[SparkSess
 
 
 def _configure(spark: SparkSession, settings: Mapping[str, str]) -> None:
+    """Set each setting on the session; one that only the server can set (a driver's memory, the
+    UI, a static SQL setting) is left to it, and named in the log."""
+    from pyspark.errors import PySparkException
+
+    servers = []
     for key, value in settings.items():
         try:
             spark.conf.set(key, str(value))
-        except Exception as exc:  # a static or cluster setting: the server's to set, not a session's
+        except PySparkException as exc:
+            if exc.getCondition() in _SERVERS_SETTING:
+                servers.append(key)
+                continue
             raise InvalidSinkConfig(
-                f"Spark Connect refused the session setting {key!r} ({type(exc).__name__}: "
-                f"{str(exc).splitlines()[0] if str(exc) else ''}); set it on the Connect server instead"
+                f"Spark Connect refused the session setting {key}={value!r}: {str(exc).splitlines()[0]}"
             ) from None
+    if servers:
+        log.warning("not applied to the Spark Connect session, being the server's to set: %s", ", ".join(servers))

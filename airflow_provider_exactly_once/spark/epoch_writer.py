@@ -4,13 +4,14 @@ Usage: ``spark-submit .../epoch_writer.py <job spec JSON, or path of a file hold
 
 It reads the epoch's input once, fits it to the schema of every target (refusing before any
 write), writes Parquet files in parallel below a location unique to this write in each target,
-describes each file on the executor that wrote it, and writes the pre-commit metadata JSON, one
-entry per target, to the spec's ``output_path``. It makes nothing visible: the commit does that
-later, from the metadata alone.
+describes each file on the executor that wrote it, and leaves the pre-commit metadata JSON, one
+entry per target, in the first target's write location (``sinks.layout.PRE_COMMIT_FILE``) and, when
+given, at the spec's ``output_path``. It makes nothing visible: the commit does that later, from the
+metadata alone. ``write_epoch`` is the same write for a PySpark job of one's own.
 
 Exit status: 0 with the metadata written; 1 on a failed write, with one line starting with
 ``ERROR_PREFIX`` on stderr (spark-submit forwards it to its stdout) and the same text in
-``<output_path>.error`` (the operator raises it);
+``<output_path>.error``, when given (the operator raises it);
 2 for a spec that cannot be read. A failed write deletes what it wrote in every target, best effort:
 its locations are its own, nothing else can reference them, and whatever is left there is an orphan
 recovery removes.
@@ -39,6 +40,8 @@ from pyspark.sql import functions as F
 from airflow_provider_exactly_once.core.errors import ExactlyOnceError
 from airflow_provider_exactly_once.core.precommit import DataFileDescriptor, PreCommit, TableWrite
 from airflow_provider_exactly_once.core.upserts import ChangeCounts
+from airflow_provider_exactly_once.sinks import pre_commit_file
+from airflow_provider_exactly_once.sinks.layout import PRE_COMMIT_FILE
 from airflow_provider_exactly_once.spark import parquet_writer
 from airflow_provider_exactly_once.spark.alignment import (
     AlignmentPlan,
@@ -56,7 +59,7 @@ from airflow_provider_exactly_once.spark.changes import (
     read_changes,
     row_columns,
 )
-from airflow_provider_exactly_once.spark.file_io import remove_tree
+from airflow_provider_exactly_once.spark.file_io import put_small_file, read_small_file, remove_tree
 from airflow_provider_exactly_once.spark.file_writer import ArrowFileWriter
 from airflow_provider_exactly_once.spark.inputs import read_input
 from airflow_provider_exactly_once.spark.jobspec import INPUT_VIEW, EpochJobSpec, IcebergTarget, TargetSpec
@@ -108,7 +111,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     written: list[WriteLocation] = []
     try:
         pre_commit = run(spark, spec, written)
-        _write_text(spec.output_path, pre_commit.model_dump_json(exclude_defaults=True))
+        if spec.output_path is not None:
+            _write_text(spec.output_path, pre_commit.model_dump_json(exclude_defaults=True))
         files = sum(len(t.data_files) for t in pre_commit.tables)
         changes = "".join(
             f"; {t.table}: {t.changes.describe()}, {len(t.rewritten)} file(s) rewritten"
@@ -122,13 +126,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         traceback.print_exc(file=sys.stderr)
         print(f"{ERROR_PREFIX} {message}", file=sys.stderr)
         _remove_locations(written)
-        try:
-            _write_text(spec.output_path + ".error", message)
-        except Exception as write_error:  # the stderr line above still carries the message
-            print(f"(could not write {spec.output_path}.error: {write_error})", file=sys.stderr)
+        if spec.output_path is not None:
+            try:
+                _write_text(spec.output_path + ".error", message)
+            except Exception as write_error:  # the stderr line above still carries the message
+                print(f"(could not write {spec.output_path}.error: {write_error})", file=sys.stderr)
         return EXIT_FAILED
     finally:
         spark.stop()
+
+
+def write_epoch(spark: SparkSession, spec: EpochJobSpec) -> PreCommit:
+    """Write the epoch ``spec`` describes with ``spark`` and return its pre-commit: the function to
+    call from a PySpark job of one's own (on any platform, classic or Spark Connect).
+
+    The contract with the rest of the pipeline (docs/operators.md, "Writing an epoch from any Spark
+    job"): the files go below the write location of ``spec.write_id`` in each target, and the
+    pre-commit is left in the first target's location (``PRE_COMMIT_FILE``). A write task that
+    returns it through XCom hands it to persist directly; one that returns nothing leaves persist to
+    find it there. A failed write removes what it wrote.
+    """
+    return run(spark, spec, [])
 
 
 def run(spark: SparkSession, spec: EpochJobSpec, written: list[WriteLocation]) -> PreCommit:
@@ -179,13 +197,23 @@ def _write_targets(spark: SparkSession, spec: EpochJobSpec, written: list[WriteL
             spark.catalog.dropTempView(INPUT_VIEW)
         if frame is not None and cached:
             frame.unpersist()
-    return PreCommit(
+    pre_commit = PreCommit(
         sink_id=spec.sink_id,
         epoch=spec.epoch,
         write_id=spec.write_id,
         tables=tables,
         source_positions=source.source_positions,
     )
+    # Left where persist finds it when the task cannot hand it over (``sinks/layout.py``); an empty
+    # write's location holds this file alone.
+    first = targets[0][1]
+    written.append(WriteLocation(first.location, first.io_properties))
+    put_small_file(
+        f"{first.location}/{PRE_COMMIT_FILE}",
+        pre_commit_file.encode(pre_commit.model_dump_json(exclude_defaults=True).encode()),
+        first.io_properties,
+    )
+    return pre_commit
 
 
 def _select(spark: SparkSession, frame: DataFrame | None, target: TargetSpec) -> DataFrame | None:
@@ -368,6 +396,18 @@ def choose_writer(table: str, write: FileWrite, rewrite: Rewrite | None) -> Data
 
 
 _EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?([A-Z]\w*(?:Error|Exception|Nulls|Mismatch|Failed|Table)): (.+)$")
+
+
+def left_pre_commit(spec: EpochJobSpec) -> PreCommit | None:
+    """The pre-commit a finished write of ``spec`` left in its first target's location, or ``None``:
+    how a task that cannot see its driver's files (cluster deploy mode, a remote driver) gets it."""
+    first = spec.targets[0]
+    if isinstance(first, IcebergTarget):
+        target = load_iceberg_target(first, spec.write_id)
+    else:
+        target = load_file_target(first, spec.write_id)
+    data = read_small_file(f"{target.location}/{PRE_COMMIT_FILE}", target.io_properties)
+    return None if data is None else PreCommit.from_json(pre_commit_file.decode(data))
 
 
 def describe_failure(exc: BaseException) -> str:

@@ -16,6 +16,7 @@ an executor on another host gets them from the job spec and from nowhere else.
 
 from __future__ import annotations
 
+import posixpath
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlparse
@@ -71,3 +72,39 @@ def remove_tree(url: str, io_properties: Mapping[str, str]) -> None:
     fs.invalidate_cache()
     if fs.exists(path):
         fs.rm(path, recursive=True)
+
+
+def put_small_file(url: str, data: bytes, io_properties: Mapping[str, str]) -> None:
+    """Write ``data`` at ``url`` whole or not at all: one PUT through the FileIO the executors write
+    with on an object store, a renamed temporary file on a file system (a reader never sees half)."""
+    if is_object_store(url):
+        from pyiceberg.io import load_file_io
+
+        with load_file_io(dict(io_properties), url).new_output(url).create(overwrite=True) as stream:
+            stream.write(data)
+        return
+    fs, path = driver_filesystem(url, io_properties)
+    fs.makedirs(posixpath.dirname(path), exist_ok=True)
+    temporary = f"{path}.tmp"
+    fs.pipe_file(temporary, data)
+    fs.mv(temporary, path)
+
+
+def read_small_file(url: str, io_properties: Mapping[str, str]) -> bytes | None:
+    """The bytes at ``url``, read as ``put_small_file`` wrote them, or ``None`` when there is none."""
+    if is_object_store(url):
+        from pyiceberg.io import load_file_io
+
+        try:
+            with load_file_io(dict(io_properties), url).new_input(url).open() as stream:
+                data: bytes = stream.read()
+        except FileNotFoundError:
+            return None
+        return data
+    fs, path = driver_filesystem(url, io_properties)
+    fs.invalidate_cache()
+    try:
+        found: bytes = fs.cat_file(path)
+    except FileNotFoundError:
+        return None
+    return found

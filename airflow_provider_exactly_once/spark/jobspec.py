@@ -108,8 +108,9 @@ class EpochJobSpec(FrozenSpec):
     #: Every table the input is written into, in this order, each from the same read of the input
     #: (fan-out); a file sink is one target alone. A spec with a single ``target`` loads as one.
     targets: list[TargetSpec] = Field(min_length=1)
-    #: Where the driver writes the pre-commit JSON (local path or fsspec URL).
-    output_path: str = Field(min_length=1)
+    #: Where the driver also writes the pre-commit JSON (local path or fsspec URL), for a task that
+    #: shares the driver's files; ``None``: only in the write location (``sinks/layout.py``).
+    output_path: str | None = Field(default=None, min_length=1)
     #: FileIO properties for a landing directory on an object store, resolved from the operator's
     #: ``input_storage_conn_id`` when the task runs: they replace the first target's storage
     #: properties (another store, another principal). Unlike ``FilesInput.io_properties`` they may

@@ -64,11 +64,12 @@ def check_summary(done: subprocess.CompletedProcess[str], root: Path) -> None:
 # Every catalog call and file is a request to SeaweedFS; on a loaded 2-CPU machine the demo alone
 # took 465 s, and more load takes it past the suite's 600 s.
 @pytest.mark.timeout(1500)
-def test_demo_on_seaweedfs_agrees_with_the_landed_input(tmp_path: Path) -> None:
-    """``--stack s3``: the same scenarios and summary with the tables behind SeaweedFS's REST catalog
-    and the landed input and markers on its S3; SeaweedFS stopped when the demo ends."""
+def test_demo_on_seaweedfs_through_spark_connect_agrees_with_the_landed_input(tmp_path: Path) -> None:
+    """``--stack s3 --spark connect``: the same scenarios and summary with the tables behind
+    SeaweedFS's REST catalog, the landed input and markers on its S3, and every write through a
+    Spark Connect server (the local test keeps ``spark-submit``); both servers stopped at the end."""
     root = tmp_path / "demo"
-    done = run_demo(root, "--stack", "s3", timeout=1400)
+    done = run_demo(root, "--stack", "s3", "--spark", "connect", timeout=1400)
     if done.returncode == run.STACK_UNAVAILABLE:
         reason = f"the demo's s3 stack cannot start here: {done.stdout.strip()}"
         if os.environ.get("CI") == "true":
@@ -81,11 +82,26 @@ def test_demo_on_seaweedfs_agrees_with_the_landed_input(tmp_path: Path) -> None:
     assert not (root / "landing").exists()
     assert (root / "seaweedfs" / "data").is_dir()
     assert weed_processes(root / "seaweedfs") == [], "SeaweedFS still runs after the demo ended"
+    assert "Spark Connect server local[2] at sc://127.0.0.1:" in done.stdout
+    assert "spark.driver.memory, spark.ui.enabled" in (root / "demo.log").read_text(errors="replace")
+    assert connect_processes(root / "spark-connect") == [], "the Spark Connect server still runs after the demo ended"
+
+
+def connect_processes(directory: Path) -> list[int]:
+    """Pids of the Spark Connect servers running in ``directory`` (the demo starts its own there)."""
+    import psutil  # type: ignore[import-untyped]
+
+    found = []
+    for proc in psutil.process_iter(["pid", "cmdline", "cwd"]):
+        command = " ".join(proc.info["cmdline"] or [])
+        if "SparkConnectServer" in command and proc.info["cwd"] == str(directory):
+            found.append(int(proc.info["pid"]))
+    return found
 
 
 def weed_processes(directory: Path) -> list[int]:
     """Pids of the ``weed`` processes serving ``directory``'s data (``-dir=<directory>/data``)."""
-    import psutil  # type: ignore[import-untyped]
+    import psutil
 
     flag = f"-dir={directory / 'data'}"
     found = []

@@ -147,4 +147,5 @@ def test_job_spec_names_its_faults() -> None:
     with pytest.raises(InvalidSinkConfig) as caught:
         EpochJobSpec.load('{"sink_id": "a/b", "epoch": -1, "write_id": "x"}')
     message = str(caught.value)
-    assert "sink_id" in message and "epoch" in message and "write_id" in message and "output_path" in message
+    assert "sink_id" in message and "epoch" in message and "write_id" in message and "targets" in message
+    assert "output_path" not in message  # optional: a job of one's own leaves its pre-commit in the write location

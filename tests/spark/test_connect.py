@@ -23,7 +23,7 @@ from pyiceberg.transforms import DayTransform, IdentityTransform
 
 from airflow_provider_exactly_once.core.errors import InvalidSinkConfig, SchemaMismatch
 from airflow_provider_exactly_once.core.precommit import PreCommit
-from airflow_provider_exactly_once.operators._spark_connect import check_connect_settings
+from airflow_provider_exactly_once.operators._spark_connect import connect_settings
 from airflow_provider_exactly_once.spark import parquet_writer
 from airflow_provider_exactly_once.spark.connect_write import connect_session, write_through_connect
 from airflow_provider_exactly_once.spark.epoch_writer import SESSION_SETTINGS
@@ -184,11 +184,20 @@ def test_upsert_epochs_through_connect_leave_the_table_equal_to_the_model(
         assert sink.rows() == model, f"epoch {epoch}"
 
 
-def test_connect_takes_session_settings_and_refuses_spark_submit_ones_by_name() -> None:
-    conf = check_connect_settings("write", "sc", {"conf": {"spark.sql.shuffle.partitions": 4}, "name": "x"})
-    assert conf == {"spark.sql.shuffle.partitions": "4"}
-    with pytest.raises(InvalidSinkConfig, match=r"connection 'sc' is a Spark Connect server.*executor_memory, jars"):
-        check_connect_settings("write", "sc", {"executor_memory": "2g", "jars": "a.jar", "verbose": False})
+def test_connect_takes_session_settings_and_leaves_spark_submit_ones_to_the_server(
+    connect_server: SparkConnectServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    conf, ignored = connect_settings(
+        {"conf": {"spark.sql.shuffle.partitions": 4}, "name": "x", "executor_memory": "2g", "verbose": False}
+    )
+    assert conf == {"spark.sql.shuffle.partitions": "4"} and ignored == ["executor_memory"]
+    settings = {"spark.sql.shuffle.partitions": "3", "spark.driver.memory": "768m", "spark.ui.enabled": "false"}
+    with caplog.at_level("WARNING"), connect_session(connect_server.url, settings) as session:
+        assert session.conf.get("spark.sql.shuffle.partitions") == "3"
+    assert "the server's to set: spark.driver.memory, spark.ui.enabled" in caplog.text
+    refused = pytest.raises(InvalidSinkConfig, match=r"spark\.sql\.shuffle\.partitions='many'")
+    with refused, connect_session(connect_server.url, {"spark.sql.shuffle.partitions": "many"}):
+        pass
 
 
 DAG_SCRIPT = textwrap.dedent(
@@ -216,7 +225,9 @@ DAG_SCRIPT = textwrap.dedent(
             conn_id="spark_connect_test",  # of type spark_connect: the task is a client of the server
             sink=settings["sink"],
             input=settings["input"],
-            conf={"spark.sql.shuffle.partitions": "2"},
+            # the same settings a spark-submit write takes: the server's own are left to it
+            conf={"spark.sql.shuffle.partitions": "2", "spark.driver.memory": "768m"},
+            executor_memory="512m",
         )
         write >> PythonOperator(task_id="keep", python_callable=keep)
 
@@ -254,6 +265,7 @@ def test_the_write_operator_on_a_spark_connect_connection_writes_through_the_ser
     )
     assert "DAG RUN STATE success" in output, output[-5000:]
     assert "spark-submit" not in output  # no driver of its own: the server ran the write
+    assert "executor_memory shape a spark-submit driver and are not applied" in output
     pre_commit = PreCommit.parse(json.loads(result_file.read_text()))
     assert pre_commit.sink_id == "orders" and pre_commit.record_count == 300
     assert pre_commit.epoch == int(INTERVAL_START.timestamp() * 1000)

@@ -435,7 +435,7 @@ def test_a_reprocessed_upsert_epoch_is_planned_as_a_revision_of_the_committed_wr
     cleared = types.SimpleNamespace(start_date=dt.datetime(2024, 6, 3, tzinfo=dt.UTC), run_after=start, clear_number=1)
     context = {"data_interval_start": start, "data_interval_end": start, "dag_run": cleared, "run_id": "cleared"}
 
-    with pytest.raises(RuntimeError, match="wrote no pre-commit metadata"):  # no Spark job ran
+    with pytest.raises(RuntimeError, match="left no pre-commit metadata"):  # no Spark job ran
         op._execute(context)
 
     (target,) = specs[0]["targets"]
@@ -451,6 +451,6 @@ def test_a_reprocessed_upsert_epoch_is_planned_as_a_revision_of_the_committed_wr
     }
     # a retry inside the committed write's generation writes as usual
     first = types.SimpleNamespace(start_date=dt.datetime(2024, 6, 2, tzinfo=dt.UTC), run_after=start, clear_number=0)
-    with pytest.raises(RuntimeError, match="wrote no pre-commit metadata"):
+    with pytest.raises(RuntimeError, match="left no pre-commit metadata"):
         op._execute({**context, "dag_run": first, "run_id": "first"})
     assert specs[1]["targets"][0]["revision"] is None

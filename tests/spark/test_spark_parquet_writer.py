@@ -43,6 +43,7 @@ from pyiceberg.types import (
 )
 
 from airflow_provider_exactly_once.sinks.iceberg.descriptors import describe_parquet_file
+from airflow_provider_exactly_once.sinks.layout import PRE_COMMIT_FILE
 from airflow_provider_exactly_once.spark import parquet_writer
 from airflow_provider_exactly_once.spark.parquet_writer import refusal
 from tests.spark.conftest import files_under, job_spec, land, local, make_table, run_in_process, sample_rows
@@ -125,7 +126,8 @@ def test_spark_writes_files_with_field_ids_and_the_iceberg_partition_value_of_th
     write = pre_commit.tables[0]
     assert pre_commit.record_count == 48
     location = local(write.location)
-    assert {Path(p).name for p in files_under(Path(location))} == {Path(local(d.path)).name for d in write.data_files}
+    written = {Path(p).name for p in files_under(Path(location))}
+    assert written == {Path(local(d.path)).name for d in write.data_files} | {PRE_COMMIT_FILE}
     for descriptor in write.data_files:
         path = local(descriptor.path)
         assert Path(path).name.startswith("part-")  # Spark's writer, not the pyarrow one
@@ -216,7 +218,7 @@ def test_an_epoch_whose_rows_are_all_filtered_out_has_no_files(
     job = job_spec(tmp_path, input=source, target={**iceberg_target(catalog_props, "ns.t"), "where": "id < 0"})
     pre_commit = run_in_process(spark, job)
     assert pre_commit.tables[0].data_files == [] and pre_commit.is_empty
-    assert files_under(Path(local(pre_commit.tables[0].location))) == set()
+    assert {Path(p).name for p in files_under(Path(local(pre_commit.tables[0].location)))} == {PRE_COMMIT_FILE}
 
 
 def test_a_table_with_a_list_column_keeps_the_pyarrow_writer_and_its_element_ids(
