@@ -107,7 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         stack.start()
     except ServerUnavailable as exc:
-        say(f"--stack {args.stack} --spark {args.spark} cannot run here: {exc}")
+        spark = " --spark connect" if args.spark == "connect" else ""
+        say(f"--stack {args.stack}{spark} cannot run here: {exc}")
         return STACK_UNAVAILABLE
     log_file = root / "demo.log"
     try:

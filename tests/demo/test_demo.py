@@ -83,7 +83,7 @@ def test_demo_on_seaweedfs_through_spark_connect_agrees_with_the_landed_input(tm
     assert (root / "seaweedfs" / "data").is_dir()
     assert weed_processes(root / "seaweedfs") == [], "SeaweedFS still runs after the demo ended"
     assert "Spark Connect server local[2] at sc://127.0.0.1:" in done.stdout
-    assert "spark.driver.memory, spark.ui.enabled" in (root / "demo.log").read_text(errors="replace")
+    assert "server's to set: spark.ui.enabled, spark.driver.memory" in (root / "demo.log").read_text(errors="replace")
     assert connect_processes(root / "spark-connect") == [], "the Spark Connect server still runs after the demo ended"
 
 

@@ -11,6 +11,7 @@ import json
 import os
 import random
 import textwrap
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,10 +21,12 @@ import pytest
 from pyiceberg.catalog import Catalog
 from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.transforms import DayTransform, IdentityTransform
+from pyspark.errors import PySparkException
 
 from airflow_provider_exactly_once.core.errors import InvalidSinkConfig, SchemaMismatch
 from airflow_provider_exactly_once.core.precommit import PreCommit
 from airflow_provider_exactly_once.operators._spark_connect import connect_settings
+from airflow_provider_exactly_once.sinks.layout import PRE_COMMIT_FILE
 from airflow_provider_exactly_once.spark import parquet_writer
 from airflow_provider_exactly_once.spark.connect_write import connect_session, write_through_connect
 from airflow_provider_exactly_once.spark.epoch_writer import SESSION_SETTINGS
@@ -33,6 +36,7 @@ from tests.spark.conftest import (
     files_under,
     job_spec,
     land,
+    local,
     make_table,
     run_dag_file,
     run_in_process,
@@ -184,6 +188,49 @@ def test_upsert_epochs_through_connect_leave_the_table_equal_to_the_model(
         assert sink.rows() == model, f"epoch {epoch}"
 
 
+def test_a_connect_server_killed_during_a_write_fails_it_and_the_retry_commits_once(
+    tmp_path: Path, catalog: Catalog, catalog_props: dict[str, str]
+) -> None:
+    """kill -9 of the server while its executors write: the write task's call fails, no pre-commit
+    is left, and the retry (a new write id, on the restarted server) is the one committed; whatever
+    the dead write put down is an orphan the scan of write locations finds, never a table file."""
+    server = SparkConnectServer(tmp_path / "connect").start({"spark.sql.shuffle.partitions": "2"})
+    make_table(catalog, "ns.killed")
+    source = {
+        "kind": "function",
+        "callable": "tests.spark.user_functions:slow_rows",
+        "options": {"seconds_per_row": 0.2},
+    }
+    killed = job_spec(tmp_path, input=source, target=iceberg_target(catalog_props, "ns.killed"))
+
+    def crash_and_restart() -> None:
+        server.kill()
+        server.start({"spark.sql.shuffle.partitions": "2"})  # the same port: the connection is unchanged
+
+    try:
+        # By 6 s the server's Python workers are up and its executors in the slow rows. The client
+        # retries an unreachable server for minutes; the restarted one no longer knows its session.
+        killer = threading.Timer(6.0, crash_and_restart)
+        killer.start()
+        with pytest.raises(PySparkException):
+            write_through_connect(server.url, killed)
+        killer.join()
+        assert "SPARK_CONNECT_MODE_ENABLED" not in os.environ
+        retry = job_spec(
+            tmp_path, input={**source, "options": {"seconds_per_row": 0}}, target=killed.targets[0].model_dump()
+        )
+        pre_commit = write_through_connect(server.url, retry)
+    finally:
+        server.stop()
+    commit_iceberg(catalog, pre_commit)
+    table = catalog.load_table("ns.killed")
+    assert sorted(read_rows(table, "id")) == [(i,) for i in range(50)]
+    dead = Path(local(pre_commit.tables[0].location)).parent / killed.write_id
+    assert not (dead / PRE_COMMIT_FILE).exists()  # never finished: persist could never take it
+    referenced = {f.file_path for task in table.scan().plan_files() for f in [task.file]}
+    assert not any(str(path) in {local(p) for p in referenced} for path in dead.rglob("*"))
+
+
 def test_connect_takes_session_settings_and_leaves_spark_submit_ones_to_the_server(
     connect_server: SparkConnectServer, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -264,7 +311,7 @@ def test_the_write_operator_on_a_spark_connect_connection_writes_through_the_ser
         default={"conn_type": "iceberg", "extra": catalog_props},
     )
     assert "DAG RUN STATE success" in output, output[-5000:]
-    assert "spark-submit" not in output  # no driver of its own: the server ran the write
+    assert "Spark-Submit cmd" not in output  # no driver of its own: the server ran the write
     assert "executor_memory shape a spark-submit driver and are not applied" in output
     pre_commit = PreCommit.parse(json.loads(result_file.read_text()))
     assert pre_commit.sink_id == "orders" and pre_commit.record_count == 300

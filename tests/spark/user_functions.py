@@ -116,3 +116,21 @@ def typed_rows(spark: Any, context: Any) -> Any:
         ]
     )
     return spark.createDataFrame(typed_rows_list(), schema, verifySchema=False).repartition(3)
+
+
+def slow_rows(spark: Any, context: Any) -> Any:
+    """The rows of ``rows_with_extra`` without the extra column, each taking a while on the executors
+    (``options["seconds_per_row"]``): a write long enough for a test to kill its Spark under it."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import LongType
+
+    pause = float(context.options.get("seconds_per_row", 0.1))
+
+    @F.udf(returnType=LongType())
+    def slowly(value: int) -> int:
+        import time
+
+        time.sleep(pause)
+        return value
+
+    return rows_with_extra(spark, context).drop("extra_col").withColumn("id", slowly(F.col("id")))
