@@ -1,8 +1,8 @@
 """The pre-commit a finished write leaves in its write location (``layout.PRE_COMMIT_FILE``), as a file.
 
 A Parquet file of one row and one column, the pre-commit's compact JSON, rather than a JSON file:
-an object store that serves a table bucket (SeaweedFS's, like Amazon S3 Tables) refuses any object
-below a table's location that is not a data or metadata file of Iceberg's formats. The leading
+an object store that serves a table bucket refuses other objects below a table's location
+(SeaweedFS's does, tested: ``.json`` and ``.txt`` are denied, ``.parquet`` and ``.avro`` taken). The leading
 underscore of its name keeps Spark's and other file readers of the folder away from it, and no
 snapshot references it, so Iceberg readers never see it.
 """
