@@ -7,9 +7,10 @@ applied "mostly": the table would hold a state no input ever described.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import Column, DataFrame, Row, Window
 from pyspark.sql import functions as F
 
 from airflow_provider_exactly_once.core.errors import InvalidChanges, InvalidSinkConfig
@@ -73,22 +74,30 @@ def row_columns(changes: DataFrame, upsert: UpsertSpec, table_columns: set[str])
     return changes.drop(*dropped) if dropped else changes
 
 
-def check_changes(changes: DataFrame, upsert: UpsertSpec, owner: Owner) -> None:
-    """Refuse null keys, unknown operations and (per the order rule) two changes of one key.
+def check_changes(changes: DataFrame, upsert: UpsertSpec, owner: Owner, measures: Sequence[Column] = ()) -> Row:
+    """Refuse null keys, unknown operations and (per the order rule) two changes of one key; return
+    the pass's row, which also holds ``measures`` (the key range's, ``upsert.range_measures``).
 
-    One aggregation counts the faults; examples are fetched only when there is a fault to show.
+    One aggregation over the input finds every fault and measures the keys: an epoch without faults
+    costs one Spark action here. A key changed twice shows as fewer distinct keys than rows, a tie
+    as fewer distinct (key, order) pairs; only then does a second query look for examples.
     """
     keys = [F.col(quote(k)) for k in upsert.key]
     null_key = F.lit(False)
     for key in keys:
         null_key = null_key | key.isNull()
+    distinct = [F.count_distinct(F.struct(*keys)).alias("keys")]
+    if upsert.order_by is not None:
+        distinct.append(F.count_distinct(F.struct(*keys, F.col(ORDER))).alias("keyed_orders"))
     counted = changes.agg(
         F.sum(F.when(null_key, 1).otherwise(0)).alias("null_keys"),
         F.sum(F.when(F.col(OP).isNull(), 1).otherwise(0)).alias("unknown_ops"),
         F.count(F.lit(1)).alias("rows"),
+        *distinct,
+        *measures,
     ).first()
-    null_keys = int(counted["null_keys"] or 0) if counted is not None else 0
-    unknown_ops = int(counted["unknown_ops"] or 0) if counted is not None else 0
+    assert counted is not None  # an aggregation without grouping has one row, even over no rows
+    null_keys, unknown_ops, rows = (int(counted[name] or 0) for name in ("null_keys", "unknown_ops", "rows"))
     if null_keys:
         shown = [row.asDict() for row in changes.where(null_key).drop(OP, ORDER).limit(EXAMPLES).collect()]
         nulls = [k for k in upsert.key if changes.where(F.col(quote(k)).isNull()).limit(1).count()]
@@ -105,17 +114,19 @@ def check_changes(changes: DataFrame, upsert: UpsertSpec, owner: Owner) -> None:
             f"{list(upsert.known_values)}: {values}; name the values with insert_values, update_values and "
             "delete_values. Nothing was written."
         )
+    if int(counted["keys"]) == rows:
+        return counted  # one change per key
     per_key = changes.groupBy(*keys).agg(F.count(F.lit(1)).alias("changes"), F.max(ORDER).alias("last"))
     if upsert.order_by is None:
         repeated = per_key.where(F.col("changes") > 1)
         examples = [row.asDict() for row in repeated.limit(EXAMPLES).collect()]
-        if examples:
-            raise InvalidChanges(
-                f"{owner}: {repeated.count()} key(s) change more than once in the epoch, e.g. {examples}; give the "
-                "sink order_by (a column ordering the changes, greatest wins) or send one change per key. "
-                "Nothing was written."
-            )
-        return
+        raise InvalidChanges(
+            f"{owner}: {repeated.count()} key(s) change more than once in the epoch, e.g. {examples}; give the "
+            "sink order_by (a column ordering the changes, greatest wins) or send one change per key. "
+            "Nothing was written."
+        )
+    if int(counted["keyed_orders"]) == rows:
+        return counted  # no two changes of a key share an order value, so no tie at the last
     ties = (
         changes.join(per_key.where(F.col("changes") > 1), on=list(upsert.key))
         .where(F.col(ORDER).eqNullSafe(F.col("last")))
@@ -129,6 +140,7 @@ def check_changes(changes: DataFrame, upsert: UpsertSpec, owner: Owner) -> None:
             f"{owner}: {ties.count()} key(s) have two or more last changes with the same {upsert.order_by!r}, e.g. "
             f"{examples}; which one wins would depend on how Spark split the input. Nothing was written."
         )
+    return counted
 
 
 def last_change_per_key(changes: DataFrame, upsert: UpsertSpec) -> DataFrame:

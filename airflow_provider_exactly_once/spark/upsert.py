@@ -58,7 +58,7 @@ from pyiceberg.types import (
     TimestampType,
     TimestamptzType,
 )
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as st
 
@@ -110,11 +110,13 @@ class Rewrite:
         epoch. Ranges of partition value, then key: a partition value too big for one file spans
         several tasks, small ones share a task and still get a file each (sorted, so each value's
         rows are adjacent), and every file holds a narrow key range for later epochs' plans to prune.
+        Rows that fill one file are not shuffled at all: one task sorts them where they are.
         """
         expected = self.changes.inserted + self.changes.updated + self.changes.rows_rewritten
         tasks = writers or max(1, math.ceil(expected / rows_per_file))
         order = [*partition_keys, *[F.col(quote(k)) for k in self.key]]
-        return self.rows.repartitionByRange(tasks, *order).sortWithinPartitions(*order)
+        spread = self.rows.coalesce(1) if tasks == 1 else self.rows.repartitionByRange(tasks, *order)
+        return spread.sortWithinPartitions(*order)
 
 
 def check_key(table: Table, upsert: UpsertSpec, owner: Owner) -> None:
@@ -147,10 +149,12 @@ def copy_on_write(
     changes: DataFrame,
     owner: Owner,
     io_properties: dict[str, str],
+    measured: Row,
     revision: RevisionBasis | None = None,
 ) -> Rewrite:
     """``changes``: one change per key, the table's columns (as written) plus ``OP``; the result's
-    rows are in the same columns, without ``OP``.
+    rows are in the same columns, without ``OP``. ``measured``: the validation pass's row, holding
+    ``range_measures``.
 
     A ``revision`` is planned at the table as it was before the write it revises, and rewrites that
     write's rewritten files too, from their rows there: keys it changed and this epoch does not get
@@ -161,7 +165,7 @@ def copy_on_write(
     with session_conf(spark, CACHE_CONF):  # the cached plan is made here, when the cache is declared
         changes = changes.select(*[quote(c) for c in columns], OP).persist()
     read_id = _planned_at(table, branch, revision, owner)
-    lower, upper, key_filter, totals = _key_range(table, changes, keys)
+    lower, upper, key_filter = _key_range(table, changes, keys, measured)
     tasks: list[FileScanTask] = []
     if read_id is not None and lower:
         tasks = list(table.scan(row_filter=key_filter, snapshot_id=read_id).plan_files())
@@ -177,19 +181,17 @@ def copy_on_write(
     schema = changes.select(*[quote(c) for c in columns]).schema
     existing = _read_files(spark, table.metadata, [t.file for t in tasks], schema, io_properties).persist()
     key_cols = [quote(k) for k in keys]
-    # One job finds the files that really hold a changed key, and how many rows each change hits there.
+    # One job finds the files that really hold a changed key, how many rows each change hits there,
+    # and (in the row whose file is null) how many of the epoch's changes are upserts and deletes.
     matched = existing.select(*key_cols, FILE).join(changes.select(*key_cols, OP), on=keys, how="inner")
-    per_file = (
-        matched.groupBy(FILE)
-        .agg(
-            F.sum(F.when(F.col(OP) == UPSERT, 1).otherwise(0)).alias("updated"),
-            F.sum(F.when(F.col(OP) == DELETE, 1).otherwise(0)).alias("deleted"),
-        )
-        .collect()
-    )
+    counts = [F.sum(F.when(F.col(OP) == kind, 1).otherwise(0)).alias(kind) for kind in (UPSERT, DELETE)]
+    totals_row = changes.agg(F.lit(None).cast("string").alias(FILE), *counts)
+    found = matched.groupBy(FILE).agg(*counts).unionByName(totals_row).collect()
+    totals = next(row for row in found if row[FILE] is None)
+    per_file = [row for row in found if row[FILE] is not None]
     touched = sorted({str(row[FILE]) for row in per_file} | set(revision.rewritten if revision else ()))
-    updated = sum(int(row["updated"]) for row in per_file)
-    deleted = sum(int(row["deleted"]) for row in per_file)
+    updated = sum(int(row[UPSERT]) for row in per_file)
+    deleted = sum(int(row[DELETE]) for row in per_file)
     kept = (
         existing.where(F.col(FILE).isin(touched)).join(changes.select(*key_cols), on=keys, how="left_anti").drop(FILE)
     )
@@ -197,10 +199,10 @@ def copy_on_write(
     by_path = {t.file.file_path: t.file for t in tasks}
     rewritten = [RewrittenFile(path=p, record_count=int(by_path[p].record_count)) for p in touched]
     change_counts = ChangeCounts(
-        inserted=max(totals[UPSERT] - updated, 0),
+        inserted=max(int(totals[UPSERT] or 0) - updated, 0),
         updated=updated,
         deleted=deleted,
-        deletes_of_absent_keys=max(totals[DELETE] - deleted, 0),
+        deletes_of_absent_keys=max(int(totals[DELETE] or 0) - deleted, 0),
         rows_rewritten=max(sum(f.record_count for f in rewritten) - updated - deleted, 0),
     )
     rows = kept.unionByName(upserts.drop(OP))
@@ -297,50 +299,61 @@ def no_changes(spark: SparkSession, schema: Schema, upsert: UpsertSpec, owner: O
     return spark.createDataFrame([], st.StructType(fields))
 
 
-def _key_range(
-    table: Table, changes: DataFrame, keys: Sequence[str]
-) -> tuple[dict[str, str], dict[str, str], BooleanExpression, dict[str, int]]:
-    """Per key column: its lower and upper bound over the epoch's changes (deletes included), in
-    Iceberg's single-value serialisation; the filter that plans the files that can hold them; and
-    how many changes are upserts and deletes."""
+def range_measures(table: Table, keys: Sequence[str]) -> list[Column]:
+    """What the validation pass (``changes.check_changes``) measures of each key column for
+    ``_key_range``: its bounds and its number of distinct values, as Iceberg's literal values of the
+    table's type. Deduplicating the changes later drops rows of a key, never a key, so the input's
+    measures are the epoch's."""
     schema = table.schema()
-    as_numbers = {k: _comparable(k, schema.find_field(k).field_type) for k in keys}
-    aggregates = []
+    measures = []
     for key in keys:
-        aggregates += [
-            F.min(as_numbers[key]).alias(f"lo_{key}"),
-            F.max(as_numbers[key]).alias(f"hi_{key}"),
-            F.count_distinct(as_numbers[key]).alias(f"n_{key}"),
+        value = _comparable(key, schema.find_field(key).field_type)
+        measures += [
+            F.min(value).alias(f"lo_{key}"),
+            F.max(value).alias(f"hi_{key}"),
+            F.count_distinct(value).alias(f"n_{key}"),
         ]
-    aggregates += [
-        F.sum(F.when(F.col(OP) == UPSERT, 1).otherwise(0)).alias(UPSERT),
-        F.sum(F.when(F.col(OP) == DELETE, 1).otherwise(0)).alias(DELETE),
-    ]
-    bounds = changes.agg(*aggregates).first()
-    if bounds is None or bounds[f"lo_{keys[0]}"] is None:
-        return {}, {}, AlwaysTrue(), {UPSERT: 0, DELETE: 0}
-    totals = {UPSERT: int(bounds[UPSERT] or 0), DELETE: int(bounds[DELETE] or 0)}
+    return measures
+
+
+def _key_range(
+    table: Table, changes: DataFrame, keys: Sequence[str], measured: Row
+) -> tuple[dict[str, str], dict[str, str], BooleanExpression]:
+    """Per key column: its lower and upper bound over the epoch's changes (deletes included), in
+    Iceberg's single-value serialisation, and the filter that plans the files that can hold them:
+    the values themselves where they are few (one query of the cached changes), else the range."""
+    if measured[f"lo_{keys[0]}"] is None:
+        return {}, {}, AlwaysTrue()
+    schema = table.schema()
     lower: dict[str, str] = {}
     upper: dict[str, str] = {}
+    few = [k for k in keys if int(measured[f"n_{k}"]) <= IN_LIMIT]
+    values: dict[str, list[Any]] = {k: [] for k in few}
+    if few:
+        comparable = [_comparable(k, schema.find_field(k).field_type).alias(k) for k in few]
+        for row in changes.select(*comparable).distinct().collect():
+            for k in few:
+                values[k].append(row[k])
     expression: BooleanExpression = AlwaysTrue()
     for key in keys:
         field_type = cast(PrimitiveType, schema.find_field(key).field_type)  # KEY_TYPES, checked
-        lo, hi, distinct = bounds[f"lo_{key}"], bounds[f"hi_{key}"], int(bounds[f"n_{key}"])
+        lo, hi = measured[f"lo_{key}"], measured[f"hi_{key}"]
         lower[key] = base64.b64encode(to_bytes(field_type, lo)).decode("ascii")
         upper[key] = base64.b64encode(to_bytes(field_type, hi)).decode("ascii")
-        if distinct <= IN_LIMIT:
-            values = [row[0] for row in changes.select(as_numbers[key]).distinct().collect()]
-            term: BooleanExpression = In(term=key, literals=values)
+        if key in values:
+            term: BooleanExpression = In(term=key, literals=sorted(set(values[key])))
         else:
             term = And(GreaterThanOrEqual(term=key, value=lo), LessThanOrEqual(term=key, value=hi))
         expression = term if isinstance(expression, AlwaysTrue) else And(expression, term)
-    return lower, upper, expression, totals
+    return lower, upper, expression
 
 
 def _comparable(name: str, field_type: IcebergType) -> Any:
     """The key as Iceberg's literal value: dates as days, timestamps as microseconds, from Spark
-    itself (collecting them as Python datetimes would apply the driver's local time zone)."""
-    column = F.col(quote(name))
+    itself (collecting them as Python datetimes would apply the driver's local time zone). The
+    input's column is cast to the table's type first, as the alignment casts it for the write."""
+    spark_type = iceberg_to_spark(field_type)
+    column = F.col(quote(name)) if spark_type is None else F.col(quote(name)).cast(spark_type)
     if isinstance(field_type, DateType):
         return F.unix_date(column)
     if isinstance(field_type, TimestampType | TimestamptzType):

@@ -218,6 +218,10 @@ def test_the_last_change_of_a_key_by_order_by_wins_and_two_without_order_are_ref
     tie = changes_of([(3, "eu", "a", "I"), (3, "eu", "b", "I")]).append_column("seq", pa.array([5, 5], pa.int64()))
     with pytest.raises(InvalidChanges, match="same 'seq'"):
         sink.write(tie, order_by="seq")
+    # Two changes sharing an order value below the key's last are no tie: the last wins.
+    below = changes_of([(4, "eu", "a", "I"), (4, "eu", "b", "U"), (4, "us", "c", "U")])
+    sink.apply(below.append_column("seq", pa.array([1, 1, 2], pa.int64())), order_by="seq")
+    assert sink.rows()[4] == ("us", "c")
 
 
 @pytest.mark.parametrize(
