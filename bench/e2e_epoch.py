@@ -150,20 +150,79 @@ def create_tables(catalog: Any) -> None:
 
 def build_dags(landing: str, storage_conn_id: str | None = None) -> tuple[Any, Any]:
     """The two DAGs; built after ``world.enter`` because importing Airflow reads its configuration."""
-    from airflow.providers.apache.iceberg.hooks.iceberg import IcebergHook
-    from airflow.sdk import DAG
+    return (
+        build_eo_dag(landing, "bench_e2e_exactly_once", SINK_ID, EO_TABLE, storage_conn_id=storage_conn_id),
+        build_direct_dag(landing),
+    )
+
+
+def _writer(cls: Any, task_id: str, sink: Any, landing: str, spark_conn_id: str) -> Any:
+    # The target comes from the sink's Iceberg connection when the task runs (as in the example
+    # DAG): a REST catalog's credentials never pass through a rendered field.
+    from airflow_provider_exactly_once.spark.jobspec import FilesInput
+
+    return cls(
+        task_id=task_id,
+        conn_id=spark_conn_id,
+        sink=sink,
+        input=FilesInput(format="json", path=landing + "/{start:%Y/%m/%d/%H}", schema_ddl=EVENT_SCHEMA),
+        conf={**SPARK_CONF, "spark.pyspark.python": os.environ["PYSPARK_PYTHON"]},
+    )
+
+
+def _dag_settings() -> dict[str, Any]:
     from airflow.timetables.interval import CronDataIntervalTimetable
 
+    return {
+        "schedule": CronDataIntervalTimetable("@hourly", timezone="UTC"),
+        "start_date": FIRST_HOUR,
+        "catchup": False,
+        "render_template_as_native_obj": True,
+    }
+
+
+def build_eo_dag(
+    landing: str,
+    dag_id: str,
+    sink_id: str,
+    table: str,
+    *,
+    spark_conn_id: str = "spark_default",
+    storage_conn_id: str | None = None,
+) -> Any:
+    """The exactly-once epoch (write, persist, wait, commit) of the landed hour into ``table``,
+    written through the Spark connection ``spark_conn_id`` (type ``spark``: spark-submit;
+    ``spark_connect``: a Connect server)."""
+    from airflow.sdk import DAG
+
     from airflow_provider_exactly_once.checkpoints.config import MarkerFileCheckpoint
+    from airflow_provider_exactly_once.operators.spark_precommit import SparkPreCommitOperator
+    from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig
+    from airflow_provider_exactly_once.task_groups import exactly_once_epoch
+    from demo.world import ICEBERG_CONN_ID
+
+    sink = IcebergSinkConfig(sink_id, (table,), iceberg_conn_id=ICEBERG_CONN_ID)
+    with DAG(dag_id, **_dag_settings()) as dag:
+        exactly_once_epoch(
+            _writer(SparkPreCommitOperator, "write", sink, landing, spark_conn_id),
+            sink=sink,
+            checkpoint=MarkerFileCheckpoint(landing + "/{start:%Y/%m/%d/%H}", storage_conn_id=storage_conn_id),
+            group_id="epoch",
+            sensor_kwargs={"poke_interval": 5, "timeout": 600, "mode": "poke"},
+        )
+    return dag
+
+
+def build_direct_dag(landing: str) -> Any:
+    """At-least-once: the same write, its files appended in the same task."""
+    from airflow.providers.apache.iceberg.hooks.iceberg import IcebergHook
+    from airflow.sdk import DAG
+
     from airflow_provider_exactly_once.core.precommit import PreCommit
     from airflow_provider_exactly_once.operators.spark_precommit import SparkPreCommitOperator
     from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig
     from airflow_provider_exactly_once.sinks.iceberg.data_files import build_data_files
-    from airflow_provider_exactly_once.spark.jobspec import FilesInput
-    from airflow_provider_exactly_once.task_groups import exactly_once_epoch
     from demo.world import ICEBERG_CONN_ID
-
-    hour_dir = landing + "/{start:%Y/%m/%d/%H}"
 
     class DirectAppendOperator(SparkPreCommitOperator):
         """At-least-once: the same Spark job, then its files appended as they are (no marker, no meta store)."""
@@ -185,38 +244,10 @@ def build_dags(landing: str, storage_conn_id: str | None = None) -> tuple[Any, A
                         append.append_data_file(data_file)
             return pre.record_count
 
-    def writer(cls: type[SparkPreCommitOperator], task_id: str, sink: IcebergSinkConfig) -> Any:
-        # The target comes from the sink's Iceberg connection when the task runs (as in the
-        # example DAG): a REST catalog's credentials never pass through a rendered field.
-        return cls(
-            task_id=task_id,
-            conn_id="spark_default",
-            sink=sink,
-            input=FilesInput(format="json", path=hour_dir, schema_ddl=EVENT_SCHEMA),
-            conf={**SPARK_CONF, "spark.pyspark.python": os.environ["PYSPARK_PYTHON"]},
-        )
-
-    eo_sink = IcebergSinkConfig(SINK_ID, (EO_TABLE,), iceberg_conn_id=ICEBERG_CONN_ID)
     direct_sink = IcebergSinkConfig("bench-e2e-direct", (DIRECT_TABLE,), iceberg_conn_id=ICEBERG_CONN_ID)
-
-    common: dict[str, Any] = {
-        "schedule": CronDataIntervalTimetable("@hourly", timezone="UTC"),
-        "start_date": FIRST_HOUR,
-        "catchup": False,
-        "render_template_as_native_obj": True,
-    }
-    with DAG("bench_e2e_exactly_once", **common) as eo_dag:
-        write = writer(SparkPreCommitOperator, "write", eo_sink)
-        exactly_once_epoch(
-            write,
-            sink=eo_sink,
-            checkpoint=MarkerFileCheckpoint(hour_dir, storage_conn_id=storage_conn_id),
-            group_id="epoch",
-            sensor_kwargs={"poke_interval": 5, "timeout": 600, "mode": "poke"},
-        )
-    with DAG("bench_e2e_direct", **common) as direct_dag:
-        writer(DirectAppendOperator, "write_and_append", direct_sink)
-    return eo_dag, direct_dag
+    with DAG("bench_e2e_direct", **_dag_settings()) as direct_dag:
+        _writer(DirectAppendOperator, "write_and_append", direct_sink, landing, "spark_default")
+    return direct_dag
 
 
 def run(dag: Any, hour: dt.datetime) -> dict[str, Any]:
