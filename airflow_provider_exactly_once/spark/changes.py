@@ -7,10 +7,9 @@ applied "mostly": the table would hold a state no input ever described.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pyspark.sql import Column, DataFrame, Row, Window
+from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
 from airflow_provider_exactly_once.core.errors import InvalidChanges, InvalidSinkConfig
@@ -74,12 +73,11 @@ def row_columns(changes: DataFrame, upsert: UpsertSpec, table_columns: set[str])
     return changes.drop(*dropped) if dropped else changes
 
 
-def check_changes(changes: DataFrame, upsert: UpsertSpec, owner: Owner, measures: Sequence[Column] = ()) -> Row:
-    """Refuse null keys, unknown operations and (per the order rule) two changes of one key; return
-    the pass's row, which also holds ``measures`` (the key range's, ``upsert.range_measures``).
+def check_changes(changes: DataFrame, upsert: UpsertSpec, owner: Owner) -> None:
+    """Refuse null keys, unknown operations and (per the order rule) two changes of one key.
 
-    One aggregation over the input finds every fault and measures the keys: an epoch without faults
-    costs one Spark action here. A key changed twice shows as fewer distinct keys than rows, a tie
+    One aggregation over the input finds every fault: an epoch without faults costs one Spark
+    action here. A key changed twice shows as fewer distinct keys than rows, a tie
     as fewer distinct (key, order) pairs; only then does a second query look for examples.
     """
     keys = [F.col(quote(k)) for k in upsert.key]
@@ -94,7 +92,6 @@ def check_changes(changes: DataFrame, upsert: UpsertSpec, owner: Owner, measures
         F.sum(F.when(F.col(OP).isNull(), 1).otherwise(0)).alias("unknown_ops"),
         F.count(F.lit(1)).alias("rows"),
         *distinct,
-        *measures,
     ).first()
     assert counted is not None  # an aggregation without grouping has one row, even over no rows
     null_keys, unknown_ops, rows = (int(counted[name] or 0) for name in ("null_keys", "unknown_ops", "rows"))
@@ -115,7 +112,7 @@ def check_changes(changes: DataFrame, upsert: UpsertSpec, owner: Owner, measures
             "delete_values. Nothing was written."
         )
     if int(counted["keys"]) == rows:
-        return counted  # one change per key
+        return  # one change per key
     per_key = changes.groupBy(*keys).agg(F.count(F.lit(1)).alias("changes"), F.max(ORDER).alias("last"))
     if upsert.order_by is None:
         repeated = per_key.where(F.col("changes") > 1)
@@ -126,7 +123,7 @@ def check_changes(changes: DataFrame, upsert: UpsertSpec, owner: Owner, measures
             "Nothing was written."
         )
     if int(counted["keyed_orders"]) == rows:
-        return counted  # no two changes of a key share an order value, so no tie at the last
+        return  # no two changes of a key share an order value, so no tie at the last
     ties = (
         changes.join(per_key.where(F.col("changes") > 1), on=list(upsert.key))
         .where(F.col(ORDER).eqNullSafe(F.col("last")))
@@ -140,7 +137,6 @@ def check_changes(changes: DataFrame, upsert: UpsertSpec, owner: Owner, measures
             f"{owner}: {ties.count()} key(s) have two or more last changes with the same {upsert.order_by!r}, e.g. "
             f"{examples}; which one wins would depend on how Spark split the input. Nothing was written."
         )
-    return counted
 
 
 def last_change_per_key(changes: DataFrame, upsert: UpsertSpec) -> DataFrame:

@@ -64,8 +64,9 @@ from airflow_provider_exactly_once.spark.file_writer import ArrowFileWriter
 from airflow_provider_exactly_once.spark.inputs import read_input
 from airflow_provider_exactly_once.spark.jobspec import INPUT_VIEW, EpochJobSpec, IcebergTarget, TargetSpec
 from airflow_provider_exactly_once.spark.parquet_writer import SparkParquetWriter
+from airflow_provider_exactly_once.spark.rewrite_tasks import RewriteWriter
 from airflow_provider_exactly_once.spark.targets import ResolvedTarget, load_file_target, load_iceberg_target
-from airflow_provider_exactly_once.spark.upsert import Rewrite, check_key, copy_on_write, no_changes, range_measures
+from airflow_provider_exactly_once.spark.upsert import Rewrite, check_key, copy_on_write, no_changes
 from airflow_provider_exactly_once.spark.writer_protocol import DataFileWriter, FileWrite
 
 ERROR_PREFIX = "EXACTLY-ONCE WRITE FAILED:"
@@ -254,7 +255,7 @@ def _plan(
         # A revision without changes still undoes the revised write's: no change rows, same path.
         frame = no_changes(spark, target.table.schema(), upsert, owner)
     changes = read_changes(frame, upsert, owner)
-    measured = check_changes(changes, upsert, owner, range_measures(target.table, upsert.key))
+    check_changes(changes, upsert, owner)
     table_columns = {f.name for f in target.table.schema().fields}
     changes = row_columns(last_change_per_key(changes, upsert), upsert, table_columns)
     aligned = _align(spec, target, changes, carry=(OP, ORDER))
@@ -266,7 +267,6 @@ def _plan(
         aligned.frame,
         owner,
         target.io_properties,
-        measured,
         revision,
     )
     return _Planned(rewrite.rows, aligned.alignment, rewrite)
@@ -393,7 +393,9 @@ def choose_writer(table: str, write: FileWrite, rewrite: Rewrite | None) -> Data
         log.info("%s: Spark's Parquet writer writes the files", table)
         return SparkParquetWriter()
     log.info("%s: the pyarrow writer writes the files (%s)", table, reason)
-    return ArrowFileWriter(rewrite)
+    if rewrite is not None:
+        return RewriteWriter(rewrite.files, rewrite.key, rewrite.changes.inserted)
+    return ArrowFileWriter()
 
 
 _EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?([A-Z]\w*(?:Error|Exception|Nulls|Mismatch|Failed|Table)): (.+)$")

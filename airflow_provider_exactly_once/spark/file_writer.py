@@ -17,7 +17,6 @@ import json
 import math
 import uuid
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from datetime import date, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -45,8 +44,6 @@ from airflow_provider_exactly_once.spark.writer_protocol import (
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-    from airflow_provider_exactly_once.spark.upsert import Rewrite
-
 #: The single column ``mapInArrow`` returns: one descriptor (compact JSON) per row.
 DESCRIPTOR_COLUMN = "descriptor"
 #: Batches are buffered to this many uncompressed bytes per row group: Spark hands over 10,000-row
@@ -54,12 +51,8 @@ DESCRIPTOR_COLUMN = "descriptor"
 ROW_GROUP_BYTES = 64 * 1024 * 1024
 
 
-@dataclass(frozen=True)
 class ArrowFileWriter:
     """The pyarrow writer: rows handed to Python workers as Arrow, written there with pyarrow."""
-
-    #: An upsert's copy-on-write, whose rows are spread over tasks by its expected size.
-    rewrite: Rewrite | None = None
 
     def write(self, frame: DataFrame, write: FileWrite) -> list[DataFileDescriptor]:
         frame = self._distribute(frame, write)
@@ -68,12 +61,8 @@ class ArrowFileWriter:
 
     def _distribute(self, frame: DataFrame, write: FileWrite) -> DataFrame:
         """A task closes its file whenever the partition value changes, so rows of one value must be
-        adjacent. An upsert knows how many rows it writes, so its tasks are as many as files of the
-        target size they fill."""
+        adjacent."""
         keys = spark_sort_keys(write.spec, write.write_schema, set(frame.columns))
-        if self.rewrite is not None:
-            size = rows_per_file(write.target_file_size, write.write_schema)
-            return self.rewrite.distributed(keys, size, write.writers)
         if keys:
             # Hash-partition by the partition values: each value goes to one task, so it becomes one
             # file (or a few, past the target size) instead of one per input split.
@@ -83,20 +72,27 @@ class ArrowFileWriter:
 
 
 def write_task(config: FileWrite, batches: Iterator[pa.RecordBatch], task: str) -> Iterator[pa.RecordBatch]:
-    """Write one task's rows; yield one single-row batch of descriptor JSON per closed file."""
+    """Write one task's rows; yield one single-row batch of descriptor JSON per closed file.
+
+    A file is closed at the target size, in uncompressed bytes or in rows of Spark's size estimate
+    (``rows_per_file``, as Spark's own writer counts), whichever comes first."""
     arrow_schema = schema_to_pyarrow(config.write_schema, include_field_ids=True)
+    most_rows = rows_per_file(config.target_file_size, config.write_schema)
     writer: _RollingFile | None = None
     for batch in batches:
         if batch.num_rows == 0:
             continue
         conformed = _conform(batch, arrow_schema, config)
         for key, part in _split_by_partition(conformed, config):
-            if writer is not None and (writer.key != key or writer.full):
-                yield _descriptor_batch(writer.close())
-                writer = None
-            if writer is None:
-                writer = _RollingFile(config, arrow_schema, key, task)
-            writer.add(part)
+            while part.num_rows:
+                if writer is not None and (writer.key != key or writer.full or writer.rows >= most_rows):
+                    yield _descriptor_batch(writer.close())
+                    writer = None
+                if writer is None:
+                    writer = _RollingFile(config, arrow_schema, key, task)
+                room = most_rows - writer.rows
+                writer.add(part.slice(0, room))
+                part = part.slice(room)
     if writer is not None:
         yield _descriptor_batch(writer.close())
 
@@ -132,14 +128,14 @@ def _split_by_partition(
     for partition_field in config.spec.fields:
         name = config.write_schema.find_column_name(partition_field.source_id)
         assert name is not None
-        array = _column(batch, name)
+        array = nested_column(batch, name)
         transformed = arrow_values(partition_field.transform, array)
         if _single_value(transformed):
             columns.append([transformed[0].as_py()])
         else:
             columns.append(transformed.to_pylist())
     if all(len(c) == 1 for c in columns):
-        yield _partition_key(config, [c[0] for c in columns]), batch
+        yield partition_key(config, [c[0] for c in columns]), batch
         return
     width = batch.num_rows
     full = [c if len(c) == width else c * width for c in columns]
@@ -147,13 +143,16 @@ def _split_by_partition(
     start = 0
     for i in range(1, width + 1):
         if i == width or not _same(rows[i], rows[start]):
-            yield _partition_key(config, list(rows[start])), batch.slice(start, i - start)
+            yield partition_key(config, list(rows[start])), batch.slice(start, i - start)
             start = i
 
 
-def _column(batch: pa.RecordBatch, dotted: str) -> pa.Array:
+def nested_column(batch: pa.RecordBatch | pa.Table, dotted: str) -> Any:
+    """A column by its dotted name: struct fields are reached through their parents."""
     parts = dotted.split(".")
     array = batch.column(parts[0])
+    if len(parts) > 1 and isinstance(array, pa.ChunkedArray):
+        array = array.combine_chunks()
     for part in parts[1:]:
         array = array.field(part)
     return array
@@ -177,7 +176,7 @@ def _same(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
     )
 
 
-def _partition_key(config: FileWrite, values: Sequence[Any]) -> tuple[PartitionValue, ...]:
+def partition_key(config: FileWrite, values: Sequence[Any]) -> tuple[PartitionValue, ...]:
     key: list[PartitionValue] = []
     for partition_field, value in zip(config.spec.fields, values, strict=True):
         if config.partition_style == "iceberg":
@@ -231,6 +230,7 @@ class _RollingFile:
         self._buffered_bytes = 0
         self._buffered_rows = 0
         self._written_bytes = 0
+        self.rows = 0
 
     @property
     def full(self) -> bool:
@@ -238,6 +238,7 @@ class _RollingFile:
 
     def add(self, batch: pa.RecordBatch) -> None:
         self._buffer.append(batch)
+        self.rows += batch.num_rows
         self._buffered_bytes += batch.nbytes
         self._buffered_rows += batch.num_rows
         if self._buffered_bytes >= ROW_GROUP_BYTES or self._buffered_rows >= self.config.row_group_rows:

@@ -120,7 +120,7 @@ class EpochJobSpec(FrozenSpec):
     #: Number of parallel write tasks, rows shuffled by partition value; ``None`` keeps the input's
     #: parallelism (Spark's Parquet writer, unless the table's ``write.distribution-mode`` is ``hash``
     #: or ``range``) or ``spark.sql.shuffle.partitions`` (the pyarrow writer, partitioned); an upsert
-    #: takes as many as files of the target size its rows fill.
+    #: sizes its tasks by the rows it rewrites and writes (``rewrite_tasks.RewriteWriter``).
     writers: int | None = Field(default=None, gt=0)
     #: Roll to a new file after this many uncompressed bytes (Arrow's count in the pyarrow writer;
     #: in Spark's, which rolls by rows, that many rows of Spark's estimated size); ``None``: the

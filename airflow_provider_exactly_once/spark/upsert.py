@@ -1,20 +1,26 @@
-"""Copy-on-write of an upsert epoch (design.md section 5, step 7): the Spark half.
+"""Copy-on-write of an upsert epoch (design.md section 5, step 7): the driver's half.
 
 pyiceberg 0.12 can neither write nor read delete files, so an epoch of changes is applied by
-rewriting the data files that hold its keys:
+rewriting the data files that hold its keys. The table's rows never pass through the JVM: each file
+is read, filtered and written again by one Python task, as a single-process rewrite of the touched
+files would do it, only spread over the executors (``rewrite_tasks``):
 
-1. the driver plans the table's live data files on the sink's branch that can hold any of the
+1. the changed keys and their operations come to the driver as Arrow (one query of the cached,
+   validated changes), which gives the key range, the upsert and delete totals and, where the keys
+   are few, the values to plan with;
+2. the driver plans the table's live data files on the sink's branch that can hold any of the
    epoch's keys: pyiceberg's scan planning with a filter on the key columns (the key values
    themselves when they are few, their range otherwise) prunes by partition and by column
    statistics. The partition of a changed row is deliberately not used: an update may move a key
    to another partition, and its old row must still be found;
-2. the executors read those files with pyiceberg's own Arrow reader (field ids, name mapping and
-   schema evolution resolved as any Iceberg reader does), each row tagged with its file;
-3. the files that really hold a changed key are rewritten without the changed and deleted keys,
-   and the epoch's inserted and updated rows are written beside them, by the same writer as an
-   append (``file_writer``), over as many tasks as files of the target size the rows fill
-   (``Rewrite.distributed``);
-4. the pre-commit names the rewritten files, the snapshot they were read from and the epoch's key
+3. one Spark job reads the key columns of those files on the executors (pyiceberg's own Arrow
+   reader: field ids, name mapping and schema evolution resolved as any Iceberg reader does) and
+   returns, per file, the positions of the rows a change hits: the files that really hold a
+   changed key, and every count the commit reports, are known before anything is written;
+4. the write (``rewrite_tasks.RewriteWriter``) rewrites each of those files without those rows,
+   together with the epoch's upserted rows of the same partition, and writes the rest of the
+   upserted rows as new files, by the target file size;
+5. the pre-commit names the rewritten files, the snapshot they were read from and the epoch's key
    range: the commit removes exactly those files in the snapshot that adds the new ones, and
    refuses when the table moved in a way that could hide a key from this write (``UpsertConflict``).
 
@@ -26,13 +32,12 @@ this epoch is in them: their rows there are what undoes the revised write's othe
 from __future__ import annotations
 
 import base64
-import functools
-import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import cast
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyiceberg.conversions import from_bytes, to_bytes
 from pyiceberg.expressions import (
     AlwaysTrue,
@@ -42,15 +47,10 @@ from pyiceberg.expressions import (
     In,
     LessThanOrEqual,
 )
-from pyiceberg.io import load_file_io
-from pyiceberg.io.pyarrow import ArrowScan
-from pyiceberg.manifest import DataFile
 from pyiceberg.schema import Schema
 from pyiceberg.table import FileScanTask, Table
-from pyiceberg.table.metadata import TableMetadata, TableMetadataUtil
 from pyiceberg.types import (
     DateType,
-    IcebergType,
     IntegerType,
     LongType,
     PrimitiveType,
@@ -58,7 +58,7 @@ from pyiceberg.types import (
     TimestampType,
     TimestamptzType,
 )
-from pyspark.sql import Column, DataFrame, Row, SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as st
 
@@ -73,10 +73,8 @@ from airflow_provider_exactly_once.core.upserts import (
 from airflow_provider_exactly_once.spark.alignment import iceberg_to_spark
 from airflow_provider_exactly_once.spark.changes import DELETE, OP, ORDER, UPSERT, Owner, quote
 from airflow_provider_exactly_once.spark.parquet_writer import session_conf
-from airflow_provider_exactly_once.spark.spread import spread
+from airflow_provider_exactly_once.spark.rewrite_tasks import DELETED, TableFiles, find_hits
 
-#: The column a read row carries: the data file it came from.
-FILE = "__eo_file"
 #: Up to this many distinct values of a key column are planned with ``In``; past it, with the range.
 IN_LIMIT = 1000
 #: Key column types the epoch's key range can be recorded for (Iceberg identifier fields are
@@ -85,15 +83,19 @@ KEY_TYPES = (IntegerType, LongType, StringType, DateType, TimestampType, Timesta
 #: Adaptive execution may coalesce the shuffle partitions of a cached plan, as it does any other's.
 #: The change rows are cached after a shuffle (the last change per key), and with Spark's default
 #: that cache keeps ``spark.sql.shuffle.partitions`` partitions (200) however small the epoch: every
-#: later stage would run that many tasks, and write a file per partition that holds a row.
+#: later stage would run that many tasks.
 CACHE_CONF = {"spark.sql.optimizer.canChangeCachedPlanOutputPartitioning": "true"}
 
 
 @dataclass(frozen=True)
 class Rewrite:
-    """What copy-on-write produced for one table: the rows to write and what the commit needs."""
+    """What copy-on-write planned for one table: the rows to write, the files to rewrite and the
+    rows of each that go, and what the commit needs."""
 
+    #: The epoch's inserted and updated rows, in the table's columns as written.
     rows: DataFrame
+    #: The files to rewrite, where to read them and which of their rows the epoch replaces.
+    files: TableFiles
     rewritten: list[RewrittenFile]
     read_snapshot_id: int | None
     key_lower_bounds: dict[str, str]
@@ -103,20 +105,6 @@ class Rewrite:
     key: tuple[str, ...]
     #: A revision's: the committed write it replaces (``core.upsert_revisions``).
     revises: RevisedWrite | None = None
-
-    def distributed(self, partition_keys: Sequence[Column], rows_per_file: int, writers: int | None) -> DataFrame:
-        """The rows over as many write tasks as files of ``rows_per_file`` rows they fill (or
-        ``writers``), never over ``spark.sql.shuffle.partitions``, 200 tasks however small the
-        epoch. Ranges of partition value, then key: a partition value too big for one file spans
-        several tasks, small ones share a task and still get a file each (sorted, so each value's
-        rows are adjacent), and every file holds a narrow key range for later epochs' plans to prune.
-        Rows that fill one file are not shuffled at all: one task sorts them where they are.
-        """
-        expected = self.changes.inserted + self.changes.updated + self.changes.rows_rewritten
-        tasks = writers or max(1, math.ceil(expected / rows_per_file))
-        order = [*partition_keys, *[F.col(quote(k)) for k in self.key]]
-        spread = self.rows.coalesce(1) if tasks == 1 else self.rows.repartitionByRange(tasks, *order)
-        return spread.sortWithinPartitions(*order)
 
 
 def check_key(table: Table, upsert: UpsertSpec, owner: Owner) -> None:
@@ -149,12 +137,10 @@ def copy_on_write(
     changes: DataFrame,
     owner: Owner,
     io_properties: dict[str, str],
-    measured: Row,
     revision: RevisionBasis | None = None,
 ) -> Rewrite:
-    """``changes``: one change per key, the table's columns (as written) plus ``OP``; the result's
-    rows are in the same columns, without ``OP``. ``measured``: the validation pass's row, holding
-    ``range_measures``.
+    """``changes``: one change per key (``changes.check_changes`` passed), the table's columns (as
+    written) plus ``OP``; the result's rows are in the same columns, without ``OP``.
 
     A ``revision`` is planned at the table as it was before the write it revises, and rewrites that
     write's rewritten files too, from their rows there: keys it changed and this epoch does not get
@@ -164,8 +150,9 @@ def copy_on_write(
     keys = list(upsert.key)
     with session_conf(spark, CACHE_CONF):  # the cached plan is made here, when the cache is declared
         changes = changes.select(*[quote(c) for c in columns], OP).persist()
+    changed = changes.select(*[quote(k) for k in keys], (F.col(OP) == DELETE).alias(DELETED)).toArrow()
     read_id = _planned_at(table, branch, revision, owner)
-    lower, upper, key_filter = _key_range(table, changes, keys, measured)
+    lower, upper, key_filter = _key_range(table, changed, keys)
     tasks: list[FileScanTask] = []
     if read_id is not None and lower:
         tasks = list(table.scan(row_filter=key_filter, snapshot_id=read_id).plan_files())
@@ -178,42 +165,30 @@ def copy_on_write(
             f"writes by another engine), e.g. {with_deletes[0]}; copy-on-write cannot rewrite them. Rewrite the "
             "table's delete files first (Spark: CALL system.rewrite_position_delete_files / rewrite_data_files)."
         )
-    schema = changes.select(*[quote(c) for c in columns]).schema
-    existing = _read_files(spark, table.metadata, [t.file for t in tasks], schema, io_properties).persist()
-    key_cols = [quote(k) for k in keys]
-    # One job finds the files that really hold a changed key, how many rows each change hits there,
-    # and (in the row whose file is null) how many of the epoch's changes are upserts and deletes.
-    matched = existing.select(*key_cols, FILE).join(changes.select(*key_cols, OP), on=keys, how="inner")
-    counts = [F.sum(F.when(F.col(OP) == kind, 1).otherwise(0)).alias(kind) for kind in (UPSERT, DELETE)]
-    totals_row = changes.agg(F.lit(None).cast("string").alias(FILE), *counts)
-    found = matched.groupBy(FILE).agg(*counts).unionByName(totals_row).collect()
-    totals = next(row for row in found if row[FILE] is None)
-    per_file = [row for row in found if row[FILE] is not None]
-    touched = sorted({str(row[FILE]) for row in per_file} | set(revision.rewritten if revision else ()))
-    updated = sum(int(row[UPSERT]) for row in per_file)
-    deleted = sum(int(row[DELETE]) for row in per_file)
-    kept = (
-        existing.where(F.col(FILE).isin(touched)).join(changes.select(*key_cols), on=keys, how="left_anti").drop(FILE)
-    )
-    upserts = changes.where(F.col(OP) == UPSERT)
-    by_path = {t.file.file_path: t.file for t in tasks}
-    rewritten = [RewrittenFile(path=p, record_count=int(by_path[p].record_count)) for p in touched]
+    candidates = TableFiles(table.metadata.model_dump_json(), io_properties, {t.file.file_path: t.file for t in tasks})
+    hits = find_hits(spark, candidates, changed, keys) if changed.num_rows else {}
+    touched = sorted(set(hits) | set(revision.rewritten if revision else ()))
+    updated = sum(int((~hit.deleted).sum()) for hit in hits.values())
+    deleted = sum(int(hit.deleted.sum()) for hit in hits.values())
+    deletes = int(pc.sum(changed.column(DELETED)).as_py() or 0)
+    rewritten = [RewrittenFile(path=p, record_count=int(candidates.files[p].record_count)) for p in touched]
     change_counts = ChangeCounts(
-        inserted=max(int(totals[UPSERT] or 0) - updated, 0),
+        inserted=max(changed.num_rows - deletes - updated, 0),
         updated=updated,
         deleted=deleted,
-        deletes_of_absent_keys=max(int(totals[DELETE] or 0) - deleted, 0),
+        deletes_of_absent_keys=max(deletes - deleted, 0),
         rows_rewritten=max(sum(f.record_count for f in rewritten) - updated - deleted, 0),
     )
-    rows = kept.unionByName(upserts.drop(OP))
+    files = candidates.only(touched, {path: hit.rows for path, hit in hits.items()})
     return Rewrite(
-        rows=rows,
+        rows=changes.where(F.col(OP) == UPSERT).drop(OP),
+        files=files,
         rewritten=rewritten,
         read_snapshot_id=read_id,
         key_lower_bounds=lower,
         key_upper_bounds=upper,
         changes=change_counts,
-        cached=(changes, existing),
+        cached=(changes,),
         key=tuple(keys),
         revises=None if revision is None else revision.revised(),
     )
@@ -299,109 +274,39 @@ def no_changes(spark: SparkSession, schema: Schema, upsert: UpsertSpec, owner: O
     return spark.createDataFrame([], st.StructType(fields))
 
 
-def range_measures(table: Table, keys: Sequence[str]) -> list[Column]:
-    """What the validation pass (``changes.check_changes``) measures of each key column for
-    ``_key_range``: its bounds and its number of distinct values, as Iceberg's literal values of the
-    table's type. Deduplicating the changes later drops rows of a key, never a key, so the input's
-    measures are the epoch's."""
-    schema = table.schema()
-    measures = []
-    for key in keys:
-        value = _comparable(key, schema.find_field(key).field_type)
-        measures += [
-            F.min(value).alias(f"lo_{key}"),
-            F.max(value).alias(f"hi_{key}"),
-            F.count_distinct(value).alias(f"n_{key}"),
-        ]
-    return measures
-
-
 def _key_range(
-    table: Table, changes: DataFrame, keys: Sequence[str], measured: Row
+    table: Table, changed: pa.Table, keys: Sequence[str]
 ) -> tuple[dict[str, str], dict[str, str], BooleanExpression]:
     """Per key column: its lower and upper bound over the epoch's changes (deletes included), in
     Iceberg's single-value serialisation, and the filter that plans the files that can hold them:
-    the values themselves where they are few (one query of the cached changes), else the range."""
-    if measured[f"lo_{keys[0]}"] is None:
+    the values themselves where they are few, else the range."""
+    if not changed.num_rows:
         return {}, {}, AlwaysTrue()
     schema = table.schema()
     lower: dict[str, str] = {}
     upper: dict[str, str] = {}
-    few = [k for k in keys if int(measured[f"n_{k}"]) <= IN_LIMIT]
-    values: dict[str, list[Any]] = {k: [] for k in few}
-    if few:
-        comparable = [_comparable(k, schema.find_field(k).field_type).alias(k) for k in few]
-        for row in changes.select(*comparable).distinct().collect():
-            for k in few:
-                values[k].append(row[k])
     expression: BooleanExpression = AlwaysTrue()
     for key in keys:
         field_type = cast(PrimitiveType, schema.find_field(key).field_type)  # KEY_TYPES, checked
-        lo, hi = measured[f"lo_{key}"], measured[f"hi_{key}"]
+        values = _literal_values(changed.column(key))
+        bounds = pc.min_max(values)
+        lo, hi = bounds["min"].as_py(), bounds["max"].as_py()
         lower[key] = base64.b64encode(to_bytes(field_type, lo)).decode("ascii")
         upper[key] = base64.b64encode(to_bytes(field_type, hi)).decode("ascii")
-        if key in values:
-            term: BooleanExpression = In(term=key, literals=sorted(set(values[key])))
+        distinct = pc.unique(values)
+        if len(distinct) <= IN_LIMIT:
+            term: BooleanExpression = In(term=key, literals=sorted(distinct.to_pylist()))
         else:
             term = And(GreaterThanOrEqual(term=key, value=lo), LessThanOrEqual(term=key, value=hi))
         expression = term if isinstance(expression, AlwaysTrue) else And(expression, term)
     return lower, upper, expression
 
 
-def _comparable(name: str, field_type: IcebergType) -> Any:
-    """The key as Iceberg's literal value: dates as days, timestamps as microseconds, from Spark
-    itself (collecting them as Python datetimes would apply the driver's local time zone). The
-    input's column is cast to the table's type first, as the alignment casts it for the write."""
-    spark_type = iceberg_to_spark(field_type)
-    column = F.col(quote(name)) if spark_type is None else F.col(quote(name)).cast(spark_type)
-    if isinstance(field_type, DateType):
-        return F.unix_date(column)
-    if isinstance(field_type, TimestampType | TimestamptzType):
-        return F.unix_micros(column.cast("timestamp"))
+def _literal_values(column: pa.ChunkedArray) -> pa.ChunkedArray:
+    """A key column as Iceberg's literal values: dates as days, timestamps as microseconds (of the
+    instant for a zoned timestamp, of the wall clock for a local one, as Iceberg stores them)."""
+    if pa.types.is_date(column.type):
+        return column.cast(pa.date32()).cast(pa.int32())
+    if pa.types.is_timestamp(column.type):
+        return column.cast(pa.timestamp("us", tz=column.type.tz)).cast(pa.int64())
     return column
-
-
-def _read_files(
-    spark: SparkSession,
-    metadata: TableMetadata,
-    files: list[DataFile],
-    schema: st.StructType,
-    io_properties: dict[str, str],
-) -> DataFrame:
-    """The rows of ``files`` in ``schema`` (the table's columns as written) plus ``FILE``."""
-    out = st.StructType([*schema.fields, st.StructField(FILE, st.StringType(), False)])
-    if not files:
-        return spark.createDataFrame([], out)
-    from pyspark.sql.pandas.types import to_arrow_schema
-
-    arrow = to_arrow_schema(out, timezone="UTC")
-    by_path = {f.file_path: f for f in files}
-    reader = functools.partial(_read_task, metadata.model_dump_json(), io_properties, by_path, arrow)
-    return spread(spark, sorted(by_path), "path").mapInArrow(reader, out)
-
-
-def _read_task(
-    metadata_json: str,
-    io_properties: dict[str, str],
-    files: dict[str, DataFile],
-    schema: pa.Schema,
-    batches: Iterator[pa.RecordBatch],
-) -> Iterator[pa.RecordBatch]:
-    """A ``mapInArrow`` task: each of its files read with pyiceberg's reader (the table's current
-    schema, so renamed and added columns resolve by field id or name mapping, identity partition
-    values from the manifest), cast to ``schema``, path attached."""
-    metadata = TableMetadataUtil.parse_raw(metadata_json)
-    io = load_file_io({**metadata.properties, **io_properties}, metadata.location)
-    scan = ArrowScan(metadata, io, metadata.schema(), AlwaysTrue())
-    for batch in batches:
-        for path in batch.column("path").to_pylist():
-            for part in scan.to_record_batches([FileScanTask(files[path])]):
-                arrays = []
-                for field in schema:
-                    if field.name == FILE:
-                        arrays.append(pa.array([path] * part.num_rows, type=field.type))
-                    elif field.name in part.schema.names:
-                        arrays.append(part.column(field.name).cast(field.type))
-                    else:
-                        arrays.append(pa.nulls(part.num_rows, type=field.type))
-                yield pa.RecordBatch.from_arrays(arrays, schema=schema)
