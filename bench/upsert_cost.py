@@ -19,6 +19,7 @@ times measured in the same run.
 
     uv run python -m bench.upsert_cost [--rows 1000000] [--fractions 0.01 0.1]
     uv run python -m bench.upsert_cost --rows 10000000          # the issue's size; about an hour here
+    uv run python -m bench.upsert_cost --rows 10000000 --ways partition_rewrite   # without Table.upsert
 
 Writes bench/results/upsert_cost_<rows>.json and .png.
 """
@@ -112,7 +113,11 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--fractions", type=float, nargs="*", default=[0.01, 0.1])
     parser.add_argument("--seed", type=int, default=16)
+    parser.add_argument(
+        "--ways", nargs="*", choices=WAYS, default=list(WAYS), help="which ways to run (exactly_once always runs)"
+    )
     args = parser.parse_args()
+    ways = tuple(w for w in WAYS if w in args.ways or w == "exactly_once")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
@@ -144,7 +149,7 @@ def main() -> None:
         catalog = SqlCatalog("bench", **{k: v for k, v in props.items() if k != "type"})
         catalog.create_namespace("bench")
         started = time.perf_counter()
-        for way in WAYS:
+        for way in ways:
             build(catalog, way, args.rows, span)
         print(f"built 3 tables of {args.rows:,} rows in {time.perf_counter() - started:.0f} s", flush=True)
         store = SqlSinkStateStore(f"sqlite:///{root / 'meta.db'}")
@@ -166,7 +171,7 @@ def main() -> None:
             landing = root / f"changes-{epoch}"
             landing.mkdir()
             pq.write_table(changes, landing / "part-0.parquet")
-            before = {way: catalog.load_table(f"bench.{way}").metadata.current_snapshot_id for way in WAYS}
+            before = {way: catalog.load_table(f"bench.{way}").metadata.current_snapshot_id for way in ways}
             seconds: dict[str, float] = {}
 
             # 1. this package: the Spark job, then persist and commit.
@@ -182,23 +187,26 @@ def main() -> None:
             write_s, commit_s = t1 - t0, t2 - t1
 
             # 2. pyiceberg's Table.upsert.
-            t0 = time.perf_counter()
-            outcome = catalog.load_table("bench.pyiceberg_upsert").upsert(changes, join_cols=["id"])
-            seconds["pyiceberg_upsert"] = time.perf_counter() - t0
+            outcome = None
+            if "pyiceberg_upsert" in ways:
+                t0 = time.perf_counter()
+                outcome = catalog.load_table("bench.pyiceberg_upsert").upsert(changes, join_cols=["id"])
+                seconds["pyiceberg_upsert"] = time.perf_counter() - t0
 
             # 3. a rewrite of the touched partitions with pyarrow.
-            t0 = time.perf_counter()
-            table = catalog.load_table("bench.partition_rewrite")
-            touched = sorted(set(changes.column("part").to_pylist()))
-            current = table.scan(row_filter=In("part", touched)).to_arrow()
-            kept = current.filter(pc.invert(pc.is_in(current.column("id"), value_set=changes.column("id"))))
-            table.overwrite(pa.concat_tables([kept, changes]), overwrite_filter=In("part", touched))
-            seconds["partition_rewrite"] = time.perf_counter() - t0
+            if "partition_rewrite" in ways:
+                t0 = time.perf_counter()
+                table = catalog.load_table("bench.partition_rewrite")
+                touched = sorted(set(changes.column("part").to_pylist()))
+                current = table.scan(row_filter=In("part", touched)).to_arrow()
+                kept = current.filter(pc.invert(pc.is_in(current.column("id"), value_set=changes.column("id"))))
+                table.overwrite(pa.concat_tables([kept, changes]), overwrite_filter=In("part", touched))
+                seconds["partition_rewrite"] = time.perf_counter() - t0
 
-            sums = {way: checksum(catalog.load_table(f"bench.{way}")) for way in WAYS}
-            assert len(set(sums.values())) == 1, f"the three ways disagree: {sums}"
+            sums = {way: checksum(catalog.load_table(f"bench.{way}")) for way in ways}
+            assert len(set(sums.values())) == 1, f"the ways disagree: {sums}"
             assert sums["exactly_once"][0] == next_id, sums
-            totals = {way: summary_totals(catalog.load_table(f"bench.{way}"), before[way]) for way in WAYS}
+            totals = {way: summary_totals(catalog.load_table(f"bench.{way}"), before[way]) for way in ways}
             changes_counts = pre_commit.tables[0].changes
             row: dict[str, Any] = {
                 "fraction": fraction,
@@ -207,19 +215,26 @@ def main() -> None:
                 "seconds": seconds,
                 "exactly_once_write_s": write_s,
                 "exactly_once_commit_s": commit_s,
-                "exactly_once_vs_pyiceberg_upsert": seconds["exactly_once"] / seconds["pyiceberg_upsert"],
-                "exactly_once_vs_partition_rewrite": seconds["exactly_once"] / seconds["partition_rewrite"],
+                **{
+                    f"exactly_once_vs_{way}": seconds["exactly_once"] / seconds[way]
+                    for way in ways
+                    if way != "exactly_once"
+                },
                 "files_rewritten": len(pre_commit.tables[0].rewritten),
+                "data_files_written": len(pre_commit.tables[0].data_files),
                 "changes": None if changes_counts is None else changes_counts.model_dump(),
-                "pyiceberg_upsert": {"rows_updated": outcome.rows_updated, "rows_inserted": outcome.rows_inserted},
+                "pyiceberg_upsert": None
+                if outcome is None
+                else {"rows_updated": outcome.rows_updated, "rows_inserted": outcome.rows_inserted},
                 "written": totals,
-                "bytes_per_changed_row": {way: totals[way]["bytes_written"] / count for way in WAYS},
+                "bytes_per_changed_row": {way: totals[way]["bytes_written"] / count for way in ways},
             }
             results.append(row)
             print(
                 f"{fraction:.0%} ({count:,} changes): exactly-once {seconds['exactly_once']:.1f} s "
-                f"(Spark {write_s:.1f} s, commit {commit_s:.2f} s), pyiceberg upsert {seconds['pyiceberg_upsert']:.1f} s, "
-                f"partition rewrite {seconds['partition_rewrite']:.1f} s; bytes per changed row "
+                f"(Spark {write_s:.1f} s, commit {commit_s:.2f} s), "
+                + ", ".join(f"{way} {seconds[way]:.1f} s" for way in ways if way != "exactly_once")
+                + "; bytes per changed row "
                 + ", ".join(f"{w} {v:.0f}" for w, v in row["bytes_per_changed_row"].items()),
                 flush=True,
             )
@@ -266,8 +281,8 @@ def _plot(name: str, rows: int, results: list[dict[str, Any]]) -> None:
     width = 0.25
     for n, way in enumerate(WAYS):
         xs = [i + (n - 1) * width for i in range(len(results))]
-        left.bar(xs, [r["seconds"][way] for r in results], width, label=way.replace("_", " "))
-        right.bar(xs, [r["bytes_per_changed_row"][way] for r in results], width, label=way.replace("_", " "))
+        left.bar(xs, [r["seconds"].get(way, 0.0) for r in results], width, label=way.replace("_", " "))
+        right.bar(xs, [r["bytes_per_changed_row"].get(way, 0.0) for r in results], width, label=way.replace("_", " "))
     for axis, title in ((left, "wall seconds"), (right, "bytes written per changed row")):
         axis.set_xticks(range(len(results)), labels)
         axis.set_xlabel(f"changed fraction of {rows:,} rows")
