@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
@@ -40,7 +42,7 @@ def quote(name: str) -> str:
 
 
 def read_changes(frame: DataFrame, upsert: UpsertSpec, owner: Owner) -> DataFrame:
-    """The input with ``OP`` and ``ORDER`` added (``check_changes`` next, then ``row_columns``)."""
+    """The input with ``OP`` and ``ORDER`` added (``one_change_per_key`` next, then ``row_columns``)."""
     present = set(frame.columns)
     missing = [name for name in upsert.key if name not in present]
     if missing:
@@ -73,36 +75,53 @@ def row_columns(changes: DataFrame, upsert: UpsertSpec, table_columns: set[str])
     return changes.drop(*dropped) if dropped else changes
 
 
-def check_changes(changes: DataFrame, upsert: UpsertSpec, owner: Owner) -> None:
+#: Columns the checks read, added per key in the pass that picks its last change: whether any of
+#: the key's changes has an unknown operation, and how many share its last order value. Never written.
+UNKNOWN_OP, TIED = "__eo_unknown_op", "__eo_tied"
+CHECKED = (UNKNOWN_OP, TIED)
+
+
+def one_change_per_key(changes: DataFrame, upsert: UpsertSpec) -> DataFrame:
+    """One change per key: the only one, or the greatest by ``order_by``; with ``CHECKED``.
+
+    The columns that find an unknown operation or a tie at the last change are windows over the
+    partitioning of the pick itself, so the checks cost no pass of their own: ``refuse_faults``
+    reads them, and the keys, from the rows the write brings to the driver anyway."""
+    unknown = F.col(OP).isNull()
+    if upsert.order_by is None:
+        return changes.withColumn(UNKNOWN_OP, unknown).withColumn(TIED, F.lit(1))
+    keys = [F.col(quote(k)) for k in upsert.key]
+    last_first = Window.partitionBy(*keys).orderBy(F.col(ORDER).desc_nulls_last())
+    return (
+        changes.withColumn(UNKNOWN_OP, F.max(unknown).over(Window.partitionBy(*keys)))
+        .withColumn(TIED, F.count(F.lit(1)).over(Window.partitionBy(*keys, F.col(ORDER))))
+        .withColumn("__eo_rank", F.row_number().over(last_first))
+        .where(F.col("__eo_rank") == 1)
+        .drop("__eo_rank")
+    )
+
+
+def refuse_faults(changed: pa.Table, changes: DataFrame, upsert: UpsertSpec, owner: Owner) -> None:
     """Refuse null keys, unknown operations and (per the order rule) two changes of one key.
 
-    One aggregation over the input finds every fault: an epoch without faults costs one Spark
-    action here. A key changed twice shows as fewer distinct keys than rows, a tie
-    as fewer distinct (key, order) pairs; only then does a second query look for examples.
+    ``changed``: the keys and ``CHECKED`` of ``one_change_per_key``'s rows, on the driver;
+    ``changes``: the input (``read_changes``), queried for counts and examples only when there is
+    a fault to show.
     """
     keys = [F.col(quote(k)) for k in upsert.key]
     null_key = F.lit(False)
     for key in keys:
         null_key = null_key | key.isNull()
-    distinct = [F.count_distinct(F.struct(*keys)).alias("keys")]
-    if upsert.order_by is not None:
-        distinct.append(F.count_distinct(F.struct(*keys, F.col(ORDER))).alias("keyed_orders"))
-    counted = changes.agg(
-        F.sum(F.when(null_key, 1).otherwise(0)).alias("null_keys"),
-        F.sum(F.when(F.col(OP).isNull(), 1).otherwise(0)).alias("unknown_ops"),
-        F.count(F.lit(1)).alias("rows"),
-        *distinct,
-    ).first()
-    assert counted is not None  # an aggregation without grouping has one row, even over no rows
-    null_keys, unknown_ops, rows = (int(counted[name] or 0) for name in ("null_keys", "unknown_ops", "rows"))
-    if null_keys:
+    if any(changed.column(k).null_count for k in upsert.key):
+        null_keys = changes.where(null_key).count()
         shown = [row.asDict() for row in changes.where(null_key).drop(OP, ORDER).limit(EXAMPLES).collect()]
         nulls = [k for k in upsert.key if changes.where(F.col(quote(k)).isNull()).limit(1).count()]
         raise InvalidChanges(
             f"{owner}: {null_keys} change row(s) have a null in key column(s) {nulls}, e.g. {shown}; "
             "a key identifies one row of the table and may not be null. Nothing was written."
         )
-    if unknown_ops:
+    if pc.any(changed.column(UNKNOWN_OP)).as_py():
+        unknown_ops = changes.where(F.col(OP).isNull()).count()
         column = F.col(quote(str(upsert.op_column))).cast("string")
         unknown = changes.where(F.col(OP).isNull()).select(column).distinct().limit(EXAMPLES)
         values = [row[0] for row in unknown.collect()]
@@ -111,10 +130,10 @@ def check_changes(changes: DataFrame, upsert: UpsertSpec, owner: Owner) -> None:
             f"{list(upsert.known_values)}: {values}; name the values with insert_values, update_values and "
             "delete_values. Nothing was written."
         )
-    if int(counted["keys"]) == rows:
-        return  # one change per key
     per_key = changes.groupBy(*keys).agg(F.count(F.lit(1)).alias("changes"), F.max(ORDER).alias("last"))
     if upsert.order_by is None:
+        if changed.select(list(upsert.key)).group_by(list(upsert.key)).aggregate([]).num_rows == changed.num_rows:
+            return  # one change per key
         repeated = per_key.where(F.col("changes") > 1)
         examples = [row.asDict() for row in repeated.limit(EXAMPLES).collect()]
         raise InvalidChanges(
@@ -122,8 +141,8 @@ def check_changes(changes: DataFrame, upsert: UpsertSpec, owner: Owner) -> None:
             "sink order_by (a column ordering the changes, greatest wins) or send one change per key. "
             "Nothing was written."
         )
-    if int(counted["keyed_orders"]) == rows:
-        return  # no two changes of a key share an order value, so no tie at the last
+    if (pc.max(changed.column(TIED)).as_py() or 0) <= 1:
+        return  # no key has two changes at its last order value
     ties = (
         changes.join(per_key.where(F.col("changes") > 1), on=list(upsert.key))
         .where(F.col(ORDER).eqNullSafe(F.col("last")))
@@ -132,16 +151,7 @@ def check_changes(changes: DataFrame, upsert: UpsertSpec, owner: Owner) -> None:
         .where(F.col("changes_at_last") > 1)
     )
     examples = [row.asDict() for row in ties.limit(EXAMPLES).collect()]
-    if examples:
-        raise InvalidChanges(
-            f"{owner}: {ties.count()} key(s) have two or more last changes with the same {upsert.order_by!r}, e.g. "
-            f"{examples}; which one wins would depend on how Spark split the input. Nothing was written."
-        )
-
-
-def last_change_per_key(changes: DataFrame, upsert: UpsertSpec) -> DataFrame:
-    """One change per key: the only one, or the greatest by ``order_by`` (ties refused earlier)."""
-    if upsert.order_by is None:
-        return changes
-    window = Window.partitionBy(*[F.col(quote(k)) for k in upsert.key]).orderBy(F.col(ORDER).desc_nulls_last())
-    return changes.withColumn("__eo_rank", F.row_number().over(window)).where(F.col("__eo_rank") == 1).drop("__eo_rank")
+    raise InvalidChanges(
+        f"{owner}: {ties.count()} key(s) have two or more last changes with the same {upsert.order_by!r}, e.g. "
+        f"{examples}; which one wins would depend on how Spark split the input. Nothing was written."
+    )

@@ -24,6 +24,7 @@ properties.
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 import sys
@@ -50,13 +51,14 @@ from airflow_provider_exactly_once.spark.alignment import (
     spark_schema_to_iceberg,
 )
 from airflow_provider_exactly_once.spark.changes import (
+    CHECKED,
     OP,
     ORDER,
     Owner,
-    check_changes,
-    last_change_per_key,
+    one_change_per_key,
     quote,
     read_changes,
+    refuse_faults,
     row_columns,
 )
 from airflow_provider_exactly_once.spark.file_io import put_small_file, read_small_file, remove_tree
@@ -255,10 +257,9 @@ def _plan(
         # A revision without changes still undoes the revised write's: no change rows, same path.
         frame = no_changes(spark, target.table.schema(), upsert, owner)
     changes = read_changes(frame, upsert, owner)
-    check_changes(changes, upsert, owner)
     table_columns = {f.name for f in target.table.schema().fields}
-    changes = row_columns(last_change_per_key(changes, upsert), upsert, table_columns)
-    aligned = _align(spec, target, changes, carry=(OP, ORDER))
+    picked = row_columns(one_change_per_key(changes, upsert), upsert, table_columns)
+    aligned = _align(spec, target, picked, carry=(OP, ORDER, *CHECKED))
     rewrite = copy_on_write(
         spark,
         target.table,
@@ -267,6 +268,7 @@ def _plan(
         aligned.frame,
         owner,
         target.io_properties,
+        functools.partial(refuse_faults, changes=changes, upsert=upsert, owner=owner),
         revision,
     )
     return _Planned(rewrite.rows, aligned.alignment, rewrite)

@@ -32,7 +32,7 @@ this epoch is in them: their rows there are what undoes the revised write's othe
 from __future__ import annotations
 
 import base64
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import cast
 
@@ -71,7 +71,7 @@ from airflow_provider_exactly_once.core.upserts import (
     UpsertSpec,
 )
 from airflow_provider_exactly_once.spark.alignment import iceberg_to_spark
-from airflow_provider_exactly_once.spark.changes import DELETE, OP, ORDER, UPSERT, Owner, quote
+from airflow_provider_exactly_once.spark.changes import CHECKED, DELETE, OP, ORDER, UPSERT, Owner, quote
 from airflow_provider_exactly_once.spark.parquet_writer import session_conf
 from airflow_provider_exactly_once.spark.rewrite_tasks import DELETED, TableFiles, find_hits
 
@@ -137,20 +137,29 @@ def copy_on_write(
     changes: DataFrame,
     owner: Owner,
     io_properties: dict[str, str],
+    refuse: Callable[[pa.Table], None],
     revision: RevisionBasis | None = None,
 ) -> Rewrite:
-    """``changes``: one change per key (``changes.check_changes`` passed), the table's columns (as
-    written) plus ``OP``; the result's rows are in the same columns, without ``OP``.
+    """``changes``: one change per key (``changes.one_change_per_key``), the table's columns (as
+    written) plus ``OP`` and ``CHECKED``; the result's rows are in the table's columns. ``refuse``
+    sees the changed keys and ``CHECKED`` first (``changes.refuse_faults``): the one pass over the
+    changes that brings them to the driver is also the one that checks them.
 
     A ``revision`` is planned at the table as it was before the write it revises, and rewrites that
     write's rewritten files too, from their rows there: keys it changed and this epoch does not get
     their earlier rows back (``core.upsert_revisions``).
     """
-    columns = [c for c in changes.columns if c not in (OP, ORDER)]
+    columns = [c for c in changes.columns if c not in (OP, ORDER, *CHECKED)]
     keys = list(upsert.key)
     with session_conf(spark, CACHE_CONF):  # the cached plan is made here, when the cache is declared
-        changes = changes.select(*[quote(c) for c in columns], OP).persist()
-    changed = changes.select(*[quote(k) for k in keys], (F.col(OP) == DELETE).alias(DELETED)).toArrow()
+        changes = changes.select(*[quote(c) for c in columns], OP, *CHECKED).persist()
+    is_delete = (F.col(OP) == DELETE).alias(DELETED)
+    changed = changes.select(*[quote(k) for k in keys], is_delete, *CHECKED).toArrow()
+    try:
+        refuse(changed)
+    except Exception:
+        changes.unpersist()
+        raise
     read_id = _planned_at(table, branch, revision, owner)
     lower, upper, key_filter = _key_range(table, changed, keys)
     tasks: list[FileScanTask] = []
@@ -181,7 +190,7 @@ def copy_on_write(
     )
     files = candidates.only(touched, {path: hit.rows for path, hit in hits.items()})
     return Rewrite(
-        rows=changes.where(F.col(OP) == UPSERT).drop(OP),
+        rows=changes.where(F.col(OP) == UPSERT).drop(OP, *CHECKED),
         files=files,
         rewritten=rewritten,
         read_snapshot_id=read_id,

@@ -245,6 +245,23 @@ def test_bad_changes_are_refused_before_anything_is_written(
     assert table.refresh().current_snapshot() is None
 
 
+def test_with_order_by_a_bad_change_is_refused_even_when_a_later_change_of_its_key_supersedes_it(
+    spark: Any, tmp_path: Path, catalog: Catalog, catalog_props: dict[str, str]
+) -> None:
+    """The checks read columns the last-change pick computes per key: a fault in a change the pick
+    drops must still refuse the epoch."""
+    table = catalog.create_table("ns.superseded", SCHEMA)
+    sink = Upserts(spark, tmp_path, catalog, catalog_props, "ns.superseded")
+    unknown_first = changes_of([(1, "eu", "a", "upsert!"), (1, "eu", "b", "U"), (2, "us", "c", "I")])
+    with pytest.raises(InvalidChanges, match=r"1 change row\(s\) have an operation in column 'op'.*\['upsert!'\]"):
+        sink.write(unknown_first.append_column("seq", pa.array([1, 2, 1], pa.int64())), order_by="seq")
+    null_keys = changes_of([(None, "eu", "a", "I"), (None, "us", "b", "I"), (3, "eu", "c", "I")])  # type: ignore[list-item]
+    with pytest.raises(InvalidChanges, match=r"2 change row\(s\) have a null in key column\(s\) \['id'\]"):
+        sink.write(null_keys.append_column("seq", pa.array([1, 2, 1], pa.int64())), order_by="seq")
+    assert not list((tmp_path / "warehouse").rglob("*.parquet"))
+    assert table.refresh().current_snapshot() is None
+
+
 def test_a_key_the_input_or_the_table_lacks_is_refused_naming_the_column(
     spark: Any, tmp_path: Path, catalog: Catalog, catalog_props: dict[str, str]
 ) -> None:
