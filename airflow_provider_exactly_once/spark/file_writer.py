@@ -135,7 +135,7 @@ def _split_by_partition(
         else:
             columns.append(transformed.to_pylist())
     if all(len(c) == 1 for c in columns):
-        yield partition_key(config, [c[0] for c in columns]), batch
+        yield _partition_key(config, [c[0] for c in columns]), batch
         return
     width = batch.num_rows
     full = [c if len(c) == width else c * width for c in columns]
@@ -143,7 +143,7 @@ def _split_by_partition(
     start = 0
     for i in range(1, width + 1):
         if i == width or not _same(rows[i], rows[start]):
-            yield partition_key(config, list(rows[start])), batch.slice(start, i - start)
+            yield _partition_key(config, list(rows[start])), batch.slice(start, i - start)
             start = i
 
 
@@ -176,7 +176,7 @@ def _same(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
     )
 
 
-def partition_key(config: FileWrite, values: Sequence[Any]) -> tuple[PartitionValue, ...]:
+def _partition_key(config: FileWrite, values: Sequence[Any]) -> tuple[PartitionValue, ...]:
     key: list[PartitionValue] = []
     for partition_field, value in zip(config.spec.fields, values, strict=True):
         if config.partition_style == "iceberg":

@@ -7,8 +7,8 @@ A table's rows never pass through the JVM. Two Spark jobs, each a set of Python 
    whether the change deletes. Positions are those of pyiceberg's reader over the whole file, the
    same in both jobs (the files carry no delete files: ``upsert`` refuses those).
 2. ``RewriteWriter``: every upserted row is tagged with the file to rewrite in its partition when
-   there is one (the smallest); a marker row per file to rewrite makes sure every such file gets
-   its group. Grouped by that tag, each group's task streams the file's rows without the hit
+   there is one (the smallest), by a broadcast join on partition values in Spark; a marker row
+   per file to rewrite makes sure every such file gets its group. Grouped by that tag, each group's task streams the file's rows without the hit
    positions, then its upserted rows sorted by partition and key, through the append's own
    ``file_writer.write_task``: a file per partition value, rolled at the target size, described
    from the footers it wrote. The rows of partitions without such a file are new files, spread by
@@ -33,10 +33,12 @@ from pyiceberg.expressions import AlwaysTrue
 from pyiceberg.io import load_file_io
 from pyiceberg.io.pyarrow import ArrowScan
 from pyiceberg.manifest import DataFile
+from pyiceberg.partitioning import PartitionField
 from pyiceberg.table import FileScanTask
 from pyiceberg.table.metadata import TableMetadataUtil
+from pyiceberg.transforms import VoidTransform
 from pyspark import TaskContext
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as st
 
@@ -45,11 +47,10 @@ from airflow_provider_exactly_once.spark.changes import quote
 from airflow_provider_exactly_once.spark.file_writer import (
     DESCRIPTOR_COLUMN,
     nested_column,
-    partition_key,
     spark_task,
     write_task,
 )
-from airflow_provider_exactly_once.spark.partition_transforms import arrow_values, spark_sort_keys
+from airflow_provider_exactly_once.spark.partition_transforms import arrow_values, spark_sort_keys, spark_value
 from airflow_provider_exactly_once.spark.spread import spread
 from airflow_provider_exactly_once.spark.writer_protocol import FileWrite, rows_per_file
 
@@ -57,11 +58,10 @@ from airflow_provider_exactly_once.spark.writer_protocol import FileWrite, rows_
 DELETED = "__eo_deleted"
 #: A file row's position in the file, as pyiceberg's reader yields the rows.
 ROW = "__eo_row"
-#: The group a row to write belongs to: the path of the file to rewrite with it, or ``NEW``.
+#: The group a row to write belongs to: the path of the file to rewrite with it (null: a new file).
 GROUP = "__eo_group"
 #: True on the one row per rewritten file that gives its group a task even without upserted rows.
 MARKER = "__eo_marker"
-NEW = "new:"
 #: Rows of the files to rewrite per task, about a second of a task's reading and writing: a Python
 #: task's fixed cost (its function, its reader) is then small beside its work, and a rewrite of
 #: twenty small files is not twenty tasks.
@@ -187,15 +187,9 @@ class RewriteWriter:
     def write(self, frame: DataFrame, write: FileWrite) -> list[DataFileDescriptor]:
         if not self.files.files:
             return self._write_new(frame, write)
-        groups = _groups_by_partition(self.files, write)
-        tagger = functools.partial(_tag_task, write, groups)
-        schema = st.StructType([*frame.schema.fields, st.StructField(GROUP, st.StringType())])
-        tagged = frame.mapInArrow(tagger, schema).persist()
-        try:
-            new = tagged.where(F.col(GROUP).startswith(NEW)).drop(GROUP)
-            return self._rewrite(tagged.where(~F.col(GROUP).startswith(NEW)), write) + self._write_new(new, write)
-        finally:
-            tagged.unpersist()
+        tagged = _tagged(frame, write, self.files)
+        new = tagged.where(F.col(GROUP).isNull()).drop(GROUP)
+        return self._rewrite(tagged.where(F.col(GROUP).isNotNull()), write) + self._write_new(new, write)
 
     def _rewrite(self, tagged: DataFrame, write: FileWrite) -> list[DataFileDescriptor]:
         """One group per file to rewrite (its marker row makes sure of it), ``ROWS_PER_TASK`` rows'
@@ -243,30 +237,40 @@ def _groups_by_partition(files: TableFiles, write: FileWrite) -> dict[tuple[Part
     return groups
 
 
-def _tag_task(
-    write: FileWrite, groups: dict[tuple[PartitionValue, ...], str], batches: Iterator[pa.RecordBatch]
-) -> Iterator[pa.RecordBatch]:
-    """Each row with its group: computed once per distinct partition value in the batch."""
-    for batch in batches:
-        if not batch.num_rows:
-            continue
-        if not write.spec.fields:
-            tags = pa.array([groups.get((), NEW)] * batch.num_rows, pa.string())
-        else:
-            values = [
-                arrow_values(f.transform, nested_column(batch, write.write_schema.find_column_name(f.source_id) or ""))
-                for f in write.spec.fields
-            ]
-            text = [pc.fill_null(v.cast(pa.string()), "\x00") for v in values]
-            joined = text[0] if len(text) == 1 else pc.binary_join_element_wise(*text, "\x1f")
-            encoded = joined.dictionary_encode()
-            _, first = np.unique(encoded.indices.to_numpy(), return_index=True)
-            names = []
-            for row in first:
-                key = partition_key(write, [v[int(row)].as_py() for v in values])
-                names.append(groups.get(key, NEW))
-            tags = pa.array(names, pa.string()).take(encoded.indices)
-        yield pa.RecordBatch.from_arrays([*batch.columns, tags], names=[*batch.schema.names, GROUP])
+def _tagged(frame: DataFrame, write: FileWrite, files: TableFiles) -> DataFrame:
+    """Each upserted row with the file to rewrite in its partition, or null: a broadcast join on the
+    partition values, which Spark computes as Iceberg does (``spark_value``) and the files'
+    partition records hold. A value Spark cannot take from a record only leaves rows untagged: they
+    are new files, the layout changes and nothing else."""
+    groups = _groups_by_partition(files, write)
+    untagged = frame.withColumn(GROUP, F.lit(None).cast("string"))
+    if not groups:
+        return untagged
+    if not write.spec.fields:
+        return frame.withColumn(GROUP, F.lit(groups[()]))
+    values = {f"__eo_p{i}": _partition_value(frame, write, f) for i, f in enumerate(write.spec.fields)}
+    typed = frame.select(*[v.alias(name) for name, v in values.items()]).schema
+    fields = [st.StructField(f"__eo_g{i}", field.dataType) for i, field in enumerate(typed.fields)]
+    try:
+        known = frame.sparkSession.createDataFrame(
+            [(*key, path) for key, path in groups.items()],
+            st.StructType([*fields, st.StructField(GROUP, st.StringType())]),
+        )
+    except (TypeError, ValueError):
+        return untagged
+    same = functools.reduce(
+        lambda a, b: a & b, [F.col(f"__eo_p{i}").eqNullSafe(F.col(f"__eo_g{i}")) for i in range(len(values))]
+    )
+    joined = frame.withColumns(values).join(F.broadcast(known), on=same, how="left")
+    return joined.drop(*values, *[f.name for f in fields])
+
+
+def _partition_value(frame: DataFrame, write: FileWrite, partition_field: PartitionField) -> Column:
+    name = write.write_schema.find_column_name(partition_field.source_id)
+    if name is None or name.split(".")[0] not in frame.columns or isinstance(partition_field.transform, VoidTransform):
+        return F.lit(None)
+    source_type = write.write_schema.find_field(partition_field.source_id).field_type
+    return spark_value(partition_field.transform, source_type, F.col(".".join(quote(p) for p in name.split("."))))
 
 
 def _group_task(files: TableFiles, write: FileWrite, key: tuple[str, ...], group: pa.Table) -> pa.Table:

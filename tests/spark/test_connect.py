@@ -188,20 +188,28 @@ def test_upsert_epochs_through_connect_leave_the_table_equal_to_the_model(
         assert sink.rows() == model, f"epoch {epoch}"
 
 
+@pytest.mark.parametrize("upsert", [False, True], ids=["append", "upsert"])
 def test_a_connect_server_killed_during_a_write_fails_it_and_the_retry_commits_once(
-    tmp_path: Path, catalog: Catalog, catalog_props: dict[str, str]
+    tmp_path: Path, catalog: Catalog, catalog_props: dict[str, str], upsert: bool
 ) -> None:
     """kill -9 of the server while its executors write: the write task's call fails, no pre-commit
     is left, and the retry (a new write id, on the restarted server) is the one committed; whatever
-    the dead write put down is an orphan the scan of write locations finds, never a table file."""
+    the dead write put down is an orphan the scan of write locations finds, never a table file.
+    The upsert updates every row of a file the table holds: the retry rewrites it once."""
     server = SparkConnectServer(tmp_path / "connect").start({"spark.sql.shuffle.partitions": "2"})
-    make_table(catalog, "ns.killed")
+    table = make_table(catalog, "ns.killed")
+    target = iceberg_target(catalog_props, "ns.killed")
+    if upsert:
+        old = sample_rows(50).set_column(1, "name", pa.array([f"old{i}" for i in range(50)], pa.string()))
+        table.append(old.cast(table.schema().as_arrow()))
+        target["upsert"] = {"key": ["id"]}
     source = {
         "kind": "function",
         "callable": "tests.spark.user_functions:slow_rows",
-        "options": {"seconds_per_row": 0.2},
+        # An upsert reads its changes in its first pass: slow enough that the kill lands in it.
+        "options": {"seconds_per_row": 0.4 if upsert else 0.2},
     }
-    killed = job_spec(tmp_path, input=source, target=iceberg_target(catalog_props, "ns.killed"))
+    killed = job_spec(tmp_path, input=source, target=target)
 
     def crash_and_restart() -> None:
         server.kill()
@@ -224,7 +232,9 @@ def test_a_connect_server_killed_during_a_write_fails_it_and_the_retry_commits_o
         server.stop()
     commit_iceberg(catalog, pre_commit)
     table = catalog.load_table("ns.killed")
-    assert sorted(read_rows(table, "id")) == [(i,) for i in range(50)]
+    assert sorted(read_rows(table, "id, name")) == [(i, f"n{i}") for i in range(50)]
+    if upsert:
+        assert pre_commit.tables[0].changes is not None and pre_commit.tables[0].changes.updated == 50
     dead = Path(local(pre_commit.tables[0].location)).parent / killed.write_id
     assert not (dead / PRE_COMMIT_FILE).exists()  # never finished: persist could never take it
     referenced = {f.file_path for task in table.scan().plan_files() for f in [task.file]}
