@@ -284,7 +284,8 @@ def _group_task(files: TableFiles, write: FileWrite, key: tuple[str, ...], group
         if name in files.files:
             kept = files.kept(name)
             if files.files[name].spec_id != write.spec.spec_id:  # rows of several partitions now: sort them
-                kept = iter(_sorted(pa.Table.from_batches(list(kept)), write, ()).to_batches())
+                read = list(kept)
+                kept = iter(_sorted(pa.Table.from_batches(read), write, ()).to_batches() if read else ())
             yield from kept
         if added.num_rows:
             yield from _sorted(added, write, key).to_batches()

@@ -108,3 +108,37 @@ def test_a_composite_key_of_every_key_type_upserts_and_moves_rows_between_partit
     else:
         days = {(dt.datetime(1970, 1, 1) + dt.timedelta(microseconds=k[3])).date() for k in model}
         assert sorted(f["partition"]["at_tz_day"] for f in files) == sorted(days)
+
+
+def test_a_file_of_an_earlier_partition_spec_is_rewritten_into_the_current_one(
+    spark: Any, tmp_path: Path, catalog: Catalog, catalog_props: dict[str, str]
+) -> None:
+    """The table gained a partition field after its file was written: the rewrite splits the kept
+    rows by the current spec, and a file every row of which the epoch replaces leaves nothing."""
+    from tests.spark.test_upsert import SCHEMA as ACCOUNTS
+    from tests.spark.test_upsert import Model as Accounts
+    from tests.spark.test_upsert import apply_to_model, changes_of
+
+    for name, second in (
+        ("ns.kept", [(k, "eu", f"v2-{k}", "U") for k in range(5)] + [(40, "ap", "v2-40", "I")]),
+        ("ns.emptied", [(k, "eu", None, "D") for k in range(30)]),
+    ):
+        table = catalog.create_table(name, ACCOUNTS)
+        (tmp_path / name).mkdir()
+        sink = Upserts(spark, tmp_path / name, catalog, catalog_props, name)
+        model: Accounts = {}
+        first = [(k, ("eu", "us", "ap")[k % 3], f"v1-{k}", "I") for k in range(30)]
+        sink.apply(changes_of(first))
+        apply_to_model(model, first)
+        with table.update_spec() as update:
+            update.add_identity("region")
+        pre_commit = sink.apply(changes_of(second))
+        apply_to_model(model, second)
+        assert sink.rows() == model, name
+        files = catalog.load_table(name).inspect.files().to_pylist()
+        if model:
+            # The old file's kept rows, one file per region now; the epoch's rows, new files of theirs
+            # (a file of an earlier spec takes none: its partition is not one of the current spec).
+            assert sorted(str(f["partition"]["region"]) for f in files) == ["ap", "ap", "eu", "eu", "us"], files
+        else:
+            assert files == [] and pre_commit.tables[0].data_files == [], name
