@@ -227,6 +227,8 @@ class Cluster:
             "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "15",
             "AIRFLOW__TRIGGERER__JOB_HEARTBEAT_SEC": "2",
             "AIRFLOW__LOGGING__BASE_LOG_FOLDER": str(root / "logs" / "tasks"),
+            # The scheduler's log server: Airflow's fixed 8793 would meet another cluster's on this machine.
+            "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
             "AIRFLOW__EXACTLY_ONCE__RECOVERY_SCHEDULE": "none",
             "AIRFLOW__EXACTLY_ONCE__RECOVERY_ORPHAN_GRACE_SECONDS": str(orphan_grace_s),
             f"AIRFLOW_CONN_{META_CONN_ID.upper()}": json.dumps({"conn_type": "exactly_once_meta", "host": meta.url()}),

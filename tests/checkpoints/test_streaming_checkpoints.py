@@ -150,7 +150,10 @@ def test_against_a_real_spark_checkpoint(tmp_path: Path) -> None:
         (source_dir / f"part-{i}.json").write_text(f'{{"id": {i}}}\n')
     checkpoint = tmp_path / "checkpoint"
 
-    spark = (
+    # A session another test of this process left running (tests/spark's) is used and left running:
+    # stopping it would fail every later test of the process that holds it.
+    shared = pyspark_sql.SparkSession.getActiveSession()
+    spark = shared or (
         pyspark_sql.SparkSession.builder.master("local[1]")
         .appName("eo-checkpoint-test")
         .config("spark.ui.enabled", "false")
@@ -169,7 +172,8 @@ def test_against_a_real_spark_checkpoint(tmp_path: Path) -> None:
         assert query.awaitTermination(120), "the availableNow query did not finish"
         assert query.exception() is None
     finally:
-        spark.stop()
+        if shared is None:
+            spark.stop()
 
     assert sorted(p.name for p in (checkpoint / "commits").iterdir() if not p.name.startswith(".")) == [
         "0",

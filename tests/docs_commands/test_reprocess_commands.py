@@ -337,6 +337,8 @@ class _services:
             "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_hex(16),
             "AIRFLOW__API__PORT": str(port),
             "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/",
+            # The scheduler's log server: Airflow's fixed 8793 would meet another test's scheduler.
+            "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
         }
         self.tutorial.env = env
         for command in (["api-server", "--port", str(port), "--workers", "1"], ["scheduler"], ["dag-processor"]):
