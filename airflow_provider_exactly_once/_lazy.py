@@ -1,6 +1,6 @@
 """Names a package exports but imports only when first used (PEP 562).
 
-The package root, ``operators``, ``checkpoints`` and ``recovery`` are imported by every DAG file, the
+The package root, ``operators``, ``checkpoints``, ``hooks`` and ``recovery`` are imported by every DAG file, the
 Spark driver, the ``eo-sink`` command or provider discovery, and each of those needs few of their
 names: each name's module is imported on first access, then kept as a plain attribute.
 """

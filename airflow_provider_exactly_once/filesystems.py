@@ -2,7 +2,8 @@
 cache-free look-ups, and the rules that keep storage secrets out of serialised configs.
 
 It imports no Airflow: a config's ``storage_conn_id`` is resolved into fsspec options by the
-runtime (``runtime.storage_options``), and the sources and committers here below are handed the result.
+storage hook (``hooks.storage.resolved_storage_options``), and the sources and committers here below
+are handed the result.
 
 Two things matter for a checkpoint read that ``fs.exists`` gets wrong:
 
@@ -124,14 +125,14 @@ def given_storage_options(
     options: Mapping[str, Any], conn_id: str | None, resolved: Mapping[str, Any] | None, *, what: str
 ) -> Mapping[str, Any]:
     """The options a source or committer opens its filesystem with: ``resolved`` (the config's
-    options with its connection's credentials, from ``runtime.storage_options``), else the config's own
+    options with its connection's credentials, from ``hooks.storage.resolved_storage_options``), else the config's own
     options when it names no connection. A config that names one is never opened without its
     credentials, which would otherwise read as an absent or unreadable store."""
     if resolved is not None:
         return resolved
     if conn_id is not None:
         raise InvalidSinkConfig(
-            f"{what}: storage_conn_id {conn_id!r} is resolved in the task (runtime.storage_options), "
+            f"{what}: storage_conn_id {conn_id!r} is resolved in the task (hooks.storage.resolved_storage_options), "
             "not here; pass the resolved storage_options"
         )
     return options

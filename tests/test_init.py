@@ -45,7 +45,7 @@ HEAVY = ("pyiceberg", "pyarrow", "pandas", "numpy", "pyspark", "botocore", "aioh
 #: recovery and the Spark application. The job spec and the hook load in the task that needs them.
 OURS_HEAVY = (
     "airflow_provider_exactly_once.store",
-    "airflow_provider_exactly_once.hooks",
+    "airflow_provider_exactly_once.hooks.meta_store",
     "airflow_provider_exactly_once.spark.jobspec",
     "airflow_provider_exactly_once.core.upserts",
     "airflow_provider_exactly_once.core.precommit",

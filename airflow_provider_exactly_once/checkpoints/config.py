@@ -46,8 +46,8 @@ class _StoredOnObjectStorage:
     """What the file-based checkpoints share: credentials named by a connection, read late.
 
     ``storage_conn_id`` (an Airflow connection of type ``aws``) is resolved only where the source is
-    built to be read (the sensor's task, the triggerer, the recovery run), by the runtime
-    (``runtime.storage_options``), which hands the result to ``source``. ``__post_init__`` builds a
+    built to be read (the sensor's task, the triggerer, the recovery run), by the storage hook
+    (``hooks.storage.resolved_storage_options``), which hands the result to ``source``. ``__post_init__`` builds a
     source too, to validate, but with the non-secret ``storage_options`` alone, so parsing a DAG
     never reads a connection.
     """

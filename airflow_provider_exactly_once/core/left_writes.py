@@ -8,7 +8,7 @@ pre-commits of the run's epoch, and takes the newest.
 
 What it leaves behind stays unknown to the store: an earlier try whose driver died after writing its
 pre-commit, a run that never reached persist. Those are orphans, removed after the grace like any
-other (``core/orphans.py``). A location without a readable pre-commit (a write still running, or
+other (``core/cleanups.py``). A location without a readable pre-commit (a write still running, or
 half written by a dead driver) is never taken, and neither is a pre-commit of another sink, epoch or
 write id than its folder's.
 """
@@ -20,8 +20,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
+from .cleanups import FileAge, WriteFolder
 from .errors import InvalidPreCommit
-from .orphans import FileAge, WriteFolder
 from .ports import SinkRegistry
 from .precommit import PreCommit
 

@@ -6,8 +6,9 @@ Outcomes are values a caller branches on (an operator logs "already committed" d
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from enum import StrEnum
+from typing import Any
 
 from .decisions import Action
 from .ports import EpochRecord
@@ -111,3 +112,33 @@ class RecoveryReport(CleanupReport):
     committed: list[int] = field(default_factory=list)
     aborted: list[int] = field(default_factory=list)
     waiting: list[int] = field(default_factory=list)
+
+
+@dataclass
+class SinkRecoveryReport:
+    """What one recovery (or ``eo-sink gc``, its orphan half) did to one sink, JSON-friendly for XCom."""
+
+    sink_id: str
+    committed: list[int] = field(default_factory=list)
+    aborted: list[int] = field(default_factory=list)
+    waiting: list[int] = field(default_factory=list)
+    #: ``"epoch <n>"``, ``"orphan <write id>"`` or ``"orphan scan"`` -> why it failed.
+    failed: dict[str, str] = field(default_factory=dict)
+    files_deleted: int = 0
+    orphans_removed: list[str] = field(default_factory=list)
+    #: Unknown write locations younger than the grace period (or of unknown age): kept.
+    orphans_kept: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "ok": self.ok}
+
+    def summary(self) -> str:
+        return (
+            f"sink {self.sink_id!r}: committed {self.committed}, aborted {self.aborted}, waiting {self.waiting}, "
+            f"failed {sorted(self.failed)}, {self.files_deleted} file(s) deleted, "
+            f"{len(self.orphans_removed)} orphaned write location(s) removed, {len(self.orphans_kept)} kept"
+        )

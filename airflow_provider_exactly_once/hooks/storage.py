@@ -5,6 +5,12 @@ arguments, the UI and ``eo-sink`` output, so it may only *name* its credentials:
 an Airflow connection of type ``aws``. This hook turns that connection into fsspec (s3fs) options in
 the process that opens the filesystem (the task, the triggerer, the recovery run) and nowhere else.
 
+Every task, trigger, recovery run and operations tool that opens a file sink or a checkpoint store
+asks ``resolved_storage_options`` first, so a connection is read in one place, and only where files
+are touched, never while a DAG is parsed; the configs themselves never read one
+(``filesystems.given_storage_options`` refuses to open a store without the credentials its config
+names).
+
 The connection is read the way the Amazon provider reads it, so one connection serves both: login
 and password are the access key id and secret (else the extra's ``aws_access_key_id`` and
 ``aws_secret_access_key``), and the extra may hold ``aws_session_token``, ``region_name``,
@@ -17,19 +23,51 @@ provider itself is not needed.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from airflow.sdk import BaseHook
 
 from airflow_provider_exactly_once.core.errors import InvalidSinkConfig
 from airflow_provider_exactly_once.version_compat import AirflowNotFoundException
 
-__all__ = ["STORAGE_CONN_TYPE", "ObjectStorageHook", "storage_options_from_connection"]
+__all__ = [
+    "STORAGE_CONN_TYPE",
+    "NamesStorage",
+    "ObjectStorageHook",
+    "aresolved_storage_options",
+    "resolved_storage_options",
+    "storage_options_from_connection",
+]
 
 STORAGE_CONN_TYPE = "aws"
 #: Extra keys that ask for an authentication this hook does not perform; ignoring them would
 #: silently use other credentials than the connection's owner meant.
 _UNSUPPORTED = ("role_arn", "assume_role_method", "assume_role_kwargs")
+
+
+class NamesStorage(Protocol):
+    """A file sink's or checkpoint's config: non-secret options, and the connection holding the rest."""
+
+    @property
+    def storage_options(self) -> Mapping[str, Any]: ...
+
+    @property
+    def storage_conn_id(self) -> str | None: ...
+
+
+def resolved_storage_options(config: NamesStorage) -> dict[str, Any]:
+    """The config's options with the credentials of its ``storage_conn_id``, read now."""
+    if config.storage_conn_id is None:
+        return dict(config.storage_options)
+    return ObjectStorageHook(config.storage_conn_id).storage_options(config.storage_options)
+
+
+async def aresolved_storage_options(config: NamesStorage) -> dict[str, Any]:
+    """``resolved_storage_options`` for the triggerer's event loop (a synchronous fetch of the
+    connection may not run on it)."""
+    if config.storage_conn_id is None:
+        return dict(config.storage_options)
+    return await ObjectStorageHook(config.storage_conn_id).astorage_options(config.storage_options)
 
 
 class ObjectStorageHook(BaseHook):

@@ -23,7 +23,7 @@ from airflow_provider_exactly_once.core.ports import EpochRecord
 from airflow_provider_exactly_once.core.redact import mask_userinfo
 from airflow_provider_exactly_once.core.status import EpochStatus
 from airflow_provider_exactly_once.operations.views import CheckpointView, EpochView, RevisionView, SinkSummary
-from airflow_provider_exactly_once.runtime.storage_options import checkpoint_source
+from airflow_provider_exactly_once.runtime.assembly import checkpoint_source
 from airflow_provider_exactly_once.store import SqlSinkStateStore
 from airflow_provider_exactly_once.store.queries import (
     MAX_PAGE,

@@ -24,6 +24,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_exactly_once.checkpoints.config import CheckpointConfig
+from airflow_provider_exactly_once.core.cleanups import remove_orphans, scan_orphans
 from airflow_provider_exactly_once.core.decisions import Action, abort_decision, commit_decision, recovery_decision
 from airflow_provider_exactly_once.core.errors import (
     EpochNotFound,
@@ -33,19 +34,18 @@ from airflow_provider_exactly_once.core.errors import (
 )
 from airflow_provider_exactly_once.core.identifiers import abort_reason_fault, check_epoch
 from airflow_provider_exactly_once.core.lookups import EpochLookups
-from airflow_provider_exactly_once.core.orphans import scan_orphans
 from airflow_provider_exactly_once.core.ports import CheckpointSource, CleanupTask, EpochRecord
 from airflow_provider_exactly_once.core.redact import find_control, mask_userinfo
 from airflow_provider_exactly_once.core.status import EpochStatus
-from airflow_provider_exactly_once.defaults import DEFAULT_META_CONN_ID, DEFAULT_ORPHAN_GRACE
+from airflow_provider_exactly_once.defaults import DEFAULT_LOCK_TTL, DEFAULT_META_CONN_ID, DEFAULT_ORPHAN_GRACE
 from airflow_provider_exactly_once.operations.reads import InvalidRequest, SinkNotFound, SinkReads
 from airflow_provider_exactly_once.operations.views import ActionResult, describe_write
-from airflow_provider_exactly_once.runtime.storage_options import checkpoint_source
+from airflow_provider_exactly_once.runtime.assembly import checkpoint_source
 from airflow_provider_exactly_once.store import SqlSinkStateStore
 
 if TYPE_CHECKING:
+    from airflow_provider_exactly_once.core.cleanups import OrphanCandidate
     from airflow_provider_exactly_once.core.coordinator import TwoPhaseCommitCoordinator
-    from airflow_provider_exactly_once.core.orphans import OrphanCandidate
     from airflow_provider_exactly_once.runtime.assembly import OpenedSink
     from airflow_provider_exactly_once.sinks.config import SinkConfig
 
@@ -340,8 +340,6 @@ class SinkOperations(SinkReads):
             raise InvalidRequest(f"sink {sink_id!r}: the orphan grace must be a non-negative duration, got {grace!r}")
         sink, _ = self._registration(sink_id)
         opened = self._open(sink)
-        from airflow_provider_exactly_once.recovery.sink import remove_orphans
-
         if dry_run:
             old, young, scan_error = scan_orphans(opened.sink_id, opened.write_folders, self.store.registry, grace)
             if scan_error:
@@ -358,7 +356,17 @@ class SinkOperations(SinkReads):
                 f"{len(young)} younger or of unknown age kept",
                 report={"orphans": [_orphan_dict(c) for c in old], "orphans_kept": [c.write_id for c in young]},
             )
-        report = remove_orphans(self.store, opened, holder=_holder(), grace=grace)
+        report = remove_orphans(
+            self.store,
+            self.store.registry,
+            opened.committer,
+            opened.write_folders,
+            sink_id,
+            holder=_holder(),
+            grace=grace,
+            lock_ttl=DEFAULT_LOCK_TTL,
+            fault=opened.fault,
+        )
         failed = dict(report.failed)
         return ActionResult(
             "gc",
@@ -376,7 +384,7 @@ class SinkOperations(SinkReads):
     # -- helpers -----------------------------------------------------------------------------------
 
     def _registration(self, sink_id: str) -> tuple[SinkConfig, CheckpointConfig | None]:
-        from airflow_provider_exactly_once.recovery.sink import registered_configs
+        from airflow_provider_exactly_once.runtime.assembly import registered_configs
 
         registration = registered_configs(self.store.registry, sink_id)
         if registration is None:
@@ -445,7 +453,7 @@ def _reaching(sink: SinkConfig) -> Iterator[None]:
     except AirflowNotFoundException as exc:
         raise InvalidSinkConfig(mask_userinfo(f"sink {sink.sink_id!r}: {exc}")) from None
     except Exception as exc:
-        from airflow_provider_exactly_once.recovery.sink import unreachable
+        from airflow_provider_exactly_once.runtime.assembly import unreachable
 
         raise SinkUnavailable(unreachable(sink, exc)) from None
 

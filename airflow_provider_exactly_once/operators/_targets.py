@@ -18,8 +18,8 @@ from urllib.parse import urlparse
 
 from airflow_provider_exactly_once.core.errors import InvalidSinkConfig
 from airflow_provider_exactly_once.core.redact import CREDENTIAL_PROPERTY_MARKS
+from airflow_provider_exactly_once.hooks.storage import resolved_storage_options
 from airflow_provider_exactly_once.runtime.assembly import as_sink
-from airflow_provider_exactly_once.runtime.storage_options import resolved_storage_options
 from airflow_provider_exactly_once.sinks.config import FileSinkConfig, IcebergSinkConfig, SinkConfig
 from airflow_provider_exactly_once.spark.author_specs import FileSinkTarget
 

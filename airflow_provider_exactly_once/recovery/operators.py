@@ -118,7 +118,7 @@ class RecoverSinkOperator(BaseOperator):
         alias = recovery_alias()
         if not committed or alias not in self.outlets:
             return
-        from airflow_provider_exactly_once.recovery.sink import registered_configs
+        from airflow_provider_exactly_once.runtime.assembly import registered_configs
 
         try:
             registration = registered_configs(store.registry, self.sink_id)

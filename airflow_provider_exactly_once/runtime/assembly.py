@@ -4,7 +4,8 @@ and the operations tools build before they ask the coordinator anything.
 Hooks hold connections only; this module puts the meta store (``hooks.meta_store``), the sink's
 committer (its catalog from the sink's Iceberg connection), the checkpoint source, the fault hook
 (a plug point, ``configured_fault_hook``) and Airflow's metrics together, once, the same way for
-everyone.
+everyone. A registered sink is rebuilt here from its registry row (``registered_configs``), and a
+sink that cannot be opened is explained here (``unreachable``), for recovery and the operations tools alike.
 """
 
 from __future__ import annotations
@@ -14,20 +15,24 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from airflow_provider_exactly_once.checkpoints.config import CheckpointConfig, checkpoint_config_from_dict
+from airflow_provider_exactly_once.checkpoints.config import (
+    CheckpointConfig,
+    MetaStoreCheckpoint,
+    checkpoint_config_from_dict,
+)
 from airflow_provider_exactly_once.core.errors import SinkUnavailable
 from airflow_provider_exactly_once.core.faults import FaultHook, no_faults
 from airflow_provider_exactly_once.core.redact import mask_userinfo
 from airflow_provider_exactly_once.defaults import CONFIG_SECTION, DEFAULT_META_CONN_ID
 from airflow_provider_exactly_once.runtime.run_epochs import epoch_for_context, interval_epoch
-from airflow_provider_exactly_once.runtime.storage_options import checkpoint_source, resolved_storage_options
 from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig, SinkConfig, sink_config_from_dict
 
 if TYPE_CHECKING:
+    from airflow_provider_exactly_once.checkpoints.metastore import CheckpointTable
+    from airflow_provider_exactly_once.core.cleanups import WriteFolderListing
     from airflow_provider_exactly_once.core.coordinator import TwoPhaseCommitCoordinator
     from airflow_provider_exactly_once.core.observe import Metrics
-    from airflow_provider_exactly_once.core.orphans import WriteFolderListing
-    from airflow_provider_exactly_once.core.ports import SinkCommitter
+    from airflow_provider_exactly_once.core.ports import CheckpointSource, SinkCommitter, SinkRegistry
     from airflow_provider_exactly_once.store import SqlSinkStateStore
 
 
@@ -85,6 +90,17 @@ def as_checkpoint(checkpoint: CheckpointConfig | Mapping[str, Any]) -> Checkpoin
     return checkpoint if not isinstance(checkpoint, Mapping) else checkpoint_config_from_dict(checkpoint)
 
 
+def checkpoint_source(checkpoint: CheckpointConfig | None, table: CheckpointTable) -> CheckpointSource:
+    """The checkpoint's source (the meta store's checkpoint table when there is none), with its
+    storage connection read now."""
+    config = checkpoint or MetaStoreCheckpoint()
+    if isinstance(config, MetaStoreCheckpoint):
+        return config.source(table)
+    from airflow_provider_exactly_once.hooks.storage import resolved_storage_options  # brings Airflow's SDK
+
+    return config.source(table, storage_options=resolved_storage_options(config))
+
+
 def sink_committer(
     sink: SinkConfig, *, fault: FaultHook = no_faults, metrics: Metrics | None = None, catalog: Any = None
 ) -> SinkCommitter:
@@ -103,6 +119,8 @@ def sink_committer(
         committer = sink.committer(iceberg_catalog(sink) if catalog is None else catalog, fault=fault)
         committer.metrics = metrics  # its conflict retries (``core.observe.COMMIT_RETRIES``)
         return committer
+    from airflow_provider_exactly_once.hooks.storage import resolved_storage_options  # brings Airflow's SDK
+
     return sink.committer(fault=fault, storage_options=resolved_storage_options(sink))
 
 
@@ -156,26 +174,16 @@ def open_sink(
     fault: FaultHook | None = None,
     metrics: Metrics | None = None,
 ) -> OpenedSink:
-    """The sink's committer and write-folder listing (``sinks.write_locations``, imported here: it
-    brings pyarrow's filesystems, which a parse of the recovery DAG's file never needs).
+    """The sink's committer, and the write-folder listing its config hands out on the committer's
+    own catalog or file system (``sinks.write_locations``, imported only then: it brings pyarrow's
+    filesystems, which a parse of the recovery DAG's file never needs).
 
     ``fault`` defaults to ``configured_fault_hook``, as for ``coordinator_for``.
     """
-    from airflow_provider_exactly_once.sinks.files import FileSinkCommitter
-    from airflow_provider_exactly_once.sinks.write_locations import FileWriteFolders, IcebergWriteFolders
-
     if fault is None:
         fault = configured_fault_hook(sink.sink_id, None, None)
-    # One catalog (an Iceberg sink) or file system (a file sink) serves the committer and the listing.
-    catalog: Any = iceberg_catalog(sink) if isinstance(sink, IcebergSinkConfig) else None
-    committer = sink_committer(sink, fault=fault, metrics=metrics, catalog=catalog)
-    listing: WriteFolderListing
-    if isinstance(sink, IcebergSinkConfig):
-        listing = IcebergWriteFolders(catalog, sink.tables)
-    else:
-        assert isinstance(committer, FileSinkCommitter)  # a file sink's committer, by its config
-        listing = FileWriteFolders(committer)
-    return OpenedSink(sink, committer, listing, fault)
+    committer = sink_committer(sink, fault=fault, metrics=metrics)
+    return OpenedSink(sink, committer, sink.write_folders(committer), fault)
 
 
 def coordinator_for(
@@ -264,3 +272,44 @@ def run_epoch(context: Mapping[str, Any], sink_id: str, meta_conn_id: str | None
         return epoch_for_context(context, sink_id, store.epochs)
     finally:
         store.dispose()
+
+
+def registered_configs(registry: SinkRegistry, sink_id: str) -> tuple[SinkConfig, CheckpointConfig | None] | None:
+    """The sink's config and checkpoint config (``None``: the meta-store checkpoint table) as
+    registered, or ``None`` for a sink never registered."""
+    registration = registry.registered_sink(sink_id)
+    if registration is None:
+        return None
+    sink_dict, checkpoint_dict = registration
+    checkpoint = None if checkpoint_dict is None else checkpoint_config_from_dict(checkpoint_dict)
+    return sink_config_from_dict(sink_dict), checkpoint
+
+
+def unreachable(sink: SinkConfig, exc: Exception) -> str:
+    """Why the sink's catalog or file system cannot be reached, naming it, credentials masked."""
+    lines = str(exc).strip().splitlines()
+    why = f"{type(exc).__name__}: {lines[0] if lines else ''}".rstrip(": ")
+    conn_id = getattr(sink, "iceberg_conn_id", None)
+    if conn_id is None:
+        where = f"the file system of root {sink.to_dict().get('root')!r}"
+    else:
+        where = f"the Iceberg catalog of connection {conn_id!r}"
+        uri = _catalog_uri(conn_id)
+        if uri:
+            where += f" ({uri})"
+    return mask_userinfo(
+        f"sink {sink.sink_id!r}: {where} cannot be reached: {why}; check that it is up and that the "
+        "connection is right, then retry"
+    )
+
+
+def _catalog_uri(conn_id: str) -> str | None:
+    """The catalog's URI from its connection, to name it in a message (masked by the caller)."""
+    try:
+        from airflow.sdk import BaseHook
+
+        conn = BaseHook.get_connection(conn_id)
+    except Exception:  # naming the catalog is a courtesy: the refusal stands without it
+        return None
+    uri = conn.host or (conn.extra_dejson or {}).get("uri")  # the host wins, as in IcebergHook
+    return str(uri) if uri else None

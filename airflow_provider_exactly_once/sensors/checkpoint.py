@@ -19,14 +19,20 @@ from airflow_provider_exactly_once.checkpoints.config import CheckpointConfig, M
 from airflow_provider_exactly_once.core.errors import ExactlyOnceError, InvalidSinkConfig
 from airflow_provider_exactly_once.core.identifiers import check_sink_id
 from airflow_provider_exactly_once.core.status import CheckpointStatus
-from airflow_provider_exactly_once.runtime.assembly import as_checkpoint, as_sink, open_meta_store, run_epoch
+from airflow_provider_exactly_once.hooks.storage import resolved_storage_options
+from airflow_provider_exactly_once.runtime.assembly import (
+    as_checkpoint,
+    as_sink,
+    checkpoint_source,
+    open_meta_store,
+    run_epoch,
+)
 from airflow_provider_exactly_once.runtime.run_epochs import (
     checkpoint_location,
     epoch_for_context,
     epoch_interval,
     interval_epoch,
 )
-from airflow_provider_exactly_once.runtime.storage_options import checkpoint_source, resolved_storage_options
 from airflow_provider_exactly_once.sinks.config import SinkConfig
 from airflow_provider_exactly_once.version_compat import AirflowException, AirflowFailException, AirflowSensorTimeout
 

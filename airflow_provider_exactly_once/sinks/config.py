@@ -28,7 +28,9 @@ if TYPE_CHECKING:
     # at every parse, and only the tasks that commit need them (imported in ``committer``).
     from pyiceberg.catalog import Catalog
 
+    from airflow_provider_exactly_once.core.cleanups import WriteFolderListing
     from airflow_provider_exactly_once.core.generations import OnReprocess
+    from airflow_provider_exactly_once.core.ports import SinkCommitter
     from airflow_provider_exactly_once.core.upserts import UpsertSpec
     from airflow_provider_exactly_once.sinks.files import FileSinkCommitter
     from airflow_provider_exactly_once.sinks.iceberg import IcebergSinkCommitter
@@ -178,6 +180,15 @@ class IcebergSinkConfig:
             fault=fault,
         )
 
+    def write_folders(self, committer: SinkCommitter) -> WriteFolderListing:
+        """Its write folders as the orphan scan lists them, through the catalog its committer
+        (``committer``'s own) commits with: a scan opens nothing of its own."""
+        from airflow_provider_exactly_once.sinks.iceberg import IcebergSinkCommitter
+        from airflow_provider_exactly_once.sinks.write_locations import IcebergWriteFolders
+
+        assert isinstance(committer, IcebergSinkCommitter), "the committer of this config (committer)"
+        return IcebergWriteFolders(committer.catalog, self.tables)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "kind": self.kind,
@@ -279,7 +290,7 @@ class FileSinkConfig:
 
     ``storage_conn_id`` names an Airflow connection of type ``aws`` holding the object store's
     credentials; it is read only where the filesystem is opened (the runtime resolves it for
-    ``committer``, ``runtime.storage_options``), so the config that is registered, passed through
+    ``committer``, ``hooks.storage.resolved_storage_options``), so the config that is registered, passed through
     XCom and shown by the UI carries the id, never the secret.
     ``storage_options`` takes the other, non-secret fsspec options and refuses credentials.
     """
@@ -333,6 +344,15 @@ class FileSinkConfig:
         from airflow_provider_exactly_once.sinks.files import FileSinkCommitter
 
         return FileSinkCommitter(self.root, storage_options=options, fault=fault)
+
+    def write_folders(self, committer: SinkCommitter) -> WriteFolderListing:
+        """Its staging folders as the orphan scan lists them, on the file system of its committer
+        (``committer``'s own), the one its deletes use."""
+        from airflow_provider_exactly_once.sinks.files import FileSinkCommitter
+        from airflow_provider_exactly_once.sinks.write_locations import FileWriteFolders
+
+        assert isinstance(committer, FileSinkCommitter), "the committer of this config (committer)"
+        return FileWriteFolders(committer)
 
     def to_dict(self) -> dict[str, Any]:
         return {

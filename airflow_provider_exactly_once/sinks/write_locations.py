@@ -1,7 +1,7 @@
 """A sink's write locations as they are on storage, with the age of their files: what the orphan
-scan lists (``core/orphans.py`` decides which of them are orphans). Each kind of sink has its
-listing, built with its committer from the same catalog or file system (``runtime.assembly.open_sink``),
-so a scan opens nothing of its own.
+scan lists (``core/cleanups.py`` decides which of them are orphans). Each kind of sink has its
+listing, handed out by its config on its committer's own catalog or file system
+(``write_folders`` of ``sinks/config.py``), so a scan opens nothing of its own.
 
 Every kind of sink keeps a write's files in a folder of its own until the write is committed or
 given up (``sinks/layout.py``): an Iceberg table's ``<data root>/_eo/<write_id>/``, a file sink's
@@ -26,7 +26,7 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.io import FileIO
 from pyiceberg.io.pyarrow import PyArrowFileIO
 
-from airflow_provider_exactly_once.core.orphans import FileAge, WriteFolder, WriteLocation, write_ids
+from airflow_provider_exactly_once.core.cleanups import FileAge, WriteFolder, WriteLocation, write_ids
 from airflow_provider_exactly_once.sinks import pre_commit_file
 from airflow_provider_exactly_once.sinks.files import FileSinkCommitter
 from airflow_provider_exactly_once.sinks.iceberg.catalog_access import load_table

@@ -20,9 +20,9 @@ from airflow_provider_exactly_once.checkpoints.config import MetaStoreCheckpoint
 from airflow_provider_exactly_once.core.errors import ExactlyOnceError
 from airflow_provider_exactly_once.core.status import CheckpointStatus
 from airflow_provider_exactly_once.hooks.meta_store import ExactlyOnceMetaStoreHook
+from airflow_provider_exactly_once.hooks.storage import aresolved_storage_options
 from airflow_provider_exactly_once.runtime.assembly import meta_conn_id_or_configured
 from airflow_provider_exactly_once.runtime.run_epochs import checkpoint_location, epoch_interval
-from airflow_provider_exactly_once.runtime.storage_options import aresolved_storage_options
 
 if TYPE_CHECKING:
     from airflow_provider_exactly_once.store import SqlSinkStateStore

@@ -10,8 +10,8 @@ from functools import partial
 
 import pytest
 
+from airflow_provider_exactly_once.core.cleanups import FileAge, WriteFolder, WriteLocation
 from airflow_provider_exactly_once.core.left_writes import NoWriteLeft, left_writes, newest_left_write
-from airflow_provider_exactly_once.core.orphans import FileAge, WriteFolder, WriteLocation
 from airflow_provider_exactly_once.core.precommit import PreCommit, TableWrite
 
 SINK, EPOCH = "s", 1000

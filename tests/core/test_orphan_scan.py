@@ -9,8 +9,8 @@ from functools import partial
 
 import pytest
 
+from airflow_provider_exactly_once.core.cleanups import FileAge, WriteFolder, WriteLocation, scan_orphans
 from airflow_provider_exactly_once.core.errors import MetaStoreUnavailable
-from airflow_provider_exactly_once.core.orphans import FileAge, WriteFolder, WriteLocation, scan_orphans
 
 GRACE = timedelta(hours=6)
 NOW = datetime.now(UTC)

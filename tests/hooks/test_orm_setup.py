@@ -69,8 +69,8 @@ def test_a_sql_catalogs_first_query_leaves_airflows_models_unimported(tmp_path: 
         "from airflow_provider_exactly_once.runtime.assembly import sink_committer\n"
         "from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig\n"
         "committer = sink_committer(IcebergSinkConfig('s', ('ns.t',), iceberg_conn_id='lake'))\n"
-        "committer._catalog.create_namespace('ns')  # an ORM query of pyiceberg's\n"
-        "print(json.dumps([committer._catalog.list_namespaces(), "
+        "committer.catalog.create_namespace('ns')  # an ORM query of pyiceberg's\n"
+        "print(json.dumps([committer.catalog.list_namespaces(), "
         "'airflow.models.taskinstancehistory' in sys.modules]))\n"
     )
     assert _run(code, tmp_path) == [[["ns"]], False]

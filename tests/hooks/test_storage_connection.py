@@ -20,8 +20,7 @@ from airflow_provider_exactly_once.checkpoints.config import (
     checkpoint_config_from_dict,
 )
 from airflow_provider_exactly_once.core.errors import InvalidSinkConfig
-from airflow_provider_exactly_once.hooks.storage import ObjectStorageHook
-from airflow_provider_exactly_once.runtime.storage_options import resolved_storage_options
+from airflow_provider_exactly_once.hooks.storage import ObjectStorageHook, resolved_storage_options
 from airflow_provider_exactly_once.sinks.config import FileSinkConfig, sink_config_from_dict
 from tests.hooks.s3_connection import define_connection
 

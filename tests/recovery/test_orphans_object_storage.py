@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from datetime import UTC, datetime, timedelta
 
-from airflow_provider_exactly_once.core.orphans import classify_orphans
+from airflow_provider_exactly_once.core.cleanups import classify_orphans
 from airflow_provider_exactly_once.core.ports import ORPHAN_EPOCH
 from airflow_provider_exactly_once.core.status import CheckpointStatus
 from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig

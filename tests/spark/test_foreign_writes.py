@@ -23,8 +23,8 @@ import pytest
 from airflow.providers.standard.operators.python import PythonOperator
 from airflow.sdk import DAG
 
+from airflow_provider_exactly_once.core.cleanups import scan_orphans
 from airflow_provider_exactly_once.core.epochs import epoch_from_interval_start
-from airflow_provider_exactly_once.core.orphans import scan_orphans
 from airflow_provider_exactly_once.core.precommit import PreCommit
 from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochStatus
 from airflow_provider_exactly_once.operators.spark_precommit import EPOCH_WRITER_APPLICATION

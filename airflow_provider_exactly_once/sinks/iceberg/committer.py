@@ -110,7 +110,7 @@ class IcebergSinkCommitter:
             raise InvalidSinkConfig(f"allow_schema_evolution must be a bool, got {allow_schema_evolution!r}")
         if not callable(fault):
             raise InvalidSinkConfig("fault must be callable")
-        self._catalog = catalog
+        self.catalog = catalog
         self.branch = branch
         self._clock_skew = clock_skew
         self.max_attempts = max_attempts
@@ -339,7 +339,7 @@ class IcebergSinkCommitter:
     # -- loading and markers --------------------------------------------------------------------
 
     def load(self, name: str) -> Table:
-        table = load_table(self._catalog, name)
+        table = load_table(self.catalog, name)
         self.adopt(name, table)
         self.fault(FAULT_LOADED)
         return table

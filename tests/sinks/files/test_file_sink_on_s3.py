@@ -16,15 +16,15 @@ import pyarrow.parquet as pq
 import pytest
 
 from airflow_provider_exactly_once.checkpoints.config import MarkerFileCheckpoint
+from airflow_provider_exactly_once.core.cleanups import classify_orphans
 from airflow_provider_exactly_once.core.coordinator import TwoPhaseCommitCoordinator
 from airflow_provider_exactly_once.core.errors import AbortRefused, CheckpointNotReady, SinkUnavailable
 from airflow_provider_exactly_once.core.faults import SimulatedCrash
-from airflow_provider_exactly_once.core.orphans import classify_orphans
 from airflow_provider_exactly_once.core.outcomes import CommitOutcome, PersistOutcome
 from airflow_provider_exactly_once.core.ports import CommitPlan
 from airflow_provider_exactly_once.core.status import EpochStatus
+from airflow_provider_exactly_once.hooks.storage import resolved_storage_options
 from airflow_provider_exactly_once.runtime.assembly import coordinator_for
-from airflow_provider_exactly_once.runtime.storage_options import resolved_storage_options
 from airflow_provider_exactly_once.sinks.config import FileSinkConfig
 from airflow_provider_exactly_once.sinks.files import COMMIT_STARTED_MARKER, FileSinkCommitter
 from airflow_provider_exactly_once.store import SqlSinkStateStore
