@@ -39,26 +39,6 @@ def _hypothesis_profile() -> None:
 
 _hypothesis_profile()
 
-#: The test files that take minutes, heaviest first (seconds in one CI run with two workers). They are
-#: handed out first, so that no worker ends the run alone on one of them while the other idles:
-#: scripts/test runs pytest-xdist with ``--no-loadscope-reorder``, which keeps this order (its default
-#: order, most tests first, puts these few-test files last). Every other file keeps its place.
-SLOW_FILES_FIRST = (
-    "tests/fault_harness/test_fault_harness.py",  # 480
-    "tests/fault_harness/test_fault_harness_production.py",  # 254
-    "tests/test_distribution.py",  # 200
-    "tests/docs_commands/test_reprocess_commands.py",  # 160
-    "tests/spark/test_connect.py",  # 150
-    "tests/dags/test_examples.py",  # 140
-    "tests/core/coordinator/test_reprocessing_races.py",  # 115
-)
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    rank = {path: i for i, path in enumerate(SLOW_FILES_FIRST)}
-    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
-
-
 PG_ADMIN_URL = os.environ.get("EO_TEST_PG_URL", "postgresql+psycopg2://postgres@127.0.0.1:5432/test")
 BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
 
