@@ -101,11 +101,8 @@ def checkpoint_source(checkpoint: CheckpointConfig | None, table: CheckpointTabl
     return config.source(table, storage_options=resolved_storage_options(config))
 
 
-def sink_committer(
-    sink: SinkConfig, *, fault: FaultHook = no_faults, metrics: Metrics | None = None, catalog: Any = None
-) -> SinkCommitter:
-    """The committer of a sink, its Iceberg catalog built from the sink's Iceberg connection
-    (``catalog``: one opened already, by ``iceberg_catalog``).
+def sink_committer(sink: SinkConfig, *, fault: FaultHook = no_faults, metrics: Metrics | None = None) -> SinkCommitter:
+    """The committer of a sink, its Iceberg catalog built from the sink's Iceberg connection.
 
     ``fault`` is the fault-injection hook (``core.faults``); production passes none. ``metrics``:
     none by default (``core.observe`` is imported here, not where DAG files import this module).
@@ -116,7 +113,7 @@ def sink_committer(
         metrics = NO_METRICS
 
     if isinstance(sink, IcebergSinkConfig):
-        committer = sink.committer(iceberg_catalog(sink) if catalog is None else catalog, fault=fault)
+        committer = sink.committer(iceberg_catalog(sink), fault=fault)
         committer.metrics = metrics  # its conflict retries (``core.observe.COMMIT_RETRIES``)
         return committer
     from airflow_provider_exactly_once.hooks.storage import resolved_storage_options  # brings Airflow's SDK
