@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 AIRFLOW = {"3.1": ">=3.1.1,<3.2", "3.2": ">=3.2,<3.3", "3.3": ">=3.3,<3.4"}
 PYTHONS = ("3.11", "3.12", "3.13")
 ALL_EXTRAS = "spark,postgres,s3,glue,openlineage"
-TEST_TOOLS = ("pytest>=8", "pytest-timeout>=2.3")
+TEST_TOOLS = ("pytest>=8", "pytest-timeout>=2.3", "pytest-xdist>=3.6")
 #: Spark's Connect client (a dependency of the Spark provider) unpacks into pyspark's own directory
 #: and has no release for every pyspark: kept out, as the project's lock keeps it out (README).
 OVERRIDES = 'pyspark-client ; sys_platform == "never"\n'
@@ -171,8 +171,15 @@ def run_cell(cell: Cell, wheel: Path, work: Path) -> Cell:
     ]
     tests = list(E2E) + (list(E2E_SPARK) if "spark" in cell.extras.split(",") else [])
     selection = ["-k", CI_SELECTION] if cell.ci or cell.quick else []
+    # Two workers, a test file each: the cell's wait is the spark-submit DAG file's, not the sum.
+    workers = ["-n", "2", "--dist", "loadfile"]
     steps.append(
-        ("e2e", [str(python), "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rs", *tests, *selection], ROOT, 2400)
+        (
+            "e2e",
+            [str(python), "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rs", *workers, *tests, *selection],
+            ROOT,
+            2400,
+        )
     )
     cell.status = "pass"
     for name, cmd, cwd, timeout in steps:

@@ -29,7 +29,7 @@ from tests.support.pipeline import Pipeline
 from tests.support.racer import race_config, race_generations
 
 #: Rounds of the process race (``EO_PROCESS_RACE_ROUNDS``; docs/faults.md gives the long run).
-PROCESS_ROUNDS = int(os.environ.get("EO_PROCESS_RACE_ROUNDS", "50"))
+PROCESS_ROUNDS = int(os.environ.get("EO_PROCESS_RACE_ROUNDS", "20"))
 
 
 def test_two_generations_racing_in_processes_end_with_the_newer_visible(pipeline: Pipeline, sink_id: str) -> None:
