@@ -2,9 +2,10 @@
 
 One cluster for the module: api-server, scheduler (LocalExecutor), dag-processor and triggerer as
 subprocesses, Airflow's metadata DB on the PostgreSQL at 127.0.0.1:5432, the meta store on its own
-PostgreSQL server. Every named scenario runs once (at the same time, each on its own pipeline), then a
-short fixed-seed random plan; each table is judged from its input alone (an upsert pipeline's
-against the key model its checkpointed hours' changes add up to). The Spark-write scenario
+PostgreSQL server. The named scenarios CI runs run once, at the same time, each on its own pipeline
+(the fixed-seed random plan has a file and a cluster of its own, ``test_fault_harness_random.py``);
+each table is judged from its input alone (an upsert pipeline's against the key model its
+checkpointed hours' changes add up to). The Spark-write scenario
 uses real spark-submit; the others the light writer (real Parquet files written with pyarrow).
 The reprocessing scenarios land committed hours anew and re-run them (CLI clear, reprocess
 backfills, the REST API), so their epochs are replaced by revisions. Nothing is mocked.
@@ -12,38 +13,19 @@ backfills, the REST API), so their epochs are replaced by revisions. Nothing is 
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from fault_harness.cluster import Cluster, cluster
-from fault_harness.plans import describe_plan
+from fault_harness.cluster import Cluster
 from fault_harness.runner import run_scenarios
-from fault_harness.scenarios import random_plan, scenarios_for
+from fault_harness.scenarios import scenarios_for
 from tests.fault_harness.reports import failures
 
 pytestmark = pytest.mark.postgres
 
-#: The CI's random run; the long run is ``scripts/faults --random --epochs 200`` (docs/faults.md).
-#: This seed's plan has two pipelines: an append pipeline of 6 hours that also reprocesses (a clear
-#: of a committed hour, landed anew, its revision crashed before the catalog update) and an upsert
-#: pipeline of 3 hours (a failed hour, a compaction between an epoch's write and its commit); the
-#: scheduler is killed once.
-CI_SEED = 20261163
-CI_RANDOM_EPOCHS = 9
-CI_PER_PIPELINE = 6
-
-
-@pytest.fixture(scope="module")
-def fault_cluster(pg_url: str) -> Iterator[Cluster]:  # pg_url: skips (fails under CI) without PostgreSQL
-    with cluster(parallelism=3, keep_root=bool(os.environ.get("EO_FAULTS_KEEP"))) as c:
-        yield c
-
-
-#: The named scenarios CI runs, at once: those whose mechanism the fixed-seed random plan below
-#: does not draw (a zombie committer, a foreign writer, a meta-store outage held across commits, a
+#: The named scenarios CI runs, at once: those whose mechanism the fixed-seed random plan
+#: (``test_fault_harness_random.py``) does not draw (a zombie committer, a foreign writer, a meta-store outage held across commits, a
 #: failed checkpoint beside a completed one, a reprocess backfill, a revision given up, a compaction
 #: between an upsert epoch's write and its commit). Every named scenario is the long run:
 #: ``uv run --frozen pytest -m long tests/fault_harness`` or ``scripts/faults --scenario all``.
@@ -137,14 +119,3 @@ def check_named_results(report: dict[str, Any]) -> dict[str, Any]:
         assert result["rows_visible"] - result["foreign_rows"] == result["rows_expected"], name
         assert sum(1 for s in result["runs"].values() if s == "success") >= completed, (name, result["runs"])
     return results
-
-
-@pytest.mark.timeout(1800)
-def test_a_fixed_seed_random_run_ends_with_no_anomaly(fault_cluster: Cluster) -> None:
-    scenarios = random_plan(CI_SEED, CI_RANDOM_EPOCHS, per_pipeline=CI_PER_PIPELINE)
-    assert describe_plan(scenarios) == describe_plan(random_plan(CI_SEED, CI_RANDOM_EPOCHS, per_pipeline=6))
-    assert [s.mode for s in scenarios] == ["append", "upsert"]
-    report = run_scenarios(fault_cluster, scenarios, timeout=1200)
-    assert report["faulted_epochs"] == CI_RANDOM_EPOCHS
-    assert report["reprocessed_epochs"] >= 1, report["scenarios"]
-    assert report["anomalies"] == 0 and report["action_errors"] == 0, f"seed {CI_SEED}: {failures(report)}"

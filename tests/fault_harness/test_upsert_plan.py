@@ -10,7 +10,7 @@ import pytest
 from fault_harness.plans import Scenario, describe_plan
 from fault_harness.scenarios import UPSERT_EVERY, named_scenarios, random_plan
 from fault_harness.upsert_actions import COMPACTION_POINT
-from tests.fault_harness.test_fault_harness import CI_PER_PIPELINE, CI_RANDOM_EPOCHS, CI_SEED
+from tests.fault_harness.test_fault_harness_random import CI_PER_PIPELINE, CI_RANDOM_EPOCHS, CI_SEED
 
 SEED, EPOCHS = 1783964432, 200
 
