@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -38,6 +39,30 @@ def _hypothesis_profile() -> None:
 
 
 _hypothesis_profile()
+
+#: The files of one or two tests that each take minutes (a cluster, a fresh environment): handed out
+#: first. pytest-xdist's own order for ``--dist loadfile`` hands out the files with the most tests
+#: first, which left these last, each ending the run on one worker while the others idled (CI's
+#: suite of 2026-12-02: its last 7 minutes on them). scripts/test passes ``--no-loadscope-reorder``;
+#: this hook orders the files as pytest-xdist would, these first.
+LONG_FILES_FIRST = (
+    "tests/test_distribution.py",
+    "tests/fault_harness/test_fault_harness_production.py",
+    "tests/fault_harness/test_fault_harness_random.py",
+    "tests/fault_harness/test_fault_harness.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    per_file = Counter(item.nodeid.split("::", 1)[0] for item in items)
+    rank = {path: i for i, path in enumerate(LONG_FILES_FIRST)}
+
+    def order(item: pytest.Item) -> tuple[int, int]:
+        path = item.nodeid.split("::", 1)[0]
+        return (rank[path], 0) if path in rank else (len(rank), -per_file[path])
+
+    items.sort(key=order)  # stable: a file's tests keep their order
+
 
 PG_ADMIN_URL = os.environ.get("EO_TEST_PG_URL", "postgresql+psycopg2://postgres@127.0.0.1:5432/test")
 BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
