@@ -1,4 +1,5 @@
-"""A throwaway world for benchmarks: meta store, SQL catalog and warehouse, on SQLite or PostgreSQL.
+"""A throwaway world for benchmarks: meta store, catalog and warehouse, on SQLite, on PostgreSQL, or
+on a REST catalog and S3 (SeaweedFS's ``weed mini``, started here; the meta store on SQLite).
 
 Benchmarks are run by hand (``uv run python -m bench.<name>``), write JSON and a PNG into
 ``bench/results/``, and compare as ratios measured in the same run.
@@ -6,6 +7,7 @@ Benchmarks are run by hand (``uv run python -m bench.<name>``), write JSON and a
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import platform
@@ -14,6 +16,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +25,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import sqlalchemy as sa
+from pyiceberg.catalog import Catalog, load_catalog
 from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
@@ -35,6 +39,7 @@ from airflow_provider_exactly_once.sinks.iceberg.descriptors import describe_par
 from airflow_provider_exactly_once.store import SqlSinkStateStore
 
 RESULTS = Path(__file__).parent / "results"
+BACKENDS = ("sqlite", "postgres", "rest")
 PG_ADMIN_URL = os.environ.get("EO_BENCH_PG_URL", "postgresql+psycopg2://postgres@127.0.0.1:5432/test")
 SCHEMA = Schema(
     NestedField(1, "id", LongType(), required=True),
@@ -48,7 +53,7 @@ class World:
     backend: str
     root: Path
     store: SqlSinkStateStore
-    catalog: SqlCatalog
+    catalog: Catalog
     checkpoints: MetaStoreCheckpointSource
 
     def table(self, name: str) -> Table:
@@ -62,30 +67,78 @@ class World:
 
 @contextmanager
 def world(backend: str) -> Iterator[World]:
+    """``backend``: one of ``BACKENDS``. On ``rest`` every catalog call is an HTTP round trip and every
+    manifest and existence check an S3 request, which the SQL catalogs on local files cannot show."""
     with tempfile.TemporaryDirectory(prefix="eo-bench-") as tmp:
         root = Path(tmp)
         (root / "warehouse").mkdir()
         database = None
+        server = None
         if backend == "postgres":
             database = f"eo_bench_{uuid.uuid4().hex[:10]}"
             admin = sa.create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
             with admin.connect() as conn:
                 conn.execute(sa.text(f'CREATE DATABASE "{database}"'))
             url = PG_ADMIN_URL.rsplit("/", 1)[0] + "/" + database
-            meta_url = catalog_url = url
+            meta_url, catalog_url = url, url
         else:
             meta_url, catalog_url = f"sqlite:///{root / 'meta.db'}", f"sqlite:///{root / 'catalog.db'}"
+        catalog: Catalog
+        if backend == "rest":
+            from demo.servers import SeaweedFS
+
+            server = SeaweedFS(root / "weed").start()
+            catalog = load_catalog("bench", **server.catalog_properties())
+        else:
+            catalog = SqlCatalog("bench", uri=catalog_url, warehouse=f"file://{root / 'warehouse'}")
         store = SqlSinkStateStore(meta_url)
-        catalog = SqlCatalog("bench", uri=catalog_url, warehouse=f"file://{root / 'warehouse'}")
         try:
             yield World(backend, root, store, catalog, MetaStoreCheckpointSource(store.checkpoints))
         finally:
             store.dispose()
-            catalog.engine.dispose()
+            if isinstance(catalog, SqlCatalog):
+                catalog.engine.dispose()
+            if server is not None:
+                server.stop()
             if database:
                 with admin.connect() as conn:
                     conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)'))
                 admin.dispose()
+
+
+ARROW_SCHEMA = pa.schema(
+    [pa.field("id", pa.int64(), nullable=False), pa.field("epoch", pa.int64()), pa.field("payload", pa.string())]
+)
+
+
+def parquet_bytes(first_id: int, rows: int, epoch: int = 0) -> bytes:
+    """One small Parquet file of ``SCHEMA``'s rows ``first_id`` onwards, every row in ``epoch``."""
+    ids = list(range(first_id, first_id + rows))
+    data = pa.table({"id": ids, "epoch": [epoch] * rows, "payload": ["x" * 16] * rows}, schema=ARROW_SCHEMA)
+    buffer = io.BytesIO()
+    pq.write_table(data, buffer)
+    return buffer.getvalue()
+
+
+def put_files(table: Table, location: str, payloads: Sequence[bytes]) -> list[DataFileDescriptor]:
+    """Each payload stored as ``location/part-NNNNNN.parquet`` through the table's FileIO (local or
+    S3: requests in flight side by side), described from its footer as the Spark writer does."""
+
+    def put(n: int) -> DataFileDescriptor:
+        path, payload = f"{location}/part-{n:06d}.parquet", payloads[n]
+        with table.io.new_output(path).create(overwrite=True) as stream:
+            stream.write(payload)
+        return describe_parquet_file(
+            path,
+            table_schema=table.schema(),
+            partition={},
+            writer=str(n),
+            parquet_metadata=pq.read_metadata(io.BytesIO(payload)),
+            file_size_in_bytes=len(payload),
+        )
+
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        return list(pool.map(put, range(len(payloads))))
 
 
 def write_files(
@@ -93,19 +146,7 @@ def write_files(
 ) -> list[DataFileDescriptor]:
     """``count`` small Parquet files under ``location`` (every row in ``epoch``), described as the
     Spark writer would."""
-    local = location.removeprefix("file://")
-    Path(local).mkdir(parents=True, exist_ok=True)
-    arrow_schema = pa.schema(
-        [pa.field("id", pa.int64(), nullable=False), pa.field("epoch", pa.int64()), pa.field("payload", pa.string())]
-    )
-    descriptors = []
-    for n in range(count):
-        ids = list(range(n * rows_per_file, (n + 1) * rows_per_file))
-        data = pa.table({"id": ids, "epoch": [epoch] * len(ids), "payload": ["x" * 16] * len(ids)}, schema=arrow_schema)
-        path = f"{location}/part-{n:06d}.parquet"
-        pq.write_table(data, f"{local}/part-{n:06d}.parquet")
-        descriptors.append(describe_parquet_file(path, table_schema=table.schema(), partition={}, writer=str(n)))
-    return descriptors
+    return put_files(table, location, [parquet_bytes(n * rows_per_file, rows_per_file, epoch) for n in range(count)])
 
 
 def timed(action: Callable[[], object]) -> float:

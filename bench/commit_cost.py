@@ -13,7 +13,7 @@ between, so the commit reads the row's metadata from the database, parses it and
 against the table again. What a new process pays besides (imports, its first connection) is not
 counted in either.
 
-    uv run python -m bench.commit_cost [--backend sqlite|postgres] [--rounds 3] [--sizes 1000 10000]
+    uv run python -m bench.commit_cost [--backend sqlite|postgres|rest] [--rounds 3] [--sizes 1000 10000]
     uv run python -m bench.commit_cost --memory 100000 [--backend sqlite|postgres]
 
 Targets (issue 18): at most 1.10x of the bare fast-append that builds its ``DataFile``s from the same
@@ -51,7 +51,6 @@ import argparse
 import gc
 import json
 import resource
-import shutil
 import subprocess
 import sys
 import time
@@ -60,6 +59,7 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table
 
@@ -67,18 +67,14 @@ from airflow_provider_exactly_once.core.coordinator import TwoPhaseCommitCoordin
 from airflow_provider_exactly_once.core.precommit import DataFileDescriptor, PreCommit, TableWrite
 from airflow_provider_exactly_once.core.status import CheckpointStatus
 from airflow_provider_exactly_once.sinks.iceberg.data_files import build_data_files
-from bench._world import World, median, plot_cost, save, timed, world, write_files
+from bench._world import BACKENDS, World, median, parquet_bytes, plot_cost, put_files, save, timed, world, write_files
 
 SIZES = [10, 100, 1000, 10000]
 
 
 def _copies(table: Table, location: str, count: int) -> list[DataFileDescriptor]:
-    """``count`` data files: one small Parquet file written and described, then copied."""
-    (first,) = write_files(table, location, 1)
-    local = Path(location.removeprefix("file://"))
-    for n in range(1, count):
-        shutil.copyfile(local / "part-000000.parquet", local / f"part-{n:06d}.parquet")
-    return [first, *(first.model_copy(update={"path": f"{location}/part-{n:06d}.parquet"}) for n in range(1, count))]
+    """``count`` data files, copies of one small Parquet file."""
+    return put_files(table, location, [parquet_bytes(0, 10)] * count)
 
 
 def _memory(w: World, args: argparse.Namespace) -> None:
@@ -88,6 +84,7 @@ def _memory(w: World, args: argparse.Namespace) -> None:
     descriptors = _copies(eo_table, location, args.memory)
     spec = w.root / "descriptors.json"
     spec.write_text(json.dumps([d.model_dump(mode="json") for d in descriptors]))
+    assert isinstance(w.catalog, SqlCatalog), "main() refuses --memory on the REST catalog"
     meta_url, catalog_url = w.store.engine.url.render_as_string(hide_password=False), str(w.catalog.engine.url)
     w.store.checkpoints.set_checkpoint("bench-memory", 1, CheckpointStatus.COMPLETED)
     results = {}
@@ -165,11 +162,13 @@ def main() -> None:
         _child(sys.argv[2:])
         return
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--backend", choices=["sqlite", "postgres"], default="sqlite")
+    parser.add_argument("--backend", choices=BACKENDS, default="sqlite")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--sizes", type=int, nargs="*", default=SIZES)
     parser.add_argument("--memory", type=int, help="measure peak memory of one commit of this many files instead")
     args = parser.parse_args()
+    if args.memory and args.backend == "rest":
+        parser.error("--memory measures the SQL catalogs only (its child processes open the catalog by URL)")
     if args.memory:
         with world(args.backend) as w:
             _memory(w, args)

@@ -9,7 +9,7 @@ and makes two snapshots (a delete and an append). Its table holds the same epoch
 files first (committed untimed, through a second sink), so both remove N files; pyiceberg then
 writes the rows as few large files where the epoch writer had written N.
 
-    uv run python -m bench.replace_cost [--backend sqlite|postgres] [--rounds 3] [--sizes 1000 10000]
+    uv run python -m bench.replace_cost [--backend sqlite|postgres|rest] [--rounds 3] [--sizes 1000 10000]
 
 Writes bench/results/replace_cost_<backend>.json and .png. Ratios are of medians measured in the
 same run, the three paths interleaved per round. Persist and commit are also timed apart: what a
@@ -32,7 +32,7 @@ from airflow_provider_exactly_once.core.precommit import PreCommit, TableWrite
 from airflow_provider_exactly_once.core.status import CheckpointStatus
 from airflow_provider_exactly_once.sinks.iceberg import IcebergSinkCommitter
 from airflow_provider_exactly_once.sinks.layout import iceberg_data_root, iceberg_write_location
-from bench._world import median, plot_cost, save, timed, world, write_files
+from bench._world import BACKENDS, median, plot_cost, save, timed, world, write_files
 
 SIZES = [1000, 10000]
 ROWS_PER_FILE = 10
@@ -46,7 +46,7 @@ def write_location(table: Table, write_id: str) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--backend", choices=["sqlite", "postgres"], default="sqlite")
+    parser.add_argument("--backend", choices=BACKENDS, default="sqlite")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--sizes", type=int, nargs="*", default=SIZES)
     args = parser.parse_args()
