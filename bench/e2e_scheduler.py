@@ -19,20 +19,28 @@ everything this benchmark is about; ``bench.e2e_epoch`` measures the Spark side.
    start to the last run's end, and per epoch: the scheduler's and triggerer's CPU seconds and the
    work on Airflow's database (transactions and rows, from ``pg_stat_database``; these include the
    components' idle loops over the same time).
+3. **The writer's share.** ``--writers`` runs the sustained part once per writer on the same cluster,
+   one after the other: ``light`` (above), ``spark`` (the example's ``SparkPreCommitOperator``, a
+   ``spark-submit`` of ``local[1]`` per epoch, as the harness runs it) and ``connect`` (the same
+   operator as a client of one warm Spark Connect server, ``local[2]``, started here before the
+   cluster). ``--rows`` sets the rows landed per hour. With ``spark`` and ``connect`` both, the
+   report gives Connect's epochs per hour over spark-submit's (issue 34's target: at least 4x).
 
 The environment and the package are compiled to bytecode first (``bench._bytecode``): every task
 start imports Airflow, and without ``.pyc`` files (this sandbox sets ``PYTHONDONTWRITEBYTECODE``)
 each one compiles it from source, which no installed deployment does.
 
     uv run python -m bench.e2e_scheduler [--checkpoint-after 30] [--epochs-per-mode 3] [--epochs 24]
-        [--stack local|production] [--name NAME]
+        [--stack local|production] [--name NAME] [--writers light spark connect] [--rows 12]
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
+import json
 import statistics
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -45,13 +53,20 @@ import psutil
 
 from bench._bytecode import compile_bytecode
 from bench._world import RESULTS, save
+from demo.servers import SparkConnectServer
 from demo.world import mark_hour
 from fault_harness.cluster import Cluster
 from fault_harness.harness import Harness, Pipeline
+from fault_harness.layout import SPARK_CONNECT_CONN_ID
 from fault_harness.stacks import STACKS
 
 SENSOR = "events.wait_for_checkpoint"
 MODES = ("poke", "reschedule", "deferrable")
+WRITERS = {
+    "light": "light (pyarrow Parquet, no JVM)",
+    "spark": "SparkPreCommitOperator, a spark-submit (local[1]) per epoch",
+    "connect": "SparkPreCommitOperator through a warm Spark Connect server (local[2])",
+}
 WAITING = {"running", "deferred", "up_for_reschedule", "queued", "scheduled"}
 
 
@@ -205,13 +220,26 @@ def idle_rates(cluster: Cluster, seconds: float) -> dict[str, dict[str, float]]:
 
 
 def throughput(
-    harness: Harness, root: Path, epochs: int, parallelism: int, idle: dict[str, dict[str, float]] | None
+    harness: Harness,
+    root: Path,
+    epochs: int,
+    parallelism: int,
+    idle: dict[str, dict[str, float]] | None,
+    *,
+    writer: str = "light",
+    rows: int = 12,
 ) -> dict[str, Any]:
     cluster = harness.cluster
     cpu_before = {name: _cpu_s(cluster.procs[name]) for name in ("scheduler", "triggerer", "dag-processor")}
     db_before = _db_stats(cluster)
     pipeline = Pipeline(
-        "bench_throughput", epochs, root / "landing-throughput", sensor="deferrable", max_active_runs=parallelism
+        f"bench_throughput_{writer}",
+        epochs,
+        root / f"landing-throughput-{writer}",
+        writer=writer,
+        rows=rows,
+        sensor="deferrable",
+        max_active_runs=parallelism,
     )
     harness.add(pipeline, start_dag=False)
     began = time.monotonic()
@@ -229,6 +257,8 @@ def throughput(
     db_after = _db_stats(cluster)
     db = {k: db_after[k] - db_before[k] for k in db_after}
     result = {
+        "writer": WRITERS[writer],
+        "rows_per_epoch": rows,
         "epochs": epochs,
         "parallelism": parallelism,
         "max_active_runs": parallelism,
@@ -248,7 +278,7 @@ def throughput(
         }
     result["checker"] = verdict.to_dict()
     print(
-        f"throughput: {epochs} epochs in {run_span_s:.0f}s = {result['epochs_per_hour']:.0f} epochs/hour; "
+        f"throughput ({writer}): {epochs} epochs in {run_span_s:.0f}s = {result['epochs_per_hour']:.0f} epochs/hour; "
         f"scheduler CPU {result['cpu_s_per_epoch']['scheduler']:.2f}s/epoch; "
         f"DB {result['airflow_db_per_epoch']['xact_commit']:.0f} transactions/epoch",
         flush=True,
@@ -258,17 +288,37 @@ def throughput(
     return result
 
 
+def _warm(server: SparkConnectServer) -> None:
+    """One Python task on the server first, untimed: its Python workers start (about 7 s here) and
+    stay, as on a deployment's long-running server; spark-submit has nothing to keep warm. Through
+    ``connect_session``, which takes back the Connect-only mark PySpark leaves in this process's
+    environment: the cluster inherits it, and every spark-submit after it would fail."""
+    from airflow_provider_exactly_once.spark.connect_write import connect_session
+
+    with connect_session(server.url, {}) as session:
+        session.range(4).mapInArrow(lambda batches: batches, "id long").collect()
+
+
 def plot(report: dict[str, Any], path: Path) -> None:
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    """The sensor modes' slot-seconds and task starts, and the epochs per hour of each writer run."""
     modes = [m["mode"] for m in report["sensor_modes"]]
-    axes[0].bar(modes, [m["sensor_slot_s_per_epoch"] for m in report["sensor_modes"]])
-    axes[0].set_ylabel("worker slot-seconds per epoch (sensor)")
-    axes[0].set_title(f"sensor, checkpoint after {report['checkpoint_after_s']:.0f} s")
-    axes[1].bar(modes, [m["task_starts_per_epoch"] for m in report["sensor_modes"]])
-    axes[1].set_ylabel("task starts per epoch (all tasks)")
-    if report.get("throughput"):
-        t = report["throughput"]
-        axes[1].set_title(f"task starts; sustained: {t['epochs_per_hour']:.0f} epochs/hour (light writer)")
+    sustained = report.get("throughput", {})
+    panels = (2 if modes else 0) + (1 if sustained else 0)
+    fig, axes = plt.subplots(1, panels, figsize=(5.5 * panels, 4), squeeze=False)
+    row = list(axes[0])
+    if modes:
+        slots, starts = row.pop(0), row.pop(0)
+        slots.bar(modes, [m["sensor_slot_s_per_epoch"] for m in report["sensor_modes"]])
+        slots.set_ylabel("worker slot-seconds per epoch (sensor)")
+        slots.set_title(f"sensor, checkpoint after {report['checkpoint_after_s']:.0f} s")
+        starts.bar(modes, [m["task_starts_per_epoch"] for m in report["sensor_modes"]])
+        starts.set_ylabel("task starts per epoch (all tasks)")
+        starts.set_title("task starts")
+    if sustained:
+        (rate,) = row
+        rate.bar(list(sustained), [t["epochs_per_hour"] for t in sustained.values()])
+        rate.set_ylabel("epochs per hour (sustained)")
+        rate.set_title(f"writers, parallelism {report['parallelism']}, {report['rows_per_epoch']} rows per epoch")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
 
@@ -284,20 +334,33 @@ def main() -> None:
     parser.add_argument("--idle", type=float, default=60.0, help="seconds of idle baseline before the throughput run")
     parser.add_argument("--name", default="e2e_scheduler", help="result file name (without extension)")
     parser.add_argument("--stack", default="local", choices=STACKS, help="production: Celery workers, SeaweedFS")
+    parser.add_argument(
+        "--writers", nargs="+", default=["light"], choices=list(WRITERS), help="sustained runs, in order"
+    )
+    parser.add_argument("--rows", type=int, default=12, help="rows landed per hour in the sustained runs")
     args = parser.parse_args()
     if args.epochs_per_mode < 1 or args.epochs < 0 or args.parallelism < 1 or args.sample <= 0:
         parser.error("--epochs-per-mode and --parallelism must be at least 1, --epochs at least 0, --sample positive")
     root = Path(__file__).resolve().parents[1]
     compile_bytecode(root / "airflow_provider_exactly_once", root / "fault_harness", root / "dags")
-    cluster = Cluster.create(parallelism=args.parallelism, stack=args.stack)
+    connect = None
+    extra_env = {}
+    if "connect" in args.writers:
+        connect = SparkConnectServer(Path(tempfile.mkdtemp(prefix="eo-bench-connect-")))
+        connect.start({"spark.sql.shuffle.partitions": "1", "spark.driver.memory": "1g"})
+        _warm(connect)
+        conn = {"conn_type": "spark_connect", "host": "127.0.0.1", "port": connect.port}
+        extra_env[f"AIRFLOW_CONN_{SPARK_CONNECT_CONN_ID.upper()}"] = json.dumps(conn)
+    cluster = Cluster.create(parallelism=args.parallelism, stack=args.stack, extra_env=extra_env)
     failed = True
     try:
         cluster.start_all()
         harness = Harness(cluster)
         try:
             report: dict[str, Any] = {
-                "writer": "light (pyarrow Parquet, no JVM)",
+                "writer": WRITERS["light"] + " in the sensor modes",
                 "stack": args.stack,
+                "rows_per_epoch": args.rows,
                 "poke_interval_s": 2,
                 "checkpoint_after_s": args.checkpoint_after,
                 "sample_s": args.sample,
@@ -309,7 +372,16 @@ def main() -> None:
             }
             if args.epochs:
                 idle = idle_rates(cluster, args.idle) if args.idle > 0 else None
-                report["throughput"] = throughput(harness, cluster.root, args.epochs, args.parallelism, idle)
+                report["throughput"] = {
+                    writer: throughput(
+                        harness, cluster.root, args.epochs, args.parallelism, idle, writer=writer, rows=args.rows
+                    )
+                    for writer in args.writers
+                }
+                rates = {writer: t["epochs_per_hour"] for writer, t in report["throughput"].items()}
+                if {"spark", "connect"} <= rates.keys():
+                    report["connect_over_spark_submit_epochs_per_hour"] = rates["connect"] / rates["spark"]
+                    print(f"Connect / spark-submit: {rates['connect'] / rates['spark']:.2f}x epochs per hour")
         finally:
             harness.dispose()
         failed = False
@@ -317,11 +389,14 @@ def main() -> None:
         if failed:
             print(f"failed: the cluster's logs are kept under {cluster.root / 'logs'}", flush=True)
         cluster.close(keep_root=failed)
+        if connect is not None:
+            connect.stop()
     report["measured_at_utc"] = dt.datetime.now(dt.UTC).isoformat()
     path = save(args.name, report)
-    if report["sensor_modes"]:
+    print(f"wrote {path}")
+    if report["sensor_modes"] or report.get("throughput"):
         plot(report, RESULTS / f"{args.name}.png")
-    print(f"wrote {path}" + (" and its PNG" if report["sensor_modes"] else ""))
+        print("and its PNG")
 
 
 if __name__ == "__main__":

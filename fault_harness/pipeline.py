@@ -8,7 +8,9 @@ the cluster's DAGs folder. The differences from the example, each for a reason:
 - ``writer="light"`` (the default) writes each epoch's real Parquet files with pyarrow and describes
   them with the same ``describe_parquet_file`` the Spark writer uses, without a JVM (a Spark write
   costs 15-30 s here); ``writer="spark"`` is the example's ``SparkPreCommitOperator`` through real
-  ``spark-submit``, used by the scenarios that kill the Spark write;
+  ``spark-submit``, used by the scenarios that kill the Spark write; ``writer="connect"`` is the same
+  operator on the connection ``SPARK_CONNECT_CONN_ID`` (type ``spark_connect``), which whoever
+  starts the Spark Connect server defines (``bench.e2e_scheduler --writers connect``);
 - the light writer reaches the fault point ``write.files_written`` (after its files exist, before
   it returns them), so a plan can kill a write that left files behind;
 - no settled gate (``wait_until_settled``) before the write: the harness lands every hour's files before the run
@@ -35,7 +37,7 @@ from airflow.timetables.interval import CronDataIntervalTimetable
 from airflow_provider_exactly_once.checkpoints.config import MarkerFileCheckpoint
 from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig
 from airflow_provider_exactly_once.task_groups import exactly_once_epoch
-from fault_harness.layout import WRITE_POINT, hour_template
+from fault_harness.layout import SPARK_CONNECT_CONN_ID, WRITE_POINT, hour_template
 from fault_harness.runs import running_write
 from fault_harness.upsert_pipeline import light_upsert_write, upsert_sink
 
@@ -84,7 +86,7 @@ def light_write(sink_id: str, table_name: str, landing: str, conn_id: str) -> di
 
 def build(params: dict[str, Any]) -> DAG:
     """The DAG of one scenario. ``params``: dag_id, sink_id, table, landing, start (ISO hour), epochs,
-    writer (light|spark), sensor (poke|reschedule|deferrable), conn_id, max_active_runs, mode
+    writer (light|spark|connect), sensor (poke|reschedule|deferrable), conn_id, max_active_runs, mode
     (append|upsert: ``upsert_pipeline``, light writer only, one run at a time)."""
     dag_id, sink_id, table, landing = params["dag_id"], params["sink_id"], params["table"], params["landing"]
     conn_id = params["conn_id"]
@@ -112,13 +114,13 @@ def build(params: dict[str, Any]) -> DAG:
         render_template_as_native_obj=True,
         tags=["exactly-once", "fault-harness"],
     ) as dag:
-        if params.get("writer", "light") == "spark":
+        if (writer := params.get("writer", "light")) in ("spark", "connect"):
             from airflow_provider_exactly_once.operators.spark_precommit import SparkPreCommitOperator
             from airflow_provider_exactly_once.spark.jobspec import FilesInput
 
             write: Any = SparkPreCommitOperator(
                 task_id="transform",
-                conn_id="spark_default",
+                conn_id=SPARK_CONNECT_CONN_ID if writer == "connect" else "spark_default",
                 sink_id=sink_id,
                 input=FilesInput(format="json", path=hour_template(landing), schema_ddl=EVENT_SCHEMA_DDL),
                 target={
