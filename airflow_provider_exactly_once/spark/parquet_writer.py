@@ -173,9 +173,10 @@ SESSION_CONF = {
 @contextlib.contextmanager
 def session_conf(spark: SparkSession, settings: Mapping[str, str]) -> Iterator[None]:
     """``settings`` for the duration of the write, leaving the session as it was; a session built
-    with them (``epoch_writer.main``) costs one round trip to the JVM."""
-    current = spark.conf.getAll
-    before = {key: current.get(key) for key, value in settings.items() if current.get(key) != value}
+    with them (``epoch_writer.main``) costs a look-up per setting. Not ``conf.getAll``: in process it
+    walks every setting of the session through py4j, a call each and an exception at the end: 22 to
+    26 ms of every write, against under 1 ms for the four look-ups."""
+    before = {key: now for key, value in settings.items() if (now := spark.conf.get(key, None)) != value}
     for key in before:
         spark.conf.set(key, settings[key])
     try:

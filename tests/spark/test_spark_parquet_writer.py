@@ -318,3 +318,17 @@ def test_files_are_described_alike_on_the_executors_and_on_the_driver(
     assert len({d.partition["ts_day"] for d in pre_commit.tables[0].data_files}) == 5
     commit_iceberg(catalog, pre_commit)
     assert sorted_rows(catalog.load_table("ns.by_day").scan().to_arrow()) == sorted_rows(rows)
+
+
+def test_the_writers_session_settings_hold_for_the_write_and_the_session_is_left_as_it_was(spark: Any) -> None:
+    settings = {"spark.sql.parquet.writeLegacyFormat": "false", "spark.sql.parquet.fieldId.write.enabled": "true"}
+    unset, changed = settings
+    spark.conf.unset(unset)
+    spark.conf.set(changed, "false")
+    try:
+        with parquet_writer.session_conf(spark, settings):
+            assert {key: spark.conf.get(key) for key in settings} == settings
+        assert spark.conf.get(unset, None) is None, "a setting the session did not have is unset again"
+        assert spark.conf.get(changed) == "false", "a setting the session had gets its value back"
+    finally:
+        spark.conf.unset(changed)
