@@ -10,6 +10,7 @@ missing, ``ServerUnavailable`` says which package to install.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -114,6 +115,14 @@ class _Server:
         return self.directory / "server.log"
 
 
+def _volume_count(status: Any) -> int:
+    """The volumes in the master's ``/vol/status``: data centres, racks, nodes, then the volumes."""
+    centres = status.get("Volumes", {}).get("DataCenters") or {}
+    return sum(
+        len(volumes or []) for racks in centres.values() for nodes in racks.values() for volumes in nodes.values()
+    )
+
+
 @dataclass
 class SeaweedFS(_Server):
     """``weed mini``: S3 at ``s3_endpoint`` and an Iceberg REST catalog at ``catalog_uri``.
@@ -169,6 +178,7 @@ class SeaweedFS(_Server):
             _wait_http(self.catalog_uri + "/v1/config", self.process, self.log, timeout, "weed mini")
             _wait_http(self.s3_endpoint, self.process, self.log, timeout, "weed mini")
             self._wait_buckets(timeout)
+            self._wait_volumes(timeout)
         except BaseException:
             self.kill()
             raise
@@ -190,6 +200,25 @@ class SeaweedFS(_Server):
             time.sleep(0.3)
         raise ServerUnavailable(
             f"SeaweedFS did not create buckets {self.bucket!r}, {self.table_bucket!r}: see {self.log}"
+        )
+
+    def _wait_volumes(self, timeout: float) -> None:
+        """After a restart, until the master knows every volume on disk: before the volume server's
+        first heartbeat, reading an object stored earlier fails with S3's ``InternalError``."""
+        on_disk = len(list((self.directory / "data").rglob("*.dat")))
+        status = f"http://127.0.0.1:{self.ports['master.port']}/vol/status"
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(status, timeout=2) as answer:
+                    known = _volume_count(json.load(answer))
+            except (OSError, ValueError):
+                known = -1
+            if known >= on_disk:
+                return
+            time.sleep(0.2)
+        raise ServerUnavailable(
+            f"SeaweedFS's master knew fewer than {on_disk} volumes after {timeout:.0f} s: see {self.log}"
         )
 
     @property
