@@ -22,8 +22,8 @@ everything this benchmark is about; ``bench.e2e_epoch`` measures the Spark side.
 3. **The writer's share.** ``--writers`` runs the sustained part once per writer on the same cluster,
    one after the other: ``light`` (above), ``spark`` (the example's ``SparkPreCommitOperator``, a
    ``spark-submit`` of ``local[1]`` per epoch, as the harness runs it) and ``connect`` (the same
-   operator as a client of one warm Spark Connect server, ``local[2]``, started here before the
-   cluster). ``--rows`` sets the rows landed per hour. With ``spark`` and ``connect`` both, the
+   operator as a client of the cluster's Spark Connect server, ``local[2]``, started and warmed once
+   the cluster runs). ``--rows`` sets the rows landed per hour. With ``spark`` and ``connect`` both, the
    report gives Connect's epochs per hour over spark-submit's (issue 34's target: at least 4x).
 
 The environment and the package are compiled to bytecode first (``bench._bytecode``): every task
@@ -38,9 +38,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import statistics
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -57,7 +55,6 @@ from demo.servers import SparkConnectServer
 from demo.world import mark_hour
 from fault_harness.cluster import Cluster
 from fault_harness.harness import Harness, Pipeline
-from fault_harness.layout import SPARK_CONNECT_CONN_ID
 from fault_harness.stacks import STACKS
 
 SENSOR = "events.wait_for_checkpoint"
@@ -343,18 +340,13 @@ def main() -> None:
         parser.error("--epochs-per-mode and --parallelism must be at least 1, --epochs at least 0, --sample positive")
     root = Path(__file__).resolve().parents[1]
     compile_bytecode(root / "airflow_provider_exactly_once", root / "fault_harness", root / "dags")
-    connect = None
-    extra_env = {}
-    if "connect" in args.writers:
-        connect = SparkConnectServer(Path(tempfile.mkdtemp(prefix="eo-bench-connect-")))
-        connect.start({"spark.sql.shuffle.partitions": "1", "spark.driver.memory": "1g"})
-        _warm(connect)
-        conn = {"conn_type": "spark_connect", "host": "127.0.0.1", "port": connect.port}
-        extra_env[f"AIRFLOW_CONN_{SPARK_CONNECT_CONN_ID.upper()}"] = json.dumps(conn)
-    cluster = Cluster.create(parallelism=args.parallelism, stack=args.stack, extra_env=extra_env)
+    cluster = Cluster.create(parallelism=args.parallelism, stack=args.stack)
     failed = True
     try:
         cluster.start_all()
+        if "connect" in args.writers:
+            cluster.start("spark-connect")
+            _warm(cluster.stack.spark_connect)
         harness = Harness(cluster)
         try:
             report: dict[str, Any] = {
@@ -389,8 +381,6 @@ def main() -> None:
         if failed:
             print(f"failed: the cluster's logs are kept under {cluster.root / 'logs'}", flush=True)
         cluster.close(keep_root=failed)
-        if connect is not None:
-            connect.stop()
     report["measured_at_utc"] = dt.datetime.now(dt.UTC).isoformat()
     path = save(args.name, report)
     print(f"wrote {path}")

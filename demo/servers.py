@@ -439,16 +439,21 @@ class SparkConnectServer(_Server):
 
     master: str = "local[2]"
     port: int = 0
+    #: The server's Spark settings; ``start(conf)`` replaces them, ``start()`` keeps them, so a
+    #: restart after ``kill()`` brings back the same server on the same port.
+    conf: dict[str, str] = field(default_factory=dict)
 
     def start(self, conf: dict[str, str] | None = None, timeout: float = 120) -> SparkConnectServer:
         """Start it with ``conf`` as the server's Spark settings, and wait until it listens."""
         self.port = self.port or free_port()
+        if conf is not None:
+            self.conf = dict(conf)
         settings = {
             "spark.connect.grpc.binding.address": "127.0.0.1",
             "spark.connect.grpc.binding.port": str(self.port),
             "spark.ui.enabled": "false",
             "spark.pyspark.python": sys.executable,
-            **(conf or {}),
+            **self.conf,
         }
         args = [_binary("spark-submit", "pyspark"), "--master", self.master, "--name", "Spark Connect server"]
         args += ["--class", "org.apache.spark.sql.connect.service.SparkConnectServer"]

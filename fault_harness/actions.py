@@ -1,7 +1,8 @@
 """The harness's own actions during a scenario's runs: kill -9 of a task process or a component,
 a meta-store outage, a second (zombie) committer, another writer on the table, late checkpoints;
-on the production stack, kill -9 of the Celery worker running a task and of the catalog (SeaweedFS),
-and a commit's response lost between the catalog and the cluster (the proxy).
+kill -9 of the Spark Connect server during a write; on the production stack, kill -9 of the Celery
+worker running a task and of the catalog (SeaweedFS), and a commit's response lost between the
+catalog and the cluster (the proxy).
 
 Each returns an ``Action``: a function of the scenario's ``Context``, run in a thread beside the runs.
 """
@@ -14,13 +15,14 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import psutil  # type: ignore[import-untyped]
 import pyarrow as pa
 
 from fault_harness.cluster import ICEBERG_CONN_ID, REPO
-from fault_harness.layout import hour_template
+from fault_harness.layout import hour_template, write_starts
 from fault_harness.plans import Action, Context, wait_for
 
 
@@ -231,6 +233,30 @@ def kill_catalog(*, when_task: str, down_s: float) -> Action:
         time.sleep(down_s)
         ctx.cluster.start("seaweedfs")
         ctx.note(f"seaweedfs restarted after {down_s:.0f} s")
+
+    return action
+
+
+def kill_spark_connect(*, down_s: float = 3.0) -> Action:
+    """``kill -9`` of the Spark Connect server while it runs one of the pipeline's writes (its
+    executors inside ``slow_input``, which names the write), started again ``down_s`` later on the
+    same port. Once every run ended, the note gives the write task's tries: the killed one failed
+    and a later one, a new write, is the epoch's."""
+
+    def action(ctx: Context) -> None:
+        starts = Path(write_starts(str(ctx.pipeline.landing)))
+        started = wait_for(ctx, "a write running on the Spark Connect server", lambda: sorted(starts.glob("*")))
+        killed = ctx.cluster.kill("spark-connect")
+        ctx.note(f"kill -9 of the Spark Connect server (pid {killed}) during write {started[0].name}")
+        time.sleep(down_s)
+        ctx.cluster.start("spark-connect")
+        ctx.note(f"the Spark Connect server restarted after {down_s:.0f} s")
+        ctx.settled.wait()
+        tries = sorted(int(ti.try_number or 0) for ti in ctx.cluster.task_instances(ctx.pipeline.dag_id, "transform"))
+        writes = sorted(p.name for p in starts.glob("*"))
+        ctx.note(f"write tasks' tries {tries}; writes started on the server: {len(writes)}")
+        if not tries or max(tries) < 2:
+            raise AssertionError(f"no write task of {ctx.pipeline.name} failed: the kill missed its write")
 
     return action
 

@@ -39,6 +39,7 @@ import sqlalchemy as sa
 
 from airflow_provider_exactly_once.runtime.assembly import FAULT_HOOK_ENV_VAR
 from demo.fault_plan import FAULT_HOOK_FACTORY, FAULT_PLAN_ENV_VAR
+from fault_harness.layout import SPARK_CONNECT_CONN_ID
 from fault_harness.stacks import Stack, kill_worker, make_stack
 
 REPO = Path(__file__).resolve().parents[1]
@@ -248,6 +249,7 @@ class Cluster:
             catalog = platform.catalog_properties(pg_base=pg_base, catalog_db=catalog_db)
             env.update(platform.env(pg_base=pg_base, airflow_db=airflow_db))
             env["AIRFLOW_CONN_SPARK_DEFAULT"] = json.dumps({"conn_type": "spark", "host": platform.spark_master()})
+            env[f"AIRFLOW_CONN_{SPARK_CONNECT_CONN_ID.upper()}"] = json.dumps(platform.spark_connect_connection())
             env[f"AIRFLOW_CONN_{ICEBERG_CONN_ID.upper()}"] = json.dumps({"conn_type": "iceberg", "extra": catalog})
             for conn_id, extra in platform.more_catalogs().items():
                 env[f"AIRFLOW_CONN_{conn_id.upper()}"] = json.dumps({"conn_type": "iceberg", "extra": extra})

@@ -63,6 +63,8 @@ class Pipeline:
     epochs: int
     landing: Path
     writer: str = "light"
+    #: ``Scenario.write_pause_s``.
+    write_pause_s: float = 0.0
     sensor: str = "poke"
     rows: int = 12
     failed_hours: frozenset[int] = frozenset()
@@ -149,6 +151,10 @@ class Harness:
         return pipeline
 
     def start_dag(self, pipeline: Pipeline, *, wait: bool = True) -> None:
+        """Write the pipeline's DAG parameters where the cluster's DAG file finds them; a pipeline
+        writing through Spark Connect first starts the stack's server (``stacks``)."""
+        if pipeline.writer == "connect":
+            self.cluster.start("spark-connect")
         params = {
             "dag_id": pipeline.dag_id,
             "sink_id": pipeline.sink_id,
@@ -157,6 +163,7 @@ class Harness:
             "start": START.isoformat(),
             "epochs": pipeline.epochs,
             "writer": pipeline.writer,
+            "write_pause_s": pipeline.write_pause_s,
             "sensor": pipeline.sensor,
             "conn_id": pipeline.conn_id,
             "max_active_runs": pipeline.max_active_runs,

@@ -9,8 +9,9 @@ the cluster's DAGs folder. The differences from the example, each for a reason:
   them with the same ``describe_parquet_file`` the Spark writer uses, without a JVM (a Spark write
   costs 15-30 s here); ``writer="spark"`` is the example's ``SparkPreCommitOperator`` through real
   ``spark-submit``, used by the scenarios that kill the Spark write; ``writer="connect"`` is the same
-  operator on the connection ``SPARK_CONNECT_CONN_ID`` (type ``spark_connect``), which whoever
-  starts the Spark Connect server defines (``bench.e2e_scheduler --writers connect``);
+  operator on the connection ``SPARK_CONNECT_CONN_ID`` (type ``spark_connect``) to the stack's Spark
+  Connect server, and with ``write_pause_s`` reads the hour slowly (``spark_input``), for the
+  scenarios that kill that server under a write;
 - the light writer reaches the fault point ``write.files_written`` (after its files exist, before
   it returns them), so a plan can kill a write that left files behind;
 - no settled gate (``wait_until_settled``) before the write: the harness lands every hour's files before the run
@@ -18,7 +19,7 @@ the cluster's DAGs folder. The differences from the example, each for a reason:
 - short retry delays and poke intervals, so that recovery from a fault takes seconds;
 - an unpartitioned table (partitioning is not what the harness tests);
 - ``mode="upsert"``: an upsert sink whose light write applies each hour's changes copy-on-write
-  (``upsert_pipeline``).
+  (``upsert_pipeline``); the Spark writers apply them as the product's upsert job does.
 
 This module imports Airflow: only the DAG files of the cluster import it, never the harness.
 """
@@ -37,8 +38,9 @@ from airflow.timetables.interval import CronDataIntervalTimetable
 from airflow_provider_exactly_once.checkpoints.config import MarkerFileCheckpoint
 from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig
 from airflow_provider_exactly_once.task_groups import exactly_once_epoch
-from fault_harness.layout import SPARK_CONNECT_CONN_ID, WRITE_POINT, hour_template
+from fault_harness.layout import SPARK_CONNECT_CONN_ID, WRITE_POINT, hour_template, write_starts
 from fault_harness.runs import running_write
+from fault_harness.upsert_changes import OP_COLUMN, ORDER_BY
 from fault_harness.upsert_pipeline import light_upsert_write, upsert_sink
 
 EVENT_SCHEMA_DDL = "event_id STRING, user_id BIGINT, event_type STRING, event_time TIMESTAMP, amount DOUBLE"
@@ -84,17 +86,38 @@ def light_write(sink_id: str, table_name: str, landing: str, conn_id: str) -> di
     return value
 
 
+def spark_input(params: dict[str, Any], upsert: bool) -> Any:
+    """The Spark writers' input: the hour's JSON lines (an upsert pipeline's with their operation and
+    order columns); with ``write_pause_s``, the same rows through ``slow_input``, so that a scenario
+    can kill the Spark under a running write."""
+    from airflow_provider_exactly_once.spark.jobspec import FilesInput, FunctionInput
+
+    ddl = EVENT_SCHEMA_DDL + (f", {OP_COLUMN} STRING, {ORDER_BY} BIGINT" if upsert else "")
+    pause = float(params.get("write_pause_s", 0))
+    if not pause:
+        return FilesInput(format="json", path=hour_template(params["landing"]), schema_ddl=ddl)
+    return FunctionInput(
+        callable="fault_harness.slow_input:slow_hour",
+        options={
+            "path": hour_template(params["landing"]),
+            "schema_ddl": ddl,
+            "seconds_per_row": pause,
+            "started": write_starts(params["landing"]),
+        },
+    )
+
+
 def build(params: dict[str, Any]) -> DAG:
     """The DAG of one scenario. ``params``: dag_id, sink_id, table, landing, start (ISO hour), epochs,
-    writer (light|spark|connect), sensor (poke|reschedule|deferrable), conn_id, max_active_runs, mode
-    (append|upsert: ``upsert_pipeline``, light writer only, one run at a time)."""
+    writer (light|spark|connect), write_pause_s (``spark_input``), sensor (poke|reschedule|deferrable),
+    conn_id, max_active_runs, mode (append|upsert: ``upsert_pipeline``, one run at a time)."""
     dag_id, sink_id, table, landing = params["dag_id"], params["sink_id"], params["table"], params["landing"]
     conn_id = params["conn_id"]
     start = dt.datetime.fromisoformat(params["start"])
     end = start + dt.timedelta(hours=int(params["epochs"]) - 1)
     upsert = params.get("mode", "append") == "upsert"
-    if upsert and (params.get("writer", "light") != "light" or int(params.get("max_active_runs", 1)) != 1):
-        raise ValueError(f"{dag_id}: an upsert pipeline has the light writer and max_active_runs=1, got {params}")
+    if upsert and int(params.get("max_active_runs", 1)) != 1:
+        raise ValueError(f"{dag_id}: an upsert pipeline runs one epoch at a time (max_active_runs=1), got {params}")
     sink = (
         upsert_sink(sink_id, table, conn_id)
         if upsert
@@ -116,19 +139,12 @@ def build(params: dict[str, Any]) -> DAG:
     ) as dag:
         if (writer := params.get("writer", "light")) in ("spark", "connect"):
             from airflow_provider_exactly_once.operators.spark_precommit import SparkPreCommitOperator
-            from airflow_provider_exactly_once.spark.jobspec import FilesInput
 
             write: Any = SparkPreCommitOperator(
                 task_id="transform",
                 conn_id=SPARK_CONNECT_CONN_ID if writer == "connect" else "spark_default",
-                sink_id=sink_id,
-                input=FilesInput(format="json", path=hour_template(landing), schema_ddl=EVENT_SCHEMA_DDL),
-                target={
-                    "kind": "iceberg",
-                    "catalog_name": conn_id,
-                    "catalog_properties": "{{ conn.get('" + conn_id + "').extra_dejson }}",
-                    "table": table,
-                },
+                sink=sink,
+                input=spark_input(params, upsert),
                 conf={"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "1"},
                 # Spaced out: on the production stack its tries share the S3 that catalog_restart
                 # takes down for 20 s, and three quick retries of a spark-submit fit inside that.

@@ -61,6 +61,9 @@ class Scenario:
     name: str
     epochs: int = 2
     writer: str = "light"
+    #: Seconds each row of a Spark write takes on the executors (``slow_input``): a window for an
+    #: action to kill the Spark under the write. 0: the hour's files as they are.
+    write_pause_s: float = 0.0
     sensor: str = "poke"
     failed_hours: frozenset[int] = frozenset()
     late_hours: frozenset[int] = frozenset()
@@ -73,15 +76,17 @@ class Scenario:
     #: The Iceberg connection of the pipeline's DAG (``stacks.PROXIED_ICEBERG_CONN_ID``: through the proxy).
     conn_id: str = ICEBERG_CONN_ID
     #: ``append`` (the example pipeline) or ``upsert`` (``upsert_pipeline``: changes by key, judged
-    #: against a key model by ``upsert_checker``; light writer, one run at a time).
+    #: against a key model by ``upsert_checker``; one run at a time).
     mode: str = "append"
     pipeline: Pipeline | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.mode not in ("append", "upsert"):
             raise ValueError(f"scenario {self.name}: mode is append or upsert, not {self.mode!r}")
-        if self.mode == "upsert" and (self.writer != "light" or self.max_active_runs != 1):
-            raise ValueError(f"scenario {self.name}: an upsert pipeline has the light writer and max_active_runs=1")
+        if self.mode == "upsert" and self.max_active_runs != 1:
+            raise ValueError(f"scenario {self.name}: an upsert pipeline runs one epoch at a time (max_active_runs=1)")
+        if self.write_pause_s and self.writer == "light":
+            raise ValueError(f"scenario {self.name}: write_pause_s slows a Spark write; the light writer has none")
 
 
 def describe_plan(scenarios: Sequence[Scenario]) -> list[dict[str, Any]]:
@@ -92,6 +97,7 @@ def describe_plan(scenarios: Sequence[Scenario]) -> list[dict[str, Any]]:
             "mode": s.mode,
             "epochs": s.epochs,
             "writer": s.writer,
+            "write_pause_s": s.write_pause_s,
             "sensor": s.sensor,
             "failed_hours": sorted(s.failed_hours),
             "late_hours": sorted(s.late_hours),

@@ -20,6 +20,13 @@ from fault_harness.cluster import FINAL_ORPHAN_GRACE_S, Cluster
 from fault_harness.harness import Harness, Pipeline
 from fault_harness.plans import Action, Context, Scenario
 
+#: How a report names each writer of ``Scenario.writer``.
+WRITERS = {
+    "light": "light (pyarrow, no JVM)",
+    "spark": "spark-submit (real Spark)",
+    "connect": "Spark Connect (the stack's server)",
+}
+
 
 def run_scenarios(cluster: Cluster, scenarios: Sequence[Scenario], *, timeout: float = 1500) -> dict[str, Any]:
     """Run the scenarios at once on the cluster; the report (see the module docstring)."""
@@ -36,6 +43,7 @@ def run_scenarios(cluster: Cluster, scenarios: Sequence[Scenario], *, timeout: f
                     s.epochs,
                     cluster.root / "landing" / s.name,
                     writer=s.writer,
+                    write_pause_s=s.write_pause_s,
                     sensor=s.sensor,
                     failed_hours=s.failed_hours,
                     late_hours=s.late_hours,
@@ -109,7 +117,7 @@ def run_scenarios(cluster: Cluster, scenarios: Sequence[Scenario], *, timeout: f
             checked = harness.check(s.pipeline)
             results[s.name] = {
                 "description": s.description,
-                "writer": "spark-submit (real Spark)" if s.writer == "spark" else "light (pyarrow, no JVM)",
+                "writer": WRITERS[s.writer],
                 "mode": s.mode,
                 "runs": harness.runs(s.pipeline),
                 "actions": logs[s.name],

@@ -13,6 +13,7 @@ from fault_harness.actions import (
     drop_commit_response,
     kill_catalog,
     kill_component,
+    kill_spark_connect,
     kill_task,
     kill_worker_of,
     late_after,
@@ -49,6 +50,25 @@ def named_scenarios() -> dict[str, Scenario]:
             writer="spark",
             actions=(kill_task("transform", with_java_child=True),),
             description="kill -9 of the task process during the Spark write (real spark-submit)",
+        ),
+        Scenario(
+            "kill_connect_write",
+            epochs=2,
+            writer="connect",
+            write_pause_s=0.5,
+            actions=(kill_spark_connect(),),
+            description="kill -9 of the Spark Connect server while it runs a write, restarted 3 s later",
+        ),
+        Scenario(
+            "upsert_kill_connect",
+            epochs=2,
+            mode="upsert",
+            max_active_runs=1,
+            writer="connect",
+            write_pause_s=0.5,
+            actions=(kill_spark_connect(),),
+            description="upsert pipeline through Spark Connect: the server killed -9 while it reads an epoch's "
+            "changes, restarted 3 s later",
         ),
         Scenario(
             "kill_light_write",

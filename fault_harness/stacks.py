@@ -16,6 +16,11 @@ network call that can fail half-way and the catalog itself can crash. A second I
 (``fault_harness.proxy``), as a load balancer would: a scenario whose pipeline uses it can have the
 proxy lose a commit's response after the catalog applied it.
 
+Either stack has a Spark Connect server on call (component ``spark-connect``, ``local[2]``): its
+port is chosen when the cluster is made, so the connection ``SPARK_CONNECT_CONN_ID`` is in every
+component's environment, and it starts when a pipeline that writes through it first needs it
+(``Cluster.start("spark-connect")``); a cluster without such a pipeline never pays for its JVM.
+
 Like ``cluster``, nothing here imports Airflow.
 """
 
@@ -29,7 +34,7 @@ from typing import Any
 
 import psutil  # type: ignore[import-untyped]
 
-from demo.servers import SeaweedFS, SparkStandalone
+from demo.servers import SeaweedFS, SparkConnectServer, SparkStandalone, free_port
 from fault_harness.proxy import Proxy
 
 STACKS = ("local", "production")
@@ -43,6 +48,9 @@ TASK_QUEUED_TIMEOUT_S = 180
 #: goes to the catalog directly, so that no other scenario's commits pass a proxy that could change
 #: what they see (a refused connection, known unsent, would become a lost response, outcome unknown).
 PROXIED_ICEBERG_CONN_ID = "iceberg_faults_proxied"
+#: The Spark Connect server's settings: one shuffle partition (an epoch of the harness is a few dozen
+#: rows), and a driver smaller than Spark's default, beside a cluster of Airflow processes.
+SPARK_CONNECT_CONF = {"spark.sql.shuffle.partitions": "1", "spark.driver.memory": "1g"}
 
 
 class StackUnavailable(RuntimeError):
@@ -63,6 +71,17 @@ class Stack:
     servers: dict[str, Any] = field(default_factory=dict)
     #: The HTTP proxy in front of the REST catalog (``PROXIED_ICEBERG_CONN_ID``), if the stack has one.
     catalog_proxy: Proxy | None = None
+    spark_connect: SparkConnectServer = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.spark_connect = SparkConnectServer(
+            self.root / "spark-connect", port=free_port(), conf=dict(SPARK_CONNECT_CONF)
+        )
+        self.servers["spark-connect"] = self.spark_connect
+
+    def spark_connect_connection(self) -> dict[str, Any]:
+        """``SPARK_CONNECT_CONN_ID``'s connection (type ``spark_connect``): the server on call."""
+        return {"conn_type": "spark_connect", "host": "127.0.0.1", "port": self.spark_connect.port}
 
     def open(self) -> None:
         """Start what the stack needs before Airflow's database is migrated."""
@@ -92,6 +111,7 @@ class Stack:
 
     def close(self) -> None:
         """Stop the stack's own servers and clean up what it left outside the cluster's directory."""
+        self.spark_connect.stop()
 
 
 @dataclass
@@ -182,6 +202,7 @@ class ProductionStack(Stack):
         return self.spark.url
 
     def close(self) -> None:
+        super().close()
         if self.spark is not None:
             self.spark.stop()
         if self.catalog_proxy is not None:

@@ -334,7 +334,7 @@ class SparkPreCommitOperator(BaseOperator):
     def _connect_write(self, url: str, spec: EpochJobSpec) -> PreCommit:
         """The write as a client of the Spark Connect server at ``url``, in this task's process."""
         from airflow_provider_exactly_once.core.errors import ExactlyOnceError
-        from airflow_provider_exactly_once.spark.connect_write import write_through_connect
+        from airflow_provider_exactly_once.spark.connect_write import server_lost, write_through_connect
         from airflow_provider_exactly_once.spark.epoch_writer import describe_failure
 
         given = {f: getattr(self, f) for f in SPARK_SUBMIT_TEMPLATE_FIELDS} | self.spark_submit_kwargs
@@ -354,6 +354,12 @@ class SparkPreCommitOperator(BaseOperator):
             raise
         except Exception as exc:
             described = describe_failure(exc)
+            if server_lost(exc):
+                described = (
+                    f"the Spark Connect server of connection {self.conn_id!r} went away during the write (restarted, "
+                    f"replaced or unreachable: {described}); this write can never be committed: a retry writes the "
+                    "epoch anew under a new write id, and the recovery DAG deletes what this one left"
+                )
             raise RuntimeError(
                 f"epoch writer failed: sink {spec.sink_id!r} epoch {spec.epoch} write {spec.write_id}: {described}"
             ) from exc

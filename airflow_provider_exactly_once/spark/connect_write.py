@@ -38,6 +38,9 @@ log = logging.getLogger(__name__)
 _SERVERS_SETTING = frozenset({"CANNOT_MODIFY_CONFIG", "CANNOT_MODIFY_STATIC_CONFIG"})
 #: What PySpark sets in the environment of a process that opened a Connect session.
 _CONNECT_MARKS = ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE", "SPARK_LOCAL_REMOTE")
+#: In a Connect client's error: the server no longer has the session (it restarted, or another
+#: server answers at its address), or it stopped answering for longer than the client retries.
+_SERVER_LOST = ("INVALID_HANDLE.SESSION_NOT_FOUND", "INVALID_HANDLE.SESSION_CHANGED", "StatusCode.UNAVAILABLE")
 
 
 def write_through_connect(url: str, spec: EpochJobSpec, conf: Mapping[str, str] | None = None) -> PreCommit:
@@ -46,6 +49,12 @@ def write_through_connect(url: str, spec: EpochJobSpec, conf: Mapping[str, str] 
     with connect_session(url, {**SESSION_SETTINGS, **(conf or {})}) as spark:
         written: list[WriteLocation] = []
         return run(spark, spec, written)
+
+
+def server_lost(exc: BaseException) -> bool:
+    """Whether the write failed because its server went away under it rather than on the epoch:
+    what the write put down can never be committed, and only a new write (a retry) can finish it."""
+    return any(mark in str(exc) for mark in _SERVER_LOST)
 
 
 @contextmanager

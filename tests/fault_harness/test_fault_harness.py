@@ -6,7 +6,8 @@ PostgreSQL server. The named scenarios CI runs run once, at the same time, each 
 (the fixed-seed random plan has a file and a cluster of its own, ``test_fault_harness_random.py``);
 each table is judged from its input alone (an upsert pipeline's against the key model its
 checkpointed hours' changes add up to). The Spark-write scenario
-uses real spark-submit; the others the light writer (real Parquet files written with pyarrow).
+uses real spark-submit, the Connect ones the stack's Spark Connect server; the others the light
+writer (real Parquet files written with pyarrow).
 The reprocessing scenarios land committed hours anew and re-run them (CLI clear, reprocess
 backfills, the REST API), so their epochs are replaced by revisions. Nothing is mocked.
 """
@@ -55,7 +56,14 @@ def test_the_ci_scenarios_end_with_no_anomaly(fault_cluster: Cluster) -> None:
 def test_every_named_scenario_ends_with_no_anomaly(fault_cluster: Cluster) -> None:
     scenarios, _production_only = scenarios_for("local")
     results = check_named_results(run_scenarios(fault_cluster, scenarios, timeout=2700))
-    for name in ("kill_spark_write", "kill_sensor_wait", "kill_scheduler", "kill_triggerer"):
+    for name in (
+        "kill_spark_write",
+        "kill_connect_write",
+        "upsert_kill_connect",
+        "kill_sensor_wait",
+        "kill_scheduler",
+        "kill_triggerer",
+    ):
         assert results[name]["actions"], f"{name}: no action was taken"
 
 

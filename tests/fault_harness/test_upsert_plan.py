@@ -67,8 +67,9 @@ def test_the_ci_random_run_holds_an_upsert_pipeline_with_a_compaction_beside_a_r
 
 def test_the_named_upsert_scenarios() -> None:
     upserts = {n: s for n, s in named_scenarios().items() if s.mode == "upsert"}
-    assert set(upserts) == {"upsert_kill_commit", "upsert_failed_hour", "upsert_compaction"}
-    assert all(s.max_active_runs == 1 and s.writer == "light" for s in upserts.values())
+    assert set(upserts) == {"upsert_kill_commit", "upsert_failed_hour", "upsert_compaction", "upsert_kill_connect"}
+    assert all(s.max_active_runs == 1 for s in upserts.values())
+    assert {n: s.writer for n, s in upserts.items() if s.writer != "light"} == {"upsert_kill_connect": "connect"}
     points = {r.point for r in upserts["upsert_kill_commit"].rules}
     assert {"commit.decided", "commit.visible"} <= points
     assert _compacted(upserts["upsert_compaction"]) == [1]
@@ -79,3 +80,5 @@ def test_an_upsert_scenario_must_run_one_epoch_at_a_time() -> None:
         Scenario("overlapping", mode="upsert")
     with pytest.raises(ValueError, match="append or upsert"):
         Scenario("unknown", mode="merge")
+    with pytest.raises(ValueError, match="the light writer has none"):
+        Scenario("paused", write_pause_s=0.5)

@@ -28,7 +28,7 @@ from airflow_provider_exactly_once.core.precommit import PreCommit
 from airflow_provider_exactly_once.operators._spark_connect import connect_settings
 from airflow_provider_exactly_once.sinks.layout import PRE_COMMIT_FILE
 from airflow_provider_exactly_once.spark import parquet_writer
-from airflow_provider_exactly_once.spark.connect_write import connect_session, write_through_connect
+from airflow_provider_exactly_once.spark.connect_write import connect_session, server_lost, write_through_connect
 from airflow_provider_exactly_once.spark.epoch_writer import SESSION_SETTINGS
 from demo.servers import ServerUnavailable, SparkConnectServer
 from tests.spark.conftest import (
@@ -220,9 +220,10 @@ def test_a_connect_server_killed_during_a_write_fails_it_and_the_retry_commits_o
         # retries an unreachable server for minutes; the restarted one no longer knows its session.
         killer = threading.Timer(6.0, crash_and_restart)
         killer.start()
-        with pytest.raises(PySparkException):
+        with pytest.raises(PySparkException) as caught:
             write_through_connect(server.url, killed)
         killer.join()
+        assert server_lost(caught.value), caught.value  # what the operator's error names
         assert "SPARK_CONNECT_MODE_ENABLED" not in os.environ
         retry = job_spec(
             tmp_path, input={**source, "options": {"seconds_per_row": 0}}, target=killed.targets[0].model_dump()
