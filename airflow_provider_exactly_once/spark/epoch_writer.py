@@ -190,7 +190,7 @@ def _write_targets(spark: SparkSession, spec: EpochJobSpec, written: list[WriteL
     try:
         if frame is not None and viewed:
             frame.createOrReplaceTempView(INPUT_VIEW)
-        planned = [(target, _plan(spark, spec, t, target, _select(spark, frame, t))) for t, target in targets]
+        planned = [(target, _plan(spark, spec, t, target, _select(spark, frame, t), written)) for t, target in targets]
         tables = [
             _write_table(spec, target, plan, written, upsert=_empty_upsert(t, target))
             for (target, plan), (t, _) in zip(planned, targets, strict=True)
@@ -236,13 +236,20 @@ class _Planned:
 
     frame: DataFrame
     alignment: AlignmentPlan
-    #: An upsert's copy-on-write (``frame`` is then its rows).
+    #: An upsert's copy-on-write (its rows are staged: ``frame`` is then the changes they came from).
     rewrite: Rewrite | None = None
 
 
 def _plan(
-    spark: SparkSession, spec: EpochJobSpec, given: TargetSpec, target: ResolvedTarget, frame: DataFrame | None
+    spark: SparkSession,
+    spec: EpochJobSpec,
+    given: TargetSpec,
+    target: ResolvedTarget,
+    frame: DataFrame | None,
+    written: list[WriteLocation],
 ) -> _Planned | None:
+    """How a table's rows are written. An upsert's pass over its changes stages their rows in the
+    write location already (``staged_rows``), which is therefore in ``written`` from then on."""
     upsert = given.upsert if isinstance(given, IcebergTarget) else None
     if upsert is None or not isinstance(given, IcebergTarget):
         return None if frame is None else _align(spec, target, frame)
@@ -260,6 +267,7 @@ def _plan(
     table_columns = {f.name for f in target.table.schema().fields}
     picked = row_columns(one_change_per_key(changes, upsert), upsert, table_columns)
     aligned = _align(spec, target, picked, carry=(OP, ORDER, *CHECKED))
+    written.append(WriteLocation(target.location, target.io_properties))
     rewrite = copy_on_write(
         spark,
         target.table,
@@ -267,11 +275,11 @@ def _plan(
         upsert,
         aligned.frame,
         owner,
-        target.io_properties,
+        _file_write(spec, target, aligned.alignment),
         functools.partial(refuse_faults, changes=changes, upsert=upsert, owner=owner),
         revision,
     )
-    return _Planned(rewrite.rows, aligned.alignment, rewrite)
+    return _Planned(aligned.frame, aligned.alignment, rewrite)
 
 
 def _align(spec: EpochJobSpec, target: ResolvedTarget, frame: DataFrame, carry: tuple[str, ...] = ()) -> _Planned:
@@ -333,12 +341,9 @@ def _write_table(
             **upsert,
         )
     plan = planned.alignment
-    written.append(WriteLocation(target.location, target.io_properties))
-    try:
-        data_files = _write_files(spec, target, planned)
-    finally:
-        for cached in planned.rewrite.cached if planned.rewrite is not None else ():
-            cached.unpersist()
+    if planned.rewrite is None:  # an upsert's location is there since its rows were staged
+        written.append(WriteLocation(target.location, target.io_properties))
+    data_files = _write_files(spec, target, planned)
     rewrite = planned.rewrite
     return TableWrite(
         table=target.name,
@@ -363,8 +368,12 @@ def _write_table(
 
 
 def _write_files(spec: EpochJobSpec, target: ResolvedTarget, planned: _Planned) -> list[DataFileDescriptor]:
-    plan = planned.alignment
-    write = FileWrite(
+    write = _file_write(spec, target, planned.alignment)
+    return choose_writer(target.name, write, planned.rewrite).write(planned.frame, write)
+
+
+def _file_write(spec: EpochJobSpec, target: ResolvedTarget, plan: AlignmentPlan) -> FileWrite:
+    return FileWrite(
         location=target.location,
         write_schema=plan.write_schema,
         spec=target.spec_for(plan.write_schema),
@@ -375,7 +384,6 @@ def _write_files(spec: EpochJobSpec, target: ResolvedTarget, planned: _Planned) 
         target_file_size=spec.target_file_size_bytes or target.target_file_size,
         writers=spec.writers,
     )
-    return choose_writer(target.name, write, planned.rewrite).write(planned.frame, write)
 
 
 def choose_writer(table: str, write: FileWrite, rewrite: Rewrite | None) -> DataFileWriter:
@@ -396,7 +404,7 @@ def choose_writer(table: str, write: FileWrite, rewrite: Rewrite | None) -> Data
         return SparkParquetWriter()
     log.info("%s: the pyarrow writer writes the files (%s)", table, reason)
     if rewrite is not None:
-        return RewriteWriter(rewrite.files, rewrite.key, rewrite.changes.inserted)
+        return RewriteWriter(rewrite.files, rewrite.key, rewrite.staged)
     return ArrowFileWriter()
 
 

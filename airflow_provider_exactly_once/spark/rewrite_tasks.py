@@ -6,13 +6,12 @@ A table's rows never pass through the JVM. Two Spark jobs, each a set of Python 
    changed keys (in Arrow, with the task's function): the positions of the rows a change hits, and
    whether the change deletes. Positions are those of pyiceberg's reader over the whole file, the
    same in both jobs (the files carry no delete files: ``upsert`` refuses those).
-2. ``RewriteWriter``: every upserted row is tagged with the file to rewrite in its partition when
-   there is one (the smallest), by a broadcast join on partition values in Spark; a marker row
-   per file to rewrite makes sure every such file gets its group. Grouped by that tag, each group's task streams the file's rows without the hit
-   positions, then its upserted rows sorted by partition and key, through the append's own
-   ``file_writer.write_task``: a file per partition value, rolled at the target size, described
-   from the footers it wrote. The rows of partitions without such a file are new files, spread by
-   range of partition and key over as many tasks as files of the target size they fill.
+2. ``RewriteWriter``: the upserted rows are staged by partition value (``staged_rows``: one pass
+   of Python tasks, nothing shuffled), then one job of Python tasks writes the units: each file to
+   rewrite streams its rows without the hit positions, then the staged rows of its partition (it
+   is the smallest file there) sorted by key, through the append's own ``file_writer.write_task``:
+   a file per partition value, rolled at the target size, described from the footers it wrote. The
+   staged rows of a partition without such a file are new files, written by one task in key order.
 
 An update that moves its key to another partition is written in that partition's group and
 removed from its old file by position: the layout is a choice, never a condition of correctness.
@@ -21,6 +20,7 @@ removed from its old file by position: the layout is a choice, never a condition
 from __future__ import annotations
 
 import functools
+import json
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
@@ -33,29 +33,19 @@ from pyiceberg.expressions import AlwaysTrue
 from pyiceberg.io import load_file_io
 from pyiceberg.io.pyarrow import ArrowScan
 from pyiceberg.manifest import DataFile
-from pyiceberg.partitioning import PartitionField
 from pyiceberg.table import FileScanTask
 from pyiceberg.table.metadata import TableMetadataUtil
-from pyiceberg.transforms import VoidTransform
 from pyspark import TaskContext
-from pyspark.sql import Column, DataFrame, SparkSession
-from pyspark.sql import functions as F
-from pyspark.sql import types as st
+from pyspark.sql import DataFrame, SparkSession
 
-from airflow_provider_exactly_once.core.precommit import DataFileDescriptor, PartitionValue
-from airflow_provider_exactly_once.spark.changes import quote
-from airflow_provider_exactly_once.spark.file_writer import (
-    DESCRIPTOR_COLUMN,
-    nested_column,
-    spark_task,
-    write_task,
-)
-from airflow_provider_exactly_once.spark.partition_transforms import arrow_values, spark_sort_keys, spark_value
+from airflow_provider_exactly_once.core.precommit import DataFileDescriptor
+from airflow_provider_exactly_once.spark import staged_rows
+from airflow_provider_exactly_once.spark.file_writer import DESCRIPTOR_COLUMN, nested_column, write_task
+from airflow_provider_exactly_once.spark.partition_transforms import arrow_values
 from airflow_provider_exactly_once.spark.spread import spread
-from airflow_provider_exactly_once.spark.writer_protocol import FileWrite, rows_per_file
+from airflow_provider_exactly_once.spark.staged_rows import DELETED
+from airflow_provider_exactly_once.spark.writer_protocol import FileWrite
 
-#: The changed keys' column: the change deletes its key.
-DELETED = "__eo_deleted"
 #: A file row's position in the file, as pyiceberg's reader yields the rows.
 ROW = "__eo_row"
 #: The group a row to write belongs to: the path of the file to rewrite with it (null: a new file).
@@ -175,123 +165,98 @@ def _match(
     return joined.column(ROW).combine_chunks(), joined.column(DELETED).combine_chunks()
 
 
+#: The column of the rewrite job's units (``_Unit`` as JSON).
+UNIT = "__eo_unit"
+
+
+@dataclass(frozen=True)
+class _Unit:
+    """One piece of the rewrite job: a file to rewrite with the staged rows of its partition, or
+    (``file`` None) a partition's staged rows that no rewritten file takes, as new files."""
+
+    file: str | None
+    staged: tuple[str, ...]
+    #: About how many rows it reads and writes: what the job's tasks are counted from.
+    rows: int
+
+
 @dataclass(frozen=True)
 class RewriteWriter:
-    """The writer of an upsert: rewritten files and the upserted rows, grouped as the module says."""
+    """The writer of an upsert: one job of Python tasks writing the units (``_units``) from the
+    rows staged in the pass over the changes (``staged_rows.stage_changes``), not from ``frame``."""
 
     files: TableFiles
     key: tuple[str, ...]
-    #: Upserted rows of keys the table did not hold: about how many go to new files.
-    inserted: int
+    staged: tuple[staged_rows.Staged, ...]
 
     def write(self, frame: DataFrame, write: FileWrite) -> list[DataFileDescriptor]:
-        if not self.files.files:
-            return self._write_new(frame, write)
-        tagged = _tagged(frame, write, self.files)
-        new = tagged.where(F.col(GROUP).isNull()).drop(GROUP)
-        return self._rewrite(tagged.where(F.col(GROUP).isNotNull()), write) + self._write_new(new, write)
-
-    def _rewrite(self, tagged: DataFrame, write: FileWrite) -> list[DataFileDescriptor]:
-        """One group per file to rewrite (its marker row makes sure of it), ``ROWS_PER_TASK`` rows'
-        worth of files a task (or ``writers`` tasks)."""
-        spark = tagged.sparkSession
-        nulls = [F.lit(None).cast(f.dataType).alias(f.name) for f in tagged.schema.fields if f.name != GROUP]
-        markers = spread(spark, sorted(self.files.files), GROUP).select(*nulls, F.col(GROUP), F.lit(True).alias(MARKER))
-        rows = tagged.withColumn(MARKER, F.lit(False)).unionByName(markers)
-        files, key = self.files, self.key
-
-        def rewrite(group: pa.Table) -> pa.Table:
-            return _group_task(files, write, key, group)
-
-        rows_read = sum(f.record_count for f in files.files.values())
-        tasks = write.writers or min(len(files.files), max(2, math.ceil(rows_read / ROWS_PER_TASK)))
-        grouped = rows.repartition(tasks, F.col(GROUP)).groupBy(GROUP)
-        described = grouped.applyInArrow(rewrite, f"{DESCRIPTOR_COLUMN} string").collect()
-        return [DataFileDescriptor.model_validate_json(row[0]) for row in described]
-
-    def _write_new(self, rows: DataFrame, write: FileWrite) -> list[DataFileDescriptor]:
-        """The rows no rewritten file takes, over as many tasks as files of the target size they
-        fill (or ``writers``), never over ``spark.sql.shuffle.partitions``. Ranges of partition
-        value, then key: a partition value too big for one file spans several tasks, small ones
-        share a task and still get a file each, and every file holds a narrow key range for later
-        epochs' plans to prune. Rows that fill one file are not shuffled: one task sorts them."""
-        size = rows_per_file(write.target_file_size, write.write_schema)
-        tasks = write.writers or max(1, math.ceil(self.inserted / size))
-        order = [
-            *spark_sort_keys(write.spec, write.write_schema, set(rows.columns)),
-            *[F.col(quote(k)) for k in self.key],
-        ]
-        spread_rows = rows.coalesce(1) if tasks == 1 else rows.repartitionByRange(tasks, *order)
-        task = functools.partial(spark_task, write)
-        described = spread_rows.sortWithinPartitions(*order).mapInArrow(task, f"{DESCRIPTOR_COLUMN} string").collect()
+        units = _units(self.files, write, self.staged)
+        described: list[Any] = []
+        if units:
+            rows = sum(u.rows for u in units)
+            tasks = write.writers or min(len(units), max(2, math.ceil(rows / ROWS_PER_TASK)))
+            values = [json.dumps([u.file, list(u.staged), u.rows]) for u in units]
+            task = functools.partial(_units_task, self.files, write, self.key)
+            spread_units = spread(frame.sparkSession, values, UNIT, tasks)
+            described = spread_units.mapInArrow(task, f"{DESCRIPTOR_COLUMN} string").collect()
+        staged_rows.remove(write, [s.path for s in self.staged])
         return [DataFileDescriptor.model_validate_json(row[0]) for row in described]
 
 
-def _groups_by_partition(files: TableFiles, write: FileWrite) -> dict[tuple[PartitionValue, ...], str]:
-    """Per partition value of the write's spec: the smallest file being rewritten there."""
-    groups: dict[tuple[PartitionValue, ...], str] = {}
+def _units(files: TableFiles, write: FileWrite, staged: Sequence[staged_rows.Staged]) -> list[_Unit]:
+    """Every file to rewrite is a unit, the smallest of each partition value with that partition's
+    staged rows; the staged rows of a partition without one are a unit of new files, sorted by key
+    in one task, so that each file it rolls holds a narrow key range for later epochs' plans."""
+    by_partition: dict[str, list[staged_rows.Staged]] = {}
+    for s in staged:
+        by_partition.setdefault(s.partition, []).append(s)
+    groups = _groups_by_partition(files, write)
+    units = []
+    for path in sorted(files.files):
+        taken = by_partition.pop(key, []) if (key := groups.get(path)) is not None else []
+        rows = int(files.files[path].record_count) + sum(s.rows for s in taken)
+        units.append(_Unit(path, tuple(s.path for s in taken), rows))
+    for partition in sorted(by_partition):
+        left = by_partition[partition]
+        units.append(_Unit(None, tuple(s.path for s in left), sum(s.rows for s in left)))
+    return units
+
+
+def _groups_by_partition(files: TableFiles, write: FileWrite) -> dict[str, str]:
+    """The smallest file being rewritten in each partition value of the write's spec, by path:
+    its partition's staged rows go into it (``staged_rows.partition_key``)."""
+    smallest: dict[str, str] = {}
     width = len(write.spec.fields)
     for path, data_file in sorted(files.files.items(), key=lambda item: (-item[1].record_count, item[0])):
         if data_file.spec_id == write.spec.spec_id:
-            groups[tuple(data_file.partition[i] for i in range(width))] = path
-    return groups
+            smallest[staged_rows.partition_key(write, [data_file.partition[i] for i in range(width)])] = path
+    return {path: key for key, path in smallest.items()}
 
 
-def _tagged(frame: DataFrame, write: FileWrite, files: TableFiles) -> DataFrame:
-    """Each upserted row with the file to rewrite in its partition, or null: a broadcast join on the
-    partition values, which Spark computes as Iceberg does (``spark_value``) and the files'
-    partition records hold. A value Spark cannot take from a record only leaves rows untagged: they
-    are new files, the layout changes and nothing else."""
-    groups = _groups_by_partition(files, write)
-    untagged = frame.withColumn(GROUP, F.lit(None).cast("string"))
-    if not groups:
-        return untagged
-    if not write.spec.fields:
-        return frame.withColumn(GROUP, F.lit(groups[()]))
-    values = {f"__eo_p{i}": _partition_value(frame, write, f) for i, f in enumerate(write.spec.fields)}
-    typed = frame.select(*[v.alias(name) for name, v in values.items()]).schema
-    fields = [st.StructField(f"__eo_g{i}", field.dataType) for i, field in enumerate(typed.fields)]
-    try:
-        known = frame.sparkSession.createDataFrame(
-            [(*key, path) for key, path in groups.items()],
-            st.StructType([*fields, st.StructField(GROUP, st.StringType())]),
-        )
-    except (TypeError, ValueError):
-        return untagged
-    same = functools.reduce(
-        lambda a, b: a & b, [F.col(f"__eo_p{i}").eqNullSafe(F.col(f"__eo_g{i}")) for i in range(len(values))]
-    )
-    joined = frame.withColumns(values).join(F.broadcast(known), on=same, how="left")
-    return joined.drop(*values, *[f.name for f in fields])
-
-
-def _partition_value(frame: DataFrame, write: FileWrite, partition_field: PartitionField) -> Column:
-    name = write.write_schema.find_column_name(partition_field.source_id)
-    if name is None or name.split(".")[0] not in frame.columns or isinstance(partition_field.transform, VoidTransform):
-        return F.lit(None)
-    source_type = write.write_schema.find_field(partition_field.source_id).field_type
-    return spark_value(partition_field.transform, source_type, F.col(".".join(quote(p) for p in name.split("."))))
-
-
-def _group_task(files: TableFiles, write: FileWrite, key: tuple[str, ...], group: pa.Table) -> pa.Table:
-    """One group: the file's kept rows (when the group is a file), then the upserted rows."""
-    name = str(group.column(GROUP)[0].as_py())
-    added = group.filter(pc.invert(group.column(MARKER))).drop_columns([GROUP, MARKER])
+def _units_task(
+    files: TableFiles, write: FileWrite, key: tuple[str, ...], batches: Iterator[pa.RecordBatch]
+) -> Iterator[pa.RecordBatch]:
     context = TaskContext.get()
     task = f"{context.partitionId():05d}-{context.attemptNumber()}" if context is not None else "00000-0"
+    for batch in batches:
+        for value in batch.column(UNIT).to_pylist():
+            path, staged, _ = json.loads(value)
+            yield from write_task(write, _unit_rows(files, write, key, path, staged), task)
 
-    def rows() -> Iterator[pa.RecordBatch]:
-        if name in files.files:
-            kept = files.kept(name)
-            if files.files[name].spec_id != write.spec.spec_id:  # rows of several partitions now: sort them
-                read = list(kept)
-                kept = iter(_sorted(pa.Table.from_batches(read), write, ()).to_batches() if read else ())
-            yield from kept
-        if added.num_rows:
-            yield from _sorted(added, write, key).to_batches()
 
-    described = [batch.column(0)[0].as_py() for batch in write_task(write, rows(), task)]
-    return pa.table({DESCRIPTOR_COLUMN: pa.array(described, pa.string())})
+def _unit_rows(
+    files: TableFiles, write: FileWrite, key: tuple[str, ...], path: str | None, staged: Sequence[str]
+) -> Iterator[pa.RecordBatch]:
+    """The file's kept rows (when the unit is a file), then the staged rows, by partition and key."""
+    if path is not None:
+        kept = files.kept(path)
+        if files.files[path].spec_id != write.spec.spec_id:  # rows of several partitions now: sort them
+            read = list(kept)
+            kept = iter(_sorted(pa.Table.from_batches(read), write, ()).to_batches() if read else ())
+        yield from kept
+    added = staged_rows.read(write, staged)
+    if added is not None and added.num_rows:
+        yield from _sorted(added, write, key).to_batches()
 
 
 def _sorted(table: pa.Table, write: FileWrite, key: tuple[str, ...]) -> pa.Table:

@@ -5,9 +5,10 @@ rewriting the data files that hold its keys. The table's rows never pass through
 is read, filtered and written again by one Python task, as a single-process rewrite of the touched
 files would do it, only spread over the executors (``rewrite_tasks``):
 
-1. the changed keys and their operations come to the driver as Arrow (one query of the cached,
-   validated changes), which gives the key range, the upsert and delete totals and, where the keys
-   are few, the values to plan with;
+1. one pass of Python tasks over the changes (``staged_rows.stage_changes``) stages the upserted
+   rows by partition value in the write location, and brings the changed keys and their operations
+   to the driver as Arrow, which gives the key range, the upsert and delete totals and, where the
+   keys are few, the values to plan with;
 2. the driver plans the table's live data files on the sink's branch that can hold any of the
    epoch's keys: pyiceberg's scan planning with a filter on the key columns (the key values
    themselves when they are few, their range otherwise) prunes by partition and by column
@@ -18,8 +19,8 @@ files would do it, only spread over the executors (``rewrite_tasks``):
    returns, per file, the positions of the rows a change hits: the files that really hold a
    changed key, and every count the commit reports, are known before anything is written;
 4. the write (``rewrite_tasks.RewriteWriter``) rewrites each of those files without those rows,
-   together with the epoch's upserted rows of the same partition, and writes the rest of the
-   upserted rows as new files, by the target file size;
+   together with the epoch's staged rows of the same partition, and writes the rest of the staged
+   rows as new files, by the target file size;
 5. the pre-commit names the rewritten files, the snapshot they were read from and the epoch's key
    range: the commit removes exactly those files in the snapshot that adds the new ones, and
    refuses when the table moved in a way that could hide a key from this write (``UpsertConflict``).
@@ -59,7 +60,6 @@ from pyiceberg.types import (
     TimestamptzType,
 )
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
 from pyspark.sql import types as st
 
 from airflow_provider_exactly_once.core.errors import InvalidSinkConfig, ReprocessRefused
@@ -71,20 +71,16 @@ from airflow_provider_exactly_once.core.upserts import (
     UpsertSpec,
 )
 from airflow_provider_exactly_once.spark.alignment import iceberg_to_spark
-from airflow_provider_exactly_once.spark.changes import CHECKED, DELETE, OP, ORDER, UPSERT, Owner, quote
-from airflow_provider_exactly_once.spark.parquet_writer import session_conf
-from airflow_provider_exactly_once.spark.rewrite_tasks import DELETED, TableFiles, find_hits
+from airflow_provider_exactly_once.spark.changes import CHECKED, OP, ORDER, Owner, quote
+from airflow_provider_exactly_once.spark.rewrite_tasks import TableFiles, find_hits
+from airflow_provider_exactly_once.spark.staged_rows import DELETED, Staged, stage_changes
+from airflow_provider_exactly_once.spark.writer_protocol import FileWrite
 
 #: Up to this many distinct values of a key column are planned with ``In``; past it, with the range.
 IN_LIMIT = 1000
 #: Key column types the epoch's key range can be recorded for (Iceberg identifier fields are
 #: primitives, never floating; these are the ones a copy-on-write plan can bound).
 KEY_TYPES = (IntegerType, LongType, StringType, DateType, TimestampType, TimestamptzType)
-#: Adaptive execution may coalesce the shuffle partitions of a cached plan, as it does any other's.
-#: The change rows are cached after a shuffle (the last change per key), and with Spark's default
-#: that cache keeps ``spark.sql.shuffle.partitions`` partitions (200) however small the epoch: every
-#: later stage would run that many tasks.
-CACHE_CONF = {"spark.sql.optimizer.canChangeCachedPlanOutputPartitioning": "true"}
 
 
 @dataclass(frozen=True)
@@ -92,8 +88,9 @@ class Rewrite:
     """What copy-on-write planned for one table: the rows to write, the files to rewrite and the
     rows of each that go, and what the commit needs."""
 
-    #: The epoch's inserted and updated rows, in the table's columns as written.
-    rows: DataFrame
+    #: The epoch's inserted and updated rows, in the table's columns as written, staged by
+    #: partition value (``staged_rows``).
+    staged: tuple[Staged, ...]
     #: The files to rewrite, where to read them and which of their rows the epoch replaces.
     files: TableFiles
     rewritten: list[RewrittenFile]
@@ -101,7 +98,6 @@ class Rewrite:
     key_lower_bounds: dict[str, str]
     key_upper_bounds: dict[str, str]
     changes: ChangeCounts
-    cached: tuple[DataFrame, ...]
     key: tuple[str, ...]
     #: A revision's: the committed write it replaces (``core.upsert_revisions``).
     revises: RevisedWrite | None = None
@@ -136,7 +132,7 @@ def copy_on_write(
     upsert: UpsertSpec,
     changes: DataFrame,
     owner: Owner,
-    io_properties: dict[str, str],
+    write: FileWrite,
     refuse: Callable[[pa.Table], None],
     revision: RevisionBasis | None = None,
 ) -> Rewrite:
@@ -151,15 +147,8 @@ def copy_on_write(
     """
     columns = [c for c in changes.columns if c not in (OP, ORDER, *CHECKED)]
     keys = list(upsert.key)
-    with session_conf(spark, CACHE_CONF):  # the cached plan is made here, when the cache is declared
-        changes = changes.select(*[quote(c) for c in columns], OP, *CHECKED).persist()
-    is_delete = (F.col(OP) == DELETE).alias(DELETED)
-    changed = changes.select(*[quote(k) for k in keys], is_delete, *CHECKED).toArrow()
-    try:
-        refuse(changed)
-    except Exception:
-        changes.unpersist()
-        raise
+    changed, staged = stage_changes(changes.select(*[quote(c) for c in columns], OP, *CHECKED), write, keys)
+    refuse(changed)  # what it staged goes with the write location
     read_id = _planned_at(table, branch, revision, owner)
     lower, upper, key_filter = _key_range(table, changed, keys)
     tasks: list[FileScanTask] = []
@@ -174,7 +163,9 @@ def copy_on_write(
             f"writes by another engine), e.g. {with_deletes[0]}; copy-on-write cannot rewrite them. Rewrite the "
             "table's delete files first (Spark: CALL system.rewrite_position_delete_files / rewrite_data_files)."
         )
-    candidates = TableFiles(table.metadata.model_dump_json(), io_properties, {t.file.file_path: t.file for t in tasks})
+    candidates = TableFiles(
+        table.metadata.model_dump_json(), write.io_properties, {t.file.file_path: t.file for t in tasks}
+    )
     hits = find_hits(spark, candidates, changed, keys) if changed.num_rows else {}
     touched = sorted(set(hits) | set(revision.rewritten if revision else ()))
     updated = sum(int((~hit.deleted).sum()) for hit in hits.values())
@@ -190,14 +181,13 @@ def copy_on_write(
     )
     files = candidates.only(touched, {path: hit.rows for path, hit in hits.items()})
     return Rewrite(
-        rows=changes.where(F.col(OP) == UPSERT).drop(OP, *CHECKED),
+        staged=tuple(staged),
         files=files,
         rewritten=rewritten,
         read_snapshot_id=read_id,
         key_lower_bounds=lower,
         key_upper_bounds=upper,
         changes=change_counts,
-        cached=(changes,),
         key=tuple(keys),
         revises=None if revision is None else revision.revised(),
     )

@@ -142,6 +142,36 @@ def test_landing_files_on_s3_go_into_an_iceberg_table_of_the_rest_catalog(
     assert independent_reader.read_rows(committed, "id") == [(i,) for i in range(600)]
 
 
+def test_an_upsert_on_s3_rewrites_its_files_and_leaves_none_of_its_staged_rows(
+    spark: Any, tmp_path: Path, seaweed: SeaweedFS, s3: s3fs.S3FileSystem, lake: Catalog, prefix: str
+) -> None:
+    """The upserted rows go to the rewrite's tasks as staged files in the write location on S3
+    (``spark/staged_rows.py``): read there by the tasks, deleted before the pre-commit is written."""
+    table = make_table(lake, f"{prefix}.accounts")
+    table.append(sample_rows(300).cast(table.schema().as_arrow()))
+    changed = sample_rows(360).slice(200)  # 100 updates of the table's last rows, 60 new keys
+    changed = changed.set_column(1, "name", pa.array([f"new-{i}" for i in range(changed.num_rows)], pa.string()))
+    land_parquet(s3, prefix, changed)
+    target = iceberg_target(seaweed.catalog_properties(), f"{prefix}.accounts")
+    target["upsert"] = {"key": ["id"]}
+    job = job_spec(tmp_path, input=parquet_input(prefix), target=target)
+
+    pre_commit = run_in_process(spark, job)
+
+    (write,) = pre_commit.tables
+    assert write.changes is not None and (write.changes.updated, write.changes.inserted) == (100, 60)
+    check_files_on_s3(s3, pre_commit)
+    left = s3.find(write.location.removeprefix("s3://"))
+    # (SeaweedFS's filer keeps the emptied folder as an entry of its own; S3 has no folders)
+    assert not [path for path in left if "/_staging/" in path and not path.endswith("/_staging/")], left
+    commit_through_coordinator(tmp_path, IcebergSinkCommitter(lake), pre_commit)
+    committed = lake.load_table(f"{prefix}.accounts")
+    expected = [(i, f"name-{i % 13}" if i % 11 else None) for i in range(200)]
+    expected += [(i, f"new-{i - 200}") for i in range(200, 360)]
+    # DuckDB, reading the table's metadata on S3 by itself, agrees
+    assert independent_reader.read_rows(committed, "id, name") == expected
+
+
 def _json_lines(rows: list[dict[str, Any]]) -> bytes:
     return b"".join(json.dumps(row).encode() + b"\r\n" for row in rows)
 

@@ -19,6 +19,7 @@ import pytest
 from pyiceberg.catalog import Catalog
 from pyiceberg.partitioning import PartitionSpec
 
+from airflow_provider_exactly_once.spark.staged_rows import STAGING
 from tests.spark.test_upsert import BY_REGION, SCHEMA, Model, Upserts, apply_to_model, changes_of
 
 TWO_REGIONS = ("eu", "us")
@@ -111,6 +112,12 @@ def test_a_larger_epoch_is_split_by_the_target_file_size(
     (write,) = pre_commit.tables
     # 200 rows of 50 per file: four files, each a range of keys within one region.
     assert sorted(f.record_count for f in write.data_files) == [50] * 4
+    # The rows were staged by partition value on their way to the files; nothing of that is left.
+    location = Path(write.location.removeprefix("file://"))
+    assert not (location / STAGING).exists() or not any((location / STAGING).iterdir())
+    assert {p.name for p in location.rglob("*.parquet") if not p.name.startswith("_")} == {
+        Path(f.path).name for f in write.data_files
+    }
     if spec.fields:
         assert sorted(str(f.partition["region"]) for f in write.data_files) == ["eu", "eu", "us", "us"]
     sink.persist(pre_commit)
