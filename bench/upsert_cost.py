@@ -6,8 +6,9 @@ in ten changes update random existing keys, one in ten inserts a new key (no del
 ``Table.upsert`` has none). The same changes go three ways:
 
 1. this package: the changes landed as Parquet, the epoch writer's Spark job (``local[2]``,
-   in-process: ``spark.epoch_writer.run``) applies them copy-on-write, then persist and commit
-   through the coordinator (one overwrite snapshot);
+   in-process: ``spark.epoch_writer.run``; with ``--spark connect``, as the write task's client of a
+   Spark Connect server started here with the same settings: ``spark.connect_write``) applies them
+   copy-on-write, then persist and commit through the coordinator (one overwrite snapshot);
 2. ``Table.upsert(changes, join_cols=["id"])``, pyiceberg 0.12's own copy-on-write;
 3. what a job does without either: read the touched partitions, apply the changes with pyarrow,
    ``Table.overwrite(rows, overwrite_filter=In("part", touched))``.
@@ -20,8 +21,9 @@ times measured in the same run.
     uv run python -m bench.upsert_cost [--rows 1000000] [--fractions 0.01 0.1]
     uv run python -m bench.upsert_cost --rows 10000000          # the issue's size; about an hour here
     uv run python -m bench.upsert_cost --rows 10000000 --ways partition_rewrite   # without Table.upsert
+    uv run python -m bench.upsert_cost --spark connect [--name NAME]
 
-Writes bench/results/upsert_cost_<rows>.json and .png.
+Writes bench/results/upsert_cost_<rows>[_connect].json and .png (or ``--name``'s).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -116,29 +119,19 @@ def main() -> None:
     parser.add_argument(
         "--ways", nargs="*", choices=WAYS, default=list(WAYS), help="which ways to run (exactly_once always runs)"
     )
+    parser.add_argument("--spark", choices=["local", "connect"], default="local", help="in process, or Connect")
+    parser.add_argument("--name", help="result file name (without extension)")
     args = parser.parse_args()
     ways = tuple(w for w in WAYS if w in args.ways or w == "exactly_once")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession
 
     from airflow_provider_exactly_once.checkpoints.metastore import MetaStoreCheckpointSource
     from airflow_provider_exactly_once.core.coordinator import TwoPhaseCommitCoordinator
     from airflow_provider_exactly_once.core.status import CheckpointStatus
     from airflow_provider_exactly_once.sinks.iceberg import IcebergSinkCommitter
-    from airflow_provider_exactly_once.spark.epoch_writer import run
     from airflow_provider_exactly_once.store.sql import SqlSinkStateStore
 
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .appName("eo-bench-upsert")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "4")
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.driver.memory", "6g")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
+    write, stop = _writer(args.spark)
     span = max(args.rows // PARTITIONS, 1)
     rng = random.Random(args.seed)
     results = []
@@ -163,7 +156,7 @@ def main() -> None:
         warm = root / "warm-up"
         warm.mkdir()
         pq.write_table(arrow_rows(pa.array(range(0, 1000, 7), pa.int64()), 100, "w"), warm / "part-0.parquet")
-        run(spark, _spec(props, "bench.warm_up", 0, warm, root), [])
+        write(_spec(props, "bench.warm_up", 0, warm, root))
         for epoch, fraction in enumerate(args.fractions, start=1):
             count = max(int(args.rows * fraction), 10)
             changes = changes_of(rng, args.rows, count, span, epoch, next_id)
@@ -177,7 +170,7 @@ def main() -> None:
             # 1. this package: the Spark job, then persist and commit.
             spec = _spec(props, "bench.exactly_once", epoch, landing, root)
             t0 = time.perf_counter()
-            pre_commit = run(spark, spec, [])
+            pre_commit = write(spec)
             t1 = time.perf_counter()
             coordinator.persist(pre_commit)
             store.checkpoints.set_checkpoint("bench-upsert", epoch, CheckpointStatus.COMPLETED)
@@ -240,11 +233,43 @@ def main() -> None:
             )
         store.dispose()
         catalog.engine.dispose()
-    spark.stop()
-    name = f"upsert_cost_{args.rows}"
-    path = save(name, {"rows": args.rows, "partitions": PARTITIONS, "seed": args.seed, "results": results})
+    stop()
+    name = args.name or f"upsert_cost_{args.rows}" + ("_connect" if args.spark == "connect" else "")
+    report = {"rows": args.rows, "partitions": PARTITIONS, "seed": args.seed, "spark": args.spark, "results": results}
+    path = save(name, report)
     _plot(name, args.rows, results)
     print(f"wrote {path} and its PNG")
+
+
+#: The Spark settings of either path: the in-process session's, or the Connect server's.
+SPARK_CONF = {
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.sql.shuffle.partitions": "4",
+    "spark.sql.session.timeZone": "UTC",
+    "spark.driver.memory": "6g",
+}
+
+
+def _writer(path: str) -> tuple[Callable[[Any], Any], Callable[[], None]]:
+    """The epoch write of a job spec, on a warm in-process session or through a Connect server
+    (a session per write, as the write task opens one), and how to stop it."""
+    from airflow_provider_exactly_once.spark.connect_write import write_through_connect
+    from airflow_provider_exactly_once.spark.epoch_writer import run
+
+    if path == "connect":
+        from demo.servers import SparkConnectServer
+
+        server = SparkConnectServer(Path(tempfile.mkdtemp(prefix="eo-bench-connect-"))).start(SPARK_CONF)
+        return (lambda spec: write_through_connect(server.url, spec)), server.stop
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.master("local[2]").appName("eo-bench-upsert")
+    for key, value in SPARK_CONF.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return (lambda spec: run(spark, spec, [])), spark.stop
 
 
 def _spec(props: dict[str, str], table: str, epoch: int, landing: Path, root: Path) -> Any:
