@@ -48,13 +48,9 @@ from airflow_provider_exactly_once.spark.writer_protocol import FileWrite
 
 #: A file row's position in the file, as pyiceberg's reader yields the rows.
 ROW = "__eo_row"
-#: The group a row to write belongs to: the path of the file to rewrite with it (null: a new file).
-GROUP = "__eo_group"
-#: True on the one row per rewritten file that gives its group a task even without upserted rows.
-MARKER = "__eo_marker"
-#: Rows of the files to rewrite per task, about a second of a task's reading and writing: a Python
-#: task's fixed cost (its function, its reader) is then small beside its work, and a rewrite of
-#: twenty small files is not twenty tasks.
+#: Rows a task of the rewrite job reads and writes, about a second of its work: a Python task's
+#: fixed cost (its function, its reader) is then small beside it, and a rewrite of twenty small
+#: files is not twenty tasks.
 ROWS_PER_TASK = 1_000_000
 
 
