@@ -3,9 +3,10 @@
 A table's rows never pass through the JVM. Two Spark jobs, each a set of Python tasks:
 
 1. ``find_hits``: per candidate file, its key columns only are read and joined with the epoch's
-   changed keys (in Arrow, with the task's function): the positions of the rows a change hits, and
-   whether the change deletes. Positions are those of pyiceberg's reader over the whole file, the
-   same in both jobs (the files carry no delete files: ``upsert`` refuses those).
+   changed keys (in Arrow, from the files the pass over the changes staged them in): the positions
+   of the rows a change hits, and whether the change deletes. Positions are those of pyiceberg's
+   reader over the whole file, the same in both jobs (the files carry no delete files: ``upsert``
+   refuses those).
 2. ``RewriteWriter``: the upserted rows are staged by partition value (``staged_rows``: one pass
    of Python tasks, nothing shuffled), then one job of Python tasks writes the units: each file to
    rewrite streams its rows without the hit positions, then the staged rows of its partition (it
@@ -97,13 +98,13 @@ class TableFiles:
                 yield batch
 
 
-def find_hits(spark: SparkSession, files: TableFiles, changed: pa.Table, keys: Sequence[str]) -> dict[str, Hits]:
-    """Per file of ``files`` that holds a changed key: the rows hit. ``changed``: the keys and
-    ``DELETED``, one row per key."""
+def find_hits(spark: SparkSession, files: TableFiles, key_files: Sequence[str], keys: Sequence[str]) -> dict[str, Hits]:
+    """Per file of ``files`` that holds a changed key: the rows hit. ``key_files``: the staged keys
+    and ``DELETED``, one row per key (``staged_rows.StagedChanges``), which each task reads."""
     paths = sorted(files.files)
     if not paths:
         return {}
-    task = functools.partial(_hits_task, files, changed, tuple(keys), {p: i for i, p in enumerate(paths)})
+    task = functools.partial(_hits_task, files, tuple(key_files), tuple(keys), {p: i for i, p in enumerate(paths)})
     found = spread(spark, paths, "path").mapInArrow(task, f"file int, `{ROW}` long, `{DELETED}` boolean").toArrow()
     if not found.num_rows:
         return {}
@@ -118,11 +119,14 @@ def find_hits(spark: SparkSession, files: TableFiles, changed: pa.Table, keys: S
 
 def _hits_task(
     files: TableFiles,
-    changed: pa.Table,
+    key_files: tuple[str, ...],
     keys: tuple[str, ...],
     index: dict[str, int],
     batches: Iterator[pa.RecordBatch],
 ) -> Iterator[pa.RecordBatch]:
+    changed = staged_rows.read(files.io_properties, key_files)
+    if changed is None:
+        return
     scan = files.scan(keys)
     fitted: dict[tuple[pa.DataType, ...], pa.Table] = {}
     for batch in batches:
@@ -250,7 +254,7 @@ def _unit_rows(
             read = list(kept)
             kept = iter(_sorted(pa.Table.from_batches(read), write, ()).to_batches() if read else ())
         yield from kept
-    added = staged_rows.read(write, staged)
+    added = staged_rows.read(write.io_properties, staged)
     if added is not None and added.num_rows:
         yield from _sorted(added, write, key).to_batches()
 

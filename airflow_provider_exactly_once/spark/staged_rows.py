@@ -18,7 +18,7 @@ import functools
 import itertools
 import json
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -53,31 +53,43 @@ class Staged:
     rows: int
 
 
-def stage_changes(changes: DataFrame, write: FileWrite, keys: Sequence[str]) -> tuple[pa.Table, list[Staged]]:
+@dataclass(frozen=True)
+class StagedChanges:
+    """What the pass over an upsert's changes left: the keys, on the driver, and its files."""
+
+    #: Every change's key, with ``DELETED`` and ``CHECKED``.
+    changed: pa.Table
+    #: The upserted rows' files.
+    rows: list[Staged]
+    #: The same keys as files, which the hits job's tasks read instead of getting them in their
+    #: function (on Spark Connect, inside the plan sent to the server).
+    key_files: list[str]
+
+
+def stage_changes(changes: DataFrame, write: FileWrite, keys: Sequence[str]) -> StagedChanges:
     """The one pass over an upsert's changes (one change per key, aligned to the write schema, with
     ``OP`` and ``CHECKED``): the upserted rows staged, a file per task and partition value, and the
     keys with ``DELETED`` and ``CHECKED``, for the driver to plan the rewrite from and to refuse bad
     changes by (the staged files then go with the write location). One Spark job, no shuffle, no
     cache: each change row goes from the JVM to Python once. The keys come to the driver as staged
-    files too, read and deleted here: through the JVM, a million of them cost a second."""
+    files too: through the JVM, a million of them cost a second."""
     task = functools.partial(_stage_task, write, tuple(keys))
     found = changes.mapInArrow(task, "partition string, path string, rows long").collect()
     staged = [Staged(row[0], str(row[1]), int(row[2])) for row in found if row[0] is not None]
     key_files = [str(row[1]) for row in found if row[0] is None]
-    changed = read(write, key_files)
-    remove(write, key_files)
+    changed = read(write.io_properties, key_files)
     if changed is None:  # no change rows at all: a revision that only undoes the write it revises
         fields = [changes.schema[name] for name in (*keys, *CHECKED)]
         changed = pa.table({f.name: pa.array([], to_arrow_type(f.dataType, timezone="UTC")) for f in fields})
         changed = changed.add_column(len(keys), DELETED, pa.array([], pa.bool_()))
-    return changed, staged
+    return StagedChanges(changed, staged, key_files)
 
 
-def read(write: FileWrite, paths: Sequence[str]) -> pa.Table | None:
+def read(io_properties: Mapping[str, str], paths: Sequence[str]) -> pa.Table | None:
     """The rows of the staged files ``paths``, or ``None`` when there are none."""
     tables = []
     for path in paths:
-        with load_file_io(write.io_properties, path).new_input(path).open() as stream:
+        with load_file_io(dict(io_properties), path).new_input(path).open() as stream:
             tables.append(pq.read_table(pa.BufferReader(stream.read())))
     return pa.concat_tables(tables) if tables else None
 

@@ -73,7 +73,7 @@ from airflow_provider_exactly_once.core.upserts import (
 from airflow_provider_exactly_once.spark.alignment import iceberg_to_spark
 from airflow_provider_exactly_once.spark.changes import CHECKED, OP, ORDER, Owner, quote
 from airflow_provider_exactly_once.spark.rewrite_tasks import TableFiles, find_hits
-from airflow_provider_exactly_once.spark.staged_rows import DELETED, Staged, stage_changes
+from airflow_provider_exactly_once.spark.staged_rows import DELETED, Staged, remove, stage_changes
 from airflow_provider_exactly_once.spark.writer_protocol import FileWrite
 
 #: Up to this many distinct values of a key column are planned with ``In``; past it, with the range.
@@ -147,7 +147,8 @@ def copy_on_write(
     """
     columns = [c for c in changes.columns if c not in (OP, ORDER, *CHECKED)]
     keys = list(upsert.key)
-    changed, staged = stage_changes(changes.select(*[quote(c) for c in columns], OP, *CHECKED), write, keys)
+    staged = stage_changes(changes.select(*[quote(c) for c in columns], OP, *CHECKED), write, keys)
+    changed = staged.changed
     refuse(changed)  # what it staged goes with the write location
     read_id = _planned_at(table, branch, revision, owner)
     lower, upper, key_filter = _key_range(table, changed, keys)
@@ -166,7 +167,8 @@ def copy_on_write(
     candidates = TableFiles(
         table.metadata.model_dump_json(), write.io_properties, {t.file.file_path: t.file for t in tasks}
     )
-    hits = find_hits(spark, candidates, changed, keys) if changed.num_rows else {}
+    hits = find_hits(spark, candidates, staged.key_files, keys) if changed.num_rows else {}
+    remove(write, staged.key_files)
     touched = sorted(set(hits) | set(revision.rewritten if revision else ()))
     updated = sum(int((~hit.deleted).sum()) for hit in hits.values())
     deleted = sum(int(hit.deleted.sum()) for hit in hits.values())
@@ -181,7 +183,7 @@ def copy_on_write(
     )
     files = candidates.only(touched, {path: hit.rows for path, hit in hits.items()})
     return Rewrite(
-        staged=tuple(staged),
+        staged=tuple(staged.rows),
         files=files,
         rewritten=rewritten,
         read_snapshot_id=read_id,
