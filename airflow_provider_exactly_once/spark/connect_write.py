@@ -53,8 +53,18 @@ def write_through_connect(url: str, spec: EpochJobSpec, conf: Mapping[str, str] 
 
 def server_lost(exc: BaseException) -> bool:
     """Whether the write failed because its server went away under it rather than on the epoch:
-    what the write put down can never be committed, and only a new write (a retry) can finish it."""
-    return any(mark in str(exc) for mark in _SERVER_LOST)
+    what the write put down can never be committed, and only a new write (a retry) can finish it.
+
+    The server's own errors reach the client as ``SparkConnectGrpcException`` (or a subclass); a
+    bare ``SparkConnectException``, often without a message, is the client's when the stream broke."""
+    from pyspark.errors.exceptions.connect import SparkConnectException
+
+    chain: list[BaseException] = []
+    link: BaseException | None = exc
+    while link is not None and link not in chain:
+        chain.append(link)
+        link = link.__cause__ or link.__context__
+    return any(type(e) is SparkConnectException or any(m in str(e) for m in _SERVER_LOST) for e in chain)
 
 
 @contextmanager

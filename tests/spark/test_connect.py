@@ -223,7 +223,7 @@ def test_a_connect_server_killed_during_a_write_fails_it_and_the_retry_commits_o
         with pytest.raises(PySparkException) as caught:
             write_through_connect(server.url, killed)
         killer.join()
-        assert server_lost(caught.value), caught.value  # what the operator's error names
+        assert server_lost(caught.value), repr(caught.value)  # what the operator's error names
         assert "SPARK_CONNECT_MODE_ENABLED" not in os.environ
         retry = job_spec(
             tmp_path, input={**source, "options": {"seconds_per_row": 0}}, target=killed.targets[0].model_dump()
