@@ -180,3 +180,22 @@ def test_column_of_incompatible_shape_is_named(catalog: SqlCatalog) -> None:
     pq.write_table(pa.table({"point": pa.array([1.0])}), local_path(path))
     with pytest.raises(InvalidPreCommit, match="point"):
         describe_parquet_file(path, table_schema=SCHEMA, partition={})
+
+
+def test_the_executors_modules_import_no_committer_and_no_sqlalchemy() -> None:
+    """Each of the executors' Python workers is a new process (on Spark Connect, each session starts
+    its own), so what it imports is paid on every write: describing files needs no catalog access."""
+    import json
+    import subprocess
+    import sys
+
+    code = (
+        "import json, sys\n"
+        "from airflow_provider_exactly_once.spark import file_writer, rewrite_tasks, staged_rows\n"
+        "from airflow_provider_exactly_once.sinks.iceberg import describe_parquet_file\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] == 'sqlalchemy'"
+        " or m.endswith(('.committer', '.catalog_access')))))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == []
