@@ -7,8 +7,9 @@ has to be worked around to meet it.
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 
 from pyiceberg.catalog import Catalog
@@ -18,14 +19,12 @@ from pyiceberg.table import Table
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 
 from airflow_provider_exactly_once.core.errors import (
-    AbortRefused,
     CommitConflictExhausted,
     CommitRefused,
     ExactlyOnceError,
     ForeignWriteVisible,
     InvalidPreCommit,
     InvalidSinkConfig,
-    MarkerHorizonExceeded,
 )
 from airflow_provider_exactly_once.core.faults import FaultHook, no_faults
 from airflow_provider_exactly_once.core.observe import COMMIT_RETRIES, NO_METRICS, Metrics, safe
@@ -40,14 +39,8 @@ from airflow_provider_exactly_once.sinks.iceberg.epoch_snapshot import (
     refuse_stacked_schema_changes,
 )
 from airflow_provider_exactly_once.sinks.iceberg.horizon import check_horizon
-from airflow_provider_exactly_once.sinks.iceberg.locations import parse_location
 from airflow_provider_exactly_once.sinks.iceberg.markers import (
-    EPOCH_KEY,
-    SINK_ID_KEY,
-    WRITE_ID_KEY,
     find_marker,
-    marker_of,
-    recent_snapshots,
     sink_markers,
 )
 from airflow_provider_exactly_once.sinks.iceberg.plans import PREPARED_FRESH_S, TableEntry, TablePlan
@@ -58,10 +51,16 @@ from airflow_provider_exactly_once.sinks.iceberg.prepared_deletes import (
     unrecorded,
 )
 from airflow_provider_exactly_once.sinks.iceberg.prepared_manifests import staged_pre_commit, tidy
-from airflow_provider_exactly_once.sinks.iceberg.references import AddedFiles, files_live_in_refs
+from airflow_provider_exactly_once.sinks.iceberg.references import AddedFiles, refuse_if_referenced
 from airflow_provider_exactly_once.sinks.iceberg.replacement import still_referenced
 from airflow_provider_exactly_once.sinks.iceberg.schema_check import ColumnToAdd
 from airflow_provider_exactly_once.sinks.iceberg.storage import delete_locations, missing_in_locations, require_files
+from airflow_provider_exactly_once.sinks.iceberg.table_transactions import (
+    RouteMissing,
+    TableTransactions,
+    report_torn,
+    stage_together,
+)
 from airflow_provider_exactly_once.sinks.iceberg.transaction import SinkCommitConflict
 from airflow_provider_exactly_once.sinks.iceberg.upsert_overwrites import upsert_files_to_replace
 from airflow_provider_exactly_once.sinks.iceberg.write_check import CheckedWrites, check_location
@@ -69,13 +68,17 @@ from airflow_provider_exactly_once.sinks.iceberg.write_check import CheckedWrite
 #: The fault point of every table load; those around the catalog update are ``transaction.py``'s.
 FAULT_LOADED = "iceberg.loaded"
 
+#: One table's part of a commit: the table as loaded, the entries it takes, their snapshots.
+_Staged = tuple[Table, list[TableEntry], list[EpochSnapshot]]
+
 
 class IcebergSinkCommitter:
     """``core.ports.SinkCommitter`` for Iceberg tables reached through one pyiceberg catalog.
 
     Every table of a pre-commit gets its own snapshot with its own marker, so each is idempotent on
-    its own: a crash between two tables of a fan-out leaves the first committed, and the next
-    attempt finds its marker and commits only the rest.
+    its own. Where the catalog commits several tables at once, a fan-out's go in one transaction
+    (``table_transactions``, D18); elsewhere a crash between two tables leaves the first committed,
+    and the next attempt finds its marker and commits only the rest.
     """
 
     def __init__(
@@ -111,6 +114,8 @@ class IcebergSinkCommitter:
         if not callable(fault):
             raise InvalidSinkConfig("fault must be callable")
         self.catalog = catalog
+        #: Whether the catalog commits a fan-out's tables in one transaction (``table_transactions``).
+        self.transactions = TableTransactions(catalog)
         self.branch = branch
         self._clock_skew = clock_skew
         self.max_attempts = max_attempts
@@ -262,7 +267,7 @@ class IcebergSinkCommitter:
                 by_table.setdefault(write.table, []).append(TableEntry(index, plan, write, created_at, not_before_ms))
 
         committed: list[dict[str, str]] = [{} for _ in plans]
-        staged: list[tuple[Table, list[TableEntry], list[EpochSnapshot]]] = []
+        staged: list[_Staged] = []
         unchecked: dict[int, list[tuple[TableWrite, Table]]] = {}  # files no fresh plan found all there
         # Every table is checked before any is changed: a refusal on the third table of a fan-out
         # must not leave the first two committed with an epoch that can never complete.
@@ -291,10 +296,17 @@ class IcebergSinkCommitter:
 
         for index, loaded in unchecked.items():  # once per call: files do not come back for a retry
             require_files(plans[index].pre_commit, loaded)
-        for table, entries, snapshots in staged:
-            if entries:
-                for entry, snapshot_id in zip(entries, self._commit_table(table, entries, snapshots), strict=True):
-                    committed[entry.index][entry.write.table] = snapshot_id
+        pending = [group for group in staged if group[1]]
+        together = len(pending) > 1 and self.transactions.offered
+        if together:
+            report_torn(plans, committed, [entries for _, entries, _ in pending], self.catalog.name)
+        for group in [pending] if together else [[one] for one in pending]:
+            try:
+                done = self._commit_tables(group)
+            except RouteMissing:  # learnt on the first try, before anything was applied
+                done = {key: value for one in group for key, value in self._commit_tables([one]).items()}
+            for (index, name), snapshot_id in done.items():
+                committed[index][name] = snapshot_id
         return [
             {write.table: committed[i][write.table] for write in plan.pre_commit.tables} for i, plan in enumerate(plans)
         ]
@@ -330,7 +342,14 @@ class IcebergSinkCommitter:
             # Reads the manifests of the snapshots since the write: object storage, which may be down.
             what = f"{pre_commit.describe()}: could not check what table {write.table!r} references"
             with unavailable_when_unreachable(what, table.io.properties):
-                self._refuse_if_referenced(table, pre_commit, write, since, not_before_ms)
+                refuse_if_referenced(
+                    table,
+                    pre_commit,
+                    write,
+                    not_before_ms,
+                    added_files=self._added_files,
+                    check_horizon=functools.partial(self.check_horizon, table, pre_commit, write, since),
+                )
             loaded.append((write, table))
         return delete_locations(pre_commit, loaded) + delete_shared_manifests(
             pre_commit, [(w, t.io) for w, t in loaded]
@@ -428,73 +447,55 @@ class IcebergSinkCommitter:
         with unavailable_when_unreachable(what, table.io.properties):  # reads the table's manifests
             return files_replaced(table, self.branch, pre_commit, write, replaced)
 
-    def _commit_table(self, table: Table, entries: list[TableEntry], snapshots: list[EpochSnapshot]) -> list[str]:
-        """One table's snapshots, with our own bounded retry: every attempt after a conflict re-loads
-        the table, leaves out the entries it shows by then, and checks the others again."""
-        name = entries[0].write.table
-        done: dict[int, str] = {}
+    def _commit_tables(self, group: list[_Staged]) -> dict[tuple[int, str], str]:
+        """The snapshots of one table, or of every table of a fan-out where the catalog commits them
+        in one transaction; per (plan position, table), the snapshot id. Our own bounded retry: every
+        attempt after a conflict re-loads the tables, leaves out the entries they show by then, and
+        checks the others again."""
+        done: dict[tuple[int, str], str] = {}
+        todo = group
         try:
             for attempt in self.retrying():
                 with attempt:
-                    todo, staged = entries, snapshots
                     if attempt.retry_state.attempt_number > 1:
-                        sink_id = entries[0].plan.pre_commit.sink_id
-                        self.metrics.incr(COMMIT_RETRIES, 1, {"sink_id": sink_id, "table": name})
-                        table = self.load(name)
-                        todo, staged = [], []
-                        for entry, found in zip(entries, self._visible(table, entries), strict=True):
-                            if found is not None:
-                                done[entry.index] = str(found)
-                                continue
-                            pre_commit = entry.plan.pre_commit
-                            to_add = self.check(table, pre_commit, entry.write)
-                            todo.append(entry)
-                            staged.append(entry.snapshot(to_add, self._to_replace(table, *entry.write_of)))
-                    if todo:
-                        ids = commit_snapshots(table, staged, branch=self.branch, fault=self.fault)
-                        for entry, snapshot_id in zip(todo, ids, strict=True):
-                            done[entry.index] = str(snapshot_id)
+                        todo = self._still_to_commit(group, done)
+                    if len(todo) == 1:
+                        table, entries, snapshots = todo[0]
+                        ids = [commit_snapshots(table, snapshots, branch=self.branch, fault=self.fault)]
+                    elif todo:
+                        staged = stage_together(
+                            [snapshots for table, _, snapshots in todo], [t for t, _, _ in todo], self.branch
+                        )
+                        ids = self.transactions.commit(staged, self.fault)
+                    for (_, entries, _), table_ids in zip(todo, ids if todo else [], strict=True):
+                        for entry, snapshot_id in zip(entries, table_ids, strict=True):
+                            done[entry.index, entry.write.table] = str(snapshot_id)
         except SinkCommitConflict as exc:
-            owner = describe_epochs([entry.plan.pre_commit for entry in entries])
+            entries = [entry for _, group_entries, _ in group for entry in group_entries]
+            owner = describe_epochs(list({id(e.plan): e.plan.pre_commit for e in entries}.values()))
+            names = ", ".join(repr(name) for name in dict.fromkeys(e.write.table for e in entries))
             raise CommitConflictExhausted(
-                f"{owner}: table {name!r} changed under every one of {self.max_attempts} commit attempts: {exc}"
+                f"{owner}: table(s) {names} changed under every one of {self.max_attempts} commit attempts: {exc}"
             ) from exc
-        return [done[entry.index] for entry in entries]
+        return done
 
-    # -- deleting -------------------------------------------------------------------------------
-
-    def _refuse_if_referenced(
-        self, table: Table, pre_commit: PreCommit, write: TableWrite, since: datetime, not_before_ms: int
-    ) -> None:
-        """Invariant 4: delete only what is neither marked as ours nor referenced by the table."""
-        metadata = table.metadata
-        recent = recent_snapshots(metadata, not_before_ms)
-        for snapshot in recent.values():
-            props = marker_of(snapshot)
-            if (
-                props is not None
-                and props[SINK_ID_KEY] == pre_commit.sink_id
-                and props[EPOCH_KEY] == str(pre_commit.epoch)
-                and props.get(WRITE_ID_KEY) == pre_commit.write_id
-            ):
-                raise AbortRefused(
-                    f"{pre_commit.describe()}: table {write.table!r} shows this write committed in snapshot "
-                    f"{snapshot.snapshot_id}; its files are not deleted"
-                )
-        try:
-            self.check_horizon(table, pre_commit, write, since)
-            # Our files can only have entered the table after the row was written: looking at what
-            # the recent snapshots added is enough, and costs what happened since, not history.
-            candidates: Iterable[str] = self._added_files.of(table, recent.values())
-        except MarkerHorizonExceeded:
-            # Snapshots that may have added our files could be expired while the files stay live;
-            # only a full look at what every ref can still read proves them unreferenced.
-            candidates = files_live_in_refs(table)
-        root = parse_location(write.location)
-        referenced = sorted({path for path in candidates if parse_location(path).is_inside(root)})
-        if referenced:
-            shown = ", ".join(referenced[:10]) + (f" (and {len(referenced) - 10} more)" if len(referenced) > 10 else "")
-            raise AbortRefused(
-                f"{pre_commit.describe()}: table {write.table!r} references {len(referenced)} file(s) "
-                f"below the write location {write.location!r}: {shown}; nothing is deleted"
-            )
+    def _still_to_commit(self, group: list[_Staged], done: dict[tuple[int, str], str]) -> list[_Staged]:
+        """After a conflict: each table re-loaded, the entries it shows by now recorded in ``done``,
+        the others checked again and staged anew."""
+        todo: list[_Staged] = []
+        for _, entries, _ in group:
+            name = entries[0].write.table
+            self.metrics.incr(COMMIT_RETRIES, 1, {"sink_id": entries[0].plan.pre_commit.sink_id, "table": name})
+            table = self.load(name)
+            left: list[TableEntry] = []
+            snapshots: list[EpochSnapshot] = []
+            for entry, found in zip(entries, self._visible(table, entries), strict=True):
+                if found is not None:
+                    done[entry.index, name] = str(found)
+                    continue
+                to_add = self.check(table, entry.plan.pre_commit, entry.write)
+                left.append(entry)
+                snapshots.append(entry.snapshot(to_add, self._to_replace(table, *entry.write_of)))
+            if left:
+                todo.append((table, left, snapshots))
+        return todo

@@ -65,11 +65,40 @@ def refuse_stacked_schema_changes(snapshots: Sequence[EpochSnapshot]) -> None:
             )
 
 
+@dataclass
+class StagedSnapshots:
+    """One table's transaction with its epochs' snapshots staged, not yet sent to the catalog."""
+
+    table: Table
+    tx: SinkTransaction
+    snapshot_ids: list[int]
+    #: Writes whose manifests persist prepared and the snapshot did not list: tidied once committed.
+    unused: list[tuple[TableWrite, str]]
+    #: The table as the writes name it, and the epochs, in the words of an error.
+    name: str
+    owner: str
+
+    def committed(self) -> list[int]:
+        """After the catalog took it: what only a committed snapshot may tidy; the snapshots' ids."""
+        for write, write_id in self.unused:  # prepared at persist, not listed by the snapshot: nothing ever will
+            tidy(self.table.io, write, write_id, unused=True)
+        return self.snapshot_ids
+
+
 def commit_snapshots(
     table: Table, snapshots: Sequence[EpochSnapshot], *, branch: str, fault: Callable[[str], None]
 ) -> list[int]:
+    """``stage_snapshots``, then commit the table's transaction once. The snapshots' ids;
+    ``SinkCommitConflict`` when the table moved."""
+    staged = stage_snapshots(table, snapshots, branch=branch)
+    ids = staged.snapshot_ids
+    staged.tx.commit_staged(fault, lambda: f"{staged.owner}: the commit of table {staged.name!r} ({counted(ids)})")
+    return staged.committed()
+
+
+def stage_snapshots(table: Table, snapshots: Sequence[EpochSnapshot], *, branch: str) -> StagedSnapshots:
     """Stage each epoch's schema changes, name mapping and marked snapshot, in order, in one
-    transaction; commit it once. The snapshots' ids; ``SinkCommitConflict`` when the table moved.
+    transaction of ``table``.
 
     An upsert's key becomes the table's identifier fields when the table has none and its columns
     allow it. An overwrite removes exactly its replaced files in the same step as it adds the new ones.
@@ -126,10 +155,7 @@ def commit_snapshots(
             snapshot.commit()
             previous = snapshot if isinstance(snapshot, StackedFastAppend) else None
             snapshot_ids.append(int(snapshot.snapshot_id))
-    tx.commit_staged(fault, lambda: f"{owner}: the commit of table {name!r} ({_counted(snapshot_ids)})")
-    for write, write_id in unused:  # prepared at persist, not listed by the snapshot: nothing ever will
-        tidy(table.io, write, write_id, unused=True)
-    return snapshot_ids
+    return StagedSnapshots(table, tx, snapshot_ids, unused, name, owner)
 
 
 def _ensure_name_mapping(tx: SinkTransaction) -> None:
@@ -166,7 +192,7 @@ def describe_epochs(pre_commits: Sequence[PreCommit]) -> str:
     return f"sink {first.sink_id!r} epochs {first.epoch} to {last.epoch} ({len(pre_commits)} epochs in one commit)"
 
 
-def _counted(snapshot_ids: list[int]) -> str:
+def counted(snapshot_ids: list[int]) -> str:
     if len(snapshot_ids) == 1:
         return f"snapshot {snapshot_ids[0]}"
     return f"{len(snapshot_ids)} snapshots, the last {snapshot_ids[-1]}"

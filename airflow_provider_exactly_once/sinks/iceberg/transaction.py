@@ -78,7 +78,7 @@ from pyiceberg.manifest import (
     ManifestEntryStatus,
     ManifestFile,
 )
-from pyiceberg.table import Table, Transaction
+from pyiceberg.table import CommitTableRequest, Table, TableIdentifier, Transaction
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.snapshots import Operation, SnapshotSummaryCollector, Summary, update_snapshot_summaries
 from pyiceberg.table.update import (
@@ -471,18 +471,39 @@ class SinkTransaction(Transaction):
             ) from exc
         fault(FAULT_AFTER_CATALOG_UPDATE)
 
+    def commit_request(self) -> CommitTableRequest:
+        """What ``commit_table`` would send for the staged updates: one table's part of a
+        multi-table commit (``table_transactions``)."""
+        identifier = self._table.name()
+        return CommitTableRequest(
+            identifier=TableIdentifier(namespace=list(identifier[:-1]), name=identifier[-1]),
+            requirements=self._requirements,
+            updates=self._updates,
+        )
+
+    @staticmethod
+    def delete_uncommitted(producers: list[Any]) -> None:
+        """Delete the manifests ``producers`` (``detach_producers``) wrote: their commit certainly failed."""
+        for producer in producers:
+            producer._clean_all_uncommitted()
+
+    def detach_producers(self) -> list[Any]:
+        """The staged snapshots' producers, no longer registered: pyiceberg's retry loop re-raises at
+        once without them, and the caller deletes what they wrote when the commit certainly failed."""
+        producers: list[Any] = list(self._snapshot_producers)
+        self._snapshot_producers = []
+        return producers
+
     def commit_once(self) -> Table:
         """Commit the staged updates; a conflict raises ``SinkCommitConflict`` with nothing left behind.
 
         Any other exception is passed on untouched: its outcome may be unknown, so nothing is deleted.
         """
-        producers: list[Any] = list(self._snapshot_producers)
-        self._snapshot_producers = []  # pyiceberg's retry loop re-raises at once without producers
+        producers = self.detach_producers()
         try:
             return self.commit_transaction()
         except CommitFailedException as exc:
             # Certainly not committed: delete the manifests this attempt wrote (pyiceberg would have,
             # had the producers still been registered).
-            for producer in producers:
-                producer._clean_all_uncommitted()
+            self.delete_uncommitted(producers)
             raise SinkCommitConflict(str(exc)) from exc

@@ -1,0 +1,185 @@
+"""Several tables' snapshots in one catalog request: the REST protocol's ``transactions/commit``.
+
+A fan-out epoch writes several tables. Committed one after the other, a reader joining them sees the
+epoch in one and not yet in the other between the two commits, and for as long as a crash leaves the
+rest to recovery. The Iceberg REST protocol applies several tables' requirements and updates all or
+none (``POST /v1/{prefix}/transactions/commit``). pyiceberg 0.12 has no client method for it, but
+each table's part is the ``CommitTableRequest`` its own ``commit_table`` sends
+(``SinkTransaction.commit_request``), so the request is made here with the catalog's own HTTP session
+and URL, and the endpoints it learnt from ``/v1/config``: private attributes of pyiceberg's
+``RestCatalog``, pinned by ``pyiceberg<0.13`` as ``transaction.py``'s are.
+
+Which catalogs take it: a REST catalog whose ``/v1/config`` lists the route; one that publishes no
+list is tried, as the first try is safe to refuse: a server without the route changes nothing and
+answers 404 (not a missing table's), 405 or 501, and the committer then commits table by table
+from then on. SQL and Glue catalogs never do (design.md section 5, "Fan-out epochs").
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from pyiceberg.catalog import Catalog
+from pyiceberg.catalog.rest import DEFAULT_ENDPOINTS, VIEW_ENDPOINTS, Endpoint, RestCatalog
+from pyiceberg.table import Table
+
+from airflow_provider_exactly_once.core.errors import CommitOutcomeUnknown
+from airflow_provider_exactly_once.core.ports import EMPTY, CommitPlan
+from airflow_provider_exactly_once.sinks.iceberg.catalog_access import describe_error
+from airflow_provider_exactly_once.sinks.iceberg.epoch_snapshot import (
+    EpochSnapshot,
+    StagedSnapshots,
+    counted,
+    stage_snapshots,
+)
+from airflow_provider_exactly_once.sinks.iceberg.plans import TableEntry
+from airflow_provider_exactly_once.sinks.iceberg.transaction import (
+    FAULT_AFTER_CATALOG_UPDATE,
+    FAULT_BEFORE_CATALOG_UPDATE,
+    SinkCommitConflict,
+    SinkTransaction,
+)
+
+log = logging.getLogger(__name__)
+
+ROUTE = Endpoint.from_string("POST /v1/{prefix}/transactions/commit")
+#: A catalog property: ``false`` commits a fan-out table by table even where the catalog offers the
+#: route (docs/operations.md, "A fan-out epoch in some of its tables").
+SETTING = "exactly-once.multi-table-commit"
+#: A server's answers meaning it has no such route (a 404 naming a missing table or namespace is not one).
+_NO_ROUTE = frozenset({404, 405, 501})
+_MISSING_THINGS = frozenset({"NoSuchTableException", "NoSuchNamespaceException"})
+
+
+class RouteMissing(Exception):
+    """The catalog has no multi-table commits: nothing was applied, and the staged manifests are deleted."""
+
+
+class TableTransactions:
+    """Whether one catalog commits several tables at once, learnt once and remembered, and the commit."""
+
+    def __init__(self, catalog: Catalog) -> None:
+        self._catalog = catalog
+        switched_off = str(catalog.properties.get(SETTING, "")).strip().lower() == "false"
+        self._offered: bool | None = None if isinstance(catalog, RestCatalog) and not switched_off else False
+
+    @property
+    def offered(self) -> bool:
+        """Yes where the catalog lists the route, or lists nothing and has not refused it yet."""
+        if self._offered is None:
+            self._offered = _listed(self._catalog)
+        return self._offered is not False
+
+    @property
+    def known(self) -> bool | None:
+        """``True``/``False`` once listed or tried; ``None`` while only a first try can tell."""
+        if self._offered is None:
+            self._offered = _listed(self._catalog)
+        return self._offered
+
+    def commit(self, staged: Sequence[StagedSnapshots], fault: Callable[[str], None]) -> list[list[int]]:
+        """Send every table's staged transaction in one request; per table, its snapshots' ids.
+
+        ``SinkCommitConflict``: a requirement failed (another writer moved a table) and nothing was
+        applied; ``RouteMissing``: the catalog has no such route; any other failure is
+        ``CommitOutcomeUnknown``, to be settled by reading every table's markers.
+        """
+        catalog = self._catalog
+        assert isinstance(catalog, RestCatalog)
+        producers: list[Any] = []
+        changes: list[str] = []
+        for one in staged:
+            producers += one.tx.detach_producers()
+            changes.append(one.tx.commit_request().model_dump_json())
+        body = ('{"table-changes": [' + ", ".join(changes) + "]}").encode()
+        what = ", ".join(f"{one.name!r} ({counted(one.snapshot_ids)})" for one in staged)
+        owner = staged[0].owner
+        fault(FAULT_BEFORE_CATALOG_UPDATE)
+        try:
+            response = catalog._session.post(catalog.url("transactions/commit", prefixed=True), data=body)
+        except Exception as exc:
+            raise CommitOutcomeUnknown(
+                f"{owner}: the commit of tables {what} in one transaction has an unknown outcome: "
+                f"{describe_error(exc, staged[0].table.io.properties)}"
+            ) from exc
+        status = response.status_code
+        if status in (200, 204):
+            fault(FAULT_AFTER_CATALOG_UPDATE)
+            return [one.committed() for one in staged]
+        error = _error_of(response)
+        if status == 409 or (status in _NO_ROUTE and error[0] not in _MISSING_THINGS):
+            SinkTransaction.delete_uncommitted(producers)  # certainly not applied
+            if status == 409:
+                raise SinkCommitConflict(f"{error[0]}: {error[1]}")
+            self._offered = False
+            raise RouteMissing(f"HTTP {status} {error[0]}: {error[1]}")
+        raise CommitOutcomeUnknown(
+            f"{owner}: the commit of tables {what} in one transaction has an unknown outcome: "
+            f"the catalog answered HTTP {status} {error[0]}: {error[1]}"
+        )
+
+
+def _listed(catalog: Catalog) -> bool | None:
+    """From the endpoints the catalog's ``/v1/config`` published; ``None`` when it published none
+    (pyiceberg then assumes its defaults, which never include the route)."""
+    endpoints = getattr(catalog, "_supported_endpoints", None)
+    if not endpoints or endpoints in (set(DEFAULT_ENDPOINTS), set(DEFAULT_ENDPOINTS) | set(VIEW_ENDPOINTS)):
+        return None
+    return ROUTE in endpoints
+
+
+def _error_of(response: Any) -> tuple[str, str]:
+    """The REST error response's type and message, or the status text and body."""
+    try:
+        error = response.json()["error"]
+        return str(error.get("type", "")), str(error.get("message", ""))
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return str(response.reason or ""), str(response.text or "")[:500]
+
+
+def stage_together(
+    snapshots: Sequence[Sequence[EpochSnapshot]], tables: Sequence[Table], branch: str
+) -> list[StagedSnapshots]:
+    """Every table's transaction staged, ``snapshots[i]`` on ``tables[i]``; a failure on one deletes
+    what the others staged."""
+    staged: list[StagedSnapshots] = []
+    try:
+        for table, table_snapshots in zip(tables, snapshots, strict=True):
+            staged.append(stage_snapshots(table, table_snapshots, branch=branch))
+    except BaseException:
+        for one in staged:
+            one.tx.discard()
+        raise
+    return staged
+
+
+def report_torn(
+    plans: Sequence[CommitPlan],
+    committed: Sequence[Mapping[str, str]],
+    pending: Sequence[Sequence[TableEntry]],
+    catalog: str,
+) -> None:
+    """Where the catalog commits a fan-out all or none, an epoch shown by some of its tables and not
+    the others was committed table by table (by an earlier version, or before the catalog offered
+    it), or the catalog applied part of a transaction: the rest is committed now, and said, loudly.
+
+    ``committed[i]``: the tables plan ``i`` is committed in already; ``pending``: per table, the
+    entries still to commit."""
+    missing: dict[int, list[str]] = {}
+    for entries in pending:
+        for entry in entries:
+            missing.setdefault(entry.index, []).append(entry.write.table)
+    for index, names in missing.items():
+        shown = [name for name, snapshot_id in committed[index].items() if snapshot_id != EMPTY]
+        if shown:
+            log.error(
+                "%s: table(s) %s already show this epoch and %s do not, although catalog %r commits a "
+                "fan-out's tables in one transaction; committing the missing ones now (docs/operations.md, "
+                '"A fan-out epoch in some of its tables")',
+                plans[index].pre_commit.describe(),
+                ", ".join(shown),
+                ", ".join(names),
+                catalog,
+            )

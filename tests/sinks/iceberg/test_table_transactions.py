@@ -1,0 +1,300 @@
+"""A fan-out epoch committed in one REST ``transactions/commit`` on SeaweedFS: all its tables or none.
+
+The server is real (``weed mini``); a reader thread samples the tables through the catalog while
+epochs commit, and the same run with the per-table path must show what the transaction prevents, so
+the check can fail. ``EO_TORN_EPOCHS`` sets how many epochs each run commits (200 for the long run,
+docs/faults.md).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import uuid
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from pyiceberg.catalog import Catalog
+from pyiceberg.table import CommitTableRequest, TableIdentifier
+from pyiceberg.table.update import AssertTableUUID
+
+from airflow_provider_exactly_once.core.errors import CommitOutcomeUnknown
+from airflow_provider_exactly_once.core.faults import SimulatedCrash, no_faults
+from airflow_provider_exactly_once.core.outcomes import CommitOutcome
+from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochStatus
+from airflow_provider_exactly_once.sinks.iceberg import IcebergSinkCommitter
+from airflow_provider_exactly_once.sinks.iceberg.markers import EPOCH_KEY, SINK_ID_KEY
+from airflow_provider_exactly_once.sinks.iceberg.table_transactions import SETTING, TableTransactions
+from airflow_provider_exactly_once.sinks.iceberg.transaction import FAULT_BEFORE_CATALOG_UPDATE
+from demo.servers import SeaweedFS
+from tests.core.coordinator.test_crash_recovery import COMMIT_POINTS
+from tests.sinks.iceberg.test_object_storage_faults import proxy_to
+from tests.support.faults import FaultSwitch
+from tests.support.independent_reader import read_rows
+from tests.support.object_store import S3Pipeline, s3_pipeline, seaweed_lake
+from tests.support.proxy import Proxy
+
+COMPLETED = CheckpointStatus.COMPLETED
+TABLES = ["facts", "dims"]
+EPOCHS = int(os.environ.get("EO_TORN_EPOCHS", "30"))
+
+
+@pytest.fixture
+def pipeline(seaweed: SeaweedFS, tmp_path: Path, unique: str) -> Iterator[S3Pipeline]:
+    pipeline = s3_pipeline(seaweed_lake(seaweed, f"eo_{unique}"), tmp_path)
+    for name in TABLES:
+        pipeline.create_table(name)
+    yield pipeline
+    pipeline.dispose()
+
+
+def epochs_shown(catalog: Catalog, table: str, sink_id: str) -> set[int]:
+    """The epochs whose marker the table's current branch history holds, as any reader would see."""
+    loaded = catalog.load_table(table)
+    return {
+        int(s.summary[EPOCH_KEY])
+        for s in loaded.snapshots()
+        if s.summary is not None and s.summary.additional_properties.get(SINK_ID_KEY) == sink_id
+    }
+
+
+class Sampler(threading.Thread):
+    """Loads the two tables one after the other, again and again, through a catalog of its own. With
+    all-or-none commits, whatever the first load shows the second (later) one shows too; a table
+    committed before the other (the per-table path commits them in the pre-commit's order) is caught
+    between the two loads."""
+
+    def __init__(self, pipeline: S3Pipeline, sink_id: str) -> None:
+        super().__init__(daemon=True)
+        assert pipeline.lake is not None
+        self.catalog = pipeline.lake.catalog()
+        self.names = [f"{pipeline.namespace}.{name}" for name in TABLES]
+        self.sink_id = sink_id
+        self.samples = 0
+        self.torn: list[tuple[set[int], set[int]]] = []
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            first = epochs_shown(self.catalog, self.names[0], self.sink_id)
+            second = epochs_shown(self.catalog, self.names[1], self.sink_id)
+            self.samples += 1
+            if not first <= second:
+                self.torn.append((first, second))
+
+
+def commit_epochs(pipeline: S3Pipeline, sink_id: str, count: int, *, per_table: bool) -> Sampler:
+    committer = pipeline.iceberg_committer()
+    if per_table:  # as docs/operations.md switches it off
+        assert pipeline.lake is not None
+        committer = IcebergSinkCommitter(pipeline.lake.catalog(**{SETTING: "false"}))
+    assert committer.transactions.offered is not per_table
+    coordinator = pipeline.coordinator(sink_id, committer)
+    sampler = Sampler(pipeline, sink_id)
+    sampler.start()
+    try:
+        for epoch in range(1, count + 1):
+            pre = pipeline.write_iceberg(sink_id, epoch, TABLES, rows=2)
+            coordinator.persist(pre)
+            pipeline.checkpoint(sink_id, epoch, COMPLETED)
+            assert coordinator.commit(sink_id, epoch).outcome is CommitOutcome.COMMITTED
+    finally:
+        sampler.stop.set()
+        sampler.join(timeout=30)
+    return sampler
+
+
+def test_a_reader_never_sees_a_fan_out_epoch_in_one_table_and_not_the_other(pipeline: S3Pipeline, sink_id: str) -> None:
+    sampler = commit_epochs(pipeline, sink_id, EPOCHS, per_table=False)
+    assert sampler.samples > EPOCHS  # it sampled throughout
+    assert sampler.torn == []
+    for name in TABLES:
+        table = pipeline.catalog.load_table(f"{pipeline.namespace}.{name}")
+        assert len(table.metadata.snapshots) == EPOCHS  # one snapshot per table per epoch
+        assert pipeline.marker_snapshots(name, sink_id) == {
+            e: [pipeline.store.get(sink_id, e).write_id] for e in range(1, EPOCHS + 1)
+        }  # type: ignore[union-attr]
+        assert len(read_rows(table, "id")) == 2 * EPOCHS  # DuckDB reads what was written
+
+
+def test_the_per_table_path_run_the_same_way_shows_torn_reads(pipeline: S3Pipeline, sink_id: str) -> None:
+    """The check above can fail: committing table by table, the reader catches an epoch in the first
+    table only. Commits go on until it has (at most three times the epochs of the run above)."""
+    sampler = commit_epochs(pipeline, sink_id, EPOCHS, per_table=True)
+    rounds = 1
+    while not sampler.torn and rounds < 3:
+        sampler = commit_epochs(pipeline, f"{sink_id}-{rounds}", EPOCHS, per_table=True)
+        rounds += 1
+    assert sampler.torn, f"no torn read in {rounds * EPOCHS} per-table fan-out commits"
+
+
+def test_seaweedfs_applies_the_route_all_or_none(pipeline: S3Pipeline) -> None:
+    """Verified, not assumed: a second table whose requirement fails leaves the first unchanged,
+    whichever of the two comes first in the request."""
+    catalog = pipeline.catalog
+    names = [f"{pipeline.namespace}.{name}" for name in TABLES]
+    for failing in (1, 0):
+        tables = [catalog.load_table(name) for name in names]
+        before = [t.metadata.current_snapshot_id for t in tables]
+        changes = []
+        for position, table in enumerate(tables):
+            tx = table.transaction()
+            tx.append(
+                pa.Table.from_pylist([{"id": position, "epoch": 0, "write_id": "x"}], schema=table.schema().as_arrow())
+            )
+            extra = (AssertTableUUID(uuid=uuid.uuid4()),) if position == failing else ()
+            request = CommitTableRequest(
+                identifier=TableIdentifier(namespace=[pipeline.namespace], name=table.name()[-1]),
+                requirements=(*tx._requirements, *extra),
+                updates=tx._updates,
+            )
+            changes.append(request.model_dump_json())
+        response = catalog._session.post(  # type: ignore[attr-defined]
+            catalog.url("transactions/commit", prefixed=True),  # type: ignore[attr-defined]
+            data=('{"table-changes": [' + ", ".join(changes) + "]}").encode(),
+        )
+        assert response.status_code == 409, response.text
+        assert [catalog.load_table(name).metadata.current_snapshot_id for name in names] == before
+
+
+def test_a_conflict_on_one_table_leaves_every_table_unchanged_and_the_retry_commits_all(
+    pipeline: S3Pipeline, sink_id: str
+) -> None:
+    faults = FaultSwitch()
+    pipeline.fault = faults
+    committer = pipeline.iceberg_committer()
+    coordinator = pipeline.coordinator(sink_id, committer)
+    pre = pipeline.write_iceberg(sink_id, 1, TABLES, rows=3)
+    coordinator.persist(pre)
+    pipeline.checkpoint(sink_id, 1, COMPLETED)
+    assert pipeline.lake is not None
+    other = pipeline.lake.catalog()
+    dims = f"{pipeline.namespace}.dims"
+    seen_between: list[set[int]] = []
+
+    def another_writer_moves_dims() -> None:
+        table = other.load_table(dims)
+        table.append(
+            pa.Table.from_pylist([{"id": -1, "epoch": -1, "write_id": "other"}], schema=table.schema().as_arrow())
+        )
+        faults.then(
+            FAULT_BEFORE_CATALOG_UPDATE,
+            lambda: seen_between.append(epochs_shown(other, f"{pipeline.namespace}.facts", sink_id)),
+        )
+
+    faults.then(FAULT_BEFORE_CATALOG_UPDATE, another_writer_moves_dims)
+    assert coordinator.commit(sink_id, 1).outcome is CommitOutcome.COMMITTED
+    assert faults.seen[FAULT_BEFORE_CATALOG_UPDATE] == 2  # refused once, then one transaction again
+    assert seen_between == [set()]  # the refused transaction left facts as it was
+    for name in TABLES:
+        assert pipeline.marker_snapshots(name, sink_id) == {1: [pre.write_id]}
+    facts = f"{pipeline.namespace}.facts"
+    assert sorted(read_rows(other.load_table(facts), "id, epoch, write_id")) == pipeline.expected_rows([pre], facts)
+    assert sorted(read_rows(other.load_table(dims), "id, epoch, write_id")) == sorted(
+        [*pipeline.expected_rows([pre], dims), (-1, -1, "other")]
+    )
+
+
+def test_a_lost_response_to_the_transaction_is_settled_by_reading_every_tables_marker(
+    seaweed: SeaweedFS, tmp_path: Path, sink_id: str, unique: str
+) -> None:
+    proxy: Proxy = proxy_to(seaweed.catalog_uri, http=True)
+    try:
+        pipeline = s3_pipeline(seaweed_lake(seaweed, f"eo_{unique}", uri=proxy.url), tmp_path)
+        for name in TABLES:
+            pipeline.create_table(name)
+        coordinator = pipeline.coordinator(sink_id, pipeline.iceberg_committer())
+        pre = pipeline.write_iceberg(sink_id, 1, TABLES, rows=4)
+        coordinator.persist(pre)
+        pipeline.checkpoint(sink_id, 1, COMPLETED)
+
+        proxy.drop_response(lambda method, path, body: method == "POST" and path.endswith("/transactions/commit"))
+        with pytest.raises(CommitOutcomeUnknown, match="in one transaction has an unknown outcome"):
+            coordinator.commit(sink_id, 1)
+        for name in TABLES:  # applied by the catalog, all of it
+            assert pipeline.marker_snapshots(name, sink_id) == {1: [pre.write_id]}
+        assert pipeline.write_exists(pre)
+
+        assert coordinator.commit(sink_id, 1).outcome is CommitOutcome.COMMITTED
+        assert sum(1 for r in proxy.requests if r.path.endswith("/transactions/commit")) == 1  # not sent again
+        for name in TABLES:
+            table = pipeline.catalog.load_table(f"{pipeline.namespace}.{name}")
+            assert len(table.metadata.snapshots) == 1
+            assert sorted(read_rows(table, "id, epoch, write_id")) == pipeline.expected_rows(
+                [pre], f"{pipeline.namespace}.{name}"
+            )
+        pipeline.dispose()
+    finally:
+        proxy.stop()
+
+
+def test_a_catalog_without_the_route_is_tried_once_then_committed_table_by_table(
+    pipeline: S3Pipeline, sink_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server that publishes no endpoint list and answers the route with 404 (SeaweedFS's answer to
+    an unknown path, asked through a misspelt route here): nothing applied, each table then committed
+    on its own, and the committer remembers."""
+    committer = pipeline.iceberg_committer()
+    assert committer.transactions.known is None  # SeaweedFS lists no endpoints: only a try tells
+    real_url = pipeline.catalog.url  # type: ignore[attr-defined]
+    monkeypatch.setattr(
+        pipeline.catalog,
+        "url",
+        lambda endpoint, prefixed=True, **kw: real_url(
+            endpoint.replace("transactions/commit", "transactions/no-such-route"), prefixed, **kw
+        ),
+    )
+    coordinator = pipeline.coordinator(sink_id, committer)
+    for epoch in (1, 2):
+        pre = pipeline.write_iceberg(sink_id, epoch, TABLES, rows=2)
+        coordinator.persist(pre)
+        pipeline.checkpoint(sink_id, epoch, COMPLETED)
+        assert coordinator.commit(sink_id, epoch).outcome is CommitOutcome.COMMITTED
+        assert committer.transactions.known is False
+    for name in TABLES:
+        assert sorted(pipeline.marker_snapshots(name, sink_id)) == [1, 2]
+        assert len(pipeline.catalog.load_table(f"{pipeline.namespace}.{name}").metadata.snapshots) == 2
+
+
+@pytest.mark.parametrize("point", COMMIT_POINTS)
+def test_a_crash_at_any_step_leaves_the_tables_all_or_none_and_recovery_commits_each_once(
+    pipeline: S3Pipeline, sink_id: str, point: str
+) -> None:
+    faults = FaultSwitch()
+    pipeline.fault = faults
+    coordinator = pipeline.coordinator(sink_id, pipeline.iceberg_committer())
+    pre = pipeline.write_iceberg(sink_id, 5, TABLES, rows=3)
+    coordinator.persist(pre)
+    pipeline.checkpoint(sink_id, 5, COMPLETED)
+
+    faults.crash_at(point)
+    with pytest.raises(SimulatedCrash):
+        coordinator.commit(sink_id, 5)
+    shown = [bool(pipeline.marker_snapshots(name, sink_id)) for name in TABLES]
+    assert shown in ([True, True], [False, False]), shown
+
+    fresh = replace(pipeline, fault=no_faults)  # as the recovery DAG runs it: a new process, no faults
+    try:
+        report = fresh.coordinator(sink_id, fresh.iceberg_committer()).recover(sink_id)
+        assert report.ok, report.failed
+    finally:
+        fresh.dispose()
+    row = pipeline.store.get(sink_id, 5)
+    assert row is not None and row.status is EpochStatus.COMMITTED
+    for name in TABLES:
+        table = pipeline.catalog.load_table(f"{pipeline.namespace}.{name}")
+        assert pipeline.marker_snapshots(name, sink_id) == {5: [pre.write_id]}
+        assert len(table.metadata.snapshots) == 1
+        assert sorted(read_rows(table, "id, epoch, write_id")) == pipeline.expected_rows(
+            [pre], f"{pipeline.namespace}.{name}"
+        )
+
+
+def test_the_catalog_property_switches_multi_table_commits_off(seaweed: SeaweedFS, unique: str) -> None:
+    """docs/operations.md's way back to table-by-table commits, for a catalog that misapplies the route."""
+    lake = seaweed_lake(seaweed, f"eo_{unique}")
+    assert TableTransactions(lake.catalog()).offered
+    assert not TableTransactions(lake.catalog(**{SETTING: "false"})).offered
