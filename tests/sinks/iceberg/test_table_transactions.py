@@ -26,7 +26,7 @@ from airflow_provider_exactly_once.core.faults import SimulatedCrash, no_faults
 from airflow_provider_exactly_once.core.outcomes import CommitOutcome
 from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochStatus
 from airflow_provider_exactly_once.sinks.iceberg import IcebergSinkCommitter
-from airflow_provider_exactly_once.sinks.iceberg.markers import EPOCH_KEY, SINK_ID_KEY
+from airflow_provider_exactly_once.sinks.iceberg.markers import EPOCH_KEY, SINK_ID_KEY, WRITE_ID_KEY
 from airflow_provider_exactly_once.sinks.iceberg.table_transactions import SETTING, TableTransactions
 from airflow_provider_exactly_once.sinks.iceberg.transaction import FAULT_BEFORE_CATALOG_UPDATE
 from demo.servers import SeaweedFS
@@ -40,6 +40,8 @@ from tests.support.proxy import Proxy
 COMPLETED = CheckpointStatus.COMPLETED
 TABLES = ["facts", "dims"]
 EPOCHS = int(os.environ.get("EO_TORN_EPOCHS", "30"))
+#: Generations: every epoch's first write, and its revision (a newer run of the epoch).
+FIRST, REVISED = "2024-06-01T01:00:00.000000Z/0000000000", "2024-06-02T09:30:00.000000Z/0000000001"
 
 
 @pytest.fixture
@@ -52,10 +54,16 @@ def pipeline(seaweed: SeaweedFS, tmp_path: Path, unique: str) -> Iterator[S3Pipe
 
 
 def epochs_shown(catalog: Catalog, table: str, sink_id: str) -> set[int]:
-    """The epochs whose marker the table's current branch history holds, as any reader would see."""
+    """The epochs whose marker the table's snapshots hold, as any reader would see."""
+    return {epoch for epoch, _ in writes_shown(catalog, table, sink_id)}
+
+
+def writes_shown(catalog: Catalog, table: str, sink_id: str) -> set[tuple[int, str]]:
+    """Every (epoch, write id) marker the table's snapshots hold: a history that only grows, so a
+    revision shows as a new pair, and what one table shows the other must show too."""
     loaded = catalog.load_table(table)
     return {
-        int(s.summary[EPOCH_KEY])
+        (int(s.summary[EPOCH_KEY]), s.summary[WRITE_ID_KEY])
         for s in loaded.snapshots()
         if s.summary is not None and s.summary.additional_properties.get(SINK_ID_KEY) == sink_id
     }
@@ -74,33 +82,39 @@ class Sampler(threading.Thread):
         self.names = [f"{pipeline.namespace}.{name}" for name in TABLES]
         self.sink_id = sink_id
         self.samples = 0
-        self.torn: list[tuple[set[int], set[int]]] = []
+        self.torn: list[set[tuple[int, str]]] = []
         self.stop = threading.Event()
 
     def run(self) -> None:
         while not self.stop.is_set():
-            first = epochs_shown(self.catalog, self.names[0], self.sink_id)
-            second = epochs_shown(self.catalog, self.names[1], self.sink_id)
+            first = writes_shown(self.catalog, self.names[0], self.sink_id)
+            second = writes_shown(self.catalog, self.names[1], self.sink_id)
             self.samples += 1
             if not first <= second:
-                self.torn.append((first, second))
+                self.torn.append(first - second)
 
 
 def commit_epochs(pipeline: S3Pipeline, sink_id: str, count: int, *, per_table: bool) -> Sampler:
+    """``count`` fan-out epochs, and after every fourth one a revision of the epoch two before it
+    (a replacing write: one overwrite snapshot per table), while a ``Sampler`` reads."""
     committer = pipeline.iceberg_committer()
     if per_table:  # as docs/operations.md switches it off
         assert pipeline.lake is not None
         committer = IcebergSinkCommitter(pipeline.lake.catalog(**{SETTING: "false"}))
     assert committer.transactions.offered is not per_table
-    coordinator = pipeline.coordinator(sink_id, committer)
+    coordinator = pipeline.coordinator(sink_id, committer, on_reprocess={sink_id: "replace"})
     sampler = Sampler(pipeline, sink_id)
     sampler.start()
     try:
         for epoch in range(1, count + 1):
-            pre = pipeline.write_iceberg(sink_id, epoch, TABLES, rows=2)
-            coordinator.persist(pre)
-            pipeline.checkpoint(sink_id, epoch, COMPLETED)
-            assert coordinator.commit(sink_id, epoch).outcome is CommitOutcome.COMMITTED
+            writes = [(epoch, FIRST)] + ([(epoch - 2, REVISED)] if epoch % 4 == 0 else [])
+            for written, generation in writes:
+                pre = pipeline.write_iceberg(sink_id, written, TABLES, rows=2).model_copy(
+                    update={"generation": generation}
+                )
+                coordinator.persist(pre)
+                pipeline.checkpoint(sink_id, written, COMPLETED)
+                assert coordinator.commit(sink_id, written).outcome is CommitOutcome.COMMITTED
     finally:
         sampler.stop.set()
         sampler.join(timeout=30)
@@ -111,13 +125,17 @@ def test_a_reader_never_sees_a_fan_out_epoch_in_one_table_and_not_the_other(pipe
     sampler = commit_epochs(pipeline, sink_id, EPOCHS, per_table=False)
     assert sampler.samples > EPOCHS  # it sampled throughout
     assert sampler.torn == []
+    revised = [e - 2 for e in range(4, EPOCHS + 1, 4)]
     for name in TABLES:
         table = pipeline.catalog.load_table(f"{pipeline.namespace}.{name}")
-        assert len(table.metadata.snapshots) == EPOCHS  # one snapshot per table per epoch
-        assert pipeline.marker_snapshots(name, sink_id) == {
-            e: [pipeline.store.get(sink_id, e).write_id] for e in range(1, EPOCHS + 1)
-        }  # type: ignore[union-attr]
-        assert len(read_rows(table, "id")) == 2 * EPOCHS  # DuckDB reads what was written
+        assert len(table.metadata.snapshots) == EPOCHS + len(revised)  # one snapshot per table per write
+        markers = pipeline.marker_snapshots(name, sink_id)
+        assert sorted(markers) == list(range(1, EPOCHS + 1))
+        assert [e for e, ids in markers.items() if len(ids) == 2] == revised
+        for epoch, ids in markers.items():
+            row = pipeline.store.get(sink_id, epoch)
+            assert row is not None and ids[-1] == row.write_id
+        assert len(read_rows(table, "id")) == 2 * EPOCHS  # DuckDB reads the epochs' latest writes only
 
 
 def test_the_per_table_path_run_the_same_way_shows_torn_reads(pipeline: S3Pipeline, sink_id: str) -> None:
