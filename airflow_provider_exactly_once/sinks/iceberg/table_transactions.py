@@ -68,9 +68,7 @@ class TableTransactions:
     @property
     def offered(self) -> bool:
         """Yes where the catalog lists the route, or lists nothing and has not refused it yet."""
-        if self._offered is None:
-            self._offered = _listed(self._catalog)
-        return self._offered is not False
+        return self.known is not False
 
     @property
     def known(self) -> bool | None:
