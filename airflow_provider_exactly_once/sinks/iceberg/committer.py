@@ -459,15 +459,14 @@ class IcebergSinkCommitter:
                 with attempt:
                     if attempt.retry_state.attempt_number > 1:
                         todo = self._still_to_commit(group, done)
+                    ids: list[list[int]] = []
                     if len(todo) == 1:
-                        table, entries, snapshots = todo[0]
+                        table, _, snapshots = todo[0]
                         ids = [commit_snapshots(table, snapshots, branch=self.branch, fault=self.fault)]
                     elif todo:
-                        staged = stage_together(
-                            [snapshots for table, _, snapshots in todo], [t for t, _, _ in todo], self.branch
-                        )
+                        staged = stage_together([(table, snapshots) for table, _, snapshots in todo], self.branch)
                         ids = self.transactions.commit(staged, self.fault)
-                    for (_, entries, _), table_ids in zip(todo, ids if todo else [], strict=True):
+                    for (_, entries, _), table_ids in zip(todo, ids, strict=True):
                         for entry, snapshot_id in zip(entries, table_ids, strict=True):
                             done[entry.index, entry.write.table] = str(snapshot_id)
         except SinkCommitConflict as exc:

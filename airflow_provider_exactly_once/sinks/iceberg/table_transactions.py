@@ -9,10 +9,15 @@ each table's part is the ``CommitTableRequest`` its own ``commit_table`` sends
 and URL, and the endpoints it learnt from ``/v1/config``: private attributes of pyiceberg's
 ``RestCatalog``, pinned by ``pyiceberg<0.13`` as ``transaction.py``'s are.
 
-Which catalogs take it: a REST catalog whose ``/v1/config`` lists the route; one that publishes no
-list is tried, as the first try is safe to refuse: a server without the route changes nothing and
-answers 404 (not a missing table's), 405 or 501, and the committer then commits table by table
-from then on. SQL and Glue catalogs never do (design.md section 5, "Fan-out epochs").
+Which catalogs take it: a REST catalog whose ``/v1/config`` lists the route, or one whose connection
+sets the catalog property ``exactly-once.multi-table-commit`` to ``true``; ``false`` keeps any catalog
+table by table. Asked for and refused (404 other than a missing table's, 405 or 501: nothing
+applied), the committer commits table by table from then on. SeaweedFS serves the route without
+listing it, and is left table by table: it checks every table's requirements before writing
+anything, but then moves the tables' pointers one after the other (its
+``weed/s3api/iceberg/handlers_transaction.go`` says so: "not crash-atomic"), so a reader can see a
+fan-out in some tables only, for the moment between two moves, or for good if the server dies
+between them. SQL and Glue catalogs never take it (design.md section 5, D18).
 """
 
 from __future__ import annotations
@@ -45,8 +50,8 @@ from airflow_provider_exactly_once.sinks.iceberg.transaction import (
 log = logging.getLogger(__name__)
 
 ROUTE = Endpoint.from_string("POST /v1/{prefix}/transactions/commit")
-#: A catalog property: ``false`` commits a fan-out table by table even where the catalog offers the
-#: route (docs/operations.md, "A fan-out epoch in some of its tables").
+#: A catalog property: ``true`` asks for the route where the catalog does not list it, ``false``
+#: commits table by table even where it does (docs/operations.md, "A fan-out epoch in some of its tables").
 SETTING = "exactly-once.multi-table-commit"
 #: A server's answers meaning it has no such route (a 404 naming a missing table or namespace is not one).
 _NO_ROUTE = frozenset({404, 405, 501})
@@ -62,19 +67,20 @@ class TableTransactions:
 
     def __init__(self, catalog: Catalog) -> None:
         self._catalog = catalog
-        switched_off = str(catalog.properties.get(SETTING, "")).strip().lower() == "false"
-        self._offered: bool | None = None if isinstance(catalog, RestCatalog) and not switched_off else False
+        setting = str(catalog.properties.get(SETTING, "")).strip().lower()
+        self._offered: bool | None = False
+        if isinstance(catalog, RestCatalog) and setting != "false":
+            self._offered = None if setting == "true" else _listed(catalog)
 
     @property
     def offered(self) -> bool:
-        """Yes where the catalog lists the route, or lists nothing and has not refused it yet."""
-        return self.known is not False
+        """Yes where the catalog lists the route, or the connection asks for it and the catalog has
+        not refused it yet."""
+        return self._offered is not False
 
     @property
     def known(self) -> bool | None:
-        """``True``/``False`` once listed or tried; ``None`` while only a first try can tell."""
-        if self._offered is None:
-            self._offered = _listed(self._catalog)
+        """``True``/``False`` once listed, switched off or tried; ``None`` while only a try can tell."""
         return self._offered
 
     def commit(self, staged: Sequence[StagedSnapshots], fault: Callable[[str], None]) -> list[list[int]]:
@@ -119,12 +125,12 @@ class TableTransactions:
         )
 
 
-def _listed(catalog: Catalog) -> bool | None:
-    """From the endpoints the catalog's ``/v1/config`` published; ``None`` when it published none
-    (pyiceberg then assumes its defaults, which never include the route)."""
+def _listed(catalog: Catalog) -> bool:
+    """Whether the endpoints the catalog's ``/v1/config`` published hold the route; a catalog that
+    published none (pyiceberg then assumes its defaults, which never include it) does not."""
     endpoints = getattr(catalog, "_supported_endpoints", None)
     if not endpoints or endpoints in (set(DEFAULT_ENDPOINTS), set(DEFAULT_ENDPOINTS) | set(VIEW_ENDPOINTS)):
-        return None
+        return False
     return ROUTE in endpoints
 
 
@@ -137,15 +143,13 @@ def _error_of(response: Any) -> tuple[str, str]:
         return str(response.reason or ""), str(response.text or "")[:500]
 
 
-def stage_together(
-    snapshots: Sequence[Sequence[EpochSnapshot]], tables: Sequence[Table], branch: str
-) -> list[StagedSnapshots]:
-    """Every table's transaction staged, ``snapshots[i]`` on ``tables[i]``; a failure on one deletes
-    what the others staged."""
+def stage_together(tables: Sequence[tuple[Table, Sequence[EpochSnapshot]]], branch: str) -> list[StagedSnapshots]:
+    """Every table's transaction staged with its snapshots; a failure on one deletes what the others
+    staged."""
     staged: list[StagedSnapshots] = []
     try:
-        for table, table_snapshots in zip(tables, snapshots, strict=True):
-            staged.append(stage_snapshots(table, table_snapshots, branch=branch))
+        for table, snapshots in tables:
+            staged.append(stage_snapshots(table, snapshots, branch=branch))
     except BaseException:
         for one in staged:
             one.tx.discard()

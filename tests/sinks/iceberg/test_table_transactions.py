@@ -1,9 +1,13 @@
-"""A fan-out epoch committed in one REST ``transactions/commit`` on SeaweedFS: all its tables or none.
+"""A fan-out epoch committed in one REST ``transactions/commit``, on SeaweedFS (``weed mini``, real).
 
-The server is real (``weed mini``); a reader thread samples the tables through the catalog while
-epochs commit, and the same run with the per-table path must show what the transaction prevents, so
-the check can fail. ``EO_TORN_EPOCHS`` sets how many epochs each run commits (200 for the long run,
-docs/faults.md).
+SeaweedFS serves the route without listing it, checks every table's requirements before it writes
+anything, and then moves the tables' pointers one after the other: a failed request leaves every
+table as it was, but a reader can catch an epoch between two moves (design.md, D18). So the
+committer leaves it table by table unless asked (``exactly-once.multi-table-commit: true``, as the
+tests here ask), and these tests hold what one request gives on it: one request per write, a
+conflict for all tables, an unknown outcome settled by every table's marker, recovery after a crash
+at any step; and how often a reader sees a fan-out torn on the per-table path. ``EO_TORN_EPOCHS``
+sets how many epochs each run commits (200 for the long run, docs/faults.md).
 """
 
 from __future__ import annotations
@@ -28,7 +32,10 @@ from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochSta
 from airflow_provider_exactly_once.sinks.iceberg import IcebergSinkCommitter
 from airflow_provider_exactly_once.sinks.iceberg.markers import EPOCH_KEY, SINK_ID_KEY, WRITE_ID_KEY
 from airflow_provider_exactly_once.sinks.iceberg.table_transactions import SETTING, TableTransactions
-from airflow_provider_exactly_once.sinks.iceberg.transaction import FAULT_BEFORE_CATALOG_UPDATE
+from airflow_provider_exactly_once.sinks.iceberg.transaction import (
+    FAULT_AFTER_CATALOG_UPDATE,
+    FAULT_BEFORE_CATALOG_UPDATE,
+)
 from demo.servers import SeaweedFS
 from tests.core.coordinator.test_crash_recovery import COMMIT_POINTS
 from tests.sinks.iceberg.test_object_storage_faults import proxy_to
@@ -40,13 +47,15 @@ from tests.support.proxy import Proxy
 COMPLETED = CheckpointStatus.COMPLETED
 TABLES = ["facts", "dims"]
 EPOCHS = int(os.environ.get("EO_TORN_EPOCHS", "30"))
+#: The catalog property that asks for the route where the catalog does not list it.
+ASKED = {SETTING: "true"}
 #: Generations: every epoch's first write, and its revision (a newer run of the epoch).
 FIRST, REVISED = "2024-06-01T01:00:00.000000Z/0000000000", "2024-06-02T09:30:00.000000Z/0000000001"
 
 
 @pytest.fixture
 def pipeline(seaweed: SeaweedFS, tmp_path: Path, unique: str) -> Iterator[S3Pipeline]:
-    pipeline = s3_pipeline(seaweed_lake(seaweed, f"eo_{unique}"), tmp_path)
+    pipeline = s3_pipeline(seaweed_lake(seaweed, f"eo_{unique}", **ASKED), tmp_path)
     for name in TABLES:
         pipeline.create_table(name)
     yield pipeline
@@ -100,7 +109,7 @@ def commit_epochs(pipeline: S3Pipeline, sink_id: str, count: int, *, per_table: 
     committer = pipeline.iceberg_committer()
     if per_table:  # as docs/operations.md switches it off
         assert pipeline.lake is not None
-        committer = IcebergSinkCommitter(pipeline.lake.catalog(**{SETTING: "false"}))
+        committer = IcebergSinkCommitter(pipeline.lake.catalog(**{SETTING: "false"}), fault=pipeline.fault)
     assert committer.transactions.offered is not per_table
     coordinator = pipeline.coordinator(sink_id, committer, on_reprocess={sink_id: "replace"})
     sampler = Sampler(pipeline, sink_id)
@@ -121,11 +130,13 @@ def commit_epochs(pipeline: S3Pipeline, sink_id: str, count: int, *, per_table: 
     return sampler
 
 
-def test_a_reader_never_sees_a_fan_out_epoch_in_one_table_and_not_the_other(pipeline: S3Pipeline, sink_id: str) -> None:
+def test_fan_out_epochs_and_revisions_each_commit_in_one_request(pipeline: S3Pipeline, sink_id: str) -> None:
+    faults = FaultSwitch()
+    pipeline.fault = faults
     sampler = commit_epochs(pipeline, sink_id, EPOCHS, per_table=False)
-    assert sampler.samples > EPOCHS  # it sampled throughout
-    assert sampler.torn == []
+    assert sampler.samples > EPOCHS  # read throughout (what it saw: D18, SeaweedFS moves pointers one by one)
     revised = [e - 2 for e in range(4, EPOCHS + 1, 4)]
+    assert faults.seen[FAULT_AFTER_CATALOG_UPDATE] == EPOCHS + len(revised)  # one request per write
     for name in TABLES:
         table = pipeline.catalog.load_table(f"{pipeline.namespace}.{name}")
         assert len(table.metadata.snapshots) == EPOCHS + len(revised)  # one snapshot per table per write
@@ -139,8 +150,9 @@ def test_a_reader_never_sees_a_fan_out_epoch_in_one_table_and_not_the_other(pipe
 
 
 def test_the_per_table_path_run_the_same_way_shows_torn_reads(pipeline: S3Pipeline, sink_id: str) -> None:
-    """The check above can fail: committing table by table, the reader catches an epoch in the first
-    table only. Commits go on until it has (at most three times the epochs of the run above)."""
+    """What a catalog that commits a fan-out at once would prevent: committing table by table, the
+    reader catches an epoch in the first table only. Commits go on until it has (at most three times
+    the epochs)."""
     sampler = commit_epochs(pipeline, sink_id, EPOCHS, per_table=True)
     rounds = 1
     while not sampler.torn and rounds < 3:
@@ -221,7 +233,7 @@ def test_a_lost_response_to_the_transaction_is_settled_by_reading_every_tables_m
 ) -> None:
     proxy: Proxy = proxy_to(seaweed.catalog_uri, http=True)
     try:
-        pipeline = s3_pipeline(seaweed_lake(seaweed, f"eo_{unique}", uri=proxy.url), tmp_path)
+        pipeline = s3_pipeline(seaweed_lake(seaweed, f"eo_{unique}", uri=proxy.url, **ASKED), tmp_path)
         for name in TABLES:
             pipeline.create_table(name)
         coordinator = pipeline.coordinator(sink_id, pipeline.iceberg_committer())
@@ -311,8 +323,9 @@ def test_a_crash_at_any_step_leaves_the_tables_all_or_none_and_recovery_commits_
         )
 
 
-def test_the_catalog_property_switches_multi_table_commits_off(seaweed: SeaweedFS, unique: str) -> None:
-    """docs/operations.md's way back to table-by-table commits, for a catalog that misapplies the route."""
+def test_the_catalog_property_asks_for_the_route_or_switches_it_off(seaweed: SeaweedFS, unique: str) -> None:
+    """SeaweedFS lists no endpoints: table by table unless the connection asks (docs/operations.md)."""
     lake = seaweed_lake(seaweed, f"eo_{unique}")
-    assert TableTransactions(lake.catalog()).offered
+    assert not TableTransactions(lake.catalog()).offered
+    assert TableTransactions(lake.catalog(**ASKED)).offered
     assert not TableTransactions(lake.catalog(**{SETTING: "false"})).offered
