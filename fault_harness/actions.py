@@ -263,22 +263,30 @@ def kill_spark_connect(*, down_s: float = 3.0) -> Action:
 
 def drop_commit_response(*, answer: bytes | None = None) -> Action:
     """The REST catalog applies the pipeline's first commit (``POST .../tables/<table>`` adding a
-    snapshot) and the proxy in front of it (``Stack.catalog_proxy``) loses the response: the client's
-    connection is closed unanswered, or gets ``answer`` (a gateway's 504, say) instead. The commit
-    has landed and its task cannot know; the scenario's pipeline must use the proxied connection.
-    Once every run ended, the note says how many tries each commit task took."""
+    snapshot; a fan-out's ``POST .../transactions/commit`` of all its tables) and the proxy in front
+    of it (``Stack.catalog_proxy``) loses the response: the client's connection is closed unanswered,
+    or gets ``answer`` (a gateway's 504, say) instead. The commit has landed and its task cannot know;
+    the scenario's pipeline must use the proxied connection. Once every run ended, the note says how
+    many tries each commit task took."""
 
     def action(ctx: Context) -> None:
         proxy = ctx.cluster.stack.catalog_proxy
         if proxy is None:
             raise RuntimeError(f"the {ctx.cluster.stack.name} stack has no proxy in front of its catalog")
-        suffix = "/tables/" + ctx.pipeline.table.rsplit(".", 1)[-1]
+        names = [name.rsplit(".", 1)[-1] for name in ctx.pipeline.table_names]
+        suffix = "/transactions/commit" if len(names) > 1 else "/tables/" + names[0]
 
         def is_commit(method: str, path: str, body: bytes) -> bool:
-            return method == "POST" and path.split("?", 1)[0].endswith(suffix) and b'"add-snapshot"' in body
+            return (
+                method == "POST"
+                and path.split("?", 1)[0].endswith(suffix)
+                and b'"add-snapshot"' in body
+                and (len(names) == 1 or all(f'"{name}"'.encode() in body for name in names))
+            )
 
         proxy.drop_response(is_commit, answer=answer)
-        ctx.note(f"proxy armed: the next commit to {ctx.pipeline.table} loses its response")
+        tables = ", ".join(ctx.pipeline.table_names)
+        ctx.note(f"proxy armed: the next commit to {tables} loses its response")
         dropped = wait_for(
             ctx,
             "a commit whose response the proxy dropped",
@@ -290,7 +298,7 @@ def drop_commit_response(*, answer: bytes | None = None) -> Action:
             int(ti.try_number or 0) for ti in ctx.cluster.task_instances(ctx.pipeline.dag_id, "events.commit")
         )
         commits = sum(1 for r in proxy.requests if r.path.endswith(suffix) and r.method == "POST")
-        ctx.note(f"commit tasks' tries {tries}; {commits} POST(s) to the table passed the proxy")
+        ctx.note(f"commit tasks' tries {tries}; {commits} POST(s) of a commit passed the proxy")
 
     return action
 

@@ -44,7 +44,13 @@ and on disk (the table's data directory, local or on S3):
   orphans. Another writer's unreferenced files (pyiceberg's append leaves its data file behind when
   the catalog commit fails) are counted, not judged: recovery must never touch them;
 - ``lost``: a data file some snapshot of the table's history references is not on disk (a replaced
-  write's files are deleted only after snapshot expiry, and the harness expires none).
+  write's files are deleted only after snapshot expiry, and the harness expires none);
+
+and across a fan-out's tables (``check_fan_out``), each judged as above on its own:
+
+- ``torn``: the tables' marked snapshots do not carry the same writes in the same order (epoch,
+  write id, revision): an epoch, or one of its revisions, reached some of the tables and not the
+  others.
 
 Rows whose ids were never landed (another writer's) are counted, never judged.
 """
@@ -85,6 +91,7 @@ AnomalyKind = Literal[
     "readers",
     "orphan",
     "lost",
+    "torn",
     # An upsert pipeline's (``upsert_checker``): an update lost, a delete undone, epochs out of order.
     "lost_update",
     "resurrected",
@@ -204,6 +211,34 @@ def check(
             reader.close()
     check_files(table, marked, orphan_grace_s, now, result, Storage(storage_options))
     return result
+
+
+def check_fan_out(tables: Mapping[str, Table], results: Mapping[str, CheckResult], sink_id: str) -> CheckResult:
+    """A fan-out's tables, each already judged (``results``, in ``tables``' order), against each
+    other: the first table's result, with every other table's anomalies (naming their table) and a
+    ``torn`` anomaly per epoch whose marked writes differ between the tables."""
+    first, *others = tables
+    combined = results[first]
+    writes = {
+        name: [(m.epoch, m.write_id, m.revision) for m in marked_snapshots(table, sink_id)]
+        for name, table in tables.items()
+    }
+    for name in others:
+        combined.anomalies.extend(
+            Anomaly(a.kind, a.epoch, f"table {name}: {a.detail}") for a in results[name].anomalies
+        )
+        for epoch in sorted({w[0] for w in writes[first]} | {w[0] for w in writes[name]}):
+            mine = [w[1:] for w in writes[first] if w[0] == epoch]
+            theirs = [w[1:] for w in writes[name] if w[0] == epoch]
+            if mine != theirs:
+                combined.anomalies.append(
+                    Anomaly(
+                        "torn",
+                        epoch,
+                        f"(write id, revision) of its marked snapshots: {mine} in table {first}, {theirs} in table {name}",
+                    )
+                )
+    return combined
 
 
 def current_rows(table: Table, result: CheckResult, reader: IndependentReader | None) -> list[Row]:

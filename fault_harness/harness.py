@@ -31,7 +31,7 @@ from pyiceberg.table import Table
 from pyiceberg.types import DoubleType, LongType, NestedField, StringType, TimestamptzType
 
 from demo.world import hour_dir, land_hour, mark_hour
-from fault_harness.checker import CheckResult, check
+from fault_harness.checker import CheckResult, check, check_fan_out
 from fault_harness.cluster import FINAL_ORPHAN_GRACE_S, ICEBERG_CONN_ID, RECOVERY_DAG_ID, Cluster
 from fault_harness.landed import epoch_of
 from fault_harness.upsert_changes import hour_changes, land_changes
@@ -74,6 +74,8 @@ class Pipeline:
     conn_id: str = ICEBERG_CONN_ID
     #: ``append``, or ``upsert``: hours of changes by key into a keyed table (``upsert_pipeline``).
     mode: str = "append"
+    #: ``Scenario.tables``: more than one, a fan-out (``table_names``).
+    tables: int = 1
     hours: list[dt.datetime] = field(default_factory=list)
     #: Per epoch index: how often a committed epoch was reprocessed for sure (each adds one marked
     #: snapshot, a revision) and how often it may have been (a backfill racing the scheduled runs).
@@ -105,6 +107,11 @@ class Pipeline:
     @property
     def table(self) -> str:
         return f"{NAMESPACE}.{self.name}"
+
+    @property
+    def table_names(self) -> list[str]:
+        """Every table of the sink: ``table`` first, then a fan-out's others."""
+        return [self.table, *(f"{self.table}_{n}" for n in range(2, self.tables + 1))]
 
     def epoch(self, n: int) -> int:
         return epoch_of(self.hours[n])
@@ -145,7 +152,8 @@ class Harness:
             if n not in pipeline.late_hours:
                 mark_hour(pipeline.landing, hour, completed=n not in pipeline.failed_hours)
         schema = KEYED_EVENT_SCHEMA if pipeline.mode == "upsert" else EVENT_SCHEMA
-        self.catalog.create_table_if_not_exists(pipeline.table, schema)
+        for name in pipeline.table_names:
+            self.catalog.create_table_if_not_exists(name, schema)
         if start_dag:
             self.start_dag(pipeline)
         return pipeline
@@ -158,7 +166,7 @@ class Harness:
         params = {
             "dag_id": pipeline.dag_id,
             "sink_id": pipeline.sink_id,
-            "table": pipeline.table,
+            "tables": pipeline.table_names,
             "landing": str(pipeline.landing),
             "start": START.isoformat(),
             "epochs": pipeline.epochs,
@@ -346,11 +354,17 @@ class Harness:
         return dict(json.loads(self.cluster.eo_sink("gc", "--grace", f"{FINAL_ORPHAN_GRACE_S}s", "--json")))
 
     def check(self, pipeline: Pipeline) -> CheckResult:
+        """Every table of the pipeline judged on its own, and a fan-out's tables against each other."""
+        tables = {name: self.catalog.load_table(name) for name in pipeline.table_names}
+        results = {name: self._check_table(pipeline, table) for name, table in tables.items()}
+        return check_fan_out(tables, results, pipeline.sink_id) if len(tables) > 1 else results[pipeline.table]
+
+    def _check_table(self, pipeline: Pipeline, table: Table) -> CheckResult:
         # An unreferenced file older than the final grace when the last collection started is one it
         # should have removed (a file a lingering Spark driver wrote later is not).
         if pipeline.mode == "upsert":
             return check_upsert(
-                self.load_table(pipeline),
+                table,
                 pipeline.landing,
                 pipeline.sink_id,
                 orphan_grace_s=FINAL_ORPHAN_GRACE_S,
@@ -358,7 +372,7 @@ class Harness:
                 storage_options=self.cluster.stack.storage_options(),
             )
         return check(
-            self.load_table(pipeline),
+            table,
             pipeline.landing,
             pipeline.sink_id,
             orphan_grace_s=FINAL_ORPHAN_GRACE_S,

@@ -18,6 +18,9 @@ the cluster's DAGs folder. The differences from the example, each for a reason:
   and only the markers arrive late, so the epoch's own sensor is the one that waits;
 - short retry delays and poke intervals, so that recovery from a fault takes seconds;
 - an unpartitioned table (partitioning is not what the harness tests);
+- ``tables``: more than one makes a fan-out: the light write puts the hour's rows into each table,
+  and the commit reaches them together (one catalog transaction where the connection takes one:
+  the production stack's, ``stacks``);
 - ``mode="upsert"``: an upsert sink whose light write applies each hour's changes copy-on-write
   (``upsert_pipeline``); the Spark writers apply them as the product's upsert job does.
 
@@ -46,11 +49,12 @@ from fault_harness.upsert_pipeline import light_upsert_write, upsert_sink
 EVENT_SCHEMA_DDL = "event_id STRING, user_id BIGINT, event_type STRING, event_time TIMESTAMP, amount DOUBLE"
 
 
-def light_write(sink_id: str, table_name: str, landing: str, conn_id: str) -> dict[str, Any]:
+def light_write(sink_id: str, table_names: list[str], landing: str, conn_id: str) -> dict[str, Any]:
     """One epoch's write without Spark: the hour's JSON lines as one real Parquet file with Iceberg
-    field ids, in the write's own location, returned as pre-commit metadata (nothing visible).
+    field ids per table (a fan-out writes the same rows into each), in the write's own location,
+    returned as pre-commit metadata (nothing visible).
 
-    The file goes through the table's own FileIO (``table.io``), which carries the catalog's storage
+    The files go through each table's own FileIO (``table.io``), which carries the catalog's storage
     properties: the write lands where the table lives, local disk or S3, as a real writer's would."""
     import pyarrow as pa
     from pyiceberg.io.pyarrow import schema_to_pyarrow
@@ -59,9 +63,8 @@ def light_write(sink_id: str, table_name: str, landing: str, conn_id: str) -> di
     from demo.fault_plan import fault_hook_for
     from fault_harness.table_writes import write_data_file
 
-    start, epoch, attempt, table = running_write(conn_id, table_name)
+    start, epoch, attempt, tables = running_write(conn_id, table_names)
     write_id = str(uuid.uuid4())
-    location = f"{table.location().rstrip('/')}/data/_eo/{write_id}"
     hour = Path(hour_template(landing).format(start=start))
     rows: list[dict[str, Any]] = []
     for path in sorted(hour.glob("*.json")):
@@ -70,18 +73,17 @@ def light_write(sink_id: str, table_name: str, landing: str, conn_id: str) -> di
                 event = json.loads(line)
                 event["event_time"] = dt.datetime.fromisoformat(event["event_time"])
                 rows.append(event)
-    descriptors = []
-    if rows:
-        arrow_schema = schema_to_pyarrow(table.schema(), include_field_ids=True)
-        file_path = f"{location}/part-00000-{attempt}.parquet"
-        descriptors.append(write_data_file(table, file_path, pa.Table.from_pylist(rows, schema=arrow_schema)))
+    writes = []
+    for name, table in zip(table_names, tables, strict=True):
+        location = f"{table.location().rstrip('/')}/data/_eo/{write_id}"
+        descriptors = []
+        if rows:
+            arrow_schema = schema_to_pyarrow(table.schema(), include_field_ids=True)
+            file_path = f"{location}/part-00000-{attempt}.parquet"
+            descriptors.append(write_data_file(table, file_path, pa.Table.from_pylist(rows, schema=arrow_schema)))
+        writes.append(TableWrite(table=name, location=location, data_files=descriptors))
     fault_hook_for(sink_id, epoch, attempt)(WRITE_POINT)
-    pre = PreCommit(
-        sink_id=sink_id,
-        epoch=epoch,
-        write_id=write_id,
-        tables=[TableWrite(table=table_name, location=location, data_files=descriptors)],
-    )
+    pre = PreCommit(sink_id=sink_id, epoch=epoch, write_id=write_id, tables=writes)
     value: dict[str, Any] = json.loads(pre.model_dump_json(exclude_defaults=True))
     return value
 
@@ -108,10 +110,12 @@ def spark_input(params: dict[str, Any], upsert: bool) -> Any:
 
 
 def build(params: dict[str, Any]) -> DAG:
-    """The DAG of one scenario. ``params``: dag_id, sink_id, table, landing, start (ISO hour), epochs,
+    """The DAG of one scenario. ``params``: dag_id, sink_id, tables (the first the only one but in a
+    fan-out), landing, start (ISO hour), epochs,
     writer (light|spark|connect), write_pause_s (``spark_input``), sensor (poke|reschedule|deferrable),
     conn_id, max_active_runs, mode (append|upsert: ``upsert_pipeline``, one run at a time)."""
-    dag_id, sink_id, table, landing = params["dag_id"], params["sink_id"], params["table"], params["landing"]
+    dag_id, sink_id, tables, landing = params["dag_id"], params["sink_id"], params["tables"], params["landing"]
+    table = tables[0]
     conn_id = params["conn_id"]
     start = dt.datetime.fromisoformat(params["start"])
     end = start + dt.timedelta(hours=int(params["epochs"]) - 1)
@@ -121,7 +125,7 @@ def build(params: dict[str, Any]) -> DAG:
     sink = (
         upsert_sink(sink_id, table, conn_id)
         if upsert
-        else IcebergSinkConfig(sink_id, (table,), iceberg_conn_id=conn_id)
+        else IcebergSinkConfig(sink_id, tuple(tables), iceberg_conn_id=conn_id)
     )
     checkpoint = MarkerFileCheckpoint(hour_template(landing))
     sensor = params.get("sensor", "poke")
@@ -151,9 +155,11 @@ def build(params: dict[str, Any]) -> DAG:
                 **{**quick, "retry_delay": dt.timedelta(seconds=15)},
             )
         else:
-            write = task(task_id="transform", **quick)(light_upsert_write if upsert else light_write)(
-                sink_id, table, landing, conn_id
-            )
+            light = task(task_id="transform", **quick)
+            if upsert:
+                write = light(light_upsert_write)(sink_id, table, landing, conn_id)
+            else:
+                write = light(light_write)(sink_id, tables, landing, conn_id)
         exactly_once_epoch(
             write,
             sink=sink,

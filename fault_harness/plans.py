@@ -78,6 +78,9 @@ class Scenario:
     #: ``append`` (the example pipeline) or ``upsert`` (``upsert_pipeline``: changes by key, judged
     #: against a key model by ``upsert_checker``; one run at a time).
     mode: str = "append"
+    #: The pipeline's tables: more than one is a fan-out, each epoch the same rows into every table,
+    #: committed in one catalog transaction where the catalog takes it (the production stack's does).
+    tables: int = 1
     pipeline: Pipeline | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -85,6 +88,8 @@ class Scenario:
             raise ValueError(f"scenario {self.name}: mode is append or upsert, not {self.mode!r}")
         if self.mode == "upsert" and self.max_active_runs != 1:
             raise ValueError(f"scenario {self.name}: an upsert pipeline runs one epoch at a time (max_active_runs=1)")
+        if self.tables > 1 and (self.mode != "append" or self.writer != "light"):
+            raise ValueError(f"scenario {self.name}: a fan-out pipeline is an append with the light writer")
         if self.write_pause_s and self.writer == "light":
             raise ValueError(f"scenario {self.name}: write_pause_s slows a Spark write; the light writer has none")
 
@@ -95,6 +100,7 @@ def describe_plan(scenarios: Sequence[Scenario]) -> list[dict[str, Any]]:
             "name": s.name,
             "description": s.description,
             "mode": s.mode,
+            "tables": s.tables,
             "epochs": s.epochs,
             "writer": s.writer,
             "write_pause_s": s.write_pause_s,

@@ -50,6 +50,7 @@ def run_scenarios(cluster: Cluster, scenarios: Sequence[Scenario], *, timeout: f
                     max_active_runs=s.max_active_runs,
                     conn_id=s.conn_id,
                     mode=s.mode,
+                    tables=s.tables,
                 ),
                 start_dag=False,
             )
@@ -119,6 +120,7 @@ def run_scenarios(cluster: Cluster, scenarios: Sequence[Scenario], *, timeout: f
                 "description": s.description,
                 "writer": WRITERS[s.writer],
                 "mode": s.mode,
+                "tables": s.pipeline.table_names,
                 "runs": harness.runs(s.pipeline),
                 "actions": logs[s.name],
                 "action_error": errors.get(s.name),

@@ -13,8 +13,8 @@ from typing import Any
 from airflow.sdk import get_current_context
 
 
-def running_write(conn_id: str, table_name: str) -> tuple[dt.datetime, int, int, Any]:
-    """What a light write task needs of its run: the hour, its epoch, the try, the table loaded now."""
+def running_write(conn_id: str, table_names: list[str]) -> tuple[dt.datetime, int, int, list[Any]]:
+    """What a light write task needs of its run: the hour, its epoch, the try, the tables loaded now."""
     from airflow.providers.apache.iceberg.hooks.iceberg import IcebergHook
 
     from airflow_provider_exactly_once.core.epochs import epoch_from_interval_start
@@ -22,5 +22,6 @@ def running_write(conn_id: str, table_name: str) -> tuple[dt.datetime, int, int,
     context = get_current_context()
     start = context["data_interval_start"]
     assert start is not None
-    table = IcebergHook(conn_id).catalog.load_table(table_name)
-    return start, epoch_from_interval_start(start), int(context["ti"].try_number), table
+    catalog = IcebergHook(conn_id).catalog
+    tables = [catalog.load_table(name) for name in table_names]
+    return start, epoch_from_interval_start(start), int(context["ti"].try_number), tables

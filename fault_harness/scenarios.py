@@ -257,11 +257,26 @@ def named_scenarios() -> dict[str, Scenario]:
             description=f"SeaweedFS (REST catalog and S3) killed -9 while commits run, restarted {CATALOG_DOWN_S:.0f} s later",
         ),
         Scenario(
+            "fan_out_kill_commit",
+            epochs=3,
+            tables=2,
+            rules=(
+                Rule(0, "iceberg.before_catalog_update"),
+                Rule(1, "iceberg.after_catalog_update"),
+                Rule(2, "commit.visible"),
+            ),
+            description="fan-out pipeline (two tables): each epoch's commit killed -9 at another step (before the "
+            "catalog update, after it, before the Committed mark); table by table on the local stack (the kill after "
+            "the update leaves the first table committed), one transactions/commit request on the production stack",
+        ),
+        Scenario(
             "drop_commit_response",
             epochs=2,
+            tables=2,
             conn_id=PROXIED_ICEBERG_CONN_ID,
             actions=(drop_commit_response(),),
-            description="the REST catalog applies a commit and the proxy in front of it drops the response",
+            description="fan-out pipeline (two tables): the REST catalog applies their transactions/commit and the "
+            "proxy in front of it drops the response",
         ),
     ]
     return {s.name: s for s in scenarios}

@@ -14,7 +14,11 @@ catalog with their data and metadata on SeaweedFS's S3 (component ``seaweedfs``)
 network call that can fail half-way and the catalog itself can crash. A second Iceberg connection
 (``PROXIED_ICEBERG_CONN_ID``) reaches the same catalog through an HTTP proxy in the harness's process
 (``fault_harness.proxy``), as a load balancer would: a scenario whose pipeline uses it can have the
-proxy lose a commit's response after the catalog applied it.
+proxy lose a commit's response after the catalog applied it. Both connections ask for the REST
+catalog's multi-table commit (``exactly-once.multi-table-commit``, design.md D18), which SeaweedFS
+serves without listing it: a fan-out pipeline's tables are committed in one request there. SeaweedFS
+moves the tables' pointers one after the other inside that request, so readers between the moves are
+not what the harness judges; what the tables hold in the end is.
 
 Either stack has a Spark Connect server on call (component ``spark-connect``, ``local[2]``): its
 port is chosen when the cluster is made, so the connection ``SPARK_CONNECT_CONN_ID`` is in every
@@ -34,6 +38,7 @@ from typing import Any
 
 import psutil  # type: ignore[import-untyped]
 
+from airflow_provider_exactly_once.sinks.iceberg.table_transactions import SETTING as MULTI_TABLE_COMMIT
 from demo.servers import SeaweedFS, SparkConnectServer, SparkStandalone, free_port
 from fault_harness.proxy import Proxy
 
@@ -163,11 +168,17 @@ class ProductionStack(Stack):
         """The REST catalog's URI, its OAuth2 client credential and the S3 FileIO properties, all in
         the extra: how a user configures the Iceberg provider's connection for such a catalog."""
         assert self.seaweed is not None, "open() first"
-        return self.seaweed.catalog_properties()
+        return {**self.seaweed.catalog_properties(), MULTI_TABLE_COMMIT: "true"}
 
     def more_catalogs(self) -> dict[str, dict[str, str]]:
         assert self.seaweed is not None and self.catalog_proxy is not None, "open() first"
-        return {PROXIED_ICEBERG_CONN_ID: {**self.seaweed.catalog_properties(), "uri": self.catalog_proxy.url}}
+        return {
+            PROXIED_ICEBERG_CONN_ID: {
+                **self.seaweed.catalog_properties(),
+                MULTI_TABLE_COMMIT: "true",
+                "uri": self.catalog_proxy.url,
+            }
+        }
 
     def concurrency(self, name: str) -> int:
         """Each worker's slots; together they are the cluster's parallelism (3: 2 and 1)."""

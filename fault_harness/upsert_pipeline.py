@@ -37,7 +37,7 @@ def light_upsert_write(sink_id: str, table_name: str, landing: str, conn_id: str
     from fault_harness.upsert_changes import last_per_key, read_changes
     from fault_harness.upsert_writer import write_upsert
 
-    start, epoch, attempt, table = running_write(conn_id, table_name)
+    start, epoch, attempt, (table,) = running_write(conn_id, [table_name])
     changes = last_per_key(read_changes(Path(hour_template(landing).format(start=start))))
     pre = write_upsert(
         table, table_name, sink_id, epoch, str(uuid.uuid4()), changes, file_name=f"part-00000-{attempt}.parquet"

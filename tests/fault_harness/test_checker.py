@@ -24,7 +24,7 @@ from pyiceberg.table import Table
 
 from airflow_provider_exactly_once.sinks.iceberg.markers import marker_properties
 from demo.world import hour_dir, land_hour, mark_hour
-from fault_harness.checker import check
+from fault_harness.checker import CheckResult, check, check_fan_out
 from fault_harness.harness import EVENT_SCHEMA, reland_hour
 from fault_harness.landed import epoch_of, read_input
 
@@ -35,6 +35,7 @@ H1 = dt.datetime(2025, 1, 1, 1, tzinfo=dt.UTC)
 
 class World:
     def __init__(self, root: Path) -> None:
+        root.mkdir(parents=True, exist_ok=True)
         self.landing = root / "landing"
         self.history = root / "history"
         catalog = SqlCatalog("unit", uri=f"sqlite:///{root / 'catalog.db'}", warehouse=f"file://{root / 'wh'}")
@@ -44,9 +45,9 @@ class World:
             land_hour(self.landing, hour, 12, files=2, seed=n)
             mark_hour(self.landing, hour, completed=True)
 
-    def write(self, hour: dt.datetime) -> tuple[str, list[DataFile]]:
+    def write(self, hour: dt.datetime, write_id: str | None = None) -> tuple[str, list[DataFile]]:
         """The hour's current input as one Parquet file in a write's own folder (nothing committed)."""
-        write_id = str(uuid.uuid4())
+        write_id = write_id or str(uuid.uuid4())
         folder = Path(self.table.location().removeprefix("file://")) / "data" / "_eo" / write_id
         folder.mkdir(parents=True)
         rows = [
@@ -89,6 +90,9 @@ class World:
                     snapshot.append_data_file(data_file)
 
     def check(self, **commits: tuple[int, int]) -> list[tuple[str, int | None]]:
+        return sorted({(a.kind, a.epoch) for a in self.result(**commits).anomalies}, key=str)
+
+    def result(self, **commits: tuple[int, int]) -> CheckResult:
         by_epoch = {epoch_of(H0 if name == "h0" else H1): value for name, value in commits.items()}
         result = check(
             self.table,
@@ -100,7 +104,7 @@ class World:
             commits=by_epoch,
         )
         assert result.reader == "duckdb and pyiceberg"
-        return sorted({(a.kind, a.epoch) for a in result.anomalies}, key=str)
+        return result
 
 
 @pytest.fixture
@@ -184,3 +188,27 @@ def test_a_failed_hour_with_a_marker_and_an_orphan(world: World) -> None:
     found = world.check()
     e1 = epoch_of(H1)
     assert ("snapshots", e1) in found and ("visible_failed", e1) in found and ("orphan", None) in found
+
+
+def test_a_fan_out_judged_table_by_table_and_across_its_tables(tmp_path: Path) -> None:
+    """Two tables of one sink (one per world: the same input, one catalog each): an epoch committed
+    to both with the same write passes; an epoch in the first only is torn (and missing from the
+    second table's own judgement, named by table); the same epoch by different writes is torn too."""
+    first, second = World(tmp_path / "first"), World(tmp_path / "second")
+    both = str(uuid.uuid4())
+    first.commit(H0, first.write(H0, both))
+    second.commit(H0, second.write(H0, both))
+    first.commit(H1, first.write(H1))
+
+    def fan_out() -> set[tuple[str, int | None, str]]:
+        tables = {"faults.first": first.table, "faults.second": second.table}
+        results = {"faults.first": first.result(), "faults.second": second.result()}
+        anomalies = check_fan_out(tables, results, SINK).anomalies
+        return {(a.kind, a.epoch, a.detail.split(":", 1)[0]) for a in anomalies}
+
+    h1 = epoch_of(H1)
+    torn = ("torn", h1, "(write id, revision) of its marked snapshots")
+    in_second = "table faults.second"
+    assert fan_out() == {("missing", h1, in_second), ("snapshots", h1, in_second), torn}
+    second.commit(H1, second.write(H1))  # the same rows, but another write than the first table's
+    assert fan_out() == {torn}

@@ -3,14 +3,15 @@ coordinator and the committer through many interleavings without paying for a Sp
 
 It produces what ``spark/upsert.py`` produces (the files holding a changed key rewritten without
 those keys, the changed rows in a new file, the snapshot read, the key range, the counts; for a
-revision, planned before the write it revises), by the same rule, on a local unpartitioned table
-``(id long required, value string)``. The Spark job
+revision, planned before the write it revises), by the same rule, on an unpartitioned table
+``(id long required, value string)``, through the table's FileIO (local disk or S3). The Spark job
 itself is tested against the table in ``tests/spark/test_upsert.py``.
 """
 
 from __future__ import annotations
 
 import base64
+import io
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -72,7 +73,6 @@ def write_upsert(
     table = catalog.load_table(table_name)
     read_id = _planned_at(table, revision)
     location = iceberg_write_location(iceberg_data_root(table.location(), table.properties), write_id)
-    folder = Path(location.removeprefix("file://"))
     keys = pa.array(sorted(changes), pa.int64())
     forced = set(revision.rewritten) if revision is not None else set()
     rewritten: list[RewrittenFile] = []
@@ -80,7 +80,8 @@ def write_upsert(
     found: set[int] = set()
     if read_id is not None and (len(keys) or forced):
         for task in table.scan(snapshot_id=read_id).plan_files():
-            data = pq.read_table(task.file.file_path.removeprefix("file://")).select(["id", "value"]).cast(ARROW)
+            with table.io.new_input(task.file.file_path).open() as stream:
+                data = pq.read_table(stream).select(["id", "value"]).cast(ARROW)
             hit = pc.is_in(data.column("id"), value_set=keys)
             if not pc.any(hit).as_py() and task.file.file_path not in forced:
                 continue
@@ -93,10 +94,20 @@ def write_upsert(
     rows = pa.concat_tables([*kept, new])
     data_files = []
     if rows.num_rows:
-        folder.mkdir(parents=True, exist_ok=True)
-        pq.write_table(rows, folder / "part-0.parquet")
+        buffer = io.BytesIO()
+        pq.write_table(rows, buffer)
+        payload = buffer.getvalue()
+        with table.io.new_output(f"{location}/part-0.parquet").create(overwrite=True) as stream:
+            stream.write(payload)
         data_files.append(
-            describe_parquet_file(f"{location}/part-0.parquet", table_schema=table.schema(), partition={}, writer="0")
+            describe_parquet_file(
+                f"{location}/part-0.parquet",
+                table_schema=table.schema(),
+                partition={},
+                writer="0",
+                parquet_metadata=pq.read_metadata(io.BytesIO(payload)),
+                file_size_in_bytes=len(payload),
+            )
         )
     updated = sum(1 for k in upserts if k in found)
     deleted = sum(1 for k, v in changes.items() if v is None and k in found)
