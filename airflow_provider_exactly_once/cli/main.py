@@ -323,36 +323,18 @@ def _show_command(ops: SinkOperations, args: argparse.Namespace, out: TextIO, er
         checkpoint: dict[str, Any] = ops.checkpoint(args.sink, args.epoch).to_dict()
     except ExactlyOnceError as exc:  # an unregistered sink: its checkpoint source is not known here
         checkpoint = {"status": None, "detail": mask_userinfo(f"{type(exc).__name__}: {exc}"), "source": None}
+    delivery = ops.delivery(args.sink)
     if args.json:
-        _print_json(out, {"epoch": view.to_dict(), "checkpoint": checkpoint})
+        _print_json(out, {"epoch": view.to_dict(), "checkpoint": checkpoint, "delivery": delivery.to_dict()})
         return EXIT_OK
-    data = {**view.to_dict(), "age": _age(view.age_seconds)}
+    data = {**view.to_dict(), "age": _age(view.age_seconds), "delivery": delivery.text}
     data["checkpoint"] = checkpoint["status"] or f"unknown ({checkpoint['detail']})"
     data["data_interval"] = _interval(view.interval_start, view.interval_end)
     data["logical_date"] = _instant(view.logical_date)
     shown = (
-        "sink_id",
-        "epoch",
-        "data_interval",
-        "status",
-        "write_id",
-        "dag_id",
-        "run_id",
-        "logical_date",
-        "try_number",
-        "created_at",
-        "age",
-        "updated_at",
-        "commit_decided_at",
-        "checkpoint",
-        "files",
-        "rows",
-        "bytes",
-        "pending_cleanups",
-        "revision",
-        "replacing_write_id",
-        "error",
-        "warning",
+        *("sink_id", "epoch", "data_interval", "status", "write_id", "dag_id", "run_id", "logical_date"),
+        *("try_number", "created_at", "age", "updated_at", "commit_decided_at", "checkpoint", "delivery"),
+        *("files", "rows", "bytes", "pending_cleanups", "revision", "replacing_write_id", "error", "warning"),
     )
     _table(out, [(key, "" if data[key] is None else data[key]) for key in shown], ["field", "value"])
     out.write("\n")

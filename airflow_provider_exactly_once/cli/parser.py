@@ -149,7 +149,9 @@ def build_parser() -> argparse.ArgumentParser:
     epochs.add_argument("--limit", type=_page_size, default=50, help="rows per page (default 50, at most 1000)")
     epochs.add_argument("--offset", type=_offset, default=0, help="rows to skip (default 0)")
 
-    show = commands.add_parser("show", parents=[common], help="one epoch: its row, write and checkpoint")
+    show = commands.add_parser(
+        "show", parents=[common], help="one epoch: its row, write, checkpoint, and how its tables are committed"
+    )
     show.add_argument("sink", type=_sink_id)
     show.add_argument("epoch", type=_epoch)
 

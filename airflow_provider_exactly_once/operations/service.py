@@ -18,29 +18,29 @@ from __future__ import annotations
 import getpass
 import os
 import socket
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_exactly_once.checkpoints.config import CheckpointConfig
 from airflow_provider_exactly_once.core.cleanups import remove_orphans, scan_orphans
 from airflow_provider_exactly_once.core.decisions import Action, abort_decision, commit_decision, recovery_decision
+from airflow_provider_exactly_once.core.delivery import EpochDelivery, unknown
 from airflow_provider_exactly_once.core.errors import (
     EpochNotFound,
     ExactlyOnceError,
-    InvalidSinkConfig,
     SinkUnavailable,
 )
 from airflow_provider_exactly_once.core.identifiers import abort_reason_fault, check_epoch
 from airflow_provider_exactly_once.core.lookups import EpochLookups
 from airflow_provider_exactly_once.core.ports import CheckpointSource, CleanupTask, EpochRecord
-from airflow_provider_exactly_once.core.redact import find_control, mask_userinfo
+from airflow_provider_exactly_once.core.redact import find_control
 from airflow_provider_exactly_once.core.status import EpochStatus
 from airflow_provider_exactly_once.defaults import DEFAULT_LOCK_TTL, DEFAULT_META_CONN_ID, DEFAULT_ORPHAN_GRACE
+from airflow_provider_exactly_once.operations.delivery import Deliveries
 from airflow_provider_exactly_once.operations.reads import InvalidRequest, SinkNotFound, SinkReads
 from airflow_provider_exactly_once.operations.views import ActionResult, describe_write
-from airflow_provider_exactly_once.runtime.assembly import checkpoint_source
+from airflow_provider_exactly_once.runtime.assembly import checkpoint_source, reaching
 from airflow_provider_exactly_once.store import SqlSinkStateStore
 
 if TYPE_CHECKING:
@@ -76,6 +76,17 @@ class SinkOperations(SinkReads):
     ) -> None:
         super().__init__(store)
         self.meta_conn_id = meta_conn_id
+        self._deliveries = Deliveries()
+
+    def delivery(self, sink_id: str) -> EpochDelivery:
+        """How the sink's epochs reach their tables, for one epoch's view (``operations.delivery``):
+        a view, so a sink that is not registered, or whose catalog cannot be opened, is ``unknown``
+        with why, never an error."""
+        try:
+            sink, _ = self._registration(sink_id)
+        except ExactlyOnceError as exc:
+            return unknown(None, exc)
+        return self._deliveries.of(sink)
 
     # -- actions on one epoch ----------------------------------------------------------------------
 
@@ -408,7 +419,7 @@ class SinkOperations(SinkReads):
         """
         from airflow_provider_exactly_once.runtime.assembly import coordinator_for
 
-        with _reaching(sink):
+        with reaching(sink):
             return coordinator_for(
                 sink,
                 checkpoint,
@@ -421,7 +432,7 @@ class SinkOperations(SinkReads):
         """The sink's committer and write-folder listing, opened once; failures as ``_build`` says them."""
         from airflow_provider_exactly_once.runtime.assembly import open_sink
 
-        with _reaching(sink):
+        with reaching(sink):
             return open_sink(sink)
 
     def _checkpoints(self, sink_id: str) -> CheckpointSource:
@@ -438,24 +449,6 @@ class SinkOperations(SinkReads):
             f"{len(tasks)} queued clean-up(s) would run (write(s) {writes}; up to {files} listed file(s) "
             "plus anything else under their write locations), each only where the sink proves it unreferenced"
         )
-
-
-@contextmanager
-def _reaching(sink: SinkConfig) -> Iterator[None]:
-    """A sink's storage that cannot be opened: a connection that is not there is ``InvalidSinkConfig``,
-    anything else ``SinkUnavailable`` naming the catalog or file system, credentials masked."""
-    from airflow_provider_exactly_once.version_compat import AirflowNotFoundException
-
-    try:
-        yield
-    except ExactlyOnceError:
-        raise
-    except AirflowNotFoundException as exc:
-        raise InvalidSinkConfig(mask_userinfo(f"sink {sink.sink_id!r}: {exc}")) from None
-    except Exception as exc:
-        from airflow_provider_exactly_once.runtime.assembly import unreachable
-
-        raise SinkUnavailable(unreachable(sink, exc)) from None
 
 
 def _cleanup_dict(task: CleanupTask) -> dict[str, Any]:

@@ -5,13 +5,15 @@ Hooks hold connections only; this module puts the meta store (``hooks.meta_store
 committer (its catalog from the sink's Iceberg connection), the checkpoint source, the fault hook
 (a plug point, ``configured_fault_hook``) and Airflow's metrics together, once, the same way for
 everyone. A registered sink is rebuilt here from its registry row (``registered_configs``), and a
-sink that cannot be opened is explained here (``unreachable``), for recovery and the operations tools alike.
+sink that cannot be opened is explained here (``reaching``, ``unreachable``), for recovery and the
+operations tools alike.
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -20,7 +22,7 @@ from airflow_provider_exactly_once.checkpoints.config import (
     MetaStoreCheckpoint,
     checkpoint_config_from_dict,
 )
-from airflow_provider_exactly_once.core.errors import SinkUnavailable
+from airflow_provider_exactly_once.core.errors import ExactlyOnceError, InvalidSinkConfig, SinkUnavailable
 from airflow_provider_exactly_once.core.faults import FaultHook, no_faults
 from airflow_provider_exactly_once.core.redact import mask_userinfo
 from airflow_provider_exactly_once.defaults import CONFIG_SECTION, DEFAULT_META_CONN_ID
@@ -280,6 +282,22 @@ def registered_configs(registry: SinkRegistry, sink_id: str) -> tuple[SinkConfig
     sink_dict, checkpoint_dict = registration
     checkpoint = None if checkpoint_dict is None else checkpoint_config_from_dict(checkpoint_dict)
     return sink_config_from_dict(sink_dict), checkpoint
+
+
+@contextmanager
+def reaching(sink: SinkConfig) -> Iterator[None]:
+    """A sink's storage that cannot be opened: a connection that is not there is ``InvalidSinkConfig``,
+    anything else ``SinkUnavailable`` naming the catalog or file system, credentials masked."""
+    from airflow_provider_exactly_once.version_compat import AirflowNotFoundException
+
+    try:
+        yield
+    except ExactlyOnceError:
+        raise
+    except AirflowNotFoundException as exc:
+        raise InvalidSinkConfig(mask_userinfo(f"sink {sink.sink_id!r}: {exc}")) from None
+    except Exception as exc:
+        raise SinkUnavailable(unreachable(sink, exc)) from None
 
 
 def unreachable(sink: SinkConfig, exc: Exception) -> str:

@@ -16,10 +16,11 @@ from sqlalchemy import text
 
 from airflow_provider_exactly_once.cli.main import EXIT_BUSY, EXIT_FAILED, EXIT_OK, EXIT_USAGE, duration, main
 from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochStatus
-from airflow_provider_exactly_once.sinks.config import FileSinkConfig
-from tests.operations.helpers import coordinator, state, write
+from airflow_provider_exactly_once.sinks.config import FileSinkConfig, IcebergSinkConfig
+from tests.operations.helpers import coordinator, register, state, write
 from tests.recovery.helpers import E0, E1, E2, E3, GRACE, exists, leave_crash
 from tests.support.airflow_world import World
+from tests.support.builders import empty_write, free_port
 
 EO_SINK = Path(sys.executable).with_name("eo-sink")
 
@@ -52,6 +53,7 @@ def test_the_script_reports_status_shows_refuses_and_commits(world: World) -> No
     shown = json.loads(show.stdout)
     assert shown["epoch"]["write_id"] == pre.write_id and shown["epoch"]["dag_id"] == "hourly"
     assert shown["checkpoint"]["status"] == "COMPLETED"
+    assert (shown["delivery"]["how"], shown["delivery"]["tables"]) == ("one table", 1)
 
     refused = eo_sink("abort", sink_id, str(E1), "--reason", "test", "--url", url, "--json")
     assert refused.returncode == EXIT_FAILED
@@ -315,3 +317,44 @@ def test_show_lists_the_revisions_of_a_reprocessed_epoch(world: World) -> None:
     revisions = out.split("revision", 1)[1]
     assert "Replaced" in out and writes[0].write_id in out and writes[1].write_id in out
     assert "generation" in revisions and "2024-06-02T00:00:00.000000Z/0000000001" in out
+
+
+def test_show_says_how_the_sinks_epochs_reach_its_tables_even_when_its_catalog_is_down(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url, pipeline = world.pipeline.meta_url, world.pipeline
+    pipeline.create_table("clicks")
+    fan_out = IcebergSinkConfig(
+        f"{world.sink_id}-fan", (world.table, f"{pipeline.namespace}.clicks"), iceberg_conn_id=world.iceberg_conn_id
+    )
+    register(world, fan_out)
+    pipeline.store.insert_pending(
+        empty_write(fan_out.sink_id, E1, world.table, f"file://{world.tmp}/fan"), run_id=None, try_number=None
+    )
+    code, out, err = run_main("show", fan_out.sink_id, str(E1), "--url", url)
+    assert code == EXIT_OK, err
+    [line] = [row for row in out.splitlines() if row.startswith("delivery ")]
+    assert line.split(None, 1)[1] == (
+        f"table by table across its 2 tables: catalog {world.iceberg_conn_id!r} is a SQL catalog, "
+        "which commits each table on its own"
+    )
+
+    dead_port = free_port()
+    dead_conn_id = f"iceberg_down_{world.sink_id}"
+    dead_uri = f"postgresql+psycopg2://eo:Planted-pw@127.0.0.1:{dead_port}/catalog"
+    monkeypatch.setenv(
+        f"AIRFLOW_CONN_{dead_conn_id.upper()}",
+        json.dumps({"conn_type": "iceberg", "extra": {"type": "sql", "uri": dead_uri}}),
+    )
+    down = IcebergSinkConfig(f"{world.sink_id}-down", fan_out.tables, iceberg_conn_id=dead_conn_id)
+    register(world, down)
+    pipeline.store.insert_pending(
+        empty_write(down.sink_id, E1, world.table, f"file://{world.tmp}/down"), run_id=None, try_number=None
+    )
+    code, out, err = run_main("show", down.sink_id, str(E1), "--url", url, "--json")
+    assert code == EXIT_OK, err
+    delivery = json.loads(out)["delivery"]
+    assert (delivery["how"], delivery["tables"]) == ("unknown", 2)
+    assert delivery["why"].startswith("SinkUnavailable: ") and f"eo:***@127.0.0.1:{dead_port}" in delivery["why"]
+    code, out, err = run_main("show", down.sink_id, str(E1), "--url", url)
+    assert code == EXIT_OK and "unknown: SinkUnavailable: " in out and "Planted-pw" not in out + err

@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import airflow_provider_exactly_once.plugins.ui as ui_package
+from airflow_provider_exactly_once.core.delivery import Delivery, EpochDelivery
 from airflow_provider_exactly_once.core.status import EpochStatus
 from airflow_provider_exactly_once.core.upserts import ChangeCounts, RewrittenFile
 from airflow_provider_exactly_once.operations.views import EpochView
@@ -45,6 +46,7 @@ def test_the_epoch_page_shows_the_changes_table_only_for_upsert_writes() -> None
     template = templates.env.get_template("epoch.html")
     context = {"user": "u", "checkpoint": {"status": "COMPLETED"}, "can_edit": False, "run_url": None}
     context |= {"home": "/", "sink_url": "/s", "api": "/api", "request": None}
+    context["delivery"] = EpochDelivery(Delivery.TABLE_BY_TABLE, 2, "catalog 'c' is a SQL catalog").to_dict()
     page = template.render(row=upsert_row().to_dict(), **context)
     changes = page.split('id="upsert-changes"', 1)[1].split("</table>", 1)[0]
     assert "db.accounts" in changes and "db.audit" not in changes

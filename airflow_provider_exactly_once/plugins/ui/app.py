@@ -283,7 +283,13 @@ def create_app(operations: OperationsFactory = default_operations) -> FastAPI:
             shown = {"status": render.text(checkpoint.status), "detail": checkpoint.detail}
         except ExactlyOnceError as exc:  # an unregistered sink: its checkpoint source is unknown here
             shown = {"status": None, "detail": mask_userinfo(f"{type(exc).__name__}: {exc}")}
-        return {"epoch": view.to_dict(), "checkpoint": shown, "can_edit": access.allowed(EDIT, view.dag_id)}
+        return {
+            "epoch": view.to_dict(),
+            "checkpoint": shown,
+            # After the access checks: a hidden epoch's answer must not wait for its sink's catalog.
+            "delivery": ops.get().delivery(sink_id).to_dict(),
+            "can_edit": access.allowed(EDIT, view.dag_id),
+        }
 
     @app.get("/api/openapi.json", include_in_schema=False)
     def api_openapi(request: Request, user: User) -> JSONResponse:
@@ -308,7 +314,10 @@ def create_app(operations: OperationsFactory = default_operations) -> FastAPI:
     ) -> list[dict[str, Any]]:
         return _visible_epochs(AccessChecker(user), sink, _parse_status(epoch_status), limit, offset)
 
-    @app.get("/api/sinks/{sink_id}/epochs/{epoch}", summary="One epoch, its checkpoint and whether the user may act")
+    @app.get(
+        "/api/sinks/{sink_id}/epochs/{epoch}",
+        summary="One epoch, its checkpoint, how its sink's epochs reach its tables, and whether the user may act",
+    )
     def api_epoch(user: User, sink_id: str, epoch: int) -> dict[str, Any]:
         return _epoch_detail(AccessChecker(user), sink_id, epoch)
 
@@ -423,6 +432,7 @@ def create_app(operations: OperationsFactory = default_operations) -> FastAPI:
                 "user": user.get_name(),
                 "row": row,
                 "checkpoint": detail["checkpoint"],
+                "delivery": detail["delivery"],
                 "can_edit": detail["can_edit"],
                 "run_url": render.dag_run_url(request, row.get("dag_id"), row.get("run_id"), live),
                 "home": urls.sinks_page(render.base(request)),

@@ -16,8 +16,10 @@ applied), the committer commits table by table from then on. SeaweedFS serves th
 listing it, and is left table by table: it checks every table's requirements before writing
 anything, but then moves the tables' pointers one after the other (its
 ``weed/s3api/iceberg/handlers_transaction.go`` says so: "not crash-atomic"), so a reader can see a
-fan-out in some tables only, for the moment between two moves, or for good if the server dies
-between them. SQL and Glue catalogs never take it (design.md section 5, D18).
+fan-out in some tables only, for the moment between two moves (the tests reproduce it), or for good
+if the server dies between them. SQL and Glue catalogs never take it (design.md section 5, D18).
+The epoch views show the same decision, with its reason, per sink (``TableTransactions.delivery``):
+an operator reading a fan-out's tables must know whether one can hold an epoch the other does not yet.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.catalog.rest import DEFAULT_ENDPOINTS, VIEW_ENDPOINTS, Endpoint, RestCatalog
 from pyiceberg.table import Table
 
+from airflow_provider_exactly_once.core.delivery import Delivery, EpochDelivery
 from airflow_provider_exactly_once.core.errors import CommitOutcomeUnknown
 from airflow_provider_exactly_once.core.ports import EMPTY, CommitPlan
 from airflow_provider_exactly_once.sinks.iceberg.catalog_access import describe_error
@@ -56,6 +59,10 @@ SETTING = "exactly-once.multi-table-commit"
 #: A server's answers meaning it has no such route (a 404 naming a missing table or namespace is not one).
 _NO_ROUTE = frozenset({404, 405, 501})
 _MISSING_THINGS = frozenset({"NoSuchTableException", "NoSuchNamespaceException"})
+#: pyiceberg's catalog classes that never take the route, as the epoch views name them.
+_KINDS = {"SqlCatalog": "SQL", "GlueCatalog": "Glue"}
+#: A single-table sink's answer, on any catalog: no catalog need be opened to give it.
+SINGLE_TABLE = EpochDelivery(Delivery.ONE_TABLE, 1, "each epoch is one snapshot of its one table")
 
 
 class RouteMissing(Exception):
@@ -67,10 +74,7 @@ class TableTransactions:
 
     def __init__(self, catalog: Catalog) -> None:
         self._catalog = catalog
-        setting = str(catalog.properties.get(SETTING, "")).strip().lower()
-        self._offered: bool | None = False
-        if isinstance(catalog, RestCatalog) and setting != "false":
-            self._offered = None if setting == "true" else _listed(catalog)
+        self._offered, self._why = _offer(catalog)
 
     @property
     def offered(self) -> bool:
@@ -82,6 +86,14 @@ class TableTransactions:
     def known(self) -> bool | None:
         """``True``/``False`` once listed, switched off or tried; ``None`` while only a try can tell."""
         return self._offered
+
+    def delivery(self, tables: int) -> EpochDelivery:
+        """How a sink of ``tables`` tables on this catalog commits an epoch, and why: what the epoch
+        views show, decided by ``offered`` as the committer decides."""
+        if tables == 1:
+            return SINGLE_TABLE
+        how = Delivery.ONE_TRANSACTION if self.offered else Delivery.TABLE_BY_TABLE
+        return EpochDelivery(how, tables, self._why)
 
     def commit(self, staged: Sequence[StagedSnapshots], fault: Callable[[str], None]) -> list[list[int]]:
         """Send every table's staged transaction in one request; per table, its snapshots' ids.
@@ -118,11 +130,35 @@ class TableTransactions:
             if status == 409:
                 raise SinkCommitConflict(f"{error[0]}: {error[1]}")
             self._offered = False
+            self._why = f"catalog {catalog.name!r} refused {ROUTE} (HTTP {status} {error[0]})"
             raise RouteMissing(f"HTTP {status} {error[0]}: {error[1]}")
         raise CommitOutcomeUnknown(
             f"{owner}: the commit of tables {what} in one transaction has an unknown outcome: "
             f"the catalog answered HTTP {status} {error[0]}: {error[1]}"
         )
+
+
+def _offer(catalog: Catalog) -> tuple[bool | None, str]:
+    """Whether the catalog takes the route (``None``: asked for, only a try can tell), and why, as
+    the epoch views say it."""
+    setting = str(catalog.properties.get(SETTING, "")).strip().lower()
+    name = catalog.name
+    if not isinstance(catalog, RestCatalog):
+        kind = _KINDS.get(type(catalog).__name__, type(catalog).__name__)
+        return False, f"catalog {name!r} is a {kind} catalog, which commits each table on its own"
+    if setting == "false":
+        return False, f"the connection of REST catalog {name!r} sets {SETTING} to false"
+    if setting == "true":
+        return None, (
+            f"the connection of REST catalog {name!r} asks for {ROUTE} ({SETTING}: true); "
+            "a catalog that refuses it is committed table by table, and one that moves the tables one after "
+            "the other inside it (SeaweedFS, design.md D18) is atomic for a refusal but not for readers"
+        )
+    if _listed(catalog):
+        return True, f"REST catalog {name!r} lists {ROUTE} in its /v1/config"
+    return False, (
+        f"REST catalog {name!r} does not list {ROUTE} in its /v1/config ({SETTING}: true on its connection asks for it)"
+    )
 
 
 def _listed(catalog: Catalog) -> bool:

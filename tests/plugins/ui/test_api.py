@@ -83,6 +83,7 @@ def test_a_viewer_reads_sinks_epochs_and_one_epoch(api_server: ApiServer) -> Non
         snapshot = epoch["tables"][0]["snapshot"]
         assert snapshot == api_server.world.snapshots_with_marker(Epochs.COMMITTED)[0]
         assert detail["checkpoint"]["status"] == "COMPLETED"
+        assert (detail["delivery"]["how"], detail["delivery"]["tables"]) == ("one table", 1)
         assert detail["can_edit"] is False
 
         failed = json_of(viewer.get(f"/api/sinks/{SINK}/epochs/{Epochs.CHECKPOINT_FAILED}"))

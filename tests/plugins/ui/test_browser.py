@@ -104,6 +104,7 @@ def _filter_open_and_abort(page: Any, api_server: ApiServer, artifacts: Path) ->
     view.locator("#epoch-status").wait_for()
     assert view.locator("#epoch-status").inner_text() == "Pending"
     assert view.locator("#checkpoint-status").inner_text() == "PENDING"
+    assert view.locator("#delivery").get_attribute("data-how") == "one table"  # the sink has one table
     run_link = view.locator("#run-link")
     assert run_link.get_attribute("href") == f"/dags/eo_orders_hourly/runs/scheduled__{epoch}"
     assert run_link.get_attribute("target") == "_top"

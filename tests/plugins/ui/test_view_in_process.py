@@ -50,6 +50,7 @@ class View:
     ops: Watched
     sink_id: str
     secret: str
+    conn_id: str
     clients: dict[str, TestClient] = field(default_factory=dict)
 
 
@@ -96,7 +97,7 @@ def view(airflow_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
         store.insert_pending(pre, run_id=f"scheduled__{epoch}", try_number=1, dag_id=dag_id)
     ops = Watched(store)
     ops.calls = []
-    found = View(ops, sink_id, secret)
+    found = View(ops, sink_id, secret, conn_id)
     for name, role in (("limited", "user"), ("admin", "admin")):
         app = create_app(lambda: ops)
         app.dependency_overrides[current_user] = lambda name=name, role=role: SimpleAuthManagerUser(
@@ -157,3 +158,23 @@ def test_an_abort_reason_past_the_cap_is_refused_by_name(view: View) -> None:
     answer = client.post(url, json={"reason": "x" * (ABORT_REASON_MAX_LENGTH + 1), "dry_run": True})
     assert answer.status_code == 422, answer.text
     assert f"at most {ABORT_REASON_MAX_LENGTH} characters" in answer.text
+
+
+def test_the_epoch_page_says_how_epochs_reach_the_tables_and_degrades_when_the_catalog_is_down(view: View) -> None:
+    client = view.clients["admin"]
+    single = client.get(f"/api/sinks/{view.sink_id}/epochs/{MINE}").json()["delivery"]
+    assert (single["how"], single["tables"]) == ("one table", 1)  # answered without the catalog that is down
+
+    fan_out = IcebergSinkConfig(f"{view.sink_id}-fan", ("db.events", "db.clicks"), iceberg_conn_id=view.conn_id)
+    store = view.ops.store
+    store.registry.register_sink(fan_out.sink_id, fan_out.to_dict(), MetaStoreCheckpoint().to_dict())
+    store.insert_pending(empty_write(fan_out.sink_id, MINE, "db.events", "file:///tmp/w"), run_id=None, try_number=None)
+    answer = client.get(f"/api/sinks/{fan_out.sink_id}/epochs/{MINE}")
+    assert answer.status_code == 200, answer.text
+    delivery = answer.json()["delivery"]
+    assert (delivery["how"], delivery["tables"]) == ("unknown", 2)
+    assert delivery["why"].startswith("SinkUnavailable: ") and view.conn_id in delivery["why"]
+    assert "?token=***&sig=***" in delivery["why"] and view.secret not in answer.text
+    page = client.get(f"/sinks/{fan_out.sink_id}/epochs/{MINE}")
+    assert page.status_code == 200 and view.secret not in page.text
+    assert 'id="delivery" data-how="unknown"' in page.text and "unknown: SinkUnavailable: " in page.text

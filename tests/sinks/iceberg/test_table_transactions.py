@@ -2,9 +2,9 @@
 
 SeaweedFS serves the route without listing it, checks every table's requirements before it writes
 anything, and then moves the tables' pointers one after the other: a failed request leaves every
-table as it was, but a reader can catch an epoch between two moves (design.md, D18). So the
-committer leaves it table by table unless asked (``exactly-once.multi-table-commit: true``, as the
-tests here ask), and these tests hold what one request gives on it: one request per write, a
+table as it was, but a reader can catch an epoch between two moves (reproduced below with raw
+requests; design.md, D18). So the committer leaves it table by table unless asked
+(``exactly-once.multi-table-commit: true``, as the tests here ask), and these tests hold what one request gives on it: one request per write, a
 conflict for all tables, an unknown outcome settled by every table's marker, recovery after a crash
 at any step; and how often a reader sees a fan-out torn on the per-table path. ``EO_TORN_EPOCHS``
 sets how many epochs each run commits (200 for the long run, docs/faults.md).
@@ -13,6 +13,7 @@ sets how many epochs each run commits (200 for the long run, docs/faults.md).
 from __future__ import annotations
 
 import os
+import random
 import threading
 import uuid
 from collections.abc import Iterator
@@ -22,12 +23,17 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 from pyiceberg.catalog import Catalog
+from pyiceberg.catalog.sql import SqlCatalog
+from pyiceberg.schema import Schema
 from pyiceberg.table import CommitTableRequest, TableIdentifier
-from pyiceberg.table.update import AssertTableUUID
+from pyiceberg.table.update import AssertTableUUID, SetPropertiesUpdate
+from pyiceberg.types import LongType, NestedField
 
+from airflow_provider_exactly_once.core.delivery import Delivery
 from airflow_provider_exactly_once.core.errors import CommitOutcomeUnknown
 from airflow_provider_exactly_once.core.faults import SimulatedCrash, no_faults
 from airflow_provider_exactly_once.core.outcomes import CommitOutcome
+from airflow_provider_exactly_once.core.precommit import PreCommit
 from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochStatus
 from airflow_provider_exactly_once.sinks.iceberg import IcebergSinkCommitter
 from airflow_provider_exactly_once.sinks.iceberg.markers import EPOCH_KEY, SINK_ID_KEY, WRITE_ID_KEY
@@ -43,6 +49,7 @@ from tests.support.faults import FaultSwitch
 from tests.support.independent_reader import read_rows
 from tests.support.object_store import S3Pipeline, s3_pipeline, seaweed_lake
 from tests.support.proxy import Proxy
+from tests.support.upsert_writer import KEYED, write_upsert
 
 COMPLETED = CheckpointStatus.COMPLETED
 TABLES = ["facts", "dims"]
@@ -149,6 +156,43 @@ def test_fan_out_epochs_and_revisions_each_commit_in_one_request(pipeline: S3Pip
         assert len(read_rows(table, "id")) == 2 * EPOCHS  # DuckDB reads the epochs' latest writes only
 
 
+def test_fan_out_upsert_epochs_each_commit_in_one_request(pipeline: S3Pipeline, sink_id: str) -> None:
+    """Upserts by key into two keyed tables on S3, each epoch one request whatever it rewrites (the
+    pyarrow copy-on-write writer of the tests, the same rule as the Spark job); each table ends with
+    its model's keys, read by DuckDB, and one marked snapshot per epoch."""
+    faults = FaultSwitch()
+    pipeline.fault = faults
+    names = [f"{pipeline.namespace}.keyed_{name}" for name in TABLES]
+    for name in names:
+        pipeline.catalog.create_table(name, schema=KEYED)
+    coordinator = pipeline.coordinator(sink_id, pipeline.iceberg_committer())
+    rng = random.Random(35)
+    models: dict[str, dict[int, str]] = {name: {} for name in names}
+    epochs = max(6, EPOCHS // 3)
+    for epoch in range(1, epochs + 1):
+        write_id = str(uuid.uuid4())
+        writes = []
+        for name in names:
+            # the first change an upsert, so that every table has rows to add every epoch
+            changes: dict[int, str | None] = {rng.randrange(40): f"e{epoch}"}
+            for key in rng.sample(range(40), 4):
+                changes.setdefault(key, None if rng.random() < 0.3 else f"e{epoch}-{key}")
+            writes.extend(write_upsert(pipeline.catalog, name, sink_id, epoch, changes, write_id).tables)
+            for key, value in changes.items():
+                if value is None:
+                    models[name].pop(key, None)
+                else:
+                    models[name][key] = value
+        coordinator.persist(PreCommit(sink_id=sink_id, epoch=epoch, write_id=write_id, tables=writes))
+        pipeline.checkpoint(sink_id, epoch, COMPLETED)
+        assert coordinator.commit(sink_id, epoch).outcome is CommitOutcome.COMMITTED
+    assert faults.seen[FAULT_AFTER_CATALOG_UPDATE] == epochs  # one request per epoch, both tables in it
+    for name in names:
+        table = pipeline.catalog.load_table(name)
+        assert sorted(pipeline.marker_snapshots(name.rsplit(".", 1)[1], sink_id)) == list(range(1, epochs + 1))
+        assert read_rows(table, "id, value") == sorted(models[name].items())
+
+
 def test_the_per_table_path_run_the_same_way_shows_torn_reads(pipeline: S3Pipeline, sink_id: str) -> None:
     """What a catalog that commits a fan-out at once would prevent: committing table by table, the
     reader catches an epoch in the first table only. Commits go on until it has (at most three times
@@ -188,6 +232,54 @@ def test_seaweedfs_applies_the_route_all_or_none(pipeline: S3Pipeline) -> None:
         )
         assert response.status_code == 409, response.text
         assert [catalog.load_table(name).metadata.current_snapshot_id for name in names] == before
+
+
+def test_seaweedfs_moves_the_tables_pointers_one_after_the_other(seaweed: SeaweedFS, unique: str) -> None:
+    """The reproduction of why the route stays off for SeaweedFS (D18): raw ``transactions/commit``
+    requests, each setting one round number on 8 tables, while a reader loads the first table and
+    then the last. All or none, whatever round the first load shows the later one shows too; a
+    first table ahead of the last is the request applied in part when the reader looked. Seen 34
+    times in 100 rounds here (and 3 in 300 with 2 tables); the test fails once SeaweedFS applies the
+    route atomically, which is when the route can be taken there unasked."""
+    catalog = seaweed_lake(seaweed, f"eo_{unique}").catalog()
+    namespace = f"eo_{unique}"
+    catalog.create_namespace_if_not_exists(namespace)
+    tables = [catalog.create_table(f"{namespace}.t{n}", Schema(NestedField(1, "id", LongType()))) for n in range(8)]
+    reader = seaweed_lake(seaweed, namespace).catalog()
+    first, last = tables[0].name(), tables[-1].name()
+    torn: list[tuple[int, int]] = []
+    stop = threading.Event()
+
+    def read() -> None:
+        while not stop.is_set():
+            shown = [int(reader.load_table(name).properties.get("round", "0")) for name in (first, last)]
+            if shown[0] > shown[1]:
+                torn.append((shown[0], shown[1]))
+
+    sampler = threading.Thread(target=read, daemon=True)
+    sampler.start()
+    try:
+        for round_ in range(1, 301):
+            changes = [
+                CommitTableRequest(
+                    identifier=TableIdentifier(namespace=[namespace], name=table.name()[-1]),
+                    requirements=(AssertTableUUID(uuid=table.metadata.table_uuid),),
+                    updates=(SetPropertiesUpdate(updates={"round": str(round_)}),),
+                ).model_dump_json()
+                for table in tables
+            ]
+            response = catalog._session.post(  # type: ignore[attr-defined]
+                catalog.url("transactions/commit", prefixed=True),  # type: ignore[attr-defined]
+                data=('{"table-changes": [' + ", ".join(changes) + "]}").encode(),
+            )
+            assert response.status_code == 204, response.text
+            if len(torn) >= 3:
+                break
+    finally:
+        stop.set()
+        sampler.join(timeout=30)
+    assert torn, "every read showed the 8 tables at one round: SeaweedFS applies transactions/commit atomically now"
+    assert [int(catalog.load_table(t.name()).properties["round"]) for t in tables] == [round_] * len(tables)
 
 
 def test_a_conflict_on_one_table_leaves_every_table_unchanged_and_the_retry_commits_all(
@@ -324,8 +416,29 @@ def test_a_crash_at_any_step_leaves_the_tables_all_or_none_and_recovery_commits_
 
 
 def test_the_catalog_property_asks_for_the_route_or_switches_it_off(seaweed: SeaweedFS, unique: str) -> None:
-    """SeaweedFS lists no endpoints: table by table unless the connection asks (docs/operations.md)."""
+    """SeaweedFS lists no endpoints: table by table unless the connection asks (docs/operations.md);
+    the epoch views say which, and why."""
     lake = seaweed_lake(seaweed, f"eo_{unique}")
-    assert not TableTransactions(lake.catalog()).offered
-    assert TableTransactions(lake.catalog(**ASKED)).offered
-    assert not TableTransactions(lake.catalog(**{SETTING: "false"})).offered
+    answers = {}
+    for setting, offered in ((None, False), ("true", True), ("false", False)):
+        catalog = lake.catalog(**({} if setting is None else {SETTING: setting}))
+        transactions = TableTransactions(catalog)
+        assert transactions.offered is offered, setting
+        answers[setting] = transactions.delivery(2)
+        assert answers[setting].how is (Delivery.ONE_TRANSACTION if offered else Delivery.TABLE_BY_TABLE)
+        assert answers[setting].tables == 2 and repr(catalog.name) in answers[setting].why
+        assert transactions.delivery(1).how is Delivery.ONE_TABLE
+    assert "does not list POST /v1/{prefix}/transactions/commit in its /v1/config" in answers[None].why
+    assert f"asks for POST /v1/{{prefix}}/transactions/commit ({SETTING}: true); " in answers["true"].why
+    assert f"sets {SETTING} to false" in answers["false"].why
+
+
+def test_a_sql_catalog_commits_a_fan_out_table_by_table_even_when_asked(catalog: SqlCatalog) -> None:
+    for properties in ({}, ASKED):
+        sql = SqlCatalog(catalog.name, **{**catalog.properties, **properties})
+        transactions = TableTransactions(sql)
+        assert not transactions.offered
+        delivery = transactions.delivery(2)
+        assert (delivery.how, delivery.tables) == (Delivery.TABLE_BY_TABLE, 2)
+        assert delivery.why == f"catalog {catalog.name!r} is a SQL catalog, which commits each table on its own"
+        sql.engine.dispose()

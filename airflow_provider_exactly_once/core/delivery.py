@@ -1,0 +1,63 @@
+"""How one sink's epochs reach its tables: whether a reader can see an epoch in some of them only.
+
+A fan-out's tables are one catalog transaction only where the catalog offers one (design.md, D18),
+and a file sink's commit moves its files one at a time: an operator who finds an epoch in one table
+and not the next, or chooses a catalog, must see which holds for the sink. Each sink kind says it
+(``sinks/``), the epoch views show it (``operations``), and the reason is masked as the value is made
+(``core.redact``), so no door that shows one can leak a catalog's credentials.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from airflow_provider_exactly_once.core.redact import mask_userinfo
+
+
+class Delivery(StrEnum):
+    """Whether an epoch becomes visible in all of the sink's tables at once."""
+
+    #: One table, one snapshot: there is nothing to be atomic across.
+    ONE_TABLE = "one table"
+    #: Every table's snapshot in one catalog request, applied all or none by the catalog.
+    ONE_TRANSACTION = "one catalog transaction"
+    #: Each table committed on its own: a reader may see the epoch in the first tables before the last.
+    TABLE_BY_TABLE = "table by table"
+    #: A file sink's one root, its files moved to their final names one at a time.
+    FILE_BY_FILE = "file by file"
+    #: The sink's catalog could not be opened (or the sink is not registered): the reason says why.
+    UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True)
+class EpochDelivery:
+    """One sink's ``Delivery``, over how many tables (``None`` where the sink is unknown), and why."""
+
+    how: Delivery
+    tables: int | None
+    why: str
+
+    def __post_init__(self) -> None:
+        if self.tables is not None and self.tables < 1:
+            raise ValueError(f"a sink writes at least one table, got {self.tables}")
+        object.__setattr__(self, "why", mask_userinfo(self.why))
+
+    @property
+    def text(self) -> str:
+        """The line ``eo-sink show`` and the epoch page print."""
+        if self.how is Delivery.ONE_TRANSACTION:
+            return f"one catalog transaction across its {self.tables} tables ({self.why})"
+        if self.how is Delivery.TABLE_BY_TABLE:
+            return f"table by table across its {self.tables} tables: {self.why}"
+        return f"{self.how.value}: {self.why}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"how": self.how.value, "tables": self.tables, "why": self.why, "text": self.text}
+
+
+def unknown(tables: int | None, error: BaseException) -> EpochDelivery:
+    """The answer when the catalog cannot be opened: the error named, masked, instead of a failure."""
+    lines = str(error).strip().splitlines()
+    return EpochDelivery(Delivery.UNKNOWN, tables, f"{type(error).__name__}: {lines[0] if lines else ''}")

@@ -1,0 +1,36 @@
+"""``core.delivery``: the line the epoch views print, and credentials masked as the value is made."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from airflow_provider_exactly_once.core.delivery import Delivery, EpochDelivery, unknown
+
+
+def test_each_kind_says_how_many_tables_and_why() -> None:
+    together = EpochDelivery(Delivery.ONE_TRANSACTION, 3, "REST catalog 'lake' lists the route")
+    assert together.text == "one catalog transaction across its 3 tables (REST catalog 'lake' lists the route)"
+    apart = EpochDelivery(Delivery.TABLE_BY_TABLE, 2, "catalog 'c' is a SQL catalog")
+    assert apart.text == "table by table across its 2 tables: catalog 'c' is a SQL catalog"
+    assert EpochDelivery(Delivery.ONE_TABLE, 1, "one snapshot").text == "one table: one snapshot"
+    assert json.loads(json.dumps(apart.to_dict())) == {
+        "how": "table by table",
+        "tables": 2,
+        "why": "catalog 'c' is a SQL catalog",
+        "text": apart.text,
+    }
+
+
+def test_an_unknown_answer_names_the_error_on_one_line_with_credentials_masked() -> None:
+    error = ConnectionError("postgresql://eo:Planted-pw@db:5432/catalog refused\n  traceback detail")
+    found = unknown(2, error)
+    assert found.how is Delivery.UNKNOWN and found.tables == 2
+    assert found.why == "ConnectionError: postgresql://eo:***@db:5432/catalog refused"
+    assert "Planted-pw" not in json.dumps(found.to_dict())
+
+
+def test_a_sink_of_no_table_is_refused() -> None:
+    with pytest.raises(ValueError, match="at least one table"):
+        EpochDelivery(Delivery.ONE_TABLE, 0, "none")

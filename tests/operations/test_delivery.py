@@ -1,0 +1,135 @@
+"""``SinkOperations.delivery``: how a registered sink's epochs reach its tables, its real catalog opened
+through its Airflow connection as its committer opens it (a SQL catalog on SQLite, SeaweedFS's REST
+catalog, a catalog that is down), and how long the answer is kept."""
+
+from __future__ import annotations
+
+import json
+import socket
+import uuid
+from pathlib import Path
+
+import pytest
+
+from airflow_provider_exactly_once.checkpoints.config import MetaStoreCheckpoint
+from airflow_provider_exactly_once.core.delivery import Delivery, EpochDelivery
+from airflow_provider_exactly_once.operations import SinkOperations
+from airflow_provider_exactly_once.operations.delivery import Deliveries, delivery_of
+from airflow_provider_exactly_once.sinks.config import FileSinkConfig, IcebergSinkConfig, SinkConfig
+from airflow_provider_exactly_once.sinks.iceberg.table_transactions import SETTING
+from airflow_provider_exactly_once.store import SqlSinkStateStore
+from demo.servers import SeaweedFS
+from tests.operations.helpers import register
+from tests.support.airflow_world import World
+
+ROUTE = "POST /v1/{prefix}/transactions/commit"
+
+
+def _fan_out(world: World, conn_id: str, suffix: str = "fan") -> IcebergSinkConfig:
+    sink = IcebergSinkConfig(
+        f"{world.sink_id}-{suffix}", (world.table, f"{world.pipeline.namespace}.clicks"), iceberg_conn_id=conn_id
+    )
+    register(world, sink)
+    return sink
+
+
+def _dead_catalog(monkeypatch: pytest.MonkeyPatch) -> tuple[str, int]:
+    """A connection to a PostgreSQL catalog on a port nothing listens on, its password planted."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    conn_id = f"iceberg_down_{uuid.uuid4().hex[:8]}"
+    uri = f"postgresql+psycopg2://eo:Planted-pw@127.0.0.1:{port}/catalog"
+    monkeypatch.setenv(
+        f"AIRFLOW_CONN_{conn_id.upper()}", json.dumps({"conn_type": "iceberg", "extra": {"type": "sql", "uri": uri}})
+    )
+    return conn_id, port
+
+
+def test_a_fan_out_on_a_sql_catalog_is_table_by_table_naming_the_catalog(world: World) -> None:
+    world.pipeline.create_table("clicks")
+    sink = _fan_out(world, world.iceberg_conn_id)
+    delivery = SinkOperations(world.pipeline.store).delivery(sink.sink_id)
+    assert (delivery.how, delivery.tables) == (Delivery.TABLE_BY_TABLE, 2)
+    assert delivery.why == f"catalog {world.iceberg_conn_id!r} is a SQL catalog, which commits each table on its own"
+    assert json.loads(json.dumps(delivery.to_dict()))["how"] == "table by table"
+
+
+def test_one_table_and_a_file_sink_open_no_catalog(world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A single table needs no catalog to be answered for: on a catalog that is down, still one table."""
+    ops = SinkOperations(world.pipeline.store)
+    assert ops.delivery(world.sink_id).how is Delivery.ONE_TABLE  # the world's sink: one table
+    conn_id, _ = _dead_catalog(monkeypatch)
+    single = IcebergSinkConfig(f"{world.sink_id}-single", (world.table,), iceberg_conn_id=conn_id)
+    register(world, single)
+    assert ops.delivery(single.sink_id) == ops.delivery(world.sink_id)
+    files = FileSinkConfig(f"{world.sink_id}-files", str(world.tmp / "files"))
+    register(world, files)
+    delivery = ops.delivery(files.sink_id)
+    assert (delivery.how, delivery.tables) == (Delivery.FILE_BY_FILE, 1)
+    assert "one root" in delivery.why and "one at a time" in delivery.why
+
+
+def test_a_catalog_that_cannot_be_opened_is_unknown_with_the_reason_masked(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    conn_id, port = _dead_catalog(monkeypatch)
+    ops = SinkOperations(world.pipeline.store)
+    down = ops.delivery(_fan_out(world, conn_id, "down").sink_id)
+    assert (down.how, down.tables) == (Delivery.UNKNOWN, 2)
+    assert down.why.startswith("SinkUnavailable: ") and conn_id in down.why
+    assert f"eo:***@127.0.0.1:{port}/catalog" in down.why and "Planted-pw" not in json.dumps(down.to_dict())
+
+    missing = ops.delivery(_fan_out(world, "no_such_connection", "nowhere").sink_id)
+    assert missing.how is Delivery.UNKNOWN and missing.why.startswith("InvalidSinkConfig: ")
+    unregistered = ops.delivery(f"{world.sink_id}-never")
+    assert (unregistered.how, unregistered.tables) == (Delivery.UNKNOWN, None)
+    assert unregistered.why.startswith("SinkNotFound: ")
+
+
+def test_an_answer_is_kept_per_sink_until_it_expires_or_the_sink_changes(world: World) -> None:
+    world.pipeline.create_table("clicks")
+    sink = _fan_out(world, world.iceberg_conn_id)
+    asked: list[str] = []
+    now = [100.0]
+
+    def find(found: SinkConfig) -> EpochDelivery:
+        asked.append(found.sink_id)
+        return delivery_of(found)
+
+    deliveries = Deliveries(60.0, find=find, clock=lambda: now[0])
+    first = deliveries.of(sink)
+    now[0] += 59.0
+    assert deliveries.of(sink) is first and len(asked) == 1
+    now[0] += 1.0
+    assert deliveries.of(sink) == first and len(asked) == 2  # expired: the catalog is opened again
+    narrowed = IcebergSinkConfig(sink.sink_id, (world.table,), iceberg_conn_id=world.iceberg_conn_id)
+    assert deliveries.of(narrowed).how is Delivery.ONE_TABLE and len(asked) == 3  # registered anew
+
+
+@pytest.mark.parametrize(("setting", "how"), [("true", Delivery.ONE_TRANSACTION), (None, Delivery.TABLE_BY_TABLE)])
+def test_a_rest_catalog_commits_in_one_transaction_only_when_asked(
+    seaweed: SeaweedFS, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, setting: str | None, how: Delivery
+) -> None:
+    """SeaweedFS serves the route without listing it in its /v1/config (design.md, D18)."""
+    conn_id = f"iceberg_rest_{uuid.uuid4().hex[:8]}"
+    extra = {**seaweed.catalog_properties(), **({SETTING: setting} if setting else {})}
+    monkeypatch.setenv(f"AIRFLOW_CONN_{conn_id.upper()}", json.dumps({"conn_type": "iceberg", "extra": extra}))
+    store = SqlSinkStateStore(f"sqlite:///{tmp_path / 'meta.db'}")
+    try:
+        sink = IcebergSinkConfig("fan-out", ("db.facts", "db.dims"), iceberg_conn_id=conn_id)
+        store.registry.register_sink(sink.sink_id, sink.to_dict(), MetaStoreCheckpoint().to_dict())
+        delivery = SinkOperations(store).delivery(sink.sink_id)
+    finally:
+        store.dispose()
+    assert (delivery.how, delivery.tables) == (how, 2)
+    if setting:
+        assert delivery.why == (
+            f"the connection of REST catalog {conn_id!r} asks for {ROUTE} ({SETTING}: true); "
+            "a catalog that refuses it is committed table by table, and one that moves the tables one after "
+            "the other inside it (SeaweedFS, design.md D18) is atomic for a refusal but not for readers"
+        )
+    else:
+        assert f"REST catalog {conn_id!r} does not list {ROUTE} in its /v1/config" in delivery.why
+    secret = seaweed.catalog_properties()["credential"].split(":", 1)[1]
+    assert secret not in json.dumps(delivery.to_dict())
