@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import socket
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +28,19 @@ def ops_world(tmp: Path, monkeypatch: pytest.MonkeyPatch, meta_url: str) -> Worl
 def register(world: World, sink: SinkConfig) -> None:
     """As the epoch operators register a sink on first use."""
     world.pipeline.store.registry.register_sink(sink.sink_id, sink.to_dict(), MetaStoreCheckpoint().to_dict())
+
+
+def dead_catalog(monkeypatch: pytest.MonkeyPatch) -> tuple[str, int]:
+    """A connection to a PostgreSQL catalog on a port nothing listens on, its password planted."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    conn_id = f"iceberg_down_{uuid.uuid4().hex[:8]}"
+    uri = f"postgresql+psycopg2://eo:Planted-pw@127.0.0.1:{port}/catalog"
+    monkeypatch.setenv(
+        f"AIRFLOW_CONN_{conn_id.upper()}", json.dumps({"conn_type": "iceberg", "extra": {"type": "sql", "uri": uri}})
+    )
+    return conn_id, port
 
 
 def coordinator(world: World) -> TwoPhaseCommitCoordinator:

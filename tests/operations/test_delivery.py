@@ -5,7 +5,6 @@ catalog, a catalog that is down), and how long the answer is kept."""
 from __future__ import annotations
 
 import json
-import socket
 import uuid
 from pathlib import Path
 
@@ -19,7 +18,7 @@ from airflow_provider_exactly_once.sinks.config import FileSinkConfig, IcebergSi
 from airflow_provider_exactly_once.sinks.iceberg.table_transactions import SETTING
 from airflow_provider_exactly_once.store import SqlSinkStateStore
 from demo.servers import SeaweedFS
-from tests.operations.helpers import register
+from tests.operations.helpers import dead_catalog, register
 from tests.support.airflow_world import World
 
 ROUTE = "POST /v1/{prefix}/transactions/commit"
@@ -31,19 +30,6 @@ def _fan_out(world: World, conn_id: str, suffix: str = "fan") -> IcebergSinkConf
     )
     register(world, sink)
     return sink
-
-
-def _dead_catalog(monkeypatch: pytest.MonkeyPatch) -> tuple[str, int]:
-    """A connection to a PostgreSQL catalog on a port nothing listens on, its password planted."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    conn_id = f"iceberg_down_{uuid.uuid4().hex[:8]}"
-    uri = f"postgresql+psycopg2://eo:Planted-pw@127.0.0.1:{port}/catalog"
-    monkeypatch.setenv(
-        f"AIRFLOW_CONN_{conn_id.upper()}", json.dumps({"conn_type": "iceberg", "extra": {"type": "sql", "uri": uri}})
-    )
-    return conn_id, port
 
 
 def test_a_fan_out_on_a_sql_catalog_is_table_by_table_naming_the_catalog(world: World) -> None:
@@ -59,7 +45,7 @@ def test_one_table_and_a_file_sink_open_no_catalog(world: World, monkeypatch: py
     """A single table needs no catalog to be answered for: on a catalog that is down, still one table."""
     ops = SinkOperations(world.pipeline.store)
     assert ops.delivery(world.sink_id).how is Delivery.ONE_TABLE  # the world's sink: one table
-    conn_id, _ = _dead_catalog(monkeypatch)
+    conn_id, _ = dead_catalog(monkeypatch)
     single = IcebergSinkConfig(f"{world.sink_id}-single", (world.table,), iceberg_conn_id=conn_id)
     register(world, single)
     assert ops.delivery(single.sink_id) == ops.delivery(world.sink_id)
@@ -73,7 +59,7 @@ def test_one_table_and_a_file_sink_open_no_catalog(world: World, monkeypatch: py
 def test_a_catalog_that_cannot_be_opened_is_unknown_with_the_reason_masked(
     world: World, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    conn_id, port = _dead_catalog(monkeypatch)
+    conn_id, port = dead_catalog(monkeypatch)
     ops = SinkOperations(world.pipeline.store)
     down = ops.delivery(_fan_out(world, conn_id, "down").sink_id)
     assert (down.how, down.tables) == (Delivery.UNKNOWN, 2)

@@ -4,7 +4,6 @@ and control characters: on real stores (SQLite and PostgreSQL), catalogs and fil
 from __future__ import annotations
 
 import json
-import socket
 import uuid
 
 import pytest
@@ -14,7 +13,7 @@ from airflow_provider_exactly_once.core.errors import SinkUnavailable
 from airflow_provider_exactly_once.core.precommit import PreCommit, TableWrite
 from airflow_provider_exactly_once.operations import InvalidRequest, SinkNotFound, SinkOperations
 from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig
-from tests.operations.helpers import coordinator, write
+from tests.operations.helpers import coordinator, dead_catalog, write
 from tests.recovery.helpers import E1
 from tests.support.airflow_world import World
 from tests.support.builders import empty_write
@@ -70,14 +69,7 @@ def test_clean_ups_are_counted_only_for_epochs_the_caller_may_read(world: World)
 def test_an_unreachable_catalog_is_sink_unavailable_naming_it_masked(
     world: World, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    conn_id = f"iceberg_down_{uuid.uuid4().hex[:8]}"
-    uri = f"postgresql+psycopg2://eo:Planted-pw@127.0.0.1:{port}/catalog"
-    monkeypatch.setenv(
-        f"AIRFLOW_CONN_{conn_id.upper()}", json.dumps({"conn_type": "iceberg", "extra": {"type": "sql", "uri": uri}})
-    )
+    conn_id, port = dead_catalog(monkeypatch)
     sink = IcebergSinkConfig(f"{world.sink_id}-down", (world.table,), iceberg_conn_id=conn_id)
     store = world.pipeline.store
     store.registry.register_sink(sink.sink_id, sink.to_dict(), MetaStoreCheckpoint().to_dict())
