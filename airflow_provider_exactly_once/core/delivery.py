@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from airflow_provider_exactly_once.core.redact import mask_userinfo
+from .redact import mask_userinfo
 
 
 class Delivery(StrEnum):

@@ -37,8 +37,8 @@ from airflow_provider_exactly_once.core.ports import CheckpointSource, CleanupTa
 from airflow_provider_exactly_once.core.redact import find_control
 from airflow_provider_exactly_once.core.status import EpochStatus
 from airflow_provider_exactly_once.defaults import DEFAULT_LOCK_TTL, DEFAULT_META_CONN_ID, DEFAULT_ORPHAN_GRACE
-from airflow_provider_exactly_once.operations.delivery import Deliveries
 from airflow_provider_exactly_once.operations.reads import InvalidRequest, SinkNotFound, SinkReads
+from airflow_provider_exactly_once.operations.sink_delivery import Deliveries
 from airflow_provider_exactly_once.operations.views import ActionResult, describe_write
 from airflow_provider_exactly_once.runtime.assembly import checkpoint_source, reaching
 from airflow_provider_exactly_once.store import SqlSinkStateStore
@@ -79,7 +79,7 @@ class SinkOperations(SinkReads):
         self._deliveries = Deliveries()
 
     def delivery(self, sink_id: str) -> EpochDelivery:
-        """How the sink's epochs reach their tables, for one epoch's view (``operations.delivery``):
+        """How the sink's epochs reach their tables, for one epoch's view (``operations.sink_delivery``):
         a view, so a sink that is not registered, or whose catalog cannot be opened, is ``unknown``
         with why, never an error."""
         try:

@@ -13,7 +13,7 @@ import pytest
 from airflow_provider_exactly_once.checkpoints.config import MetaStoreCheckpoint
 from airflow_provider_exactly_once.core.delivery import Delivery, EpochDelivery
 from airflow_provider_exactly_once.operations import SinkOperations
-from airflow_provider_exactly_once.operations.delivery import Deliveries, delivery_of
+from airflow_provider_exactly_once.operations.sink_delivery import Deliveries, delivery_of
 from airflow_provider_exactly_once.sinks.config import FileSinkConfig, IcebergSinkConfig, SinkConfig
 from airflow_provider_exactly_once.sinks.iceberg.table_transactions import SETTING
 from airflow_provider_exactly_once.store import SqlSinkStateStore
