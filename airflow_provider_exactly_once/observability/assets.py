@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import SplitResult, quote, unquote, urlsplit
 
 from airflow_provider_exactly_once.core.errors import InvalidSinkConfig
+from airflow_provider_exactly_once.observability.run_origin import COMMIT_TASK, RunOrigin
 
 if TYPE_CHECKING:
     from airflow.sdk import Asset, AssetAlias
@@ -106,11 +107,14 @@ def committed_asset_events(
     write_id: str,
     committed: Mapping[str, str],
     revision: int = 0,
+    origin: RunOrigin,
 ) -> list[tuple[Asset, dict[str, Any]]]:
     """One ``(asset, extra)`` per table of a commit: what a downstream run needs to find its data.
 
     ``revision`` above 0 says the commit replaced the epoch's earlier data (a reprocess): a
-    downstream run must read the epoch again rather than add to what it read before."""
+    downstream run must read the epoch again rather than add to what it read before. ``run`` says
+    how the committing run came about (``run_origin``), so a scheduled correction, a backfill and a
+    cleared run can be told apart."""
     events: list[tuple[Asset, dict[str, Any]]] = []
     for table in tables:
         extra: dict[str, Any] = {
@@ -119,12 +123,15 @@ def committed_asset_events(
             "write_id": write_id,
             "snapshot_id": committed.get(table),
             "revision": revision,
+            "run": origin.to_dict(),
         }
         events.append((iceberg_asset(catalog, table), extra))
     return events
 
 
-def emit_committed(context: Mapping[str, Any], alias: AssetAlias, catalog: str, record: Any) -> int:
+def emit_committed(
+    context: Mapping[str, Any], alias: AssetAlias, catalog: str, record: Any, *, committed_by: str = COMMIT_TASK
+) -> int:
     """Add one asset event per table of a committed epoch to the task's alias outlet; how many.
 
     ``record`` is the coordinator's ``EpochRecord`` of the epoch, Committed by this task.
@@ -137,6 +144,7 @@ def emit_committed(context: Mapping[str, Any], alias: AssetAlias, catalog: str, 
         write_id=record.write_id,
         committed=dict(record.committed or {}),
         revision=record.revision,
+        origin=RunOrigin.of(context, committed_by=committed_by),
     )
     accessor = context["outlet_events"][alias]
     for asset, extra in events:

@@ -18,12 +18,14 @@ importing it costs time in every task process that never emits lineage.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_exactly_once.core.precommit import PreCommit, TableWrite
+from airflow_provider_exactly_once.observability.run_origin import RunOrigin
 from airflow_provider_exactly_once.sinks.iceberg.locations import parse_location
 
 if TYPE_CHECKING:
@@ -31,6 +33,8 @@ if TYPE_CHECKING:
     from airflow.providers.openlineage.extractors import OperatorLineage
 
 log = logging.getLogger(__name__)
+#: The commit's run facet (``commit_lineage``).
+EPOCH_FACET = "exactlyOnce"
 
 
 @dataclass(frozen=True)
@@ -170,10 +174,30 @@ def files_input(path: str) -> Dataset:
     return InputDataset(namespace=namespace, name=name)
 
 
-def lineage(inputs: Sequence[Dataset], outputs: Sequence[Dataset]) -> OperatorLineage[Any, Any]:
+def lineage(
+    inputs: Sequence[Dataset], outputs: Sequence[Dataset], *, run_facets: dict[str, Any] | None = None
+) -> OperatorLineage[Any, Any]:
     from airflow.providers.openlineage.extractors import OperatorLineage
 
-    return OperatorLineage(inputs=list(inputs), outputs=list(outputs))
+    return OperatorLineage(inputs=list(inputs), outputs=list(outputs), run_facets=dict(run_facets or {}))
+
+
+@functools.cache
+def _epoch_facet_class() -> type[Any]:
+    """The ``exactlyOnce`` run facet: an OpenLineage ``RunFacet`` (its schema is the base one's,
+    whose additional properties these are), made on first use since OpenLineage is optional."""
+    import attr
+    from airflow.providers.common.compat.openlineage.facet import RunFacet
+
+    @attr.define
+    class ExactlyOnceRunFacet(RunFacet):
+        sinkId: str
+        epoch: int
+        writeId: str
+        revision: int
+        run: dict[str, Any]
+
+    return ExactlyOnceRunFacet
 
 
 def iceberg_connection_loader(conn_id: str) -> TableLoader:
@@ -198,8 +222,12 @@ def pyiceberg_loader(catalog_name: str, properties: dict[str, str]) -> TableLoad
     return load
 
 
-def commit_lineage(sink: Any, record: Any, *, committed_now: bool) -> OperatorLineage[Any, Any]:
-    """The commit task's outputs: the sink's tables (or root), with statistics when it made them visible."""
+def commit_lineage(
+    sink: Any, record: Any, *, committed_now: bool, origin: RunOrigin | None = None
+) -> OperatorLineage[Any, Any]:
+    """The commit task's outputs: the sink's tables (or root), with statistics when it made them
+    visible; and a run facet ``exactlyOnce`` naming the epoch, its write and revision, and how the
+    committing run came about (``run_origin``), so a consumer tells a correction from a first delivery."""
     from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig
 
     if record is None:
@@ -213,7 +241,14 @@ def commit_lineage(sink: Any, record: Any, *, committed_now: bool) -> OperatorLi
         )
     else:
         outputs = file_sink_outputs(record.pre_commit, sink.root, with_statistics=committed_now)
-    return lineage([], outputs)
+    facet = _epoch_facet_class()(
+        sinkId=record.sink_id,
+        epoch=record.epoch,
+        writeId=record.write_id,
+        revision=record.revision,
+        run={} if origin is None else origin.to_dict(),
+    )
+    return lineage([], outputs, run_facets={EPOCH_FACET: facet})
 
 
 def write_lineage(input_spec: dict[str, Any], target_spec: dict[str, Any], pre_commit: PreCommit | None) -> Any:

@@ -19,6 +19,7 @@ from airflow_provider_exactly_once.checkpoints.config import CheckpointConfig
 from airflow_provider_exactly_once.core.errors import AbortRefused, ExactlyOnceError, InvalidPreCommit
 from airflow_provider_exactly_once.observability.assets import commit_alias, emit_committed
 from airflow_provider_exactly_once.observability.links import EpochLink
+from airflow_provider_exactly_once.observability.run_origin import RunOrigin
 from airflow_provider_exactly_once.operators._common import (
     airflow_errors,
     check_write_matches,
@@ -193,7 +194,7 @@ class CommitEpochOperator(_EpochOperator):
         self.emit_assets = emit_assets and isinstance(self.sink, IcebergSinkConfig)
         if self.emit_assets:
             self.add_outlets([commit_alias(self.sink.sink_id)])
-        self._committed: tuple[Any, bool] | None = None  # (record, made visible now), for OpenLineage
+        self._committed: tuple[Any, bool, RunOrigin] | None = None  # (record, made visible now, run), for OpenLineage
 
     def execute(self, context: Context) -> dict[str, Any]:
         with airflow_errors(), self._step(context) as step:
@@ -202,7 +203,7 @@ class CommitEpochOperator(_EpochOperator):
         from airflow_provider_exactly_once.core.outcomes import CommitOutcome
 
         committed_now = result.outcome is CommitOutcome.COMMITTED
-        self._committed = (record, committed_now)
+        self._committed = (record, committed_now, RunOrigin.of(context))
         if self.emit_assets and isinstance(self.sink, IcebergSinkConfig) and self._announces(context, result):
             emitted = emit_committed(context, commit_alias(self.sink.sink_id), self.sink.iceberg_conn_id, record)
             self.log.info("%d asset event(s) for the committed table(s)", emitted)
@@ -238,8 +239,10 @@ class CommitEpochOperator(_EpochOperator):
         """Outputs: the tables committed to, with row, byte and file counts when this try made them visible."""
         from airflow_provider_exactly_once.observability.lineage import commit_lineage
 
-        record, committed_now = self._committed or (None, False)
-        return commit_lineage(self.sink, record, committed_now=committed_now)
+        if self._committed is None:
+            return commit_lineage(self.sink, None, committed_now=False)
+        record, committed_now, origin = self._committed
+        return commit_lineage(self.sink, record, committed_now=committed_now, origin=origin)
 
 
 class AbortEpochOperator(_EpochOperator):

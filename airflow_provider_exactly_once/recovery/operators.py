@@ -14,6 +14,7 @@ from airflow_provider_exactly_once.core.identifiers import check_sink_id
 from airflow_provider_exactly_once.core.status import EpochStatus
 from airflow_provider_exactly_once.defaults import DEFAULT_LOCK_TTL, DEFAULT_ORPHAN_GRACE
 from airflow_provider_exactly_once.observability.assets import emit_committed, recovery_alias
+from airflow_provider_exactly_once.observability.run_origin import RECOVERY
 from airflow_provider_exactly_once.operators._common import airflow_errors
 from airflow_provider_exactly_once.runtime.assembly import open_meta_store
 from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig
@@ -127,7 +128,7 @@ class RecoverSinkOperator(BaseOperator):
             for epoch in committed:
                 record = store.get(self.sink_id, epoch)
                 if record is not None and record.status is EpochStatus.COMMITTED:
-                    emit_committed(context, alias, sink.iceberg_conn_id, record)
+                    emit_committed(context, alias, sink.iceberg_conn_id, record, committed_by=RECOVERY)
         except Exception:  # the asset events are a notification; the commit already happened
             self.log.warning(
                 "sink %r: could not add asset events for epochs %s", self.sink_id, committed, exc_info=True

@@ -70,6 +70,17 @@ def asset_events(uri: str) -> list[dict[str, Any]]:
         return [{"extra": dict(r.extra or {}), "task_id": r.source_task_id, "run_id": r.source_run_id} for r in rows]
 
 
+def manual_run(dag_run: Any) -> dict[str, Any]:
+    """What a commit's events say of a ``dag.test()`` run (a manual run, never cleared, first try)."""
+    return {
+        "committed_by": "commit task",
+        "run_type": "manual",
+        "clear_number": 0,
+        "triggering_user": getattr(dag_run, "triggering_user_name", None),
+        "try_number": 1,
+    }
+
+
 def link_xcom(dag_id: str, run_id: str, task_id: str) -> Any:
     from airflow.models.xcom import XComModel
     from airflow.utils.session import create_session
@@ -140,6 +151,7 @@ def test_a_commit_emits_one_asset_event_per_table_a_replacement_another_a_kept_r
                 "write_id": row.write_id,
                 "snapshot_id": row.committed[world.table],
                 "revision": 0,
+                "run": manual_run(first),
             },
             "task_id": f"{G}.commit",
             "run_id": first.run_id,
@@ -162,6 +174,7 @@ def test_a_commit_emits_one_asset_event_per_table_a_replacement_another_a_kept_r
         "write_id": replaced.write_id,
         "snapshot_id": replaced.committed[world.table],
         "revision": 1,
+        "run": manual_run(second),
     }
     assert world.markers() == {epoch: [row.write_id, replaced.write_id]}
 
@@ -269,6 +282,11 @@ def test_commit_and_write_report_lineage_with_schema_and_statistics(
     assert stats.rowCount == 7 == write.record_count
     assert stats.fileCount == len(write.tables[0].data_files)
     assert stats.size == sum(d.file_size_in_bytes for d in write.tables[0].data_files) > 0
+    facet = lineage.run_facets["exactlyOnce"]
+    row = world.pipeline.store.get(world.sink_id, epoch)
+    assert row is not None
+    assert (facet.sinkId, facet.epoch, facet.writeId, facet.revision) == (world.sink_id, epoch, row.write_id, 0)
+    assert facet.run["committed_by"] == "commit task" and facet.run["run_type"] == "manual"
 
 
 def test_the_provider_registers_the_iceberg_scheme_and_the_link() -> None:
@@ -372,5 +390,13 @@ def test_an_epoch_committed_by_the_recovery_dag_emits_its_event_once(world: Worl
             "write_id": row.write_id,
             "snapshot_id": row.committed[world.table],
             "revision": 0,
+            # the recovery's own run is not the epoch's: it says who committed, nothing more
+            "run": {
+                "committed_by": "recovery",
+                "run_type": None,
+                "clear_number": 0,
+                "triggering_user": None,
+                "try_number": None,
+            },
         }
     ]

@@ -1,0 +1,57 @@
+"""How the run that committed an epoch came about, for what a downstream consumer reads of a commit.
+
+A commit's ``revision`` says whether the epoch's earlier data was replaced; a downstream DAG or a
+lineage consumer also wants to know why without querying Airflow's database: a scheduled run, a
+manual trigger, a backfill (``--reprocess-behavior``), a run cleared again (Airflow counts the
+clears), who triggered it. The asset events (``assets``) and the commit's OpenLineage run facet
+(``lineage``) carry the same record, read here once from the task's context. Recovery commits
+other runs' epochs, so its events name it as the committer and carry no run of their own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+#: Who made a commit visible: the epoch's own commit task, or the recovery DAG.
+COMMIT_TASK = "commit task"
+RECOVERY = "recovery"
+
+
+@dataclass(frozen=True)
+class RunOrigin:
+    """The committing run as Airflow recorded it (``None`` where this Airflow version has no field)."""
+
+    committed_by: str
+    #: Airflow's ``DagRunType``: ``scheduled``, ``manual``, ``backfill``, ``asset_triggered``...
+    run_type: str | None = None
+    #: How often the run was cleared before this try (0: never).
+    clear_number: int = 0
+    triggering_user: str | None = None
+    try_number: int | None = None
+
+    @classmethod
+    def of(cls, context: Mapping[str, Any], *, committed_by: str = COMMIT_TASK) -> RunOrigin:
+        if committed_by == RECOVERY:
+            return cls(RECOVERY)
+        dag_run = context.get("dag_run")
+        run_type = getattr(dag_run, "run_type", None)
+        ti = context.get("ti")
+        try_number = getattr(ti, "try_number", None)
+        return cls(
+            committed_by,
+            run_type=None if run_type is None else str(getattr(run_type, "value", run_type)),
+            clear_number=int(getattr(dag_run, "clear_number", 0) or 0),
+            triggering_user=getattr(dag_run, "triggering_user_name", None),
+            try_number=None if try_number is None else int(try_number),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "committed_by": self.committed_by,
+            "run_type": self.run_type,
+            "clear_number": self.clear_number,
+            "triggering_user": self.triggering_user,
+            "try_number": self.try_number,
+        }
