@@ -10,6 +10,9 @@ DEFAULT_META_CONN_ID = "exactly_once_default"
 #: How old a write location must be before the orphan clean-up may delete it: longer than any
 #: write task can take between writing its files and persisting them (docs/operations.md).
 DEFAULT_ORPHAN_GRACE = timedelta(hours=6)
+#: How long an epoch's history rows are kept (``[exactly_once] history_retention_days``): the
+#: recovery DAG deletes older ones, never an epoch's own row.
+DEFAULT_HISTORY_RETENTION = timedelta(days=90)
 #: How long a recovery holds a sink's lock at most; a killed recovery task blocks the next one this long.
 DEFAULT_LOCK_TTL = timedelta(hours=1)
 #: The ``airflow.cfg`` section of the package's options (declared in ``get_provider_info``).

@@ -94,6 +94,15 @@ def get_provider_info() -> dict[str, Any]:
                         "example": "86400",
                         "default": "21600",
                     },
+                    "history_retention_days": {
+                        "description": "How many days the recovery DAG keeps each sink's epoch history "
+                        "(every persist, commit, abort, revision and clean-up); older history rows are deleted, "
+                        "the epochs themselves never.",
+                        "version_added": "0.2.0",
+                        "type": "float",
+                        "example": "365",
+                        "default": "90",
+                    },
                     "recovery_dag_id": {
                         "description": "The recovery DAG the scheduler-start listener triggers.",
                         "version_added": "0.1.0",

@@ -19,28 +19,29 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
+import getpass
 import logging
 import os
+import socket
 import sys
 import traceback
 from collections.abc import Callable, Iterator, Sequence
-from datetime import datetime
 from typing import Any, NoReturn, TextIO
 
+from airflow_provider_exactly_once.cli.output import EXIT_BUSY, EXIT_FAILED, EXIT_OK, EXIT_USAGE, print_json
 from airflow_provider_exactly_once.cli.parser import build_parser, duration
+from airflow_provider_exactly_once.cli.read_commands import (
+    epochs_command,
+    history_command,
+    show_command,
+    status_command,
+)
 from airflow_provider_exactly_once.core.errors import ExactlyOnceError, InvalidSinkConfig, SinkLocked
+from airflow_provider_exactly_once.core.history import Actor, ActorKind, acting
 from airflow_provider_exactly_once.core.redact import mask_userinfo, safe_text
-from airflow_provider_exactly_once.core.status import EpochStatus
 from airflow_provider_exactly_once.defaults import DEFAULT_META_CONN_ID
 from airflow_provider_exactly_once.operations import ActionResult, InvalidRequest, SinkOperations
-from airflow_provider_exactly_once.runtime.run_epochs import instant_text, interval_text
 from airflow_provider_exactly_once.store import SqlSinkStateStore
-
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_USAGE = 2
-EXIT_BUSY = 3
 
 #: Set to ``1`` to see the traceback of an unexpected error (by default one masked line, as for a refusal).
 TRACEBACK_ENV = "EO_SINK_TRACEBACK"
@@ -90,8 +91,17 @@ def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None, std
             args = build_parser().parse_args(argv)
     except SystemExit as exc:  # argparse printed the usage error (2) or the help (0)
         return int(exc.code or 0) if not isinstance(exc.code, str) else EXIT_USAGE
-    with _logging(err, verbose=args.verbose):
+    with _logging(err, verbose=args.verbose), acting(Actor(ActorKind.CLI, name=_user())):
         return _run(args, out, err)
+
+
+def _user() -> str:
+    """The epochs' history names an ``eo-sink`` action's user and host (``core.history``)."""
+    try:
+        user = getpass.getuser()
+    except Exception:  # no passwd entry in some containers
+        user = "unknown"
+    return f"{user}@{socket.gethostname()}"
 
 
 @contextlib.contextmanager
@@ -203,7 +213,7 @@ def _report(
     message = mask_userinfo(message)
     print(safe_text(f"eo-sink {args.command} {target}: {error}: {message}"), file=err)
     if args.json:
-        _print_json(
+        print_json(
             out,
             {
                 "error": error,
@@ -216,171 +226,12 @@ def _report(
     return EXIT_FAILED
 
 
-def _print_json(out: TextIO, value: Any) -> None:
-    out.write(json.dumps(value, indent=2, sort_keys=True) + "\n")
-
-
-def _table(out: TextIO, rows: Sequence[Sequence[Any]], headers: Sequence[str]) -> None:
-    from tabulate import tabulate  # type: ignore[import-untyped]  # no stubs; plain text tables
-
-    shown = [[safe_text(str(cell)) for cell in row] for row in rows]
-    out.write(tabulate(shown, headers=headers, tablefmt="simple", disable_numparse=True) + "\n")
-
-
-def _age(seconds: float | None) -> str:
-    if seconds is None:
-        return ""
-    minutes, _ = divmod(int(seconds), 60)
-    hours, minutes = divmod(minutes, 60)
-    days, hours = divmod(hours, 24)
-    if days:
-        return f"{days}d{hours}h"
-    if hours:
-        return f"{hours}h{minutes}m"
-    return f"{minutes}m" if minutes else f"{int(seconds)}s"
-
-
-def _instant(at: datetime | None) -> str:
-    return "" if at is None else instant_text(at)
-
-
-def _interval(start: datetime | None, end: datetime | None) -> str:
-    """As the tasks log it; the end is ``...`` when the store has no record of the run."""
-    return "" if start is None else interval_text(start, end)
-
-
-def _short(text: str | None, width: int = 60) -> str:
-    if not text:
-        return ""
-    line = text.splitlines()[0]
-    return line if len(line) <= width else line[: width - 1] + "…"
-
-
 # -- commands ----------------------------------------------------------------------------------------
-
-
-def _status_command(ops: SinkOperations, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    sinks = [ops.sink(args.sink)] if args.sink else ops.sinks()
-    if args.json:
-        _print_json(out, {"sinks": [s.to_dict() for s in sinks]})
-        return EXIT_OK
-    if not sinks:
-        out.write("no sinks: nothing is registered and no epoch was persisted in this meta store\n")
-        return EXIT_OK
-    rows = [
-        (
-            s.sink_id,
-            s.kind or "(unregistered)",
-            ", ".join(s.tables) if s.tables else (s.root or ""),
-            s.pending,
-            s.committed,
-            s.aborted,
-            "" if s.oldest_pending_created_at is None else s.oldest_pending_created_at.isoformat(timespec="seconds"),
-            s.pending_cleanups,
-        )
-        for s in sinks
-    ]
-    _table(
-        out,
-        rows,
-        ["sink", "kind", "tables / root", "pending", "committed", "aborted", "oldest pending", "clean-ups queued"],
-    )
-    return EXIT_OK
-
-
-def _epochs_command(ops: SinkOperations, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    views = ops.epochs(sink_id=args.sink, status=args.status, limit=args.limit, offset=args.offset)
-    if args.json:
-        _print_json(out, {"epochs": [v.to_dict() for v in views], "limit": args.limit, "offset": args.offset})
-        return EXIT_OK
-    rows = [
-        (
-            v.sink_id,
-            v.epoch,
-            _interval(v.interval_start, v.interval_end),
-            v.status,
-            "decided" if v.commit_decided_at and v.status == EpochStatus.PENDING.value else "",
-            v.files,
-            v.rows,
-            _age(v.age_seconds),
-            v.dag_id or "",
-            v.run_id or "",
-            _instant(v.logical_date),
-            _short(v.error, 40),
-        )
-        for v in views
-    ]
-    headers = ["sink", "epoch", "data interval", "status", "commit", "files", "rows", "age", "dag", "run"]
-    _table(out, rows, [*headers, "logical date", "error"])
-    if len(views) == args.limit:
-        out.write(f"(more may follow: --offset {args.offset + args.limit})\n")
-    return EXIT_OK
-
-
-def _show_command(ops: SinkOperations, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    view = ops.epoch(args.sink, args.epoch)
-    try:
-        checkpoint: dict[str, Any] = ops.checkpoint(args.sink, args.epoch).to_dict()
-    except ExactlyOnceError as exc:  # an unregistered sink: its checkpoint source is not known here
-        checkpoint = {"status": None, "detail": mask_userinfo(f"{type(exc).__name__}: {exc}"), "source": None}
-    delivery = ops.delivery(args.sink)
-    if args.json:
-        _print_json(out, {"epoch": view.to_dict(), "checkpoint": checkpoint, "delivery": delivery.to_dict()})
-        return EXIT_OK
-    data = {**view.to_dict(), "age": _age(view.age_seconds), "delivery": delivery.text}
-    data["checkpoint"] = checkpoint["status"] or f"unknown ({checkpoint['detail']})"
-    data["data_interval"] = _interval(view.interval_start, view.interval_end)
-    data["logical_date"] = _instant(view.logical_date)
-    shown = (
-        *("sink_id", "epoch", "data_interval", "status", "write_id", "dag_id", "run_id", "logical_date"),
-        *("try_number", "created_at", "age", "updated_at", "commit_decided_at", "checkpoint", "delivery"),
-        *("files", "rows", "bytes", "pending_cleanups", "revision", "replacing_write_id", "error", "warning"),
-    )
-    _table(out, [(key, "" if data[key] is None else data[key]) for key in shown], ["field", "value"])
-    out.write("\n")
-    _table(
-        out,
-        [(t.name, t.files, t.rows, t.bytes, t.snapshot or "", t.table_uuid or "") for t in view.tables],
-        ["table", "files", "rows", "bytes", "snapshot", "table uuid"],
-    )
-    upserts = [t for t in view.tables if t.changes is not None]
-    if upserts:
-        out.write("\n")
-        _table(
-            out,
-            [
-                (t.name, *(t.changes[k] for k in ("inserted", "updated", "deleted", "files_rewritten")))  # type: ignore[index]
-                for t in upserts
-            ],
-            ["table", "inserted", "updated", "deleted", "files rewritten"],
-        )
-    if view.revisions:
-        out.write("\n")
-        _table(
-            out,
-            [
-                (
-                    r.revision,
-                    r.status,
-                    r.write_id,
-                    r.generation or "",
-                    r.run_id or "",
-                    _instant(r.logical_date),
-                    r.try_number or "",
-                    r.rows,
-                    ", ".join(f"{t} -> {s}" for t, s in sorted((r.committed or {}).items())),
-                    r.reason or "",
-                )
-                for r in view.revisions
-            ],
-            ["revision", "status", "write", "generation", "run", "logical date", "try", "rows", "snapshots", "reason"],
-        )
-    return EXIT_OK
 
 
 def _print_result(out: TextIO, args: argparse.Namespace, result: ActionResult) -> int:
     if args.json:
-        _print_json(out, result.to_dict())
+        print_json(out, result.to_dict())
     else:
         where = f"sink {result.sink_id!r}" + ("" if result.epoch is None else f" epoch {result.epoch}")
         prefix = "[dry run] " if result.dry_run else ""
@@ -448,7 +299,7 @@ def _per_sink(
         else:
             _print_result(out, args, result)
     if args.json:
-        _print_json(out, {"results": results})
+        print_json(out, {"results": results})
     elif not sink_ids:
         out.write("no registered sinks\n")
     return EXIT_BUSY if code == EXIT_OK and busy else code
@@ -469,9 +320,10 @@ def _gc_command(ops: SinkOperations, args: argparse.Namespace, out: TextIO, err:
 
 
 COMMANDS: dict[str, Callable[[SinkOperations, argparse.Namespace, TextIO, TextIO], int]] = {
-    "status": _status_command,
-    "epochs": _epochs_command,
-    "show": _show_command,
+    "status": status_command,
+    "epochs": epochs_command,
+    "show": show_command,
+    "history": history_command,
     "abort": _abort_command,
     "commit": _commit_command,
     "cleanup": _cleanup_command,

@@ -155,6 +155,12 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("sink", type=_sink_id)
     show.add_argument("epoch", type=_epoch)
 
+    history = commands.add_parser(
+        "history", parents=[common], help="one epoch's history: every persist, decision, commit, abort and clean-up"
+    )
+    history.add_argument("sink", type=_sink_id)
+    history.add_argument("epoch", type=_epoch)
+
     abort = commands.add_parser("abort", parents=[common, dry], help="abort a Pending epoch and delete its files")
     abort.add_argument("sink", type=_sink_id)
     abort.add_argument("epoch", type=_epoch)

@@ -258,7 +258,7 @@ class TwoPhaseCommitCoordinator:
     def _discard_refused(self, p: PersistRequest, row: EpochRecord | None, decision: Decision) -> PersistResult:
         """The write can never be the epoch's, and the caller must hear it as an error."""
         assert row is not None and decision.error is not None
-        self._discard(p.pre, f"{decision.action.value}: epoch committed with write {row.write_id}")
+        self._discard(p.pre, f"{decision.action.value}: {decision.error}")  # the refusal, in the epoch's history
         raise decision.error
 
     def _discard(self, pre: PreCommit, reason: str) -> None:

@@ -6,6 +6,8 @@ manual trigger, a backfill (``--reprocess-behavior``), a run cleared again (Airf
 clears), who triggered it. The asset events (``assets``) and the commit's OpenLineage run facet
 (``lineage``) carry the same record, read here once from the task's context. Recovery commits
 other runs' epochs, so its events name it as the committer and carry no run of their own.
+
+The same reading names the acting task in the epochs' history (``task_actor``, ``core.history``).
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from airflow_provider_exactly_once.core.history import Actor, ActorKind
 
 #: Who made a commit visible: the epoch's own commit task, or the recovery DAG.
 COMMIT_TASK = "commit task"
@@ -55,3 +59,20 @@ class RunOrigin:
             "triggering_user": self.triggering_user,
             "try_number": self.try_number,
         }
+
+
+def task_actor(context: Mapping[str, Any], kind: ActorKind = ActorKind.TASK) -> Actor:
+    """The task instance of ``context`` as the history names it: ``dag_id.task_id``, its run, try,
+    and how the run was started."""
+    ti = context.get("ti")
+    origin = RunOrigin.of(context)
+    dag_id, task_id = getattr(ti, "dag_id", None), getattr(ti, "task_id", None)
+    return Actor(
+        kind,
+        name=None if task_id is None else f"{dag_id}.{task_id}",
+        dag_id=dag_id,
+        run_id=getattr(ti, "run_id", None),
+        try_number=origin.try_number,
+        run_type=origin.run_type,
+        clear_number=origin.clear_number,
+    )

@@ -22,7 +22,13 @@ from airflow_provider_exactly_once.core.identifiers import EPOCH_MAX, check_epoc
 from airflow_provider_exactly_once.core.ports import EpochRecord
 from airflow_provider_exactly_once.core.redact import mask_userinfo
 from airflow_provider_exactly_once.core.status import EpochStatus
-from airflow_provider_exactly_once.operations.views import CheckpointView, EpochView, RevisionView, SinkSummary
+from airflow_provider_exactly_once.operations.views import (
+    CheckpointView,
+    EpochView,
+    HistoryView,
+    RevisionView,
+    SinkSummary,
+)
 from airflow_provider_exactly_once.runtime.assembly import checkpoint_source
 from airflow_provider_exactly_once.store import SqlSinkStateStore
 from airflow_provider_exactly_once.store.queries import (
@@ -143,6 +149,16 @@ class SinkReads:
         view = EpochView.of(record, now=self.store.now(), pending_cleanups=cleanups, run=run)
         revisions = tuple(RevisionView.of(r, runs.get((r.dag_id or "", r.run_id or ""))) for r in revised)
         return replace(view, revisions=revisions)
+
+    def history(self, sink_id: str, epoch: int) -> list[HistoryView]:
+        """The epoch's history, oldest first; ``EpochNotFound`` when it has neither a row nor a history."""
+        check_epoch(epoch)
+        entries = self.store.history.events(sink_id, epoch)
+        if not entries:
+            self._row(sink_id, epoch)  # no row either: never persisted
+            return []
+        runs = self.store.runs.lookup([(e.actor.dag_id, e.actor.run_id) for e in entries])
+        return [HistoryView.of(e, runs.get((e.actor.dag_id or "", e.actor.run_id or ""))) for e in entries]
 
     def dag_of(self, sink_id: str, epoch: int) -> str | None:
         """The DAG that wrote the epoch (``None``: outside any DAG run); ``EpochNotFound`` when it has no row.

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from airflow_provider_exactly_once.core.history import HistoryEntry
 from airflow_provider_exactly_once.core.ports import EpochRecord
 from airflow_provider_exactly_once.core.precommit import PreCommit, TableWrite
 from airflow_provider_exactly_once.core.redact import mask_userinfo
@@ -208,6 +209,18 @@ class EpochView:
             generation=record.pre_commit.generation,
         )
 
+    @property
+    def files_state(self) -> str | None:
+        """What became of the write's files: an Aborted epoch's counts are of files deleted (or
+        queued for deletion), not of files anyone can read."""
+        if not self.files:
+            return None
+        if self.status == "Committed":
+            return "visible"
+        if self.status == "Pending":
+            return "not visible yet"
+        return "being deleted" if self.pending_cleanups else "deleted"
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "sink_id": self.sink_id,
@@ -224,6 +237,7 @@ class EpochView:
             "rows": self.rows,
             "files": self.files,
             "bytes": self.bytes,
+            "files_state": self.files_state,
             "tables": [t.to_dict() for t in self.tables],
             "error": self.error,
             "warning": self.warning,
@@ -294,6 +308,73 @@ class RevisionView:
             "created_at": _iso(self.created_at),
             "updated_at": _iso(self.updated_at),
             "logical_date": _iso(self.logical_date),
+        }
+
+
+@dataclass(frozen=True)
+class HistoryView:
+    """One event of an epoch's history (``core.history``): what happened, when, by whom, why; the
+    run's logical date and data interval where the store recorded that run."""
+
+    at: datetime
+    event: str
+    write_id: str
+    status: str | None
+    revision: int | None
+    #: ``task``, ``recovery``, ``cli``, ``ui`` or ``unknown``, and which one.
+    actor: str
+    actor_name: str | None
+    dag_id: str | None
+    run_id: str | None
+    try_number: int | None
+    #: How Airflow started the acting run (``scheduled``, ``manual``, ``backfill``...), cleared how often.
+    run_type: str | None
+    clear_number: int | None
+    reason: str | None
+    logical_date: datetime | None = None
+    interval_start: datetime | None = None
+    interval_end: datetime | None = None
+
+    @classmethod
+    def of(cls, entry: HistoryEntry, run: RunDates | None = None) -> HistoryView:
+        actor = entry.actor
+        return cls(
+            at=entry.at,
+            event=entry.event.value,
+            write_id=entry.write_id,
+            status=entry.status,
+            revision=entry.revision,
+            actor=actor.kind.value,
+            actor_name=None if actor.name is None else mask_userinfo(actor.name),
+            dag_id=actor.dag_id,
+            run_id=actor.run_id,
+            try_number=actor.try_number,
+            run_type=actor.run_type,
+            clear_number=actor.clear_number,
+            reason=None if entry.reason is None else mask_userinfo(entry.reason),
+            logical_date=None if run is None else run.logical_date,
+            interval_start=None if run is None else run.interval_start,
+            interval_end=None if run is None else run.interval_end,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "at": _iso(self.at),
+            "event": self.event,
+            "write_id": self.write_id,
+            "status": self.status,
+            "revision": self.revision,
+            "actor": self.actor,
+            "actor_name": self.actor_name,
+            "dag_id": self.dag_id,
+            "run_id": self.run_id,
+            "try_number": self.try_number,
+            "run_type": self.run_type,
+            "clear_number": self.clear_number,
+            "reason": self.reason,
+            "logical_date": _iso(self.logical_date),
+            "interval_start": _iso(self.interval_start),
+            "interval_end": _iso(self.interval_end),
         }
 
 

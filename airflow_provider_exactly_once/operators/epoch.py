@@ -17,9 +17,10 @@ from airflow.sdk import BaseOperator
 
 from airflow_provider_exactly_once.checkpoints.config import CheckpointConfig
 from airflow_provider_exactly_once.core.errors import AbortRefused, ExactlyOnceError, InvalidPreCommit
+from airflow_provider_exactly_once.core.history import acting
 from airflow_provider_exactly_once.observability.assets import commit_alias, emit_committed
 from airflow_provider_exactly_once.observability.links import EpochLink
-from airflow_provider_exactly_once.observability.run_origin import RunOrigin
+from airflow_provider_exactly_once.observability.run_origin import RunOrigin, task_actor
 from airflow_provider_exactly_once.operators._common import (
     airflow_errors,
     check_write_matches,
@@ -72,27 +73,29 @@ class _EpochOperator(BaseOperator):
 
     @contextmanager
     def _step(self, context: Mapping[str, Any]) -> Iterator[_Step]:
-        """The store, the run's epoch and the coordinator; the store's connections are closed after.
+        """The store, the run's epoch and the coordinator, the task named as the actor of the epoch's
+        history; the store's connections are closed after.
 
         The sink is registered first (idempotent, no write when unchanged): the recovery DAG finds
         every sink through the registry, without importing this DAG, and a sink must be known
         there before any of its epochs can be left half done.
         """
-        store = open_meta_store(self.meta_conn_id)
-        try:
-            store.registry.register_sink(
-                self.sink.sink_id,
-                self.sink.to_dict(),
-                None if self.checkpoint is None else self.checkpoint.to_dict(),
-            )
-            epoch = epoch_for_context(context, self.sink.sink_id, store.epochs)
-            self.log.info("sink %r %s", self.sink.sink_id, epoch_interval(epoch, context))
-            coordinator = coordinator_for(
-                self.sink, self.checkpoint, store=store, epoch=epoch, try_number=try_number(context)
-            )
-            yield _Step(store, epoch, coordinator)
-        finally:
-            store.dispose()
+        with acting(task_actor(context)):
+            store = open_meta_store(self.meta_conn_id)
+            try:
+                store.registry.register_sink(
+                    self.sink.sink_id,
+                    self.sink.to_dict(),
+                    None if self.checkpoint is None else self.checkpoint.to_dict(),
+                )
+                epoch = epoch_for_context(context, self.sink.sink_id, store.epochs)
+                self.log.info("sink %r %s", self.sink.sink_id, epoch_interval(epoch, context))
+                coordinator = coordinator_for(
+                    self.sink, self.checkpoint, store=store, epoch=epoch, try_number=try_number(context)
+                )
+                yield _Step(store, epoch, coordinator)
+            finally:
+                store.dispose()
 
 
 class PersistPendingOperator(_EpochOperator):

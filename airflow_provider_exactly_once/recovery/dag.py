@@ -14,6 +14,7 @@ them without editing the DAG file::
     [exactly_once]
     recovery_schedule = */15 * * * *        # AIRFLOW__EXACTLY_ONCE__RECOVERY_SCHEDULE
     recovery_orphan_grace_seconds = 21600   # AIRFLOW__EXACTLY_ONCE__RECOVERY_ORPHAN_GRACE_SECONDS
+    history_retention_days = 90             # AIRFLOW__EXACTLY_ONCE__HISTORY_RETENTION_DAYS
 """
 
 from __future__ import annotations
@@ -23,7 +24,12 @@ from typing import Any
 
 from airflow.sdk import DAG
 
-from airflow_provider_exactly_once.defaults import CONFIG_SECTION, DEFAULT_LOCK_TTL, DEFAULT_ORPHAN_GRACE
+from airflow_provider_exactly_once.defaults import (
+    CONFIG_SECTION,
+    DEFAULT_HISTORY_RETENTION,
+    DEFAULT_LOCK_TTL,
+    DEFAULT_ORPHAN_GRACE,
+)
 from airflow_provider_exactly_once.observability.assets import recovery_alias
 from airflow_provider_exactly_once.recovery.operators import ListRegisteredSinksOperator, RecoverSinkOperator
 from airflow_provider_exactly_once.version_compat import conf
@@ -51,6 +57,13 @@ def configured_orphan_grace() -> timedelta:
     return timedelta(seconds=seconds)
 
 
+def configured_history_retention() -> timedelta:
+    days = conf.getfloat(CONFIG_SECTION, "history_retention_days", fallback=DEFAULT_HISTORY_RETENTION.days)
+    if not days > 0:
+        raise ValueError(f"[{CONFIG_SECTION}] history_retention_days must be positive, got {days}")
+    return timedelta(days=days)
+
+
 def recovery_dag(
     dag_id: str = DEFAULT_RECOVERY_DAG_ID,
     *,
@@ -58,6 +71,7 @@ def recovery_dag(
     meta_conn_id: str | None = None,
     orphan_grace: timedelta | None = None,
     lock_ttl: timedelta = DEFAULT_LOCK_TTL,
+    history_retention: timedelta | None = None,
     **dag_kwargs: Any,
 ) -> DAG:
     """Build the recovery DAG (one per meta store; the scheduler-start trigger runs ``dag_id``).
@@ -65,6 +79,8 @@ def recovery_dag(
     :param schedule: any Airflow schedule; by default ``[exactly_once] recovery_schedule``, every 15 minutes.
     :param meta_conn_id: the meta store; by default ``[exactly_once] meta_conn_id``, read when the tasks run.
     :param orphan_grace: by default ``[exactly_once] recovery_orphan_grace_seconds``, 6 hours.
+    :param history_retention: how long each sink's epoch history is kept; by default
+        ``[exactly_once] history_retention_days``, 90 days.
     :param dag_kwargs: passed to ``DAG`` (tags, default_args, ...).
     """
     dag_options: dict[str, Any] = {
@@ -89,6 +105,7 @@ def recovery_dag(
             meta_conn_id=meta_conn_id,
             orphan_grace=configured_orphan_grace() if orphan_grace is None else orphan_grace,
             lock_ttl=lock_ttl,
+            history_retention=configured_history_retention() if history_retention is None else history_retention,
             map_index_template="{{ task.sink_id }}",
             # Epochs recovery commits wake the DAGs scheduled on their tables, as the commit task's would.
             outlets=[recovery_alias()],

@@ -10,11 +10,12 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseOperator
 
 from airflow_provider_exactly_once.core.errors import SinkLocked
+from airflow_provider_exactly_once.core.history import ActorKind, acting
 from airflow_provider_exactly_once.core.identifiers import check_sink_id
 from airflow_provider_exactly_once.core.status import EpochStatus
-from airflow_provider_exactly_once.defaults import DEFAULT_LOCK_TTL, DEFAULT_ORPHAN_GRACE
+from airflow_provider_exactly_once.defaults import DEFAULT_HISTORY_RETENTION, DEFAULT_LOCK_TTL, DEFAULT_ORPHAN_GRACE
 from airflow_provider_exactly_once.observability.assets import emit_committed, recovery_alias
-from airflow_provider_exactly_once.observability.run_origin import RECOVERY
+from airflow_provider_exactly_once.observability.run_origin import RECOVERY, task_actor
 from airflow_provider_exactly_once.operators._common import airflow_errors
 from airflow_provider_exactly_once.runtime.assembly import open_meta_store
 from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig
@@ -72,6 +73,7 @@ class RecoverSinkOperator(BaseOperator):
         meta_conn_id: str | None = None,
         orphan_grace: timedelta = DEFAULT_ORPHAN_GRACE,
         lock_ttl: timedelta = DEFAULT_LOCK_TTL,
+        history_retention: timedelta = DEFAULT_HISTORY_RETENTION,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -79,12 +81,13 @@ class RecoverSinkOperator(BaseOperator):
         self.meta_conn_id = meta_conn_id
         self.orphan_grace = orphan_grace
         self.lock_ttl = lock_ttl
+        self.history_retention = history_retention
 
     def execute(self, context: Context) -> dict[str, Any]:
         # The recovery machinery (coordinator, committers) loads in the task, not at every parse.
         from airflow_provider_exactly_once.recovery.sink import recover_sink
 
-        with airflow_errors():
+        with airflow_errors(), acting(task_actor(context, ActorKind.RECOVERY)):
             check_sink_id(self.sink_id)  # templated: only the rendered value can be checked
             store = open_meta_store(self.meta_conn_id)
             try:
@@ -96,6 +99,9 @@ class RecoverSinkOperator(BaseOperator):
                     lock_ttl=self.lock_ttl,
                 )
                 self._emit_assets(context, store, report.committed)
+                expired = store.history.expire(self.sink_id, self.history_retention)
+                if expired:
+                    self.log.info("%d history row(s) older than %s deleted", expired, self.history_retention)
             except SinkLocked as exc:
                 raise AirflowSkipException(str(exc)) from exc
             finally:

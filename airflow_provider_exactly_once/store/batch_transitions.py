@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from airflow_provider_exactly_once.core.history import EpochEvent
 from airflow_provider_exactly_once.core.identifiers import check_epoch, check_write_id
 from airflow_provider_exactly_once.core.ports import CommitMark
 from airflow_provider_exactly_once.core.status import EpochStatus
-from airflow_provider_exactly_once.store import cas, rows
+from airflow_provider_exactly_once.store import cas, epoch_history, rows
 from airflow_provider_exactly_once.store.database import MetaStoreDatabase
 from airflow_provider_exactly_once.store.models import PendingSinkState, db_now
 
@@ -37,6 +38,10 @@ class SqlBatchTransitions:
                         break
                     if row.commit_decided_at is None:
                         break  # as decide_commit, a decision already taken for this write counts
+                else:
+                    epoch_history.record(
+                        session, sink_id, epoch, EpochEvent.COMMIT_DECIDED, write_id, status=EpochStatus.PENDING.value
+                    )
                 decided.append(epoch)
         return decided
 
@@ -57,5 +62,8 @@ class SqlBatchTransitions:
                     )
                 )
                 if rows.rowcount(session, statement, cas.key(sink_id, epoch, write_id)) == 1:
+                    epoch_history.record(
+                        session, sink_id, epoch, EpochEvent.COMMITTED, write_id, status=EpochStatus.COMMITTED.value
+                    )
                     marked.append(epoch)
         return marked

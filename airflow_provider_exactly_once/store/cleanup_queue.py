@@ -16,10 +16,11 @@ from sqlalchemy import ColumnElement, Select, Table, bindparam, insert, select, 
 from sqlalchemy.orm import Session
 
 from airflow_provider_exactly_once.core.errors import InvalidPreCommit, StateConflict
+from airflow_provider_exactly_once.core.history import EpochEvent
 from airflow_provider_exactly_once.core.identifiers import check_epoch, check_write_id
 from airflow_provider_exactly_once.core.ports import ORPHAN_EPOCH, CleanupTask
 from airflow_provider_exactly_once.core.precommit import PreCommit
-from airflow_provider_exactly_once.store import arguments, rows
+from airflow_provider_exactly_once.store import arguments, epoch_history, rows
 from airflow_provider_exactly_once.store.database import MetaStoreDatabase
 from airflow_provider_exactly_once.store.models import SinkCleanup, db_now
 
@@ -63,6 +64,16 @@ class SqlCleanupQueue:
                 .returning(SinkCleanup.id)
             ).scalar_one()
             row = session.get_one(SinkCleanup, cleanup_id)
+            if pre_commit.epoch != ORPHAN_EPOCH:  # an orphan's clean-up belongs to no epoch
+                epoch_history.record(
+                    session,
+                    pre_commit.sink_id,
+                    pre_commit.epoch,
+                    EpochEvent.CLEANUP_QUEUED,
+                    pre_commit.write_id,
+                    status=None,
+                    reason=reason,
+                )
             return rows.cleanup_task(row)
 
     def complete_cleanup(self, cleanup_id: int) -> None:
@@ -76,7 +87,19 @@ class SqlCleanupQueue:
                 .values(done_at=db_now())
                 .execution_options(synchronize_session=False)
             )
-            if rows.rowcount(session, statement) != 1 and session.get(SinkCleanup, cleanup_id) is None:
+            if rows.rowcount(session, statement) == 1:
+                done = session.get_one(SinkCleanup, cleanup_id)
+                if done.epoch != ORPHAN_EPOCH:
+                    epoch_history.record(
+                        session,
+                        done.sink_id,
+                        done.epoch,
+                        EpochEvent.CLEANED_UP,
+                        done.write_id,
+                        status=None,
+                        reason=done.reason,
+                    )
+            elif session.get(SinkCleanup, cleanup_id) is None:
                 raise StateConflict(f"meta store {self._db.url_for_display}: there is no clean-up {cleanup_id}")
 
 

@@ -51,6 +51,7 @@ STATUS_LENGTH = 16
 ABORT_CAUSE_LENGTH = 32
 GENERATION_LENGTH = 40
 CHECKPOINT_NAME_LENGTH = 128
+EVENT_LENGTH = 32
 
 #: SQLite keeps timestamps as text; this gives millisecond precision in the ISO form Python parses.
 SQLITE_NOW = "strftime('%Y-%m-%d %H:%M:%f','now')"
@@ -309,6 +310,37 @@ class EpochRevision(Base):
     reason: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(UtcDateTime())
     updated_at: Mapped[datetime] = mapped_column(UtcDateTime())
+
+
+class EpochHistory(Base):
+    """Every transition of an epoch, appended in the transaction of its change (``store/epoch_history.py``,
+    migration 0012): what happened, to which write, done by whom, and why. Never updated; only the
+    retention clean-up deletes rows, and only of this table."""
+
+    __tablename__ = "epoch_history"
+    __table_args__ = (Index("ix_epoch_history_sink_id_epoch_id", "sink_id", "epoch", "id"),)
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    sink_id: Mapped[str] = mapped_column(String(SINK_ID_LENGTH))
+    epoch: Mapped[int] = mapped_column(BigInteger, autoincrement=False)
+    #: ``core.history.EpochEvent``.
+    event: Mapped[str] = mapped_column(String(EVENT_LENGTH))
+    write_id: Mapped[str] = mapped_column(String(WRITE_ID_LENGTH))
+    #: The epoch's status after the event.
+    status: Mapped[str | None] = mapped_column(String(STATUS_LENGTH))
+    revision: Mapped[int | None] = mapped_column(Integer)
+    #: The run the event belongs to: the write's for persists, the acting task's run otherwise.
+    dag_id: Mapped[str | None] = mapped_column(String(DAG_ID_LENGTH))
+    run_id: Mapped[str | None] = mapped_column(String(RUN_ID_LENGTH))
+    try_number: Mapped[int | None] = mapped_column(Integer)
+    #: How Airflow started the acting run (``DagRunType``), and how often it was cleared before.
+    run_type: Mapped[str | None] = mapped_column(String(EVENT_LENGTH))
+    clear_number: Mapped[int | None] = mapped_column(Integer)
+    #: ``core.history.ActorKind`` and its name (a task, a user).
+    actor: Mapped[str] = mapped_column(String(EVENT_LENGTH))
+    actor_name: Mapped[str | None] = mapped_column(String(LOCK_HOLDER_LENGTH))
+    reason: Mapped[str | None] = mapped_column(Text)
+    at: Mapped[datetime] = mapped_column(UtcDateTime())
 
 
 class CheckpointState(Base):

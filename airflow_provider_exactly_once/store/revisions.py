@@ -21,11 +21,12 @@ from sqlalchemy import Table, Update, bindparam, insert, select, update
 from sqlalchemy.orm import Session
 
 from airflow_provider_exactly_once.core.errors import StateConflict
+from airflow_provider_exactly_once.core.history import EpochEvent
 from airflow_provider_exactly_once.core.identifiers import check_epoch, check_write_id
 from airflow_provider_exactly_once.core.ports import EpochRecord
 from airflow_provider_exactly_once.core.precommit import PreCommit
 from airflow_provider_exactly_once.core.status import EpochStatus
-from airflow_provider_exactly_once.store import arguments, cas, metadata_copies, rows
+from airflow_provider_exactly_once.store import arguments, cas, epoch_history, metadata_copies, rows
 from airflow_provider_exactly_once.store.database import MetaStoreDatabase
 from airflow_provider_exactly_once.store.models import EpochRevision, PendingSinkState, db_now
 
@@ -107,6 +108,17 @@ class SqlRevisions:
             metadata_copies.keep_replaced(session, sink_id, epoch, expected_write_id)
             rows.replace_metadata(session, pre_commit, replaced_write_id=expected_write_id)
             _record(session, replaced, EpochStatus.COMMITTED.value, replaced.committed, None)
+            epoch_history.record(
+                session,
+                sink_id,
+                epoch,
+                EpochEvent.REVISION_OPENED,
+                pre_commit.write_id,
+                status=EpochStatus.PENDING.value,
+                revision=replaced.revision + 1,
+                reason=f"replaces Committed write {expected_write_id}",
+                run=(dag_id, run_id, try_number),
+            )
             return cas.reloaded(session, sink_id, epoch)
 
     def abort_revision(
@@ -147,6 +159,16 @@ class SqlRevisions:
             metadata_copies.queue_cleanup(session, sink_id, epoch, write_id, reason=f"revision aborted: {reason}")
             metadata_copies.restore_replaced(session, sink_id, epoch, revision_write_id=write_id)
             _record(session, revision, EpochStatus.ABORTED.value, None, reason)
+            epoch_history.record(
+                session,
+                sink_id,
+                epoch,
+                EpochEvent.REVISION_GIVEN_UP,
+                write_id,
+                status=EpochStatus.COMMITTED.value,
+                revision=revision.revision,
+                reason=reason,
+            )
             return cas.reloaded(session, sink_id, epoch)
 
     def was_replaced(self, sink_id: str, epoch: int, write_id: str) -> bool:

@@ -16,6 +16,7 @@ from typing import Any, cast
 
 from sqlalchemy import (
     CursorResult,
+    Delete,
     Insert,
     Label,
     Row,
@@ -259,7 +260,7 @@ def _metadata_values(pre_commit: PreCommit, text: str) -> dict[str, Any]:
     }
 
 
-def rowcount(session: Session, statement: Update, parameters: Mapping[str, Any] | None = None) -> int:
+def rowcount(session: Session, statement: Update | Delete, parameters: Mapping[str, Any] | None = None) -> int:
     result = cast(CursorResult[Any], session.execute(statement, parameters))
     return int(result.rowcount)
 

@@ -8,8 +8,9 @@ companions on the same database, the way pyiceberg hangs ``inspect`` and ``maint
 ``Table``: ``registry`` (sink registry, orphans, per-sink lock: the recovery DAG and the operations
 tools), ``checkpoints`` (the checkpoint table: the marking operator), ``epochs`` (epochs of runs
 without a data interval: the epoch operators), ``revisions`` (an epoch's replacements by newer
-generations: the coordinator and the operations views) and ``runs`` (the logical date and data
-interval of each run that persisted a write: the persist task and the operations views).
+generations: the coordinator and the operations views), ``runs`` (the logical date and data
+interval of each run that persisted a write: the persist task and the operations views) and
+``history`` (every transition of every epoch, each written by the transition: the views).
 """
 
 from __future__ import annotations
@@ -26,16 +27,18 @@ from sqlalchemy.orm import Session
 
 from airflow_provider_exactly_once.core.decisions import discarded_error
 from airflow_provider_exactly_once.core.errors import InvalidPreCommit, StateConflict
+from airflow_provider_exactly_once.core.history import EpochEvent
 from airflow_provider_exactly_once.core.identifiers import check_epoch, check_write_id
 from airflow_provider_exactly_once.core.ports import CommittedTables, EpochRecord
 from airflow_provider_exactly_once.core.precommit import PreCommit
 from airflow_provider_exactly_once.core.status import AbortCause, EpochStatus
-from airflow_provider_exactly_once.store import arguments, cas, first_write, metadata_copies, rows
+from airflow_provider_exactly_once.store import arguments, cas, epoch_history, first_write, metadata_copies, rows
 from airflow_provider_exactly_once.store.batch_transitions import SqlBatchTransitions
 from airflow_provider_exactly_once.store.checkpoints import SqlCheckpointTable
 from airflow_provider_exactly_once.store.cleanup_queue import SqlCleanupQueue, discarded
 from airflow_provider_exactly_once.store.database import MetaStoreDatabase
 from airflow_provider_exactly_once.store.epoch_allocations import SqlEpochAllocator
+from airflow_provider_exactly_once.store.epoch_history import SqlHistory
 from airflow_provider_exactly_once.store.models import PendingSinkState, SinkCleanup, db_now
 from airflow_provider_exactly_once.store.registry import SqlSinkRegistry
 from airflow_provider_exactly_once.store.revisions import SqlRevisions, commit_revision
@@ -66,6 +69,7 @@ class SqlSinkStateStore(SqlCleanupQueue, SqlBatchTransitions):
         self.epochs = SqlEpochAllocator(self._db)
         self.revisions = SqlRevisions(self._db)
         self.runs = SqlRunRecords(self._db)
+        self.history = SqlHistory(self._db)
 
     @property
     def url_for_display(self) -> str:
@@ -138,7 +142,7 @@ class SqlSinkStateStore(SqlCleanupQueue, SqlBatchTransitions):
                 if discarded(session, sink_id, epoch, pre_commit.write_id):
                     raise discarded_error(pre_commit)  # rolls the insert back
                 rows.insert_metadata(session, pre_commit)
-                return record
+                return epoch_history.recorded(session, record, EpochEvent.PERSISTED, run=(dag_id, run_id, try_number))
         except IntegrityError:
             # The epoch has a row already (a concurrent persist inserted it first): report what it holds.
             existing = self._reload(sink_id, epoch, action)
@@ -182,7 +186,8 @@ class SqlSinkStateStore(SqlCleanupQueue, SqlBatchTransitions):
                     )
                     rows.insert_metadata(session, pre_commit)
                     metadata_copies.queue_cleanup(session, sink_id, epoch, pre_commit.write_id, reason=reason)
-                    return cas.reloaded(session, sink_id, epoch)
+                    tombstone = cas.reloaded(session, sink_id, epoch)
+                    return epoch_history.recorded(session, tombstone, EpochEvent.ABORTED_UNPERSISTED, reason=reason)
         except IntegrityError:
             pass  # a concurrent persist inserted first
         existing = self._reload(sink_id, epoch, action)
@@ -244,7 +249,10 @@ class SqlSinkStateStore(SqlCleanupQueue, SqlBatchTransitions):
                     session, sink_id, epoch, expected_write_id, reason=f"replaced by write {pre_commit.write_id}"
                 )
             rows.replace_metadata(session, pre_commit, replaced_write_id=expected_write_id)
-            return cas.reloaded(session, sink_id, epoch)
+            replaced = f"replaces {expected_status} write {expected_write_id}"
+            run = (dag_id, run_id, try_number)
+            record = cas.reloaded(session, sink_id, epoch)
+            return epoch_history.recorded(session, record, EpochEvent.REPLACED, reason=replaced, run=run)
 
     def reopen_committed(
         self,
@@ -284,26 +292,40 @@ class SqlSinkStateStore(SqlCleanupQueue, SqlBatchTransitions):
                 wanted,
             )
             rows.replace_metadata(session, pre_commit, replaced_write_id=expected_write_id)
-            return cas.reloaded(session, sink_id, epoch)
+            record = cas.reloaded(session, sink_id, epoch)
+            run = (dag_id, run_id, try_number)
+            return epoch_history.recorded(session, record, EpochEvent.REOPENED, reason=reason, run=run)
 
     def record_warning(self, sink_id: str, epoch: int, *, warning: str) -> None:
         """Keep a warning on the row whatever its status; it decides nothing, operators read it."""
         epoch = check_epoch(epoch)
         warning = arguments.text(warning, "warning")
         with self._db.transaction(f"recording a warning on sink {sink_id!r} epoch {epoch}", write=True) as session:
-            session.execute(
+            found = session.execute(
                 update(PendingSinkState)
                 .where(PendingSinkState.sink_id == sink_id, PendingSinkState.epoch == epoch)
                 .values(warning=warning, updated_at=db_now())
+                .returning(*_EVENT_COLUMNS)
                 .execution_options(synchronize_session=False)
-            )
+            ).one_or_none()
+            if found is not None:
+                epoch_history.record(
+                    session,
+                    sink_id,
+                    epoch,
+                    EpochEvent.WARNING,
+                    found.write_id,
+                    status=found.status,
+                    revision=found.revision,
+                    reason=warning,
+                )
 
     def decide_commit(self, sink_id: str, epoch: int, *, write_id: str) -> EpochRecord:
         epoch, write_id = check_epoch(epoch), check_write_id(write_id)
         with self._db.transaction(f"deciding the commit of sink {sink_id!r} epoch {epoch}", write=True) as session:
             decided = rows.updated(session, _decide_statement(), cas.key(sink_id, epoch, write_id))
             if decided is not None:
-                return decided
+                return epoch_history.recorded(session, decided, EpochEvent.COMMIT_DECIDED)
             found = rows.load(session, sink_id, epoch)
             already = (
                 found is not None
@@ -346,7 +368,7 @@ class SqlSinkStateStore(SqlCleanupQueue, SqlBatchTransitions):
                 )
             if record.kind.revises:
                 record = commit_revision(session, record, committed)
-            return record
+            return epoch_history.recorded(session, record, EpochEvent.COMMITTED)
 
     def mark_aborted(
         self,
@@ -377,14 +399,15 @@ class SqlSinkStateStore(SqlCleanupQueue, SqlBatchTransitions):
                     f"sink {sink_id!r} epoch {epoch}: write {write_id} is a revision; abort it with abort_revision"
                 )
             metadata_copies.queue_cleanup(session, sink_id, epoch, write_id, reason=reason)
-            return record
+            why = reason if cause is None else f"{cause.value}: {reason}"
+            return epoch_history.recorded(session, record, EpochEvent.ABORTED, reason=why)
 
     def record_error(self, sink_id: str, epoch: int, *, write_id: str, error: str) -> None:
         """Only on a row of this write that is not Committed: committing clears the error for good."""
         epoch, write_id = check_epoch(epoch), check_write_id(write_id)
         error = arguments.text(error, "error")
         with self._db.transaction(f"recording an error on sink {sink_id!r} epoch {epoch}", write=True) as session:
-            session.execute(
+            found = session.execute(
                 update(PendingSinkState)
                 .where(
                     PendingSinkState.sink_id == sink_id,
@@ -393,12 +416,28 @@ class SqlSinkStateStore(SqlCleanupQueue, SqlBatchTransitions):
                     PendingSinkState.status != EpochStatus.COMMITTED.value,
                 )
                 .values(error=error, updated_at=db_now())
+                .returning(*_EVENT_COLUMNS)
                 .execution_options(synchronize_session=False)
-            )
+            ).one_or_none()
+            if found is not None:
+                epoch_history.record(
+                    session,
+                    sink_id,
+                    epoch,
+                    EpochEvent.ERROR,
+                    write_id,
+                    status=found.status,
+                    revision=found.revision,
+                    reason=error,
+                )
 
     def _reload(self, sink_id: str, epoch: int, action: str) -> EpochRecord | None:
         with self._db.transaction(action, write=False) as session:
             return rows.load(session, sink_id, epoch)
+
+
+#: What a history row needs of an updated row that is not otherwise read back.
+_EVENT_COLUMNS = (PendingSinkState.write_id, PendingSinkState.status, PendingSinkState.revision)
 
 
 @functools.cache

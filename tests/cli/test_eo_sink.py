@@ -152,6 +152,24 @@ def test_dry_runs_change_nothing_then_the_actions_do(world: World) -> None:
     assert store.get(sink_id, E2).status is EpochStatus.ABORTED  # type: ignore[union-attr]
     assert world.markers() == {E0: [left.committed.write_id], E1: [left.pending_completed.write_id]}
 
+    # an Aborted epoch's files are counted as what they were, and said to be gone
+    code, out, err = run_main("show", sink_id, str(E2), "--url", url, "--json")
+    shown = json.loads(out)["epoch"]
+    assert (shown["status"], shown["files"] > 0, shown["files_state"]) == ("Aborted", True, "deleted")
+    assert (
+        json.loads(run_main("show", sink_id, str(E1), "--url", url, "--json")[1])["epoch"]["files_state"] == "visible"
+    )
+
+    # the epoch's history names the operator and why (``eo-sink history``)
+    code, out, err = run_main("history", sink_id, str(E2), "--url", url, "--json")
+    assert code == EXIT_OK, err
+    events = json.loads(out)["history"]
+    aborted = [e for e in events if e["event"] == "aborted"]
+    assert len(aborted) == 1 and aborted[0]["actor"] == "cli" and "@" in aborted[0]["actor_name"]
+    assert "checkpoint failed" in aborted[0]["reason"] and events[-1]["event"] == "cleaned up"
+    code, out, err = run_main("history", sink_id, str(E2), "--url", url)
+    assert code == EXIT_OK and "aborted" in out and "cli " in out and "[" in out.splitlines()[0]  # the interval
+
 
 @pytest.mark.parametrize("backend", ["sqlite"])  # every registered sink of the store: a store of its own
 def test_recover_every_registered_sink(world: World) -> None:

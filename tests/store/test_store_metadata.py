@@ -94,7 +94,7 @@ def test_the_migration_moves_the_metadata_out_of_the_row_and_back(fresh_url: str
     migrate.forget_applied()
 
 
-def test_deciding_and_marking_a_commit_write_one_statement_each_and_leave_the_metadata_alone(
+def test_deciding_and_marking_a_commit_write_one_statement_and_its_event_and_leave_the_metadata_alone(
     store: SqlSinkStateStore, sink_id: str
 ) -> None:
     # Another epoch's metadata first, of another size: the size read back must be this write's.
@@ -107,10 +107,11 @@ def test_deciding_and_marking_a_commit_write_one_statement_each_and_leave_the_me
         store, lambda: store.mark_committed(sink_id, EPOCH, write_id=pre.write_id, committed={"db.events": "7"})
     )
 
-    for statements in (decide, mark):
-        assert len(statements) == 1, statements
-        (statement,) = statements
+    for statements in (decide, mark):  # the change, read back by itself, and its history event (D19)
+        assert len(statements) == 2, statements
+        statement, event = statements
         assert statement.upper().startswith("UPDATE PENDING_SINK_STATE") and "RETURNING" in statement.upper()
+        assert event.upper().startswith("INSERT INTO EPOCH_HISTORY")
     row = store.get(sink_id, EPOCH)
     assert row is not None and row.status is EpochStatus.COMMITTED and row.pre_commit is pre
 
@@ -126,6 +127,7 @@ def test_a_first_persist_inserts_the_row_and_its_metadata_reading_only_the_clean
         ["INSERT", "INTO", "pending_sink_state"],
         ["SELECT", "sink_cleanup.id", "FROM"],
         ["INSERT", "INTO", "epoch_metadata"],
+        ["INSERT", "INTO", "epoch_history"],
     ]
 
 

@@ -102,6 +102,7 @@ def test_the_declared_head_is_the_scripted_head() -> None:
         "0009",
         "0010",
         "0011",
+        "0012",
     }
 
 

@@ -38,6 +38,7 @@ from airflow_provider_exactly_once.core.errors import (
     SinkUnavailable,
     StateConflict,
 )
+from airflow_provider_exactly_once.core.history import Actor, ActorKind, acting
 from airflow_provider_exactly_once.core.identifiers import (
     ABORT_REASON_MAX_LENGTH,
     EPOCH_MAX,
@@ -288,6 +289,7 @@ def create_app(operations: OperationsFactory = default_operations) -> FastAPI:
             "checkpoint": shown,
             # After the access checks: a hidden epoch's answer must not wait for its sink's catalog.
             "delivery": ops.get().delivery(sink_id).to_dict(),
+            "history": [e.to_dict() for e in ops.get().history(sink_id, epoch)],
             "can_edit": access.allowed(EDIT, view.dag_id),
         }
 
@@ -343,14 +345,15 @@ def create_app(operations: OperationsFactory = default_operations) -> FastAPI:
     )
     def api_abort(user: User, sink_id: str, epoch: int, body: AbortBody) -> dict[str, Any]:
         sink_id, epoch = _authorize_action(user, sink_id, epoch)
-        result = ops.get().abort(
-            sink_id,
-            epoch,
-            reason=body.reason,
-            by=f"{user.get_name()} in the sink-state view",
-            force=body.force,
-            dry_run=body.dry_run,
-        )
+        with acting(_ui_actor(user)):
+            result = ops.get().abort(
+                sink_id,
+                epoch,
+                reason=body.reason,
+                by=f"{user.get_name()} in the sink-state view",
+                force=body.force,
+                dry_run=body.dry_run,
+            )
         return result.to_dict()
 
     @app.post(
@@ -360,7 +363,8 @@ def create_app(operations: OperationsFactory = default_operations) -> FastAPI:
     )
     def api_commit(user: User, sink_id: str, epoch: int, body: ActionBody) -> dict[str, Any]:
         sink_id, epoch = _authorize_action(user, sink_id, epoch)
-        return ops.get().commit(sink_id, epoch, dry_run=body.dry_run).to_dict()
+        with acting(_ui_actor(user)):
+            return ops.get().commit(sink_id, epoch, dry_run=body.dry_run).to_dict()
 
     @app.post(
         "/api/sinks/{sink_id}/epochs/{epoch}/cleanup",
@@ -369,7 +373,8 @@ def create_app(operations: OperationsFactory = default_operations) -> FastAPI:
     )
     def api_cleanup(user: User, sink_id: str, epoch: int, body: ActionBody) -> dict[str, Any]:
         sink_id, epoch = _authorize_action(user, sink_id, epoch)
-        return ops.get().cleanup(sink_id, epoch, dry_run=body.dry_run).to_dict()
+        with acting(_ui_actor(user)):
+            return ops.get().cleanup(sink_id, epoch, dry_run=body.dry_run).to_dict()
 
     # -- pages --------------------------------------------------------------------------------------
 
@@ -433,6 +438,7 @@ def create_app(operations: OperationsFactory = default_operations) -> FastAPI:
                 "row": row,
                 "checkpoint": detail["checkpoint"],
                 "delivery": detail["delivery"],
+                "history": detail["history"],
                 "can_edit": detail["can_edit"],
                 "run_url": render.dag_run_url(request, row.get("dag_id"), row.get("run_id"), live),
                 "home": urls.sinks_page(render.base(request)),
@@ -443,6 +449,11 @@ def create_app(operations: OperationsFactory = default_operations) -> FastAPI:
         )
 
     return app
+
+
+def _ui_actor(user: BaseUser) -> Actor:
+    """The epochs' history names a sink-view action's user (``core.history``)."""
+    return Actor(ActorKind.UI, name=str(user.get_name()))
 
 
 def _answer(response: Response) -> Callable[[Request], Awaitable[Response]]:

@@ -178,3 +178,20 @@ def test_the_epoch_page_says_how_epochs_reach_the_tables_and_degrades_when_the_c
     page = client.get(f"/sinks/{fan_out.sink_id}/epochs/{MINE}")
     assert page.status_code == 200 and view.secret not in page.text
     assert 'id="delivery" data-how="unknown"' in page.text and "unknown: SinkUnavailable: " in page.text
+
+
+def test_the_epoch_page_and_its_api_show_the_epochs_history(view: View) -> None:
+    from airflow_provider_exactly_once.core.history import Actor, ActorKind, acting
+
+    with acting(Actor(ActorKind.UI, name="admin")):
+        view.ops.store.record_warning(view.sink_id, MINE, warning="checked by hand")
+    client = view.clients["admin"]
+    history = client.get(f"/api/sinks/{view.sink_id}/epochs/{MINE}").json()["history"]
+    assert [(e["event"], e["actor"], e["actor_name"], e["run_id"], e["try_number"]) for e in history] == [
+        ("persisted", "unknown", None, f"scheduled__{MINE}", 1),
+        ("warning", "ui", "admin", None, None),
+    ]
+    page = client.get(f"/sinks/{view.sink_id}/epochs/{MINE}").text
+    timeline = page.split('id="history"', 1)[1].split("</section>", 1)[0]
+    assert [part.split('"', 1)[0] for part in timeline.split('data-event="')[1:]] == ["persisted", "warning"]
+    assert "by ui admin" in timeline and "checked by hand" in timeline and f"scheduled__{MINE}" in timeline

@@ -1,0 +1,143 @@
+"""The epochs' history (``epoch_history``, migration 0012): one row per transition, written by the
+transition itself in its own transaction (``record``), so that a crash leaves both or neither; and
+the store's ``history`` companion, which reads an epoch's rows and expires old ones.
+
+Every transition of ``sql.py``, ``batch_transitions.py``, ``revisions.py`` and ``cleanup_queue.py``
+calls ``record`` (``tests/store/test_store_history.py`` fails for one that does not). Who acted comes
+from the context the acting door set (``core.history.acting``); a transition that names the run
+(a persist) records that run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import timedelta
+
+from sqlalchemy import delete, insert, select
+from sqlalchemy.orm import Session
+
+from airflow_provider_exactly_once.core.history import (
+    Actor,
+    ActorKind,
+    EpochEvent,
+    HistoryEntry,
+    current_actor,
+)
+from airflow_provider_exactly_once.core.identifiers import check_epoch
+from airflow_provider_exactly_once.core.ports import EpochRecord
+from airflow_provider_exactly_once.store import rows
+from airflow_provider_exactly_once.store.database import MetaStoreDatabase
+from airflow_provider_exactly_once.store.models import EpochHistory, db_now
+
+
+def record(
+    session: Session,
+    sink_id: str,
+    epoch: int,
+    event: EpochEvent,
+    write_id: str,
+    *,
+    status: str | None,
+    revision: int | None = None,
+    reason: str | None = None,
+    run: tuple[str | None, str | None, int | None] | None = None,
+) -> None:
+    """Append one event inside the caller's transaction. ``run``: the (DAG, run id, try) the
+    transition names (a persist's); otherwise the acting task's run, if a task acts."""
+    actor = current_actor()
+    dag_id, run_id, try_number = run if run is not None else (actor.dag_id, actor.run_id, actor.try_number)
+    session.execute(
+        insert(EpochHistory).values(
+            sink_id=sink_id,
+            epoch=epoch,
+            event=event.value,
+            write_id=write_id,
+            status=status,
+            revision=revision,
+            dag_id=dag_id,
+            run_id=run_id,
+            try_number=try_number,
+            run_type=actor.run_type,
+            clear_number=actor.clear_number,
+            actor=actor.kind.value,
+            actor_name=actor.name,
+            reason=reason,
+            at=db_now(),
+        )
+    )
+
+
+def recorded(
+    session: Session,
+    row: EpochRecord,
+    event: EpochEvent,
+    *,
+    reason: str | None = None,
+    run: tuple[str | None, str | None, int | None] | None = None,
+) -> EpochRecord:
+    """``record`` of the row as the transition left it; the row, for the transition to return."""
+    record(
+        session,
+        row.sink_id,
+        row.epoch,
+        event,
+        row.write_id,
+        status=row.status.value,
+        revision=row.revision,
+        reason=reason,
+        run=run,
+    )
+    return row
+
+
+class SqlHistory:
+    """``store.history``: an epoch's events, oldest first, and the retention clean-up."""
+
+    def __init__(self, db: MetaStoreDatabase) -> None:
+        self._db = db
+
+    def __repr__(self) -> str:
+        return f"SqlHistory({self._db.url_for_display!r})"
+
+    def events(self, sink_id: str, epoch: int) -> Sequence[HistoryEntry]:
+        epoch = check_epoch(epoch)
+        with self._db.transaction(f"reading the history of sink {sink_id!r} epoch {epoch}", write=False) as session:
+            found = session.scalars(
+                select(EpochHistory)
+                .where(EpochHistory.sink_id == sink_id, EpochHistory.epoch == epoch)
+                .order_by(EpochHistory.id)
+            )
+            return [_entry(row) for row in found]
+
+    def expire(self, sink_id: str, older_than: timedelta) -> int:
+        """Delete the sink's history rows older than ``older_than`` by the database's clock; how
+        many. Only ``epoch_history`` is touched: an epoch's own row, its write and its clean-ups stay."""
+        if older_than <= timedelta(0):
+            raise ValueError(f"a history retention must be positive, got {older_than}")
+        with self._db.transaction(f"expiring old history of sink {sink_id!r}", write=True) as session:
+            cutoff = rows.database_now(session) - older_than
+            old = delete(EpochHistory).where(EpochHistory.sink_id == sink_id, EpochHistory.at < cutoff)
+            return rows.rowcount(session, old)
+
+
+def _entry(row: EpochHistory) -> HistoryEntry:
+    return HistoryEntry(
+        id=row.id,
+        sink_id=row.sink_id,
+        epoch=row.epoch,
+        event=EpochEvent(row.event),
+        write_id=row.write_id,
+        status=row.status,
+        revision=row.revision,
+        at=row.at,
+        actor=Actor(
+            ActorKind(row.actor),
+            name=row.actor_name,
+            dag_id=row.dag_id,
+            run_id=row.run_id,
+            try_number=row.try_number,
+            run_type=row.run_type,
+            clear_number=row.clear_number,
+        ),
+        reason=row.reason,
+    )

@@ -1,0 +1,202 @@
+"""Every epoch's history (``epoch_history``, migration 0012): each transition appends its event in
+its own transaction, names who acted, and the retention clean-up deletes old history only; on
+SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import inspect
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from alembic import command
+
+from airflow_provider_exactly_once.core.history import Actor, ActorKind, EpochEvent, acting
+from airflow_provider_exactly_once.core.ports import CommitMark
+from airflow_provider_exactly_once.core.status import AbortCause, EpochStatus
+from airflow_provider_exactly_once.store import SqlSinkStateStore, epoch_history, migrate
+from airflow_provider_exactly_once.store.batch_transitions import SqlBatchTransitions
+from airflow_provider_exactly_once.store.cleanup_queue import SqlCleanupQueue
+from airflow_provider_exactly_once.store.revisions import SqlRevisions
+from tests.support.builders import make_pre_commit
+
+E, E2, E3, E4 = (1_717_200_000_000 + n * 3_600_000 for n in range(4))
+TASK = Actor(
+    ActorKind.TASK,
+    name="d.eo.commit",
+    dag_id="d",
+    run_id="scheduled__1",
+    try_number=2,
+    run_type="scheduled",
+    clear_number=1,
+)
+
+
+def events(store: SqlSinkStateStore, sink_id: str, epoch: int) -> list[tuple[EpochEvent, str, str | None]]:
+    return [(e.event, e.write_id, e.status) for e in store.history.events(sink_id, epoch)]
+
+
+def test_every_transition_of_an_epoch_appends_its_event(store: SqlSinkStateStore, sink_id: str) -> None:
+    first, second, third, fourth, fifth = (make_pre_commit(sink_id, E) for _ in range(5))
+    store.insert_pending(first, run_id="scheduled__1", try_number=1, dag_id="d")
+    store.record_warning(sink_id, E, warning="another DAG wrote this epoch")
+    store.record_error(sink_id, E, write_id=first.write_id, error="commit failed: catalog down")
+    store.replace_write(
+        second, expected_status=EpochStatus.PENDING, expected_write_id=first.write_id, run_id="r", try_number=2
+    )
+    store.decide_commit(sink_id, E, write_id=second.write_id)
+    store.mark_committed(sink_id, E, write_id=second.write_id, committed={"db.events": "1"})
+    store.revisions.open_revision(third, expected_write_id=second.write_id, run_id="backfill__1", try_number=1)
+    store.revisions.abort_revision(sink_id, E, write_id=third.write_id, reason="checkpoint FAILED")
+    store.revisions.open_revision(fourth, expected_write_id=second.write_id, run_id="backfill__2", try_number=1)
+    store.decide_commit(sink_id, E, write_id=fourth.write_id)
+    store.mark_committed(sink_id, E, write_id=fourth.write_id, committed={"db.events": "2"})
+    store.reopen_committed(
+        fifth, expected_write_id=fourth.write_id, run_id="r", try_number=3, reason="table db.events re-created"
+    )
+    store.mark_aborted(sink_id, E, write_id=fifth.write_id, reason="given up", cause=AbortCause.CHECKPOINT_FAILED)
+    queued = store.cleanups(sink_id, E)
+    for task in queued:
+        store.complete_cleanup(task.id)
+
+    pending, committed, aborted = EpochStatus.PENDING.value, EpochStatus.COMMITTED.value, EpochStatus.ABORTED.value
+    cleaned = [(EpochEvent.CLEANED_UP, t.write_id, None) for t in queued]
+    assert events(store, sink_id, E) == [
+        (EpochEvent.PERSISTED, first.write_id, pending),
+        (EpochEvent.WARNING, first.write_id, pending),
+        (EpochEvent.ERROR, first.write_id, pending),
+        (EpochEvent.REPLACED, second.write_id, pending),
+        (EpochEvent.COMMIT_DECIDED, second.write_id, pending),
+        (EpochEvent.COMMITTED, second.write_id, committed),
+        (EpochEvent.REVISION_OPENED, third.write_id, pending),
+        (EpochEvent.REVISION_GIVEN_UP, third.write_id, committed),
+        (EpochEvent.REVISION_OPENED, fourth.write_id, pending),
+        (EpochEvent.COMMIT_DECIDED, fourth.write_id, pending),
+        (EpochEvent.COMMITTED, fourth.write_id, committed),
+        (EpochEvent.REOPENED, fifth.write_id, pending),
+        (EpochEvent.ABORTED, fifth.write_id, aborted),
+        *cleaned,
+    ]
+    # the replaced first write, the given-up revision, the write the revision replaced, the aborted fifth
+    assert {w for _, w, _ in cleaned} == {first.write_id, third.write_id, second.write_id, fifth.write_id}
+    history = store.history.events(sink_id, E)
+    assert [h.revision for h in history if h.event is EpochEvent.COMMITTED] == [0, 1]
+    assert history[-len(cleaned) - 1].reason == "checkpoint_failed: given up"
+    assert history[7].reason == "checkpoint FAILED"
+
+    unpersisted = make_pre_commit(sink_id, E2)
+    store.insert_aborted(unpersisted, reason="the write task failed")
+    store.enqueue_cleanup(make_pre_commit(sink_id, E2), reason="discard_late: epoch committed with write x")
+    assert [e for e, _, _ in events(store, sink_id, E2)] == [EpochEvent.ABORTED_UNPERSISTED, EpochEvent.CLEANUP_QUEUED]
+
+    batch = [make_pre_commit(sink_id, epoch) for epoch in (E3, E4)]
+    for pre in batch:
+        store.insert_pending(pre, run_id=None, try_number=None)
+    assert store.decide_commits(sink_id, [(p.epoch, p.write_id) for p in batch]) == [E3, E4]
+    marks = [CommitMark(p.epoch, p.write_id, {"db.events": "3"}, {}) for p in batch]
+    assert store.mark_committed_batch(sink_id, marks) == [E3, E4]
+    for pre in batch:
+        assert [e for e, _, _ in events(store, sink_id, pre.epoch)] == [
+            EpochEvent.PERSISTED,
+            EpochEvent.COMMIT_DECIDED,
+            EpochEvent.COMMITTED,
+        ]
+
+
+def test_a_refused_or_repeated_transition_appends_nothing(store: SqlSinkStateStore, sink_id: str) -> None:
+    pre = make_pre_commit(sink_id, E)
+    store.insert_pending(pre, run_id=None, try_number=None)
+    store.decide_commit(sink_id, E, write_id=pre.write_id)
+    store.decide_commit(sink_id, E, write_id=pre.write_id)  # the decision taken already: no second event
+    with pytest.raises(Exception, match="decide to commit"):
+        store.decide_commit(sink_id, E, write_id=make_pre_commit(sink_id, E).write_id)
+    store.record_error(sink_id, E + 1, write_id=pre.write_id, error="no such row")
+    assert [e for e, _, _ in events(store, sink_id, E)] == [EpochEvent.PERSISTED, EpochEvent.COMMIT_DECIDED]
+    assert store.history.events(sink_id, E + 1) == []
+
+
+def test_the_event_and_its_change_are_one_transaction(
+    store: SqlSinkStateStore, sink_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failure right after the event row was written rolls back both."""
+    written = epoch_history.record
+
+    def then_fail(*args: Any, **kwargs: Any) -> None:
+        written(*args, **kwargs)
+        raise RuntimeError("crash after the history row")
+
+    monkeypatch.setattr(epoch_history, "record", then_fail)
+    for transition in (
+        lambda: store.insert_aborted(make_pre_commit(sink_id, E), reason="the write task failed"),
+        lambda: store.insert_pending(make_pre_commit(sink_id, E), run_id=None, try_number=None),
+    ):
+        with pytest.raises(RuntimeError, match="crash after the history row"):
+            transition()
+    monkeypatch.undo()
+    assert store.get(sink_id, E) is None
+    assert store.history.events(sink_id, E) == []
+
+
+def test_the_event_names_who_acted_and_a_persist_its_own_run(store: SqlSinkStateStore, sink_id: str) -> None:
+    pre = make_pre_commit(sink_id, E)
+    with acting(TASK):
+        store.insert_pending(pre, run_id="manual__1", try_number=1, dag_id="d")
+        store.decide_commit(sink_id, E, write_id=pre.write_id)
+    with acting(Actor(ActorKind.CLI, name="alice@ops-host")):
+        store.mark_aborted(sink_id, E, write_id=pre.write_id, reason="by hand", decided=True)
+    store.record_warning(sink_id, E, warning="outside any door")
+    persisted, decided, aborted, warned = store.history.events(sink_id, E)
+    assert (persisted.actor.run_id, persisted.actor.try_number, persisted.actor.name) == ("manual__1", 1, "d.eo.commit")
+    assert decided.actor == TASK
+    assert (aborted.actor.kind, aborted.actor.name, aborted.actor.run_id) == (ActorKind.CLI, "alice@ops-host", None)
+    assert warned.actor.kind is ActorKind.UNKNOWN
+    assert persisted.at <= decided.at <= aborted.at and persisted.at.tzinfo is not None
+
+
+def test_the_retention_deletes_old_history_of_the_sink_only(
+    fresh_store: SqlSinkStateStore, engine: sa.Engine, sink_id: str
+) -> None:
+    store = fresh_store
+    for sink in (sink_id, f"{sink_id}-other"):
+        pre = make_pre_commit(sink, E)
+        store.insert_pending(pre, run_id=None, try_number=None)
+        store.decide_commit(sink, E, write_id=pre.write_id)
+    with engine.begin() as connection:  # the persists happened long ago
+        connection.execute(
+            sa.text("UPDATE epoch_history SET at = :old WHERE event = 'persisted'"),
+            {"old": datetime(2020, 1, 1, tzinfo=UTC)},
+        )
+    assert store.history.expire(sink_id, timedelta(days=90)) == 1
+    assert [e for e, _, _ in events(store, sink_id, E)] == [EpochEvent.COMMIT_DECIDED]
+    assert len(store.history.events(f"{sink_id}-other", E)) == 2
+    assert store.get(sink_id, E) is not None  # the epoch itself is never the history's to delete
+    with pytest.raises(ValueError, match="positive"):
+        store.history.expire(sink_id, timedelta(0))
+
+
+def test_the_downgrade_drops_the_history_and_the_upgrade_brings_it_back(fresh_url: str, engine: sa.Engine) -> None:
+    SqlSinkStateStore(fresh_url).dispose()
+    with engine.begin() as connection:
+        command.downgrade(migrate.alembic_config(connection), "0011")
+    assert "epoch_history" not in sa.inspect(engine).get_table_names()
+    migrate.forget_applied()
+    store = SqlSinkStateStore(fresh_url)
+    try:
+        store.insert_pending(make_pre_commit("orders", E), run_id=None, try_number=None)
+        assert [e.event for e in store.history.events("orders", E)] == [EpochEvent.PERSISTED]
+    finally:
+        store.dispose()
+
+
+@pytest.mark.parametrize("owner", [SqlSinkStateStore, SqlBatchTransitions, SqlRevisions, SqlCleanupQueue])
+def test_every_transition_records_its_event(owner: type) -> None:
+    """A method that opens a writing transaction on epochs without ``epoch_history.record`` (or ``recorded``) in it is a
+    transition with no history: this fails for it (a new transition must append its event)."""
+    writing = {
+        name: inspect.getsource(method)
+        for name, method in vars(owner).items()
+        if inspect.isfunction(method) and "write=True" in inspect.getsource(method)
+    }
+    assert writing, f"{owner.__name__} has no transition: the check would look at nothing"
+    assert [name for name, source in writing.items() if "epoch_history.record" not in source] == []
