@@ -27,7 +27,7 @@ from airflow_provider_exactly_once.core.identifiers import check_epoch
 from airflow_provider_exactly_once.core.ports import EpochRecord
 from airflow_provider_exactly_once.store import rows
 from airflow_provider_exactly_once.store.database import MetaStoreDatabase
-from airflow_provider_exactly_once.store.models import EpochHistory, db_now
+from airflow_provider_exactly_once.store.models import LOCK_HOLDER_LENGTH, EpochHistory, db_now
 
 
 def record(
@@ -60,7 +60,8 @@ def record(
             run_type=actor.run_type,
             clear_number=actor.clear_number,
             actor=actor.kind.value,
-            actor_name=actor.name,
+            # a task's dag_id.task_id may pass the column's width, which a transition must never fail on
+            actor_name=None if actor.name is None else actor.name[:LOCK_HOLDER_LENGTH],
             reason=reason,
             at=db_now(),
         )

@@ -146,7 +146,10 @@ def test_the_event_names_who_acted_and_a_persist_its_own_run(store: SqlSinkState
     with acting(Actor(ActorKind.CLI, name="alice@ops-host")):
         store.mark_aborted(sink_id, E, write_id=pre.write_id, reason="by hand", decided=True)
     store.record_warning(sink_id, E, warning="outside any door")
-    persisted, decided, aborted, warned = store.history.events(sink_id, E)
+    with acting(Actor(ActorKind.TASK, name="d" * 250 + "." + "t" * 250)):  # Airflow's widest ids
+        store.record_warning(sink_id, E, warning="a long task name")
+    persisted, decided, aborted, warned, long_named = store.history.events(sink_id, E)
+    assert long_named.actor.name == "d" * 250
     assert (persisted.actor.run_id, persisted.actor.try_number, persisted.actor.name) == ("manual__1", 1, "d.eo.commit")
     assert decided.actor == TASK
     assert (aborted.actor.kind, aborted.actor.name, aborted.actor.run_id) == (ActorKind.CLI, "alice@ops-host", None)
