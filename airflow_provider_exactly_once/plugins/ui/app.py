@@ -52,6 +52,7 @@ from airflow_provider_exactly_once.defaults import CONFIG_SECTION
 from airflow_provider_exactly_once.observability import urls
 from airflow_provider_exactly_once.operations.reads import InvalidRequest
 from airflow_provider_exactly_once.plugins.ui import render
+from airflow_provider_exactly_once.plugins.ui.epoch_chart import epoch_chart
 from airflow_provider_exactly_once.plugins.ui.security import (
     EDIT,
     READ,
@@ -404,6 +405,8 @@ def create_app(operations: OperationsFactory = default_operations) -> FastAPI:
                 "user": user.get_name(),
                 "sinks": sinks,
                 "epochs": epochs,
+                # one sink's newest epochs, whatever their status: its picture (``epoch_chart``)
+                "chart": epoch_chart(epochs) if sink and state is None and offset == 0 else None,
                 "sink": sink or "",
                 "status": state.value if state else "",
                 "statuses": [s.value for s in EpochStatus],

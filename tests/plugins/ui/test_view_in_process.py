@@ -195,3 +195,40 @@ def test_the_epoch_page_and_its_api_show_the_epochs_history(view: View) -> None:
     timeline = page.split('id="history"', 1)[1].split("</section>", 1)[0]
     assert [part.split('"', 1)[0] for part in timeline.split('data-event="')[1:]] == ["persisted", "warning"]
     assert "by ui admin" in timeline and "checked by hand" in timeline and f"scheduled__{MINE}" in timeline
+
+
+def test_a_sinks_page_draws_its_newest_epochs(view: View) -> None:
+    """One mark per epoch, by outcome; a revised epoch ringed with its number; only for one sink's
+    first page of every status."""
+    store = view.ops.store
+    committed, revised, aborted = MISSING, MISSING + 3_600_000, MISSING + 7_200_000
+    for epoch in (committed, revised, aborted):
+        pre = empty_write(view.sink_id, epoch, "db.events", f"file:///tmp/w/{epoch}")
+        store.insert_pending(pre, run_id=f"scheduled__{epoch}", try_number=1)
+        if epoch == aborted:
+            store.mark_aborted(view.sink_id, epoch, write_id=pre.write_id, reason="checkpoint FAILED")
+            continue
+        store.decide_commit(view.sink_id, epoch, write_id=pre.write_id)
+        store.mark_committed(view.sink_id, epoch, write_id=pre.write_id, committed={"db.events": "empty"})
+        if epoch == revised:
+            again = empty_write(view.sink_id, epoch, "db.events", f"file:///tmp/w/{epoch}-2")
+            store.revisions.open_revision(again, expected_write_id=pre.write_id, run_id="r2", try_number=1)
+            store.decide_commit(view.sink_id, epoch, write_id=again.write_id)
+            store.mark_committed(view.sink_id, epoch, write_id=again.write_id, committed={"db.events": "empty"})
+    client = view.clients["admin"]
+    page = client.get(f"/?sink={view.sink_id}").text
+    chart = page.split('id="epoch-chart"', 1)[1].split("</figure>", 1)[0]
+    marks = {
+        (int(part.split('"', 1)[0]), part.split('data-status="', 1)[1].split('"', 1)[0])
+        for part in chart.split('data-epoch="')[1:]
+    }
+    assert marks == {
+        (MINE, "Pending"),
+        (THEIRS, "Pending"),
+        (committed, "Committed"),
+        (revised, "Committed"),
+        (aborted, "Aborted"),
+    }
+    assert chart.count('class="revised"') == 1 and ">r1<" in chart
+    assert 'id="epoch-chart"' not in client.get(f"/?sink={view.sink_id}&status=Pending").text
+    assert 'id="epoch-chart"' not in client.get("/").text  # every sink's epochs: no one picture
