@@ -115,6 +115,12 @@ def _filter_open_and_abort(page: Any, api_server: ApiServer, artifacts: Path) ->
     page.screenshot(path=str(artifacts / "04-abort-confirm.png"), full_page=True)
     view.locator("#abort-confirm").click()
     view.locator("#epoch-status", has_text="Aborted").wait_for()
+    # the history, read in the page after the reload: persisted by the write's run, aborted by this user
+    aborted = view.locator("#history li[data-event='aborted']")
+    aborted.wait_for()
+    assert "by ui user" in aborted.inner_text() and "upstream replays this hour" in aborted.inner_text()
+    events = view.locator("#history li")
+    assert [events.nth(i).get_attribute("data-event") for i in range(events.count())][:2] == ["persisted", "aborted"]
     page.screenshot(path=str(artifacts / "05-epoch-aborted.png"), full_page=True)
 
     assert world.status(epoch) == "Aborted"
