@@ -66,6 +66,8 @@ SECRET_SINK = "exports"
 SECRET_DAG = "eo_exports"
 SECRET_EPOCH = BASE
 DEAD_SINK = "dead"  # an Iceberg sink whose catalog is down (a closed port)
+#: OTHER_SINK's epoch whose first delivery was given up and whose second was committed.
+REDELIVERED = BASE + 2 * HOUR
 DEAD_EPOCH = BASE
 
 
@@ -183,6 +185,13 @@ def _build_world(tmp: Path) -> UiWorld:
     reprocessing.persist(correction, run_id=f"scheduled__{BASE}", try_number=2, dag_id=OTHER_DAG_ID)
     reprocessing.commit(OTHER_SINK, BASE)
     world.replacing = correction.write_id
+    # A re-delivered hour: its first write given up (the upstream failed it), a second delivery committed.
+    given_up = persist(OTHER_SINK, REDELIVERED, OTHER_DAG_ID)
+    store.mark_aborted(OTHER_SINK, REDELIVERED, write_id=given_up.write_id, reason="the upstream gave the hour up")
+    again = pipeline.write_iceberg(OTHER_SINK, REDELIVERED, [OTHER_TABLE])
+    other.persist(again, run_id=f"scheduled__{REDELIVERED}", try_number=2, dag_id=OTHER_DAG_ID)
+    pipeline.checkpoint(OTHER_SINK, REDELIVERED, CheckpointStatus.COMPLETED)
+    other.commit(OTHER_SINK, REDELIVERED)
     # The operators register each sink they persist for (the recovery DAG and the view read it).
     for sink_id, table in ((SINK, TABLE), (OTHER_SINK, OTHER_TABLE)):
         config = IcebergSinkConfig(sink_id, (f"{pipeline.namespace}.{table}",), iceberg_conn_id=catalog_conn_id)

@@ -62,11 +62,11 @@ def test_a_viewer_reads_sinks_epochs_and_one_epoch(api_server: ApiServer) -> Non
     with api_server.client("viewer") as viewer:
         sinks = {s["sink_id"]: s for s in json_of(viewer.get("/api/sinks"))}
         assert set(sinks) >= {SINK, OTHER_SINK}
-        assert sinks[OTHER_SINK]["counts"] == {"pending": 0, "committed": 2, "aborted": 0}
+        assert sinks[OTHER_SINK]["counts"] == {"pending": 0, "committed": 3, "aborted": 0}
         assert sinks[SINK]["kind"] == "iceberg" and sinks[SINK]["registered"] is True
 
         clicks = json_of(viewer.get("/api/epochs", params={"sink": OTHER_SINK}))
-        assert {e["sink_id"] for e in clicks} == {OTHER_SINK} and len(clicks) == 2
+        assert {e["sink_id"] for e in clicks} == {OTHER_SINK} and len(clicks) == 3
         aborted = json_of(viewer.get("/api/epochs", params={"sink": SINK, "status": "Aborted"}))
         assert Epochs.ABORTED in {e["epoch"] for e in aborted}
         assert {e["status"] for e in aborted} == {"Aborted"}

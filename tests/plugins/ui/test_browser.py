@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.plugins.ui.conftest import OTHER_SINK, SINK, ApiServer, Epochs
+from tests.plugins.ui.conftest import BASE, OTHER_SINK, REDELIVERED, SINK, ApiServer, Epochs
 from tests.support.pipeline import write_location_exists
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -146,3 +146,34 @@ def test_a_viewer_sees_no_action_and_a_refusal_is_shown(browser: Any, api_server
     user.screenshot(path=str(artifacts / "06-abort-refused.png"), full_page=True)
     assert api_server.world.status(Epochs.ABORT_REFUSED) == "Pending"
     user.context.close()
+
+
+def test_the_history_of_a_reprocessed_and_a_redelivered_day(
+    browser: Any, api_server: ApiServer, artifacts: Path
+) -> None:
+    """What the epoch page's timeline tells of two days whose rows alone look like any committed day."""
+    viewer = _log_in(browser, api_server, "viewer", artifacts)
+
+    def events(epoch: int) -> list[str]:
+        viewer.goto(f"{api_server.url}/exactly-once/sinks/{OTHER_SINK}/epochs/{epoch}")
+        items = viewer.locator("#history li")
+        items.first.wait_for()
+        return [str(items.nth(i).get_attribute("data-event")) for i in range(items.count())]
+
+    with _screenshot_on_failure(viewer, artifacts / "failed-history.png"):
+        reprocessed = events(BASE)
+        assert [e for e in reprocessed if e != "commit decided"] == [
+            "persisted",
+            "committed",
+            "revision opened",
+            "committed",
+        ]
+        assert "revision 1" in viewer.locator("#history li").last.inner_text()
+        viewer.screenshot(path=str(artifacts / "07-history-reprocessed.png"), full_page=True)
+
+        redelivered = [e for e in events(REDELIVERED) if e not in ("commit decided", "cleaned up")]
+        assert redelivered == ["persisted", "aborted", "replaced", "committed"]
+        aborted = viewer.locator("#history li[data-event='aborted']").inner_text()
+        assert "the upstream gave the hour up" in aborted
+        viewer.screenshot(path=str(artifacts / "08-history-redelivered.png"), full_page=True)
+    viewer.context.close()
