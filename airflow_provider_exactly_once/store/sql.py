@@ -301,24 +301,10 @@ class SqlSinkStateStore(SqlCleanupQueue, SqlBatchTransitions):
         epoch = check_epoch(epoch)
         warning = arguments.text(warning, "warning")
         with self._db.transaction(f"recording a warning on sink {sink_id!r} epoch {epoch}", write=True) as session:
-            found = session.execute(
-                update(PendingSinkState)
-                .where(PendingSinkState.sink_id == sink_id, PendingSinkState.epoch == epoch)
-                .values(warning=warning, updated_at=db_now())
-                .returning(*_EVENT_COLUMNS)
-                .execution_options(synchronize_session=False)
-            ).one_or_none()
-            if found is not None:
-                epoch_history.record(
-                    session,
-                    sink_id,
-                    epoch,
-                    EpochEvent.WARNING,
-                    found.write_id,
-                    status=found.status,
-                    revision=found.revision,
-                    reason=warning,
-                )
+            changed = update(PendingSinkState).where(
+                PendingSinkState.sink_id == sink_id, PendingSinkState.epoch == epoch
+            )
+            _noted(session, changed.values(warning=warning, updated_at=db_now()), EpochEvent.WARNING, warning)
 
     def decide_commit(self, sink_id: str, epoch: int, *, write_id: str) -> EpochRecord:
         epoch, write_id = check_epoch(epoch), check_write_id(write_id)
@@ -407,37 +393,41 @@ class SqlSinkStateStore(SqlCleanupQueue, SqlBatchTransitions):
         epoch, write_id = check_epoch(epoch), check_write_id(write_id)
         error = arguments.text(error, "error")
         with self._db.transaction(f"recording an error on sink {sink_id!r} epoch {epoch}", write=True) as session:
-            found = session.execute(
-                update(PendingSinkState)
-                .where(
-                    PendingSinkState.sink_id == sink_id,
-                    PendingSinkState.epoch == epoch,
-                    PendingSinkState.write_id == write_id,
-                    PendingSinkState.status != EpochStatus.COMMITTED.value,
-                )
-                .values(error=error, updated_at=db_now())
-                .returning(*_EVENT_COLUMNS)
-                .execution_options(synchronize_session=False)
-            ).one_or_none()
-            if found is not None:
-                epoch_history.record(
-                    session,
-                    sink_id,
-                    epoch,
-                    EpochEvent.ERROR,
-                    write_id,
-                    status=found.status,
-                    revision=found.revision,
-                    reason=error,
-                )
+            changed = update(PendingSinkState).where(
+                PendingSinkState.sink_id == sink_id,
+                PendingSinkState.epoch == epoch,
+                PendingSinkState.write_id == write_id,
+                PendingSinkState.status != EpochStatus.COMMITTED.value,
+            )
+            _noted(session, changed.values(error=error, updated_at=db_now()), EpochEvent.ERROR, error)
 
     def _reload(self, sink_id: str, epoch: int, action: str) -> EpochRecord | None:
         with self._db.transaction(action, write=False) as session:
             return rows.load(session, sink_id, epoch)
 
 
-#: What a history row needs of an updated row that is not otherwise read back.
-_EVENT_COLUMNS = (PendingSinkState.write_id, PendingSinkState.status, PendingSinkState.revision)
+def _noted(session: Session, statement: Update, event: EpochEvent, text: str) -> None:
+    """A note on a row (a warning, an error) and its history event, when the row matched."""
+    found = session.execute(
+        statement.returning(
+            PendingSinkState.sink_id,
+            PendingSinkState.epoch,
+            PendingSinkState.write_id,
+            PendingSinkState.status,
+            PendingSinkState.revision,
+        ).execution_options(synchronize_session=False)
+    ).one_or_none()
+    if found is not None:
+        epoch_history.record(
+            session,
+            found.sink_id,
+            int(found.epoch),
+            event,
+            found.write_id,
+            status=found.status,
+            revision=found.revision,
+            reason=text,
+        )
 
 
 @functools.cache
