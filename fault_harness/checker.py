@@ -53,6 +53,10 @@ and across a fan-out's tables (``check_fan_out``), each judged as above on its o
   others.
 
 Rows whose ids were never landed (another writer's) are counted, never judged.
+
+Beside these, ``history_check`` holds each epoch's meta-store row against the epoch's history
+(``history_row``): the one verdict that reads the meta store, and only to compare two records it
+writes in one transaction.
 """
 
 from __future__ import annotations
@@ -96,6 +100,8 @@ AnomalyKind = Literal[
     "lost_update",
     "resurrected",
     "order",
+    # An epoch's meta-store row and its history disagree (``history_check``, the one check reading the store).
+    "history_row",
 ]
 
 
@@ -129,6 +135,8 @@ class CheckResult:
     #: Snapshots whose files and rows were judged (the marked ones and the current one), and by what.
     snapshots_checked: int = 0
     reader: str = ""
+    #: Epochs whose meta-store row and history were held against each other (``history_check``).
+    history_rows_checked: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -144,6 +152,7 @@ class CheckResult:
             "relanded_hours": self.relanded_hours,
             "snapshots_checked": self.snapshots_checked,
             "reader": self.reader,
+            "history_rows_checked": self.history_rows_checked,
         }
 
 

@@ -30,9 +30,11 @@ from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 from pyiceberg.types import DoubleType, LongType, NestedField, StringType, TimestamptzType
 
+from airflow_provider_exactly_once.store import SqlSinkStateStore
 from demo.world import hour_dir, land_hour, mark_hour
 from fault_harness.checker import CheckResult, check, check_fan_out
 from fault_harness.cluster import FINAL_ORPHAN_GRACE_S, ICEBERG_CONN_ID, RECOVERY_DAG_ID, Cluster
+from fault_harness.history_check import check_history_rows
 from fault_harness.landed import epoch_of
 from fault_harness.upsert_changes import hour_changes, land_changes
 from fault_harness.upsert_checker import check_upsert
@@ -354,10 +356,18 @@ class Harness:
         return dict(json.loads(self.cluster.eo_sink("gc", "--grace", f"{FINAL_ORPHAN_GRACE_S}s", "--json")))
 
     def check(self, pipeline: Pipeline) -> CheckResult:
-        """Every table of the pipeline judged on its own, and a fan-out's tables against each other."""
+        """Every table of the pipeline judged on its own, and a fan-out's tables against each other;
+        then the sink's epochs in the meta store, each row against its history (``history_check``)."""
         tables = {name: self.catalog.load_table(name) for name in pipeline.table_names}
         results = {name: self._check_table(pipeline, table) for name, table in tables.items()}
-        return check_fan_out(tables, results, pipeline.sink_id) if len(tables) > 1 else results[pipeline.table]
+        result = check_fan_out(tables, results, pipeline.sink_id) if len(tables) > 1 else results[pipeline.table]
+        store = SqlSinkStateStore(self.cluster.meta.url())
+        try:
+            anomalies, result.history_rows_checked = check_history_rows(store, pipeline.sink_id)
+        finally:
+            store.dispose()
+        result.anomalies.extend(anomalies)
+        return result
 
     def _check_table(self, pipeline: Pipeline, table: Table) -> CheckResult:
         # An unreferenced file older than the final grace when the last collection started is one it

@@ -83,21 +83,30 @@ def _rerun(
     what: str,
     *,
     expect: set[int] | None,
+    origin: str | None = None,
 ) -> None:
     """Start re-runs (``start``), wait until they ended, and count each successful re-run of a
     committed epoch as one more revision of it (``Pipeline.reprocessed``; a re-run that failed gave
     its revision up, which leaves no snapshot). ``expect``: the hours that must be re-run, no more
     (``None``: whatever the command re-ran, as for a backfill racing the scheduled runs). A re-run
-    must succeed where the hour's checkpoint completed, and fail where it failed."""
+    must succeed where the hour's checkpoint completed, and fail where it failed. ``origin``
+    (``backfill`` or ``cleared``): how the re-runs were started, which the history of each epoch a
+    successful re-run wrote must name (``_check_origin``)."""
     p = ctx.pipeline
     out = start()
     ctx.note(f"{what}: {out.strip()[-300:]}")
 
     def ended() -> dict[int, tuple[str, int]] | None:
+        if not ctx.harness.finished(p):
+            return None
+        # Read after ``finished`` and judged on its own: a read taken before it can show a run as
+        # running that ended in between, and the re-run would be judged on that stale state.
         now = _run_states(ctx)
+        if any(state not in TERMINAL for state, _ in now.values()):
+            return None
         if expect is not None and any(now.get(n, ("", 0))[1] <= before.get(n, ("", 0))[1] for n in expect):
             return None  # the command committed its clears before returning; this is a safety net
-        return now if ctx.harness.finished(p) else None
+        return now
 
     after = wait_for(ctx, f"the re-runs of {what}", ended)
     problems, reran = [], []
@@ -115,10 +124,35 @@ def _rerun(
             problems.append(f"hour {n} was {'not ' if not times else ''}re-run ({times} clears)")
         if times and state != ("failed" if _checkpoint_failed(ctx, n) else "success"):
             problems.append(f"the re-run of hour {n} ended {state}")
+        elif times and state == "success" and origin is not None:
+            problems.extend(_check_origin(ctx, n, origin))
     p.committed.update(n for n, (state, _) in after.items() if state == "success")
     ctx.note(f"re-runs ended (hour: before -> after): {', '.join(reran) or 'none'}")
     if problems:
         raise AssertionError(f"{p.name}: {'; '.join(problems)}")
+
+
+#: The history events a re-run's own task writes when it persists its write.
+_WRITTEN = ("persisted", "replaced", "reopened", "revision opened")
+
+
+def _check_origin(ctx: Context, n: int, origin: str) -> list[str]:
+    """The epoch's history, read through ``eo-sink history --json``, names how the scheduler started
+    the re-run that wrote it: a backfill's run type, or a cleared run's clear count. Noted either
+    way; a problem when it does not."""
+    p = ctx.pipeline
+    data = json.loads(ctx.cluster.eo_sink("history", p.sink_id, str(p.epoch(n)), "--json"))["history"]
+    written = [e for e in data if e.get("event") in _WRITTEN and e.get("actor") == "task"]
+    if not written:
+        return [f"the history of hour {n} has no write by a task: {[e.get('event') for e in data]}"]
+    last = written[-1]
+    told = f"{last['event']} by run {last.get('run_id')} ({last.get('run_type')}, cleared {last.get('clear_number')}x)"
+    ctx.note(f"history of hour {n}: {told}")
+    if origin == "backfill" and last.get("run_type") != "backfill":
+        return [f"the history of hour {n} does not name the backfill: {told}"]
+    if origin == "cleared" and not last.get("clear_number"):
+        return [f"the history of hour {n} does not name the clear: {told}"]
+    return []
 
 
 def _arm_on_rerun(ctx: Context, faults: Sequence[RevisionFault]) -> list[tuple[RevisionFault, int]]:
@@ -253,7 +287,8 @@ def reprocess(
         expect = set(range(min(hours), max(hours) + 1)) if how == "backfill" else set(hours)
         if how == "clear_all":
             expect = set(range(p.epochs))
-        _rerun(ctx, before, starts[how], f"{how} of hours {sorted(expect)}", expect=expect)
+        origin = "backfill" if how.startswith("backfill") else "cleared"
+        _rerun(ctx, before, starts[how], f"{how} of hours {sorted(expect)}", expect=expect, origin=origin)
         _check_fired(ctx, armed)
         if show is not None:
             _note_revisions(ctx, show)
@@ -295,7 +330,8 @@ def clear_runs(ctx: Context) -> None:
     """A user clears every run of the DAG once they have ended: every task runs again, on the same
     input, so each committed epoch is replaced by a revision with the same rows."""
     before = _first_pass(ctx)
-    _rerun(ctx, before, lambda: ctx.harness.clear_cli(ctx.pipeline), "tasks clear of every run", expect=set(before))
+    clear = lambda: ctx.harness.clear_cli(ctx.pipeline)  # noqa: E731
+    _rerun(ctx, before, clear, "tasks clear of every run", expect=set(before), origin="cleared")
 
 
 def backfill_overlap(ctx: Context) -> None:
@@ -310,4 +346,5 @@ def backfill_overlap(ctx: Context) -> None:
         lambda: ctx.harness.backfill(p, 0, p.epochs - 1, reprocess="completed"),
         "backfill over the whole range",
         expect=None,
+        origin="backfill",
     )

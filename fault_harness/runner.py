@@ -2,7 +2,8 @@
 
 ``run_scenarios`` starts every pipeline, runs the scenarios' actions beside the runs, waits for
 every run to finish, lets the recovery DAG run after the orphan grace period, and checks every table
-(``checker.check``), telling it how many revisions each epoch went through. A report is JSON: the
+(``checker.check``), telling it how many revisions each epoch went through, and each sink's
+meta-store rows against their history (``history_check``). A report is JSON: the
 seed and plan (random mode), per scenario the writer used, the actions taken, the runs' states, the
 epochs reprocessed and the anomalies.
 """

@@ -1,0 +1,157 @@
+"""Each epoch's meta-store row against its history (``history_row``), after the crashes and recovery.
+
+Every transition of an epoch's row appends its history event in the same database transaction
+(``store/epoch_history.py``), so a task killed between the state change and anything after it must
+leave both or neither. The table checks (``checker``) judge what is visible and never read the meta
+store; this one reads only the meta store, and only to hold its two records of the same steps
+against each other: a transition that wrote one without the other (a history row written in a
+transaction of its own, a status changed by a path that records nothing) shows here, whatever the
+table shows.
+
+Per sink, for every epoch with a row or a history event:
+
+- the row has events, the first of them one that creates a row (a persist, or the tombstone of a
+  write aborted unpersisted), and no event belongs to an epoch without a row;
+- every state-bearing event recorded a status its transition can leave (``IMPLIED``), and the last
+  of them implies the row as it is: its status, its commit decision, a revision in flight or not,
+  its revision number and its write id.
+
+``IMPLIED`` is read off the transitions (``store/sql.py``, ``batch_transitions.py``,
+``revisions.py``); the events that change no status (a warning, an error, a clean-up) are skipped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from sqlalchemy import select
+
+from airflow_provider_exactly_once.core.history import EpochEvent, HistoryEntry
+from airflow_provider_exactly_once.core.ports import EpochRecord
+from airflow_provider_exactly_once.core.status import EpochStatus
+from airflow_provider_exactly_once.store.models import EpochHistory
+from airflow_provider_exactly_once.store.sql import SqlSinkStateStore
+from fault_harness.checker import Anomaly
+
+PENDING, COMMITTED, ABORTED = EpochStatus.PENDING, EpochStatus.COMMITTED, EpochStatus.ABORTED
+
+
+@dataclass(frozen=True)
+class Implied:
+    """What a state-bearing event's transition leaves on the row; ``None``: it may leave either."""
+
+    statuses: frozenset[EpochStatus]
+    #: ``commit_decided_at`` set.
+    decided: bool | None
+    #: ``replaces`` set: a revision in flight.
+    revising: bool | None
+
+
+IMPLIED: Mapping[EpochEvent, Implied] = {
+    # insert_pending: a new row, no decision.
+    EpochEvent.PERSISTED: Implied(frozenset({PENDING}), decided=False, revising=False),
+    # replace_write: a Pending row only while undecided, an Aborted one has its decision cleared;
+    # ``replaces`` is not touched.
+    EpochEvent.REPLACED: Implied(frozenset({PENDING}), decided=False, revising=None),
+    # reopen_committed: rows.new_write_values clears the decision; ``replaces`` is not touched.
+    EpochEvent.REOPENED: Implied(frozenset({PENDING}), decided=False, revising=None),
+    # open_revision: new_write_values, and ``replaces`` names the committed write.
+    EpochEvent.REVISION_OPENED: Implied(frozenset({PENDING}), decided=False, revising=True),
+    # decide_commit, decide_commits: still Pending, decided; of a first write or a revision.
+    EpochEvent.COMMIT_DECIDED: Implied(frozenset({PENDING}), decided=True, revising=None),
+    # mark_committed (a revision's clears ``replaces``), mark_committed_batch (never a revision);
+    # the single mark does not require a decision, and clears none.
+    EpochEvent.COMMITTED: Implied(frozenset({COMMITTED}), decided=None, revising=False),
+    # mark_aborted: before or (files lost) after the decision; a revision is refused, but a
+    # nothing-written row counts as no revision whatever ``replaces`` holds.
+    EpochEvent.ABORTED: Implied(frozenset({ABORTED}), decided=None, revising=None),
+    # insert_aborted: a new Aborted row.
+    EpochEvent.ABORTED_UNPERSISTED: Implied(frozenset({ABORTED}), decided=False, revising=False),
+    # abort_revision: the replaced write Committed again, ``replaces`` cleared, the decision kept.
+    EpochEvent.REVISION_GIVEN_UP: Implied(frozenset({COMMITTED}), decided=None, revising=False),
+}
+#: The events a row starts with: nothing else is recorded before the row exists.
+CREATING = frozenset({EpochEvent.PERSISTED, EpochEvent.ABORTED_UNPERSISTED})
+
+
+def check_history_rows(store: SqlSinkStateStore, sink_id: str) -> tuple[list[Anomaly], int]:
+    """Read the sink's rows and the history of every epoch with a row or an event, and ``judge``
+    them; the anomalies, and how many epochs were judged."""
+    rows = {r.epoch: r for status in EpochStatus for r in store.epochs_with_status(sink_id, status)}
+    with store.reading(f"listing the epochs with history of sink {sink_id!r}") as session:
+        found = session.scalars(select(EpochHistory.epoch).where(EpochHistory.sink_id == sink_id).distinct())
+        with_history = {int(e) for e in found}
+    events = {epoch: store.history.events(sink_id, epoch) for epoch in sorted(with_history)}
+    return judge(rows, events), len(set(rows) | with_history)
+
+
+def judge(rows: Mapping[int, EpochRecord], events: Mapping[int, Sequence[HistoryEntry]]) -> list[Anomaly]:
+    """The ``history_row`` anomalies of one sink: ``rows`` and ``events`` (oldest first) by epoch."""
+    anomalies: list[Anomaly] = []
+    for epoch in sorted(set(rows) | set(events)):
+        row, history = rows.get(epoch), list(events.get(epoch, ()))
+        anomalies.extend(Anomaly("history_row", epoch, problem) for problem in _problems(row, history))
+    return anomalies
+
+
+def _problems(row: EpochRecord | None, history: list[HistoryEntry]) -> list[str]:
+    if row is None:
+        kinds = ", ".join(f"{e.event.value} (write {e.write_id})" for e in history)
+        return [f"{len(history)} history event(s) but no row: {kinds}"]
+    holds = f"the row ({row.status.value}, write {row.write_id}, revision {row.revision})"
+    if not history:
+        return [f"{holds} has no history event"]
+    problems: list[str] = []
+    if history[0].event not in CREATING:
+        problems.append(
+            f"the first event is {history[0].event.value} (id {history[0].id}), not a persist or a tombstone"
+        )
+    bearing = [e for e in history if e.event in IMPLIED]
+    for e in bearing:
+        if e.status is None or e.status not in IMPLIED[e.event].statuses:
+            problems.append(f"event {e.event.value} (id {e.id}) recorded status {e.status}, which it cannot leave")
+    if not bearing:
+        return [*problems, f"{holds} has no state-bearing event, only {', '.join(e.event.value for e in history)}"]
+    last = bearing[-1]
+    implied, said = IMPLIED[last.event], f"its last state-bearing event {last.event.value} (id {last.id})"
+    if row.status not in implied.statuses:
+        wanted = "/".join(sorted(s.value for s in implied.statuses))
+        problems.append(f"{holds} is {row.status.value}, but {said} leaves it {wanted}")
+    decided = row.commit_decided_at is not None
+    if implied.decided is not None and decided != implied.decided:
+        problems.append(
+            f"{holds} has {'a' if decided else 'no'} commit decision, but {said} leaves {'one' if implied.decided else 'none'}"
+        )
+    revising = row.replaces is not None
+    if implied.revising is not None and revising != implied.revising:
+        problems.append(
+            f"{holds} {'has' if revising else 'has no'} revision in flight, but {said} leaves {'one' if implied.revising else 'none'}"
+        )
+    problems.extend(_write_and_revision(row, history, last, holds, said))
+    return problems
+
+
+def _write_and_revision(
+    row: EpochRecord, history: list[HistoryEntry], last: HistoryEntry, holds: str, said: str
+) -> list[str]:
+    """The row's write and revision number, as the last state-bearing events name them. A given-up
+    revision hands the epoch back to the write it replaced (an earlier event's), one revision down;
+    every other transition leaves the row its event's write. The batch transitions record no
+    revision number, so the number is the last event's that recorded one."""
+    problems: list[str] = []
+    if last.event is EpochEvent.REVISION_GIVEN_UP:
+        earlier = {e.write_id for e in history if e.id < last.id}
+        if row.write_id == last.write_id or row.write_id not in earlier:
+            problems.append(f"{holds}: {said} gave write {last.write_id} up for a write no earlier event names")
+    elif row.write_id != last.write_id:
+        problems.append(f"{holds}, but {said} names write {last.write_id}")
+    numbered = [(e, e.revision) for e in history if e.event in IMPLIED and e.revision is not None]
+    if numbered:
+        e, revision = numbered[-1]
+        expected = revision - 1 if e.event is EpochEvent.REVISION_GIVEN_UP else revision
+        if row.revision != expected:
+            problems.append(
+                f"{holds}, but event {e.event.value} (id {e.id}, revision {revision}) leaves revision {expected}"
+            )
+    return problems
