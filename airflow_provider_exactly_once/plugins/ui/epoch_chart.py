@@ -4,9 +4,11 @@ as high as the time from its persist to its commit, coloured by what became of i
 An operator would rather look than read: which hours were aborted, which were revised, whether
 commits lag more than they did. It is an SVG drawn here from the page's own rows (no query of its
 own, no front-end library), so it is as fresh as the table under it and as testable as any HTML.
-A Committed epoch's height is its row's last change after its persist (the Committed mark, unless
-a warning came later); a Pending one's is its age so far (hollow); an Aborted one sits on the top
-line. A revised epoch gets a ring and its revision number.
+A Committed epoch's height is the time from its persist to its commit decision (the commit follows
+at once; a warning recorded later does not lift it); a Pending one's is its age so far (hollow); an
+Aborted one sits on the top line. A revised epoch gets a ring and its revision number; one whose row keeps a warning (a refused
+reprocess, a write of another DAG) gets a "!" above it, the warning in its tooltip, since a refusal
+changes nothing else on the row.
 """
 
 from __future__ import annotations
@@ -33,13 +35,18 @@ def _seconds(row: Mapping[str, Any]) -> float | None:
     """Persist to commit for a Committed epoch, its age for a Pending one, none for an Aborted one."""
     if row.get("status") == "Pending":
         return float(row.get("age_seconds") or 0.0)
-    created, updated = _when(row.get("created_at")), _when(row.get("updated_at"))
-    if row.get("status") != "Committed" or created is None or updated is None:
+    created = _when(row.get("created_at"))
+    committed = _when(row.get("commit_decided_at")) or _when(row.get("updated_at"))
+    if row.get("status") != "Committed" or created is None or committed is None:
         return None
-    return max(0.0, (updated - created).total_seconds())
+    return max(0.0, (committed - created).total_seconds())
 
 
 def _duration(seconds: float) -> str:
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    if seconds < 10:
+        return f"{seconds:.1f} s"
     if seconds < 120:
         return f"{seconds:.0f} s"
     if seconds < 7200:
@@ -83,9 +90,11 @@ def epoch_chart(rows: Sequence[Mapping[str, Any]]) -> Markup | None:
         fill = "none" if status == "Pending" else colour
         took = "" if seconds is None else f", {'pending for' if status == 'Pending' else 'committed after'} "
         took += "" if seconds is None else _duration(seconds)
+        warning = str(row.get("warning") or "")
         title = f"epoch {row.get('epoch')} {interval_text(start, _when(row.get('interval_end')))}: {status}{took}" + (
             f", revision {revision}" if revision else ""
         )
+        title += f"; warning: {warning}" if warning else ""
         mark = [
             f'<a href="{escape(str(row.get("url") or ""))}" target="_self">',
             f'<circle cx="{cx:.1f}" cy="{cy:.1f}" r="4.5" fill="{fill}" stroke="{colour}" stroke-width="1.5" '
@@ -95,6 +104,11 @@ def epoch_chart(rows: Sequence[Mapping[str, Any]]) -> Markup | None:
         if revision:
             mark.append(f'<circle cx="{cx:.1f}" cy="{cy:.1f}" r="8" fill="none" stroke="#1d4ed8" class="revised"/>')
             mark.append(f'<text x="{cx + 9:.1f}" y="{cy - 6:.1f}" class="tick">r{revision}</text>')
+        if warning:
+            mark.append(
+                f'<text x="{cx:.1f}" y="{cy - 10:.1f}" text-anchor="middle" class="warned" fill="#b45309" '
+                f'data-epoch="{escape(str(row.get("epoch")))}">!<title>{escape(warning)}</title></text>'
+            )
         parts.extend([*mark, "</a>"])
     parts.append("</svg>")
     return Markup("".join(parts))

@@ -68,6 +68,9 @@ SECRET_EPOCH = BASE
 DEAD_SINK = "dead"  # an Iceberg sink whose catalog is down (a closed port)
 #: OTHER_SINK's epoch whose first delivery was given up and whose second was committed.
 REDELIVERED = BASE + 2 * HOUR
+#: OTHER_SINK's committed epoch a newer run reprocessed, which the sink kept out (on_reprocess='keep'):
+#: its row is unchanged but for the warning.
+KEPT_OUT = BASE + HOUR
 DEAD_EPOCH = BASE
 
 
@@ -192,6 +195,10 @@ def _build_world(tmp: Path) -> UiWorld:
     other.persist(again, run_id=f"scheduled__{REDELIVERED}", try_number=2, dag_id=OTHER_DAG_ID)
     pipeline.checkpoint(OTHER_SINK, REDELIVERED, CheckpointStatus.COMPLETED)
     other.commit(OTHER_SINK, REDELIVERED)
+    kept_out = pipeline.write_iceberg(OTHER_SINK, KEPT_OUT, [OTHER_TABLE]).model_copy(
+        update={"generation": "2030-01-01T00:00:00.000000Z/0000000002"}
+    )
+    assert other.persist(kept_out, run_id=f"backfill__{KEPT_OUT}", try_number=1, dag_id=OTHER_DAG_ID).warning
     # The operators register each sink they persist for (the recovery DAG and the view read it).
     for sink_id, table in ((SINK, TABLE), (OTHER_SINK, OTHER_TABLE)):
         config = IcebergSinkConfig(sink_id, (f"{pipeline.namespace}.{table}",), iceberg_conn_id=catalog_conn_id)

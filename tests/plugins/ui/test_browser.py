@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.plugins.ui.conftest import BASE, OTHER_SINK, REDELIVERED, SINK, ApiServer, Epochs
+from tests.plugins.ui.conftest import BASE, KEPT_OUT, OTHER_SINK, REDELIVERED, SINK, ApiServer, Epochs
 from tests.support.pipeline import write_location_exists
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -176,4 +176,31 @@ def test_the_history_of_a_reprocessed_and_a_redelivered_day(
         aborted = viewer.locator("#history li[data-event='aborted']").inner_text()
         assert "the upstream gave the hour up" in aborted
         viewer.screenshot(path=str(artifacts / "08-history-redelivered.png"), full_page=True)
+    viewer.context.close()
+
+
+def test_the_picture_of_one_sinks_epochs(browser: Any, api_server: ApiServer, artifacts: Path) -> None:
+    """The sinks page filtered to one sink draws its epochs: one mark per row of the table under it,
+    the reprocessed day ringed, the day whose reprocess the sink kept out marked with its warning,
+    and a mark opens its epoch's page."""
+    viewer = _log_in(browser, api_server, "viewer", artifacts)
+    with _screenshot_on_failure(viewer, artifacts / "failed-picture.png"):
+        viewer.goto(f"{api_server.url}/exactly-once/?sink={OTHER_SINK}")
+        chart = viewer.locator("#epoch-chart svg")
+        chart.wait_for()
+        rows = viewer.locator("#epochs tbody tr")
+        marks = chart.locator("circle.mark")
+        drawn = {int(str(marks.nth(i).get_attribute("data-epoch"))) for i in range(marks.count())}
+        listed = {int(str(rows.nth(i).get_attribute("data-epoch"))) for i in range(rows.count())}
+        assert drawn == listed == {BASE, KEPT_OUT, REDELIVERED}
+        assert chart.locator("circle.revised").count() == 1 and chart.get_by_text("r1").count() == 1
+        warned = chart.locator("text.warned")
+        assert warned.count() == 1 and warned.get_attribute("data-epoch") == str(KEPT_OUT)
+        assert "keeps what it committed" in str(warned.locator("title").text_content())
+        box = chart.bounding_box()
+        assert box is not None and box["width"] > 300 and box["height"] > 60  # drawn, not collapsed
+        viewer.screenshot(path=str(artifacts / "09-sink-picture.png"), full_page=True)
+        chart.locator(f"circle.mark[data-epoch='{REDELIVERED}']").click()
+        viewer.wait_for_url(re.compile(rf".*/sinks/{OTHER_SINK}/epochs/{REDELIVERED}$"))
+        viewer.locator("#history li").first.wait_for()
     viewer.context.close()

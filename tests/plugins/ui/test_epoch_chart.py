@@ -59,3 +59,19 @@ def test_nothing_is_drawn_without_a_dated_epoch_and_text_is_escaped() -> None:
     assert epoch_chart([{**row(H, "Committed", 5), "interval_start": None}]) is None
     evil = {**row(H, "Committed", 5), "url": '"><script>alert(1)</script>'}
     assert "<script>" not in str(epoch_chart([evil]))
+
+
+def test_an_epoch_keeping_a_warning_is_marked_and_its_tooltip_says_the_warning() -> None:
+    """A refused reprocess changes nothing on the row but its warning: the picture shows it."""
+    refused = {**row(2 * H, "Committed", 30), "warning": "refused: an upsert of an epoch before the last committed"}
+    svg = str(epoch_chart([row(1 * H, "Committed", 30), refused]))
+    assert svg.count('class="warned"') == 1 and 'class="warned" fill="#b45309" data-epoch="7200000"' in svg
+    assert "warning: refused: an upsert of an epoch before the last committed" in svg
+
+
+def test_a_committed_epoch_stands_at_its_commit_decision_not_at_a_later_warning() -> None:
+    decided = {**row(1 * H, "Committed", 3000), "commit_decided_at": "2026-12-02T00:00:30+00:00"}
+    svg = epoch_chart([decided, row(2 * H, "Committed", 60)])
+    drawn = marks(str(svg))
+    assert drawn[1 * H][1] > drawn[2 * H][1]  # 30 s to its decision, below the one a minute after persist
+    assert "committed after 30 s" in str(svg)
