@@ -60,3 +60,26 @@ def airflow_model_import_set_aside() -> Iterator[None]:
         yield
     finally:
         event.listen(Mapper, "before_configured", import_all_models, once=True)
+
+
+#: The Task SDK's switch between its secrets chains (``ensure_secrets_backend_loaded``).
+AIRFLOW_PROCESS_CONTEXT = "_AIRFLOW_PROCESS_CONTEXT"
+
+
+@contextmanager
+def as_airflow_server_process() -> Iterator[None]:
+    """While inside, connections resolve as in Airflow's server processes: secrets backend, then
+    ``AIRFLOW_CONN_*``, then Airflow's database. Outside a task and without this, the Task SDK reads
+    only the first two, so an ``eo-sink`` run on an Airflow machine would not see a connection made
+    in the UI (and fall back to the embedded store without a word). ``airflow connections get``
+    sets the same variable for the same reason; a value already set is left as it is."""
+    import os
+
+    before = os.environ.get(AIRFLOW_PROCESS_CONTEXT)
+    if before is None:
+        os.environ[AIRFLOW_PROCESS_CONTEXT] = "server"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(AIRFLOW_PROCESS_CONTEXT, None)

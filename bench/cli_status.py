@@ -6,9 +6,12 @@ the import of the CLI's module, so that what the command costs beyond starting P
 difference measured under the same load. The target (issue 36): ``status`` within 1 s on a quiet
 machine.
 
-Without ``--url`` (the last case), ``eo-sink`` resolves the default meta-store connection through
-Airflow, as an operator on an Airflow machine runs it (no connection defined here: the embedded
-SQLite under ``AIRFLOW_HOME``, one per tree).
+Without ``--url``, ``eo-sink`` resolves the meta-store connection as Airflow's server processes do
+(``cli/meta_connection.py``): the default connection when none is defined anywhere (the embedded
+SQLite under ``AIRFLOW_HOME``, one per tree); a connection kept in Airflow's database, as the UI
+makes it (a home migrated by ``airflow db migrate``, the connection encrypted with its Fernet key);
+and a connection given as a URI in ``AIRFLOW_CONN_*``, which only Airflow parses, so that case
+shows what asking Airflow costs.
 
 ``--tree`` names source trees (checkouts of this repository) measured in alternation, as
 ``bench.task_start`` does, so a "before" and an "after" share the machine's drift. Each tree's
@@ -66,14 +69,59 @@ def _python(tree: Path) -> str:
     return str(python if python.exists() else Path(sys.executable))
 
 
-def _timed(argv: list[str], tree: Path, env: dict[str, str]) -> float:
+#: Adds the meta-store connection to the Airflow database of ``AIRFLOW_HOME`` (argv[1]: its URL), as the UI does.
+ADD_CONNECTION = """
+import sys
+from airflow.models.connection import Connection
+from airflow.utils.session import create_session
+with create_session() as session:
+    session.add(Connection(conn_id="exactly_once_default", conn_type="exactly_once_meta", host=sys.argv[1]))
+"""
+#: The URI form of that connection, which Airflow parses (argv[1]: its URL).
+URI_OF = """
+import sys
+from airflow.models.connection import Connection
+print(Connection(conn_id="x", conn_type="exactly_once_meta", host=sys.argv[1]).get_uri())
+"""
+
+
+def _timed(argv: list[str], tree: Path, env: dict[str, str], home: str = "", expect: str = "") -> float:
+    """Seconds to run ``argv``; ``expect``: what its output must hold (the store it was to read)."""
     started = time.perf_counter()
-    env = {**env, "PYTHONPATH": str(tree), "AIRFLOW_HOME": f"{env['AIRFLOW_HOME']}/{tree.name}"}
+    env = {**env, "PYTHONPATH": str(tree), "AIRFLOW_HOME": f"{env['AIRFLOW_HOME']}/{tree.name}{home}"}
     done = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=tree)
     seconds = time.perf_counter() - started
     if done.returncode != 0:
         raise RuntimeError(f"{argv} in {tree} failed ({done.returncode}): {done.stderr[-2000:]}")
+    if expect not in done.stdout:
+        raise WrongStore(seconds, done.stdout[-300:])
     return seconds
+
+
+class WrongStore(Exception):
+    """The command answered from another meta store than the case's (a tree that cannot find the
+    connection): its time is kept, marked, since it did not do the case's work."""
+
+    def __init__(self, seconds: float, output: str) -> None:
+        super().__init__(output)
+        self.seconds = seconds
+
+
+def _airflow_home(tree: Path, env: dict[str, str], url: str) -> str:
+    """A home beside the tree's, migrated by Airflow, its connection in the database; the connection's URI."""
+    home = f"{env['AIRFLOW_HOME']}/{tree.name}-airflow"
+    os.makedirs(home, exist_ok=True)
+    airflow = str(Path(_python(tree)).parent / "airflow")
+    _timed([airflow, "db", "migrate"], tree, env, "-airflow")
+    _timed([_python(tree), "-c", ADD_CONNECTION, url], tree, env, "-airflow")
+    done = subprocess.run(
+        [_python(tree), "-c", URI_OF, url],
+        capture_output=True,
+        text=True,
+        env={**env, "AIRFLOW_HOME": home},
+        check=True,
+    )
+    return done.stdout.strip().splitlines()[-1]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -92,21 +140,38 @@ def main(argv: list[str] | None = None) -> int:
             empty, full = f"sqlite:///{home}/empty-{n}.db", f"sqlite:///{home}/full-{n}.db"
             _timed([_python(tree), "-c", RUN, "status", "--url", empty], tree, env)
             _timed([_python(tree), "-c", FILL, full], tree, env)
-            stores[name] = {"empty": empty, "full": full}
+            stores[name] = {"empty": empty, "full": full, "uri": _airflow_home(tree, env, full)}
         cases = {
             "python -c pass": lambda name: ["-c", "pass"],
             "import the CLI": lambda name: ["-c", f"import {CLI}"],
             "status, empty store": lambda name: ["-c", RUN, "status", "--url", stores[name]["empty"]],
             f"status, {SINKS}x{EPOCHS} epochs": lambda name: ["-c", RUN, "status", "--url", stores[name]["full"]],
             "epochs --limit 50": lambda name: ["-c", RUN, "epochs", "--limit", "50", "--url", stores[name]["full"]],
-            # no --url: the default connection, resolved through Airflow (none defined: the embedded SQLite)
-            "status, default connection": lambda name: ["-c", RUN, "status"],
+            # no --url: the connection, resolved as Airflow's server processes do
+            "status, no connection (embedded store)": lambda name: ["-c", RUN, "status"],
+            "status, connection in Airflow's database": lambda name: ["-c", RUN, "status"],
+            "status, URI connection (asks Airflow)": lambda name: ["-c", RUN, "status"],
+        }
+        #: The Airflow home and environment of the cases that need their own.
+        homes = {"status, connection in Airflow's database": "-airflow", "status, URI connection (asks Airflow)": ""}
+        expect = {
+            "status, connection in Airflow's database": "bench-0",
+            "status, URI connection (asks Airflow)": "bench-0",
         }
         samples: dict[str, dict[str, list[float]]] = {name: {case: [] for case in cases} for name in trees}
+        wrong_store: dict[str, dict[str, str]] = {name: {} for name in trees}
         for _ in range(args.rounds):
             for case, command in cases.items():
                 for name, tree in trees.items():
-                    samples[name][case].append(_timed([_python(tree), *command(name)], tree, env))
+                    case_env = env
+                    if case == "status, URI connection (asks Airflow)":
+                        case_env = {**env, "AIRFLOW_CONN_EXACTLY_ONCE_DEFAULT": stores[name]["uri"]}
+                    argv = [_python(tree), *command(name)]
+                    try:
+                        seconds = _timed(argv, tree, case_env, homes.get(case, ""), expect.get(case, ""))
+                    except WrongStore as wrong:
+                        seconds, wrong_store[name][case] = wrong.seconds, str(wrong)
+                    samples[name][case].append(seconds)
     results: dict[str, Any] = {
         name: {
             case: {"median_s": round(median(values), 3), "samples_s": [round(v, 3) for v in values]}
@@ -114,10 +179,12 @@ def main(argv: list[str] | None = None) -> int:
         }
         for name, per_case in samples.items()
     }
-    for per_case in results.values():
+    for name, per_case in results.items():
         base = per_case["python -c pass"]["median_s"]
-        for case in per_case.values():
+        for case_name, case in per_case.items():
             case["beyond_python_s"] = round(case["median_s"] - base, 3)
+            if case_name in wrong_store[name]:
+                case["wrong_store"] = wrong_store[name][case_name]
     path = save(
         "cli_status", {"rounds": args.rounds, "trees": {k: str(v) for k, v in trees.items()}, "results": results}
     )
@@ -134,7 +201,13 @@ def _plot(results: dict[str, Any]) -> None:
     width = 0.8 / len(results)
     for n, (name, per_case) in enumerate(results.items()):
         xs = [i + n * width for i in range(len(cases))]
-        ax.bar(xs, [per_case[c]["median_s"] for c in cases], width, label=name)
+        bars = ax.bar(xs, [per_case[c]["median_s"] for c in cases], width, label=name)
+        for bar, case in zip(bars, cases, strict=True):
+            if "wrong_store" in per_case[case]:  # answered from another store: not the case's work
+                bar.set_hatch("//")
+                ax.annotate(
+                    "wrong store", (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", fontsize=7
+                )
     ax.axhline(1.0, color="grey", linestyle="--", linewidth=1, label="target for status (1 s)")
     ax.set_xticks([i + width * (len(results) - 1) / 2 for i in range(len(cases))], cases, rotation=15, fontsize=8)
     ax.set_ylabel("seconds (median, fresh interpreter)")

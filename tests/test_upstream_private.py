@@ -5,6 +5,7 @@ naming it, rather than in a task."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from contextvars import ContextVar
@@ -54,3 +55,21 @@ print("ok")
 """
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-2000:]
+
+
+def test_outside_a_task_the_sdk_reads_airflows_database_only_in_a_server_process() -> None:
+    """The Task SDK chooses its secrets chain by ``_AIRFLOW_PROCESS_CONTEXT``: without it, outside a
+    task, no metastore backend (a connection made in the UI is not found); inside
+    ``as_airflow_server_process``, the metastore backend is searched."""
+    from airflow.sdk.execution_time.supervisor import ensure_secrets_backend_loaded
+
+    from airflow_provider_exactly_once.upstream_private import AIRFLOW_PROCESS_CONTEXT, as_airflow_server_process
+
+    def chain() -> list[str]:
+        return [type(backend).__name__ for backend in ensure_secrets_backend_loaded()]
+
+    assert AIRFLOW_PROCESS_CONTEXT == "_AIRFLOW_PROCESS_CONTEXT"
+    if "_AIRFLOW_PROCESS_CONTEXT" not in os.environ:
+        assert "MetastoreBackend" not in chain()
+    with as_airflow_server_process():
+        assert "MetastoreBackend" in chain()

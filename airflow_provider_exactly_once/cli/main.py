@@ -28,6 +28,7 @@ import traceback
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NoReturn, TextIO
 
+from airflow_provider_exactly_once.cli import meta_connection
 from airflow_provider_exactly_once.cli.output import EXIT_BUSY, EXIT_FAILED, EXIT_OK, EXIT_USAGE, print_json
 from airflow_provider_exactly_once.cli.parser import build_parser, duration
 from airflow_provider_exactly_once.cli.read_commands import (
@@ -40,8 +41,10 @@ from airflow_provider_exactly_once.core.errors import ExactlyOnceError, InvalidS
 from airflow_provider_exactly_once.core.history import Actor, ActorKind, acting
 from airflow_provider_exactly_once.core.redact import mask_userinfo, safe_text
 from airflow_provider_exactly_once.defaults import DEFAULT_META_CONN_ID
+from airflow_provider_exactly_once.hooks.meta_store_url import store_at
 from airflow_provider_exactly_once.operations import ActionResult, InvalidRequest, SinkOperations
 from airflow_provider_exactly_once.store import SqlSinkStateStore
+from airflow_provider_exactly_once.upstream_private import as_airflow_server_process
 
 #: Set to ``1`` to see the traceback of an unexpected error (by default one masked line, as for a refusal).
 TRACEBACK_ENV = "EO_SINK_TRACEBACK"
@@ -55,6 +58,10 @@ AIRFLOW_LOG_LEVEL = "AIRFLOW__LOGGING__LOGGING_LEVEL"
 def _open_store(args: argparse.Namespace) -> SqlSinkStateStore:
     if args.url:
         return _store_at(args.url)
+    resolved = meta_connection.resolve(args.meta_conn_id)
+    if resolved is not None:  # read as Airflow would, without importing it (``cli.meta_connection``)
+        args.meta_conn_id, url, options = resolved
+        return store_at(url, options)
     from airflow_provider_exactly_once.hooks.meta_store import ExactlyOnceMetaStoreHook
     from airflow_provider_exactly_once.runtime.assembly import meta_conn_id_or_configured
 
@@ -91,7 +98,11 @@ def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None, std
             args = build_parser().parse_args(argv)
     except SystemExit as exc:  # argparse printed the usage error (2) or the help (0)
         return int(exc.code or 0) if not isinstance(exc.code, str) else EXIT_USAGE
-    with _logging(err, verbose=args.verbose), acting(Actor(ActorKind.CLI, name=_user())):
+    with (
+        _logging(err, verbose=args.verbose),
+        acting(Actor(ActorKind.CLI, name=_user())),
+        as_airflow_server_process(),  # connections made in the UI are the CLI's too
+    ):
         return _run(args, out, err)
 
 

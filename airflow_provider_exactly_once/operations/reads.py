@@ -16,7 +16,7 @@ from dataclasses import replace
 from typing import Any
 
 from airflow_provider_exactly_once.checkpoints.config import MetaStoreCheckpoint, checkpoint_config_from_dict
-from airflow_provider_exactly_once.core.coordinator import require_epoch
+from airflow_provider_exactly_once.core.bookkeeping import require_epoch
 from airflow_provider_exactly_once.core.errors import EpochNotFound, ExactlyOnceError
 from airflow_provider_exactly_once.core.identifiers import EPOCH_MAX, check_epoch
 from airflow_provider_exactly_once.core.ports import EpochRecord
