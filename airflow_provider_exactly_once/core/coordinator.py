@@ -259,6 +259,8 @@ class TwoPhaseCommitCoordinator:
         """The write can never be the epoch's, and the caller must hear it as an error."""
         assert row is not None and decision.error is not None
         self._discard(p.pre, f"{decision.action.value}: {decision.error}")  # the refusal, in the epoch's history
+        # Kept on the row too: the epoch is otherwise unchanged, and its page and the sink's picture show it.
+        record_warning(self._store, p.pre, f"refused: {decision.error}")
         raise decision.error
 
     def _discard(self, pre: PreCommit, reason: str) -> None:

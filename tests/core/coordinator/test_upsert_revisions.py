@@ -249,6 +249,8 @@ def test_a_later_delete_of_an_absent_key_refuses_the_revision(epochs: Epochs, fa
         with pytest.raises(ReprocessRefused, match=r"later epoch\(s\) 2 deleted keys the table did not hold"):
             epochs.coordinator.persist(revision)
         assert not Path(revision.tables[0].location.removeprefix("file://")).exists(), "the refused write is removed"
+        refused = epochs.pipeline.store.get(SINK, 1)  # the row keeps the refusal, for its page and the picture
+        assert refused is not None and "refused: " in (refused.warning or "") and "deleted keys" in refused.warning
     assert epochs.shown() == before
     row = epochs.pipeline.store.get(SINK, 1)
     assert row is not None and row.status is EpochStatus.COMMITTED and row.revision == 0
