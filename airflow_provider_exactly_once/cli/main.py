@@ -41,7 +41,7 @@ from airflow_provider_exactly_once.core.errors import ExactlyOnceError, InvalidS
 from airflow_provider_exactly_once.core.history import Actor, ActorKind, acting
 from airflow_provider_exactly_once.core.redact import mask_userinfo, safe_text
 from airflow_provider_exactly_once.defaults import DEFAULT_META_CONN_ID
-from airflow_provider_exactly_once.hooks.meta_store_url import store_at
+from airflow_provider_exactly_once.hooks.meta_store_url import connection_store
 from airflow_provider_exactly_once.operations import ActionResult, InvalidRequest, SinkOperations
 from airflow_provider_exactly_once.store import SqlSinkStateStore
 from airflow_provider_exactly_once.upstream_private import as_airflow_server_process
@@ -61,7 +61,7 @@ def _open_store(args: argparse.Namespace) -> SqlSinkStateStore:
     resolved = meta_connection.resolve(args.meta_conn_id)
     if resolved is not None:  # read as Airflow would, without importing it (``cli.meta_connection``)
         args.meta_conn_id, url, options = resolved
-        return store_at(url, options)
+        return connection_store(url, options)
     from airflow_provider_exactly_once.hooks.meta_store import ExactlyOnceMetaStoreHook
     from airflow_provider_exactly_once.runtime.assembly import meta_conn_id_or_configured
 

@@ -20,9 +20,9 @@ from airflow_provider_exactly_once.defaults import DEFAULT_META_CONN_ID
 from airflow_provider_exactly_once.get_provider_info import META_STORE_FIELD_BEHAVIOUR
 from airflow_provider_exactly_once.hooks.meta_store_url import (
     META_CONN_TYPE,
+    connection_store,
     embedded,
     embedded_meta_store_url,
-    store_at,
     url_of_fields,
 )
 from airflow_provider_exactly_once.version_compat import AirflowNotFoundException
@@ -115,4 +115,4 @@ def _open_store(url: str, options: Mapping[str, float]) -> SqlSinkStateStore:
     from airflow_provider_exactly_once.hooks.orm_setup import configure_store_mappers
 
     configure_store_mappers()
-    return store_at(url, options)
+    return connection_store(url, options)

@@ -101,8 +101,8 @@ def url_of_fields(
     return url.render_as_string(hide_password=False), options
 
 
-def store_at(url: str, options: Mapping[str, float]) -> SqlSinkStateStore:
-    """The store of a resolved URL and options."""
+def connection_store(url: str, options: Mapping[str, float]) -> SqlSinkStateStore:
+    """The store of a connection's resolved URL and options."""
     from airflow_provider_exactly_once.store import SqlSinkStateStore
 
     if not any(key in options for key in STORE_OPTIONS):
