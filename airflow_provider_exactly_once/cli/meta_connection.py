@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import configparser
 import json
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,9 @@ _DEFAULT_AIRFLOW_DB = "sqlite:///{home}/airflow.db"
 #: Options that change how Airflow connects to its database or where its tables are: not read here.
 _ENGINE_OPTIONS = ("sql_alchemy_schema", "sql_alchemy_connect_args", "sql_alchemy_engine_args")
 _ROW = "SELECT host, password, extra, is_encrypted, is_extra_encrypted{team} FROM connection WHERE conn_id = :conn_id"
+
+
+log = logging.getLogger(__name__)
 
 
 class _AskAirflow(Exception):
@@ -44,9 +48,7 @@ def resolve(meta_conn_id: str | None) -> tuple[str, str, dict[str, float]] | Non
         if fields is None:
             fields = _from_airflow_db(config, conn_id)
     except _AskAirflow as reason:
-        import logging
-
-        logging.getLogger(__name__).debug("asking Airflow for the meta-store connection: %s", reason)
+        log.debug("asking Airflow for the meta-store connection: %s", reason)
         return None
     if fields is None:
         url, options = embedded(conn_id)
