@@ -28,8 +28,15 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from pyiceberg.catalog import Catalog
-from pyiceberg.catalog.rest import DEFAULT_ENDPOINTS, VIEW_ENDPOINTS, Endpoint, RestCatalog
+from pyiceberg.catalog import TOKEN, Catalog
+from pyiceberg.catalog.rest import (
+    AUTHORIZATION_HEADER,
+    BEARER_PREFIX,
+    DEFAULT_ENDPOINTS,
+    VIEW_ENDPOINTS,
+    Endpoint,
+    RestCatalog,
+)
 from pyiceberg.table import Table
 
 from airflow_provider_exactly_once.core.delivery import Delivery, EpochDelivery
@@ -109,12 +116,19 @@ class TableTransactions:
         for one in staged:
             producers += one.tx.detach_producers()
             changes.append(one.tx.commit_request().model_dump_json())
+        try:
+            headers = self._headers(staged)
+        except RouteMissing:
+            SinkTransaction.delete_uncommitted(producers)
+            raise
         body = ('{"table-changes": [' + ", ".join(changes) + "]}").encode()
         what = ", ".join(f"{one.name!r} ({counted(one.snapshot_ids)})" for one in staged)
         owner = staged[0].owner
         fault(FAULT_BEFORE_CATALOG_UPDATE)
         try:
-            response = catalog._session.post(catalog.url("transactions/commit", prefixed=True), data=body)
+            response = catalog._session.post(
+                catalog.url("transactions/commit", prefixed=True), data=body, headers=headers
+            )
         except Exception as exc:
             raise CommitOutcomeUnknown(
                 f"{owner}: the commit of tables {what} in one transaction has an unknown outcome: "
@@ -136,6 +150,19 @@ class TableTransactions:
             f"{owner}: the commit of tables {what} in one transaction has an unknown outcome: "
             f"the catalog answered HTTP {status} {error[0]}: {error[1]}"
         )
+
+    def _headers(self, staged: Sequence[StagedSnapshots]) -> dict[str, str]:
+        """The bearer token the tables were loaded with, as pyiceberg's ``commit_table`` sends a
+        table's own (``LoadTableResult.config["token"]``) in place of the catalog's. One request
+        carries one: tables loaded with different tokens are committed table by table (``RouteMissing``
+        before anything is sent), each with its own, never with another table's."""
+        tokens = {one.table.config.get(TOKEN) for one in staged}
+        if len(tokens) == 1:
+            token = tokens.pop()
+            return {AUTHORIZATION_HEADER: f"{BEARER_PREFIX} {token}"} if token else {}
+        self._offered = False
+        self._why = f"the tables of catalog {self._catalog.name!r} were loaded with tokens of their own, one each"
+        raise RouteMissing(self._why)
 
 
 def _offer(catalog: Catalog) -> tuple[bool | None, str]:

@@ -442,3 +442,68 @@ def test_a_sql_catalog_commits_a_fan_out_table_by_table_even_when_asked(catalog:
         assert (delivery.how, delivery.tables) == (Delivery.TABLE_BY_TABLE, 2)
         assert delivery.why == f"catalog {catalog.name!r} is a SQL catalog, which commits each table on its own"
         sql.engine.dispose()
+
+
+def _tables_loaded_with(
+    pipeline: S3Pipeline, committer: IcebergSinkCommitter, tokens: dict[str, str]
+) -> list[dict[str, str]]:
+    """The committer's catalog hands each table the token a REST catalog may return with it
+    (``LoadTableResult.config["token"]``, which SeaweedFS does not send); the headers of every
+    ``transactions/commit`` request are kept. The requests still reach SeaweedFS, which takes any."""
+    catalog = committer.catalog
+    real_load, real_post = catalog.load_table, catalog._session.post  # type: ignore[attr-defined]
+    sent: list[dict[str, str]] = []
+
+    def load_table(identifier: str | tuple[str, ...]) -> object:
+        table = real_load(identifier)
+        name = str(identifier).rsplit(".", 1)[-1]
+        if name in tokens:
+            table.config = {**table.config, "token": tokens[name]}
+        return table
+
+    def post(url: str, *args: object, **kwargs: object) -> object:
+        if url.endswith("/transactions/commit"):
+            headers = kwargs.get("headers") or {}
+            assert isinstance(headers, dict)
+            sent.append(dict(headers))
+        return real_post(url, *args, **kwargs)
+
+    catalog.load_table = load_table  # type: ignore[method-assign]
+    catalog._session.post = post  # type: ignore[attr-defined]
+    return sent
+
+
+def test_the_transaction_carries_the_token_the_tables_were_loaded_with(pipeline: S3Pipeline, sink_id: str) -> None:
+    """As pyiceberg's ``commit_table`` sends a table's own token instead of the catalog's."""
+    committer = pipeline.iceberg_committer()
+    sent = _tables_loaded_with(pipeline, committer, {name: "vended-1" for name in TABLES})
+    coordinator = pipeline.coordinator(sink_id, committer)
+    pre = pipeline.write_iceberg(sink_id, 1, TABLES, rows=2)
+    coordinator.persist(pre)
+    pipeline.checkpoint(sink_id, 1, COMPLETED)
+    assert coordinator.commit(sink_id, 1).outcome is CommitOutcome.COMMITTED
+    assert [h.get("Authorization") for h in sent] == ["Bearer vended-1"]
+    assert committer.transactions.offered
+
+
+def test_tables_loaded_with_tokens_of_their_own_are_committed_table_by_table(
+    pipeline: S3Pipeline, sink_id: str
+) -> None:
+    """One request carries one token: never another table's. Nothing is sent; each table is then
+    committed with its own, and the sink's delivery says why."""
+    committer = pipeline.iceberg_committer()
+    sent = _tables_loaded_with(pipeline, committer, {"facts": "vended-1", "dims": "vended-2"})
+    coordinator = pipeline.coordinator(sink_id, committer)
+    pre = pipeline.write_iceberg(sink_id, 1, TABLES, rows=2)
+    coordinator.persist(pre)
+    pipeline.checkpoint(sink_id, 1, COMPLETED)
+    assert coordinator.commit(sink_id, 1).outcome is CommitOutcome.COMMITTED
+    assert sent == []
+    assert committer.transactions.known is False
+    delivery = committer.transactions.delivery(2)
+    assert delivery.how is Delivery.TABLE_BY_TABLE and "tokens of their own" in delivery.why
+    for name in TABLES:
+        assert pipeline.marker_snapshots(name, sink_id) == {1: [pre.write_id]}
+        assert sorted(
+            read_rows(pipeline.catalog.load_table(f"{pipeline.namespace}.{name}"), "id, epoch, write_id")
+        ) == (pipeline.expected_rows([pre], f"{pipeline.namespace}.{name}"))
