@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from airflow_provider_exactly_once.checkpoints.config import (
         MarkerFileCheckpoint,
         MetaStoreCheckpoint,
+        SnapshotRangeCheckpoint,
         StreamingCheckpoint,
     )
     from airflow_provider_exactly_once.core.upserts import UpsertSpec
@@ -46,6 +47,7 @@ if TYPE_CHECKING:
         FileSinkTarget,
         FilesInput,
         FunctionInput,
+        IcebergTableInput,
         SqlInput,
         TableInput,
     )
@@ -73,10 +75,12 @@ _WHERE = {
     "MetaStoreCheckpoint": "checkpoints.config",
     "MarkerFileCheckpoint": "checkpoints.config",
     "StreamingCheckpoint": "checkpoints.config",
+    "SnapshotRangeCheckpoint": "checkpoints.config",
     "FilesInput": "spark.author_specs",
     "TableInput": "spark.author_specs",
     "SqlInput": "spark.author_specs",
     "FunctionInput": "spark.author_specs",
+    "IcebergTableInput": "spark.author_specs",
     "FileSinkTarget": "spark.author_specs",
     "ensure_table": "tables",
     "recovery_dag": "recovery.dag",
@@ -93,10 +97,12 @@ __all__ = [
     "FilesInput",
     "FunctionInput",
     "IcebergSinkConfig",
+    "IcebergTableInput",
     "MarkCheckpointOperator",
     "MarkerFileCheckpoint",
     "MetaStoreCheckpoint",
     "PersistPendingOperator",
+    "SnapshotRangeCheckpoint",
     "SparkPreCommitOperator",
     "SparkWrite",
     "SqlInput",

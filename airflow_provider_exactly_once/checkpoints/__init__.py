@@ -16,12 +16,14 @@ from airflow_provider_exactly_once._lazy import lazy_exports
 if TYPE_CHECKING:
     from airflow_provider_exactly_once.checkpoints.marker_files import MarkerFileCheckpointSource
     from airflow_provider_exactly_once.checkpoints.metastore import CheckpointTable, MetaStoreCheckpointSource
+    from airflow_provider_exactly_once.checkpoints.snapshot_ranges import SnapshotRangeCheckpointSource
     from airflow_provider_exactly_once.checkpoints.streaming import StructuredStreamingCheckpointSource
 
 _WHERE = {
     "CheckpointTable": "metastore",
     "MarkerFileCheckpointSource": "marker_files",
     "MetaStoreCheckpointSource": "metastore",
+    "SnapshotRangeCheckpointSource": "snapshot_ranges",
     "StructuredStreamingCheckpointSource": "streaming",
 }
 
@@ -29,6 +31,7 @@ __all__ = [
     "CheckpointTable",
     "MarkerFileCheckpointSource",
     "MetaStoreCheckpointSource",
+    "SnapshotRangeCheckpointSource",
     "StructuredStreamingCheckpointSource",
 ]
 

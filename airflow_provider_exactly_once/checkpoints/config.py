@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from airflow_provider_exactly_once.checkpoints.marker_files import MarkerFileCheckpointSource
 from airflow_provider_exactly_once.checkpoints.metastore import CheckpointTable, MetaStoreCheckpointSource
+from airflow_provider_exactly_once.checkpoints.snapshot_ranges import SnapshotRangeCheckpointSource
 from airflow_provider_exactly_once.checkpoints.streaming import StructuredStreamingCheckpointSource
 from airflow_provider_exactly_once.core.errors import InvalidSinkConfig
 from airflow_provider_exactly_once.core.redact import mask_userinfo
@@ -40,6 +41,21 @@ class MetaStoreCheckpoint:
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "name_template": self.name_template}
+
+
+@dataclass(frozen=True)
+class SnapshotRangeCheckpoint(MetaStoreCheckpoint):
+    """For an incremental input (``IcebergTableInput``): the epoch's reserved snapshot range is its
+    checkpoint, complete once reserved (``checkpoints.snapshot_ranges`` says why that is sound).
+    Read from the meta store, as a ``MetaStoreCheckpoint`` is; nothing marks it."""
+
+    kind: Literal["snapshot_range"] = field(default="snapshot_range", init=False)  # type: ignore[assignment]
+
+    def source(self, table: CheckpointTable) -> CheckpointSource:
+        return SnapshotRangeCheckpointSource(table)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind}
 
 
 class _StoredOnObjectStorage:
@@ -134,7 +150,7 @@ class StreamingCheckpoint(_StoredOnObjectStorage):
         return {"kind": self.kind, "checkpoint_location": self.checkpoint_location, **self._storage_dict()}
 
 
-CheckpointConfig = MetaStoreCheckpoint | MarkerFileCheckpoint | StreamingCheckpoint
+CheckpointConfig = MetaStoreCheckpoint | SnapshotRangeCheckpoint | MarkerFileCheckpoint | StreamingCheckpoint
 
 
 def checkpoint_config_from_dict(data: Mapping[str, Any]) -> CheckpointConfig:
@@ -142,6 +158,7 @@ def checkpoint_config_from_dict(data: Mapping[str, Any]) -> CheckpointConfig:
     kind = values.pop("kind", None)
     classes: dict[object, type[MetaStoreCheckpoint] | type[MarkerFileCheckpoint] | type[StreamingCheckpoint]] = {
         "metastore": MetaStoreCheckpoint,
+        "snapshot_range": SnapshotRangeCheckpoint,
         "markers": MarkerFileCheckpoint,
         "streaming": StreamingCheckpoint,
     }

@@ -115,6 +115,7 @@ def show_command(ops: SinkOperations, args: argparse.Namespace, out: TextIO, err
         *("try_number", "created_at", "age", "updated_at", "commit_decided_at", "checkpoint", "delivery"),
         *("files", "files_state", "rows", "bytes", "pending_cleanups", "revision", "replacing_write_id", "error"),
         "warning",
+        "consumed",
     )
     table(out, [(key, "" if data[key] is None else data[key]) for key in shown], ["field", "value"])
     out.write("\n")

@@ -163,6 +163,12 @@ class EarlierEpochUndecided(ExactlyOnceError):
     retryable = True
 
 
+class InputRangeRefused(ExactlyOnceError):
+    """An epoch's range of an incremental input (``core.input_ranges``) cannot be reserved or read:
+    the epoch is behind the sink's chain, its range went to a later epoch, or the upstream snapshots
+    in it are not appends or are gone. Retrying cannot help; the message says what can."""
+
+
 class SchemaMismatch(ExactlyOnceError):
     """The written schema cannot go into the table; refused before anything was committed."""
 

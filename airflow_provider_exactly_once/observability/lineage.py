@@ -254,14 +254,23 @@ def commit_lineage(
 def write_lineage(input_spec: dict[str, Any], target_spec: dict[str, Any], pre_commit: PreCommit | None) -> Any:
     """The Spark write's lineage: its file input, and the target's tables with what the write produced.
 
-    Only a ``files`` input names a dataset here; tables and queries read by Spark are for
-    OpenLineage's Spark integration, which sees the query plan. Nothing is visible yet at this
+    A ``files`` input and an incremental ``iceberg_table`` input (read by the writer's own tasks,
+    which OpenLineage's Spark integration does not see as a table) name a dataset here; tables and
+    queries read by Spark are for that integration, which sees the query plan. Nothing is visible yet at this
     point, but the statistics are those of the data written for the target (OpenLineage's
     ``outputStatistics`` describes what the job wrote).
     """
     inputs: list[Dataset] = []
     if input_spec.get("kind") == "files" and isinstance(input_spec.get("path"), str):
         inputs.append(files_input(input_spec["path"]))
+    if input_spec.get("kind") == "iceberg_table" and isinstance(input_spec.get("table"), str):
+        upstream = input_spec.get("catalog_conn_id") or target_spec.get("catalog_name") or "default"
+        load = None
+        if not input_spec.get("catalog_conn_id") and target_spec.get("kind") == "iceberg":
+            load = pyiceberg_loader(str(upstream), dict(target_spec.get("catalog_properties") or {}))
+        elif input_spec.get("catalog_conn_id"):
+            load = iceberg_connection_loader(str(upstream))
+        inputs.append(table_dataset(str(upstream), input_spec["table"], load_info(load, input_spec["table"]), {}))
     if pre_commit is None:
         return lineage(inputs, [])
     if target_spec.get("kind") == "iceberg":

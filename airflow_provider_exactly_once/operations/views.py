@@ -15,6 +15,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from airflow_provider_exactly_once.core.history import HistoryEntry
+from airflow_provider_exactly_once.core.input_ranges import SnapshotRange
 from airflow_provider_exactly_once.core.ports import EpochRecord
 from airflow_provider_exactly_once.core.precommit import PreCommit, TableWrite
 from airflow_provider_exactly_once.core.redact import mask_userinfo
@@ -162,12 +163,15 @@ class EpochView:
     generation: str | None = None
     #: Every revision on record, oldest first (filled for one epoch's detail, empty in listings).
     revisions: tuple[RevisionView, ...] = ()
+    #: For an incremental input, the upstream snapshots the write read (``core.input_ranges``).
+    consumed: str | None = None
 
     @classmethod
     def of(
         cls, record: EpochRecord, *, now: datetime, pending_cleanups: int = 0, run: RunDates | None = None
     ) -> EpochView:
         committed: Mapping[str, str] = record.committed or {}
+        consumed = SnapshotRange.of_positions(record.pre_commit.source_positions)
         uuids: Mapping[str, str] = record.table_uuids or {}
         tables = tuple(
             TableView(
@@ -207,6 +211,7 @@ class EpochView:
             revision=record.revision,
             replacing_write_id=record.kind.replaced_write_id,
             generation=record.pre_commit.generation,
+            consumed=None if consumed is None else consumed.describe(),
         )
 
     @property
@@ -241,6 +246,7 @@ class EpochView:
             "tables": [t.to_dict() for t in self.tables],
             "error": self.error,
             "warning": self.warning,
+            "consumed": self.consumed,
             "pending_cleanups": self.pending_cleanups,
             "interval_start": _iso(self.interval_start),
             "interval_end": _iso(self.interval_end),

@@ -19,7 +19,7 @@ from urllib.parse import urlparse
 from airflow_provider_exactly_once.core.errors import InvalidSinkConfig
 from airflow_provider_exactly_once.core.redact import CREDENTIAL_PROPERTY_MARKS
 from airflow_provider_exactly_once.hooks.storage import resolved_storage_options
-from airflow_provider_exactly_once.runtime.assembly import as_sink
+from airflow_provider_exactly_once.runtime.assembly import as_sink, open_meta_store
 from airflow_provider_exactly_once.sinks.config import FileSinkConfig, IcebergSinkConfig, SinkConfig
 from airflow_provider_exactly_once.spark.author_specs import FileSinkTarget
 
@@ -216,3 +216,46 @@ def sink_and_id(
         raise InvalidSinkConfig(f"task {task_id}: with sink= only a file sink's FileSinkTarget may be given")
     check_target_for(config, file_target)
     return config, config.sink_id
+
+
+def upstream_settings(
+    task_id: object,
+    input_spec: Mapping[str, Any],
+    target: Mapping[str, Any],
+    meta_conn_id: str | None,
+    sink_id: str,
+    epoch: int,
+    run_id: str,
+) -> dict[str, Any]:
+    """For an incremental input, the job spec's range, reserved now or before
+    (``runtime.upstream_ranges``), and the upstream's catalog: the input's connection, else the
+    sink's. Nothing for any other input."""
+    if input_spec.get("kind") != "iceberg_table":
+        return {}
+    from airflow_provider_exactly_once.runtime.upstream_ranges import current_snapshot_of, reserved_range
+    from airflow_provider_exactly_once.spark.author_specs import IcebergTableInput
+
+    source = IcebergTableInput.model_validate(input_spec)
+    if source.catalog_conn_id is not None:
+        name, properties = source.catalog_conn_id, iceberg_catalog_properties(source.catalog_conn_id)
+    elif target.get("kind") == "iceberg":
+        name, properties = str(target["catalog_name"]), dict(target["catalog_properties"])
+    else:
+        raise InvalidSinkConfig(
+            f"task {task_id}: the iceberg_table input {source.table!r} names no catalog_conn_id, and the sink is "
+            "not an Iceberg sink whose catalog it could share: give catalog_conn_id"
+        )
+    store = open_meta_store(meta_conn_id)
+    try:
+        reserved = reserved_range(
+            store,
+            sink_id,
+            epoch,
+            source.table,
+            current_snapshot_of(name, properties, source.table),
+            start_after_snapshot_id=source.start_after_snapshot_id,
+            run_id=run_id,
+        )
+    finally:
+        store.dispose()
+    return {"input_range": reserved.model_dump(), "input_catalog_name": name, "input_catalog_properties": properties}

@@ -39,6 +39,7 @@ from airflow_provider_exactly_once.operators._targets import (
     file_sink_io_properties,
     sink_and_id,
     targets_for,
+    upstream_settings,
 )
 from airflow_provider_exactly_once.operators.spark_binary import check_spark_submit
 from airflow_provider_exactly_once.runtime.assembly import open_meta_store, run_epoch
@@ -161,7 +162,8 @@ class SparkPreCommitOperator(BaseOperator):
         | author_specs.FilesInput
         | author_specs.TableInput
         | author_specs.SqlInput
-        | author_specs.FunctionInput,
+        | author_specs.FunctionInput
+        | author_specs.IcebergTableInput,
         sink: SinkConfig | Mapping[str, Any] | None = None,
         partition_by: Sequence[str] = (),
         target: dict[str, Any] | IcebergTarget | author_specs.FileSinkTarget | None = None,
@@ -253,6 +255,15 @@ class SparkPreCommitOperator(BaseOperator):
         if kept is not None:
             return xcom_value(kept, self.xcom_compress_above)
         targets = self._revision_targets(self._resolve_targets(), epoch, generation)
+        upstream = upstream_settings(
+            self.task_id,
+            self.input_spec,
+            targets[0],
+            self.meta_conn_id,
+            self.sink_id,
+            epoch,
+            str(context.get("run_id")),
+        )
         # Lineage names the write's tables from the pre-commit; the target gives their catalog.
         self._target = targets[0]
         write_id = new_write_id()
@@ -271,6 +282,7 @@ class SparkPreCommitOperator(BaseOperator):
                         "targets": targets,
                         "output_path": str(output),
                         "input_io_properties": self._input_io_properties(),
+                        **upstream,
                         "allow_schema_evolution": self.allow_schema_evolution,
                         "writers": self.writers,
                         "target_file_size_bytes": self.target_file_size_bytes,

@@ -93,6 +93,7 @@ def checkpoint_location(checkpoint: CheckpointConfig, sink_id: str, epoch: int) 
     from airflow_provider_exactly_once.checkpoints.config import (
         MarkerFileCheckpoint,
         MetaStoreCheckpoint,
+        SnapshotRangeCheckpoint,
         StreamingCheckpoint,
     )
     from airflow_provider_exactly_once.checkpoints.marker_files import MarkerFileCheckpointSource
@@ -105,6 +106,8 @@ def checkpoint_location(checkpoint: CheckpointConfig, sink_id: str, epoch: int) 
         assert isinstance(source, MarkerFileCheckpointSource)
         folder = source.location(sink_id, epoch)
         return mask_userinfo(f"{folder} ({checkpoint.success_marker} / {checkpoint.failed_marker})")
+    if isinstance(checkpoint, SnapshotRangeCheckpoint):
+        return f"the snapshot range reserved for epoch {epoch} (eo-sink show {sink_id} {epoch})"
     if isinstance(checkpoint, MetaStoreCheckpoint):
         name = PathTemplate(checkpoint.name_template, allowed=("sink_id",), what="checkpoint name_template").render(
             sink_id, epoch

@@ -1,5 +1,5 @@
 """The parts of an epoch's job spec a DAG author writes: where the epoch's rows come from
-(``FilesInput``, ``TableInput``, ``SqlInput``, ``FunctionInput``) and a file sink's target.
+(``FilesInput``, ``TableInput``, ``SqlInput``, ``FunctionInput``, ``IcebergTableInput``) and a file sink's target.
 
 They are kept apart from ``jobspec`` because every DAG file that names one imports this module at
 every parse by the dag-processor: pydantic builds each model's validator only when the model is
@@ -100,7 +100,25 @@ class FunctionInput(FrozenSpec):
     options: dict[str, Any] = Field(default_factory=dict)
 
 
-InputSpec = Annotated[FilesInput | TableInput | SqlInput | FunctionInput, Field(discriminator="kind")]
+class IcebergTableInput(FrozenSpec):
+    """An upstream Iceberg table read incrementally: each epoch reads the data the table's appends
+    added after the snapshot its sink last committed, up to the snapshot current when the epoch is
+    first written (``core.input_ranges``). The range is reserved in the meta store before the
+    write, so a retry, a clear or a reprocess reads the same rows again."""
+
+    kind: Literal["iceberg_table"] = "iceberg_table"
+    #: ``namespace.table`` in the catalog.
+    table: str = Field(min_length=1, pattern=r"^[^.\s]+(\.[^.\s]+)+$")
+    #: The Airflow connection of the upstream's catalog (an ``iceberg`` connection, read as a
+    #: sink's is); ``None``: the sink's own catalog.
+    catalog_conn_id: str | None = Field(default=None, min_length=1)
+    #: The sink's first epoch reads the snapshots after this one; ``None``: from the table's first.
+    start_after_snapshot_id: int | None = None
+
+
+InputSpec = Annotated[
+    FilesInput | TableInput | SqlInput | FunctionInput | IcebergTableInput, Field(discriminator="kind")
+]
 
 
 class FileSinkTarget(FrozenSpec):

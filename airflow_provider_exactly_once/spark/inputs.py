@@ -1,8 +1,10 @@
-"""Reading one epoch's input: landing files, a table, a SQL query, or a user function.
+"""Reading one epoch's input: landing files, a table, a SQL query, a user function, or a snapshot
+range of an upstream Iceberg table (``snapshot_range_reads``).
 
 Each reader returns ``None`` when it can tell without a Spark job that the interval holds nothing
-(no landing files), so an empty epoch costs no cluster work and never trips schema inference on an
-empty directory; otherwise a DataFrame, possibly empty, and the source positions to keep.
+(no landing files, an empty snapshot range), so an empty epoch costs no cluster work and never trips
+schema inference on an empty directory; otherwise a DataFrame, possibly empty, and the source
+positions to keep.
 
 Landing files on an object store (``s3://`` and the other ``storage.OBJECT_STORE_SCHEMES``) are
 listed on the driver and read by the executors with pyarrow (``object_inputs``), so Spark needs no
@@ -27,11 +29,13 @@ from airflow_provider_exactly_once.spark.jobspec import (
     EpochJobSpec,
     FilesInput,
     FunctionInput,
+    IcebergTableInput,
     IcebergTarget,
     SqlInput,
     TableInput,
 )
 from airflow_provider_exactly_once.spark.object_inputs import list_object_files, read_object_files
+from airflow_provider_exactly_once.spark.snapshot_range_reads import read_snapshot_range
 
 #: Up to this many input files are listed in the source positions; beyond, a count and a digest,
 #: so that a huge landing directory cannot blow up the pre-commit metadata that travels by XCom.
@@ -80,6 +84,8 @@ def read_input(spark: SparkSession, spec: EpochJobSpec) -> EpochInput:
         }
         used = {k: v for k, v in args.items() if f":{k}" in source.query}
         return EpochInput(spark.sql(source.query, args=used or None), None)
+    if isinstance(source, IcebergTableInput):
+        return EpochInput(*read_snapshot_range(spark, spec))
     return EpochInput(_call_function(spark, spec, source), None)
 
 

@@ -21,12 +21,14 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from airflow_provider_exactly_once.core.errors import InvalidSinkConfig
 from airflow_provider_exactly_once.core.identifiers import Epoch, SinkId, WriteId
+from airflow_provider_exactly_once.core.input_ranges import SnapshotRange
 from airflow_provider_exactly_once.core.upserts import RevisionBasis, UpsertSpec
 from airflow_provider_exactly_once.spark.author_specs import (
     FileSinkTarget,
     FilesInput,
     FrozenSpec,
     FunctionInput,
+    IcebergTableInput,
     InputSpec,
     SqlInput,
     TableInput,
@@ -38,6 +40,7 @@ __all__ = [
     "FileSinkTarget",
     "FilesInput",
     "FunctionInput",
+    "IcebergTableInput",
     "IcebergTarget",
     "InputSpec",
     "SqlInput",
@@ -116,6 +119,13 @@ class EpochJobSpec(FrozenSpec):
     #: properties (another store, another principal). Unlike ``FilesInput.io_properties`` they may
     #: hold credentials: the spec file is private to the task and never rendered.
     input_io_properties: dict[str, str] = Field(default_factory=dict)
+    #: For an ``IcebergTableInput``: the range the operator reserved for this epoch, the only
+    #: snapshots the write reads, and the upstream catalog's properties (``load_catalog``'s; they
+    #: may hold credentials, as ``input_io_properties`` may).
+    input_range: SnapshotRange | None = None
+    #: pyiceberg's SQL catalog keys tables by catalog name: the name the upstream's tables are under.
+    input_catalog_name: str = "default"
+    input_catalog_properties: dict[str, str] = Field(default_factory=dict)
     allow_schema_evolution: bool = False
     #: Number of parallel write tasks, rows shuffled by partition value; ``None`` keeps the input's
     #: parallelism (Spark's Parquet writer, unless the table's ``write.distribution-mode`` is ``hash``
@@ -150,6 +160,21 @@ class EpochJobSpec(FrozenSpec):
                 f"data interval ends ({self.data_interval_end.isoformat()}) before it starts "
                 f"({self.data_interval_start.isoformat()})"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _range(self) -> Self:
+        incremental = isinstance(self.input, IcebergTableInput)
+        if incremental and self.input_range is None:
+            raise ValueError("an iceberg_table input is read over the range reserved for the epoch: input_range")
+        if self.input_range is not None and not incremental:
+            raise ValueError(f"input_range is for an iceberg_table input, not a {self.input.kind!r} one")
+        if (
+            self.input_range is not None
+            and isinstance(self.input, IcebergTableInput)
+            and self.input_range.table != self.input.table
+        ):
+            raise ValueError(f"input_range is of {self.input_range.table}, the input reads {self.input.table}")
         return self
 
     @model_validator(mode="after")

@@ -17,7 +17,7 @@ from airflow_provider_exactly_once.core.identifiers import check_epoch
 from airflow_provider_exactly_once.core.status import CheckpointStatus
 from airflow_provider_exactly_once.store import arguments, rows
 from airflow_provider_exactly_once.store.database import MetaStoreDatabase
-from airflow_provider_exactly_once.store.models import CheckpointState, db_now
+from airflow_provider_exactly_once.store.models import CheckpointState, InputRange, db_now
 
 _CHECKPOINT_ATTEMPTS = 5
 
@@ -30,6 +30,12 @@ class SqlCheckpointTable:
 
     def __repr__(self) -> str:
         return f"SqlCheckpointTable({self._db.url_for_display!r})"
+
+    def range_reserved(self, sink_id: str, epoch: int) -> bool:
+        """Whether the epoch's snapshot range is reserved: an incremental input's checkpoint
+        (``checkpoints.snapshot_ranges``), kept in ``input_range``."""
+        with self._db.transaction(f"reading the input range of sink {sink_id!r} epoch {epoch}", write=False) as session:
+            return session.get(InputRange, (sink_id, epoch)) is not None
 
     def set_checkpoint(self, name: str, epoch: int, status: CheckpointStatus, detail: str | None = None) -> None:
         """Record the upstream's word; COMPLETED and FAILED are final (see ``CheckpointStatus``)."""

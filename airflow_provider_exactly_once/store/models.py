@@ -52,6 +52,7 @@ ABORT_CAUSE_LENGTH = 32
 GENERATION_LENGTH = 40
 CHECKPOINT_NAME_LENGTH = 128
 EVENT_LENGTH = 32
+TABLE_NAME_LENGTH = 512
 
 #: SQLite keeps timestamps as text; this gives millisecond precision in the ISO form Python parses.
 SQLITE_NOW = "strftime('%Y-%m-%d %H:%M:%f','now')"
@@ -371,6 +372,28 @@ class EpochAllocation(Base):
     sink_id: Mapped[str] = mapped_column(String(SINK_ID_LENGTH))
     run_id: Mapped[str] = mapped_column(String(RUN_ID_LENGTH))
     epoch: Mapped[int] = mapped_column(BigInteger)
+
+
+class InputRange(Base):
+    """The snapshot range of an upstream Iceberg table an epoch of an incremental sink reads
+    (``core.input_ranges``, migration 0013): reserved before the write, never changed. ``position``
+    chains a sink's reservations, unique so that two epochs cannot reserve from the same start."""
+
+    __tablename__ = "input_range"
+    __table_args__ = (
+        PrimaryKeyConstraint("sink_id", "epoch"),
+        UniqueConstraint("sink_id", "position"),
+    )
+
+    sink_id: Mapped[str] = mapped_column(String(SINK_ID_LENGTH))
+    epoch: Mapped[int] = mapped_column(BigInteger, autoincrement=False)
+    position: Mapped[int] = mapped_column(BigInteger)
+    #: The upstream table, ``namespace.table``.
+    source: Mapped[str] = mapped_column(String(TABLE_NAME_LENGTH))
+    after_snapshot_id: Mapped[int | None] = mapped_column(BigInteger)
+    to_snapshot_id: Mapped[int | None] = mapped_column(BigInteger)
+    run_id: Mapped[str | None] = mapped_column(String(RUN_ID_LENGTH))
+    reserved_at: Mapped[datetime] = mapped_column(UtcDateTime())
 
 
 class RunRecord(Base):

@@ -40,6 +40,7 @@ from airflow_provider_exactly_once.store.database import MetaStoreDatabase
 from airflow_provider_exactly_once.store.epoch_allocations import SqlEpochAllocator
 from airflow_provider_exactly_once.store.epoch_history import SqlHistory
 from airflow_provider_exactly_once.store.models import PendingSinkState, SinkCleanup, db_now
+from airflow_provider_exactly_once.store.range_reservations import SqlRangeReservations
 from airflow_provider_exactly_once.store.registry import SqlSinkRegistry
 from airflow_provider_exactly_once.store.revisions import SqlRevisions, commit_revision
 from airflow_provider_exactly_once.store.runs import SqlRunRecords
@@ -47,7 +48,8 @@ from airflow_provider_exactly_once.store.runs import SqlRunRecords
 
 class SqlSinkStateStore(SqlCleanupQueue, SqlBatchTransitions):
     """``core.ports.SinkStateStore`` on a SQL database, with its companions ``registry``,
-    ``checkpoints``, ``epochs`` and ``revisions`` on the same connection pool. The clean-up queue
+    ``checkpoints``, ``epochs``, ``revisions``, ``runs``, ``history`` and ``input_ranges`` on the
+    same connection pool. The clean-up queue
     (``cleanup_queue.py``) and recovery's batch transitions (``batch_transitions.py``) are its own
     methods, kept in modules of their own.
 
@@ -70,6 +72,7 @@ class SqlSinkStateStore(SqlCleanupQueue, SqlBatchTransitions):
         self.revisions = SqlRevisions(self._db)
         self.runs = SqlRunRecords(self._db)
         self.history = SqlHistory(self._db)
+        self.input_ranges = SqlRangeReservations(self._db)
 
     @property
     def url_for_display(self) -> str:

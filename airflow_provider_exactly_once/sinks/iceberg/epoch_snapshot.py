@@ -20,6 +20,7 @@ from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table, TableProperties
 
 from airflow_provider_exactly_once.core.errors import CommitRefused
+from airflow_provider_exactly_once.core.input_ranges import SnapshotRange
 from airflow_provider_exactly_once.core.precommit import PreCommit, TableWrite
 from airflow_provider_exactly_once.sinks.iceberg.data_files import build_data_files
 from airflow_provider_exactly_once.sinks.iceberg.markers import marker_properties
@@ -126,7 +127,13 @@ def stage_snapshots(table: Table, snapshots: Sequence[EpochSnapshot], *, branch:
             if position == 0:
                 _ensure_name_mapping(tx)  # once: a later schema change keeps the mapping current
             number, to_replace = staged.revision or (0, [])
-            marker = marker_properties(pre_commit.sink_id, pre_commit.epoch, pre_commit.write_id, number)
+            marker = marker_properties(
+                pre_commit.sink_id,
+                pre_commit.epoch,
+                pre_commit.write_id,
+                number,
+                SnapshotRange.of_positions(pre_commit.source_positions),
+            )
             snapshot: StackedFastAppend | SpecAwareOverwrite
             own = True  # the snapshot writes its manifests itself, not listing those persist wrote
             if staged.revision is None:

@@ -15,6 +15,8 @@ from collections.abc import Mapping
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.snapshots import Snapshot
 
+from airflow_provider_exactly_once.core.input_ranges import SnapshotRange
+
 SINK_ID_KEY = "exactly-once.sink-id"
 EPOCH_KEY = "exactly-once.epoch"
 WRITE_ID_KEY = "exactly-once.write-id"
@@ -22,11 +24,26 @@ WRITE_ID_KEY = "exactly-once.write-id"
 REVISION_KEY = "exactly-once.revision"
 
 
-def marker_properties(sink_id: str, epoch: int, write_id: str, revision: int = 0) -> dict[str, str]:
+#: Written by an epoch of an incremental input: the upstream snapshots it consumed, the position
+#: committed with the data (as Iceberg's Kafka Connect sink writes its offsets into the summary).
+SOURCE_TABLE_KEY = "exactly-once.source.table"
+SOURCE_AFTER_KEY = "exactly-once.source.after-snapshot-id"
+SOURCE_TO_KEY = "exactly-once.source.to-snapshot-id"
+
+
+def marker_properties(
+    sink_id: str, epoch: int, write_id: str, revision: int = 0, consumed: SnapshotRange | None = None
+) -> dict[str, str]:
     """The summary properties one commit writes; strings because the summary is a string map."""
     props = {SINK_ID_KEY: sink_id, EPOCH_KEY: str(epoch), WRITE_ID_KEY: write_id}
     if revision:
         props[REVISION_KEY] = str(revision)
+    if consumed is not None:
+        props[SOURCE_TABLE_KEY] = consumed.table
+        if consumed.after_snapshot_id is not None:
+            props[SOURCE_AFTER_KEY] = str(consumed.after_snapshot_id)
+        if consumed.to_snapshot_id is not None:
+            props[SOURCE_TO_KEY] = str(consumed.to_snapshot_id)
     return props
 
 

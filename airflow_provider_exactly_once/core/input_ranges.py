@@ -1,0 +1,171 @@
+"""Incremental inputs: which snapshot range of an upstream Iceberg table each epoch of a sink reads.
+
+An epoch of a sink with an incremental input reads the data the upstream table's appends added
+after the position its sink last committed, up to the upstream snapshot that was current when the
+epoch was first written. That range is *reserved* in the meta store before the write reads it, and
+never changes afterwards: a retry, a clear or a reprocess of the epoch reads it again. The
+reservations of one sink form a chain, one link after the other (``position``), so two epochs can
+never reserve from the same start at once: the store refuses a second link at a position.
+
+The rules, all here (``range_decision``):
+
+- an epoch that has a reservation replays it, unless it was aborted (or never persisted) and a
+  later link exists: that later epoch started where the last *committed* one ended, so it read this
+  epoch's range already, and writing it again would deliver those rows twice;
+- an epoch older than the newest link is refused: the input reads forward only, so a backfill of an
+  interval that was never written cannot read it (a reprocess of a written one replays its range);
+- a new link waits until the newest link's epoch is settled (Committed or Aborted): only then is it
+  known where the next range starts; it starts at the end of the newest *committed* link, so the
+  range of an aborted epoch is read by the next one, never skipped.
+
+Nothing here reads a table or the store: the caller hands in the links and the rows' statuses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Self
+
+from pydantic import BaseModel, ConfigDict, model_validator
+
+from airflow_provider_exactly_once.core.errors import EarlierEpochUndecided, InputRangeRefused
+from airflow_provider_exactly_once.core.status import EpochStatus
+
+#: The ``kind`` of an incremental input's source positions in a pre-commit.
+POSITIONS_KIND = "iceberg_snapshots"
+
+
+class SnapshotRange(BaseModel):
+    """The upstream snapshots an epoch reads: those after ``after_snapshot_id`` (``None``: from the
+    table's first) up to and including ``to_snapshot_id``; ``to_snapshot_id`` equal to
+    ``after_snapshot_id`` (or both ``None``: the table had no snapshot) is an empty range."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    table: str
+    after_snapshot_id: int | None = None
+    to_snapshot_id: int | None = None
+
+    @model_validator(mode="after")
+    def _ends(self) -> Self:
+        if self.to_snapshot_id is None and self.after_snapshot_id is not None:
+            raise ValueError(
+                f"range of {self.table}: it starts after snapshot {self.after_snapshot_id} and ends nowhere"
+            )
+        return self
+
+    @property
+    def empty(self) -> bool:
+        return self.to_snapshot_id == self.after_snapshot_id
+
+    @property
+    def end(self) -> int | None:
+        """Where the next range starts when this one is committed."""
+        return self.to_snapshot_id
+
+    def describe(self) -> str:
+        after = "its first snapshot" if self.after_snapshot_id is None else f"snapshot {self.after_snapshot_id}"
+        if self.empty:
+            return f"{self.table}: nothing after {after}"
+        start = "from its first snapshot" if self.after_snapshot_id is None else f"after {after}"
+        return f"{self.table}: {start} to snapshot {self.to_snapshot_id}"
+
+    def positions(self, **read: Any) -> dict[str, Any]:
+        """The range as a pre-commit's source positions, with what the read found (``read``)."""
+        return {"kind": POSITIONS_KIND, **self.model_dump(), **read}
+
+    @classmethod
+    def of_positions(cls, positions: dict[str, Any] | None) -> SnapshotRange | None:
+        """The range a pre-commit read, or ``None`` when its input was not incremental."""
+        if not positions or positions.get("kind") != POSITIONS_KIND:
+            return None
+        return cls.model_validate({k: positions.get(k) for k in ("table", "after_snapshot_id", "to_snapshot_id")})
+
+
+@dataclass(frozen=True)
+class Link:
+    """One reservation of the chain: the epoch, its place in the chain, and its range."""
+
+    epoch: int
+    position: int
+    range: SnapshotRange
+
+
+@dataclass(frozen=True)
+class Replay:
+    """The epoch reserved its range already: read it again."""
+
+    range: SnapshotRange
+    why: str
+
+
+@dataclass(frozen=True)
+class Reserve:
+    """A new link at ``position``: the range starts after ``after_snapshot_id`` and ends at the
+    upstream's current snapshot, which the caller reads when it inserts the link."""
+
+    position: int
+    after_snapshot_id: int | None
+    why: str
+
+
+_SETTLED = (EpochStatus.COMMITTED, EpochStatus.ABORTED)
+
+
+def range_decision(
+    sink_id: str,
+    epoch: int,
+    table: str,
+    links: Sequence[Link],
+    status_of: Callable[[int], EpochStatus | None],
+    start_after_snapshot_id: int | None = None,
+) -> Replay | Reserve:
+    """What epoch ``epoch`` of ``sink_id`` reads of ``table``, given the sink's chain (``links``,
+    any order) and each epoch's row status (``None``: no row). Raises the refusal or the wait."""
+    chain = sorted(links, key=lambda link: link.position)
+    own = next((link for link in chain if link.epoch == epoch), None)
+    if own is not None:
+        _same_table(sink_id, epoch, own, table)
+        later = [link for link in chain if link.position > own.position]
+        status = status_of(epoch)
+        if later and status in (EpochStatus.ABORTED, None):
+            raise InputRangeRefused(
+                f"sink {sink_id!r} epoch {epoch}: its range ({own.range.describe()}) was read again by epoch "
+                f"{later[0].epoch} after this epoch was {'aborted' if status else 'left unpersisted'}, so its rows "
+                "are delivered there; writing this epoch again would deliver them twice. Leave this epoch aborted "
+                "(nothing is lost)"
+            )
+        return Replay(own.range, f"epoch {epoch} reserved {own.range.describe()} before: read again")
+    newer = [link for link in chain if link.epoch > epoch]
+    if newer:
+        first = min(newer, key=lambda link: link.epoch)
+        raise InputRangeRefused(
+            f"sink {sink_id!r} epoch {epoch}: epoch {first.epoch} was written before it and read {table} up to "
+            f"snapshot {chain[-1].range.end}; an incremental input reads forward only, so an interval that was "
+            "never written cannot be read afterwards (a reprocess of a written epoch reads its own range again)"
+        )
+    if not chain:
+        return Reserve(0, start_after_snapshot_id, f"the first epoch of sink {sink_id!r} to read {table}")
+    last = chain[-1]
+    _same_table(sink_id, epoch, last, table)
+    if status_of(last.epoch) not in _SETTLED:
+        raise EarlierEpochUndecided(
+            f"sink {sink_id!r} epoch {epoch}: epoch {last.epoch} ({last.range.describe()}) is not committed or "
+            "aborted yet, and the range of this epoch starts where the last committed one ended; retrying after "
+            f"it settles succeeds (a run of epoch {last.epoch} that will never finish is aborted with "
+            f"'eo-sink abort {sink_id} {last.epoch}')"
+        )
+    committed = [link for link in chain if status_of(link.epoch) == EpochStatus.COMMITTED]
+    after = committed[-1].range.end if committed else start_after_snapshot_id
+    source = f"epoch {committed[-1].epoch}'s end" if committed else "the input's start"
+    return Reserve(last.position + 1, after, f"after {source}: {table} after snapshot {after}")
+
+
+def _same_table(sink_id: str, epoch: int, link: Link, table: str) -> None:
+    if link.range.table != table:
+        raise InputRangeRefused(
+            f"sink {sink_id!r} epoch {epoch}: the sink's epochs read {link.range.table} (epoch {link.epoch}), "
+            f"this input names {table}; a sink reads one upstream table for its whole history: give the new "
+            "input a new sink id"
+        )
