@@ -30,6 +30,7 @@ from .errors import (
     SinkReused,
 )
 from .generations import OnReprocess, is_newer, is_older
+from .input_ranges import range_read_elsewhere
 from .lookups import CheckpointLookup, EpochLookups, WriteLookups
 from .ports import EpochRecord
 from .precommit import PreCommit
@@ -306,6 +307,8 @@ def _decide_after_completed(row: EpochRecord, lookups: EpochLookups) -> Decision
     refusal: ExactlyOnceError | None = upsert_order_refusal(row, lookups.pending)
     if refusal is None and row.kind.revises:
         refusal = untellable_revision(row.pre_commit, lookups.committed)
+    if refusal is None:
+        refusal = range_read_elsewhere(row.sink_id, row.epoch, row.pre_commit.source_positions, lookups.range_taken)
     return refuse(refusal) if refusal is not None else Decision(Action.DECIDE_AND_COMMIT, why="checkpoint COMPLETED")
 
 

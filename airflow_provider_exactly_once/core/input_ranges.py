@@ -169,3 +169,23 @@ def _same_table(sink_id: str, epoch: int, link: Link, table: str) -> None:
             f"this input names {table}; a sink reads one upstream table for its whole history: give the new "
             "input a new sink id"
         )
+
+
+def range_read_elsewhere(
+    sink_id: str, epoch: int, positions: dict[str, Any] | None, taken: Callable[[SnapshotRange], int | None]
+) -> InputRangeRefused | None:
+    """The commit's fence: an epoch's range (its write's ``positions``) may not go in when another
+    epoch that read from the same start is committed or decided. The chain refuses that at
+    reservation; this holds it when an aborted epoch was written again at the moment its successor
+    reserved, both deciding before either was persisted."""
+    reserved = SnapshotRange.of_positions(positions)
+    if reserved is None or reserved.empty:
+        return None
+    other = taken(reserved)
+    if other is None:
+        return None
+    return InputRangeRefused(
+        f"sink {sink_id!r} epoch {epoch}: its range ({reserved.describe()}) starts where epoch {other}'s "
+        f"does, and epoch {other} is committed or being committed: its rows are delivered there. This epoch "
+        "is not committed; abort it (nothing is lost)"
+    )

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
+from .input_ranges import SnapshotRange
 from .ports import CheckpointSource, EpochRecord, SinkCommitter, SinkStateStore
 from .precommit import PreCommit
 from .status import CheckpointStatus, EpochStatus
@@ -27,6 +28,9 @@ class EpochLookups:
     pending: Callable[[], Iterable[int]]
     #: The sink's Committed rows: asked only for an upsert revision (``untellable_revision``).
     committed: Callable[[], Iterable[EpochRecord]]
+    #: Another epoch, committed or decided, whose range starts where the given one does: asked only
+    #: for an incremental input's write (``core.input_ranges``).
+    range_taken: Callable[[SnapshotRange], int | None] = lambda _: None
 
     @classmethod
     def of(cls, store: SinkStateStore, checkpoints: CheckpointSource, sink_id: str, epoch: int) -> EpochLookups:
@@ -34,6 +38,7 @@ class EpochLookups:
             checkpoint=lambda: checkpoints.status(sink_id, epoch),
             pending=lambda: [r.epoch for r in store.epochs_with_status(sink_id, EpochStatus.PENDING)],
             committed=lambda: store.epochs_with_status(sink_id, EpochStatus.COMMITTED),
+            range_taken=lambda reserved: store.input_ranges.sharing_start(sink_id, epoch, reserved),
         )
 
 

@@ -15,6 +15,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from .errors import InvalidPreCommit
 from .identifiers import EPOCH_MAX
+from .input_ranges import SnapshotRange
 from .precommit import PreCommit
 from .status import AbortCause, CheckpointStatus, EpochStatus
 from .write_kinds import EMPTY as EMPTY_TABLE
@@ -128,6 +129,14 @@ class SinkRevisions(Protocol):
         ...
 
 
+class InputRangeChain(Protocol):
+    """The reserved ranges of incremental inputs (``store.input_ranges``, ``core.input_ranges``)."""
+
+    def sharing_start(self, sink_id: str, epoch: int, reserved: SnapshotRange) -> int | None:
+        """Another epoch whose non-empty range starts where ``reserved`` does, committed or decided."""
+        ...
+
+
 class SinkStateStore(Protocol):
     """``pending_sink_state`` and its companions. Every status change is a compare-and-swap.
 
@@ -138,6 +147,11 @@ class SinkStateStore(Protocol):
     @property
     def revisions(self) -> SinkRevisions:
         """Revisions of epochs (a companion on the same database)."""
+        ...
+
+    @property
+    def input_ranges(self) -> InputRangeChain:
+        """The ranges incremental epochs reserved (a companion on the same database)."""
         ...
 
     def now(self) -> datetime:

@@ -64,6 +64,33 @@ class SqlRangeReservations:
             row = session.get(InputRange, (sink_id, epoch))
             return None if row is None else _range(row)
 
+    def sharing_start(self, sink_id: str, epoch: int, reserved: SnapshotRange) -> int | None:
+        """Another epoch whose non-empty range starts where ``reserved`` does and whose commit is
+        decided or done: it read these rows already (``core.decisions``' fence at the commit)."""
+        start = InputRange.after_snapshot_id
+        query = (
+            select(InputRange.epoch, InputRange.to_snapshot_id)
+            .join(
+                PendingSinkState,
+                (PendingSinkState.sink_id == InputRange.sink_id) & (PendingSinkState.epoch == InputRange.epoch),
+            )
+            .where(
+                InputRange.sink_id == sink_id,
+                InputRange.epoch != epoch,
+                InputRange.source == reserved.table,
+                start.is_(None) if reserved.after_snapshot_id is None else start == reserved.after_snapshot_id,
+                (PendingSinkState.status == EpochStatus.COMMITTED.value)
+                | PendingSinkState.commit_decided_at.isnot(None),
+            )
+            .order_by(InputRange.position)
+        )
+        action = f"reading the epochs of sink {sink_id!r} that read {reserved.describe()}"
+        with self._db.transaction(action, write=False) as session:
+            for other, to in session.execute(query).all():
+                if to != reserved.after_snapshot_id:  # an empty range read nothing
+                    return int(other)
+        return None
+
     def reserve(self, sink_id: str, epoch: int, position: int, reserved: SnapshotRange, run_id: str | None) -> bool:
         """Add the link; ``False`` when another reservation took the position or the epoch first."""
         values = {

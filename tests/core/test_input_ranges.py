@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 
 from airflow_provider_exactly_once.core.errors import EarlierEpochUndecided, InputRangeRefused
-from airflow_provider_exactly_once.core.input_ranges import Link, Replay, Reserve, SnapshotRange, range_decision
+from airflow_provider_exactly_once.core.input_ranges import (
+    Link,
+    Replay,
+    Reserve,
+    SnapshotRange,
+    range_decision,
+    range_read_elsewhere,
+)
 from airflow_provider_exactly_once.core.status import EpochStatus
 
 TABLE = "bronze.events"
@@ -97,3 +104,21 @@ def test_a_range_describes_itself_and_round_trips_through_positions() -> None:
     assert SnapshotRange.of_positions({"kind": "files"}) is None
     with pytest.raises(ValueError, match="ends nowhere"):
         SnapshotRange(table=TABLE, after_snapshot_id=1)
+
+
+def test_the_commit_fence_refuses_a_range_another_epoch_read_from_the_same_start() -> None:
+    ranged = SnapshotRange(table=TABLE, after_snapshot_id=100, to_snapshot_id=200)
+    asked: list[SnapshotRange] = []
+
+    def taken(reserved: SnapshotRange) -> int | None:
+        asked.append(reserved)
+        return 30
+
+    refusal = range_read_elsewhere("s", 20, ranged.positions(), taken)
+    assert isinstance(refusal, InputRangeRefused) and "starts where epoch 30's does" in str(refusal)
+    assert asked == [ranged]
+    assert range_read_elsewhere("s", 20, ranged.positions(), lambda _: None) is None
+    empty = SnapshotRange(table=TABLE, after_snapshot_id=100, to_snapshot_id=100)
+    assert range_read_elsewhere("s", 20, empty.positions(), taken) is None  # an empty range read nothing
+    assert range_read_elsewhere("s", 20, {"kind": "files"}, taken) is None
+    assert len(asked) == 1

@@ -58,10 +58,13 @@ class Incremental:
         self.upstream.append(batch.set_column(0, pa.field("id", pa.int64(), nullable=False), ids))
         self.appended += rows
 
-    def write(self, epoch: int) -> PreCommit:
-        reserved = reserved_range(
+    def reserve(self, epoch: int) -> SnapshotRange:
+        return reserved_range(
             self.store, self.sink_id, epoch, UPSTREAM, current_snapshot_of("default", self.props, UPSTREAM)
         )
+
+    def write(self, epoch: int, reserved: SnapshotRange | None = None) -> PreCommit:
+        reserved = reserved or self.reserve(epoch)
         spec = job_spec(
             self.tmp,
             input={"kind": "iceberg_table", "table": UPSTREAM},
@@ -135,3 +138,33 @@ def test_each_upstream_row_reaches_the_sink_once_through_retries_and_an_abort(
         )
     assert chain[E4].after_snapshot_id == chain[E2].to_snapshot_id
     assert SnapshotRange.of_positions(after_abort.source_positions) == chain[E4]
+
+
+def test_an_aborted_epoch_written_again_as_its_successor_reserves_is_fenced_at_the_commit(
+    spark: Any, tmp_path: Path, catalog: Catalog, catalog_props: dict[str, str], store: SqlSinkStateStore
+) -> None:
+    """The race the chain cannot see: epoch 2's re-run reads its range back while it is still
+    Aborted, epoch 3 reserves from the same start before epoch 2 is persisted again. Both are
+    written; the first to commit wins, the other is refused by the commit's decision, never both."""
+    world = Incremental(spark, tmp_path, catalog, catalog_props, store)
+    world.append(10)
+    world.coordinator.persist(world.write(E1))
+    world.commit(E1)
+    world.append(20)
+    first_try = world.write(E2)
+    world.coordinator.persist(first_try)
+    world.coordinator.abort(world.sink_id, E2, reason="dropped by an operator", force=True)
+
+    replayed = world.reserve(E2)  # the re-run's decision: E2 is Aborted and the newest link
+    world.append(5)
+    successor = world.write(E3)  # reserves from E1's end too, while E2 is still Aborted
+    rerun = world.write(E2, replayed)
+    world.coordinator.persist(successor)
+    world.coordinator.persist(rerun)  # Aborted -> Pending: a new write re-opens the epoch
+    world.commit(E3)
+    with pytest.raises(InputRangeRefused, match=f"starts where epoch {E3}'s does"):
+        world.coordinator.commit(world.sink_id, E2)
+    assert store.get(world.sink_id, E2).status is EpochStatus.PENDING  # type: ignore[union-attr]
+    world.coordinator.abort(world.sink_id, E2, reason="its range went to epoch 3", force=True)
+    upstream, sink = catalog.load_table(UPSTREAM), catalog.load_table(SINK_TABLE)
+    assert ids(sink) == ids(upstream) == list(range(world.appended))
