@@ -52,7 +52,13 @@ if TYPE_CHECKING:
     from pyiceberg.partitioning import PartitionSpec
     from pyiceberg.schema import Schema
 
-    from airflow_provider_exactly_once.spark.author_specs import FilesInput, FunctionInput, SqlInput, TableInput
+    from airflow_provider_exactly_once.spark.author_specs import (
+        FilesInput,
+        FunctionInput,
+        IcebergTableInput,
+        SqlInput,
+        TableInput,
+    )
     from airflow_provider_exactly_once.table_spec import DeclaredPartitioning, DeclaredSchema
 
 
@@ -61,7 +67,7 @@ class SparkWrite:
     and meta store, task ``write`` unless ``task_id`` says otherwise.
 
     :param input: where the epoch's rows come from (``FilesInput``, ``TableInput``, ``SqlInput``,
-        ``FunctionInput`` or such a spec's dict). A JSON or CSV ``FilesInput`` without
+        ``FunctionInput``, ``IcebergTableInput`` or such a spec's dict). A JSON or CSV ``FilesInput`` without
         ``schema_ddl`` is read with the schema of the group's ``table`` (``table_spec.spark_types``).
     :param options: the operator's other parameters as it takes them (``conn_id``, ``conf``,
         ``partition_by``, ``retries``, ``retry_delay``...), checked when the group builds it.
@@ -70,7 +76,9 @@ class SparkWrite:
     __slots__ = ("input", "options")
 
     def __init__(
-        self, input: FilesInput | TableInput | SqlInput | FunctionInput | dict[str, Any], **options: Any
+        self,
+        input: FilesInput | TableInput | SqlInput | FunctionInput | IcebergTableInput | dict[str, Any],
+        **options: Any,
     ) -> None:
         for name in ("sink", "sink_id", "meta_conn_id"):
             if name in options:
@@ -150,7 +158,7 @@ def exactly_once_epoch(
                 f"task {write_op.task_id}: a rewrite runs the write task's operator inside its own task, which "
                 "allow_nested_operators=False forbids; allow it, or give exactly_once_epoch rewrites=0"
             )
-        _warn_if_upserts_overlap(sink_cfg, write_op)
+        _warn_if_epochs_overlap(sink_cfg, write_op)
         # Persist is retried like commit and abort: it is idempotent, and a persist that failed on a
         # transient fault (the meta store restarting) would otherwise fail the run into its abort,
         # dropping an epoch whose checkpoint may have completed (the fault harness's meta-store outage).
@@ -328,18 +336,28 @@ def _rewrite_chain(
         earlier.append(rewrite.task_id)
 
 
-def _warn_if_upserts_overlap(sink: SinkConfig, write_op: BaseOperator) -> None:
+def _warn_if_epochs_overlap(sink: SinkConfig, write_op: BaseOperator) -> None:
     """An upsert epoch written while an earlier one is not yet committed has not seen its rows, and
-    meets a conflict whenever their key ranges overlap, costing a rewrite (design.md D14): said when
+    meets a conflict whenever their key ranges overlap, costing a rewrite (design.md D14); an
+    incremental epoch cannot start its range before the earlier one settled (D21). Both said when
     the DAG is parsed, where the author can still set ``max_active_runs=1``."""
-    if getattr(sink, "upsert", None) is None or write_op.dag is None:
+    if write_op.dag is None or write_op.dag.max_active_runs == 1:
         return
     runs = write_op.dag.max_active_runs
-    if runs != 1:
+    if getattr(sink, "upsert", None) is not None:
         warnings.warn(
             f"sink {sink.sink_id!r} is an upsert sink, and DAG {write_op.dag.dag_id!r} runs up to {runs} epochs at "
             "once: an epoch written before the previous one committed conflicts with it (UpsertConflict) and is "
             "written again, or fails once its rewrites are used up. Give the DAG max_active_runs=1.",
+            UserWarning,
+            stacklevel=3,
+        )
+    elif (getattr(write_op, "input_spec", None) or {}).get("kind") == "iceberg_table":
+        warnings.warn(
+            f"sink {sink.sink_id!r} reads an upstream table incrementally, and DAG {write_op.dag.dag_id!r} runs up "
+            f"to {runs} epochs at once: an epoch's range starts where the last committed one ended, so its write "
+            "waits, failing and retrying (EarlierEpochUndecided), until the epoch before it settled. Give the DAG "
+            "max_active_runs=1.",
             UserWarning,
             stacklevel=3,
         )

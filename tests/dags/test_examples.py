@@ -43,6 +43,7 @@ def test_example_dags_import_cleanly_without_side_effects(tmp_path: Path) -> Non
         "hourly_events.py": {},
         "fan_out.py": {},
         "file_sink.py": {},
+        "purchases_silver.py": {},
     }
     # every task is the epoch group's, built from one call
     group = ["abort", "commit", "persist", "settled", "wait_for_checkpoint", "write"]
@@ -55,6 +56,11 @@ def test_example_dags_import_cleanly_without_side_effects(tmp_path: Path) -> Non
         )
     }
     assert result["file_sink.py"]["dags"] == {"exactly_once_file_sink": sorted(f"events.{t}" for t in group)}
+    assert result["purchases_silver.py"]["dags"] == {
+        "exactly_once_purchases_silver": sorted(
+            f"purchases.{t}" for t in ["abort", "commit", "create_table", "persist", "wait_for_checkpoint", "write"]
+        )
+    }
 
 
 @pytest.mark.spark
@@ -109,3 +115,22 @@ def test_file_sink_moves_the_hour_to_final_names_once(tmp_path: Path) -> None:
     assert {f.split("/")[0] for f in files["final_files"]} <= {f"event_type={t}" for t in ("view", "click", "purchase")}
     assert files["staging_left"] == []
     assert result["epochs"] == {epoch: "Committed"}
+
+
+@pytest.mark.spark
+def test_purchases_silver_reads_each_bronze_append_once(tmp_path: Path) -> None:
+    """Bronze's first hour, the silver's run, bronze's second hour, the silver's next run: each
+    silver epoch reads the bronze snapshots added since the last, every purchase lands once."""
+    result = example(tmp_path, "silver")
+    assert [r["state"] for r in result["runs"]] == ["success"] * 4, result["runs"]
+    bronze, silver = result["bronze_purchases"], result["silver_purchases"]
+    assert result["second_hour_purchases"] > 0 and len(bronze) > result["second_hour_purchases"]
+    assert silver == bronze  # every purchase once
+    assert result["silver_rows"] == len(silver)  # the select kept purchases only
+    first, second = result["epochs"].values()
+    assert first["status"] == second["status"] == "Committed"
+    *_, hour_one, hour_two = result["bronze_snapshots"]
+    assert (first["positions"]["after_snapshot_id"], first["positions"]["to_snapshot_id"]) == (None, hour_one)
+    assert (second["positions"]["after_snapshot_id"], second["positions"]["to_snapshot_id"]) == (hour_one, hour_two)
+    assert second["rows"] == result["second_hour_purchases"]
+    assert result["silver_consumed_to"] == [str(hour_one), str(hour_two)]

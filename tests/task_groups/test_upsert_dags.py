@@ -173,3 +173,23 @@ def test_a_write_that_forbids_nesting_is_refused_at_parse_time_unless_rewrites_a
         exactly_once_epoch(
             write, sink=UPSERT, checkpoint=MarkerFileCheckpoint(path_template="/x/{epoch}"), rewrites=0, group_id="g0"
         )
+
+
+def test_an_incremental_dag_running_several_epochs_at_once_is_warned_about() -> None:
+    from airflow_provider_exactly_once.checkpoints.config import SnapshotRangeCheckpoint
+    from airflow_provider_exactly_once.spark.author_specs import IcebergTableInput
+    from airflow_provider_exactly_once.task_groups import SparkWrite
+
+    def incremental(runs: int) -> None:
+        with DAG(f"d_inc_{runs}", schedule=None, start_date=dt.datetime(2024, 1, 1), max_active_runs=runs):
+            exactly_once_epoch(
+                SparkWrite(IcebergTableInput(table="bronze.events")),
+                sink=APPEND,
+                checkpoint=SnapshotRangeCheckpoint(),
+            )
+
+    with pytest.warns(UserWarning, match=r"reads an upstream table incrementally.*up to 2 epochs.*max_active_runs=1"):
+        incremental(2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        incremental(1)
