@@ -337,6 +337,19 @@ def test_show_lists_the_revisions_of_a_reprocessed_epoch(world: World) -> None:
     assert "generation" in revisions and "2024-06-02T00:00:00.000000Z/0000000001" in out
 
 
+def test_show_names_the_upstream_range_an_incremental_epoch_consumed(world: World) -> None:
+    from airflow_provider_exactly_once.core.input_ranges import SnapshotRange
+
+    consumed = SnapshotRange(table="bronze.events", after_snapshot_id=7, to_snapshot_id=9)
+    pre = write(world, E1).model_copy(update={"source_positions": consumed.positions(snapshots=2)})
+    world.pipeline.store.insert_pending(pre, run_id="scheduled__x", try_number=1, dag_id="hourly")
+    code, out, err = run_main("show", world.sink_id, str(E1), "--url", world.pipeline.meta_url)
+    assert code == EXIT_OK, err
+    assert "consumed" in out and "bronze.events: after snapshot 7 to snapshot 9" in out
+    code, out, err = run_main("show", world.sink_id, str(E1), "--url", world.pipeline.meta_url, "--json")
+    assert json.loads(out)["epoch"]["consumed"] == "bronze.events: after snapshot 7 to snapshot 9"
+
+
 def test_show_says_how_the_sinks_epochs_reach_its_tables_even_when_its_catalog_is_down(
     world: World, monkeypatch: pytest.MonkeyPatch
 ) -> None:

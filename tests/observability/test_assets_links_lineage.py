@@ -353,6 +353,29 @@ def test_the_spark_write_reports_its_input_files_and_the_columns_it_wrote(world:
     assert operator.get_openlineage_facets_on_complete(None).outputs == []
 
 
+def test_an_incremental_write_names_its_upstream_table_as_its_input(world: World) -> None:
+    """The upstream is read by the writer's own tasks, not by a Spark table scan OpenLineage's Spark
+    integration would see: the write's lineage names it, physically, with the catalog's name."""
+    from airflow_provider_exactly_once.observability.lineage import write_lineage
+
+    upstream = world.pipeline.create_table("bronze")
+    target = {
+        "kind": "iceberg",
+        "catalog_name": world.iceberg_conn_id,
+        "catalog_properties": {
+            "type": "sql",
+            "uri": world.pipeline.catalog_url,
+            "warehouse": f"file://{world.pipeline.warehouse}",
+        },
+        "table": world.table,
+    }
+    name = f"{world.pipeline.namespace}.bronze"
+    (source,) = write_lineage({"kind": "iceberg_table", "table": name}, target, None).inputs
+    assert (source.namespace, source.name) == ("file", upstream.location().removeprefix("file://"))
+    (symlink,) = source.facets["symlinks"].identifiers
+    assert (symlink.name, symlink.type) == (name, "TABLE") and world.iceberg_conn_id in symlink.namespace
+
+
 def test_lineage_falls_back_to_the_catalog_name_when_the_table_cannot_be_loaded(world: World) -> None:
     from airflow_provider_exactly_once.observability.lineage import output_datasets
 

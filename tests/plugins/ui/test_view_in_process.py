@@ -197,6 +197,24 @@ def test_the_epoch_page_and_its_api_show_the_epochs_history(view: View) -> None:
     assert "by ui admin" in timeline and "checked by hand" in timeline and f"scheduled__{MINE}" in timeline
 
 
+def test_the_epoch_page_and_its_api_show_the_range_an_incremental_epoch_consumed(view: View) -> None:
+    from airflow_provider_exactly_once.core.input_ranges import SnapshotRange
+
+    consumed = SnapshotRange(table="bronze.events", after_snapshot_id=11, to_snapshot_id=42)
+    sink_id = f"{view.sink_id}-inc"
+    write = empty_write(sink_id, MINE, "db.events", "file:///tmp/w").model_copy(
+        update={"source_positions": consumed.positions(snapshots=3, files=0, records=0)}
+    )
+    view.ops.store.insert_pending(write, run_id=None, try_number=None)
+    client = view.clients["admin"]
+    shown = client.get(f"/api/sinks/{sink_id}/epochs/{MINE}").json()
+    assert shown["epoch"]["consumed"] == "bronze.events: after snapshot 11 to snapshot 42", shown
+    page = client.get(f"/sinks/{sink_id}/epochs/{MINE}").text
+    assert 'id="consumed"' in page and "bronze.events: after snapshot 11 to snapshot 42" in page
+    plain = client.get(f"/sinks/{view.sink_id}/epochs/{MINE}").text
+    assert 'id="consumed"' not in plain  # an epoch that read no upstream table shows no such line
+
+
 def test_a_sinks_page_draws_its_newest_epochs(view: View) -> None:
     """One mark per epoch, by outcome; a revised epoch ringed with its number; only for one sink's
     first page of every status."""
