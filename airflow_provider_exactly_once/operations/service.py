@@ -118,6 +118,14 @@ class SinkOperations(SinkReads):
                 )
             reason = f"{reason} (by {by})"
         coordinator = self._coordinator(sink_id)
+        if self.store.get(sink_id, epoch) is None and (reserved := self.store.input_ranges.range_of(sink_id, epoch)):
+            # An incremental epoch whose write never persisted holds the newest range: the next
+            # epoch waits for it to settle (core.input_ranges). Its abort is the record of that.
+            detail = f"no write persisted; its range ({reserved.describe()}) goes to the next epoch"
+            if dry_run:
+                return ActionResult("abort", sink_id, epoch, True, "would abort", detail)
+            result = coordinator.abort(sink_id, epoch, reason=reason)
+            return ActionResult("abort", sink_id, epoch, False, result.outcome.value, detail)
         row = self._row(sink_id, epoch)
         if dry_run:
             return self._abort_plan(coordinator, row, force, files_lost)

@@ -350,6 +350,30 @@ def test_show_names_the_upstream_range_an_incremental_epoch_consumed(world: Worl
     assert json.loads(out)["epoch"]["consumed"] == "bronze.events: after snapshot 7 to snapshot 9"
 
 
+def test_abort_settles_an_incremental_epoch_whose_write_never_persisted(world: World) -> None:
+    """Its reserved range holds the next epoch back until it settles: the abort records it Aborted,
+    and the next epoch's range starts where the last committed one ended, covering it."""
+    from airflow_provider_exactly_once.core.errors import EarlierEpochUndecided
+    from airflow_provider_exactly_once.core.input_ranges import SnapshotRange
+    from airflow_provider_exactly_once.runtime.upstream_ranges import reserved_range
+
+    store, sink_id, url = world.pipeline.store, world.sink_id, world.pipeline.meta_url
+    register(world, world.iceberg_sink())
+    reserved = reserved_range(store, sink_id, E1, "bronze.events", lambda: 5)
+    assert reserved == SnapshotRange(table="bronze.events", to_snapshot_id=5)
+    with pytest.raises(EarlierEpochUndecided):
+        reserved_range(store, sink_id, E2, "bronze.events", lambda: 6)
+    code, out, err = run_main("abort", sink_id, str(E1), "--url", url, "--reason", "never finished", "--dry-run")
+    assert code == EXIT_OK and "would abort" in out and "goes to the next epoch" in out, (out, err)
+    assert store.get(sink_id, E1) is None
+    code, out, err = run_main("abort", sink_id, str(E1), "--url", url, "--reason", "never finished")
+    assert code == EXIT_OK, (out, err)
+    assert store.get(sink_id, E1).status is EpochStatus.ABORTED  # type: ignore[union-attr]
+    assert reserved_range(store, sink_id, E2, "bronze.events", lambda: 6) == SnapshotRange(
+        table="bronze.events", to_snapshot_id=6
+    )
+
+
 def test_show_says_how_the_sinks_epochs_reach_its_tables_even_when_its_catalog_is_down(
     world: World, monkeypatch: pytest.MonkeyPatch
 ) -> None:
