@@ -54,6 +54,9 @@ and across a fan-out's tables (``check_fan_out``), each judged as above on its o
 
 Rows whose ids were never landed (another writer's) are counted, never judged.
 
+An incremental pipeline's table is judged by ``incremental_checker`` instead, against its upstream
+table (``unsourced``, ``consumed`` are its kinds; it reuses ``check_revisions`` and ``check_files``).
+
 Beside these, ``history_check`` holds each epoch's meta-store row against the epoch's history
 (``history_row``): the one verdict that reads the meta store, and only to compare two records it
 writes in one transaction.
@@ -102,6 +105,10 @@ AnomalyKind = Literal[
     "order",
     # An epoch's meta-store row and its history disagree (``history_check``, the one check reading the store).
     "history_row",
+    # An incremental pipeline's (``incremental_checker``): a sink row its upstream never held, and a
+    # consumed range (a committed snapshot's source summary, the meta store's chain) that is wrong.
+    "unsourced",
+    "consumed",
 ]
 
 
@@ -137,6 +144,8 @@ class CheckResult:
     reader: str = ""
     #: Epochs whose meta-store row and history were held against each other (``history_check``).
     history_rows_checked: int = 0
+    #: An incremental pipeline's figures (``incremental_checker``): its upstream, producer and ranges.
+    incremental: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -153,6 +162,7 @@ class CheckResult:
             "snapshots_checked": self.snapshots_checked,
             "reader": self.reader,
             "history_rows_checked": self.history_rows_checked,
+            **({"incremental": self.incremental} if self.incremental else {}),
         }
 
 
@@ -344,6 +354,12 @@ def check_markers(
             result.anomalies.append(
                 Anomaly("snapshots", epoch, f"{count} snapshots carry the marker, expected {expected} ({status})")
             )
+    check_revisions(per_epoch, result)
+
+
+def check_revisions(per_epoch: Mapping[int, list[Marked]], result: CheckResult) -> None:
+    """Per epoch, its marked snapshots (commit order): no write committed twice, and revision
+    numbers 0, 1, 2, ... in snapshot order (``revisions``)."""
     for epoch, snapshots in sorted(per_epoch.items()):
         writes = Counter(m.write_id for m in snapshots)
         for write_id, n in sorted(writes.items()):

@@ -35,6 +35,7 @@ from demo.world import hour_dir, land_hour, mark_hour
 from fault_harness.checker import CheckResult, check, check_fan_out
 from fault_harness.cluster import FINAL_ORPHAN_GRACE_S, ICEBERG_CONN_ID, RECOVERY_DAG_ID, Cluster
 from fault_harness.history_check import check_history_rows
+from fault_harness.incremental_checker import Produced, check_incremental
 from fault_harness.landed import epoch_of
 from fault_harness.upsert_changes import hour_changes, land_changes
 from fault_harness.upsert_checker import check_upsert
@@ -74,7 +75,8 @@ class Pipeline:
     max_active_runs: int = 3
     #: The Iceberg connection its DAG writes through (another than the cluster's main one: a proxy).
     conn_id: str = ICEBERG_CONN_ID
-    #: ``append``, or ``upsert``: hours of changes by key into a keyed table (``upsert_pipeline``).
+    #: ``append``, ``upsert``: hours of changes by key into a keyed table (``upsert_pipeline``), or
+    #: ``incremental``: the rows appended to the table ``upstream`` (``incremental_pipeline``).
     mode: str = "append"
     #: ``Scenario.tables``: more than one, a fan-out (``table_names``).
     tables: int = 1
@@ -85,6 +87,8 @@ class Pipeline:
     maybe_reprocessed: Counter[int] = field(default_factory=Counter)
     #: Epoch indexes seen committed (a run of theirs succeeded): a later re-run of them is a revision.
     committed: set[int] = field(default_factory=set)
+    #: An incremental pipeline's producer's record (``incremental.produce_upstream``), once it has stopped.
+    produced: Produced | None = None
 
     @property
     def history(self) -> Path:
@@ -114,6 +118,11 @@ class Pipeline:
     def table_names(self) -> list[str]:
         """Every table of the sink: ``table`` first, then a fan-out's others."""
         return [self.table, *(f"{self.table}_{n}" for n in range(2, self.tables + 1))]
+
+    @property
+    def upstream(self) -> str:
+        """An incremental pipeline's upstream table, beside its sink's (same catalog)."""
+        return f"{NAMESPACE}.{self.name}_upstream"
 
     def epoch(self, n: int) -> int:
         return epoch_of(self.hours[n])
@@ -147,6 +156,8 @@ class Harness:
         pipeline.landing.mkdir(parents=True, exist_ok=True)
         pipeline.hours = [START + dt.timedelta(hours=n) for n in range(pipeline.epochs)]
         for n, hour in enumerate(pipeline.hours):
+            if pipeline.mode == "incremental":
+                continue  # its input is the upstream table, appended to while it runs
             if pipeline.mode == "upsert":
                 land_changes(pipeline.landing, hour, hour_changes(pipeline.name, n, hour))
             else:
@@ -156,6 +167,12 @@ class Harness:
         schema = KEYED_EVENT_SCHEMA if pipeline.mode == "upsert" else EVENT_SCHEMA
         for name in pipeline.table_names:
             self.catalog.create_table_if_not_exists(name, schema)
+        if pipeline.mode == "incremental":
+            # Merging manifests on append, as Java's default append does: the producer's hundreds of
+            # snapshots then list a bounded number of manifests.
+            self.catalog.create_table_if_not_exists(
+                pipeline.upstream, EVENT_SCHEMA, properties={"commit.manifest-merge.enabled": "true"}
+            )
         if start_dag:
             self.start_dag(pipeline)
         return pipeline
@@ -178,6 +195,7 @@ class Harness:
             "conn_id": pipeline.conn_id,
             "max_active_runs": pipeline.max_active_runs,
             "mode": pipeline.mode,
+            "upstream": pipeline.upstream,
         }
         pipelines = self.cluster.root / "pipelines"
         tmp = pipelines / f".{pipeline.dag_id}.tmp"
@@ -357,17 +375,47 @@ class Harness:
 
     def check(self, pipeline: Pipeline) -> CheckResult:
         """Every table of the pipeline judged on its own, and a fan-out's tables against each other;
-        then the sink's epochs in the meta store, each row against its history (``history_check``)."""
-        tables = {name: self.catalog.load_table(name) for name in pipeline.table_names}
-        results = {name: self._check_table(pipeline, table) for name, table in tables.items()}
-        result = check_fan_out(tables, results, pipeline.sink_id) if len(tables) > 1 else results[pipeline.table]
+        then the sink's epochs in the meta store, each row against its history (``history_check``).
+        An incremental pipeline's table is judged against its upstream table instead
+        (``incremental_checker``), and its committed snapshots against the meta store's chain."""
         store = SqlSinkStateStore(self.cluster.meta.url())
         try:
+            if pipeline.mode == "incremental":
+                result = self._check_incremental(pipeline, store)
+            else:
+                tables = {name: self.catalog.load_table(name) for name in pipeline.table_names}
+                results = {name: self._check_table(pipeline, table) for name, table in tables.items()}
+                result = (
+                    check_fan_out(tables, results, pipeline.sink_id) if len(tables) > 1 else results[pipeline.table]
+                )
             anomalies, result.history_rows_checked = check_history_rows(store, pipeline.sink_id)
         finally:
             store.dispose()
         result.anomalies.extend(anomalies)
         return result
+
+    def _check_incremental(self, pipeline: Pipeline, store: SqlSinkStateStore) -> CheckResult:
+        chain = store.input_ranges.chain(pipeline.sink_id)
+        epochs = [pipeline.epoch(n) for n in range(pipeline.epochs)]
+        statuses = {epoch: status.value for epoch, status in chain.statuses.items()}
+        for epoch in epochs:  # an epoch given up before it reserved a range has a row but no link
+            row = store.get(pipeline.sink_id, epoch)
+            if row is not None:
+                statuses[epoch] = row.status.value
+        return check_incremental(
+            self.catalog.load_table(pipeline.table),
+            self.catalog.load_table(pipeline.upstream),
+            pipeline.sink_id,
+            chain.links,
+            statuses,
+            epochs=epochs,
+            aborted={pipeline.epoch(n) for n in pipeline.failed_hours},
+            commits=pipeline.commits(),
+            produced=pipeline.produced,
+            orphan_grace_s=FINAL_ORPHAN_GRACE_S,
+            now=self.orphans_collected_at,
+            storage_options=self.cluster.stack.storage_options(),
+        )
 
     def _check_table(self, pipeline: Pipeline, table: Table) -> CheckResult:
         # An unreferenced file older than the final grace when the last collection started is one it

@@ -22,7 +22,11 @@ the cluster's DAGs folder. The differences from the example, each for a reason:
   and the commit reaches them together (one catalog transaction where the connection takes one:
   the production stack's, ``stacks``);
 - ``mode="upsert"``: an upsert sink whose light write applies each hour's changes copy-on-write
-  (``upsert_pipeline``); the Spark writers apply them as the product's upsert job does.
+  (``upsert_pipeline``); the Spark writers apply them as the product's upsert job does;
+- ``mode="incremental"``: a sink reading the upstream Iceberg table ``upstream`` incrementally
+  (``IcebergTableInput``, checkpoint ``SnapshotRangeCheckpoint``, one run at a time), its light
+  write ``incremental_pipeline.light_incremental_write``, its ``writer="spark"`` the product's
+  ``SparkPreCommitOperator`` on that input; the landed hours play no part.
 
 This module imports Airflow: only the DAG files of the cluster import it, never the harness.
 """
@@ -38,9 +42,10 @@ from typing import Any
 from airflow.sdk import DAG, task
 from airflow.timetables.interval import CronDataIntervalTimetable
 
-from airflow_provider_exactly_once.checkpoints.config import MarkerFileCheckpoint
+from airflow_provider_exactly_once.checkpoints.config import MarkerFileCheckpoint, SnapshotRangeCheckpoint
 from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig
 from airflow_provider_exactly_once.task_groups import exactly_once_epoch
+from fault_harness.incremental_pipeline import light_incremental_write
 from fault_harness.layout import SPARK_CONNECT_CONN_ID, WRITE_POINT, hour_template, write_starts
 from fault_harness.runs import running_write
 from fault_harness.upsert_changes import OP_COLUMN, ORDER_BY
@@ -109,25 +114,36 @@ def spark_input(params: dict[str, Any], upsert: bool) -> Any:
     )
 
 
+def incremental_input(params: dict[str, Any]) -> Any:
+    """The Spark writer's input of an incremental pipeline: the upstream table, on the sink's catalog."""
+    from airflow_provider_exactly_once.spark.author_specs import IcebergTableInput
+
+    if params.get("write_pause_s"):
+        raise ValueError(f"{params['dag_id']}: an incremental pipeline's Spark write reads the upstream as it is")
+    return IcebergTableInput(table=params["upstream"])
+
+
 def build(params: dict[str, Any]) -> DAG:
     """The DAG of one scenario. ``params``: dag_id, sink_id, tables (the first the only one but in a
     fan-out), landing, start (ISO hour), epochs,
     writer (light|spark|connect), write_pause_s (``spark_input``), sensor (poke|reschedule|deferrable),
-    conn_id, max_active_runs, mode (append|upsert: ``upsert_pipeline``, one run at a time)."""
+    conn_id, max_active_runs, mode (append|upsert: ``upsert_pipeline``, one run at a time|incremental:
+    ``incremental_pipeline``, one run at a time, reading the table ``upstream``)."""
     dag_id, sink_id, tables, landing = params["dag_id"], params["sink_id"], params["tables"], params["landing"]
     table = tables[0]
     conn_id = params["conn_id"]
     start = dt.datetime.fromisoformat(params["start"])
     end = start + dt.timedelta(hours=int(params["epochs"]) - 1)
-    upsert = params.get("mode", "append") == "upsert"
-    if upsert and int(params.get("max_active_runs", 1)) != 1:
-        raise ValueError(f"{dag_id}: an upsert pipeline runs one epoch at a time (max_active_runs=1), got {params}")
+    mode = params.get("mode", "append")
+    upsert, incremental = mode == "upsert", mode == "incremental"
+    if (upsert or incremental) and int(params.get("max_active_runs", 1)) != 1:
+        raise ValueError(f"{dag_id}: an {mode} pipeline runs one epoch at a time (max_active_runs=1), got {params}")
     sink = (
         upsert_sink(sink_id, table, conn_id)
         if upsert
         else IcebergSinkConfig(sink_id, tuple(tables), iceberg_conn_id=conn_id)
     )
-    checkpoint = MarkerFileCheckpoint(hour_template(landing))
+    checkpoint: Any = SnapshotRangeCheckpoint() if incremental else MarkerFileCheckpoint(hour_template(landing))
     sensor = params.get("sensor", "poke")
     quick: dict[str, Any] = {"retries": 3, "retry_delay": dt.timedelta(seconds=3)}
     with DAG(
@@ -148,7 +164,7 @@ def build(params: dict[str, Any]) -> DAG:
                 task_id="transform",
                 conn_id=SPARK_CONNECT_CONN_ID if writer == "connect" else "spark_default",
                 sink=sink,
-                input=spark_input(params, upsert),
+                input=incremental_input(params) if incremental else spark_input(params, upsert),
                 conf={"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "1"},
                 # Spaced out: on the production stack its tries share the S3 that catalog_restart
                 # takes down for 20 s, and three quick retries of a spark-submit fit inside that.
@@ -158,6 +174,8 @@ def build(params: dict[str, Any]) -> DAG:
             light = task(task_id="transform", **quick)
             if upsert:
                 write = light(light_upsert_write)(sink_id, table, landing, conn_id)
+            elif incremental:
+                write = light(light_incremental_write)(sink_id, table, params["upstream"], conn_id)
             else:
                 write = light(light_write)(sink_id, tables, landing, conn_id)
         exactly_once_epoch(

@@ -17,6 +17,7 @@ from typing import Any
 
 from fault_harness.cluster import ICEBERG_CONN_ID, Cluster
 from fault_harness.harness import Harness, Pipeline
+from fault_harness.layout import WRITE_POINT
 
 #: Every action gives up after this long; a scenario that cannot reach its fault is a failure. Long:
 #: on a loaded machine a pipeline's sensor may start many minutes after the DAG was parsed.
@@ -75,8 +76,11 @@ class Scenario:
     max_active_runs: int = 3
     #: The Iceberg connection of the pipeline's DAG (``stacks.PROXIED_ICEBERG_CONN_ID``: through the proxy).
     conn_id: str = ICEBERG_CONN_ID
-    #: ``append`` (the example pipeline) or ``upsert`` (``upsert_pipeline``: changes by key, judged
-    #: against a key model by ``upsert_checker``; one run at a time).
+    #: ``append`` (the example pipeline), ``upsert`` (``upsert_pipeline``: changes by key, judged
+    #: against a key model by ``upsert_checker``; one run at a time) or ``incremental``
+    #: (``incremental_pipeline``: an upstream Iceberg table read by snapshot ranges while the
+    #: harness's producer appends to it, judged by ``incremental_checker``; one run at a time; its
+    #: ``failed_hours`` are epochs whose write crashes on every try, so that the run aborts them).
     mode: str = "append"
     #: The pipeline's tables: more than one is a fan-out, each epoch the same rows into every table,
     #: committed in one catalog transaction where the catalog takes it (the production stack's does).
@@ -84,10 +88,23 @@ class Scenario:
     pipeline: Pipeline | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
-        if self.mode not in ("append", "upsert"):
-            raise ValueError(f"scenario {self.name}: mode is append or upsert, not {self.mode!r}")
-        if self.mode == "upsert" and self.max_active_runs != 1:
-            raise ValueError(f"scenario {self.name}: an upsert pipeline runs one epoch at a time (max_active_runs=1)")
+        if self.mode not in ("append", "upsert", "incremental"):
+            raise ValueError(f"scenario {self.name}: mode is append, upsert or incremental, not {self.mode!r}")
+        if self.mode in ("upsert", "incremental") and self.max_active_runs != 1:
+            raise ValueError(
+                f"scenario {self.name}: an {self.mode} pipeline runs one epoch at a time (max_active_runs=1)"
+            )
+        if self.mode == "incremental":
+            if self.writer not in ("light", "spark") or self.late_hours:
+                raise ValueError(f"scenario {self.name}: an incremental pipeline writes light or spark, no late hours")
+            if self.epochs < 3:
+                # The producer stops once the third-to-last run ended (``incremental.produce_upstream``).
+                raise ValueError(f"scenario {self.name}: an incremental pipeline runs at least 3 epochs")
+            # A failed hour is an epoch whose write crashes on every try: its run fails into its abort.
+            self.rules = (
+                *self.rules,
+                *(Rule(n, WRITE_POINT, mode="crash", try_number=None) for n in sorted(self.failed_hours)),
+            )
         if self.tables > 1 and (self.mode != "append" or self.writer != "light"):
             raise ValueError(f"scenario {self.name}: a fan-out pipeline is an append with the light writer")
         if self.write_pause_s and self.writer == "light":
@@ -108,7 +125,8 @@ def describe_plan(scenarios: Sequence[Scenario]) -> list[dict[str, Any]]:
             "failed_hours": sorted(s.failed_hours),
             "late_hours": sorted(s.late_hours),
             "rules": [r.__dict__ for r in s.rules],
-            "actions": [getattr(a, "__qualname__", repr(a)).split(".<locals>")[0] for a in (*s.actions, *s.after)],
+            "actions": (["produce_upstream"] if s.mode == "incremental" else [])
+            + [getattr(a, "__qualname__", repr(a)).split(".<locals>")[0] for a in (*s.actions, *s.after)],
         }
         for s in scenarios
     ]

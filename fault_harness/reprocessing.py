@@ -84,6 +84,7 @@ def _rerun(
     *,
     expect: set[int] | None,
     origin: str | None = None,
+    failing: set[int] | None = None,
 ) -> None:
     """Start re-runs (``start``), wait until they ended, and count each successful re-run of a
     committed epoch as one more revision of it (``Pipeline.reprocessed``; a re-run that failed gave
@@ -91,7 +92,8 @@ def _rerun(
     (``None``: whatever the command re-ran, as for a backfill racing the scheduled runs). A re-run
     must succeed where the hour's checkpoint completed, and fail where it failed. ``origin``
     (``backfill`` or ``cleared``): how the re-runs were started, which the history of each epoch a
-    successful re-run wrote must name (``_check_origin``)."""
+    successful re-run wrote must name (``_check_origin``). ``failing``: the hours whose re-run must
+    fail, where the landed markers do not say it (an incremental pipeline has none)."""
     p = ctx.pipeline
     out = start()
     ctx.note(f"{what}: {out.strip()[-300:]}")
@@ -122,7 +124,8 @@ def _rerun(
                 p.maybe_reprocessed[n] += times
         if expect is not None and (n in expect) != bool(times):
             problems.append(f"hour {n} was {'not ' if not times else ''}re-run ({times} clears)")
-        if times and state != ("failed" if _checkpoint_failed(ctx, n) else "success"):
+        must_fail = n in failing if failing is not None else _checkpoint_failed(ctx, n)
+        if times and state != ("failed" if must_fail else "success"):
             problems.append(f"the re-run of hour {n} ended {state}")
         elif times and state == "success" and origin is not None:
             problems.extend(_check_origin(ctx, n, origin))

@@ -1,6 +1,7 @@
 """The driver: run any number of scenarios at once on one cluster, then judge every table.
 
-``run_scenarios`` starts every pipeline, runs the scenarios' actions beside the runs, waits for
+``run_scenarios`` starts every pipeline, runs the scenarios' actions beside the runs (an
+incremental pipeline's producer among them, ``incremental.produce_upstream``), waits for
 every run to finish, lets the recovery DAG run after the orphan grace period, and checks every table
 (``checker.check``), telling it how many revisions each epoch went through, and each sink's
 meta-store rows against their history (``history_check``). A report is JSON: the
@@ -19,6 +20,7 @@ from typing import Any
 from fault_harness.actions import settle_late
 from fault_harness.cluster import FINAL_ORPHAN_GRACE_S, Cluster
 from fault_harness.harness import Harness, Pipeline
+from fault_harness.incremental import produce_upstream
 from fault_harness.plans import Action, Context, Scenario
 
 #: How a report names each writer of ``Scenario.writer``.
@@ -96,7 +98,12 @@ def run_scenarios(cluster: Cluster, scenarios: Sequence[Scenario], *, timeout: f
             return threads
 
         deadline = time.monotonic() + timeout
-        threads = [t for s in scenarios for t in run_actions(s, s.actions)]
+        # An incremental pipeline's producer is part of its mode: it appends to the upstream beside the runs.
+        threads = [
+            t
+            for s in scenarios
+            for t in run_actions(s, (produce_upstream(), *s.actions) if s.mode == "incremental" else s.actions)
+        ]
         for s in scenarios:
             assert s.pipeline is not None
             harness.wait_finished(s.pipeline, timeout=max(10.0, deadline - time.monotonic()))

@@ -23,6 +23,7 @@ from fault_harness.actions import (
     stop_meta_store,
 )
 from fault_harness.cluster import ICEBERG_CONN_ID
+from fault_harness.incremental import kills_fired, reprocess_incremental
 from fault_harness.layout import WRITE_POINT
 from fault_harness.plans import Action, Rule, Scenario
 from fault_harness.reprocessing import (
@@ -39,6 +40,47 @@ from fault_harness.upsert_actions import compaction_rule, concurrent_compaction
 #: How long ``catalog_restart`` keeps SeaweedFS down: inside the 10-30 s of the issue, and within what
 #: a commit's retries (6, 2 s apart, each a task start of several seconds) outlast.
 CATALOG_DOWN_S = 20.0
+
+
+#: The kill points of ``incremental_kills``, one per epoch in turn: after the write's files exist,
+#: around persist, after the commit's decision, inside the Iceberg commit (before / after the
+#: catalog update), after the commit before its mark, after the mark.
+INCREMENTAL_KILL_POINTS = (
+    WRITE_POINT,
+    "persist.staged",
+    "persist.inserted",
+    "commit.decided",
+    "iceberg.before_catalog_update",
+    "iceberg.after_catalog_update",
+    "commit.visible",
+    "commit.marked",
+)
+#: ``incremental_kills_short``'s, for CI: each kind once in 6 epochs, the last epoch's (most often
+#: an empty range, which passes no catalog update) one every write reaches.
+INCREMENTAL_CI_KILL_POINTS = (
+    WRITE_POINT,
+    "persist.inserted",
+    "commit.decided",
+    "iceberg.before_catalog_update",
+    "iceberg.after_catalog_update",
+    "commit.visible",
+)
+
+
+def incremental_kills(name: str, points: tuple[str, ...], epochs: int) -> Scenario:
+    """An incremental pipeline of ``epochs`` epochs, the producer appending to its upstream, each
+    epoch's first try killed -9 at ``points[n % len(points)]``; the scenario fails unless every kill fired."""
+    rules = tuple(Rule(n, points[n % len(points)]) for n in range(epochs))
+    return Scenario(
+        name,
+        epochs=epochs,
+        mode="incremental",
+        max_active_runs=1,
+        rules=rules,
+        actions=(kills_fired(rules),),
+        description=f"incremental pipeline, {epochs} epochs reading an upstream Iceberg table the producer appends to: "
+        f"each epoch killed -9 at another step ({', '.join(points)}, in turn); every upstream row delivered once",
+    )
 
 
 def named_scenarios() -> dict[str, Scenario]:
@@ -277,6 +319,29 @@ def named_scenarios() -> dict[str, Scenario]:
             actions=(drop_commit_response(),),
             description="fan-out pipeline (two tables): the REST catalog applies their transactions/commit and the "
             "proxy in front of it drops the response",
+        ),
+        incremental_kills("incremental_kills", INCREMENTAL_KILL_POINTS, 50),
+        incremental_kills("incremental_kills_short", INCREMENTAL_CI_KILL_POINTS, len(INCREMENTAL_CI_KILL_POINTS)),
+        Scenario(
+            "incremental_reprocess",
+            epochs=5,
+            mode="incremental",
+            max_active_runs=1,
+            failed_hours=frozenset({2}),
+            actions=(reprocess_incremental(committed=1, aborted=2),),
+            description="incremental pipeline: epoch 2's write crashes on every try (aborted; epoch 3 reads its range); "
+            "once the runs ended, committed epoch 1 and aborted epoch 2 are cleared: 1 replays its range (a "
+            "revision, the same rows), 2 is refused (InputRangeRefused) and stays aborted",
+        ),
+        Scenario(
+            "incremental_spark",
+            epochs=4,
+            mode="incremental",
+            max_active_runs=1,
+            writer="spark",
+            actions=(kill_task("transform", with_java_child=True),),
+            description="incremental pipeline written by the product's SparkPreCommitOperator (real spark-submit) "
+            "reading IcebergTableInput: kill -9 of a task process during its Spark write; the retry reads the same range",
         ),
     ]
     return {s.name: s for s in scenarios}

@@ -78,7 +78,11 @@ def test_the_named_upsert_scenarios() -> None:
 def test_an_upsert_scenario_must_run_one_epoch_at_a_time() -> None:
     with pytest.raises(ValueError, match="max_active_runs=1"):
         Scenario("overlapping", mode="upsert")
-    with pytest.raises(ValueError, match="append or upsert"):
+    with pytest.raises(ValueError, match="append, upsert or incremental"):
         Scenario("unknown", mode="merge")
+    with pytest.raises(ValueError, match="max_active_runs=1"):
+        Scenario("overlapping_ranges", epochs=3, mode="incremental")
+    with pytest.raises(ValueError, match="at least 3 epochs"):
+        Scenario("too_short", epochs=2, mode="incremental", max_active_runs=1)
     with pytest.raises(ValueError, match="the light writer has none"):
         Scenario("paused", write_pause_s=0.5)
