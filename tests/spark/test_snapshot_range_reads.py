@@ -110,6 +110,27 @@ def test_consecutive_ranges_read_each_row_once(spark: Any, catalog: Catalog, cat
     assert (third_positions["after_snapshot_id"], third_positions["records"]) == (ids[2], 10)
 
 
+def test_files_of_the_range_merged_into_later_manifests_are_read_once(
+    spark: Any, catalog: Catalog, catalog_props: dict[str, str]
+) -> None:
+    """Appends that merge manifests (Java's default) move the files earlier appends added into a
+    manifest of their own, as EXISTING entries: planned from the range end's manifest list, a file
+    added in the range is found wherever it moved, and one added before it never is."""
+    table = make_table(catalog, UPSTREAM)
+    with table.transaction() as tx:
+        tx.set_properties({"commit.manifest-merge.enabled": "true", "commit.manifest.min-count-to-merge": "2"})
+    table = catalog.load_table(UPSTREAM)
+    batches = [batch(table, 10 * n, 10) for n in range(6)]
+    ids = [appended(table, b) for b in batches]
+    end = table.metadata.snapshot_by_id(ids[4])
+    assert end is not None and len(end.manifests(table.io)) < 5, "the appends merged no manifest"
+
+    first, _ = read_rows(spark, spec(catalog_props, ids[1], ids[4]))
+    second, positions = read_rows(spark, spec(catalog_props, ids[4], ids[5]))
+    assert first == rows_of(*batches[2:5])
+    assert second == rows_of(batches[5]) and positions["files"] == 1
+
+
 def test_frame_schema_follows_the_iceberg_schema(spark: Any, catalog: Catalog, catalog_props: dict[str, str]) -> None:
     table = make_table(catalog, UPSTREAM)
     to = appended(table, batch(table, 0, 5))
