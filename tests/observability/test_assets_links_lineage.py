@@ -310,15 +310,9 @@ def test_the_provider_registers_the_iceberg_scheme_and_the_link() -> None:
             sanitize_uri(urlsplit(bad))
 
 
-def test_the_spark_write_reports_its_input_files_and_the_columns_it_wrote(world: World, tmp_path: Any) -> None:
-    """The Spark operator's lineage from its own specs and a real write (real Parquet files described
-    as the Spark writer describes them); spark-submit itself is exercised by tests/spark."""
-    from airflow_provider_exactly_once.core.precommit import WrittenColumn
-    from airflow_provider_exactly_once.observability.lineage import write_lineage
-    from airflow_provider_exactly_once.operators.spark_precommit import SparkPreCommitOperator
-
-    landing = tmp_path / "landing"
-    target = {
+def sql_target(world: World) -> dict[str, Any]:
+    """The job spec's target for the world's table: its SQL catalog, as the operator derives it."""
+    return {
         "kind": "iceberg",
         "catalog_name": world.iceberg_conn_id,
         "catalog_properties": {
@@ -328,6 +322,17 @@ def test_the_spark_write_reports_its_input_files_and_the_columns_it_wrote(world:
         },
         "table": world.table,
     }
+
+
+def test_the_spark_write_reports_its_input_files_and_the_columns_it_wrote(world: World, tmp_path: Any) -> None:
+    """The Spark operator's lineage from its own specs and a real write (real Parquet files described
+    as the Spark writer describes them); spark-submit itself is exercised by tests/spark."""
+    from airflow_provider_exactly_once.core.precommit import WrittenColumn
+    from airflow_provider_exactly_once.observability.lineage import write_lineage
+    from airflow_provider_exactly_once.operators.spark_precommit import SparkPreCommitOperator
+
+    landing = tmp_path / "landing"
+    target = sql_target(world)
     operator = SparkPreCommitOperator(
         task_id="write",
         sink_id=world.sink_id,
@@ -359,16 +364,7 @@ def test_an_incremental_write_names_its_upstream_table_as_its_input(world: World
     from airflow_provider_exactly_once.observability.lineage import write_lineage
 
     upstream = world.pipeline.create_table("bronze")
-    target = {
-        "kind": "iceberg",
-        "catalog_name": world.iceberg_conn_id,
-        "catalog_properties": {
-            "type": "sql",
-            "uri": world.pipeline.catalog_url,
-            "warehouse": f"file://{world.pipeline.warehouse}",
-        },
-        "table": world.table,
-    }
+    target = sql_target(world)
     name = f"{world.pipeline.namespace}.bronze"
     (source,) = write_lineage({"kind": "iceberg_table", "table": name}, target, None).inputs
     assert (source.namespace, source.name) == ("file", upstream.location().removeprefix("file://"))
