@@ -29,8 +29,8 @@ from typing import Any, Self
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
-from airflow_provider_exactly_once.core.errors import EarlierEpochUndecided, InputRangeRefused
-from airflow_provider_exactly_once.core.status import EpochStatus
+from .errors import EarlierEpochUndecided, InputRangeRefused
+from .status import EpochStatus
 
 #: The ``kind`` of an incremental input's source positions in a pre-commit.
 POSITIONS_KIND = "iceberg_snapshots"
