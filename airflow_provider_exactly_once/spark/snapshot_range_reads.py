@@ -11,9 +11,10 @@ reads it again: what it reads must follow from the range alone, never from the t
 - The range is checked against the table's snapshots and their parent links first. A snapshot expired before the sink
   consumed it, or an upstream rolled back past the range's start, leaves rows that cannot be read;
   the refusal says so rather than reading a part of the range.
-- Every snapshot in it must be an append (pyiceberg's incremental append scan would skip the
-  others silently): an overwrite or a delete changed rows the sink may have delivered already, and
-  reading its added files would deliver rows twice or ones that were taken back upstream.
+- Every snapshot in it must be an append or a replace (pyiceberg's incremental append scan would
+  skip the others silently): an overwrite or a delete changed rows the sink may have delivered
+  already, and reading its added files would deliver rows twice or ones taken back upstream; a
+  replace (a compaction) changed none, and the files it removed are read where their appends put them.
 - The rows are read at the schema of the range's last snapshot, so that a column added, renamed or
   dropped upstream afterwards does not change what a replay of the epoch reads.
 """
@@ -27,7 +28,7 @@ from typing import Any
 
 import pyarrow as pa
 from pyiceberg.catalog import load_catalog
-from pyiceberg.manifest import DataFile, ManifestContent
+from pyiceberg.manifest import DataFile, ManifestContent, ManifestEntryStatus
 from pyiceberg.schema import Schema
 from pyiceberg.table import FileScanTask, Table
 from pyiceberg.table.metadata import TableMetadata
@@ -92,8 +93,11 @@ def read_snapshot_range(spark: SparkSession, spec: EpochJobSpec) -> RangeRead:
 
 
 def range_snapshots(metadata: TableMetadata, reserved: SnapshotRange, owner: str) -> list[Snapshot]:
-    """The snapshots of a non-empty range, oldest first, each an append: the parents of
-    ``to_snapshot_id`` down to the one after ``after_snapshot_id`` (down to the root without one).
+    """The snapshots of a non-empty range, oldest first, each an append or a replace: the parents
+    of ``to_snapshot_id`` down to the one after ``after_snapshot_id`` (down to the root without one).
+    A replace (a compaction, a file format change) rewrites files without changing a row (the
+    table spec's ``replace`` operation), so what the range's appends added is all the range added;
+    any other operation changed rows the sink may have delivered, and is refused.
 
     ``after_snapshot_id`` itself may be expired, as long as its child still names it parent (Java's
     expiry leaves the link; pyiceberg's drops it, and the range is refused then: nothing in the
@@ -117,16 +121,16 @@ def range_snapshots(metadata: TableMetadata, reserved: SnapshotRange, owner: str
     walked.reverse()
     for snapshot in walked:
         operation = snapshot.summary.operation if snapshot.summary is not None else None
-        if operation != Operation.APPEND:
+        if operation not in (Operation.APPEND, Operation.REPLACE):
             committed = datetime.fromtimestamp(snapshot.timestamp_ms / 1000, UTC).isoformat()
             kind = repr(operation.value) if operation is not None else "not recorded"
             raise InputRangeRefused(
                 f"{owner}: snapshot {snapshot.snapshot_id} of {reserved.table} (committed {committed}), in the "
                 f"range ({reserved.describe()}), is not an append: its operation is {kind}. An incremental input reads "
-                "appends only: the rows an overwrite, delete or replace changed or removed may have been "
-                "delivered already, and reading its files would deliver them again or ones taken back "
-                "upstream. To move on, write to a new sink id whose input starts after that snapshot "
-                "(start_after_snapshot_id)"
+                "appends only (and steps over compactions, which change no row): the rows an overwrite or a delete "
+                "changed or removed may have been delivered already, and reading its files would deliver them "
+                "again or ones taken back upstream. To move on, write to a new sink id whose input starts after "
+                "that snapshot (start_after_snapshot_id)"
             )
     return walked
 
@@ -171,22 +175,44 @@ def check_from_first(table: Table, snapshots: Sequence[Snapshot], reserved: Snap
 def added_files(
     table: Table, pinned: TableMetadata, reserved: SnapshotRange, snapshots: Sequence[Snapshot], owner: str
 ) -> dict[str, DataFile]:
-    """The data files the range's snapshots added, by path, from the range end's manifest list alone.
+    """The data files the range's appends added, by path (``pinned``: the metadata they are read
+    at, which planning needs nothing of).
 
-    Every snapshot of the range is an append (``range_snapshots``), so every file one of them
-    added is still live at the range's end, and it sits in a manifest one of them wrote: its own,
-    or one a later append of the range merged it into (where its entry is EXISTING, with the id of
-    the snapshot that added it). A manifest written before the range holds no such file. pyiceberg's
-    ``IncrementalAppendScan`` reads every snapshot's manifest list instead, one file per snapshot
-    of the range, most of the planning of a range of many small appends (``bench.incremental_read``).
-    Delete files added in the range are refused: an incremental input reads appended data only.
-    ``pinned``: the metadata the files are read at, which planning needs nothing of.
+    A file an append of the range added is live at the range's end unless a replace of the range
+    compacted it away afterwards: it then stays in storage (the range's snapshots still name it),
+    but only its append's own manifests list it. So the appends after the range's last replace are
+    planned from the range end's manifest list alone, where each of their files sits in a manifest
+    they wrote (EXISTING where a later append merged it), and each append before that replace from
+    its own manifest list. A range without a replace reads one manifest list; pyiceberg's
+    ``IncrementalAppendScan`` reads one per snapshot (most of the planning of a range of many small
+    appends, ``bench.incremental_read``). Delete files added by an append are refused.
     """
-    ids = {s.snapshot_id for s in snapshots}
+    replaces = [i for i, s in enumerate(snapshots) if _operation(s) is Operation.REPLACE]
+    last_replace = replaces[-1] if replaces else -1
+    early = [s for s in snapshots[:last_replace] if _operation(s) is Operation.APPEND]
+    late = {s.snapshot_id for s in snapshots[last_replace + 1 :]}
     files: dict[str, DataFile] = {}
-    for manifest in snapshots[-1].manifests(table.io):
+    for snapshot in early:  # only its own entries, ADDED in the manifests it wrote
+        _collect(table, snapshot, reserved, owner, {snapshot.snapshot_id}, files, added_only=True)
+    if late:
+        _collect(table, snapshots[-1], reserved, owner, late, files, added_only=False)
+    return files
+
+
+def _collect(
+    table: Table,
+    listed: Snapshot,
+    reserved: SnapshotRange,
+    owner: str,
+    ids: set[int],
+    files: dict[str, DataFile],
+    *,
+    added_only: bool,
+) -> None:
+    """Into ``files``: the entries of ``listed``'s manifests written by ``ids`` that ``ids`` added."""
+    for manifest in listed.manifests(table.io):
         if manifest.added_snapshot_id not in ids:
-            continue
+            continue  # written before those snapshots, or by a replace: no file they added
         if manifest.content == ManifestContent.DELETES:
             raise InputRangeRefused(
                 f"{owner}: snapshot {manifest.added_snapshot_id} of {reserved.table}, in the range "
@@ -195,9 +221,12 @@ def added_files(
                 "starts after that snapshot (start_after_snapshot_id)"
             )
         for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
-            if entry.snapshot_id in ids:
+            if entry.snapshot_id in ids and (not added_only or entry.status == ManifestEntryStatus.ADDED):
                 files[entry.data_file.file_path] = entry.data_file
-    return files
+
+
+def _operation(snapshot: Snapshot) -> Operation | None:
+    return snapshot.summary.operation if snapshot.summary is not None else None
 
 
 def _at_schema_of(metadata: TableMetadata, snapshot: Snapshot) -> TableMetadata:

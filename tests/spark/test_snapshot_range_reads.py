@@ -131,6 +131,54 @@ def test_files_of_the_range_merged_into_later_manifests_are_read_once(
     assert second == rows_of(batches[5]) and positions["files"] == 1
 
 
+def compact(table: Table) -> int:
+    """Another engine's compaction: every live data file rewritten into one with the same rows,
+    committed as the spec's ``replace`` (pyiceberg 0.12 has no such operation: its overwrite
+    producer with the operation set, as Java's ``RewriteFiles`` commits one)."""
+    from pyiceberg.io.pyarrow import _dataframe_to_data_files
+    from pyiceberg.table.snapshots import Summary
+
+    tasks = list(table.scan().plan_files())
+    rows = table.scan().to_arrow()
+    with table.transaction() as tx:
+        producer = tx.update_snapshot().overwrite()
+        summarised = producer._summary  # totals as an overwrite's (pyiceberg refuses to total a replace)
+        producer._summary = lambda props: Summary(  # type: ignore[method-assign]
+            Operation.REPLACE, **summarised(props).additional_properties
+        )
+        for task in tasks:
+            producer.delete_data_file(task.file)
+        for data_file in _dataframe_to_data_files(tx.table_metadata, rows, table.io):
+            producer.append_data_file(data_file)
+        producer.commit()
+    snapshot = table.refresh().current_snapshot()
+    assert snapshot is not None and snapshot.summary is not None and snapshot.summary.operation is Operation.REPLACE
+    return snapshot.snapshot_id
+
+
+def test_a_compaction_in_the_range_is_stepped_over_and_each_row_read_once(
+    spark: Any, catalog: Catalog, catalog_props: dict[str, str]
+) -> None:
+    """A replace changes no row: the range reads what its appends added, also the files the
+    compaction removed (they stay in storage while the range's snapshots name them), and never the
+    compacted file, which also holds rows from before the range."""
+    table = make_table(catalog, UPSTREAM)
+    batches = [batch(table, 10 * n, 10) for n in range(5)]
+    before, *in_range = (appended(table, b) for b in batches[:3])
+    replaced = compact(table)  # the three appends' files, one from before the range among them
+    after = appended(table, batches[3])
+
+    rows, positions = read_rows(spark, spec(catalog_props, before, after))
+    assert rows == rows_of(batches[1], batches[2], batches[3])
+    assert (positions["snapshots"], positions["files"], positions["records"]) == (4, 3, 30)
+    ending, _ = read_rows(spark, spec(catalog_props, before, replaced))
+    assert ending == rows_of(batches[1], batches[2])
+    empty = read_input(spark, spec(catalog_props, in_range[-1], replaced))
+    assert empty.frame is None and empty.source_positions is not None  # the replace alone added nothing
+    last, _ = read_rows(spark, spec(catalog_props, replaced, after))
+    assert last == rows_of(batches[3])
+
+
 def test_frame_schema_follows_the_iceberg_schema(spark: Any, catalog: Catalog, catalog_props: dict[str, str]) -> None:
     table = make_table(catalog, UPSTREAM)
     to = appended(table, batch(table, 0, 5))
