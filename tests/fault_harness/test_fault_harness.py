@@ -38,6 +38,7 @@ CI_SCENARIOS = [
     "reprocess_completed",
     "revision_given_up",
     "upsert_compaction",
+    "incremental_kills_short",
 ]
 
 
