@@ -11,6 +11,9 @@ cosmos's ``DbtTaskGroup`` builds a project's tasks from one call. The write is a
 ``@task`` of the author's, or a ``SparkWrite`` the group builds; ``create_table`` (one per declared
 table, ``table=``) and ``settled`` (``wait_until_settled=True``) are built only when asked for.
 
+Every task of the group keeps its failed tries on the epoch (``FailureRecorder``), so the abort
+and every view say which step failed, on which try, with what error (design.md D22).
+
 The abort runs when the write, the persist or the wait failed (a failed or timed-out checkpoint
 fails the wait without retries; any other failure of the wait, a lost worker above all, is retried,
 because an abort while the checkpoint is still pending would drop an epoch that may yet complete).
@@ -40,6 +43,7 @@ from airflow_provider_exactly_once.core.errors import InvalidSinkConfig
 from airflow_provider_exactly_once.operators.epoch import (
     AbortEpochOperator,
     CommitEpochOperator,
+    FailureRecorder,
     PersistPendingOperator,
 )
 from airflow_provider_exactly_once.runtime.assembly import as_checkpoint, as_sink
@@ -183,7 +187,16 @@ def exactly_once_epoch(
             _rewrite_chain(commit, write_op, checkpoint_cfg, rewrites, common, retried, sensing)
     write_op >> persist
     write_op >> abort
+    _keep_failures([write_op, *(t for t in group.iter_tasks() if t is not write_op)], sink_cfg.sink_id, meta_conn_id)
     return group
+
+
+def _keep_failures(tasks: list[Any], sink_id: str, meta_conn_id: str | None) -> None:
+    """Every task of the epoch, the author's write among them, keeps its failed tries on the epoch
+    (``FailureRecorder``, design.md D22), beside the callbacks it has."""
+    for task in tasks:
+        task.on_failure_callback = [*task.on_failure_callback, FailureRecorder(sink_id, meta_conn_id)]
+        task.on_retry_callback = [*task.on_retry_callback, FailureRecorder(sink_id, meta_conn_id, retried=True)]
 
 
 def _operator_of(write: object) -> BaseOperator:

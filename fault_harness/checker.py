@@ -105,6 +105,8 @@ AnomalyKind = Literal[
     "order",
     # An epoch's meta-store row and its history disagree (``history_check``, the one check reading the store).
     "history_row",
+    # An aborted epoch whose history (``eo-sink history --json``) does not say why (design.md D22).
+    "uncaused",
     # An incremental pipeline's (``incremental_checker``): a sink row its upstream never held, and a
     # consumed range (a committed snapshot's source summary, the meta store's chain) that is wrong.
     "unsourced",
@@ -144,6 +146,8 @@ class CheckResult:
     reader: str = ""
     #: Epochs whose meta-store row and history were held against each other (``history_check``).
     history_rows_checked: int = 0
+    #: Aborted epochs whose causes were read through ``eo-sink history`` (``history_check.check_causes``).
+    causes_checked: int = 0
     #: An incremental pipeline's figures (``incremental_checker``): its upstream, producer and ranges.
     incremental: dict[str, Any] = field(default_factory=dict)
 
@@ -162,6 +166,7 @@ class CheckResult:
             "snapshots_checked": self.snapshots_checked,
             "reader": self.reader,
             "history_rows_checked": self.history_rows_checked,
+            "causes_checked": self.causes_checked,
             **({"incremental": self.incremental} if self.incremental else {}),
         }
 

@@ -34,7 +34,7 @@ from airflow_provider_exactly_once.store import SqlSinkStateStore
 from demo.world import hour_dir, land_hour, mark_hour
 from fault_harness.checker import CheckResult, check, check_fan_out
 from fault_harness.cluster import FINAL_ORPHAN_GRACE_S, ICEBERG_CONN_ID, RECOVERY_DAG_ID, Cluster
-from fault_harness.history_check import check_history_rows
+from fault_harness.history_check import check_causes, check_history_rows
 from fault_harness.incremental_checker import Produced, check_incremental
 from fault_harness.landed import epoch_of
 from fault_harness.upsert_changes import hour_changes, land_changes
@@ -389,6 +389,8 @@ class Harness:
                     check_fan_out(tables, results, pipeline.sink_id) if len(tables) > 1 else results[pipeline.table]
                 )
             anomalies, result.history_rows_checked = check_history_rows(store, pipeline.sink_id)
+            uncaused, result.causes_checked = check_causes(self.cluster.eo_sink, store, pipeline.sink_id)
+            anomalies.extend(uncaused)
         finally:
             store.dispose()
         result.anomalies.extend(anomalies)

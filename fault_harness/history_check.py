@@ -11,19 +11,27 @@ table shows.
 Per sink, for every epoch with a row or a history event:
 
 - the row has events, the first of them one that creates a row (a persist, or the tombstone of a
-  write aborted unpersisted), and no event belongs to an epoch without a row;
+  write aborted unpersisted), and no event belongs to an epoch without a row, except a failed
+  task's error kept before the epoch had one (design.md D22: recorded with no status);
 - every state-bearing event recorded a status its transition can leave (``IMPLIED``), and the last
   of them implies the row as it is: its status, its commit decision, a revision in flight or not,
   its revision number and its write id.
 
 ``IMPLIED`` is read off the transitions (``store/sql.py``, ``batch_transitions.py``,
 ``revisions.py``); the events that change no status (a warning, an error, a clean-up) are skipped.
+
+And every epoch that was aborted says why, as an operator reads it (``uncaused``, ``check_causes``):
+``eo-sink history --json`` holds, for each abort, a reason other than "an upstream step failed";
+an abort by a task of the run names the task that failed, with its error as that task kept it
+(design.md D22) or as the abort found it dead.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import json
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import select
 
@@ -71,8 +79,10 @@ IMPLIED: Mapping[EpochEvent, Implied] = {
     # abort_revision: the replaced write Committed again, ``replaces`` cleared, the decision kept.
     EpochEvent.REVISION_GIVEN_UP: Implied(frozenset({COMMITTED}), decided=None, revising=False),
 }
-#: The events a row starts with: nothing else is recorded before the row exists.
+#: The events a row starts with: nothing else is recorded before the row exists...
 CREATING = frozenset({EpochEvent.PERSISTED, EpochEvent.ABORTED_UNPERSISTED})
+#: ...but a failed task's error, which an epoch keeps whether it has a row or not (D22).
+FAILURES = frozenset({EpochEvent.ERROR, EpochEvent.TRY_FAILED})
 
 
 def check_history_rows(store: SqlSinkStateStore, sink_id: str) -> tuple[list[Anomaly], int]:
@@ -96,6 +106,9 @@ def judge(rows: Mapping[int, EpochRecord], events: Mapping[int, Sequence[History
 
 
 def _problems(row: EpochRecord | None, history: list[HistoryEntry]) -> list[str]:
+    history = [e for e in history if not (e.event in FAILURES and e.status is None)]
+    if row is None and not history:
+        return []
     if row is None:
         kinds = ", ".join(f"{e.event.value} (write {e.write_id})" for e in history)
         return [f"{len(history)} history event(s) but no row: {kinds}"]
@@ -154,4 +167,51 @@ def _write_and_revision(
             problems.append(
                 f"{holds}, but event {e.event.value} (id {e.id}, revision {revision}) leaves revision {expected}"
             )
+    return problems
+
+
+#: The abort reason of a run whose failed task said nothing, before design.md D22.
+NO_CAUSE = "an upstream step failed"
+ABORTS = (EpochEvent.ABORTED.value, EpochEvent.ABORTED_UNPERSISTED.value)
+
+
+def check_causes(eo_sink: Callable[..., str], store: SqlSinkStateStore, sink_id: str) -> tuple[list[Anomaly], int]:
+    """Every epoch of the sink with an abort in its history, read through ``eo-sink history --json``
+    (``eo_sink`` runs the CLI): the ``uncaused`` anomalies, and how many epochs were read."""
+    with store.reading(f"listing the aborted epochs of sink {sink_id!r}") as session:
+        found = session.scalars(
+            select(EpochHistory.epoch).where(EpochHistory.sink_id == sink_id, EpochHistory.event.in_(ABORTS)).distinct()
+        )
+        aborted = sorted({int(e) for e in found})
+    anomalies: list[Anomaly] = []
+    for epoch in aborted:
+        history = json.loads(eo_sink("history", sink_id, str(epoch), "--json"))["history"]
+        anomalies.extend(Anomaly("uncaused", epoch, problem) for problem in uncaused(history))
+    return anomalies, len(aborted)
+
+
+def uncaused(history: Sequence[Mapping[str, Any]]) -> list[str]:
+    """What is wrong with the causes of the aborts in one epoch's history (its events as
+    ``eo-sink history --json`` prints them): an abort without a reason, one that says only that an
+    upstream step failed, or an abort by a task whose reason names no task of its run that failed."""
+    problems = []
+    for n, event in enumerate(history):
+        if event["event"] not in ABORTS:
+            continue
+        reason = event.get("reason") or ""
+        said = f"the {event['event']} event of {event['at']} by {event['actor']} {event.get('actor_name')}"
+        if not reason or NO_CAUSE in reason:
+            problems.append(f"{said} gives no cause: {reason!r}")
+            continue
+        if event["actor"] != "task":
+            continue  # an operator's or recovery's abort: its reason is theirs
+        failed = {
+            str(e.get("actor_name") or "").rsplit(".", 1)[-1]
+            for e in history[:n]
+            if e["event"] in (EpochEvent.ERROR.value, EpochEvent.TRY_FAILED.value)
+            and e.get("run_id") == event.get("run_id")
+        }
+        named = reason.split(" ", 1)[0].split(",")
+        if not (failed & set(named)) and "without saying why" not in reason:
+            problems.append(f"{said} names no task of its run that failed ({sorted(failed)}): {reason!r}")
     return problems

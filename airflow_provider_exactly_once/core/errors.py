@@ -163,6 +163,18 @@ class EarlierEpochUndecided(ExactlyOnceError):
     retryable = True
 
 
+class WriteFailed(ExactlyOnceError):
+    """The epoch writer's Spark job failed (a cast that overflows, an unreadable input, a lost
+    executor): ``cause`` is the error Spark raised, in one line, which the epoch keeps as the write
+    task's failure (design.md D22). Retried as the task's retries say, as any failed job is."""
+
+    retryable = True
+
+    def __init__(self, message: str, cause: str | None = None) -> None:
+        super().__init__(message)
+        self.cause = cause or message
+
+
 class InputRangeRefused(ExactlyOnceError):
     """An epoch's range of an incremental input (``core.input_ranges``) cannot be reserved or read:
     the epoch is behind the sink's chain, its range went to a later epoch, or the upstream snapshots

@@ -13,12 +13,15 @@ transition made outside any of them records ``unknown``.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
+
+from . import errors
+from .redact import safe_text
 
 
 class EpochEvent(StrEnum):
@@ -44,8 +47,11 @@ class EpochEvent(StrEnum):
     REVISION_GIVEN_UP = "revision given up"
     #: Something an operator must see though nothing failed (a refused reprocess, another DAG).
     WARNING = "warning"
-    #: A step failed on the epoch; it stays finishable (the next try, recovery or an operator).
+    #: A step failed on the epoch; it stays finishable (the next try, recovery or an operator). A
+    #: task of the epoch's group that failed for good records its own (design.md D22), row or not.
     ERROR = "error"
+    #: A try of a task of the epoch's group failed, and Airflow runs it again (D22).
+    TRY_FAILED = "try failed"
     #: A write's files queued for deletion, and their deletion done.
     CLEANUP_QUEUED = "clean-up queued"
     CLEANED_UP = "cleaned up"
@@ -108,3 +114,64 @@ def acting(actor: Actor) -> Iterator[Actor]:
         yield actor
     finally:
         _ACTOR.reset(token)
+
+
+#: What an epoch keeps of a failed task's error (design.md D22): its first lines, and at most this
+#: many characters of them; the whole error is in the task's log, which the views link.
+CAUSE_LINES = 5
+CAUSE_CHARS = 1500
+#: Our own rules that make a step wait rather than fail: said as such, not as a failure.
+_WAITS = (errors.EarlierEpochUndecided, errors.RevisionInProgress, errors.CheckpointNotReady)
+
+
+def failure_reason(kind: str, message: str) -> str:
+    """``<kind>: <first lines of message>``, secrets masked and control characters escaped: the
+    reason of the ERROR event a failed task leaves on its epoch."""
+    lines = [safe_text(line.rstrip()) for line in message.strip().splitlines() if line.strip()][:CAUSE_LINES]
+    text = f"{safe_text(kind)}: " + "\n".join(lines)
+    return text if len(text) <= CAUSE_CHARS else text[: CAUSE_CHARS - 1] + "\u2026"
+
+
+def task_of(actor: Actor) -> str | None:
+    """The task id of a task actor (``dag_id.task_id`` without its DAG), else ``None``."""
+    if actor.kind is not ActorKind.TASK or not actor.name:
+        return None
+    prefix = f"{actor.dag_id}."
+    return actor.name[len(prefix) :] if actor.dag_id and actor.name.startswith(prefix) else actor.name
+
+
+def failed_step(entry: HistoryEntry) -> str | None:
+    """``write failed on try 2: <reason>`` for a task's ERROR or TRY_FAILED event (``..., retried``);
+    ``None`` for any other. A refusal by the package's own rules reads as one (``was refused``,
+    ``must wait``): its message already says what to do."""
+    task = task_of(entry.actor)
+    if entry.event not in (EpochEvent.ERROR, EpochEvent.TRY_FAILED) or task is None:
+        return None
+    kind = (entry.reason or "").split(":", 1)[0].strip()
+    error = next((e for e in _error_classes() if e.__name__ == kind), None)
+    verb = "failed"
+    if error is not None and issubclass(error, _WAITS):
+        verb = "must wait"
+    elif error is not None and not error.retryable:
+        verb = "was refused"
+    attempt = "" if entry.actor.try_number is None else f" on try {entry.actor.try_number}"
+    retried = ", retried" if entry.event is EpochEvent.TRY_FAILED else ""
+    return f"{task.rsplit('.', 1)[-1]} {verb}{attempt}{retried}: {entry.reason or 'no error given'}"
+
+
+def run_failure(events: Sequence[HistoryEntry], run_id: str | None, tasks: Collection[str] = ()) -> str | None:
+    """Why run ``run_id`` gave its epoch up: the newest failure for good one of its tasks recorded
+    (of ``tasks`` when given, the task ids Airflow says failed), as ``failed_step`` says it."""
+    for entry in reversed(events):
+        task = task_of(entry.actor)
+        if entry.event is EpochEvent.ERROR and entry.actor.run_id == run_id and (not tasks or task in tasks):
+            return failed_step(entry)
+    return None
+
+
+def _error_classes() -> Iterator[type[errors.ExactlyOnceError]]:
+    pending: list[type[errors.ExactlyOnceError]] = [errors.ExactlyOnceError]
+    while pending:
+        error = pending.pop()
+        yield error
+        pending.extend(error.__subclasses__())

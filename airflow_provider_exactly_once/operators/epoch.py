@@ -8,7 +8,9 @@ small JSON summary goes to XCom so the run's outcome can be read in the UI.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+import logging
+import time
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -16,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseOperator
 
 from airflow_provider_exactly_once.checkpoints.config import CheckpointConfig
-from airflow_provider_exactly_once.core.errors import AbortRefused, ExactlyOnceError, InvalidPreCommit
-from airflow_provider_exactly_once.core.history import acting
+from airflow_provider_exactly_once.core.errors import AbortRefused, ExactlyOnceError, InvalidPreCommit, WriteFailed
+from airflow_provider_exactly_once.core.history import acting, failure_reason, run_failure
 from airflow_provider_exactly_once.observability.assets import commit_alias, emit_committed
 from airflow_provider_exactly_once.observability.links import EpochLink
 from airflow_provider_exactly_once.observability.run_origin import RunOrigin, task_actor
@@ -36,6 +38,7 @@ from airflow_provider_exactly_once.runtime.run_epochs import (
     record_run,
 )
 from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig, SinkConfig
+from airflow_provider_exactly_once.version_compat import AirflowFailException
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -44,6 +47,13 @@ if TYPE_CHECKING:
     from airflow_provider_exactly_once.core.outcomes import CommitResult
     from airflow_provider_exactly_once.core.precommit import PreCommit
     from airflow_provider_exactly_once.store import SqlSinkStateStore
+
+
+log = logging.getLogger(__name__)
+
+#: How long an abort waits for a failed task's own record of its error (design.md D22): the task
+#: writes it right after Airflow marked it failed, which is what scheduled the abort.
+CAUSE_WAIT_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -283,8 +293,8 @@ class AbortEpochOperator(_EpochOperator):
         self.force = force
 
     def execute(self, context: Context) -> dict[str, Any]:
-        reason = self.reason or f"task {self.task_id} of run {context.get('run_id')}: an upstream step failed"
         with airflow_errors(), self._step(context) as step:
+            reason = self.reason or self._cause(context, step)
             write = self._this_runs_write(context, step.epoch)
             summary: dict[str, Any] = {
                 "sink_id": self.sink.sink_id,
@@ -311,6 +321,28 @@ class AbortEpochOperator(_EpochOperator):
         )
         return {**summary, "outcome": result.outcome.value, "files_deleted": result.files_deleted}
 
+    def _cause(self, context: Mapping[str, Any], step: _Step) -> str:
+        """Why the run gives its epoch up: the error its failed task kept on the epoch (D22), waited
+        for a while, since that task writes it just after Airflow marked it failed; else the tasks
+        Airflow says failed, which then died before they could say why."""
+        run_id = context.get("run_id")
+        failed = _failed_tasks(context, self.upstream_task_ids)
+        deadline = time.monotonic() + CAUSE_WAIT_S
+        while True:
+            cause = run_failure(step.store.history.events(self.sink.sink_id, step.epoch), run_id, failed)
+            if cause is not None or not failed or time.monotonic() >= deadline:
+                break
+            time.sleep(1.0)
+        if cause is not None:
+            return cause
+        if failed:
+            tasks = ", ".join(sorted(task.rsplit(".", 1)[-1] for task in failed))
+            return (
+                f"{tasks} failed without saying why (its process ended first: killed, out of memory, or its worker "
+                f"lost); its log in Airflow, run {run_id}, says what it did last"
+            )
+        return f"task {self.task_id} of run {run_id}: an upstream step failed"
+
     def _this_runs_write(self, context: Mapping[str, Any], epoch: int) -> PreCommit | None:
         """The run's write, when its XCom exists and is one of this sink's epoch; else ``None``."""
         value = pull_pre_commit(context, self.write_task_id)
@@ -330,6 +362,62 @@ class AbortEpochOperator(_EpochOperator):
             self.log.warning("Ignoring the unusable XCom of task %r: %s", self.write_task_id, exc)
             return None
         return pre
+
+
+class FailureRecorder:
+    """The ``on_failure_callback`` and ``on_retry_callback`` the epoch group gives each of its tasks
+    (design.md D22): the failed try's error kept on its epoch, as an ERROR event of that task (and
+    the row's ``error``), where the abort, the views and ``eo-sink`` read it with a link to the log.
+
+    It runs in the task's own process right after the failure, whatever the executor, or in the
+    dag-processor for a task whose process died (then without an exception); it never fails the
+    task's finalisation: an unreachable meta store leaves the task's log as the only record.
+    """
+
+    def __init__(self, sink_id: str, meta_conn_id: str | None, *, retried: bool = False) -> None:
+        self.sink_id = sink_id
+        self.meta_conn_id = meta_conn_id
+        #: The ``on_retry_callback``: Airflow runs the task again.
+        self.retried = retried
+
+    def __call__(self, context: Context) -> None:
+        try:
+            reason = failure_reason(*_described(context.get("exception")))
+            with acting(task_actor(context)):
+                store = open_meta_store(self.meta_conn_id)
+                try:
+                    epoch = epoch_for_context(context, self.sink_id, store.epochs)
+                    store.history.record_failure(self.sink_id, epoch, reason, final=not self.retried)
+                finally:
+                    store.dispose()
+        except Exception:
+            log.warning("could not keep the failure on sink %r's epoch", self.sink_id, exc_info=True)
+
+
+def _described(error: object) -> tuple[str, str]:
+    """The failed try's error as its class and message: the refusal an ``AirflowFailException``
+    carries, the Spark error of a failed write; a task whose process died has none."""
+    if isinstance(error, AirflowFailException) and isinstance(error.__cause__, ExactlyOnceError):
+        error = error.__cause__
+    if isinstance(error, WriteFailed):
+        kind, _, message = (error.cause or "").partition(": ")
+        return (kind, message) if message else ("WriteFailed", str(error))
+    if isinstance(error, BaseException):
+        return type(error).__name__, str(error)
+    if isinstance(error, str) and error:  # the dag-processor's message for a task it found dead
+        return "TaskDied", error
+    return "TaskDied", "its process ended without reporting an error (killed, out of memory, or its worker lost)"
+
+
+def _failed_tasks(context: Mapping[str, Any], upstream: Collection[str]) -> set[str]:
+    """Which of ``upstream`` Airflow has as failed in this run; empty when it cannot tell."""
+    ti = context.get("ti")
+    try:
+        states = ti.get_task_states(dag_id=ti.dag_id, task_ids=sorted(upstream), run_ids=[ti.run_id])  # type: ignore[union-attr]
+        return {task for task, state in dict(states.get(ti.run_id, {})).items() if str(state) == "failed"}  # type: ignore[union-attr]
+    except Exception:  # an Airflow without the call, or a context without a task instance
+        log.debug("could not read the states of tasks %s", sorted(upstream), exc_info=True)
+        return set()
 
 
 def _dag_id(context: Mapping[str, Any]) -> str | None:

@@ -327,7 +327,7 @@ class SparkPreCommitOperator(BaseOperator):
         except Exception as exc:
             error_file = Path(str(output) + ".error")
             if error_file.exists():
-                raise RuntimeError(f"epoch writer failed: {error_file.read_text(encoding='utf-8')}") from exc
+                raise _write_failed(spec, error_file.read_text(encoding="utf-8")) from exc
             raise
         if output.exists():
             return PreCommit.from_json(output.read_bytes())
@@ -372,9 +372,7 @@ class SparkPreCommitOperator(BaseOperator):
                     f"replaced or unreachable: {described}); this write can never be committed: a retry writes the "
                     "epoch anew under a new write id, and the recovery DAG deletes what this one left"
                 )
-            raise RuntimeError(
-                f"epoch writer failed: sink {spec.sink_id!r} epoch {spec.epoch} write {spec.write_id}: {described}"
-            ) from exc
+            raise _write_failed(spec, described) from exc
 
     def _spark_submit(self, spec_path: Path) -> SparkSubmitOperator:
         """The Spark provider's operator for this try, with this task's id and rendered Spark settings."""
@@ -471,6 +469,14 @@ class SparkPreCommitOperator(BaseOperator):
         from airflow_provider_exactly_once.observability.lineage import write_lineage
 
         return write_lineage(self.input_spec, self._target or dict(self.target_spec or {}), self._pre_commit)
+
+
+def _write_failed(spec: EpochJobSpec, cause: str) -> Exception:
+    """The error of a write whose Spark job failed, ``cause`` the one line Spark's error says."""
+    from airflow_provider_exactly_once.core.errors import WriteFailed
+
+    where = f"sink {spec.sink_id!r} epoch {spec.epoch} write {spec.write_id}"
+    return WriteFailed(f"epoch writer failed: {where}: {cause}", cause=cause)
 
 
 def _spark_parameters(kwargs: dict[str, Any], task_id: object) -> dict[str, Any]:

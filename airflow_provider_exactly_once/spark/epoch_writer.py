@@ -125,13 +125,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"exactly-once write done: {pre_commit.describe()}: {files} file(s){changes}", file=sys.stderr)
         return EXIT_OK
     except Exception as exc:
-        message = f"sink {spec.sink_id!r} epoch {spec.epoch} write {spec.write_id}: {describe_failure(exc)}"
+        cause = describe_failure(exc)
         traceback.print_exc(file=sys.stderr)
-        print(f"{ERROR_PREFIX} {message}", file=sys.stderr)
+        print(
+            f"{ERROR_PREFIX} sink {spec.sink_id!r} epoch {spec.epoch} write {spec.write_id}: {cause}", file=sys.stderr
+        )
         _remove_locations(written)
         if spec.output_path is not None:
             try:
-                _write_text(spec.output_path + ".error", message)
+                _write_text(spec.output_path + ".error", cause)
             except Exception as write_error:  # the stderr line above still carries the message
                 print(f"(could not write {spec.output_path}.error: {write_error})", file=sys.stderr)
         return EXIT_FAILED

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import timedelta
 
-from sqlalchemy import delete, insert, select
+from sqlalchemy import delete, insert, select, update
 from sqlalchemy.orm import Session
 
 from airflow_provider_exactly_once.core.history import (
@@ -25,9 +25,11 @@ from airflow_provider_exactly_once.core.history import (
 )
 from airflow_provider_exactly_once.core.identifiers import check_epoch
 from airflow_provider_exactly_once.core.ports import EpochRecord
-from airflow_provider_exactly_once.store import rows
+from airflow_provider_exactly_once.core.precommit import PreCommit
+from airflow_provider_exactly_once.core.status import EpochStatus
+from airflow_provider_exactly_once.store import arguments, rows
 from airflow_provider_exactly_once.store.database import MetaStoreDatabase
-from airflow_provider_exactly_once.store.models import LOCK_HOLDER_LENGTH, EpochHistory, db_now
+from airflow_provider_exactly_once.store.models import LOCK_HOLDER_LENGTH, EpochHistory, PendingSinkState, db_now
 
 
 def record(
@@ -109,6 +111,50 @@ class SqlHistory:
                 .order_by(EpochHistory.id)
             )
             return [_entry(row) for row in found]
+
+    def record_failure(self, sink_id: str, epoch: int, reason: str, *, final: bool = True) -> bool:
+        """Keep the acting task's failed try on its epoch (design.md D22): an ERROR event (a
+        TRY_FAILED one when Airflow runs the task again) and, while the epoch's write is not
+        Committed, the row's ``error``. An epoch with no row yet (a write that failed before its
+        persist) keeps the event alone, under the write id of an epoch without a write. Nothing is
+        written when this try already recorded its error (the coordinator notes those it meets);
+        whether an event was."""
+        epoch, reason = check_epoch(epoch), arguments.text(reason, "reason")
+        actor = current_actor()
+        name = None if actor.name is None else actor.name[:LOCK_HOLDER_LENGTH]
+        event = EpochEvent.ERROR if final else EpochEvent.TRY_FAILED
+        with self._db.transaction(f"keeping a failure on sink {sink_id!r} epoch {epoch}", write=True) as session:
+            newest = session.execute(
+                select(EpochHistory.event, EpochHistory.actor_name, EpochHistory.run_id, EpochHistory.try_number)
+                .where(EpochHistory.sink_id == sink_id, EpochHistory.epoch == epoch)
+                .order_by(EpochHistory.id.desc())
+                .limit(1)
+            ).one_or_none()
+            if newest is not None and tuple(newest) == (EpochEvent.ERROR.value, name, actor.run_id, actor.try_number):
+                return False
+            row = session.execute(
+                select(PendingSinkState.write_id, PendingSinkState.status, PendingSinkState.revision).where(
+                    PendingSinkState.sink_id == sink_id, PendingSinkState.epoch == epoch
+                )
+            ).one_or_none()
+            if row is None:
+                write_id = PreCommit.nothing_written(sink_id, epoch).write_id
+                record(session, sink_id, epoch, event, write_id, status=None, reason=reason)
+                return True
+            if row.status != EpochStatus.COMMITTED.value:
+                session.execute(
+                    update(PendingSinkState)
+                    .where(
+                        PendingSinkState.sink_id == sink_id,
+                        PendingSinkState.epoch == epoch,
+                        PendingSinkState.write_id == row.write_id,
+                    )
+                    .values(error=reason, updated_at=db_now())
+                )
+            record(
+                session, sink_id, epoch, event, row.write_id, status=row.status, revision=row.revision, reason=reason
+            )
+            return True
 
     def expire(self, sink_id: str, older_than: timedelta) -> int:
         """Delete the sink's history rows older than ``older_than`` by the database's clock; how

@@ -253,6 +253,8 @@ class SqlSinkStateStore(SqlCleanupQueue, SqlBatchTransitions):
                 )
             rows.replace_metadata(session, pre_commit, replaced_write_id=expected_write_id)
             replaced = f"replaces {expected_status} write {expected_write_id}"
+            if expected_write_id == PreCommit.nothing_written(sink_id, epoch).write_id:
+                replaced = "the first write of an epoch aborted before any write"
             run = (dag_id, run_id, try_number)
             record = cas.reloaded(session, sink_id, epoch)
             return epoch_history.recorded(session, record, EpochEvent.REPLACED, reason=replaced, run=run)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -18,7 +19,7 @@ from airflow_provider_exactly_once.core.ports import CommitMark
 from airflow_provider_exactly_once.core.status import AbortCause, EpochStatus
 from airflow_provider_exactly_once.store import SqlSinkStateStore
 from fault_harness.checker import Anomaly
-from fault_harness.history_check import IMPLIED, check_history_rows
+from fault_harness.history_check import IMPLIED, check_history_rows, uncaused
 from tests.support.builders import make_pre_commit
 
 SINK = "faults-history"
@@ -116,8 +117,14 @@ def _anomalies(store: SqlSinkStateStore) -> list[Anomaly]:
 
 
 def test_every_state_bearing_event_has_an_implied_row() -> None:
-    """The mapping covers every event but the four that change no status."""
-    notes = {EpochEvent.WARNING, EpochEvent.ERROR, EpochEvent.CLEANUP_QUEUED, EpochEvent.CLEANED_UP}
+    """The mapping covers every event but the five that change no status."""
+    notes = {
+        EpochEvent.WARNING,
+        EpochEvent.ERROR,
+        EpochEvent.TRY_FAILED,
+        EpochEvent.CLEANUP_QUEUED,
+        EpochEvent.CLEANED_UP,
+    }
     assert set(IMPLIED) == set(EpochEvent) - notes
 
 
@@ -199,3 +206,23 @@ def test_the_detail_names_the_row_and_the_event(store: SqlSinkStateStore) -> Non
     assert "is Committed" in anomaly.detail
     assert "commit decided" in anomaly.detail
     assert "leaves it Pending" in anomaly.detail
+
+
+def _event(event: str, actor: str, name: str | None, reason: str | None, run_id: str = "r1") -> dict[str, Any]:
+    return {"event": event, "at": "t", "actor": actor, "actor_name": name, "reason": reason, "run_id": run_id}
+
+
+def test_an_abort_without_a_cause_or_naming_no_failed_task_is_uncaused() -> None:
+    """``uncaused`` reads ``eo-sink history --json``: each abort by a task names the task of its run
+    that failed (its kept error, or found dead); an operator's or recovery's reason is theirs."""
+    failed = _event("error", "task", "d.eo.write", "ValueError: row 7")
+    caused = _event("aborted unpersisted", "task", "d.eo.abort", "write failed on try 1: ValueError: row 7")
+    dead = _event("aborted", "task", "d.eo.abort", "write failed without saying why (its process ended first...)")
+    by_hand = _event("aborted", "cli", "ops@host", "bad day, re-landed tomorrow")
+    assert uncaused([failed, caused]) == []
+    assert uncaused([dead, by_hand]) == []
+    old = _event("aborted", "task", "d.eo.abort", "task eo.abort of run r1: an upstream step failed")
+    assert uncaused([failed, old]) == [f"the aborted event of t by task d.eo.abort gives no cause: {old['reason']!r}"]
+    other_run = _event("aborted", "task", "d.eo.abort", "write failed on try 1: ValueError: row 7", run_id="r2")
+    [problem] = uncaused([failed, other_run])
+    assert "names no task of its run that failed" in problem

@@ -14,6 +14,7 @@ from alembic import command
 
 from airflow_provider_exactly_once.core.history import Actor, ActorKind, EpochEvent, acting
 from airflow_provider_exactly_once.core.ports import CommitMark
+from airflow_provider_exactly_once.core.precommit import PreCommit
 from airflow_provider_exactly_once.core.status import AbortCause, EpochStatus
 from airflow_provider_exactly_once.store import SqlSinkStateStore, epoch_history, migrate
 from airflow_provider_exactly_once.store.batch_transitions import SqlBatchTransitions
@@ -204,3 +205,60 @@ def test_every_transition_records_its_event(owner: type) -> None:
     assert writing, f"{owner.__name__} has no transition: the check would look at nothing"
     recording = ("epoch_history.record", "_noted(")  # ``record``, ``recorded``, and sql.py's notes
     assert [name for name, source in writing.items() if not any(r in source for r in recording)] == []
+
+
+def test_a_failed_task_keeps_its_error_on_the_epoch_with_or_without_a_row(
+    store: SqlSinkStateStore, sink_id: str
+) -> None:
+    """Design.md D22: a try that failed before the write was persisted leaves its event alone; once
+    the epoch has a row, the row's error too; a try whose error the coordinator noted already
+    records nothing more; a Committed row keeps its error column empty."""
+    write = TASK.__class__(ActorKind.TASK, name="d.eo.write", dag_id="d", run_id="scheduled__1", try_number=1)
+    with acting(write):
+        assert store.history.record_failure(sink_id, E, "ValueError: row 7", final=False)
+    [retried] = store.history.events(sink_id, E)
+    assert (retried.event, retried.status, retried.actor.name, retried.reason) == (
+        EpochEvent.TRY_FAILED,
+        None,
+        "d.eo.write",
+        "ValueError: row 7",
+    )
+    pre = make_pre_commit(sink_id, E)
+    store.insert_pending(pre, run_id="scheduled__1", try_number=1, dag_id="d")
+    with acting(TASK):
+        store.record_error(sink_id, E, write_id=pre.write_id, error="CommitConflictExhausted: 8 tries")
+        assert not store.history.record_failure(sink_id, E, "CommitConflictExhausted: 8 tries")  # noted already
+    with acting(TASK.__class__(**{**TASK.__dict__, "try_number": 3})):
+        assert store.history.record_failure(sink_id, E, "SinkUnavailable: catalog down")
+    row = store.get(sink_id, E)
+    assert row is not None and row.error == "SinkUnavailable: catalog down"
+    assert events(store, sink_id, E)[-2:] == [
+        (EpochEvent.ERROR, pre.write_id, EpochStatus.PENDING.value),
+        (EpochEvent.ERROR, pre.write_id, EpochStatus.PENDING.value),
+    ]
+    store.decide_commit(sink_id, E, write_id=pre.write_id)
+    store.mark_committed(sink_id, E, write_id=pre.write_id, committed={"db.events": "1"})
+    with acting(TASK):
+        assert store.history.record_failure(sink_id, E, "OSError: lineage endpoint down")
+    row = store.get(sink_id, E)
+    assert row is not None and row.status is EpochStatus.COMMITTED and row.error is None
+    assert events(store, sink_id, E)[-1] == (EpochEvent.ERROR, pre.write_id, EpochStatus.COMMITTED.value)
+
+
+def test_the_first_write_after_an_abort_without_a_write_replaces_no_write(
+    store: SqlSinkStateStore, sink_id: str
+) -> None:
+    """An epoch aborted before its run wrote anything holds a placeholder write id; the write that
+    re-opens it replaced no write, and its history says so rather than naming the placeholder."""
+    nothing = PreCommit.nothing_written(sink_id, E)
+    store.insert_aborted(nothing, reason="write failed on try 1: ValueError: row 7", dag_id="d")
+    first = make_pre_commit(sink_id, E)
+    store.replace_write(
+        first, expected_status=EpochStatus.ABORTED, expected_write_id=nothing.write_id, run_id="r", try_number=1
+    )
+    replaced = store.history.events(sink_id, E)[-1]
+    assert (replaced.event, replaced.reason) == (
+        EpochEvent.REPLACED,
+        "the first write of an epoch aborted before any write",
+    )
+    assert nothing.write_id not in (replaced.reason or "")

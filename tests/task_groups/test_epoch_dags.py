@@ -229,9 +229,11 @@ def test_write_that_fails_once_then_succeeds_on_retry_is_once(world: World) -> N
     assert failed_try.write_id not in {r[2] for r in world.rows()}
 
 
-def test_a_run_whose_write_failed_is_recorded_aborted_with_its_reason(world: World) -> None:
+def test_a_run_whose_write_failed_is_recorded_aborted_with_its_cause(world: World) -> None:
+    """The abort says which task failed, on which try, with its error (design.md D22), and the
+    epoch's history keeps each failed try of the write, though the write was never persisted."""
     epoch = epoch_from_interval_start(DAY)
-    dag = epoch_dag(world, world.iceberg_sink(), write_kwargs={"fail_tries": (1,)})
+    dag = epoch_dag(world, world.iceberg_sink(), write_kwargs={"fail_tries": (1, 2)}, write_retries=1)
 
     dr = run(dag, DAY)
 
@@ -239,8 +241,17 @@ def test_a_run_whose_write_failed_is_recorded_aborted_with_its_reason(world: Wor
     assert ti_states(dag.dag_id, dr.run_id)[f"{G}.abort"][0] == "success"
     row = world.pipeline.store.get(world.sink_id, epoch)
     assert row is not None and row.status is EpochStatus.ABORTED and not row.pre_commit.written
-    assert row.dag_id == dag.dag_id and row.error is not None and dr.run_id in row.error
+    cause = "write failed on try 2: RuntimeError: write try 2 fails on purpose after writing its files"
+    assert row.dag_id == dag.dag_id and row.error == cause
     assert xcom(dag.dag_id, dr.run_id, f"{G}.abort")["outcome"] == "recorded Aborted: the run produced no write"
+    history = world.pipeline.store.history.events(world.sink_id, epoch)
+    events = [(e.event.value, e.actor.name, e.actor.try_number, e.reason) for e in history]
+    assert events == [
+        ("try failed", f"{dag.dag_id}.write", 1, "RuntimeError: write try 1 fails on purpose after writing its files"),
+        ("error", f"{dag.dag_id}.write", 2, "RuntimeError: write try 2 fails on purpose after writing its files"),
+        ("aborted unpersisted", f"{dag.dag_id}.{G}.abort", 1, cause),
+        ("cleaned up", f"{dag.dag_id}.{G}.abort", 1, cause),
+    ]
 
 
 def test_backfill_out_of_order_commits_each_interval_once(world: World) -> None:
