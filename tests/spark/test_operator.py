@@ -6,6 +6,7 @@ import, and the other suites may already have imported it with theirs.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import textwrap
 from pathlib import Path
@@ -454,3 +455,70 @@ def test_a_reprocessed_upsert_epoch_is_planned_as_a_revision_of_the_committed_wr
     with pytest.raises(RuntimeError, match="left no pre-commit metadata"):
         op._execute({**context, "dag_run": first, "run_id": "first"})
     assert specs[1]["targets"][0]["revision"] is None
+
+
+FAILING_DAG_SCRIPT = textwrap.dedent(
+    """
+    import datetime as dt, json, os, sys
+    from airflow.sdk import DAG
+    from airflow_provider_exactly_once import MetaStoreCheckpoint, SparkWrite, SqlInput, exactly_once_epoch
+
+    settings = json.loads(os.environ["EO_TEST_SETTINGS"])
+    conf = {"spark.ui.enabled": "false", "spark.driver.memory": "768m", "spark.pyspark.python": sys.executable}
+
+    with DAG("eo_failing_write", schedule="@daily", start_date=dt.datetime(2023, 12, 1, tzinfo=dt.timezone.utc),
+             catchup=False) as dag:
+        exactly_once_epoch(
+            SparkWrite(SqlInput(query=settings["query"]), conn_id="spark_local", conf=conf, retries=1,
+                       retry_delay=dt.timedelta(0)),
+            sink=settings["sink"],
+            checkpoint=MetaStoreCheckpoint(),
+            meta_conn_id="eo_meta",
+            group_id="orders",
+            commit_retries=0,
+        )
+
+    if __name__ == "__main__":
+        run = dag.test(logical_date=dt.datetime(2024, 1, 2, tzinfo=dt.timezone.utc))
+        print("DAG RUN STATE", run.state)
+    """
+)
+
+
+def test_a_write_that_spark_refuses_leaves_sparks_error_on_its_epoch(
+    airflow_env: dict[str, str], tmp_path: Path, catalog: Catalog, catalog_props: dict[str, str]
+) -> None:
+    """Design.md D22 with real spark-submit: the epoch of a write whose query overflows a cast says,
+    on its row and in its history, which task failed on which try with Spark's own error."""
+    from airflow_provider_exactly_once.store import SqlSinkStateStore
+
+    make_table(catalog, "ns.orders")
+    meta = f"sqlite:///{tmp_path / 'meta.db'}"
+    settings = {
+        "query": "SELECT CAST(1e32 AS BIGINT) AS id, 'x' AS name, current_timestamp() AS ts, CAST(1 AS DOUBLE) AS amount",
+        "sink": {"kind": "iceberg", "sink_id": "orders", "tables": ["ns.orders"], "iceberg_conn_id": "default"},
+    }
+    output = run_dag_file(
+        airflow_env,
+        "eo_failing_write",
+        FAILING_DAG_SCRIPT,
+        settings,
+        default={"conn_type": "iceberg", "extra": catalog_props},
+        eo_meta={"conn_type": "exactly_once_meta", "host": meta},
+    )
+    assert "DAG RUN STATE failed" in output, output[-5000:]
+    store = SqlSinkStateStore(meta)
+    try:
+        epoch = epoch_from_interval_start(dt.datetime(2024, 1, 2, tzinfo=dt.UTC))  # a manual run's logical date
+        row = store.get("orders", epoch)
+        events = [(e.event.value, e.actor.name, e.actor.try_number) for e in store.history.events("orders", epoch)]
+        reasons = [e.reason or "" for e in store.history.events("orders", epoch)]
+    finally:
+        store.dispose()
+    assert row is not None and row.status.value == "Aborted" and row.error is not None, output[-8000:]
+    assert row.error.startswith("write failed on try 2: ") and "[CAST_OVERFLOW]" in row.error, row.error
+    assert events[:2] == [
+        ("try failed", "eo_failing_write.orders.write", 1),
+        ("error", "eo_failing_write.orders.write", 2),
+    ]
+    assert all("[CAST_OVERFLOW]" in reason and "epoch writer failed" not in reason for reason in reasons[:2]), reasons
