@@ -25,7 +25,7 @@ from airflow_provider_exactly_once.sinks.iceberg.prepared_manifests import MANIF
 from airflow_provider_exactly_once.store import SqlSinkStateStore
 from tests.support.faults import FaultSwitch
 from tests.support.independent_reader import read_rows
-from tests.support.pipeline import ROW_SCHEMA, Pipeline, local_path
+from tests.support.pipeline import ROW_SCHEMA, Pipeline, expected_rows, local_path
 
 EPOCH = 7
 BY_EPOCH = PartitionSpec(PartitionField(source_id=2, field_id=1000, transform=IdentityTransform(), name="epoch"))
@@ -138,6 +138,38 @@ def test_a_manifest_gone_before_the_commit_is_written_again_not_trusted(pipeline
     listed = _listed(table, snapshot_id)
     assert len(listed) == 1 and gone not in listed and "/metadata/" in next(iter(listed))
     assert len(read_rows(table)) == 6
+
+
+@pytest.mark.parametrize("damage", ["truncated", "replaced"])
+def test_a_manifest_truncated_or_replaced_before_the_commit_is_written_again_not_trusted(
+    pipeline: Pipeline, sink_id: str, damage: str
+) -> None:
+    """Scenario (issue 54): a prepared manifest is listed only while it has the length persist
+    recorded. Checked for existence alone, one cut short would be listed and break every read of
+    the table, and another manifest written at its path (here another write's, longer) would show
+    that write's rows in this epoch. The commit writes its own manifest; DuckDB reads the epoch's rows."""
+    pipeline.create_table("t")
+    committer = pipeline.iceberg_committer()
+    coordinator = pipeline.coordinator(sink_id, committer)
+    pre = pipeline.write_iceberg(sink_id, EPOCH, ["t"], rows=6)
+    coordinator.persist(pre)
+    (prepared,) = _manifests_on_disk(pre)
+    path = Path(local_path(prepared))
+    original = path.read_bytes()
+    if damage == "truncated":
+        path.write_bytes(original[: len(original) // 2])
+    else:
+        other = committer.stage(committer.prepare(pipeline.write_iceberg(sink_id, EPOCH + 1, ["t"], rows=4, files=2)))
+        assert other.tables[0].prepared is not None
+        path.write_bytes(Path(local_path(other.tables[0].prepared.manifests[0].path)).read_bytes())
+    assert path.stat().st_size != len(original)
+
+    snapshot_id = _commit(pipeline, coordinator, sink_id)
+
+    table = pipeline.catalog.load_table(pre.tables[0].table)
+    listed = _listed(table, snapshot_id)  # first: DuckDB's reader aborts the process on a truncated manifest
+    assert len(listed) == 1 and prepared not in listed and "/metadata/" in next(iter(listed))
+    assert read_rows(table, "id, epoch, write_id") == expected_rows([pre], pre.tables[0].table)
 
 
 def test_a_manifest_prepared_before_a_schema_change_is_replaced_and_deleted(pipeline: Pipeline, sink_id: str) -> None:

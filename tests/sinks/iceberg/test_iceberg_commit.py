@@ -11,6 +11,7 @@ import pytest
 from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.schema import Schema
+from pyiceberg.table import Table
 from pyiceberg.transforms import DayTransform, IdentityTransform
 from pyiceberg.types import LongType, NestedField, StringType, TimestampType
 
@@ -23,13 +24,18 @@ from airflow_provider_exactly_once.core.errors import (
     SchemaMismatch,
     UnknownTable,
 )
-from airflow_provider_exactly_once.core.faults import no_faults
+from airflow_provider_exactly_once.core.faults import SimulatedCrash, no_faults
 from airflow_provider_exactly_once.core.ports import EMPTY, CommitPlan, SinkCommitter
-from airflow_provider_exactly_once.core.precommit import PartitionValue, WrittenColumn
+from airflow_provider_exactly_once.core.precommit import PartitionValue, PreCommit, WrittenColumn
 from airflow_provider_exactly_once.sinks.iceberg import IcebergSinkCommitter
 from airflow_provider_exactly_once.sinks.iceberg.epoch_snapshot import EpochSnapshot, commit_snapshots
 from airflow_provider_exactly_once.sinks.iceberg.markers import EPOCH_KEY, SINK_ID_KEY, WRITE_ID_KEY
 from airflow_provider_exactly_once.sinks.iceberg.schema_check import ColumnToAdd
+from airflow_provider_exactly_once.sinks.iceberg.transaction import (
+    FAULT_AFTER_CATALOG_UPDATE,
+    FAULT_BEFORE_CATALOG_UPDATE,
+)
+from tests.support.faults import FaultSwitch
 from tests.support.independent_reader import read_branch
 
 from .iceberg_helpers import (
@@ -119,6 +125,58 @@ def test_fan_out_over_three_tables(catalog: SqlCatalog, sink_id: str, branch: st
         assert ids_in(table, branch) == [100 * i, 100 * i + 1, 100 * i + 2]
     assert committer.commit(CommitPlan(pc), now()) == result
     assert [snapshot_count(t) for t in tables] == [1, 1, 1]
+
+
+def _middle_empty(tables: list[Table], sink_id: str, epoch: int) -> PreCommit:
+    """One write of 3 rows into the first and last of ``tables`` and of nothing into the middle one."""
+    write_id = str(uuid.uuid4())
+    writes = []
+    for i, table in enumerate(tables):
+        location = write_location(table, write_id)
+        files = [] if i == 1 else [write_parquet(table, location, rows(1000 * epoch + 100 * i, 3))]
+        writes.append(table_write(table, location, files))
+    return pre_commit(sink_id, epoch, writes, write_id=write_id)
+
+
+def test_a_fan_out_of_three_tables_with_the_middle_one_empty_commits_and_so_do_its_retries(
+    catalog: SqlCatalog, sink_id: str, branch: str
+) -> None:
+    """Scenario (issue 54): a fan-out of three tables, the middle one empty in the epoch, so fewer
+    tables take a snapshot than were checked: an indexing slip between the two leaves a decided
+    epoch stuck, an ``IndexError`` on every retry. The epoch commits as prepared; and decided, after
+    a crash between the tables, a new process commits the rest with nothing prepared, through a
+    conflict retry on the last table. DuckDB reads every table right."""
+    tables = [create_table(catalog, f"t{i}") for i in range(3)]
+    names = [".".join(table.name()) for table in tables]
+    first = _middle_empty(tables, sink_id, 7)
+    committer = IcebergSinkCommitter(catalog, branch=branch)
+
+    result = committer.commit(committer.prepare(first, check_files=True), now())
+    assert result["ns.t1"] == EMPTY and result["ns.t0"] != EMPTY and result["ns.t2"] != EMPTY
+    assert [snapshot_count(t) for t in tables] == [1, 0, 1]
+
+    second = _middle_empty(tables, sink_id, 8)
+    faults = FaultSwitch()
+    faults.crash_at(FAULT_AFTER_CATALOG_UPDATE)  # t0 committed, then the process dies
+    crashing = IcebergSinkCommitter(catalog, branch=branch, fault=faults)
+    with pytest.raises(SimulatedCrash):
+        crashing.commit(crashing.prepare(second, check_files=True), now())
+    assert [snapshot_count(t) for t in tables] == [2, 0, 1]
+
+    faults = FaultSwitch()  # another writer appends to t2's branch under the new process's first attempt
+    faults.then(FAULT_BEFORE_CATALOG_UPDATE, lambda: catalog.load_table("ns.t2").append(rows(-5, 1), branch=branch))
+    resumed = IcebergSinkCommitter(catalog, branch=branch, fault=faults)
+    decided = CommitPlan(second)  # a decided epoch is committed with nothing prepared
+    committed = resumed.commit(decided, now())
+    assert faults.seen[FAULT_BEFORE_CATALOG_UPDATE] == 2  # t2 refused once, then committed
+    assert committed["ns.t1"] == EMPTY and committed["ns.t0"] != EMPTY and committed["ns.t2"] != EMPTY
+    assert IcebergSinkCommitter(catalog, branch=branch).commit(decided, now()) == committed  # and again: nothing
+    assert [snapshot_count(t) for t in tables] == [2, 0, 3]  # one marked snapshot per write, the foreign one
+
+    for i, (table, name) in enumerate(zip(tables, names, strict=True)):
+        expected = [1000 * epoch + 100 * i + n for epoch in (7, 8) for n in range(3)] if i != 1 else []
+        foreign = [-5] if i == 2 else []
+        assert [r[0] for r in read_branch(table.refresh(), branch, "id")] == sorted(foreign + expected), name
 
 
 def test_fan_out_refusal_on_one_table_commits_none(catalog: SqlCatalog, sink_id: str) -> None:

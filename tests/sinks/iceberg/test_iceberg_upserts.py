@@ -18,9 +18,14 @@ from airflow_provider_exactly_once.core.errors import InvalidPreCommit, UpsertCo
 from airflow_provider_exactly_once.core.precommit import PreCommit, TableWrite
 from airflow_provider_exactly_once.core.upserts import ChangeCounts, RevisedWrite, RewrittenFile
 from airflow_provider_exactly_once.core.write_kinds import ReplacedWrite
-from airflow_provider_exactly_once.sinks.iceberg.markers import marker_properties
+from airflow_provider_exactly_once.sinks.iceberg import IcebergSinkCommitter
+from airflow_provider_exactly_once.sinks.iceberg.markers import EPOCH_KEY, marker_properties
+from airflow_provider_exactly_once.sinks.iceberg.transaction import FAULT_BEFORE_CATALOG_UPDATE
 from airflow_provider_exactly_once.sinks.iceberg.upsert_commits import files_to_rewrite, may_hold_keys, snapshots_since
 from airflow_provider_exactly_once.sinks.iceberg.upsert_overwrites import upsert_files_to_replace
+from tests.support.faults import FaultSwitch
+from tests.support.independent_reader import read_rows
+from tests.support.upsert_writer import ARROW, KEYED, write_upsert
 
 from .iceberg_helpers import NAMESPACE, create_table, rows
 
@@ -145,3 +150,37 @@ def test_a_revision_removes_the_revised_writes_files_and_only_when_planned_again
     unplanned = revision.model_copy(update={"revises": None})
     with pytest.raises(UpsertConflict, match="planned against the table as it was when it ran"):
         upsert_files_to_replace(table, "main", pre, unplanned, replaces)
+
+
+@pytest.mark.parametrize("staged", [False, True], ids=["own-manifests", "prepared-manifests"])
+def test_a_foreign_write_of_a_key_between_prepare_and_commit_is_refused_on_the_conflict_retry(
+    catalog: SqlCatalog, sink_id: str, staged: bool
+) -> None:
+    """Scenario (issue 54): an upsert's conflict retry must check the other writer's changes against
+    the table as reloaded, not as loaded at prepare. Another writer appends one of the epoch's keys
+    between prepare and commit: the first attempt, on the table prepare loaded, loses the catalog's
+    compare-and-swap; its retry reloads and refuses (``UpsertConflict``). Checked against the table
+    of prepare, it would commit the key a second time. With the manifests persist writes
+    (``staged``) and without."""
+    name = f"{NAMESPACE}.keyed"
+    catalog.create_table(name, schema=KEYED)
+    committer = IcebergSinkCommitter(catalog)
+    first = write_upsert(catalog, name, sink_id, 0, {k: f"v{k}" for k in range(8)}, str(uuid.uuid4()))
+    committer.commit(committer.prepare(first), datetime.now(UTC))
+    pre = write_upsert(catalog, name, sink_id, 1, {1: "one", 2: None, 5: "five", 20: "new"}, str(uuid.uuid4()))
+    if staged:
+        pre = committer.stage(committer.prepare(pre))
+        assert pre.tables[0].prepared is not None
+    faults = FaultSwitch()
+    committer = IcebergSinkCommitter(catalog, fault=faults)
+    plan = committer.prepare(pre, check_files=True)  # as the coordinator does before its decision
+
+    catalog.load_table(name).append(pa.Table.from_pylist([{"id": 5, "value": "theirs"}], schema=ARROW))
+
+    with pytest.raises(UpsertConflict, match=r"1 data file\(s\) added since its read may hold the epoch's keys"):
+        committer.commit(plan, datetime.now(UTC))
+    assert faults.seen[FAULT_BEFORE_CATALOG_UPDATE] == 1  # the first attempt lost the swap; the retry refused
+    table = catalog.load_table(name)
+    assert read_rows(table, "id, value") == sorted([*((k, f"v{k}") for k in range(8)), (5, "theirs")])
+    epochs = [s.summary.additional_properties.get(EPOCH_KEY) for s in table.snapshots() if s.summary is not None]
+    assert epochs == ["0", None]  # epoch 0, the foreign append; epoch 1 nowhere

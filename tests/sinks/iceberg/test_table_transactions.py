@@ -33,6 +33,7 @@ from airflow_provider_exactly_once.core.delivery import Delivery
 from airflow_provider_exactly_once.core.errors import CommitOutcomeUnknown
 from airflow_provider_exactly_once.core.faults import SimulatedCrash, no_faults
 from airflow_provider_exactly_once.core.outcomes import CommitOutcome
+from airflow_provider_exactly_once.core.ports import EMPTY
 from airflow_provider_exactly_once.core.precommit import PreCommit
 from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochStatus
 from airflow_provider_exactly_once.sinks.iceberg import IcebergSinkCommitter
@@ -351,6 +352,181 @@ def test_a_lost_response_to_the_transaction_is_settled_by_reading_every_tables_m
         pipeline.dispose()
     finally:
         proxy.stop()
+
+
+#: A gateway's answers in place of the catalog's, once the catalog applied the request: a Java REST
+#: server's 500 error body, and a load balancer's own 502 page.
+GATEWAY_ANSWERS = {
+    500: (
+        "Internal Server Error",
+        "application/json",
+        b'{"error": {"message": "Server error: upstream reset", "type": "ServerError", "code": 500}}',
+    ),
+    502: ("Bad Gateway", "text/html", b"<html><body><h1>502 Bad Gateway</h1></body></html>"),
+}
+
+
+def _http_answer(status: int) -> bytes:
+    reason, content_type, body = GATEWAY_ANSWERS[status]
+    head = f"HTTP/1.1 {status} {reason}\r\nContent-Type: {content_type}\r\nContent-Length: {len(body)}\r\n"
+    return (head + "Connection: close\r\n\r\n").encode() + body
+
+
+def _readable_throughout(pipeline: S3Pipeline, name: str) -> None:
+    """Every manifest list and manifest the table's snapshots name is in storage (nothing deleted
+    under a committed snapshot)."""
+    table = pipeline.catalog.load_table(name)
+    assert table.metadata.snapshots
+    for snapshot in table.metadata.snapshots:
+        assert table.io.new_input(snapshot.manifest_list).exists(), snapshot.manifest_list
+        for manifest in snapshot.manifests(table.io):
+            assert table.io.new_input(manifest.manifest_path).exists(), manifest.manifest_path
+
+
+@pytest.mark.parametrize("status", sorted(GATEWAY_ANSWERS))
+def test_a_gateway_5xx_after_the_catalog_applied_the_transaction_is_settled_by_markers_and_deletes_nothing(
+    seaweed: SeaweedFS, tmp_path: Path, sink_id: str, unique: str, status: int
+) -> None:
+    """Scenario (issue 54): a REST gateway answers 5xx after the catalog applied a
+    ``transactions/commit``. Taken as a conflict, the committer would delete the manifests it staged,
+    which the committed snapshots list: the tables could no longer be read (DuckDB: 404 on a manifest
+    list). The outcome is unknown; every table's marker settles it, nothing is deleted."""
+    proxy: Proxy = proxy_to(seaweed.catalog_uri, http=True)
+    try:
+        pipeline = s3_pipeline(seaweed_lake(seaweed, f"eo_{unique}", uri=proxy.url, **ASKED), tmp_path)
+        for name in TABLES:
+            pipeline.create_table(name)
+        coordinator = pipeline.coordinator(sink_id, pipeline.iceberg_committer())
+        pre = pipeline.write_iceberg(sink_id, 1, TABLES, rows=4)
+        coordinator.persist(pre)
+        pipeline.checkpoint(sink_id, 1, COMPLETED)
+        names = [f"{pipeline.namespace}.{name}" for name in TABLES]
+
+        proxy.drop_response(
+            lambda method, path, body: method == "POST" and path.endswith("/transactions/commit"),
+            answer=_http_answer(status),
+        )
+        with pytest.raises(CommitOutcomeUnknown, match=f"unknown outcome: the catalog answered HTTP {status}"):
+            coordinator.commit(sink_id, 1)
+        assert [r.dropped for r in proxy.requests if r.path.endswith("/transactions/commit")] == [True]
+        for table, name in zip(TABLES, names, strict=True):  # applied by the catalog, and readable
+            assert pipeline.marker_snapshots(table, sink_id) == {1: [pre.write_id]}
+            _readable_throughout(pipeline, name)
+            assert sorted(read_rows(pipeline.catalog.load_table(name), "id, epoch, write_id")) == (
+                pipeline.expected_rows([pre], name)
+            )
+
+        assert coordinator.commit(sink_id, 1).outcome is CommitOutcome.COMMITTED  # settled by the markers
+        assert sum(1 for r in proxy.requests if r.path.endswith("/transactions/commit")) == 1  # not sent again
+        row = pipeline.store.get(sink_id, 1)
+        assert row is not None and row.status is EpochStatus.COMMITTED and row.committed is not None
+        for table, name in zip(TABLES, names, strict=True):
+            loaded = pipeline.catalog.load_table(name)
+            assert pipeline.marker_snapshots(table, sink_id) == {1: [pre.write_id]}  # committed once
+            assert len(loaded.metadata.snapshots) == 1 and row.committed[name] == str(
+                loaded.metadata.current_snapshot_id
+            )
+            _readable_throughout(pipeline, name)
+            assert sorted(read_rows(loaded, "id, epoch, write_id")) == pipeline.expected_rows([pre], name)
+        pipeline.dispose()
+    finally:
+        proxy.stop()
+
+
+def test_a_404_for_a_table_dropped_before_the_transaction_leaves_the_route_on_and_commits_no_table_alone(
+    pipeline: S3Pipeline, sink_id: str
+) -> None:
+    """Scenario (issue 54): the catalog answers ``transactions/commit`` with 404 NoSuchTable (a table
+    of the fan-out was dropped after the commit loaded it). That is not "the route is not offered":
+    taken as such, the committer would commit the fan-out table by table (the other table alone)
+    and switch the route off for the process. Nothing is committed, and the route stays on: the
+    next fan-out of the same committer still goes in one request."""
+    faults = FaultSwitch()
+    pipeline.fault = faults
+    committer = pipeline.iceberg_committer()
+    coordinator = pipeline.coordinator(sink_id, committer)
+    pre = pipeline.write_iceberg(sink_id, 1, TABLES, rows=3)
+    coordinator.persist(pre)
+    pipeline.checkpoint(sink_id, 1, COMPLETED)
+    assert pipeline.lake is not None
+    other = pipeline.lake.catalog()
+    dims = f"{pipeline.namespace}.dims"
+    faults.then(FAULT_BEFORE_CATALOG_UPDATE, lambda: other.drop_table(dims))
+
+    with pytest.raises(CommitOutcomeUnknown) as caught:
+        coordinator.commit(sink_id, 1)
+    assert not other.table_exists(dims)
+    assert pipeline.marker_snapshots("facts", sink_id) == {}  # not committed on its own
+    assert pipeline.catalog.load_table(f"{pipeline.namespace}.facts").metadata.snapshots == []
+    assert faults.seen[FAULT_BEFORE_CATALOG_UPDATE] == 1 and faults.seen[FAULT_AFTER_CATALOG_UPDATE] == 0
+    assert committer.transactions.offered and committer.transactions.known is None  # still to be tried
+    assert committer.transactions.delivery(2).how is Delivery.ONE_TRANSACTION
+    assert "in one transaction has an unknown outcome: the catalog answered HTTP 404 NoSuchTableException" in str(
+        caught.value
+    )
+
+    pipeline.create_table("more")
+    second = f"{sink_id}-next"
+    next_coordinator = pipeline.coordinator(second, committer)
+    pre = pipeline.write_iceberg(second, 1, ["facts", "more"], rows=2)
+    next_coordinator.persist(pre)
+    pipeline.checkpoint(second, 1, COMPLETED)
+    assert next_coordinator.commit(second, 1).outcome is CommitOutcome.COMMITTED
+    assert faults.seen[FAULT_BEFORE_CATALOG_UPDATE] == 2 and faults.seen[FAULT_AFTER_CATALOG_UPDATE] == 1  # one request
+    for name in ("facts", "more"):
+        assert pipeline.marker_snapshots(name, second) == {1: [pre.write_id]}
+        table = pipeline.catalog.load_table(f"{pipeline.namespace}.{name}")
+        assert sorted(read_rows(table, "id, epoch, write_id")) == pipeline.expected_rows(
+            [pre], f"{pipeline.namespace}.{name}"
+        )
+
+
+def test_a_fan_out_of_three_tables_with_the_middle_one_empty_is_one_request_and_its_retry_settles(
+    pipeline: S3Pipeline, sink_id: str
+) -> None:
+    """Scenario (issue 54): a fan-out of three tables, the middle one empty in the epoch: the
+    transaction holds the other two (an indexing slip between the tables checked and those to commit
+    leaves a decided epoch stuck with an ``IndexError`` on every retry). A crash once the catalog
+    applied it leaves the epoch decided; a new process settles it by the markers."""
+    faults = FaultSwitch()
+    pipeline.fault = faults
+    pipeline.create_table("notes")
+    coordinator = pipeline.coordinator(sink_id, pipeline.iceberg_committer())
+    writes = []
+    for epoch in (1, 2):
+        write_id = str(uuid.uuid4())
+        filled = pipeline.write_iceberg(sink_id, epoch, ["facts", "notes"], rows=3, write_id=write_id)
+        (empty,) = pipeline.write_iceberg(sink_id, epoch, ["dims"], rows=0, write_id=write_id).tables
+        pre = filled.model_copy(update={"tables": [filled.tables[0], empty, filled.tables[1]]})
+        coordinator.persist(pre)
+        pipeline.checkpoint(sink_id, epoch, COMPLETED)
+        writes.append(pre)
+    assert coordinator.commit(sink_id, 1).outcome is CommitOutcome.COMMITTED
+    assert faults.seen[FAULT_AFTER_CATALOG_UPDATE] == 1  # facts and notes in one request
+
+    faults.crash_at(FAULT_AFTER_CATALOG_UPDATE)
+    with pytest.raises(SimulatedCrash):
+        coordinator.commit(sink_id, 2)
+    resumed = FaultSwitch()
+    fresh = replace(pipeline, fault=resumed)  # a new process resumes the decided epoch
+    try:
+        assert fresh.coordinator(sink_id, fresh.iceberg_committer()).commit(sink_id, 2).outcome is (
+            CommitOutcome.COMMITTED
+        )
+    finally:
+        fresh.dispose()
+    assert resumed.seen[FAULT_BEFORE_CATALOG_UPDATE] == 0  # settled by the markers: nothing sent again
+
+    for epoch in (1, 2):
+        row = pipeline.store.get(sink_id, epoch)
+        assert row is not None and row.status is EpochStatus.COMMITTED
+        assert row.committed is not None and row.committed[f"{pipeline.namespace}.dims"] == EMPTY
+    assert pipeline.catalog.load_table(f"{pipeline.namespace}.dims").metadata.snapshots == []
+    for name in ("facts", "notes"):
+        qualified = f"{pipeline.namespace}.{name}"
+        assert pipeline.marker_snapshots(name, sink_id) == {1: [writes[0].write_id], 2: [writes[1].write_id]}
+        table = pipeline.catalog.load_table(qualified)
+        assert sorted(read_rows(table, "id, epoch, write_id")) == pipeline.expected_rows(writes, qualified)
 
 
 def test_a_catalog_without_the_route_is_tried_once_then_committed_table_by_table(
