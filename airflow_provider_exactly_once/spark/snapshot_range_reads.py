@@ -188,9 +188,9 @@ def added_files(
     appends, ``bench.incremental_read``). Delete files added by an append are refused.
     """
     replaces = [i for i, s in enumerate(snapshots) if _operation(s) is Operation.REPLACE]
-    last_replace = replaces[-1] if replaces else -1
-    early = [s for s in snapshots[:last_replace] if _operation(s) is Operation.APPEND]
-    late = {s.snapshot_id for s in snapshots[last_replace + 1 :]}
+    after_replaces = replaces[-1] + 1 if replaces else 0  # no replace: every append is a late one
+    early = [s for s in snapshots[:after_replaces] if _operation(s) is Operation.APPEND]
+    late = {s.snapshot_id for s in snapshots[after_replaces:]}
     files: dict[str, DataFile] = {}
     for snapshot in early:  # only its own entries, ADDED in the manifests it wrote
         _collect(table, snapshot, reserved, owner, {snapshot.snapshot_id}, files, added_only=True)

@@ -6,15 +6,30 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
+from pyiceberg import manifest as manifests_module
 from pyiceberg.catalog import Catalog
+from pyiceberg.manifest import (
+    DataFile,
+    DataFileContent,
+    FileFormat,
+    ManifestContent,
+    ManifestEntry,
+    ManifestEntryStatus,
+    ManifestFile,
+)
 from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Operation
 from pyiceberg.transforms import IdentityTransform
+from pyiceberg.typedef import Record
 from pyiceberg.types import StringType
 from pyspark.sql import types as st
 
@@ -110,24 +125,77 @@ def test_consecutive_ranges_read_each_row_once(spark: Any, catalog: Catalog, cat
     assert (third_positions["after_snapshot_id"], third_positions["records"]) == (ids[2], 10)
 
 
-def test_files_of_the_range_merged_into_later_manifests_are_read_once(
-    spark: Any, catalog: Catalog, catalog_props: dict[str, str]
+@contextmanager
+def manifest_lists_read(monkeypatch: pytest.MonkeyPatch, table: Table) -> Iterator[list[int]]:
+    """The snapshots whose manifest list the driver reads inside the block, in the order read:
+    pyiceberg's reader of manifest lists (``pyiceberg.manifest.read_manifest_list``, which
+    ``Snapshot.manifests`` calls on every call, its cache holding manifests, not lists) wrapped, each
+    file read named by the snapshot that wrote it. The executors read data files only."""
+    by_list = {s.manifest_list: s.snapshot_id for s in table.refresh().snapshots()}
+    read: list[int] = []
+    reader = manifests_module.read_manifest_list
+
+    def counted(input_file: Any) -> Iterator[ManifestFile]:
+        read.append(by_list[input_file.location])
+        return reader(input_file)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(manifests_module, "read_manifest_list", counted)
+        yield read
+
+
+def test_a_range_of_appends_is_planned_from_the_manifest_list_of_its_end_alone(
+    spark: Any, catalog: Catalog, catalog_props: dict[str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Appends that merge manifests (Java's default) move the files earlier appends added into a
-    manifest of their own, as EXISTING entries: planned from the range end's manifest list, a file
-    added in the range is found wherever it moved, and one added before it never is."""
+    """Without a replace in the range, every file its appends added is live at its end, in a
+    manifest they wrote: one manifest list read, whatever the number of appends (each append's own
+    list read instead grew the planning with the range's snapshots, ``bench.incremental_read``)."""
+    table = make_table(catalog, UPSTREAM)
+    batches = [batch(table, 10 * n, 10) for n in range(6)]
+    before, *in_range = (appended(table, b) for b in batches)
+
+    with manifest_lists_read(monkeypatch, table) as read:
+        rows, positions = read_rows(spark, spec(catalog_props, before, in_range[-1]))
+    assert read == [in_range[-1]]
+    assert rows == rows_of(*batches[1:]) and (positions["snapshots"], positions["files"]) == (5, 5)
+
+
+def merging(catalog: Catalog) -> Table:
+    """The upstream with pyiceberg's merge-append (Java's default append): each append from the
+    second on merges the manifests it finds into one it writes, its own files ADDED in it and the
+    live files of earlier snapshots EXISTING, with the ids of the snapshots that added them."""
     table = make_table(catalog, UPSTREAM)
     with table.transaction() as tx:
         tx.set_properties({"commit.manifest-merge.enabled": "true", "commit.manifest.min-count-to-merge": "2"})
-    table = catalog.load_table(UPSTREAM)
+    return catalog.load_table(UPSTREAM)
+
+
+def existing_at(table: Table, snapshot_id: int) -> set[int]:
+    """The snapshots whose files sit as EXISTING entries in ``snapshot_id``'s manifests."""
+    snapshot = table.metadata.snapshot_by_id(snapshot_id)
+    assert snapshot is not None
+    return {
+        entry.snapshot_id
+        for manifest in snapshot.manifests(table.io)
+        for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True)
+        if entry.status == ManifestEntryStatus.EXISTING and entry.snapshot_id is not None
+    }
+
+
+def test_appends_a_manifest_merge_moved_to_existing_entries_are_read_without_a_replace_in_the_range(
+    spark: Any, catalog: Catalog, catalog_props: dict[str, str]
+) -> None:
+    """Planted bug "reading only ADDED entries after the last replace": the files of a range's
+    appends that a later append of the range merged into its manifest are EXISTING there, and must
+    be read, once; a file added before the range, EXISTING in the same manifest, never is."""
+    table = merging(catalog)
     batches = [batch(table, 10 * n, 10) for n in range(6)]
     ids = [appended(table, b) for b in batches]
-    end = table.metadata.snapshot_by_id(ids[4])
-    assert end is not None and len(end.manifests(table.io)) < 5, "the appends merged no manifest"
+    assert set(ids[:4]) <= existing_at(table, ids[4]), "the appends merged no manifest"
 
-    first, _ = read_rows(spark, spec(catalog_props, ids[1], ids[4]))
+    first, positions = read_rows(spark, spec(catalog_props, ids[1], ids[4]))
+    assert first == rows_of(*batches[2:5]) and (positions["files"], positions["records"]) == (3, 30)
     second, positions = read_rows(spark, spec(catalog_props, ids[4], ids[5]))
-    assert first == rows_of(*batches[2:5])
     assert second == rows_of(batches[5]) and positions["files"] == 1
 
 
@@ -157,26 +225,119 @@ def compact(table: Table) -> int:
 
 
 def test_a_compaction_in_the_range_is_stepped_over_and_each_row_read_once(
-    spark: Any, catalog: Catalog, catalog_props: dict[str, str]
+    spark: Any, catalog: Catalog, catalog_props: dict[str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A replace changes no row: the range reads what its appends added, also the files the
     compaction removed (they stay in storage while the range's snapshots name them), and never the
-    compacted file, which also holds rows from before the range."""
+    compacted file, which also holds rows from before the range. The appends before the range's
+    last replace are planned from their own manifest lists (their files are gone from its end's),
+    the ones after it from the end's."""
     table = make_table(catalog, UPSTREAM)
     batches = [batch(table, 10 * n, 10) for n in range(5)]
     before, *in_range = (appended(table, b) for b in batches[:3])
     replaced = compact(table)  # the three appends' files, one from before the range among them
-    after = appended(table, batches[3])
+    after = [appended(table, b) for b in batches[3:]]
 
-    rows, positions = read_rows(spark, spec(catalog_props, before, after))
-    assert rows == rows_of(batches[1], batches[2], batches[3])
-    assert (positions["snapshots"], positions["files"], positions["records"]) == (4, 3, 30)
+    with manifest_lists_read(monkeypatch, table) as read:
+        rows, positions = read_rows(spark, spec(catalog_props, before, after[-1]))
+    assert read == [*in_range, after[-1]]
+    assert rows == rows_of(*batches[1:])
+    assert (positions["snapshots"], positions["files"], positions["records"]) == (5, 4, 40)
     ending, _ = read_rows(spark, spec(catalog_props, before, replaced))
     assert ending == rows_of(batches[1], batches[2])
     empty = read_input(spark, spec(catalog_props, in_range[-1], replaced))
     assert empty.frame is None and empty.source_positions is not None  # the replace alone added nothing
-    last, _ = read_rows(spark, spec(catalog_props, replaced, after))
-    assert last == rows_of(batches[3])
+    last, _ = read_rows(spark, spec(catalog_props, replaced, after[-1]))
+    assert last == rows_of(*batches[3:])
+
+
+def test_appends_a_manifest_merge_moved_to_existing_entries_are_read_with_a_replace_in_the_range(
+    spark: Any, catalog: Catalog, catalog_props: dict[str, str]
+) -> None:
+    """Planted bug "reading only ADDED entries after the last replace", across a compaction: the
+    appends after it merge their manifests (the compacted file's among them), so at the range's
+    end all but the last one's files are EXISTING; the appends before it, merged as well, are read
+    from their own lists, where their files are ADDED. Every row of the range once, none before it."""
+    table = merging(catalog)
+    batches = [batch(table, 10 * n, 10) for n in range(7)]
+    before, *early = (appended(table, b) for b in batches[:3])
+    replaced = compact(table)
+    late = [appended(table, b) for b in batches[3:]]
+    assert {*late[:-1], replaced} <= existing_at(table, late[-1]), "the appends merged no manifest"
+    assert before in existing_at(table, early[-1])
+
+    rows, positions = read_rows(spark, spec(catalog_props, before, late[-1]))
+    assert rows == rows_of(*batches[1:])
+    assert (positions["snapshots"], positions["files"], positions["records"]) == (7, 6, 60)
+    last, _ = read_rows(spark, spec(catalog_props, replaced, late[-1]))
+    assert last == rows_of(*batches[3:])
+
+
+def append_with_deletes(table: Table, rows: pa.Table, deleted: DataFile) -> int:
+    """An append that also adds a position-delete file (row 0 of ``deleted``) in a delete manifest:
+    a writer that names a row delta an append (Java's ``RowDelta`` names it an overwrite; pyiceberg
+    0.12 writes no delete file, so the manifest is written here, by pyiceberg's manifest writer
+    saying DELETES as Java's delete-manifest writer does)."""
+    from pyiceberg.io.pyarrow import _dataframe_to_data_files
+
+    location = f"{table.location()}/data/{uuid.uuid4()}-deletes.parquet"
+    local = Path(location.removeprefix("file://"))
+    pq.write_table(pa.table({"file_path": [deleted.file_path], "pos": pa.array([0], pa.int64())}), local)
+    deletes = DataFile.from_args(
+        content=DataFileContent.POSITION_DELETES,
+        file_path=location,
+        file_format=FileFormat.PARQUET,
+        partition=Record(),
+        record_count=1,
+        file_size_in_bytes=local.stat().st_size,
+    )
+    deletes.spec_id = table.spec().spec_id
+    with table.transaction() as tx:
+        producer = tx.update_snapshot().fast_append()
+        for data_file in _dataframe_to_data_files(tx.table_metadata, rows, table.io):
+            producer.append_data_file(data_file)
+
+        def with_deletes(written: list[ManifestFile]) -> list[ManifestFile]:
+            writer = producer.new_manifest_writer(tx.table_metadata.spec())
+            writer.content = lambda: ManifestContent.DELETES  # type: ignore[method-assign]
+            with writer:
+                writer.add(ManifestEntry.from_args(status=ManifestEntryStatus.ADDED, data_file=deletes))
+            return [*written, writer.to_manifest_file()]
+
+        producer._process_manifests = with_deletes  # type: ignore[method-assign]
+        producer.commit()
+    snapshot = table.refresh().current_snapshot()
+    assert snapshot is not None and snapshot.summary is not None and snapshot.summary.operation is Operation.APPEND
+    assert [m.content for m in snapshot.manifests(table.io) if m.added_snapshot_id == snapshot.snapshot_id] == [
+        ManifestContent.DATA,
+        ManifestContent.DELETES,
+    ]
+    return snapshot.snapshot_id
+
+
+def test_an_append_that_adds_delete_files_is_refused_naming_it_with_or_without_a_replace_after_it(
+    spark: Any, catalog: Catalog, catalog_props: dict[str, str]
+) -> None:
+    """Planted bug "the refusal of delete manifests dropped": a delete file's entries would be read
+    as data rows. Planned from the range end's list, and from the append's own one when a
+    compaction follows it in the range: refused both ways, naming the snapshot and the manifest."""
+    table = make_table(catalog, UPSTREAM)
+    first = batch(table, 0, 10)
+    before = appended(table, first)
+    first_file = next(iter(table.scan().plan_files())).file
+    deleting = append_with_deletes(table, batch(table, 10, 10), first_file)
+    assert table.scan().to_arrow().num_rows == 19  # a real delete file: pyiceberg's own scan applies it
+    ranges = {"no replace": (before, deleting)}
+    replaced = compact(table)
+    ranges["a replace after it"] = (before, appended(table, batch(table, 30, 10)))
+    assert replaced != deleting
+
+    for why, (after, to) in ranges.items():
+        with pytest.raises(InputRangeRefused) as refused:
+            read_input(spark, spec(catalog_props, after, to))
+        message = str(refused.value)
+        assert f"snapshot {deleting} of {UPSTREAM}, in the range" in message, why
+        assert "added delete files" in message and "start_after_snapshot_id" in message, why
 
 
 def test_frame_schema_follows_the_iceberg_schema(spark: Any, catalog: Catalog, catalog_props: dict[str, str]) -> None:
