@@ -28,7 +28,8 @@ to the driver):
 Each case's time is split at the frame's creation (``driver_s``: until the call returned a frame;
 ``action_s``: the Spark job). After each pair, the driver's planning is timed once more on its own,
 step by step (the same calls ``read_snapshot_range`` makes): ``load_s`` (catalog and table load),
-``walk_s`` (``range_snapshots``), ``added_files_s`` (the manifests the range wrote).
+``walk_s`` (``range_snapshots``), ``added_files_s`` (the manifests the range wrote), and the manifest
+lists ``added_files`` read (``manifest_lists_read``, counted at pyiceberg's reader of them).
 pyiceberg's process-wide ``ManifestFile`` cache is cleared before each incremental read and each
 planning measurement (an epoch through ``spark-submit`` starts without it). Before the rounds, an
 untimed check that both sides read the range's rows; then one warm-up round (Python workers, JIT),
@@ -52,7 +53,8 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -60,6 +62,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from pyiceberg import manifest
 from pyiceberg.catalog import load_catalog
 from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.manifest import clear_manifest_cache
@@ -213,8 +216,9 @@ def plain(spark: Any, paths: list[str], schema: Any, action: Callable[[Any], Non
     return {"total_s": done - began, "driver_s": planned - began, "action_s": done - planned}
 
 
-def planning(job: EpochJobSpec) -> tuple[dict[str, float], list[str]]:
-    """The driver's steps of ``read_snapshot_range`` before Spark, each timed; and the files' paths."""
+def planning(job: EpochJobSpec) -> tuple[dict[str, float], list[str], int]:
+    """The driver's steps of ``read_snapshot_range`` before Spark, each timed; the files' paths; and
+    how many manifest lists ``added_files`` read (pyiceberg's reader of them counted)."""
     assert job.input_range is not None
     clear_manifest_cache()
     began = time.perf_counter()
@@ -222,10 +226,28 @@ def planning(job: EpochJobSpec) -> tuple[dict[str, float], list[str]]:
     loaded = time.perf_counter()
     snapshots = range_snapshots(table.metadata, job.input_range, "bench")
     walked = time.perf_counter()
-    files = added_files(table, _at_schema_of(table.metadata, snapshots[-1]), job.input_range, snapshots, "bench")
+    with _counting_manifest_lists() as lists:
+        files = added_files(table, _at_schema_of(table.metadata, snapshots[-1]), job.input_range, snapshots, "bench")
     done = time.perf_counter()
     times = {"load_s": loaded - began, "walk_s": walked - loaded, "added_files_s": done - walked}
-    return times, sorted(files)
+    return times, sorted(files), len(lists)
+
+
+@contextmanager
+def _counting_manifest_lists() -> Iterator[list[str]]:
+    """The manifest lists read inside the block (``Snapshot.manifests`` reads its list on every call)."""
+    read: list[str] = []
+    reader = manifest.read_manifest_list
+
+    def counted(input_file: Any) -> Any:
+        read.append(input_file.location)
+        return reader(input_file)
+
+    manifest.read_manifest_list = counted
+    try:
+        yield read
+    finally:
+        manifest.read_manifest_list = reader
 
 
 def check_same_rows(spark: Any, job: EpochJobSpec, up: Upstream, paths: list[str]) -> Any:
@@ -275,7 +297,7 @@ def _session() -> Any:
     return spark
 
 
-def summary(up: Upstream, files: int, samples: list[dict[str, Any]]) -> dict[str, Any]:
+def summary(up: Upstream, files: int, lists: int, samples: list[dict[str, Any]]) -> dict[str, Any]:
     def med(case: str, key: str) -> float:
         return median([s[case][key] for s in samples])
 
@@ -286,6 +308,8 @@ def summary(up: Upstream, files: int, samples: list[dict[str, Any]]) -> dict[str
         "rows_per_snapshot": up.rows_each,
         "rows": up.rows,
         "files": files,
+        #: Manifest lists ``added_files`` read (the same in every round: the planning does not vary).
+        "manifest_lists_read": lists,
         "rounds": len(samples),
     }
     for case in CASES:
@@ -304,7 +328,9 @@ def measure(
 ) -> list[dict[str, Any]]:
     act = ACTIONS[action]
     jobs = {up.shape: job_spec(props, up) for up in ups}
-    paths = {up.shape: planning(jobs[up.shape])[1] for up in ups}
+    planned = {up.shape: planning(jobs[up.shape]) for up in ups}
+    paths = {shape: files for shape, (_, files, _) in planned.items()}
+    lists = {shape: count for shape, (_, _, count) in planned.items()}
     if listing == "driver":  # every plain read's paths listed on the driver, as a runtime would not list
         spark.conf.set(LISTING_THRESHOLD, str(max(32, *(len(p) + 1 for p in paths.values()))))
     schemas = {up.shape: check_same_rows(spark, jobs[up.shape], up, paths[up.shape]) for up in ups}
@@ -318,19 +344,20 @@ def measure(
                     sample[case] = incremental(spark, job, act)
                 else:
                     sample[case] = plain(spark, files, schema, act)
-            sample["planning"] = planning(job)[0]
+            sample["planning"], _, sample["manifest_lists_read"] = planning(job)
             sample["load_1min"].append(_load())
             print(f"{up.shape} {'warm-up' if round_ == 0 else f'round {round_}'}: {_line(sample)}", flush=True)
             if round_:
                 samples[up.shape].append(sample)
-    results = [summary(up, len(paths[up.shape]), samples[up.shape]) for up in ups]
+    results = [summary(up, len(paths[up.shape]), lists[up.shape], samples[up.shape]) for up in ups]
     for r in results:
         print(
             f"{r['shape']} ({r['rows']:,} rows, {r['files']} file(s)): incremental {r['incremental']['total_s']:.3f} s "
             f"(driver {r['incremental']['driver_s']:.3f}), plain {r['plain']['total_s']:.3f} s, "
             f"ratio {r['ratio']:.2f} (per round, median {r['ratio_median_of_rounds']:.2f}); planning "
             f"{r['planning']['total_s'] * 1000:.0f} ms (load {r['planning']['load_s'] * 1000:.0f}, walk "
-            f"{r['planning']['walk_s'] * 1000:.0f}, added_files {r['planning']['added_files_s'] * 1000:.0f})",
+            f"{r['planning']['walk_s'] * 1000:.0f}, added_files {r['planning']['added_files_s'] * 1000:.0f}, "
+            f"{r['manifest_lists_read']} manifest list(s) read)",
             flush=True,
         )
     return results
