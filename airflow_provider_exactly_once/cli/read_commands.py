@@ -60,12 +60,15 @@ def epochs_command(ops: SinkOperations, args: argparse.Namespace, out: TextIO, e
             v.dag_id or "",
             v.run_id or "",
             instant(v.logical_date),
-            short(v.error, 40),
+            "unreadable (below)" if v.unreadable else short(v.error, 40),
         )
         for v in views
     ]
     headers = ["sink", "epoch", "data interval", "status", "commit", "files", "rows", "age", "dag", "run"]
     table(out, rows, [*headers, "logical date", "error"])
+    for v in views:
+        if v.unreadable:
+            out.write(f"sink {v.sink_id} epoch {v.epoch} is unreadable: {v.unreadable}\n")
     if len(views) == args.limit:
         out.write(f"(more may follow: --offset {args.offset + args.limit})\n")
     return EXIT_OK
@@ -111,7 +114,7 @@ def show_command(ops: SinkOperations, args: argparse.Namespace, out: TextIO, err
     data["data_interval"] = interval(view.interval_start, view.interval_end)
     data["logical_date"] = instant(view.logical_date)
     shown = (
-        *("sink_id", "epoch", "data_interval", "status", "write_id", "dag_id", "run_id", "logical_date"),
+        *("sink_id", "epoch", "data_interval", "status", "unreadable", "write_id", "dag_id", "run_id", "logical_date"),
         *("try_number", "created_at", "age", "updated_at", "commit_decided_at", "checkpoint", "delivery"),
         *("files", "files_state", "rows", "bytes", "pending_cleanups", "revision", "replacing_write_id", "error"),
         "warning",

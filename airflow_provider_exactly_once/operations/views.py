@@ -4,21 +4,33 @@ The CLI prints them as tables or JSON and the UI's API returns ``to_dict()`` as 
 same numbers under the same names. Times are timezone-aware UTC (the meta store's clock) and become
 ISO 8601 strings in ``to_dict()``. Locations and messages are masked (``core.redact``) as the records
 are made, so no door that shows one can forget to; control characters are left for each door to
-escape in its own way (JSON escapes them, the CLI's tables show them as ``\x1b``).
+escape in its own way (JSON escapes them, the CLI's tables show them as ``\x1b``). What of an epoch
+a caller who may read only some DAGs is shown is decided here too, once (``Redaction``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+import functools
+import re
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from airflow_provider_exactly_once.core.history import HistoryEntry
+from pydantic import ValidationError
+
+from airflow_provider_exactly_once.core.errors import InvalidPreCommit
+from airflow_provider_exactly_once.core.history import Actor, ActorKind, HistoryEntry
 from airflow_provider_exactly_once.core.input_ranges import SnapshotRange
 from airflow_provider_exactly_once.core.ports import EpochRecord
 from airflow_provider_exactly_once.core.precommit import PreCommit, TableWrite
 from airflow_provider_exactly_once.core.redact import mask_userinfo
+from airflow_provider_exactly_once.store.queries import (
+    UNPARSABLE,
+    UnreadableEpoch,
+    unparsable_reason,
+    validation_faults,
+)
 from airflow_provider_exactly_once.store.runs import RunDates
 
 
@@ -165,13 +177,60 @@ class EpochView:
     revisions: tuple[RevisionView, ...] = ()
     #: For an incremental input, the upstream snapshots the write read (``core.input_ranges``).
     consumed: str | None = None
+    #: Why the row's stored write cannot be read (naming the field at fault); ``None`` when it can.
+    #: An unreadable epoch shows its row's own columns, and no tables, files or rows.
+    unreadable: str | None = None
+
+    @classmethod
+    def read(
+        cls,
+        record: EpochRecord | UnreadableEpoch,
+        *,
+        now: datetime,
+        pending_cleanups: int = 0,
+        run: RunDates | None = None,
+    ) -> EpochView:
+        """The view of a row, or, when its stored write (or what is shown of it) does not parse, of
+        its own columns with why: one such row never stops a listing or a page."""
+        if isinstance(record, EpochRecord):
+            try:
+                return cls.of(record, now=now, pending_cleanups=pending_cleanups, run=run)
+            except UNPARSABLE as exc:
+                reason = unparsable_reason(exc)
+        else:
+            reason = record.reason
+        return cls(
+            sink_id=record.sink_id,
+            epoch=record.epoch,
+            status=record.status.value,
+            write_id=record.write_id,
+            dag_id=record.dag_id,
+            run_id=record.run_id,
+            try_number=record.try_number,
+            created_at=record.created_at,
+            updated_at=record.updated_at,
+            age_seconds=max(0.0, (now - record.created_at).total_seconds()),
+            commit_decided_at=record.commit_decided_at,
+            rows=0,
+            files=0,
+            bytes=0,
+            tables=(),
+            error=None if record.error is None else mask_userinfo(record.error),
+            warning=None if record.warning is None else mask_userinfo(record.warning),
+            pending_cleanups=pending_cleanups,
+            interval_start=interval_start(record.epoch) if run is None else run.interval_start,
+            interval_end=None if run is None else run.interval_end,
+            logical_date=None if run is None else run.logical_date,
+            revision=record.revision,
+            unreadable=reason,
+        )
 
     @classmethod
     def of(
         cls, record: EpochRecord, *, now: datetime, pending_cleanups: int = 0, run: RunDates | None = None
     ) -> EpochView:
         committed: Mapping[str, str] = record.committed or {}
-        consumed = SnapshotRange.of_positions(record.pre_commit.source_positions)
+        consumed = _consumed(record.pre_commit)
         uuids: Mapping[str, str] = record.table_uuids or {}
         tables = tuple(
             TableView(
@@ -211,7 +270,7 @@ class EpochView:
             revision=record.revision,
             replacing_write_id=record.kind.replaced_write_id,
             generation=record.pre_commit.generation,
-            consumed=None if consumed is None else consumed.describe(),
+            consumed=consumed,
         )
 
     @property
@@ -247,6 +306,7 @@ class EpochView:
             "error": self.error,
             "warning": self.warning,
             "consumed": self.consumed,
+            "unreadable": self.unreadable,
             "pending_cleanups": self.pending_cleanups,
             "interval_start": _iso(self.interval_start),
             "interval_end": _iso(self.interval_end),
@@ -257,6 +317,18 @@ class EpochView:
             "generation": self.generation,
             "revisions": [r.to_dict() for r in self.revisions],
         }
+
+
+def _consumed(pre: PreCommit) -> str | None:
+    """The upstream range the write read, described; ``InvalidPreCommit`` naming the field when its
+    stored positions are no range (a row persisted before persist refused such positions)."""
+    try:
+        consumed = SnapshotRange.of_positions(pre.source_positions)
+    except ValidationError as exc:
+        raise InvalidPreCommit(
+            f"{pre.describe()}: its source_positions are no snapshot range ({validation_faults(exc)})"
+        ) from None
+    return None if consumed is None else consumed.describe()
 
 
 @dataclass(frozen=True)
@@ -441,6 +513,104 @@ class ActionResult:
             "ok": self.ok,
             "report": dict(self.report),
         }
+
+
+#: What a caller is shown in place of the names and runs of a DAG they may not read.
+ANOTHER_DAG = "another DAG"
+#: ... and in place of the texts of such a DAG's runs (an abort reason, a warning, an error).
+HIDDEN_TEXT = f"(not shown: written by a run of {ANOTHER_DAG})"
+#: How the package's messages name a DAG (``DAG {dag_id!r}``).
+_NAMED_DAG = re.compile(r"DAG '([^'\s]*)'")
+
+
+@dataclass(frozen=True)
+class Redaction:
+    """What a caller who may read only the DAGs ``readable`` is shown of an epoch they may read.
+
+    Another DAG writing the same sink (the reuse design.md D7 warns about) leaves traces in an epoch
+    that is not its own: its persisted, aborted and discarded writes in the history, the warning on
+    the row that names it. The events and revisions of its runs keep what happened and when, but
+    say ``ANOTHER_DAG`` for who and lose their run and their texts; every other text (the row's
+    warning and error, the reasons of the events kept) has the ids of the DAGs hidden, of their runs
+    and of their tasks replaced by ``ANOTHER_DAG``. The recovery DAG's events are kept: it acts on
+    every sink and names no pipeline; so are events of no DAG (an ``eo-sink`` or UI user).
+
+    ``SinkReads`` applies it to every view it returns to such a caller, before any door renders one:
+    the API, the pages, the sink's picture and the listings show the same.
+    """
+
+    readable: frozenset[str]
+    #: The ids of the hidden DAGs, of their runs and of their tasks met in the epoch, longest first.
+    names: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, readable: Collection[str], runs: Iterable[Actor]) -> Redaction:
+        """The redaction of an epoch in whose row, revisions and history these ``runs`` acted."""
+        allowed = frozenset(readable)
+        hidden: set[str] = set()
+        shown: set[str] = set()
+        for actor in runs:
+            if _hides(allowed, actor.kind, actor.dag_id):
+                hidden.update(name for name in (actor.dag_id, actor.run_id, actor.name) if name)
+            elif actor.run_id:
+                shown.add(actor.run_id)  # a scheduled run's id is every DAG's for that interval
+        return cls(allowed, tuple(sorted(hidden - shown - allowed, key=lambda name: (-len(name), name))))
+
+    @functools.cached_property
+    def _names(self) -> re.Pattern[str] | None:
+        if not self.names:
+            return None
+        return re.compile(r"(?<![\w-])(?:" + "|".join(map(re.escape, self.names)) + r")(?![\w-])")
+
+    def text(self, value: str | None) -> str | None:
+        """``value`` naming no hidden DAG, run or task."""
+        if value is None:
+            return None
+        value = _NAMED_DAG.sub(lambda m: m[0] if m[1] in self.readable else ANOTHER_DAG, value)
+        return value if self._names is None else self._names.sub(ANOTHER_DAG, value)
+
+    def epoch(self, view: EpochView) -> EpochView:
+        return replace(
+            view,
+            error=self.text(view.error),
+            warning=self.text(view.warning),
+            unreadable=self.text(view.unreadable),
+            revisions=tuple(self.revision(r) for r in view.revisions),
+        )
+
+    def revision(self, view: RevisionView) -> RevisionView:
+        if not _hides(self.readable, ActorKind.TASK, view.dag_id):
+            return replace(view, reason=self.text(view.reason))
+        return replace(
+            view,
+            dag_id=ANOTHER_DAG,
+            run_id=None,
+            try_number=None,
+            generation=None,
+            logical_date=None,
+            reason=None if view.reason is None else HIDDEN_TEXT,
+        )
+
+    def event(self, view: HistoryView) -> HistoryView:
+        if not _hides(self.readable, view.actor, view.dag_id):
+            return replace(view, reason=self.text(view.reason))
+        return replace(
+            view,
+            actor_name=ANOTHER_DAG,
+            dag_id=ANOTHER_DAG,
+            run_id=None,
+            try_number=None,
+            run_type=None,
+            clear_number=None,
+            reason=None if view.reason is None else HIDDEN_TEXT,
+            logical_date=None,
+            interval_start=None,
+            interval_end=None,
+        )
+
+
+def _hides(readable: frozenset[str], kind: str, dag_id: str | None) -> bool:
+    return dag_id is not None and dag_id not in readable and kind != ActorKind.RECOVERY
 
 
 def describe_write(pre: PreCommit) -> str:

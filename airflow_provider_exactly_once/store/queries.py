@@ -9,6 +9,9 @@ Every query is answered from an index (migration 0003 adds the listing ones) and
 ``dag_ids`` restricts every query to the epochs of those DAGs (a caller who may read only some DAGs):
 the filter is in the ``WHERE``, so ``LIMIT``/``OFFSET`` count only rows the caller may see. ``None``
 means no restriction, epochs written outside any DAG run included.
+
+A row whose stored write does not parse (written by an older release, or edited by hand) is listed
+as an ``UnreadableEpoch``, its own columns with why, and never stops the rows around it being listed.
 """
 
 from __future__ import annotations
@@ -16,17 +19,93 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any, cast
 
-from sqlalchemy import ColumnElement, Select, func, select, tuple_
+from pydantic import ValidationError
+from sqlalchemy import ColumnElement, Select, Table, func, select, tuple_
+from sqlalchemy.orm import Session
 
+from airflow_provider_exactly_once.core.errors import InvalidPreCommit
+from airflow_provider_exactly_once.core.history import Actor, ActorKind
 from airflow_provider_exactly_once.core.ports import EpochRecord
+from airflow_provider_exactly_once.core.redact import mask_userinfo
 from airflow_provider_exactly_once.core.status import EpochStatus
-from airflow_provider_exactly_once.store.models import PendingSinkState, SinkCleanup
+from airflow_provider_exactly_once.store.models import EpochHistory, PendingSinkState, SinkCleanup
 from airflow_provider_exactly_once.store.rows import record
 from airflow_provider_exactly_once.store.sql import SqlSinkStateStore
 
 #: The most rows one listing returns: a page, not an export.
 MAX_PAGE = 1000
+#: A row's own columns, without the write's metadata its mapping reads along.
+_ROW_COLUMNS = tuple(cast(Table, PendingSinkState.__table__).columns)
+#: What a stored write that does not parse raises as it is read or shown: the package's refusal,
+#: pydantic's ``ValidationError`` (a ``ValueError``, as a damaged JSON text's error is), or the
+#: ``KeyError``/``TypeError`` of a JSON value of the wrong shape.
+UNPARSABLE: tuple[type[Exception], ...] = (InvalidPreCommit, ValueError, KeyError, TypeError)
+
+
+@dataclass(frozen=True)
+class UnreadableEpoch:
+    """An epoch's row whose stored write does not parse: the row's own columns, and ``reason``."""
+
+    sink_id: str
+    epoch: int
+    status: EpochStatus
+    write_id: str
+    run_id: str | None
+    try_number: int | None
+    created_at: datetime
+    updated_at: datetime
+    commit_decided_at: datetime | None
+    error: str | None
+    dag_id: str | None
+    warning: str | None
+    revision: int
+    reason: str
+
+
+def unparsable_reason(exc: Exception) -> str:
+    """Why a stored write does not parse, on one line, masked."""
+    if isinstance(exc, ValidationError):
+        return mask_userinfo(f"{exc.title}: {validation_faults(exc)}")
+    return mask_userinfo(str(exc) if isinstance(exc, InvalidPreCommit) else f"{type(exc).__name__}: {exc}")
+
+
+def validation_faults(exc: ValidationError) -> str:
+    """pydantic's errors as ``field: message``, one after the other."""
+    faults = []
+    for error in exc.errors():
+        where = ".".join(str(part) for part in error["loc"])
+        message = error["msg"].removeprefix("Value error, ")
+        faults.append(f"{where}: {message}" if where else message)
+    return "; ".join(faults)
+
+
+def _read(session: Session, row: PendingSinkState) -> EpochRecord | UnreadableEpoch:
+    try:
+        return record(session, row)
+    except UNPARSABLE as exc:
+        return _unreadable(row, exc)
+
+
+def _unreadable(row: Any, exc: Exception) -> UnreadableEpoch:
+    """``row`` (mapped, or read as columns) without its write, which ``exc`` says does not parse."""
+    return UnreadableEpoch(
+        sink_id=row.sink_id,
+        epoch=int(row.epoch),
+        status=EpochStatus(row.status),
+        write_id=row.write_id,
+        run_id=row.run_id,
+        try_number=row.try_number,
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+        commit_decided_at=row.commit_decided_at,
+        error=row.error,
+        dag_id=row.dag_id,
+        warning=row.warning,
+        revision=int(row.revision or 0),
+        reason=unparsable_reason(exc),
+    )
 
 
 @dataclass(frozen=True)
@@ -104,7 +183,7 @@ def list_epochs(
     limit: int = 100,
     offset: int = 0,
     dag_ids: Collection[str] | None = None,
-) -> list[EpochRecord]:
+) -> list[EpochRecord | UnreadableEpoch]:
     """A page of epochs, newest first (then by sink id, descending), optionally of one sink and one status.
 
     Each filter combination is served by an index whose order is the page's order: the primary key
@@ -115,7 +194,37 @@ def list_epochs(
         rows = session.scalars(
             epochs_statement(sink_id=sink_id, status=status, limit=limit, offset=offset, dag_ids=dag_ids)
         )
-        return [record(session, row) for row in rows]
+        return [_read(session, row) for row in rows]
+
+
+def unreadable_epoch(store: SqlSinkStateStore, sink_id: str, epoch: int, exc: Exception) -> UnreadableEpoch | None:
+    """The epoch's row without its write, which ``exc`` (one of ``UNPARSABLE``) says does not parse;
+    ``None`` when it has no row (any more)."""
+    with store.reading(f"reading sink {sink_id!r} epoch {epoch} without its write") as session:
+        found = session.execute(
+            select(*_ROW_COLUMNS).where(PendingSinkState.sink_id == sink_id, PendingSinkState.epoch == epoch)
+        ).first()
+    return None if found is None else _unreadable(found, exc)
+
+
+def acting_runs(store: SqlSinkStateStore, keys: Sequence[tuple[str, int]]) -> dict[tuple[str, int], list[Actor]]:
+    """Who acted on each of these epochs as a DAG's run (one row per actor, DAG and run), from their
+    history over its ``(sink_id, epoch, id)`` index: what tells another DAG's traces in an epoch
+    (``operations.views.Redaction``)."""
+    wanted = sorted({(sink, int(epoch)) for sink, epoch in keys})
+    if not wanted:
+        return {}
+    history = EpochHistory
+    acting: dict[tuple[str, int], list[Actor]] = {}
+    with store.reading("reading which runs acted on epochs") as session:
+        for sink, epoch, kind, name, dag_id, run_id in session.execute(
+            select(history.sink_id, history.epoch, history.actor, history.actor_name, history.dag_id, history.run_id)
+            .where(tuple_(history.sink_id, history.epoch).in_(wanted), history.dag_id.is_not(None))
+            .distinct()
+        ):
+            actor = Actor(ActorKind(kind), name=name, dag_id=dag_id, run_id=run_id)
+            acting.setdefault((str(sink), int(epoch)), []).append(actor)
+    return acting
 
 
 def count_epochs(

@@ -32,7 +32,7 @@ from tests.cli.test_eo_sink import EO_SINK, eo_sink, run_main
 from tests.operations.helpers import coordinator, write
 from tests.recovery.helpers import E1
 from tests.support.airflow_world import World
-from tests.support.builders import register_file_sink_with_root
+from tests.support.builders import OPEN_RANGE, plant_stored_write, register_file_sink_with_root
 
 EPOCH_MAX = 2**63 - 1
 #: What a terminal must never receive raw from the tool: ESC, BEL, CR, the C1 CSI.
@@ -318,3 +318,38 @@ def test_the_embedded_store_prints_only_the_table_on_stdout_and_no_info_on_stder
     assert verbose.returncode == EXIT_OK, verbose.stderr
     assert json.loads(verbose.stdout) == {"sinks": []}
     assert "using the embedded meta store" in verbose.stderr
+
+
+def test_an_unreadable_stored_write_is_shown_as_such_by_every_read_command(world: World) -> None:
+    """Issue 54: ``eo-sink epochs`` exited 1 on one row whose consumed range does not parse. Every read
+    command shows that epoch as unreadable, naming the field, and lists the rest; the script exits 0."""
+    url, sink_id = world.pipeline.meta_url, world.sink_id
+    coord = coordinator(world)
+    good, bad = write(world, E1), write(world, E1 + 1)
+    for pre in (good, bad):
+        coord.persist(pre, dag_id="hourly", run_id=f"scheduled__{pre.epoch}")
+    plant_stored_write(world.pipeline.store.engine, bad, source_positions=OPEN_RANGE)
+
+    listed = eo_sink("epochs", sink_id, "--url", url)
+    assert listed.returncode == EXIT_OK, listed.stderr
+    assert f"sink {sink_id} epoch {E1 + 1} is unreadable: " in listed.stdout
+    assert "source_positions" in listed.stdout
+    assert str(E1) in listed.stdout and "unreadable (below)" in listed.stdout
+    code, out, err = run_main("epochs", sink_id, "--url", url, "--json")
+    assert code == EXIT_OK, err
+    epochs = {e["epoch"]: e for e in json.loads(out)["epochs"]}
+    assert epochs[E1]["unreadable"] is None and epochs[E1]["files"] == 1
+    assert "source_positions" in epochs[E1 + 1]["unreadable"]
+
+    code, out, err = run_main("show", sink_id, str(E1 + 1), "--url", url)
+    assert code == EXIT_OK, err
+    assert "unreadable" in out and "source_positions" in out and bad.write_id in out
+    code, out, err = run_main("show", sink_id, str(E1 + 1), "--url", url, "--json")
+    assert code == EXIT_OK, err
+    assert "source_positions" in json.loads(out)["epoch"]["unreadable"]
+    code, out, err = run_main("history", sink_id, str(E1 + 1), "--url", url)
+    assert code == EXIT_OK and "persisted" in out, err
+    code, out, err = run_main("status", "--url", url, "--json")
+    assert code == EXIT_OK, err
+    [ours] = [s for s in json.loads(out)["sinks"] if s["sink_id"] == sink_id]
+    assert ours["counts"]["pending"] == 2

@@ -16,7 +16,7 @@ from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig
 from tests.operations.helpers import coordinator, dead_catalog, write
 from tests.recovery.helpers import E1
 from tests.support.airflow_world import World
-from tests.support.builders import empty_write
+from tests.support.builders import OPEN_RANGE, empty_write, plant_stored_write
 
 EPOCH_MAX = 2**63 - 1
 
@@ -126,3 +126,41 @@ def test_an_offset_past_64_bits_is_refused(world: World) -> None:
     assert ops.epochs(offset=EPOCH_MAX) == []
     with pytest.raises(InvalidRequest, match="offset"):
         ops.epochs(offset=EPOCH_MAX + 1)
+
+
+def test_a_stored_write_that_does_not_parse_is_shown_unreadable_and_the_rest_listed(world: World) -> None:
+    """Issue 54: a row persisted with positions that are no range (no end), and one whose stored write
+    does not parse at all (as persist refuses such positions now, a hand edit could still leave one):
+    each is listed and shown as unreadable with why, naming the field, and the rows around them are
+    listed as ever; whoever reads, all DAGs or some."""
+    store, sink_id = world.pipeline.store, world.sink_id
+    coord = coordinator(world)
+    good, open_range, damaged, newest = (write(world, E1 + n) for n in range(4))
+    for pre in (good, open_range, damaged, newest):
+        coord.persist(pre, dag_id="hourly", run_id=f"scheduled__{pre.epoch}", try_number=1)
+    plant_stored_write(store.engine, open_range, source_positions=OPEN_RANGE)
+    plant_stored_write(store.engine, damaged, source_positions="no positions at all")
+    ops = SinkOperations(store)
+
+    for dag_ids in (None, {"hourly"}):
+        listed = {v.epoch: v for v in ops.epochs(sink_id=sink_id, dag_ids=dag_ids)}
+        assert sorted(listed) == [E1, E1 + 1, E1 + 2, E1 + 3]
+        for readable in (good, newest):
+            assert listed[readable.epoch].unreadable is None and listed[readable.epoch].files == 1
+        assert "source_positions" in (listed[E1 + 1].unreadable or "")
+        assert "source_positions" in (listed[E1 + 2].unreadable or "")
+        for pre in (open_range, damaged):
+            view = listed[pre.epoch]
+            assert (view.status, view.write_id, view.dag_id, view.tables) == ("Pending", pre.write_id, "hourly", ())
+            assert json.loads(json.dumps(view.to_dict()))["unreadable"] == view.unreadable
+
+    # One epoch, as its page and eo-sink show read it (from the write's head, not its whole metadata).
+    for pre in (open_range, damaged):
+        shown = ops.epoch(sink_id, pre.epoch)
+        assert shown.unreadable and "source_positions" in shown.unreadable and pre.write_id in shown.unreadable
+        assert (shown.run_id, shown.try_number, shown.revisions) == (f"scheduled__{pre.epoch}", 1, ())
+        assert ops.epoch(sink_id, pre.epoch, dag_ids={"hourly"}).unreadable == shown.unreadable
+        assert [e.event for e in ops.history(sink_id, pre.epoch, dag_ids={"hourly"})] == ["persisted"]
+    assert ops.epoch(sink_id, E1).unreadable is None and ops.epoch(sink_id, E1).consumed is None
+    [summary] = [s for s in ops.sinks() if s.sink_id == sink_id]
+    assert summary.pending == 4

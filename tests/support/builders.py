@@ -5,12 +5,20 @@ A module, not a conftest, so that processes the tests spawn can import it too.
 
 from __future__ import annotations
 
+import json
 import socket
 import uuid
+import zlib
 from typing import Any
+
+import sqlalchemy as sa
 
 from airflow_provider_exactly_once.core.precommit import PreCommit, TableWrite
 from airflow_provider_exactly_once.store.sql import SqlSinkStateStore
+from airflow_provider_exactly_once.store.write_heads import head_of
+
+#: Positions persist accepted before it refused what parses as no range (issue 54): a range with no end.
+OPEN_RANGE = {"kind": "iceberg_snapshots", "table": "up.events", "after_snapshot_id": 5}
 
 
 def make_pre_commit(
@@ -89,3 +97,27 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def plant_stored_write(engine: sa.Engine, pre: PreCommit, **changes: Any) -> None:
+    """Rewrite the stored metadata of ``pre``'s persisted row, and its head, as an older release or a
+    hand edit left them: ``pre``'s JSON with ``changes``, never validated (persist refuses such now)."""
+    text = json.dumps({**json.loads(pre.to_json()), **changes})
+    head = json.loads(zlib.decompress(head_of(pre)))
+    head["write"].update(changes)
+    with engine.begin() as connection:
+        changed = connection.execute(
+            sa.text(
+                "UPDATE epoch_metadata SET metadata = NULL, metadata_zlib = :packed, metadata_bytes = :size, "
+                "head_zlib = :head WHERE sink_id = :sink AND epoch = :epoch AND write_id = :write"
+            ),
+            {
+                "packed": zlib.compress(text.encode()),
+                "size": len(text.encode()),
+                "head": zlib.compress(json.dumps(head).encode()),
+                "sink": pre.sink_id,
+                "epoch": pre.epoch,
+                "write": pre.write_id,
+            },
+        )
+        assert changed.rowcount == 1, f"no stored write {pre.write_id} of sink {pre.sink_id!r} epoch {pre.epoch}"

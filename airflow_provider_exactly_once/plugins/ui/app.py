@@ -274,8 +274,9 @@ def create_app(operations: OperationsFactory = default_operations) -> FastAPI:
         access.require_some(READ)
         sink_id, epoch = _checked(sink_id, epoch)
         _readable(access, sink_id, epoch)
+        readable = access.dag_ids(READ)
         try:
-            view = ops.get().epoch(sink_id, epoch)
+            view = ops.get().epoch(sink_id, epoch, dag_ids=readable)
         except EpochNotFound:
             raise _not_found(sink_id, epoch) from None
         if not access.may_read(view.dag_id):  # another DAG's run re-wrote the epoch since the first look
@@ -290,7 +291,7 @@ def create_app(operations: OperationsFactory = default_operations) -> FastAPI:
             "checkpoint": shown,
             # After the access checks: a hidden epoch's answer must not wait for its sink's catalog.
             "delivery": ops.get().delivery(sink_id).to_dict(),
-            "history": [e.to_dict() for e in ops.get().history(sink_id, epoch)],
+            "history": [e.to_dict() for e in ops.get().history(sink_id, epoch, dag_ids=readable)],
             "can_edit": access.allowed(EDIT, view.dag_id),
         }
 

@@ -10,7 +10,9 @@ A user who may read every DAG reads everything. For any other user, the DAG ids 
 asked of the auth manager once per request (``get_authorized_dag_ids``, as Airflow's own list
 endpoints ask it) and become part of the meta-store query: a page is full of epochs they may read,
 and nothing, neither a short page nor a status code, tells them how many others exist. An epoch they
-may not read gets the very answer a missing one gets.
+may not read gets the very answer a missing one gets. What another DAG that wrote the same sink left
+in an epoch they may read (its runs' events, a warning naming it) is shown as "another DAG": the
+operations service redacts every view it returns for those DAG ids (``operations.views.Redaction``).
 
 Actions are POSTs that change the meta store and the sink, and the UI authenticates them with a
 cookie, so they must not be forgeable by another site: the cookie is ``SameSite=Lax`` (Airflow sets

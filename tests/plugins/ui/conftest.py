@@ -2,8 +2,9 @@
 
 One API server per session (starting one costs seconds): a private AIRFLOW_HOME with its own SQLite
 metadata DB, the SimpleAuthManager with a viewer, a user and an admin (passwords from a file, as
-``[core] simple_auth_manager_passwords_file`` reads them) and a user granted one DAG only (through
-``auth_manager.PerDagAuthManager``, a SimpleAuthManager that also decides per DAG), the plugin loaded from the package's
+``[core] simple_auth_manager_passwords_file`` reads them) and two users granted one DAG only each (through
+``auth_manager.PerDagAuthManager``, a SimpleAuthManager that also decides per DAG): ``limited``, and
+``partner``, whose DAG shares a sink with another DAG; the plugin loaded from the package's
 ``airflow.plugins`` entry point, and the meta store and catalog reached through
 ``AIRFLOW_CONN_*`` connections exactly as a deployment would. Airflow's configuration is set in the
 child's environment only, so this process's Airflow (other suites') is never touched.
@@ -32,10 +33,11 @@ import httpx
 import pytest
 
 from airflow_provider_exactly_once.checkpoints.config import MetaStoreCheckpoint
+from airflow_provider_exactly_once.core.history import Actor, ActorKind, acting
 from airflow_provider_exactly_once.core.precommit import PreCommit
 from airflow_provider_exactly_once.core.status import CheckpointStatus
 from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig
-from tests.support.builders import empty_write, free_port, register_file_sink_with_root
+from tests.support.builders import OPEN_RANGE, empty_write, free_port, plant_stored_write, register_file_sink_with_root
 from tests.support.pipeline import Pipeline
 
 # This process imports Airflow too (the plugin's declarations): tests/conftest.py points it at a
@@ -49,7 +51,7 @@ DAG_ID = "eo_orders_hourly"
 OTHER_DAG_ID = "eo_clicks_hourly"
 BASE = 1_767_225_600_000  # 2026-01-01T00:00Z in ms
 HOUR = 3_600_000
-USERS = {"viewer": "VIEWER", "user": "USER", "admin": "ADMIN", "limited": "USER"}
+USERS = {"viewer": "VIEWER", "user": "USER", "admin": "ADMIN", "limited": "USER", "partner": "USER"}
 STARTUP_TIMEOUT_S = 120
 REPO = Path(__file__).resolve().parents[3]
 
@@ -66,12 +68,38 @@ SECRET_SINK = "exports"
 SECRET_DAG = "eo_exports"
 SECRET_EPOCH = BASE
 DEAD_SINK = "dead"  # an Iceberg sink whose catalog is down (a closed port)
+# Issue 54: a sink two DAGs write (the reuse design.md D7 warns about), and a user granted one of them.
+PARTNER = "partner"
+SHARED_SINK = "events"
+SHARED_TABLE = "events"
+PARTNER_DAG = "eo_events_hourly"  # the one DAG the partner may read
+ELSEWHERE_DAG = "eo_events_elsewhere"  # the other DAG writing the same sink
+ELSEWHERE_TASK = "load_elsewhere"
+#: The other DAG's runs that acted on the partner's epoch (first, late) and on its own (own).
+ELSEWHERE_RUNS = ("manual__elsewhere-first", "manual__elsewhere-late", "manual__elsewhere-own")
+PARTNER_RUN = "scheduled__events-1"
+#: What the partner must never read, in any answer: the other DAG's id, task and runs.
+ELSEWHERE_NAMES = (ELSEWHERE_DAG, ELSEWHERE_TASK, *ELSEWHERE_RUNS)
+#: A sink whose one epoch is the newest of all, its write stored as persist stored one before it
+#: refused positions that are no range: the first row of every listing, never readable.
+BROKEN_SINK = "broken"
+BROKEN_EPOCH = BASE + 100 * HOUR
 #: OTHER_SINK's epoch whose first delivery was given up and whose second was committed.
 REDELIVERED = BASE + 2 * HOUR
 #: OTHER_SINK's committed epoch a newer run reprocessed, which the sink kept out (on_reprocess='keep'):
 #: its row is unchanged but for the warning.
 KEPT_OUT = BASE + HOUR
 DEAD_EPOCH = BASE
+
+
+class Shared:
+    """The epochs of ``SHARED_SINK``."""
+
+    #: The partner's DAG holds it now; the other DAG's first write was aborted there, its late one
+    #: discarded with the warning that names that DAG.
+    OWNED = BASE
+    #: The other DAG's own.
+    THEIRS = BASE + HOUR
 
 
 class Epochs:
@@ -204,7 +232,44 @@ def _build_world(tmp: Path) -> UiWorld:
         config = IcebergSinkConfig(sink_id, (f"{pipeline.namespace}.{table}",), iceberg_conn_id=catalog_conn_id)
         store.registry.register_sink(sink_id, config.to_dict(), MetaStoreCheckpoint().to_dict())
     _build_hardening_world(world)
+    _build_shared_world(world)
     return world
+
+
+def _build_shared_world(world: UiWorld) -> None:
+    """``SHARED_SINK``, written by the partner's DAG and another, and ``BROKEN_SINK``'s epoch."""
+    pipeline, store = world.pipeline, world.pipeline.store
+    pipeline.create_table(SHARED_TABLE)
+    table = f"{pipeline.namespace}.{SHARED_TABLE}"
+    config = IcebergSinkConfig(SHARED_SINK, (table,), iceberg_conn_id=world.catalog_conn_id)
+    store.registry.register_sink(SHARED_SINK, config.to_dict(), MetaStoreCheckpoint().to_dict())
+    coordinator = pipeline.coordinator(SHARED_SINK, pipeline.iceberg_committer())
+
+    def task(dag_id: str, task_id: str, run_id: str) -> Actor:
+        return Actor(ActorKind.TASK, name=f"{dag_id}.{task_id}", dag_id=dag_id, run_id=run_id, try_number=1)
+
+    def write() -> PreCommit:
+        return pipeline.write_iceberg(SHARED_SINK, Shared.OWNED, [SHARED_TABLE])
+
+    first, late, own = ELSEWHERE_RUNS
+    with acting(task(ELSEWHERE_DAG, ELSEWHERE_TASK, first)):
+        given_up = write()
+        coordinator.persist(given_up, run_id=first, try_number=1, dag_id=ELSEWHERE_DAG)
+        reason = f"{ELSEWHERE_DAG}.{ELSEWHERE_TASK} gave up in run {first}: its upstream failed"
+        store.mark_aborted(SHARED_SINK, Shared.OWNED, write_id=given_up.write_id, reason=reason)
+    with acting(task(PARTNER_DAG, "load", PARTNER_RUN)):
+        coordinator.persist(write(), run_id=PARTNER_RUN, try_number=1, dag_id=PARTNER_DAG)
+        pipeline.checkpoint(SHARED_SINK, Shared.OWNED, CheckpointStatus.COMPLETED)
+        coordinator.commit(SHARED_SINK, Shared.OWNED)
+    with acting(task(ELSEWHERE_DAG, ELSEWHERE_TASK, late)):
+        assert coordinator.persist(write(), run_id=late, try_number=1, dag_id=ELSEWHERE_DAG).warning
+        theirs = pipeline.write_iceberg(SHARED_SINK, Shared.THEIRS, [SHARED_TABLE])
+    with acting(task(ELSEWHERE_DAG, ELSEWHERE_TASK, own)):
+        coordinator.persist(theirs, run_id=own, try_number=1, dag_id=ELSEWHERE_DAG)
+
+    pre = empty_write(BROKEN_SINK, BROKEN_EPOCH, f"{pipeline.namespace}.broken", f"file://{pipeline.warehouse}/broken")
+    store.insert_pending(pre, run_id="scheduled__broken", try_number=1, dag_id=PARTNER_DAG)
+    plant_stored_write(store.engine, pre, source_positions=OPEN_RANGE)
 
 
 def _build_hardening_world(world: UiWorld) -> None:
@@ -273,7 +338,7 @@ def _server_env(home: Path, world: UiWorld, port: int, passwords_file: Path) -> 
         {
             # The test auth manager is imported by name, from this repository.
             "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p),
-            "EO_TEST_DAGS_BY_USER": json.dumps({LIMITED: [MINE_DAG]}),
+            "EO_TEST_DAGS_BY_USER": json.dumps({LIMITED: [MINE_DAG], PARTNER: [PARTNER_DAG]}),
             "AIRFLOW_HOME": str(home),
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
             "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
@@ -321,7 +386,7 @@ from airflow.utils.timezone import utcnow
 with create_session() as session:
     session.add(DagBundleModel(name="eo-ui-tests"))
     session.flush()
-    for dag_id in {[MINE_DAG, THEIRS_DAG, DAG_ID]!r}:
+    for dag_id in {[MINE_DAG, THEIRS_DAG, DAG_ID, PARTNER_DAG, ELSEWHERE_DAG]!r}:
         session.add(DagModel(dag_id=dag_id, bundle_name="eo-ui-tests", fileloc=f"/dags/{{dag_id}}.py"))
     session.flush()
     session.add(

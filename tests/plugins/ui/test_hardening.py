@@ -14,18 +14,29 @@ import httpx
 import pytest
 
 from tests.plugins.ui.conftest import (
+    BROKEN_EPOCH,
+    BROKEN_SINK,
     DEAD_EPOCH,
     DEAD_SINK,
+    ELSEWHERE_DAG,
+    ELSEWHERE_NAMES,
+    ELSEWHERE_RUNS,
+    ELSEWHERE_TASK,
     LIMITED,
     MINE_DAG,
     MINE_EPOCHS,
     PAGED_SINK,
+    PARTNER,
+    PARTNER_DAG,
+    PARTNER_RUN,
     SECRET_EPOCH,
     SECRET_SINK,
+    SHARED_SINK,
     SINK,
     THEIRS_EPOCHS,
     ApiServer,
     Epochs,
+    Shared,
     json_of,
 )
 
@@ -129,6 +140,68 @@ def test_an_epoch_the_user_may_not_read_answers_as_a_missing_one(api_server: Api
         b = limited.get(f"/api/sinks/{SINK}/epochs/{Epochs.COMMITTED + 1}")
         _same_answer(a, b, Epochs.COMMITTED, Epochs.COMMITTED + 1)
     assert api_server.world.pipeline.store.get(PAGED_SINK, hidden).status.value == "Pending"  # type: ignore[union-attr]
+
+
+def _shared_answers(client: httpx.Client) -> dict[str, httpx.Response]:
+    """Every answer that shows the shared sink's epoch of the partner's DAG: its API and page, the
+    epoch lists (API, the sink's page with its picture, every sink's page)."""
+    answers = {
+        path: client.get(path)
+        for path in (
+            f"/api/sinks/{SHARED_SINK}/epochs/{Shared.OWNED}",
+            f"/sinks/{SHARED_SINK}/epochs/{Shared.OWNED}",
+            f"/api/epochs?sink={SHARED_SINK}",
+            f"/?sink={SHARED_SINK}",
+            "/api/epochs?limit=1000",
+            "/",
+        )
+    }
+    for path, response in answers.items():
+        assert response.status_code == 200, (path, response.text[:2000])
+    return answers
+
+
+def test_another_dags_traces_in_an_epoch_the_user_may_read_say_another_dag(api_server: ApiServer) -> None:
+    """Issue 54: two DAGs write one sink; the epoch the partner's DAG holds keeps the other DAG's
+    aborted write, its discarded late write and the warning naming it. The partner (granted their DAG
+    only) reads what happened, by "another DAG", and never that DAG's id, task or runs; an admin reads them."""
+    with api_server.client(PARTNER) as partner:
+        answers = _shared_answers(partner)
+        for path, response in answers.items():
+            leaked = [name for name in ELSEWHERE_NAMES if name in response.text]
+            assert not leaked, (path, leaked)
+        detail = answers[f"/api/sinks/{SHARED_SINK}/epochs/{Shared.OWNED}"].json()
+        row = detail["epoch"]
+        assert (row["dag_id"], row["run_id"], row["status"]) == (PARTNER_DAG, PARTNER_RUN, "Committed")
+        assert f"of DAG '{PARTNER_DAG}'; a write from another DAG was discarded" in row["warning"]
+        events = detail["history"]
+        theirs = [e for e in events if e["actor_name"] == "another DAG"]
+        ours = [e for e in events if e["dag_id"] == PARTNER_DAG]
+        # What happened stays, in order: the other DAG's write, its abort, ours replacing it, the late one.
+        assert [e["event"] for e in events][:3] == ["persisted", "aborted", "replaced"]
+        assert {e["event"] for e in theirs} >= {"persisted", "aborted", "warning", "clean-up queued"}
+        assert all(e["run_id"] is None and e["dag_id"] == "another DAG" for e in theirs)
+        assert all(e["reason"] in (None, "(not shown: written by a run of another DAG)") for e in theirs)
+        assert {e["event"] for e in ours} >= {"replaced", "committed"}
+        assert all(e["run_id"] == PARTNER_RUN and e["actor_name"] == f"{PARTNER_DAG}.load" for e in ours)
+        [listed] = [e for e in answers[f"/api/epochs?sink={SHARED_SINK}"].json() if e["epoch"] == Shared.OWNED]
+        assert listed["warning"] == row["warning"]
+        page = answers[f"/?sink={SHARED_SINK}"].text
+        assert 'id="epoch-chart"' in page and 'class="warned"' in page
+        assert "a write from another DAG was discarded" in page  # the mark's tooltip
+        # The other DAG's own epoch of the sink is still one that does not exist.
+        hidden = partner.get(f"/api/sinks/{SHARED_SINK}/epochs/{Shared.THEIRS}")
+        assert hidden.status_code == 404 and ELSEWHERE_DAG not in hidden.text
+
+    with api_server.client("admin") as admin:
+        answers = _shared_answers(admin)
+        detail = answers[f"/api/sinks/{SHARED_SINK}/epochs/{Shared.OWNED}"].json()
+        assert f"a write from DAG '{ELSEWHERE_DAG}' was discarded" in detail["epoch"]["warning"]
+        names = {(e["actor_name"], e["run_id"]) for e in detail["history"]}
+        assert {(f"{ELSEWHERE_DAG}.{ELSEWHERE_TASK}", run) for run in ELSEWHERE_RUNS[:2]} <= names
+        for path in (f"/sinks/{SHARED_SINK}/epochs/{Shared.OWNED}", f"/?sink={SHARED_SINK}"):
+            assert ELSEWHERE_DAG in answers[path].text, path
+        assert ELSEWHERE_RUNS[0] in answers[f"/sinks/{SHARED_SINK}/epochs/{Shared.OWNED}"].text
 
 
 # -- 3. credentials ---------------------------------------------------------------------------------
@@ -293,3 +366,29 @@ def test_the_api_docs_are_behind_the_apis_auth(api_server: ApiServer) -> None:
         spec = json_of(viewer.get("/api/openapi.json"))
         assert "/api/sinks/{sink_id}/epochs/{epoch}/abort" in spec["paths"]
         assert spec["servers"] == [{"url": "/exactly-once"}]
+
+
+# -- 8. a stored write that does not parse --------------------------------------------------------------
+
+
+def test_an_unreadable_stored_write_is_listed_as_such_and_every_other_epoch_too(api_server: ApiServer) -> None:
+    """Issue 54: one row whose consumed range does not parse made the index, ``/api/epochs`` and the
+    epoch's page answer 500 for everyone. Now it is listed and shown as unreadable, naming the field."""
+    for username in ("admin", PARTNER):
+        with api_server.client(username) as client:
+            index = client.get("/")
+            assert index.status_code == 200, (username, index.text[:2000])
+            assert f'data-epoch="{BROKEN_EPOCH}"' in index.text and f'data-epoch="{Shared.OWNED}"' in index.text
+            assert "unreadable:" in index.text and "source_positions" in index.text
+            listed = json_of(client.get("/api/epochs"))
+            assert listed[0]["epoch"] == BROKEN_EPOCH and "source_positions" in listed[0]["unreadable"]
+            assert len(listed) > 1 and all(e["unreadable"] is None for e in listed[1:])
+            assert client.get(f"/?sink={BROKEN_SINK}").status_code == 200
+            detail = client.get(f"/api/sinks/{BROKEN_SINK}/epochs/{BROKEN_EPOCH}")
+            assert detail.status_code == 200, (username, detail.text)
+            shown = detail.json()["epoch"]
+            assert (shown["dag_id"], shown["status"], shown["tables"]) == (PARTNER_DAG, "Pending", [])
+            assert "source_positions" in shown["unreadable"]
+            page = client.get(f"/sinks/{BROKEN_SINK}/epochs/{BROKEN_EPOCH}")
+            assert page.status_code == 200 and 'id="epoch-unreadable"' in page.text, (username, page.text[:2000])
+            assert "source_positions" in page.text

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import socket
 import uuid
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -40,9 +40,9 @@ class Watched(SinkOperations):
         self.calls.append(("dag_of", epoch))
         return super().dag_of(sink_id, epoch)
 
-    def epoch(self, sink_id: str, epoch: int) -> EpochView:
+    def epoch(self, sink_id: str, epoch: int, *, dag_ids: Collection[str] | None = None) -> EpochView:
         self.calls.append(("epoch", epoch))
-        return super().epoch(sink_id, epoch)
+        return super().epoch(sink_id, epoch, dag_ids=dag_ids)
 
 
 @dataclass
