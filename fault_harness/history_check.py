@@ -29,6 +29,7 @@ an abort by a task of the run names the task that failed, with its error as that
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -211,7 +212,9 @@ def uncaused(history: Sequence[Mapping[str, Any]]) -> list[str]:
             if e["event"] in (EpochEvent.ERROR.value, EpochEvent.TRY_FAILED.value)
             and e.get("run_id") == event.get("run_id")
         }
-        named = reason.split(" ", 1)[0].split(",")
-        if not (failed & set(named)) and "without saying why" not in reason:
+        named = any(
+            re.search(rf"(^|[\s:,]){re.escape(task)} (failed|was refused|must wait)", reason) for task in failed
+        )
+        if not named and "without saying why" not in reason:
             problems.append(f"{said} names no task of its run that failed ({sorted(failed)}): {reason!r}")
     return problems

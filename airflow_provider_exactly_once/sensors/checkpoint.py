@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseSensorOperator
 
 from airflow_provider_exactly_once.checkpoints.config import CheckpointConfig, MetaStoreCheckpoint
-from airflow_provider_exactly_once.core.errors import ExactlyOnceError, InvalidSinkConfig
+from airflow_provider_exactly_once.core.errors import CheckpointFailed, ExactlyOnceError, InvalidSinkConfig
 from airflow_provider_exactly_once.core.identifiers import check_sink_id
 from airflow_provider_exactly_once.core.status import CheckpointStatus
 from airflow_provider_exactly_once.hooks.storage import resolved_storage_options
@@ -106,9 +106,11 @@ class CheckpointSensor(BaseSensorOperator):
 
     def _decide(self, epoch: int, status: CheckpointStatus, context: Context) -> bool:
         if status is CheckpointStatus.FAILED:
-            raise AirflowFailException(
+            # The refusal kept inside Airflow's no-retry failure, as the epoch's history says it (D22).
+            failed = CheckpointFailed(
                 f"checkpoint of sink {self.sink_id!r} {self._where(epoch, context)} FAILED: the epoch will be aborted"
             )
+            raise AirflowFailException(f"{type(failed).__name__}: {failed}") from failed
         self.log.info("Checkpoint of sink %r %s: %s", self.sink_id, self._where(epoch, context), status.value)
         return status is CheckpointStatus.COMPLETED
 

@@ -220,6 +220,11 @@ def test_an_abort_without_a_cause_or_naming_no_failed_task_is_uncaused() -> None
     dead = _event("aborted", "task", "d.eo.abort", "write failed without saying why (its process ended first...)")
     by_hand = _event("aborted", "cli", "ops@host", "bad day, re-landed tomorrow")
     assert uncaused([failed, caused]) == []
+    checkpoint = _event("error", "task", "d.eo.wait_for_checkpoint", "CheckpointFailed: checkpoint FAILED")
+    prefixed = _event(
+        "aborted", "task", "d.eo.abort", "checkpoint_failed: wait_for_checkpoint was refused on try 1: ..."
+    )
+    assert uncaused([checkpoint, prefixed]) == []
     assert uncaused([dead, by_hand]) == []
     old = _event("aborted", "task", "d.eo.abort", "task eo.abort of run r1: an upstream step failed")
     assert uncaused([failed, old]) == [f"the aborted event of t by task d.eo.abort gives no cause: {old['reason']!r}"]
