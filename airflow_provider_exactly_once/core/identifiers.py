@@ -1,5 +1,6 @@
-"""Checks for the two keys of every epoch, the sink id and the epoch number, and for the one text an
-operator writes into a row, an abort's reason.
+"""Checks for the two keys of every epoch, the sink id and the epoch number, for the one text an
+operator writes into a row, an abort's reason, and for what an incremental input's reservation row
+keeps of its upstream table: its name and a snapshot id.
 
 A sink id ends up in file paths, snapshot summaries and SQL rows, so it is held to the characters
 that are safe in all three; an epoch is a signed 64-bit column and a file-name component. An abort
@@ -22,6 +23,10 @@ SINK_ID_MAX_LENGTH = 128
 #: The longest abort reason taken: a sentence or a paragraph, not a log pasted into the row.
 ABORT_REASON_MAX_LENGTH = 2000
 EPOCH_MAX = 2**63 - 1
+#: The longest upstream table name a reservation row keeps (``input_range.source``).
+TABLE_NAME_MAX_LENGTH = 512
+#: Iceberg's snapshot ids are signed 64-bit (a ``BigInteger`` column in the meta store).
+SNAPSHOT_ID_MIN, SNAPSHOT_ID_MAX = -(2**63), 2**63 - 1
 _SINK_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 
@@ -73,6 +78,17 @@ def abort_reason_fault(reason: object) -> str | None:
             f"the abort reason is {len(reason)} characters long; at most {ABORT_REASON_MAX_LENGTH} are kept: "
             "shorten it, and say where the details are rather than pasting them"
         )
+    return None
+
+
+def table_name_fault(table: str) -> str | None:
+    """What is wrong with an upstream table's name as a reservation row keeps it and every listing
+    prints it, said for whoever wrote it, or ``None``."""
+    if (control := find_control(table)) is not None:
+        # Printed raw by a listing, an escape sequence would act on the reader's terminal.
+        return f"{table[:40]!r} holds the control character {control}; name the table in printable characters"
+    if len(table) > TABLE_NAME_MAX_LENGTH:
+        return f"{table[:40]!r}... is {len(table)} characters long; a table name has at most {TABLE_NAME_MAX_LENGTH}"
     return None
 
 

@@ -25,15 +25,26 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Self
+from typing import Annotated, Any, Self
 
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from .errors import EarlierEpochUndecided, InputRangeRefused
+from .errors import EarlierEpochUndecided, InputRangeRefused, InvalidPreCommit
+from .identifiers import SNAPSHOT_ID_MAX, SNAPSHOT_ID_MIN, table_name_fault
 from .status import EpochStatus
 
 #: The ``kind`` of an incremental input's source positions in a pre-commit.
 POSITIONS_KIND = "iceberg_snapshots"
+
+
+def _table_name(table: str) -> str:
+    if (fault := table_name_fault(table)) is not None:
+        raise ValueError(fault)
+    return table
+
+
+#: An Iceberg snapshot id: an integer (never a bool) that a signed 64-bit column holds.
+SnapshotId = Annotated[int, Field(strict=True, ge=SNAPSHOT_ID_MIN, le=SNAPSHOT_ID_MAX)]
 
 
 class SnapshotRange(BaseModel):
@@ -43,9 +54,9 @@ class SnapshotRange(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    table: str
-    after_snapshot_id: int | None = None
-    to_snapshot_id: int | None = None
+    table: Annotated[str, Field(min_length=1), AfterValidator(_table_name)]
+    after_snapshot_id: SnapshotId | None = None
+    to_snapshot_id: SnapshotId | None = None
 
     @model_validator(mode="after")
     def _ends(self) -> Self:
@@ -77,10 +88,38 @@ class SnapshotRange(BaseModel):
 
     @classmethod
     def of_positions(cls, positions: dict[str, Any] | None) -> SnapshotRange | None:
-        """The range a pre-commit read, or ``None`` when its input was not incremental."""
-        if not positions or positions.get("kind") != POSITIONS_KIND:
-            return None
-        return cls.model_validate({k: positions.get(k) for k in ("table", "after_snapshot_id", "to_snapshot_id")})
+        """The range a pre-commit read, or ``None`` when its input was not incremental. Positions of
+        the incremental kind that hold no range are ``InvalidPreCommit`` naming the field: a
+        pre-commit refuses them where it enters (``positions_fault``), so only a row stored before
+        that check can still hold them."""
+        parsed = _parsed_positions(positions)
+        if isinstance(parsed, str):
+            raise InvalidPreCommit(f"source_positions: {parsed}")
+        return parsed
+
+
+def positions_fault(positions: dict[str, Any] | None) -> str | None:
+    """Why a pre-commit's ``source_positions`` of the incremental kind hold no range, or ``None``."""
+    parsed = _parsed_positions(positions)
+    return parsed if isinstance(parsed, str) else None
+
+
+def _parsed_positions(positions: dict[str, Any] | None) -> SnapshotRange | str | None:
+    if not positions or positions.get("kind") != POSITIONS_KIND:
+        return None
+    try:
+        return SnapshotRange.model_validate(
+            {k: positions.get(k) for k in ("table", "after_snapshot_id", "to_snapshot_id")}
+        )
+    except ValidationError as exc:
+        faults = "; ".join(
+            ".".join(map(str, e["loc"])) + (": " if e["loc"] else "") + e["msg"].removeprefix("Value error, ")
+            for e in exc.errors(include_url=False)
+        )
+    return (
+        f"kind {POSITIONS_KIND!r} but no snapshot range ({faults}); an incremental write records the range it "
+        "read as SnapshotRange.positions() gives it: table, after_snapshot_id and to_snapshot_id"
+    )
 
 
 @dataclass(frozen=True)
@@ -177,7 +216,14 @@ def range_read_elsewhere(
     """The commit's fence: an epoch's range (its write's ``positions``) may not go in when another
     epoch that read from the same start is committed or decided. The chain refuses that at
     reservation; this holds it when an aborted epoch was written again at the moment its successor
-    reserved, both deciding before either was persisted."""
+    reserved, both deciding before either was persisted. A row stored before its positions were
+    checked (``positions_fault``) and holding no range is refused too: which rows it read is unknown."""
+    if (fault := positions_fault(positions)) is not None:
+        return InputRangeRefused(
+            f"sink {sink_id!r} epoch {epoch}: its write's source_positions: {fault}. Which upstream rows it read "
+            f"cannot be told, so it is not committed; abort it ('eo-sink abort {sink_id} {epoch} --reason ... "
+            "--force'): nothing is lost, the next epoch reads from the last committed epoch's end"
+        )
     reserved = SnapshotRange.of_positions(positions)
     if reserved is None or reserved.empty:
         return None

@@ -37,11 +37,14 @@ from .data_file_list import DataFiles
 from .errors import InvalidPreCommit
 from .generations import check_generation
 from .identifiers import Epoch, SinkId, WriteId
+from .input_ranges import positions_fault
 from .redact import find_control
 from .upserts import ChangeCounts, RevisedWrite, RewrittenFile
 
-#: Validation context key: accept the record of an abort without a write (``PreCommit.nothing_written``).
-_NO_WRITE = "no_write"
+#: Validation context key: the metadata is read back from the meta store (``PreCommit.parse(...,
+#: recorded=True)``): the record of an abort without a write (``PreCommit.nothing_written``) is
+#: accepted, and source positions stored before they were checked are kept as they are.
+_RECORDED = "recorded"
 #: Validation context key: the metadata is this package's own, stored after it passed every check
 #: (``PreCommit.parse(..., trusted=True)``): the checks that run once per data file are skipped.
 _TRUSTED = "trusted"
@@ -230,6 +233,17 @@ class TableWrite(_Frozen):
 
     _names_printable = field_validator("table", "location")(_no_control)
 
+    @field_validator("location")
+    @classmethod
+    def _no_parent_segment(cls, location: str, info: ValidationInfo) -> str:
+        """An abort deletes everything below the location: one that climbs out of the folder it names
+        would have it delete elsewhere, and files "inside" it are not where they seem."""
+        if not _trusted(info) and ".." in location.replace("\\", "/").split("/"):
+            raise ValueError(
+                f"{location[:200]!r} holds a '..' segment; a write location names its folder directly, without '..'"
+            )
+        return location
+
     @model_validator(mode="after")
     def _files_inside_location(self, info: ValidationInfo) -> Self:
         if not _trusted(info):
@@ -288,15 +302,28 @@ class PreCommit(_Frozen):
     #: Never empty for a write; empty only in the record of an epoch aborted before any write
     #: (``nothing_written``), which the meta store keeps so the abort and its reason are seen.
     tables: list[TableWrite]
-    #: Where the input stood when the write read it (offsets, file lists): kept, never interpreted.
+    #: Where the input stood when the write read it (offsets, file lists): kept as given, except an
+    #: incremental input's (kind ``iceberg_snapshots``), which is the snapshot range it read
+    #: (``core.input_ranges``) and is refused unless it holds one.
     source_positions: dict[str, Any] | None = None
     #: The generation the write was started in (``core.generations``): a newer one replaces the
     #: epoch's committed write; ``None`` outside Airflow, where a write never replaces one.
     generation: Generation = None
 
+    @field_validator("source_positions")
+    @classmethod
+    def _range_readable(cls, positions: dict[str, Any] | None, info: ValidationInfo) -> dict[str, Any] | None:
+        """Positions of an incremental input are interpreted (the commit's fence, the table's marker,
+        the listings): refused where a write enters, kept as stored where a row is read back, whose
+        commit refuses them by name (``input_ranges.range_read_elsewhere``) and whose abort does not read them."""
+        stored = (info.context or {}).get(_RECORDED) or _trusted(info)
+        if not stored and (fault := positions_fault(positions)) is not None:
+            raise ValueError(fault)
+        return positions
+
     @model_validator(mode="after")
     def _tables(self, info: ValidationInfo) -> Self:
-        if not self.tables and not (info.context or {}).get(_NO_WRITE):
+        if not self.tables and not (info.context or {}).get(_RECORDED):
             raise ValueError("tables: a write lists at least one table")
         names = [t.table for t in self.tables]
         if len(set(names)) != len(names):
@@ -314,7 +341,7 @@ class PreCommit(_Frozen):
         """
         write_id = str(uuid.uuid5(uuid.NAMESPACE_URL, f"exactly-once:no-write:{sink_id}:{epoch}"))
         data = {"sink_id": sink_id, "epoch": epoch, "write_id": write_id, "tables": []}
-        return cls.model_validate(data, context={_NO_WRITE: True})
+        return cls.model_validate(data, context={_RECORDED: True})
 
     @property
     def written(self) -> bool:
@@ -340,7 +367,7 @@ class PreCommit(_Frozen):
         if isinstance(data, str) and data.startswith(COMPRESSED_PREFIX):
             data = _decompress(data)
         try:
-            context = {_NO_WRITE: recorded, _TRUSTED: trusted}
+            context = {_RECORDED: recorded, _TRUSTED: trusted}
             if isinstance(data, str | bytes):
                 return cls.model_validate_json(data, context=context)
             return cls.model_validate(data, context=context)
@@ -387,7 +414,11 @@ class PreCommit(_Frozen):
     def as_written(self) -> PreCommit:
         """The write as a writer hands it over: a prepared snapshot is the committer's to make at
         persist (``SinkCommitter.stage``) after every file passed its checks, so one arriving with
-        the write is dropped, never trusted (the commit skips those checks while it stands)."""
+        the write is dropped, never trusted (the commit skips those checks while it stands). Its
+        source positions are checked again: a pre-commit built with ``model_copy`` skipped the model's
+        check, and persist is where a write becomes a row."""
+        if (fault := positions_fault(self.source_positions)) is not None:
+            raise InvalidPreCommit(f"invalid pre-commit metadata: source_positions: {fault}")
         if all(t.prepared is None for t in self.tables):
             return self
         return self.model_copy(update={"tables": [t.model_copy(update={"prepared": None}) for t in self.tables]})
@@ -422,5 +453,5 @@ def _describe(exc: ValidationError) -> str:
     faults = []
     for error in exc.errors(include_url=False):
         where = ".".join(str(p) for p in error["loc"]) or "pre-commit metadata"
-        faults.append(f"{where}: {error['msg']}")
+        faults.append(f"{where}: {error['msg'].removeprefix('Value error, ')}")
     return "invalid pre-commit metadata: " + "; ".join(faults)

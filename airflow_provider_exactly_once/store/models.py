@@ -35,6 +35,7 @@ from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.functions import FunctionElement
 from sqlalchemy.types import TypeDecorator
 
+from airflow_provider_exactly_once.core.identifiers import TABLE_NAME_MAX_LENGTH
 from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochStatus
 
 _T = TypeVar("_T")
@@ -52,7 +53,7 @@ ABORT_CAUSE_LENGTH = 32
 GENERATION_LENGTH = 40
 CHECKPOINT_NAME_LENGTH = 128
 EVENT_LENGTH = 32
-TABLE_NAME_LENGTH = 512
+TABLE_NAME_LENGTH = TABLE_NAME_MAX_LENGTH
 
 #: SQLite keeps timestamps as text; this gives millisecond precision in the ISO form Python parses.
 SQLITE_NOW = "strftime('%Y-%m-%d %H:%M:%f','now')"

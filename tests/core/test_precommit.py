@@ -104,6 +104,56 @@ def test_a_path_outside_the_write_location_is_refused() -> None:
         PreCommit.parse(sneaky)
 
 
+@pytest.mark.parametrize(
+    "location",
+    ["file:///wh/db/orders/data/_eo/../../metadata", "s3://bucket/wh/orders/..", "C:\\wh\\orders\\..\\x"],
+)
+def test_a_write_location_that_climbs_out_of_its_folder_is_refused(location: str) -> None:
+    """An abort deletes everything below the location: ``..`` would point it elsewhere."""
+    data = _valid(tables=[{"table": "db.orders", "location": location}])
+    with pytest.raises(InvalidPreCommit, match=r"tables\.0\.location: .* holds a '\.\.' segment"):
+        PreCommit.parse(data)
+    assert PreCommit.parse(_valid(tables=[{"table": "db.orders", "location": "s3://b/a..b/w1"}])).tables
+
+
+ENDLESS = {"kind": "iceberg_snapshots", "table": "up.events", "after_snapshot_id": 5}
+
+
+@pytest.mark.parametrize(
+    ("positions", "fault"),
+    [
+        (ENDLESS, "range of up.events: it starts after snapshot 5 and ends nowhere"),
+        ({**ENDLESS, "to_snapshot_id": 2**70}, "to_snapshot_id: Input should be less than or equal to"),
+        (
+            {**ENDLESS, "after_snapshot_id": True, "to_snapshot_id": 9},
+            "after_snapshot_id: Input should be a valid integer",
+        ),
+        ({"kind": "iceberg_snapshots", "to_snapshot_id": 9}, "table: Input should be a valid string"),
+        ({**ENDLESS, "table": "up.t\x1b]0;x\x07", "to_snapshot_id": 9}, "table: 'up.t.*holds the control character"),
+    ],
+)
+def test_a_consumed_range_that_does_not_parse_is_refused_where_a_write_enters(
+    positions: dict[str, object], fault: str
+) -> None:
+    """Whether it arrives as a dict (XCom), as JSON text (the pre-commit file) or compressed; a row
+    read back from the meta store keeps what it holds (its commit refuses it, its abort works)."""
+    data = _valid(source_positions=positions)
+    named = (
+        rf"invalid pre-commit metadata: source_positions: kind 'iceberg_snapshots' but no snapshot range \(.*{fault}"
+    )
+    for given in (data, json.dumps(data)):
+        with pytest.raises(InvalidPreCommit, match=named):
+            PreCommit.parse(given)
+    stored = PreCommit.parse(json.dumps(data), recorded=True)
+    assert stored.source_positions == positions
+    with pytest.raises(InvalidPreCommit, match=named.removeprefix("invalid pre-commit metadata: ")):
+        stored.as_written()  # persist's check of a model it was handed
+    with pytest.raises(InvalidPreCommit, match=named):
+        PreCommit.parse(stored.to_compressed())
+    fine = {**ENDLESS, "to_snapshot_id": 9, "files": 2}
+    assert PreCommit.parse(_valid(source_positions=fine)).source_positions == fine
+
+
 def test_duplicates_and_required_added_columns_are_refused() -> None:
     twice = _valid()
     files = twice["tables"][0]["data_files"]  # type: ignore[index]

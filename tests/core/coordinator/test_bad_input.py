@@ -13,6 +13,7 @@ import pytest
 
 from airflow_provider_exactly_once.core.data_file_list import DataFiles
 from airflow_provider_exactly_once.core.errors import (
+    InputRangeRefused,
     InvalidPreCommit,
     InvalidSinkConfig,
     MetaStoreUnavailable,
@@ -54,6 +55,56 @@ def test_paths_outside_the_table_location_are_refused(pipeline: Pipeline, sink_i
     with pytest.raises(InvalidPreCommit, match="elsewhere"):
         coordinator.persist(pre.model_copy(update={"tables": [moved]}))
     assert pipeline.store.get(sink_id, 1) is None
+
+
+#: An incremental input's consumed range that starts after a snapshot and ends nowhere.
+ENDLESS_RANGE = {"kind": "iceberg_snapshots", "table": "up.events", "after_snapshot_id": 5}
+
+
+def test_a_consumed_range_that_does_not_parse_is_refused_before_any_row(pipeline: Pipeline, sink_id: str) -> None:
+    """Stored, it would break every listing of the sink and the commit's fence: refused at persist,
+    naming the field, whether the write comes as a dict (XCom) or as a model built by ``model_copy``,
+    which skips the model's validators."""
+    pipeline.create_table("orders")
+    coordinator = pipeline.coordinator(sink_id, pipeline.iceberg_committer())
+    pre = pipeline.write_iceberg(sink_id, 1, ["orders"])
+    for given in (
+        {**pre.to_dict(), "source_positions": ENDLESS_RANGE},
+        pre.model_copy(update={"source_positions": ENDLESS_RANGE}),
+        {**pre.to_dict(), "source_positions": {**ENDLESS_RANGE, "to_snapshot_id": 2**70}},
+    ):
+        with pytest.raises(InvalidPreCommit, match=r"source_positions: kind 'iceberg_snapshots' but no snapshot range"):
+            coordinator.persist(given)
+        assert pipeline.store.get(sink_id, 1) is None
+        assert sink_id not in pipeline.store.sink_ids()
+    assert write_location_exists(pre)  # nothing was deleted either: a corrected write can be persisted
+
+
+def test_a_stored_unparsable_range_refuses_the_commit_by_name_and_can_be_aborted(
+    pipeline: Pipeline, sink_id: str
+) -> None:
+    """A row stored before persist refused such positions (put in here through the store itself)
+    is still read; its commit is refused naming the field and the way out, and its abort works."""
+    pipeline.create_table("orders")
+    coordinator = pipeline.coordinator(sink_id, pipeline.iceberg_committer())
+    pre = pipeline.write_iceberg(sink_id, 1, ["orders"])
+    pipeline.store.insert_pending(
+        pre.model_copy(update={"source_positions": ENDLESS_RANGE}), run_id=None, try_number=None
+    )
+    pipeline.checkpoint(sink_id, 1, CheckpointStatus.COMPLETED)
+    pipeline.store.forget_parsed()  # read back from the row, as another process would
+    with pytest.raises(
+        InputRangeRefused, match=rf"source_positions: .*ends nowhere.*eo-sink abort {sink_id} 1 --reason ... --force"
+    ):
+        coordinator.commit(sink_id, 1)
+    assert "source_positions" in coordinator.recover(sink_id).failed[1]
+    row = pipeline.store.get(sink_id, 1)
+    assert row is not None and row.status is EpochStatus.PENDING and row.commit_decided_at is None
+    assert pipeline.rows("orders") == []
+    coordinator.abort(sink_id, 1, reason="its consumed range cannot be read", force=True)
+    row = pipeline.store.get(sink_id, 1)
+    assert row is not None and row.status is EpochStatus.ABORTED
+    assert not write_location_exists(pre)
 
 
 def test_unknown_table_and_unknown_sink_are_named(pipeline: Pipeline, sink_id: str) -> None:
