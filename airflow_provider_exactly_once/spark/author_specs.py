@@ -20,19 +20,38 @@ so the same interval could select different files on a rerun.
 
 from __future__ import annotations
 
+import re
 from datetime import datetime, timedelta
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidatorFunctionWrapHandler, field_validator
 
 from airflow_provider_exactly_once.core.errors import InvalidSinkConfig
+from airflow_provider_exactly_once.core.identifiers import SNAPSHOT_ID_MAX, table_name_fault
 from airflow_provider_exactly_once.sinks.layout import file_write_location
 
 
 class FrozenSpec(BaseModel):
-    """A part of the job spec: immutable, and refusing a misspelt field rather than ignoring it."""
+    """A part of the job spec: immutable, and refusing a misspelt field rather than ignoring it.
+
+    Built by a DAG file (``IcebergTableInput(table=...)``), a bad argument is one line naming the
+    spec and the argument (``InvalidSinkConfig``), where the DAG's parse error shows it."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
+
+    def __init__(self, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            raise InvalidSinkConfig(f"{type(self).__name__}: {spec_faults(exc)}") from None
+
+
+def spec_faults(exc: ValidationError) -> str:
+    """A validation error's faults on one line, each named by its field."""
+    return "; ".join(
+        f"{'.'.join(map(str, e['loc'])) or 'spec'}: {e['msg'].removeprefix('Value error, ')}"
+        for e in exc.errors(include_url=False)
+    )
 
 
 class FilesInput(FrozenSpec):
@@ -100,6 +119,10 @@ class FunctionInput(FrozenSpec):
     options: dict[str, Any] = Field(default_factory=dict)
 
 
+#: An upstream table's name: ``namespace.table``, dot-separated, no empty part and no whitespace.
+_NAMESPACED = re.compile(r"[^.\s]+(\.[^.\s]+)+")
+
+
 class IcebergTableInput(FrozenSpec):
     """An upstream Iceberg table read incrementally: each epoch reads the data the table's appends
     added after the snapshot its sink last committed, up to the snapshot current when the epoch is
@@ -108,12 +131,35 @@ class IcebergTableInput(FrozenSpec):
 
     kind: Literal["iceberg_table"] = "iceberg_table"
     #: ``namespace.table`` in the catalog.
-    table: str = Field(min_length=1, pattern=r"^[^.\s]+(\.[^.\s]+)+$")
+    table: str = Field(min_length=1)
     #: The Airflow connection of the upstream's catalog (an ``iceberg`` connection, read as a
     #: sink's is); ``None``: the sink's own catalog.
     catalog_conn_id: str | None = Field(default=None, min_length=1)
     #: The sink's first epoch reads the snapshots after this one; ``None``: from the table's first.
     start_after_snapshot_id: int | None = None
+
+    @field_validator("table")
+    @classmethod
+    def _table(cls, table: str) -> str:
+        """The name a reservation row keeps and every listing prints (``core.identifiers``)."""
+        if (fault := table_name_fault(table)) is None and not _NAMESPACED.fullmatch(table):
+            fault = f"{table!r} is not namespace.table (dot-separated names, no spaces)"
+        if fault is not None:
+            raise ValueError(fault)
+        return table
+
+    @field_validator("start_after_snapshot_id", mode="wrap")
+    @classmethod
+    def _snapshot_id(cls, value: object, handler: ValidatorFunctionWrapHandler) -> int | None:
+        """A real snapshot's id: a bool is not one (``True`` would read as 1), nor a negative number
+        (Iceberg's ids are positive), nor one past a signed 64-bit column."""
+        parsed = None if value is None or isinstance(value, bool) else handler(value)
+        if isinstance(value, bool) or (parsed is not None and not 0 <= parsed <= SNAPSHOT_ID_MAX):
+            raise ValueError(
+                f"{str(value)[:40]!r} is not a snapshot id: give the id of a snapshot of the upstream table "
+                f"(an integer from 0 to {SNAPSHOT_ID_MAX}), or None to read from its first snapshot"
+            )
+        return parsed if isinstance(parsed, int) else None
 
 
 InputSpec = Annotated[

@@ -32,6 +32,7 @@ from airflow_provider_exactly_once.spark.author_specs import (
     InputSpec,
     SqlInput,
     TableInput,
+    spec_faults,
 )
 
 __all__ = [
@@ -207,10 +208,7 @@ class EpochJobSpec(FrozenSpec):
         try:
             return cls.model_validate_json(text)
         except ValidationError as exc:
-            faults = "; ".join(
-                f"{'.'.join(str(p) for p in e['loc']) or 'spec'}: {e['msg']}" for e in exc.errors(include_url=False)
-            )
-            raise InvalidSinkConfig(f"invalid epoch job spec: {faults}") from None
+            raise InvalidSinkConfig(f"invalid epoch job spec: {spec_faults(exc)}") from None
 
     def to_json(self) -> str:
         return self.model_dump_json()
