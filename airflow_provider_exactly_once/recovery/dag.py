@@ -32,6 +32,7 @@ from airflow_provider_exactly_once.defaults import (
 )
 from airflow_provider_exactly_once.observability.assets import recovery_alias
 from airflow_provider_exactly_once.recovery.operators import ListRegisteredSinksOperator, RecoverSinkOperator
+from airflow_provider_exactly_once.runtime.assembly import configured_duration
 from airflow_provider_exactly_once.version_compat import conf
 
 DEFAULT_RECOVERY_DAG_ID = "exactly_once_recovery"
@@ -49,19 +50,13 @@ def configured_schedule() -> str | None:
 
 
 def configured_orphan_grace() -> timedelta:
-    seconds = conf.getfloat(
-        CONFIG_SECTION, "recovery_orphan_grace_seconds", fallback=DEFAULT_ORPHAN_GRACE.total_seconds()
-    )
-    if seconds < 0:
-        raise ValueError(f"[{CONFIG_SECTION}] recovery_orphan_grace_seconds must not be negative, got {seconds}")
-    return timedelta(seconds=seconds)
+    """``[exactly_once] recovery_orphan_grace_seconds``; 0 removes an unknown write location at once."""
+    return configured_duration("recovery_orphan_grace_seconds", DEFAULT_ORPHAN_GRACE, "seconds", zero_allowed=True)
 
 
 def configured_history_retention() -> timedelta:
-    days = conf.getfloat(CONFIG_SECTION, "history_retention_days", fallback=DEFAULT_HISTORY_RETENTION.days)
-    if not days > 0:
-        raise ValueError(f"[{CONFIG_SECTION}] history_retention_days must be positive, got {days}")
-    return timedelta(days=days)
+    """``[exactly_once] history_retention_days``."""
+    return configured_duration("history_retention_days", DEFAULT_HISTORY_RETENTION, "days")
 
 
 def recovery_dag(

@@ -12,10 +12,12 @@ operations tools alike.
 from __future__ import annotations
 
 import importlib
+import math
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, Literal
 
 from airflow_provider_exactly_once.checkpoints.config import (
     CheckpointConfig,
@@ -46,6 +48,37 @@ FAULT_HOOK_OPTION = "fault_hook"
 FAULT_HOOK_ENV_VAR = f"AIRFLOW__{CONFIG_SECTION.upper()}__{FAULT_HOOK_OPTION.upper()}"
 #: Builds the fault hook of one task try: ``(sink_id, epoch, try_number) -> FaultHook``.
 FaultHookFactory = Callable[[str, int | None, int | None], FaultHook]
+
+
+#: The longest duration an ``[exactly_once]`` option takes: a century, beyond any real setting and
+#: well inside what a date holds (a retention or a grace is subtracted from now).
+LONGEST_CONFIGURED_DURATION = timedelta(days=36_500)
+
+
+def configured_duration(
+    option: str, default: timedelta, unit: Literal["seconds", "days"], *, zero_allowed: bool = False
+) -> timedelta:
+    """``[exactly_once] <option>``, a number of ``unit`` (``default`` when unset): finite, above 0
+    (or 0 when ``zero_allowed``) and at most a century; anything else is one ``ValueError`` line
+    naming the option, its environment variable and what it takes, never a bare ``OverflowError``."""
+    from airflow_provider_exactly_once.version_compat import conf
+
+    raw = conf.get(CONFIG_SECTION, option, fallback=None)
+    if raw is None:
+        return default
+    text = str(raw).strip()
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    longest = LONGEST_CONFIGURED_DURATION / timedelta(**{unit: 1})
+    if math.isfinite(value) and (value > 0 or (zero_allowed and value == 0)) and value <= longest:
+        return timedelta(**{unit: value})
+    lowest = "from 0" if zero_allowed else "above 0"
+    raise ValueError(
+        f"[{CONFIG_SECTION}] {option} (AIRFLOW__{CONFIG_SECTION.upper()}__{option.upper()}) = {text[:40]!r} is "
+        f"refused: give a number of {unit} {lowest} up to {longest:.0f} (a century)"
+    )
 
 
 def configured_fault_hook(sink_id: str, epoch: int | None, try_number: int | None) -> FaultHook:

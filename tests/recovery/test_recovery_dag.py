@@ -5,6 +5,7 @@ orphaned write locations past the grace period are removed and younger ones kept
 from __future__ import annotations
 
 import datetime as dt
+import runpy
 import shutil
 import threading
 import uuid
@@ -32,6 +33,9 @@ from tests.recovery.helpers import (
 )
 from tests.support.airflow_world import TABLE, World, run
 from tests.support.pipeline import local_path
+
+#: The DAG file a deployment copies into its DAGs folder.
+RECOVERY_DAG_FILE = Path(__file__).resolve().parents[2] / "dags" / "exactly_once_recovery.py"
 
 
 def _sinks(world: World) -> tuple[IcebergSinkConfig, FileSinkConfig]:
@@ -211,3 +215,40 @@ def test_a_location_the_table_references_is_never_removed_as_an_orphan(
         assert exists(write)
     assert world.markers() == {E0: [left.committed.write_id], E1: [left.pending_completed.write_id]}
     assert {w for _, _, w in world.rows()} == {left.committed.write_id, left.pending_completed.write_id}
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("history_retention_days", "1e12"),
+        ("history_retention_days", "inf"),
+        ("history_retention_days", "0"),
+        ("history_retention_days", "-1"),
+        ("history_retention_days", "abc"),
+        ("recovery_orphan_grace_seconds", "nan"),
+        ("recovery_orphan_grace_seconds", "1e300"),
+        ("recovery_orphan_grace_seconds", "-1"),
+        ("recovery_orphan_grace_seconds", "abc"),
+        ("recovery_orphan_grace_seconds", "9" * 100_000),
+    ],
+)
+def test_the_recovery_dag_file_refuses_an_absurd_setting_in_one_line_naming_it(
+    option: str, value: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not a bare ``OverflowError`` from ``timedelta``: the option, its variable and what it takes."""
+    monkeypatch.setenv(f"AIRFLOW__EXACTLY_ONCE__{option.upper()}", value)
+    with pytest.raises(ValueError) as refused:
+        runpy.run_path(str(RECOVERY_DAG_FILE))
+    message = str(refused.value)
+    assert type(refused.value) is ValueError, repr(refused.value)
+    assert message.startswith(f"[exactly_once] {option} (AIRFLOW__EXACTLY_ONCE__{option.upper()}) = ")
+    assert "give a number of" in message and "up to" in message
+    assert "\n" not in message and len(message) < 300
+
+
+def test_the_recovery_dag_takes_the_settings_it_allows(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AIRFLOW__EXACTLY_ONCE__HISTORY_RETENTION_DAYS", " 36500 ")
+    monkeypatch.setenv("AIRFLOW__EXACTLY_ONCE__RECOVERY_ORPHAN_GRACE_SECONDS", "0")
+    recover = runpy.run_path(str(RECOVERY_DAG_FILE))["dag"].get_task("recover_sink")
+    assert recover.partial_kwargs["history_retention"] == timedelta(days=36500)
+    assert recover.partial_kwargs["orphan_grace"] == timedelta(0)
