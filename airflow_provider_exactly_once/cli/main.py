@@ -11,7 +11,8 @@ the same command later will do it. A scheduled ``gc`` or ``recover`` can retry o
 Everything the tool prints, its usage errors and every log line of the process included, has its
 secrets masked; what it prints to the terminal has control characters escaped (``core.redact``): a
 path, an error or an abort reason read from the meta store can neither leak a password nor drive the
-terminal. Logs go to stderr, never into a table or JSON on stdout, and only warnings and errors unless
+terminal. An argument a message echoes is cut to a bounded prefix (``cli.parser.bounded``): a
+pasted 100 kB id or URL is named, not printed back. Logs go to stderr, never into a table or JSON on stdout, and only warnings and errors unless
 ``-v``.
 """
 
@@ -30,7 +31,7 @@ from typing import Any, NoReturn, TextIO
 
 from airflow_provider_exactly_once.cli import meta_connection
 from airflow_provider_exactly_once.cli.output import EXIT_BUSY, EXIT_FAILED, EXIT_OK, EXIT_USAGE, print_json
-from airflow_provider_exactly_once.cli.parser import build_parser, duration
+from airflow_provider_exactly_once.cli.parser import bounded, build_parser, duration, echoed
 from airflow_provider_exactly_once.cli.read_commands import (
     epochs_command,
     history_command,
@@ -75,16 +76,16 @@ def _store_at(url: str) -> SqlSinkStateStore:
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
-    shown = mask_userinfo(url)
+    shown = echoed(url)  # masked, and a bounded prefix of a URL however long
     try:
         parsed = make_url(url)
         if parsed.get_backend_name() in ("sqlite", "postgresql"):  # the store refuses the others by name
             parsed.get_dialect().import_dbapi()  # a driver that is not installed is said here, by name
     except (ArgumentError, ValueError) as exc:  # ValueError: a port that is not a number
-        raise InvalidSinkConfig(f"--url {shown!r} is not a SQLAlchemy URL: {mask_userinfo(str(exc))}") from None
+        raise InvalidSinkConfig(f"--url {shown} is not a SQLAlchemy URL: {mask_userinfo(str(exc))}") from None
     except (ImportError, NoSuchModuleError) as exc:
         raise InvalidSinkConfig(
-            f"--url {shown!r}: the database driver is not installed ({mask_userinfo(str(exc))}); "
+            f"--url {shown}: the database driver is not installed ({mask_userinfo(str(exc))}); "
             "use postgresql+psycopg2://... or sqlite:///..., or install the driver"
         ) from None
     return SqlSinkStateStore(url)
@@ -126,6 +127,8 @@ def _logging(err: TextIO, *, verbose: bool) -> Iterator[None]:
     level = "INFO" if verbose else "WARNING"
     logging.basicConfig(stream=err, level=level, force=True)
     _mask_log_records()
+    for name in _SECRETS_MASKER_LOGGERS:
+        logging.getLogger(name).addFilter(_drop_short_secret_notice)
     before = os.environ.get(AIRFLOW_LOG_LEVEL)
     if "airflow" not in sys.modules:
         os.environ[AIRFLOW_LOG_LEVEL] = level
@@ -144,7 +147,7 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         with contextlib.redirect_stdout(err):  # the meta-store hook imports Airflow (see below)
             store = _open_store(args)
     except InvalidSinkConfig as exc:  # a malformed URL or a connection that cannot name a store
-        print(safe_text(f"eo-sink {args.command}: {exc}"), file=err)
+        print(safe_text(bounded(f"eo-sink {args.command}: {exc}")), file=err)
         return EXIT_USAGE
     except ExactlyOnceError as exc:
         return _fail(args, err, out, exc, "(opening the meta store)")
@@ -158,7 +161,7 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
                 SinkOperations(store, meta_conn_id=args.meta_conn_id or DEFAULT_META_CONN_ID), args, out, err
             )
     except InvalidRequest as exc:
-        print(safe_text(f"eo-sink {args.command} {target}: {exc}"), file=err)
+        print(safe_text(bounded(f"eo-sink {args.command} {target}: {exc}")), file=err)
         return EXIT_USAGE
     except ExactlyOnceError as exc:
         return _fail(args, err, out, exc, target)
@@ -166,6 +169,25 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         return _unexpected(args, err, out, exc, target)
     finally:
         store.dispose()
+
+
+#: Airflow's secrets masker, in its core's copy and its Task SDK's.
+_SECRETS_MASKER_LOGGERS = (
+    "airflow._shared.secrets_masker.secrets_masker",
+    "airflow.sdk._shared.secrets_masker.secrets_masker",
+)
+#: What that masker says, once per process, when handed a value too short for it to mask.
+_SHORT_SECRET_NOTICE = "Skipping masking for a secret as it's too short"
+
+
+def _drop_short_secret_notice(record: logging.LogRecord) -> bool:
+    """Reading a connection (a sink's Iceberg connection, to rebuild its committer) hands Airflow's
+    masker every value of the connection's extra, and the masker warns about a short one before it
+    asks whether the key names a secret at all: an Iceberg connection's ``"type": "sql"`` (or
+    ``rest``, ``glue``, ``hive``) made every action print that warning. The warning asks nothing of
+    whoever runs eo-sink, whose own output masks a password of any length (``core.redact``), so
+    this one notice is dropped; every other line of the masker, and of Airflow, stays."""
+    return not str(record.msg).startswith(_SHORT_SECRET_NOTICE)
 
 
 def _mask_log_records() -> None:
@@ -222,7 +244,7 @@ def _report(
     args: argparse.Namespace, err: TextIO, out: TextIO, error: str, message: str, retryable: bool, target: str
 ) -> int:
     message = mask_userinfo(message)
-    print(safe_text(f"eo-sink {args.command} {target}: {error}: {message}"), file=err)
+    print(safe_text(bounded(f"eo-sink {args.command} {target}: {error}: {message}")), file=err)
     if args.json:
         print_json(
             out,
@@ -299,7 +321,7 @@ def _per_sink(
                 _print_result(out, args, skipped)
             continue
         except ExactlyOnceError as exc:
-            print(safe_text(f"eo-sink {args.command} sink {sink_id!r}: {type(exc).__name__}: {exc}"), file=err)
+            print(safe_text(bounded(f"eo-sink {args.command} sink {sink_id!r}: {type(exc).__name__}: {exc}")), file=err)
             results.append({"sink_id": sink_id, "error": type(exc).__name__, "message": mask_userinfo(str(exc))})
             code = EXIT_FAILED
             continue

@@ -5,7 +5,7 @@ the argument: an epoch or offset past a signed 64-bit column, a duration past wh
 holds, a sink id with characters unsafe in a path, an abort reason longer than a row keeps.
 argparse quotes the argument it refuses, so its message is masked and escaped like every other
 (``core.redact``): a meta-store URL typed where a command belongs must not put its password on the
-terminal.
+terminal. A refused argument is echoed as a bounded prefix (``echoed``), whatever its length.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from airflow_provider_exactly_once.core.identifiers import (
     check_epoch,
     check_sink_id,
 )
-from airflow_provider_exactly_once.core.redact import safe_text
+from airflow_provider_exactly_once.core.redact import find_control, mask_userinfo, safe_text
 from airflow_provider_exactly_once.core.status import EpochStatus
 from airflow_provider_exactly_once.defaults import DEFAULT_META_CONN_ID
 
@@ -33,6 +33,28 @@ _DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 #: The longest duration taken: far beyond any grace period, and well inside what ``timedelta`` holds.
 MAX_DURATION = timedelta(days=36_500)
+#: The longest Airflow connection id (Airflow's ``connection.conn_id`` column).
+CONN_ID_MAX_LENGTH = 250
+#: How much of an argument a message echoes: enough to recognise it, never a pasted file.
+ECHOED_MAX_LENGTH = 80
+#: A run of characters no path or name in a message reaches: an argument echoed whole (by argparse,
+#: by a library quoting the URL it was given), longer than any ``echoed`` one, even escaped.
+_LONG_TOKEN = re.compile(r"\S{401,}")
+
+
+def echoed(text: str) -> str:
+    """``text`` as a message quotes it: masked, then cut to a bounded prefix that says how long it was."""
+    text = mask_userinfo(text)
+    if len(text) <= ECHOED_MAX_LENGTH:
+        return repr(text)
+    return f"{text[:ECHOED_MAX_LENGTH]!r}... ({len(text)} characters)"
+
+
+def bounded(message: str) -> str:
+    """A message for the terminal, masked and with every run of characters too long for anything but
+    an argument echoed whole cut to a prefix; masked before it is cut, as a cut URL would no longer
+    show where its password ends."""
+    return _LONG_TOKEN.sub(lambda m: f"{m[0][:ECHOED_MAX_LENGTH]}... ({len(m[0])} characters)", mask_userinfo(message))
 
 
 # -- argument types ----------------------------------------------------------------------------------
@@ -47,13 +69,13 @@ def duration(text: str) -> timedelta:
         parts = _DURATION.findall(value)
         if not parts or "".join(n + u for n, u in parts) != value:
             raise argparse.ArgumentTypeError(
-                f"{text!r} is not a duration (e.g. 6h, 30m, 1h30m, 2d, or seconds)"
+                f"{echoed(text)} is not a duration (e.g. 6h, 30m, 1h30m, 2d, or seconds)"
             ) from None
         seconds = sum(float(n) * _UNIT_SECONDS[u] for n, u in parts)
     if math.isnan(seconds) or seconds < 0:
-        raise argparse.ArgumentTypeError(f"duration {text!r} is negative or not a number")
+        raise argparse.ArgumentTypeError(f"duration {echoed(text)} is negative or not a number")
     if seconds > MAX_DURATION.total_seconds():
-        raise argparse.ArgumentTypeError(f"duration {text!r} is longer than {MAX_DURATION.days} days")
+        raise argparse.ArgumentTypeError(f"duration {echoed(text)} is longer than {MAX_DURATION.days} days")
     return timedelta(seconds=seconds)
 
 
@@ -68,14 +90,24 @@ def _epoch(text: str) -> int:
     try:
         return check_epoch(int(text))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"epoch {text!r} is not a non-negative integer") from None
+        raise argparse.ArgumentTypeError(f"epoch {echoed(text)} is not a non-negative integer") from None
+
+
+def _conn_id(text: str) -> str:
+    """An Airflow connection id: one that could exist (Airflow keeps at most 250 characters)."""
+    if not text.strip() or len(text) > CONN_ID_MAX_LENGTH or find_control(text) is not None:
+        raise argparse.ArgumentTypeError(
+            f"{echoed(text)} cannot name an Airflow connection: give an id of 1 to {CONN_ID_MAX_LENGTH} printable "
+            "characters, or leave the option out for the configured one"
+        )
+    return text
 
 
 def _status(text: str) -> EpochStatus:
     for status in EpochStatus:
         if text.strip().lower() == status.value.lower():
             return status
-    raise argparse.ArgumentTypeError(f"status {text!r} is not one of {[s.value for s in EpochStatus]}")
+    raise argparse.ArgumentTypeError(f"status {echoed(text)} is not one of {[s.value for s in EpochStatus]}")
 
 
 def _reason(text: str) -> str:
@@ -90,7 +122,7 @@ def _page_size(text: str) -> int:
     except ValueError:
         value = 0
     if not 1 <= value <= 1000:
-        raise argparse.ArgumentTypeError(f"limit {text!r} must be an integer from 1 to 1000")
+        raise argparse.ArgumentTypeError(f"limit {echoed(text)} must be an integer from 1 to 1000")
     return value
 
 
@@ -100,7 +132,7 @@ def _offset(text: str) -> int:
     except ValueError:
         value = -1
     if not 0 <= value <= EPOCH_MAX:
-        raise argparse.ArgumentTypeError(f"offset {text!r} must be an integer from 0 to {EPOCH_MAX}")
+        raise argparse.ArgumentTypeError(f"offset {echoed(text)} must be an integer from 0 to {EPOCH_MAX}")
     return value
 
 
@@ -108,11 +140,12 @@ def _offset(text: str) -> int:
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse's parser, its usage errors masked and escaped (the subcommands' parsers are this class too)."""
+    """argparse's parser, its usage errors masked, escaped and their echoes of arguments bounded
+    (the subcommands' parsers are this class too): argparse quotes an unknown command or argument whole."""
 
     def error(self, message: str) -> NoReturn:
         self.print_usage(sys.stderr)
-        self.exit(2, safe_text(f"{self.prog}: error: {message}") + "\n")
+        self.exit(2, safe_text(f"{self.prog}: error: {bounded(message)}") + "\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -120,6 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
     where = common.add_mutually_exclusive_group()
     where.add_argument(
         "--meta-conn-id",
+        type=_conn_id,
         help="the exactly_once_meta Airflow connection of the meta store (default: the provider's "
         f"[exactly_once] meta_conn_id, else {DEFAULT_META_CONN_ID}), as the tasks resolve it",
     )
@@ -207,4 +241,4 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-__all__ = ["MAX_DURATION", "build_parser", "duration"]
+__all__ = ["MAX_DURATION", "bounded", "build_parser", "duration", "echoed"]

@@ -353,3 +353,49 @@ def test_an_unreadable_stored_write_is_shown_as_such_by_every_read_command(world
     assert code == EXIT_OK, err
     [ours] = [s for s in json.loads(out)["sinks"] if s["sink_id"] == sink_id]
     assert ours["counts"]["pending"] == 2
+
+
+#: A pasted file, or a runaway script's variable: what an argument must never be echoed back as.
+HUGE = 100_000
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (("status", "--meta-conn-id", "m" * HUGE), "argument --meta-conn-id: 'mmmm"),
+        (("status", "--meta-conn-id", "eo\x1b]0;x\x07"), "argument --meta-conn-id: 'eo\\x1b]0;x\\x07'"),
+        (("status", "--url", "sqlite:///" + "a" * HUGE), "File name too long: 'aaaa"),
+        (
+            ("status", "--url", "postgresql://eo:Planted-PW@db:" + "9" * HUGE + "/meta"),
+            "--url 'postgresql://eo:***@db:999",
+        ),
+        (("status", "--url", "x" * HUGE + "://"), "meta store xxxx"),
+        (("show", "s" * HUGE, "1"), "argument sink: sink_id 'ssss"),
+        (("show", "some-sink", "9" * HUGE), "argument epoch: epoch '9999"),
+        (("epochs", "--status", "z" * HUGE), "argument --status: status 'zzzz"),
+        (("gc", "--grace", "1" * HUGE + "h"), "argument --grace: duration '1111"),
+        (("stat" + "x" * HUGE,), "invalid choice: 'statxxxx"),
+        (("status", "--nope=" + "y" * HUGE), "unrecognized arguments: --nope=yyyy"),
+    ],
+)
+def test_an_argument_is_echoed_as_a_bounded_prefix_however_long(args: tuple[str, ...], named: str) -> None:
+    """``--meta-conn-id`` of 100,000 characters put all of them on stderr; so did ``--url`` and
+    argparse's own echoes. The message names the argument and shows its start and its length."""
+    result = subprocess.run([str(EO_SINK), *args], capture_output=True, text=True, timeout=300, env=dict(os.environ))
+    assert result.returncode in (EXIT_USAGE, EXIT_FAILED), result.stderr[-2000:]
+    assert named in result.stderr, result.stderr[-2000:]
+    assert len(result.stderr) < 1500, f"{len(result.stderr)} characters on stderr: {result.stderr[-500:]}"
+    assert "Planted-PW" not in result.stderr and not RAW_CONTROLS.search(result.stderr)
+
+
+@pytest.mark.parametrize("backend", ["sqlite"])
+def test_an_action_prints_nothing_of_airflows_secrets_masker(world: World) -> None:
+    """Rebuilding the sink's committer reads its Iceberg connection, whose ``"type": "sql"`` made
+    Airflow's masker print "Skipping masking for a secret as it's too short" on every action."""
+    url, sink_id = world.pipeline.meta_url, world.sink_id
+    coordinator(world).persist(write(world, E1), dag_id="hourly")
+    for args in (("recover", sink_id), ("gc", sink_id, "--dry-run"), ("recover", sink_id, "-v")):
+        result = eo_sink(*args, "--url", url)
+        assert result.returncode == EXIT_OK, result.stderr
+        assert "Skipping masking" not in result.stderr and "too short" not in result.stderr, result.stderr
+    assert "orphaned past the" in result.stderr  # -v: the INFO lines of the action itself are still shown
