@@ -15,5 +15,9 @@ DEFAULT_ORPHAN_GRACE = timedelta(hours=6)
 DEFAULT_HISTORY_RETENTION = timedelta(days=90)
 #: How long a recovery holds a sink's lock at most; a killed recovery task blocks the next one this long.
 DEFAULT_LOCK_TTL = timedelta(hours=1)
+#: How long a write through Spark Connect retries a server that does not answer, per call
+#: (``[exactly_once] spark_connect_retry_seconds``): PySpark's own retries wait ten minutes and more.
+DEFAULT_SPARK_CONNECT_RETRY = timedelta(seconds=60)
+SPARK_CONNECT_RETRY_OPTION = "spark_connect_retry_seconds"
 #: The ``airflow.cfg`` section of the package's options (declared in ``get_provider_info``).
 CONFIG_SECTION = "exactly_once"

@@ -103,6 +103,15 @@ def get_provider_info() -> dict[str, Any]:
                         "example": "365",
                         "default": "90",
                     },
+                    "spark_connect_retry_seconds": {
+                        "description": "How long a write through Spark Connect retries a server that does not "
+                        "answer, per call, before the task fails (to be retried as a task); PySpark's own retries "
+                        "would wait ten minutes and more.",
+                        "version_added": "0.3.0",
+                        "type": "float",
+                        "example": "300",
+                        "default": "60",
+                    },
                     "recovery_dag_id": {
                         "description": "The recovery DAG the scheduler-start listener triggers.",
                         "version_added": "0.1.0",

@@ -201,6 +201,12 @@ class SinkUnavailable(ExactlyOnceError):
     retryable = True
 
 
+class SparkUnavailable(ExactlyOnceError):
+    """The Spark a write runs on (a Spark Connect server) did not answer; nothing was written."""
+
+    retryable = True
+
+
 class CommitOutcomeUnknown(ExactlyOnceError):
     """The catalog did not say whether the commit landed.
 

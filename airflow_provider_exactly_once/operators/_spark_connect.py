@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from airflow_provider_exactly_once.core.errors import InvalidSinkConfig
+from airflow_provider_exactly_once.defaults import DEFAULT_SPARK_CONNECT_RETRY, SPARK_CONNECT_RETRY_OPTION
 from airflow_provider_exactly_once.version_compat import AirflowNotFoundException
 
 #: The Spark provider's connection type for Spark Connect (its ``SparkConnectHook``).
@@ -46,3 +47,11 @@ def connect_settings(given: Mapping[str, Any]) -> tuple[dict[str, str], list[str
     that a Connect session has no place for."""
     ignored = sorted(name for name, value in given.items() if value not in (None, False) and name not in _IGNORED)
     return {str(key): str(value) for key, value in (given.get("conf") or {}).items()}, ignored
+
+
+def connect_retry_seconds() -> float:
+    """How long each call of a Connect write retries a server that does not answer:
+    ``[exactly_once] spark_connect_retry_seconds``, a minute by default, read when the task runs."""
+    from airflow_provider_exactly_once.runtime.assembly import configured_duration
+
+    return configured_duration(SPARK_CONNECT_RETRY_OPTION, DEFAULT_SPARK_CONNECT_RETRY, "seconds").total_seconds()

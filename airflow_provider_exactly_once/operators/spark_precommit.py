@@ -32,7 +32,7 @@ from airflow_provider_exactly_once.core.epochs import epoch_start
 from airflow_provider_exactly_once.core.errors import InvalidSinkConfig, MetaStoreUnavailable
 from airflow_provider_exactly_once.core.identifiers import check_epoch, check_sink_id, new_write_id
 from airflow_provider_exactly_once.operators._common import airflow_errors, execute_nested
-from airflow_provider_exactly_once.operators._spark_connect import connect_settings, connect_url
+from airflow_provider_exactly_once.operators._spark_connect import connect_retry_seconds, connect_settings, connect_url
 from airflow_provider_exactly_once.operators._targets import (
     INPUT_FIX,
     check_templated_specs,
@@ -360,8 +360,9 @@ class SparkPreCommitOperator(BaseOperator):
                 self.conn_id,
                 ", ".join(ignored),
             )
+        retry_seconds = connect_retry_seconds()  # a bad setting fails here, naming the option
         try:
-            return write_through_connect(url, spec, conf)
+            return write_through_connect(url, spec, conf, retry_seconds=retry_seconds)
         except ExactlyOnceError:
             raise
         except Exception as exc:

@@ -10,8 +10,10 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import textwrap
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,7 +25,7 @@ from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.transforms import DayTransform, IdentityTransform
 from pyspark.errors import PySparkException
 
-from airflow_provider_exactly_once.core.errors import InvalidSinkConfig, SchemaMismatch
+from airflow_provider_exactly_once.core.errors import InvalidSinkConfig, SchemaMismatch, SparkUnavailable
 from airflow_provider_exactly_once.core.precommit import PreCommit
 from airflow_provider_exactly_once.operators._spark_connect import connect_settings
 from airflow_provider_exactly_once.sinks.layout import PRE_COMMIT_FILE
@@ -50,6 +52,7 @@ from tests.spark.test_epoch_writer import (
     sorted_rows,
 )
 from tests.spark.test_upsert import SCHEMA, Model, Upserts, apply_to_model, changes_of, random_epoch
+from tests.support.builders import free_port
 from tests.support.independent_reader import read_rows
 
 BY_DAY = PartitionSpec(PartitionField(3, 1000, DayTransform(), "ts_day"))
@@ -256,6 +259,80 @@ def test_connect_takes_session_settings_and_leaves_spark_submit_ones_to_the_serv
     refused = pytest.raises(InvalidSinkConfig, match=r"spark\.sql\.shuffle\.partitions='many'")
     with refused, connect_session(connect_server.url, {"spark.sql.shuffle.partitions": "many"}):
         pass
+
+
+#: The token a Connect server started with ``spark.connect.authenticate.token`` lets in.
+SERVER_TOKEN = "the-servers-token-42"
+
+
+def test_a_server_that_refuses_the_credentials_is_said_to_refuse_them(tmp_path: Path) -> None:
+    """A real server asking for a token (``spark.connect.authenticate.token``, Spark 4's pre-shared
+    key): without one, or with another, its answer is UNAUTHENTICATED, which was reported as the
+    server refusing the session setting ``spark.sql.session.timeZone``. PySpark sends a token only
+    over a secure channel; to ``localhost`` a local one, so the wrong token is sent to that name."""
+    server = SparkConnectServer(tmp_path / "connect").start({"spark.connect.authenticate.token": SERVER_TOKEN})
+    try:
+        for url, told in (
+            (server.url, "No authentication token provided"),
+            (f"sc://localhost:{server.port}/;token=not-the-token", "Invalid authentication token"),
+        ):
+            started = time.monotonic()
+            with pytest.raises(InvalidSinkConfig) as refused, connect_session(url, SESSION_SETTINGS):
+                pass
+            message = str(refused.value)
+            assert message.startswith("the Spark Connect server at ") and "refused the credentials" in message
+            assert f"(UNAUTHENTICATED: {told})" in message and "token" in message, message
+            assert "session setting" not in message and "not-the-token" not in message and "\n" not in message
+            assert time.monotonic() - started < 10  # a refusal is not retried
+        with connect_session(f"sc://localhost:{server.port}/;token={SERVER_TOKEN}", SESSION_SETTINGS) as session:
+            assert session.conf.get("spark.sql.session.timeZone") == "UTC"  # the right token is let in
+    finally:
+        server.stop()
+
+
+def test_an_unreachable_server_fails_the_write_within_the_configured_bound(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nothing listens on the port: PySpark's own retries waited ten minutes and more before the task
+    failed. ``[exactly_once] spark_connect_retry_seconds`` bounds them, and the error says the
+    address, how long and how many attempts; it is retryable (the task's retry tries again)."""
+    from airflow_provider_exactly_once.operators.spark_precommit import SparkPreCommitOperator
+    from airflow_provider_exactly_once.sinks.config import FileSinkConfig
+
+    monkeypatch.setenv("AIRFLOW__EXACTLY_ONCE__SPARK_CONNECT_RETRY_SECONDS", "3")
+    port = free_port()
+    operator = SparkPreCommitOperator(
+        task_id="write", sink=FileSinkConfig("files", str(tmp_path / "sink")), input=files_input(tmp_path / "in")
+    )
+    job = job_spec(
+        tmp_path, input=files_input(tmp_path / "in"), target={"kind": "files", "root": str(tmp_path / "sink")}
+    )
+    started = time.monotonic()
+    with pytest.raises(SparkUnavailable) as unreachable:
+        operator._connect_write(f"sc://127.0.0.1:{port}", job)
+    took = time.monotonic() - started
+    message = str(unreachable.value)
+    assert 3 <= took < 15, took
+    assert message.startswith(f"the Spark Connect server at 127.0.0.1:{port} did not answer: "), message
+    attempts, seconds = re.search(r"(\d+) attempt\(s\) over ([\d.]+) s", message).groups()  # type: ignore[union-attr]
+    assert int(attempts) >= 3 and 3 <= float(seconds) < 5, message
+    assert "[exactly_once] spark_connect_retry_seconds = 3" in message and "Connection refused" in message
+    assert unreachable.value.retryable and "\n" not in message
+    assert not (tmp_path / "sink").exists()  # nothing was written
+    assert "SPARK_CONNECT_MODE_ENABLED" not in os.environ
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "0", "-3", "1e300", "soon"])
+def test_the_connect_retry_bound_refuses_an_absurd_setting_naming_it(
+    value: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from airflow_provider_exactly_once.operators._spark_connect import connect_retry_seconds
+
+    monkeypatch.setenv("AIRFLOW__EXACTLY_ONCE__SPARK_CONNECT_RETRY_SECONDS", value)
+    with pytest.raises(ValueError, match=r"^\[exactly_once\] spark_connect_retry_seconds .* is refused: give a number"):
+        connect_retry_seconds()
+    monkeypatch.delenv("AIRFLOW__EXACTLY_ONCE__SPARK_CONNECT_RETRY_SECONDS")
+    assert connect_retry_seconds() == 60
 
 
 DAG_SCRIPT = textwrap.dedent(
