@@ -197,6 +197,8 @@ class EpochView:
                 return cls.of(record, now=now, pending_cleanups=pending_cleanups, run=run)
             except UNPARSABLE as exc:
                 reason = unparsable_reason(exc)
+                if record.write_id not in reason:  # what the view derives fails after the write parsed
+                    reason = f"write {record.write_id}: {reason}"
         else:
             reason = record.reason
         return cls(
