@@ -52,7 +52,7 @@ from airflow_provider_exactly_once.defaults import CONFIG_SECTION
 from airflow_provider_exactly_once.observability import urls
 from airflow_provider_exactly_once.operations.reads import InvalidRequest
 from airflow_provider_exactly_once.plugins.ui import render
-from airflow_provider_exactly_once.plugins.ui.epoch_chart import epoch_chart
+from airflow_provider_exactly_once.plugins.ui.epoch_chart import CHART_EPOCHS, epoch_chart
 from airflow_provider_exactly_once.plugins.ui.security import (
     EDIT,
     READ,
@@ -391,12 +391,15 @@ def create_app(operations: OperationsFactory = default_operations) -> FastAPI:
         access = AccessChecker(user)
         state = _parse_status(epoch_status)
         sinks = _visible_sinks(access)
-        epochs = _visible_epochs(access, sink, state, PAGE_SIZE + 1, offset)
-        more = len(epochs) > PAGE_SIZE
-        epochs = epochs[:PAGE_SIZE]
+        # One sink's newest epochs, whatever their status, are also drawn: more of them than a page.
+        charted = bool(sink) and state is None and offset == 0
+        rows = _visible_epochs(access, sink, state, max(PAGE_SIZE + 1, CHART_EPOCHS if charted else 0), offset)
+        more = len(rows) > PAGE_SIZE
+        epochs = rows[:PAGE_SIZE]
+        for row in rows:
+            row["url"] = urls.epoch_page(row["sink_id"], row["epoch"], render.base(request))
         live = render.existing_runs((row.get("dag_id"), row.get("run_id")) for row in epochs)
         for row in epochs:
-            row["url"] = urls.epoch_page(row["sink_id"], row["epoch"], render.base(request))
             row["run_url"] = render.dag_run_url(request, row.get("dag_id"), row.get("run_id"), live)
             row["checkpoint"] = _checkpoint_text(row) if row["status"] == EpochStatus.PENDING.value else None
         return templates.TemplateResponse(
@@ -406,8 +409,7 @@ def create_app(operations: OperationsFactory = default_operations) -> FastAPI:
                 "user": user.get_name(),
                 "sinks": sinks,
                 "epochs": epochs,
-                # one sink's newest epochs, whatever their status: its picture (``epoch_chart``)
-                "chart": epoch_chart(epochs) if sink and state is None and offset == 0 else None,
+                "chart": epoch_chart(rows) if charted else None,
                 "sink": sink or "",
                 "status": state.value if state else "",
                 "statuses": [s.value for s in EpochStatus],

@@ -216,8 +216,8 @@ def test_the_epoch_page_and_its_api_show_the_range_an_incremental_epoch_consumed
 
 
 def test_a_sinks_page_draws_its_newest_epochs(view: View) -> None:
-    """One mark per epoch, by outcome; a revised epoch ringed with its number; only for one sink's
-    first page of every status."""
+    """One column per epoch, by outcome, in epoch order; a revised epoch numbered; only for one
+    sink's first page of every status; and more epochs than a page of the table under it."""
     store = view.ops.store
     committed, revised, aborted = MISSING, MISSING + 3_600_000, MISSING + 7_200_000
     for epoch in (committed, revised, aborted):
@@ -236,17 +236,47 @@ def test_a_sinks_page_draws_its_newest_epochs(view: View) -> None:
     client = view.clients["admin"]
     page = client.get(f"/?sink={view.sink_id}").text
     chart = page.split('id="epoch-chart"', 1)[1].split("</figure>", 1)[0]
-    marks = {
+    marks = [
         (int(part.split('"', 1)[0]), part.split('data-status="', 1)[1].split('"', 1)[0])
         for part in chart.split('data-epoch="')[1:]
-    }
-    assert marks == {
+    ]
+    assert marks == [
         (MINE, "Pending"),
         (THEIRS, "Pending"),
         (committed, "Committed"),
         (revised, "Committed"),
         (aborted, "Aborted"),
-    }
-    assert chart.count('class="revised"') == 1 and ">r1<" in chart
+    ]
+    assert chart.count('class="revised"') == 1 and 'class="lane-text">1</text>' in chart
+    assert "why: checkpoint FAILED" in chart  # the cause, on hover
     assert 'id="epoch-chart"' not in client.get(f"/?sink={view.sink_id}&status=Pending").text
     assert 'id="epoch-chart"' not in client.get("/").text  # every sink's epochs: no one picture
+
+    for n in range(1, 120):  # a page of the table is 100 epochs; the picture draws up to 500
+        store.insert_pending(
+            empty_write(view.sink_id, MINE - n * 60_000, "db.events", "file:///tmp/w"), run_id=None, try_number=None
+        )
+    page = client.get(f"/?sink={view.sink_id}").text
+    chart, table = page.split('id="epoch-chart"', 1)[1].split("</figure>", 1)
+    assert chart.count('class="mark"') == 124 and table.count("<tr data-epoch=") == 100
+
+
+def test_the_epochs_table_dates_each_epoch_and_gives_its_cause_in_a_row_of_its_own(view: View) -> None:
+    """An epoch is its interval's start with its id beside, and its cause is not an 80-character cut
+    in a last column: the abort reason, the last error and the warning, whole, under the epoch."""
+    store = view.ops.store
+    cause = "write failed on try 2: SparkArithmeticException: [CAST_OVERFLOW] " + "x" * 300 + " <b>end</b>"
+    pre = empty_write(view.sink_id, MISSING, "db.events", "file:///tmp/w")
+    store.insert_pending(pre, run_id="scheduled__x", try_number=2)
+    store.mark_aborted(view.sink_id, MISSING, write_id=pre.write_id, reason=cause)
+    store.record_warning(view.sink_id, MISSING, warning="refused: a reprocess kept out")
+    page = view.clients["admin"].get(f"/?sink={view.sink_id}").text
+    row = page.split(f'<tr data-epoch="{MISSING}"', 1)[1].split("</tbody>", 1)[0]
+    assert '<a href="/exactly-once/sinks/' in row and ">2026-01-01T02:00Z</a>" in row
+    assert f'<span class="epoch-id mono small muted" title="epoch id">{MISSING}</span>' in row
+    detail = row.split(f'<tr class="detail" data-detail-of="{MISSING}">', 1)[1]
+    assert "<b>Why aborted:</b> write failed on try 2: SparkArithmeticException: [CAST_OVERFLOW] " + "x" * 300 in detail
+    assert "&lt;b&gt;end&lt;/b&gt;" in detail and "<b>end</b>" not in page
+    assert "<b>Warning:</b> refused: a reprocess kept out" in detail
+    mine = page.split(f'<tr data-epoch="{MINE}"', 1)[1].split("</tbody>", 1)[0]
+    assert "detail" not in mine  # nothing to say: no row under it
