@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import signal
 import subprocess
@@ -26,6 +27,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -34,10 +36,18 @@ import pytest
 
 from airflow_provider_exactly_once.checkpoints.config import MetaStoreCheckpoint
 from airflow_provider_exactly_once.core.history import Actor, ActorKind, acting
+from airflow_provider_exactly_once.core.ports import CommitMark
 from airflow_provider_exactly_once.core.precommit import PreCommit
 from airflow_provider_exactly_once.core.status import CheckpointStatus
 from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig
-from tests.support.builders import OPEN_RANGE, empty_write, free_port, plant_stored_write, register_file_sink_with_root
+from tests.support.builders import (
+    OPEN_RANGE,
+    empty_write,
+    free_port,
+    make_pre_commit,
+    plant_stored_write,
+    register_file_sink_with_root,
+)
 from tests.support.pipeline import Pipeline
 
 # This process imports Airflow too (the plugin's declarations): tests/conftest.py points it at a
@@ -303,6 +313,136 @@ def _build_hardening_world(world: UiWorld) -> None:
     store.registry.register_sink(DEAD_SINK, dead.to_dict(), MetaStoreCheckpoint().to_dict())
     pre = empty_write(DEAD_SINK, DEAD_EPOCH, dead_table, f"file://{pipeline.warehouse}/dead")
     store.insert_pending(pre, run_id=f"scheduled__{DEAD_EPOCH}", try_number=1, dag_id=DAG_ID)
+
+
+# -- the sinks the picture is judged on (issue 55) ------------------------------------------------------
+#: 1, 50 and 500 epochs over a day and over two years, each case a sink of its own, made through the
+#: store's own transitions on the session's meta store (a coordinator and a table per epoch would take
+#: minutes). Every one is older than the other sinks' epochs, so the listings other tests read keep
+#: their first pages; only a test asking for ``picture_sinks`` makes them.
+PICTURE_SIZES = (1, 50, 500)
+PICTURE_STARTS = {"day": datetime(2025, 12, 30, tzinfo=UTC), "years": datetime(2024, 1, 1, tzinfo=UTC)}
+#: The causes D22 keeps, as a failed write and a refusal by the package's rules read on the row.
+CAST_OVERFLOW = (
+    'write failed on try 2: SparkArithmeticException: [CAST_OVERFLOW] The value 1.0E32D of the type "DOUBLE" '
+    'cannot be cast to "BIGINT" due to an overflow. Use `try_cast` to tolerate overflow and return NULL instead. '
+    'If necessary set "spark.sql.ansi.enabled" to "false" to bypass this error. SQLSTATE: 22003'
+)
+REFUSED = (
+    "write was refused on try 1: EarlierEpochUndecided: sink {sink!r} epoch {epoch}: an earlier epoch is still "
+    "Pending; commit or abort it first (eo-sink commit / eo-sink abort), then clear this run's write task"
+)
+#: Planted in a cause and a warning: shown as text, never as an element.
+MARKUP = "<img src=x onerror=alert(1) class=planted>"
+
+
+@dataclass(frozen=True)
+class PictureSink:
+    """One case's sink and what its epochs are, oldest first."""
+
+    sink_id: str
+    epochs: tuple[int, ...]
+    #: Aborted epochs and their cause, as the row keeps it (its ``error``).
+    aborted: dict[int, str]
+    #: Committed epochs that keep a warning (a refused reprocess).
+    warned: dict[int, str]
+    revised: dict[int, int]
+    pending: tuple[int, ...]
+
+
+def picture_sink_id(span: str, size: int) -> str:
+    return f"picture-{span}-{size}"
+
+
+def _picture_epochs(span: str, size: int) -> list[int]:
+    """``size`` epochs at whole minutes of one day, or at the starts of days over two years."""
+    chosen = random.Random(f"{span}-{size}")
+    start = PICTURE_STARTS[span]
+    step, slots = (timedelta(minutes=1), 1440) if span == "day" else (timedelta(days=1), 730)
+    return [int((start + step * n).timestamp() * 1000) for n in sorted(chosen.sample(range(slots), size))]
+
+
+def _picture_roles(size: int) -> dict[int, str]:
+    """Which index plays which part: aborted at the left edge, three side by side and here and there;
+    a revision 1 beside a revision 2; warnings; the newest two Pending. One epoch alone is aborted."""
+    if size == 1:
+        return {0: "aborted"}
+    roles = {i: "aborted" for i in (0, size // 3, size // 3 + 1, size // 3 + 2, *range(5, size - 2, 37))}
+    half = size // 2
+    roles.update({half: "r1", half + 1: "r2", half + 3: "warned", half + 4: "warned"})
+    roles.update({i: "r1" for i in range(11, size - 2, 23) if i not in roles})
+    roles.update({i: "warned" for i in range(17, size - 2, 41) if i not in roles})
+    roles.update({size - 2: "pending", size - 1: "pending"})
+    return roles
+
+
+def _build_picture_sink(world: UiWorld, span: str, size: int) -> PictureSink:
+    store = world.pipeline.store
+    sink_id = picture_sink_id(span, size)
+    table = f"{world.pipeline.namespace}.{sink_id.replace('-', '_')}"
+    config = IcebergSinkConfig(sink_id, (table,), iceberg_conn_id=world.catalog_conn_id)
+    store.registry.register_sink(sink_id, config.to_dict(), MetaStoreCheckpoint().to_dict())
+    epochs, roles = _picture_epochs(span, size), _picture_roles(size)
+    aborted: dict[int, str] = {}
+    warned: dict[int, str] = {}
+    revised: dict[int, int] = {}
+    batch: list[PreCommit] = []
+
+    def commit_batch() -> None:
+        store.decide_commits(sink_id, [(p.epoch, p.write_id) for p in batch])
+        marks = [CommitMark(p.epoch, p.write_id, {table: str(5_000_000_000 + p.epoch % 10**9)}, {}) for p in batch]
+        assert len(store.mark_committed_batch(sink_id, marks)) == len(batch)
+        batch.clear()
+
+    for i, epoch in enumerate(epochs):
+        role = roles.get(i, "committed")
+        pre = make_pre_commit(sink_id, epoch, tables=(table,), files=1 + i % 3)
+        run_id = f"scheduled__{sink_id}-{i}"
+        store.insert_pending(pre, run_id=run_id, try_number=1, dag_id=DAG_ID)
+        if role == "aborted":
+            cause = CAST_OVERFLOW if len(aborted) % 2 == 0 else REFUSED.format(sink=sink_id, epoch=epoch)
+            cause += f" {MARKUP}" if len(aborted) == 1 else ""
+            store.mark_aborted(sink_id, epoch, write_id=pre.write_id, reason=cause)
+            aborted[epoch] = cause
+        elif role == "pending":
+            if i == size - 1:
+                error = "CheckpointFailed: upstream checkpoint FAILED (landing job exited 1)"
+                store.record_error(sink_id, epoch, write_id=pre.write_id, error=error)
+        else:
+            batch.append(pre)
+            if role in ("r1", "r2", "warned") or len(batch) >= 7:
+                commit_batch()
+            for revision in range({"r1": 1, "r2": 2}.get(role, 0)):
+                again = make_pre_commit(sink_id, epoch, tables=(table,))
+                store.revisions.open_revision(
+                    again,
+                    expected_write_id=pre.write_id,
+                    run_id=f"{run_id}-r{revision + 1}",
+                    try_number=1,
+                    dag_id=DAG_ID,
+                )
+                store.decide_commit(sink_id, epoch, write_id=again.write_id)
+                store.mark_committed(sink_id, epoch, write_id=again.write_id, committed={table: str(6_000_000_000 + i)})
+                pre, revised[epoch] = again, revision + 1
+            if role == "warned":
+                warning = f"refused: a reprocess of this epoch by run backfill__{i} kept out (on_reprocess='keep')"
+                warning += f" {MARKUP}" if len(warned) == 1 else ""
+                store.record_warning(sink_id, epoch, warning=warning)
+                warned[epoch] = warning
+    if batch:
+        commit_batch()
+    pending = tuple(e for i, e in enumerate(epochs) if roles.get(i) == "pending")
+    return PictureSink(sink_id, tuple(epochs), aborted, warned, revised, pending)
+
+
+@pytest.fixture(scope="session")
+def picture_sinks(api_server: ApiServer) -> dict[tuple[str, int], PictureSink]:
+    """The six cases' sinks in the API server's meta store, by (span, size)."""
+    return {
+        (span, size): _build_picture_sink(api_server.world, span, size)
+        for span in PICTURE_STARTS
+        for size in PICTURE_SIZES
+    }
 
 
 @dataclass

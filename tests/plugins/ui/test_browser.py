@@ -17,7 +17,18 @@ from typing import Any
 
 import pytest
 
-from tests.plugins.ui.conftest import BASE, KEPT_OUT, OTHER_SINK, REDELIVERED, SINK, ApiServer, Epochs
+from tests.plugins.ui.conftest import (
+    BASE,
+    KEPT_OUT,
+    OTHER_SINK,
+    PICTURE_SIZES,
+    PICTURE_STARTS,
+    REDELIVERED,
+    SINK,
+    ApiServer,
+    Epochs,
+    PictureSink,
+)
 from tests.support.pipeline import write_location_exists
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -53,9 +64,9 @@ def _screenshot_on_failure(page: Any, path: Path) -> Iterator[None]:
         raise
 
 
-def _log_in(browser: Any, api_server: ApiServer, username: str, artifacts: Path) -> Any:
+def _log_in(browser: Any, api_server: ApiServer, username: str, artifacts: Path, width: int = 1500) -> Any:
     """A page logged in through Airflow's own login form (which sets the UI's JWT cookie)."""
-    context = browser.new_context(viewport={"width": 1500, "height": 950})
+    context = browser.new_context(viewport={"width": width, "height": 950})
     context.set_default_timeout(TIMEOUT_MS)
     page = context.new_page()
     with _screenshot_on_failure(page, artifacts / f"failed-login-{username}.png"):
@@ -93,14 +104,14 @@ def _filter_open_and_abort(page: Any, api_server: ApiServer, artifacts: Path) ->
     view.get_by_role("button", name="Filter").click()
     frame = page.main_frame.child_frames[0]
     frame.wait_for_url(re.compile(rf".*\?sink={SINK}&status=Pending$"))
-    rows = view.locator("#epochs tbody tr")
+    rows = view.locator("#epochs tr[data-epoch]")
     view.locator(f"#epochs tr[data-epoch='{epoch}']").wait_for()
     statuses = {rows.nth(i).get_attribute("data-status") for i in range(rows.count())}
     assert statuses == {"Pending"}
     assert view.locator(f"#epochs tr[data-epoch='{Epochs.COMMITTED}']").count() == 0
     page.screenshot(path=str(artifacts / "02-filtered-by-sink-and-status.png"), full_page=True)
 
-    view.get_by_role("link", name=str(epoch), exact=True).click()
+    view.locator(f"#epochs tr[data-epoch='{epoch}'] a.epoch-link").click()
     view.locator("#epoch-status").wait_for()
     assert view.locator("#epoch-status").inner_text() == "Pending"
     assert view.locator("#checkpoint-status").inner_text() == "PENDING"
@@ -181,26 +192,146 @@ def test_the_history_of_a_reprocessed_and_a_redelivered_day(
 
 def test_the_picture_of_one_sinks_epochs(browser: Any, api_server: ApiServer, artifacts: Path) -> None:
     """The sinks page filtered to one sink draws its epochs: one mark per row of the table under it,
-    the reprocessed day ringed, the day whose reprocess the sink kept out marked with its warning,
+    the reprocessed day numbered, the day whose reprocess the sink kept out marked with its warning,
     and a mark opens its epoch's page."""
     viewer = _log_in(browser, api_server, "viewer", artifacts)
     with _screenshot_on_failure(viewer, artifacts / "failed-picture.png"):
         viewer.goto(f"{api_server.url}/exactly-once/?sink={OTHER_SINK}")
         chart = viewer.locator("#epoch-chart svg")
         chart.wait_for()
-        rows = viewer.locator("#epochs tbody tr")
-        marks = chart.locator("circle.mark")
+        rows = viewer.locator("#epochs tr[data-epoch]")
+        marks = chart.locator(".mark")
         drawn = {int(str(marks.nth(i).get_attribute("data-epoch"))) for i in range(marks.count())}
         listed = {int(str(rows.nth(i).get_attribute("data-epoch"))) for i in range(rows.count())}
         assert drawn == listed == {BASE, KEPT_OUT, REDELIVERED}
-        assert chart.locator("circle.revised").count() == 1 and chart.get_by_text("r1").count() == 1
-        warned = chart.locator("text.warned")
-        assert warned.count() == 1 and warned.get_attribute("data-epoch") == str(KEPT_OUT)
+        revised = chart.locator("rect.revised")
+        assert revised.count() == 1 and chart.locator("text.lane-text", has_text="1").count() == 1
+        warned = chart.locator("a.col:has(rect.warned)")
+        assert warned.count() == 1 and warned.locator(".mark").get_attribute("data-epoch") == str(KEPT_OUT)
         assert "keeps what it committed" in str(warned.locator("title").text_content())
         box = chart.bounding_box()
         assert box is not None and box["width"] > 300 and box["height"] > 60  # drawn, not collapsed
         viewer.screenshot(path=str(artifacts / "09-sink-picture.png"), full_page=True)
-        chart.locator(f"circle.mark[data-epoch='{REDELIVERED}']").click()
+        chart.locator(f".mark[data-epoch='{REDELIVERED}']").click()
         viewer.wait_for_url(re.compile(rf".*/sinks/{OTHER_SINK}/epochs/{REDELIVERED}$"))
         viewer.locator("#history li").first.wait_for()
     viewer.context.close()
+
+
+# -- issue 55: the picture read at a glance, at 1280 px in Airflow's frame ------------------------------
+
+#: Run in the view's frame: the picture scrolled into the frame's view, then for each mark of an
+#: aborted or warned epoch its box, whether it lies in the frame's viewport, whether the element at
+#: its centre is the mark itself (nothing drawn over it), and the tooltip of its column; and what of
+#: the picture and the page runs past the frame's width.
+_LOOK_AT_THE_PICTURE = """
+() => {
+  const svg = document.querySelector("#epoch-chart svg");
+  svg.scrollIntoView({block: "center"});
+  const vw = document.documentElement.clientWidth, vh = window.innerHeight;
+  const seen = (mark) => {
+    const r = mark.getBoundingClientRect();
+    const x = r.left + r.width / 2, y = r.top + r.height / 2;
+    const title = (mark.querySelector("title") || mark.closest("a")?.querySelector("title"));
+    return {
+      epoch: Number(mark.getAttribute("data-epoch") || mark.closest("a").querySelector(".mark").getAttribute("data-epoch")),
+      width: r.width, height: r.height,
+      inside: r.left >= 0 && r.right <= vw && r.top >= 0 && r.bottom <= vh,
+      top: document.elementFromPoint(x, y) === mark,
+      over: document.elementFromPoint(x, y)?.outerHTML.slice(0, 120) || null,
+      title: title ? title.textContent : "",
+    };
+  };
+  const box = svg.getBoundingClientRect();
+  return {
+    marks: Array.from(svg.querySelectorAll(".mark")).map((m) => Number(m.getAttribute("data-epoch"))),
+    aborted: Array.from(svg.querySelectorAll(".mark[data-status='Aborted']")).map(seen),
+    warned: Array.from(svg.querySelectorAll(".warned")).map(seen),
+    picture: {left: box.left, right: box.right, width: box.width, height: box.height},
+    frame: {width: vw, scrollWidth: document.documentElement.scrollWidth},
+  };
+}
+"""
+
+#: The table's rows of one epoch (its own and the one under it): the element that shows its cause
+#: whole, and whether it is cut (wider than its box, or past the frame's edge).
+_LOOK_AT_THE_CAUSE = """
+([epoch, cause]) => {
+  const row = document.querySelector(`#epochs tr[data-epoch="${epoch}"]`);
+  row.scrollIntoView({block: "center"});
+  const rows = [row, row.nextElementSibling].filter((r) => r && !r.hasAttribute("data-epoch"));
+  rows.unshift(row);
+  const holding = rows.flatMap((r) => Array.from(r.querySelectorAll("*")))
+    .filter((e) => e.textContent.includes(cause));
+  const shown = holding[holding.length - 1];
+  const table = document.querySelector("#epochs").parentElement;
+  const vw = document.documentElement.clientWidth;
+  if (!shown) { return {shown: false, table: [table.scrollWidth, table.clientWidth]}; }
+  const r = shown.getBoundingClientRect();
+  return {
+    shown: true, visible: r.width > 0 && r.height > 0 && r.left >= 0 && r.right <= vw,
+    cut: shown.scrollWidth > shown.clientWidth, table: [table.scrollWidth, table.clientWidth],
+  };
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def framed(browser: Any, api_server: ApiServer, artifacts: Path) -> Iterator[tuple[Any, Any]]:
+    """A viewer in the Airflow UI at 1280 px, the view opened from the UI's nav: the page and the frame."""
+    page = _log_in(browser, api_server, "viewer", artifacts, width=1280)
+    with _screenshot_on_failure(page, artifacts / "failed-picture-nav.png"):
+        page.get_by_role("button", name="Browse").click()
+        page.get_by_role("menuitem", name="Exactly-once sinks").click()
+        page.wait_for_url(re.compile(r".*/plugin/exactly-once$"))
+        page.frame_locator("iframe").locator("#epochs").wait_for()
+    yield page, page.main_frame.child_frames[0]
+    page.context.close()
+
+
+@pytest.mark.parametrize("size", PICTURE_SIZES)
+@pytest.mark.parametrize("span", list(PICTURE_STARTS))
+def test_every_aborted_and_refused_epoch_is_seen_in_the_picture_in_airflows_frame(
+    framed: tuple[Any, Any],
+    picture_sinks: dict[tuple[str, int], PictureSink],
+    api_server: ApiServer,
+    artifacts: Path,
+    span: str,
+    size: int,
+) -> None:
+    """1, 50 and 500 epochs over a day and over two years, in Airflow's frame at 1280 px: every
+    aborted epoch's mark and every warned one's is in view, has a size, and is the element at its
+    own centre; its tooltip gives the cause; the picture and the page fit the frame; and the cause
+    of each aborted epoch of the table is shown whole under it, not cut, as text."""
+    page, frame = framed
+    case = picture_sinks[(span, size)]
+    with _screenshot_on_failure(page, artifacts / f"failed-picture-{span}-{size}.png"):
+        frame.goto(f"{api_server.url}/exactly-once/?sink={case.sink_id}")
+        frame.locator("#epoch-chart svg").wait_for()
+        seen = frame.evaluate(_LOOK_AT_THE_PICTURE)
+        page.screenshot(path=str(artifacts / f"10-picture-{span}-{size}-in-airflow.png"))
+        frame.locator("#epoch-chart").screenshot(path=str(artifacts / f"10-picture-{span}-{size}.png"))
+
+        assert seen["marks"] == sorted(case.epochs)[-500:]
+        assert {m["epoch"] for m in seen["aborted"]} == set(case.aborted) and len(seen["aborted"]) == len(case.aborted)
+        assert {m["epoch"] for m in seen["warned"]} == set(case.warned)
+        for mark in seen["aborted"] + seen["warned"]:
+            assert mark["width"] >= 1 and mark["height"] >= 4 and mark["inside"], mark
+            assert mark["top"], f"epoch {mark['epoch']}'s mark is under {mark['over']}"
+        for mark in seen["aborted"]:
+            assert case.aborted[mark["epoch"]] in mark["title"], mark
+        picture, window = seen["picture"], seen["frame"]
+        assert picture["left"] >= 0 and picture["right"] <= window["width"] and picture["height"] > 60, seen
+        assert window["scrollWidth"] <= window["width"], window  # nothing runs past the frame's edge
+        assert frame.locator("img.planted").count() == 0
+
+        newest = set(sorted(case.epochs, reverse=True)[:100])  # the table's first page
+        for epoch, cause in case.aborted.items():
+            if epoch in newest:
+                shown = frame.evaluate(_LOOK_AT_THE_CAUSE, [epoch, cause])
+                assert shown["shown"] and shown["visible"] and not shown["cut"], (epoch, shown)
+                assert shown["table"][0] <= shown["table"][1], shown  # the table is not scrolled sideways
+        if size == 50:  # one of the causes, as a new user finds it, in the table under the picture
+            epoch = min(case.aborted)
+            frame.locator(f"#epochs tr[data-detail-of='{epoch}']").scroll_into_view_if_needed()
+            page.screenshot(path=str(artifacts / f"11-cause-{span}-{size}-in-airflow.png"))
