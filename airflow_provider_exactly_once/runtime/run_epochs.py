@@ -53,10 +53,12 @@ def epoch_for_context(context: Mapping[str, Any], sink_id: str, store: EpochAllo
 
 
 def instant_text(at: datetime) -> str:
-    """``2024-05-31T00:00Z`` (seconds only when it has them): how task logs, ``eo-sink`` and the UI
+    """``2024-05-31T00:00Z`` (seconds, and their fraction, only when it has them): how task logs, ``eo-sink`` and the UI
     write the instants of data intervals, so one can be found in the other."""
     at = at.astimezone(UTC)
-    return at.strftime("%Y-%m-%dT%H:%MZ" if at.second == 0 and at.microsecond == 0 else "%Y-%m-%dT%H:%M:%S.%fZ")
+    if at.microsecond:
+        return at.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return at.strftime("%Y-%m-%dT%H:%MZ" if at.second == 0 else "%Y-%m-%dT%H:%M:%SZ")
 
 
 def interval_text(start: datetime, end: datetime | None) -> str:

@@ -36,3 +36,14 @@ def test_a_rest_catalog_that_does_not_answer_is_retryable_and_names_no_secret(mo
 
     assert caught.value.retryable
     assert CLIENT_SECRET not in str(caught.value) and S3_SECRET not in str(caught.value)
+
+
+def test_an_instant_is_written_with_seconds_and_their_fraction_only_when_it_has_them() -> None:
+    """A manual run's epoch starts at its trigger instant: ``...:36Z``, not ``...:36.000000Z``."""
+    from datetime import UTC, datetime
+
+    from airflow_provider_exactly_once.runtime.run_epochs import instant_text
+
+    assert instant_text(datetime(2026, 12, 30, 12, 57, tzinfo=UTC)) == "2026-12-30T12:57Z"
+    assert instant_text(datetime(2026, 12, 30, 12, 57, 36, tzinfo=UTC)) == "2026-12-30T12:57:36Z"
+    assert instant_text(datetime(2026, 12, 30, 12, 57, 36, 250, tzinfo=UTC)) == "2026-12-30T12:57:36.000250Z"
