@@ -50,7 +50,7 @@ from airflow_provider_exactly_once.runtime.assembly import as_checkpoint, as_sin
 from airflow_provider_exactly_once.sensors.checkpoint import CheckpointSensor
 from airflow_provider_exactly_once.sensors.settled import CheckpointSettledSensor
 from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig, SinkConfig
-from airflow_provider_exactly_once.table_spec import TableSpec, declare_table
+from airflow_provider_exactly_once.table_spec import DeclaredSchema, TableSpec, declare_table
 
 if TYPE_CHECKING:
     from pyiceberg.partitioning import PartitionSpec
@@ -63,7 +63,7 @@ if TYPE_CHECKING:
         SqlInput,
         TableInput,
     )
-    from airflow_provider_exactly_once.table_spec import DeclaredPartitioning, DeclaredSchema
+    from airflow_provider_exactly_once.table_spec import DeclaredPartitioning
 
 
 class SparkWrite:
@@ -72,7 +72,7 @@ class SparkWrite:
 
     :param input: where the epoch's rows come from (``FilesInput``, ``TableInput``, ``SqlInput``,
         ``FunctionInput``, ``IcebergTableInput`` or such a spec's dict). A JSON or CSV ``FilesInput`` without
-        ``schema_ddl`` is read with the schema of the group's ``table`` (``table_spec.spark_types``).
+        ``schema_ddl`` is read with the schema of the group's ``table`` (``type_mapping.spark_read_schema``).
     :param options: the operator's other parameters as it takes them (``conn_id``, ``conf``,
         ``partition_by``, ``retries``, ``retry_delay``...), checked when the group builds it.
     """
@@ -285,11 +285,11 @@ def _spark_write(
 def _read_schema(sink: SinkConfig, tables: Mapping[str, _Declared]) -> str | None:
     """The Spark DDL of the declared tables that take the input as it is (those without a
     ``select``); ``None`` when none is declared (Spark then infers it, as without the group)."""
-    from airflow_provider_exactly_once.table_spec.spark_types import spark_read_schema
+    from airflow_provider_exactly_once.type_mapping import spark_read_schema
 
     selected = getattr(sink, "select", {})
     ddls = {
-        name: spark_read_schema(schema, where=f"table {name!r}")
+        name: spark_read_schema(schema.json if isinstance(schema, DeclaredSchema) else schema, where=f"table {name!r}")
         for name, (schema, _, _) in tables.items()
         if name not in selected
     }

@@ -42,7 +42,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("version_compat", "upstream_private", "get_provider_info"),
     ("spark/", "tables"),
     ("sinks/", "checkpoints/", "store/", "table_spec/"),
-    ("filesystems",),
+    ("filesystems", "type_mapping"),
     ("core/", "extras", "defaults", "version", "_lazy"),
 )
 

@@ -44,12 +44,7 @@ from airflow_provider_exactly_once.core.upserts import ChangeCounts
 from airflow_provider_exactly_once.sinks import pre_commit_file
 from airflow_provider_exactly_once.sinks.layout import PRE_COMMIT_FILE
 from airflow_provider_exactly_once.spark import parquet_writer
-from airflow_provider_exactly_once.spark.alignment import (
-    AlignmentPlan,
-    ColumnPlan,
-    plan_alignment,
-    spark_schema_to_iceberg,
-)
+from airflow_provider_exactly_once.spark.alignment import AlignmentPlan, ColumnPlan, plan_alignment
 from airflow_provider_exactly_once.spark.changes import (
     CHECKED,
     OP,
@@ -70,6 +65,7 @@ from airflow_provider_exactly_once.spark.rewrite_tasks import RewriteWriter
 from airflow_provider_exactly_once.spark.targets import ResolvedTarget, load_file_target, load_iceberg_target
 from airflow_provider_exactly_once.spark.upsert import Rewrite, check_key, copy_on_write, no_changes
 from airflow_provider_exactly_once.spark.writer_protocol import DataFileWriter, FileWrite
+from airflow_provider_exactly_once.type_mapping import spark_schema_to_iceberg
 
 ERROR_PREFIX = "EXACTLY-ONCE WRITE FAILED:"
 EXIT_OK, EXIT_FAILED, EXIT_BAD_SPEC = 0, 1, 2

@@ -67,7 +67,6 @@ from pyspark.sql import types as st
 
 from airflow_provider_exactly_once.core.precommit import DataFileDescriptor, PartitionValue
 from airflow_provider_exactly_once.sinks.iceberg.descriptors import describe_parquet_file
-from airflow_provider_exactly_once.spark.alignment import iceberg_to_spark
 from airflow_provider_exactly_once.spark.changes import quote
 from airflow_provider_exactly_once.spark.file_io import driver_filesystem, is_object_store
 from airflow_provider_exactly_once.spark.partition_transforms import spark_value
@@ -78,6 +77,7 @@ from airflow_provider_exactly_once.spark.writer_protocol import (
     required_nulls_message,
     rows_per_file,
 )
+from airflow_provider_exactly_once.type_mapping import iceberg_to_spark, spark_schema
 
 #: What Spark writes for a null partition value (it is not configurable).
 NULL_DIRECTORY = "__HIVE_DEFAULT_PARTITION__"
@@ -232,35 +232,16 @@ def _file_columns(frame: DataFrame, schema: Schema) -> tuple[dict[str, Column], 
     present = set(frame.columns)
     columns: dict[str, Column] = {}
     values: dict[str, Column] = {}
-    for column in schema.fields:
-        spark_type = _with_ids(column.field_type)
-        if column.name in present:
-            value = F.col(quote(column.name))
-            if isinstance(column.field_type, StructType):
-                value = value.cast(spark_type)  # the cast carries the nested fields' ids
+    for spark_field in spark_schema(schema).fields:  # refusal() sent the types Spark lacks elsewhere
+        if spark_field.name in present:
+            value = F.col(quote(spark_field.name))
+            if isinstance(spark_field.dataType, st.StructType):
+                value = value.cast(spark_field.dataType)  # the cast carries the nested fields' ids
         else:
-            value = F.lit(None).cast(spark_type)
-        columns[column.name] = value.alias(column.name, metadata={"parquet.field.id": column.field_id})
-        values[column.name] = value
+            value = F.lit(None).cast(spark_field.dataType)
+        columns[spark_field.name] = value.alias(spark_field.name, metadata=spark_field.metadata)
+        values[spark_field.name] = value
     return columns, values
-
-
-def _with_ids(iceberg: IcebergType) -> st.DataType:
-    if isinstance(iceberg, StructType):
-        return st.StructType(
-            [
-                st.StructField(
-                    nested.name,
-                    _with_ids(nested.field_type),
-                    nullable=not nested.required,
-                    metadata={"parquet.field.id": nested.field_id},
-                )
-                for nested in iceberg.fields
-            ]
-        )
-    spark_type = iceberg_to_spark(iceberg)
-    assert spark_type is not None  # refusal() sent every other type to the pyarrow writer
-    return spark_type
 
 
 @dataclass(frozen=True)

@@ -39,11 +39,11 @@ from pyspark.sql import types as st
 from airflow_provider_exactly_once.core.errors import InputRangeRefused, InvalidSinkConfig
 from airflow_provider_exactly_once.core.input_ranges import SnapshotRange
 from airflow_provider_exactly_once.sinks.iceberg.catalog_access import load_table
-from airflow_provider_exactly_once.spark.alignment import iceberg_to_spark
 from airflow_provider_exactly_once.spark.file_io import storage_properties
 from airflow_provider_exactly_once.spark.jobspec import EpochJobSpec, IcebergTableInput
 from airflow_provider_exactly_once.spark.rewrite_tasks import TableFiles
 from airflow_provider_exactly_once.spark.spread import spread
+from airflow_provider_exactly_once.type_mapping import iceberg_to_spark
 
 #: What the read gives ``inputs.read_input``: the rows (``None``: nothing to read, no Spark job) and
 #: the source positions of the pre-commit. A pair rather than ``inputs.EpochInput``, which would be
@@ -238,7 +238,7 @@ def _at_schema_of(metadata: TableMetadata, snapshot: Snapshot) -> TableMetadata:
 
 
 def _spark_schema(schema: Schema, table: str, owner: str) -> st.StructType:
-    """The frame's schema: the Iceberg schema's, required columns not null (``alignment``'s mapping)."""
+    """The frame's schema: the Iceberg schema's, required columns not null (``type_mapping``)."""
     fields = []
     for column in schema.fields:
         spark_type = iceberg_to_spark(column.field_type)

@@ -87,7 +87,7 @@ __all__ = [
 class TableSpec(NamedTuple):
     """An Iceberg table as ``exactly_once_epoch(table=...)`` creates it when it is missing: the
     arguments ``EnsureTableOperator`` takes, given once, and the read schema of a JSON or CSV input
-    that names none (``spark_types``).
+    that names none (``type_mapping.spark_read_schema``).
 
     A named tuple, not a dataclass: DAG files import it at every parse. It is checked where the
     table's name is known, by the task group (``declare_table``).

@@ -1,33 +1,16 @@
-"""Whether the columns a write produced can go into a table, compared as Iceberg types.
-
-Types are parsed with pyiceberg's own model (the spelling of ``decimal(10,2)`` vs ``decimal(10, 2)``
-must not matter) and compared structurally: a Parquet file carries no Iceberg field ids, so nested
-fields match by name. The only widenings allowed are the ones Iceberg readers apply without rewriting
-data: ``int -> long`` and ``float -> double``.
-"""
+"""Whether the columns a write produced can go into a table, compared as Iceberg types: each
+written type parsed and held to the table's by ``type_mapping`` (``parse_type``, ``reads_as``)."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from typing import Any
 
-from pydantic import ValidationError
 from pyiceberg.schema import Schema, assign_fresh_schema_ids
-from pyiceberg.types import (
-    DoubleType,
-    FloatType,
-    IcebergType,
-    IntegerType,
-    ListType,
-    LongType,
-    MapType,
-    NestedField,
-    StructType,
-)
+from pyiceberg.types import IcebergType, NestedField
 
-from airflow_provider_exactly_once.core.errors import InvalidPreCommit, SchemaMismatch
+from airflow_provider_exactly_once.core.errors import SchemaMismatch
 from airflow_provider_exactly_once.core.precommit import TableWrite, WrittenColumn
+from airflow_provider_exactly_once.type_mapping import field_reads_as, parse_type, reads_as
 
 
 @dataclass(frozen=True)
@@ -35,65 +18,6 @@ class ColumnToAdd:
     name: str
     type: IcebergType
     doc: str | None
-
-
-def parse_type(text: str, *, table: str, column: str) -> IcebergType:
-    """An Iceberg type from its name (``long``) or, for nested types, its JSON form."""
-    raw: Any = text
-    if text.lstrip().startswith("{"):
-        try:
-            raw = json.loads(text)
-        except json.JSONDecodeError:
-            raise InvalidPreCommit(f"table {table!r}: column {column!r} has a type that is not valid JSON") from None
-    try:
-        field = NestedField.model_validate({"id": 1, "name": column, "type": raw, "required": False})
-    except ValidationError:
-        raise InvalidPreCommit(f"table {table!r}: column {column!r} has an unknown Iceberg type {text!r}") from None
-    return field.field_type
-
-
-def _describe_difference(written: IcebergType, target: IcebergType, where: str) -> str | None:
-    """``None`` when ``written`` data can be read as ``target``; otherwise what is wrong, and where."""
-    if isinstance(target, StructType):
-        if not isinstance(written, StructType):
-            return f"{where}: {written} cannot be written into {target}"
-        written_fields = {f.name: f for f in written.fields}
-        for target_field in target.fields:
-            sub = f"{where}.{target_field.name}"
-            written_field = written_fields.pop(target_field.name, None)
-            if written_field is None:
-                if target_field.required:
-                    return f"{sub}: required in the table but not written"
-                continue
-            problem = _describe_field(written_field, target_field, sub)
-            if problem:
-                return problem
-        if written_fields:
-            return f"{where}: fields {sorted(written_fields)} are not in the table"
-        return None
-    if isinstance(target, ListType):
-        if not isinstance(written, ListType):
-            return f"{where}: {written} cannot be written into {target}"
-        return _describe_field(written.element_field, target.element_field, f"{where}.element")
-    if isinstance(target, MapType):
-        if not isinstance(written, MapType):
-            return f"{where}: {written} cannot be written into {target}"
-        return _describe_field(written.key_field, target.key_field, f"{where}.key") or _describe_field(
-            written.value_field, target.value_field, f"{where}.value"
-        )
-    if written == target:
-        return None
-    if isinstance(written, IntegerType) and isinstance(target, LongType):
-        return None
-    if isinstance(written, FloatType) and isinstance(target, DoubleType):
-        return None
-    return f"{where}: written as {written}, the table has {target}"
-
-
-def _describe_field(written: NestedField, target: NestedField, where: str) -> str | None:
-    if target.required and not written.required:
-        return f"{where}: written as optional (may hold nulls), required in the table"
-    return _describe_difference(written.field_type, target.field_type, where)
 
 
 def check_columns(
@@ -113,7 +37,7 @@ def check_columns(
         column_type = parse_type(column.type, table=table, column=column.name)
         existing = by_name.get(column.name)
         if existing is not None:
-            problem = _describe_difference(column_type, existing.field_type, column.name)
+            problem = reads_as(column_type, existing.field_type, column.name)
             if problem:
                 raise SchemaMismatch(f"table {table!r}: added column {column.name!r} already exists: {problem}")
             _check_field_id(table, column, existing.field_id)
@@ -164,7 +88,7 @@ def _check_written_column(
     else:
         _check_field_id(table, column, target.field_id)
     written = NestedField(1, column.name, written_type, required=column.required)
-    problem = _describe_field(written, target, column.name)
+    problem = field_reads_as(written, target, column.name)
     if problem:
         raise SchemaMismatch(f"table {table!r}: column {problem}")
 
