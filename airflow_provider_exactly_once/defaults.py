@@ -21,3 +21,6 @@ DEFAULT_SPARK_CONNECT_RETRY = timedelta(seconds=60)
 SPARK_CONNECT_RETRY_OPTION = "spark_connect_retry_seconds"
 #: The ``airflow.cfg`` section of the package's options (declared in ``get_provider_info``).
 CONFIG_SECTION = "exactly_once"
+#: How long an unsettled epoch's DAG run may show no live task before ``eo-sink status`` and the
+#: sink page say it will never finish (``[exactly_once] stale_run_minutes``, ``operations.stale_runs``).
+DEFAULT_STALE_RUN = timedelta(minutes=60)

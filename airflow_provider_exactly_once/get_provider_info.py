@@ -136,6 +136,15 @@ def get_provider_info() -> dict[str, Any]:
                         "example": "all",
                         "default": "per_dag",
                     },
+                    "stale_run_minutes": {
+                        "description": "How long an unsettled epoch's DAG run may be 'running' in Airflow with no "
+                        "live task (none queued, deferred, up for retry, or running with a heartbeat) before "
+                        "eo-sink status and the sink-state view say it will never finish and how to fail it.",
+                        "version_added": "0.3.0",
+                        "type": "float",
+                        "example": "180",
+                        "default": "60",
+                    },
                     "fault_hook": {
                         "description": "Fault injection, for tests only: 'module:callable' naming a factory "
                         "(sink_id, epoch, try_number) -> fault hook that every coordinator a task builds calls "

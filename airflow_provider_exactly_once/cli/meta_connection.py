@@ -57,6 +57,17 @@ def resolve(meta_conn_id: str | None) -> tuple[str, str, dict[str, float]] | Non
     return conn_id, url, options
 
 
+def airflow_option(section: str, key: str) -> str | None:
+    """An option of Airflow's configuration as Airflow reads it (its variable, then its file; ``""``
+    when unset), without importing Airflow; ``None`` when only Airflow can say (a command, a secret,
+    an interpolation, a file not read here)."""
+    try:
+        return _Config.read().get(section, key)
+    except _AskAirflow as reason:
+        log.debug("asking Airflow for [%s] %s: %s", section, key, reason)
+        return None
+
+
 class _Config:
     """The few options read here, with Airflow's precedence: ``AIRFLOW__SECTION__KEY``, then the
     configuration file; any ``_cmd``/``_secret`` form of one of them is left to Airflow."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, TextIO
 
 from airflow_provider_exactly_once.core.redact import safe_text
@@ -47,6 +47,21 @@ def instant(at: datetime | None) -> str:
 def interval(start: datetime | None, end: datetime | None) -> str:
     """As the tasks log it; the end is ``...`` when the store has no record of the run."""
     return "" if start is None else interval_text(start, end)
+
+
+#: Before this instant an epoch number is no date a run had (an allocated or custom epoch): the
+#: number alone is shown.
+_DATED_FROM = datetime(2000, 1, 1, tzinfo=UTC)
+
+
+def epoch_text(epoch: int, start: datetime | None, end: datetime | None, logical: datetime | None) -> str:
+    """``2026-01-01T00:00Z (1767225600000)``: an epoch as a date with its id beside, the date its
+    run's data interval starts, else its run's logical date (a manual run has no interval), else,
+    without a record of its run, the instant the number stands for (none for a small number)."""
+    when = start if end is not None else logical or start
+    if when is None or (end is None and logical is None and when < _DATED_FROM):
+        return str(epoch)
+    return f"{instant_text(when)} ({epoch})"
 
 
 def short(text: str | None, width: int = 60) -> str:

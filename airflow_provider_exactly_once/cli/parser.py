@@ -103,11 +103,13 @@ def _conn_id(text: str) -> str:
     return text
 
 
-def _status(text: str) -> EpochStatus:
-    for status in EpochStatus:
-        if text.strip().lower() == status.value.lower():
+def _status(text: str) -> str:
+    for status in (*(s.value for s in EpochStatus), "Reserved"):  # Reserved: a range reserved, no row yet
+        if text.strip().lower() == status.lower():
             return status
-    raise argparse.ArgumentTypeError(f"status {echoed(text)} is not one of {[s.value for s in EpochStatus]}")
+    raise argparse.ArgumentTypeError(
+        f"status {echoed(text)} is not one of {[*(s.value for s in EpochStatus), 'Reserved']}"
+    )
 
 
 def _reason(text: str) -> str:
@@ -179,7 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     epochs = commands.add_parser("epochs", parents=[common], help="list epochs, newest first")
     epochs.add_argument("sink", nargs="?", type=_sink_id, help="only this sink")
-    epochs.add_argument("--status", type=_status, help="Pending, Committed or Aborted")
+    epochs.add_argument("--status", type=_status, help="Pending, Committed, Aborted or Reserved")
     epochs.add_argument("--limit", type=_page_size, default=50, help="rows per page (default 50, at most 1000)")
     epochs.add_argument("--offset", type=_offset, default=0, help="rows to skip (default 0)")
 

@@ -1,22 +1,70 @@
 """``eo-sink``'s read commands: ``status``, ``epochs``, ``history`` and ``show``; each reads the meta
-store (``show`` also the sink's catalog for ``delivery``) and changes nothing."""
+store (``show`` also the sink's catalog for ``delivery``; ``status`` Airflow's database when an
+unsettled epoch's run may never finish) and changes nothing.
+
+Epochs are shown as dates with their ids beside (``output.epoch_text``). A failed task's log is
+linked where Airflow's ``[api] base_url`` is configured, read as Airflow reads it without importing
+Airflow (``meta_connection.airflow_option``); elsewhere its DAG, run, task and try are printed.
+"""
 
 from __future__ import annotations
 
 import argparse
 from typing import Any, TextIO
 
-from airflow_provider_exactly_once.cli.output import EXIT_OK, age, instant, interval, print_json, short, table
+from airflow_provider_exactly_once.cli.meta_connection import airflow_option
+from airflow_provider_exactly_once.cli.output import (
+    EXIT_OK,
+    age,
+    epoch_text,
+    instant,
+    interval,
+    print_json,
+    short,
+    table,
+)
 from airflow_provider_exactly_once.core.errors import ExactlyOnceError
 from airflow_provider_exactly_once.core.redact import mask_userinfo
 from airflow_provider_exactly_once.core.status import EpochStatus
-from airflow_provider_exactly_once.operations import SinkOperations
+from airflow_provider_exactly_once.defaults import CONFIG_SECTION
+from airflow_provider_exactly_once.operations import SinkOperations, stale_runs
+from airflow_provider_exactly_once.operations.views import EpochView, FailureView, HistoryView, StaleRunView
+
+
+def _option(section: str, key: str) -> str:
+    """An Airflow option as Airflow reads it; Airflow itself is asked only where it must be."""
+    value = airflow_option(section, key)
+    if value is None:
+        from airflow.configuration import conf
+
+        value = str(conf.get(section, key, fallback="") or "")
+    return value
+
+
+def _base_url() -> str | None:
+    """Airflow's ``[api] base_url``, where the task logs are; ``None`` when not configured."""
+    return _option("api", "base_url").strip() or None
+
+
+def _epoch(view: EpochView) -> str:
+    return epoch_text(view.epoch, view.interval_start, view.interval_end, view.logical_date)
+
+
+def _log(failure: FailureView | HistoryView) -> str:
+    """The failed task's log: its link, or where to find it by hand (no ``[api] base_url``)."""
+    if failure.log_url:
+        return failure.log_url
+    parts = (("DAG", failure.dag_id), ("run", failure.run_id), ("task", failure.task_id), ("try", failure.try_number))
+    return "log in Airflow: " + ", ".join(f"{name} {value}" for name, value in parts if value is not None)
 
 
 def status_command(ops: SinkOperations, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     sinks = [ops.sink(args.sink)] if args.sink else ops.sinks()
+    threshold = stale_runs.threshold_of(_option(CONFIG_SECTION, stale_runs.STALE_RUN_OPTION))
+    check = stale_runs.check(ops, threshold, sink_id=args.sink)
+    base_url = _base_url() if check.stale else None
     if args.json:
-        print_json(out, {"sinks": [s.to_dict() for s in sinks]})
+        print_json(out, {"sinks": [s.to_dict() for s in sinks], **check.to_dict(base_url)})
         return EXIT_OK
     if not sinks:
         out.write("no sinks: nothing is registered and no epoch was persisted in this meta store\n")
@@ -29,17 +77,34 @@ def status_command(ops: SinkOperations, args: argparse.Namespace, out: TextIO, e
             s.pending,
             s.committed,
             s.aborted,
+            s.reserved,
             "" if s.oldest_pending_created_at is None else s.oldest_pending_created_at.isoformat(timespec="seconds"),
             s.pending_cleanups,
         )
         for s in sinks
     ]
-    table(
-        out,
-        rows,
-        ["sink", "kind", "tables / root", "pending", "committed", "aborted", "oldest pending", "clean-ups queued"],
-    )
+    headers = ["sink", "kind", "tables / root", "pending", "committed", "aborted", "reserved", "oldest pending"]
+    table(out, rows, [*headers, "clean-ups queued"])
+    for stale in check.stale:
+        out.write("\n" + _stale_text(stale, base_url) + "\n")
+    if check.not_checked:
+        out.write(f"\nruns not checked: {check.not_checked}\n")
     return EXIT_OK
+
+
+def _stale_text(stale: StaleRunView, base_url: str | None) -> str:
+    """A run that will never finish, and the commands that settle it, one to a line."""
+    when = epoch_text(stale.epoch, stale.interval_start, stale.interval_end, stale.logical_date)
+    idle = "no task of it ever did anything" if stale.last_activity is None else f"idle for {age(stale.idle_seconds)}"
+    lines = [
+        f"warning: sink {stale.sink_id} epoch {when} ({stale.status}): run {stale.run_id} of DAG {stale.dag_id} is "
+        f"'{stale.run_state}' in Airflow with no live task, {idle}: it will never finish by itself.",
+        "  fail the run: the Airflow UI's 'Mark as failed' on the run, or",
+        f"    {stale.fail_request(base_url)}",
+    ]
+    if stale.abort_command is not None:
+        lines += [f"  then, as {stale.holds_back}:", f"    {stale.abort_command}"]
+    return "\n".join(lines)
 
 
 def epochs_command(ops: SinkOperations, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
@@ -50,7 +115,7 @@ def epochs_command(ops: SinkOperations, args: argparse.Namespace, out: TextIO, e
     rows = [
         (
             v.sink_id,
-            v.epoch,
+            _epoch(v),
             interval(v.interval_start, v.interval_end),
             v.status,
             "decided" if v.commit_decided_at and v.status == EpochStatus.PENDING.value else "",
@@ -75,12 +140,13 @@ def epochs_command(ops: SinkOperations, args: argparse.Namespace, out: TextIO, e
 
 
 def history_command(ops: SinkOperations, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    events = ops.history(args.sink, args.epoch)
+    base_url = _base_url()
+    events = [e.linked(base_url) for e in ops.history(args.sink, args.epoch)]
     if args.json:
         print_json(out, {"sink_id": args.sink, "epoch": args.epoch, "history": [e.to_dict() for e in events]})
         return EXIT_OK
     view = ops.epoch(args.sink, args.epoch)
-    out.write(f"sink {args.sink} epoch {args.epoch} ({interval(view.interval_start, view.interval_end)})\n")
+    out.write(f"sink {args.sink} epoch {_epoch(view)} ({interval(view.interval_start, view.interval_end)})\n")
     rows = [
         (
             instant(e.at),
@@ -91,36 +157,52 @@ def history_command(ops: SinkOperations, args: argparse.Namespace, out: TextIO, 
             " ".join(str(p) for p in (e.run_id, e.try_number and f"try {e.try_number}") if p),
             ", ".join(p for p in (e.run_type, e.clear_number and f"cleared {e.clear_number}x") if p),
             f"{e.actor} {e.actor_name or ''}".strip(),
-            short(e.reason),
+            short(e.step or e.reason),
         )
         for e in events
     ]
     table(out, rows, ["at", "event", "status", "write", "rev", "run", "started", "by", "reason"])
+    failures = [e for e in events if e.step]
+    if failures:
+        out.write("\nfailed tasks:\n")
+        for e in failures:
+            out.write(f"  {instant(e.at)} {e.step}\n    {_log(e)}\n")
     return EXIT_OK
 
 
 def show_command(ops: SinkOperations, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    view = ops.epoch(args.sink, args.epoch)
+    view = ops.epoch(args.sink, args.epoch).linked(_base_url())
     try:
-        checkpoint: dict[str, Any] = ops.checkpoint(args.sink, args.epoch).to_dict()
+        found = ops.checkpoint(args.sink, args.epoch)
+        checkpoint: dict[str, Any] = found.to_dict()
     except ExactlyOnceError as exc:  # an unregistered sink: its checkpoint source is not known here
         checkpoint = {"status": None, "detail": mask_userinfo(f"{type(exc).__name__}: {exc}"), "source": None}
     delivery = ops.delivery(args.sink)
     if args.json:
         print_json(out, {"epoch": view.to_dict(), "checkpoint": checkpoint, "delivery": delivery.to_dict()})
         return EXIT_OK
-    data = {**view.to_dict(), "age": age(view.age_seconds), "delivery": delivery.text}
-    data["checkpoint"] = checkpoint["status"] or f"unknown ({checkpoint['detail']})"
+    data = {**view.to_dict(), "age": age(view.age_seconds), "delivery": delivery.text, "epoch": _epoch(view)}
+    data["checkpoint"] = (
+        f"{checkpoint['status']} ({checkpoint['meaning']})"
+        if checkpoint.get("meaning")
+        else checkpoint["status"] or f"unknown ({checkpoint['detail']})"
+    )
     data["data_interval"] = interval(view.interval_start, view.interval_end)
     data["logical_date"] = instant(view.logical_date)
+    data["log"] = None if view.cause is None else _log(view.cause)
+    reservation = view.reservation
+    if reservation is not None:
+        data["reserved"] = (
+            f"position {reservation.position} by run {reservation.run_id or '(unknown)'} at {instant(reservation.reserved_at)}"
+        )
+        data["range_read_again"] = reservation.read_again
     shown = (
         *("sink_id", "epoch", "data_interval", "status", "unreadable", "write_id", "dag_id", "run_id", "logical_date"),
         *("try_number", "created_at", "age", "updated_at", "commit_decided_at", "checkpoint", "delivery"),
         *("files", "files_state", "rows", "bytes", "pending_cleanups", "revision", "replacing_write_id", "error"),
-        "warning",
-        "consumed",
+        *("log", "warning", "consumed", "reserved", "range_read_again"),
     )
-    table(out, [(key, "" if data[key] is None else data[key]) for key in shown], ["field", "value"])
+    table(out, [(key, "" if data.get(key) is None else data[key]) for key in shown], ["field", "value"])
     out.write("\n")
     table(
         out,

@@ -28,3 +28,15 @@ def sinks_page(base_url: str = "", *, sink_id: str | None = None, status: str | 
 def epoch_page(sink_id: str, epoch: int, base_url: str = "") -> str:
     """One epoch: its row, its files and tables, the run and try that wrote it, its checkpoint."""
     return _join(base_url, f"{URL_PREFIX}/sinks/{quote(sink_id, safe='')}/epochs/{int(epoch)}")
+
+
+def task_log(base_url: str, dag_id: str, run_id: str, task_id: str, try_number: int | None) -> str:
+    """A task's log in the Airflow UI, as Airflow's own ``RuntimeTaskInstance.log_url`` builds it
+    (the run id quoted, the try given when known): the page the views link a failed task to."""
+    attempt = f"?try_number={int(try_number)}" if try_number is not None and try_number > 0 else ""
+    return _join(base_url, f"/dags/{dag_id}/runs/{quote(run_id)}/tasks/{task_id}{attempt}")
+
+
+def dag_run_api(base_url: str, dag_id: str, run_id: str) -> str:
+    """A DAG run in Airflow's REST API: ``PATCH`` it with ``{"state": "failed"}`` to fail it."""
+    return _join(base_url, f"/api/v2/dags/{quote(dag_id, safe='')}/dagRuns/{quote(run_id, safe='')}")

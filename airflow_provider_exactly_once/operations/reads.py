@@ -9,6 +9,12 @@ sink's counts are of those rows only; what another DAG left in an epoch they may
 A row whose stored write does not parse is shown as unreadable, with why (``EpochView.unreadable``),
 in a listing and on its own: it never breaks a page.
 
+An epoch is also one without a row: an incremental epoch that reserved its range and whose write
+never persisted is listed and shown as ``RESERVED`` (its reservation, its run, its failures), and
+one whose only trace is a failed task's event in its history is shown as ``UNPERSISTED``. The
+run (and so the DAG) of such an epoch is the one its failures name, else that of the sink's epoch
+before it in the chain of reservations: a reservation keeps its run id only.
+
 Every location and message in what is returned has its credentials masked (``core.redact``).
 """
 
@@ -16,23 +22,28 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 from dataclasses import replace
-from typing import Any
+from datetime import datetime
+from typing import Any, Literal
 
 from airflow_provider_exactly_once.checkpoints.config import MetaStoreCheckpoint, checkpoint_config_from_dict
 from airflow_provider_exactly_once.core.bookkeeping import require_epoch
 from airflow_provider_exactly_once.core.errors import EpochNotFound, ExactlyOnceError
-from airflow_provider_exactly_once.core.history import Actor, ActorKind
+from airflow_provider_exactly_once.core.history import Actor, ActorKind, HistoryEntry
 from airflow_provider_exactly_once.core.identifiers import EPOCH_MAX, check_epoch
 from airflow_provider_exactly_once.core.ports import EpochRecord
 from airflow_provider_exactly_once.core.redact import mask_userinfo
 from airflow_provider_exactly_once.core.status import EpochStatus
 from airflow_provider_exactly_once.operations.views import (
+    RESERVED,
     CheckpointView,
     EpochView,
     HistoryView,
     Redaction,
+    ReservationView,
     RevisionView,
     SinkSummary,
+    cause_of,
+    reading_again,
 )
 from airflow_provider_exactly_once.runtime.assembly import checkpoint_source
 from airflow_provider_exactly_once.store import SqlSinkStateStore
@@ -49,7 +60,11 @@ from airflow_provider_exactly_once.store.queries import (
     sink_counts,
     unreadable_epoch,
 )
+from airflow_provider_exactly_once.store.range_reservations import LaterLink, Reservation
 from airflow_provider_exactly_once.store.revisions import RevisionRecord
+
+#: A status a listing can be filtered by: a row's, or ``RESERVED`` (a reservation without a row).
+Status = EpochStatus | Literal["Reserved"]
 
 
 class SinkNotFound(EpochNotFound):
@@ -64,14 +79,26 @@ class InvalidRequest(ExactlyOnceError, ValueError):
     """An argument of an operations call that cannot be accepted (a page size, a grace period, a reason)."""
 
 
-def _status(status: EpochStatus | str | None) -> EpochStatus | None:
-    """An epoch status as the UI's query string or the CLI gives it, in any case (``pending``, ``Pending``)."""
+def _status(status: EpochStatus | str | None) -> Status | None:
+    """An epoch status as the UI's query string or the CLI gives it, in any case (``pending``,
+    ``Pending``); ``Reserved`` too, the state of an epoch with a reserved range and no row."""
     if status is None or isinstance(status, EpochStatus):
         return status
     for known in EpochStatus:
         if str(status).strip().lower() == known.value.lower():
             return known
-    raise InvalidRequest(f"epoch status {status!r} is not one of {[s.value for s in EpochStatus]}")
+    if str(status).strip().lower() == RESERVED.lower():
+        return RESERVED
+    raise InvalidRequest(f"epoch status {status!r} is not one of {[*(s.value for s in EpochStatus), RESERVED]}")
+
+
+def _row_status(status: Status | None) -> EpochStatus | None:
+    return status if isinstance(status, EpochStatus) else None
+
+
+def _order(view: EpochView) -> tuple[int, str]:
+    """A listing's order, newest epoch first, then by sink id descending (``list_epochs``')."""
+    return (view.epoch, view.sink_id)
 
 
 def _dag_ids(dag_ids: Collection[str] | None) -> frozenset[str] | None:
@@ -95,17 +122,22 @@ class SinkReads:
             sink_id: (sink, checkpoint) for sink_id, sink, checkpoint in self.store.registry.registered_sinks()
         }
         counts = sink_counts(self.store, dag_ids=visible)
-        shown = set(counts) if visible is not None else set(registered) | set(counts)
-        return [_summary(sink_id, registered.get(sink_id), counts.get(sink_id)) for sink_id in sorted(shown)]
+        reserved = _per_sink(self._reserved(None, visible))
+        shown = set(counts) | set(reserved) | (set(registered) if visible is None else set())
+        return [
+            _summary(sink_id, registered.get(sink_id), counts.get(sink_id), reserved.get(sink_id, 0))
+            for sink_id in sorted(shown)
+        ]
 
     def sink(self, sink_id: str, *, dag_ids: Collection[str] | None = None) -> SinkSummary:
         """One sink's summary; ``SinkNotFound`` when it is neither registered nor has rows (visible ones)."""
         visible = _dag_ids(dag_ids)
         registration = self.store.registry.registered_sink(sink_id)
         count = sink_counts(self.store, sink_id, dag_ids=visible).get(sink_id)
-        if count is None and (registration is None or visible is not None):
+        reserved = len(self._reserved(sink_id, visible))
+        if count is None and not reserved and (registration is None or visible is not None):
             raise SinkNotFound(f"sink {sink_id!r} is unknown: it is not registered and has no epochs")
-        return _summary(sink_id, registration, count)
+        return _summary(sink_id, registration, count, reserved)
 
     def epochs(
         self,
@@ -116,15 +148,34 @@ class SinkReads:
         offset: int = 0,
         dag_ids: Collection[str] | None = None,
     ) -> list[EpochView]:
-        """A page of epochs, newest epoch first; with ``dag_ids``, of those DAGs only."""
+        """A page of epochs, newest epoch first; with ``dag_ids``, of those DAGs only. The epochs with a
+        reserved range and no row (``RESERVED``, at most one a sink) are placed among the rows."""
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_PAGE:
             raise InvalidRequest(f"limit must be an integer from 1 to {MAX_PAGE}, got {limit!r}")
         if isinstance(offset, bool) or not isinstance(offset, int) or not 0 <= offset <= EPOCH_MAX:
             raise InvalidRequest(f"offset must be an integer from 0 to {EPOCH_MAX}, got {offset!r}")
         visible = _dag_ids(dag_ids)
-        records = list_epochs(
-            self.store, sink_id=sink_id, status=_status(status), limit=limit, offset=offset, dag_ids=visible
-        )
+        state = _status(status)
+        reserved = [] if isinstance(state, EpochStatus) else self._reserved(sink_id, visible)
+        if state == RESERVED:
+            return reserved[offset : offset + limit]
+        # The rows from where the reserved epochs (all at hand) may move them onto this page: the
+        # merged page is then exact whatever the offset (a reserved epoch before the rows read is
+        # on an earlier page, one after the last read on a later one).
+        skip = max(0, offset - len(reserved))
+        rows = self._rows(sink_id, _row_status(state), offset + limit - skip, skip, visible)
+        merged = sorted([*rows, *reserved], key=_order, reverse=True)
+        return merged[offset - skip : offset - skip + limit]
+
+    def _rows(
+        self,
+        sink_id: str | None,
+        status: EpochStatus | None,
+        limit: int,
+        offset: int,
+        visible: frozenset[str] | None,
+    ) -> list[EpochView]:
+        records = list_epochs(self.store, sink_id=sink_id, status=status, limit=limit, offset=offset, dag_ids=visible)
         if not records:
             return []
         now = self.store.now()
@@ -148,6 +199,42 @@ class SinkReads:
             for v in views
         ]
 
+    def reserved_epochs(self, *, sink_id: str | None = None, dag_ids: Collection[str] | None = None) -> list[EpochView]:
+        """The epochs with a reserved range and no row (``RESERVED``), newest first."""
+        return self._reserved(sink_id, _dag_ids(dag_ids))
+
+    def _reserved(self, sink_id: str | None, visible: frozenset[str] | None) -> list[EpochView]:
+        """The ``RESERVED`` epochs (of ``visible`` DAGs only), newest first: a few reads per sink
+        that has one, nothing per epoch of its history."""
+        found = self.store.input_ranges.unsettled(sink_id)
+        if not found:
+            return []
+        now = self.store.now()
+        histories = {(r.sink_id, r.epoch): self.store.history.events(r.sink_id, r.epoch) for r in found}
+        dags = {(r.sink_id, r.epoch): _reserving_dag(r, histories[(r.sink_id, r.epoch)]) for r in found}
+        runs = self.store.runs.lookup([(dags[(r.sink_id, r.epoch)], r.run_id) for r in found])
+        views = []
+        for r in found:
+            key = (r.sink_id, r.epoch)
+            dag_id = dags[key]
+            if visible is not None and dag_id not in visible:
+                continue
+            view = EpochView.unwritten(
+                r.sink_id,
+                r.epoch,
+                now=now,
+                reservation=r,
+                entries=histories[key],
+                dag_id=dag_id,
+                run=runs.get((dag_id or "", r.run_id or "")),
+            )
+            if visible is not None:
+                view = Redaction.of(visible, [*(e.actor for e in histories[key]), _run_of(dag_id, r.run_id)]).epoch(
+                    view
+                )
+            views.append(view)
+        return sorted(views, key=_order, reverse=True)
+
     def epoch_count(
         self,
         *,
@@ -156,52 +243,114 @@ class SinkReads:
         dag_ids: Collection[str] | None = None,
     ) -> int:
         """How many epochs ``epochs`` pages through with the same filters (for a pager's total)."""
-        return count_epochs(self.store, sink_id=sink_id, status=_status(status), dag_ids=_dag_ids(dag_ids))
+        visible, state = _dag_ids(dag_ids), _status(status)
+        reserved = 0 if isinstance(state, EpochStatus) else len(self._reserved(sink_id, visible))
+        if state == RESERVED:
+            return reserved
+        return reserved + count_epochs(self.store, sink_id=sink_id, status=_row_status(state), dag_ids=visible)
 
     def epoch(self, sink_id: str, epoch: int, *, dag_ids: Collection[str] | None = None) -> EpochView:
-        """One epoch; ``EpochNotFound`` (naming sink and epoch) when it has no row. With ``dag_ids``
-        (the DAGs the caller may read, that of the epoch among them), redacted for them."""
-        record = self._readable_row(sink_id, epoch)
+        """One epoch, a row's or one without (``RESERVED``, ``UNPERSISTED``); ``EpochNotFound``
+        (naming sink and epoch) when it has neither a row, nor a reservation, nor a history. With
+        ``dag_ids`` (the DAGs the caller may read, that of the epoch among them), redacted for them."""
+        check_epoch(epoch)
+        entries = self.store.history.events(sink_id, epoch)
+        reserved = self.store.input_ranges.reservation(sink_id, epoch)
+        visible = _dag_ids(dag_ids)
+        try:
+            record = self._readable_row(sink_id, epoch)
+        except EpochNotFound:
+            view = self._unwritten(sink_id, epoch, entries, reserved)
+            if visible is None:
+                return view
+            return Redaction.of(visible, [*(e.actor for e in entries), _run_of(view.dag_id, view.run_id)]).epoch(view)
         cleanups = cleanup_counts(self.store, [(sink_id, epoch)]).get((sink_id, epoch), 0)
         revised = self._revisions(record)
         runs = self.store.runs.lookup([(record.dag_id, record.run_id), *((r.dag_id, r.run_id) for r in revised)])
         run = runs.get((record.dag_id or "", record.run_id or ""))
         view = EpochView.read(record, now=self.store.now(), pending_cleanups=cleanups, run=run)
         revisions = tuple(RevisionView.of(r, runs.get((r.dag_id or "", r.run_id or ""))) for r in revised)
-        view = replace(view, revisions=revisions)
-        visible = _dag_ids(dag_ids)
+        view = replace(
+            view,
+            revisions=revisions,
+            cause=cause_of(entries, view.error, view.status),
+            reservation=self._reservation(reserved, view.status),
+        )
+        if view.consumed is None and reserved is not None and not view.unreadable:
+            # A write that never persisted (its tombstone) read nothing, but reserved its range.
+            view = replace(view, consumed=view.reservation.range if view.reservation else None)
         if visible is None:
             return view
-        events = self.store.history.events(sink_id, epoch)
-        return self._redaction(visible, record, revised, [e.actor for e in events]).epoch(view)
+        return self._redaction(visible, record, revised, [e.actor for e in entries]).epoch(view)
 
     def history(self, sink_id: str, epoch: int, *, dag_ids: Collection[str] | None = None) -> list[HistoryView]:
-        """The epoch's history, oldest first; ``EpochNotFound`` when it has neither a row nor a history.
-        With ``dag_ids`` (the DAGs the caller may read, that of the epoch among them), redacted for them."""
+        """The epoch's history, oldest first, with what the chain of reservations says of an aborted
+        epoch's range (``RANGE_READ_AGAIN``); ``EpochNotFound`` when it has neither a row, nor a
+        reservation, nor a history. With ``dag_ids`` (the DAGs the caller may read, that of the
+        epoch among them), redacted for them."""
         check_epoch(epoch)
         entries = self.store.history.events(sink_id, epoch)
-        if not entries:
-            self._row(sink_id, epoch)  # no row either: never persisted
-            return []
+        reserved = self.store.input_ranges.reservation(sink_id, epoch)
+        try:
+            record: EpochRecord | UnreadableEpoch | None = self._readable_row(sink_id, epoch)
+        except EpochNotFound:
+            if not entries and reserved is None:
+                raise
+            record = None
         runs = self.store.runs.lookup([(e.actor.dag_id, e.actor.run_id) for e in entries])
         events = [HistoryView.of(e, runs.get((e.actor.dag_id or "", e.actor.run_id or ""))) for e in entries]
+        later = self._later(reserved, None if record is None else record.status.value)
+        if reserved is not None and later:
+            shown = ReservationView.of(reserved, later)
+            events = sorted([*events, *(HistoryView.range_read_again(link, shown) for link in later)], key=_at)
         visible = _dag_ids(dag_ids)
         if visible is None:
             return events
-        record = self._readable_row(sink_id, epoch)
-        redaction = self._redaction(visible, record, self._revisions(record), [e.actor for e in entries])
+        acting = [e.actor for e in entries]
+        if record is None:
+            dag_id = _reserving_dag(reserved, entries) if reserved is not None else None
+            redaction = Redaction.of(visible, [*acting, _run_of(dag_id, None if reserved is None else reserved.run_id)])
+        else:
+            redaction = self._redaction(visible, record, self._revisions(record), acting)
         return [redaction.event(e) for e in events]
 
     def dag_of(self, sink_id: str, epoch: int) -> str | None:
-        """The DAG that wrote the epoch (``None``: outside any DAG run); ``EpochNotFound`` when it has no row.
+        """The DAG that wrote the epoch (``None``: outside any DAG run); ``EpochNotFound`` when it has
+        neither a row, nor a reservation, nor a history.
 
         The cheapest look at an epoch: a caller deciding whether a user may see it asks this first.
         """
         check_epoch(epoch)
         found = epoch_dag(self.store, sink_id, epoch)
-        if found is None:
-            raise EpochNotFound(f"sink {sink_id!r} epoch {epoch} was never persisted")
-        return found[0]
+        if found is not None:
+            return found[0]
+        entries = self.store.history.events(sink_id, epoch)
+        return self._unwritten(sink_id, epoch, entries, self.store.input_ranges.reservation(sink_id, epoch)).dag_id
+
+    def _unwritten(
+        self, sink_id: str, epoch: int, entries: Sequence[HistoryEntry], reserved: Reservation | None
+    ) -> EpochView:
+        """The view of an epoch without a row; ``EpochNotFound`` when nothing of it is recorded."""
+        if reserved is None and not entries:
+            raise EpochNotFound(
+                f"sink {sink_id!r} epoch {epoch} was never persisted: it has no row, no reserved range and no history"
+            )
+        dag_id = _reserving_dag(reserved, entries)
+        run_id = reserved.run_id if reserved is not None else None
+        run = self.store.runs.lookup([(dag_id, run_id)]).get((dag_id or "", run_id or ""))
+        return EpochView.unwritten(
+            sink_id, epoch, now=self.store.now(), reservation=reserved, entries=entries, dag_id=dag_id, run=run
+        )
+
+    def _reservation(self, reserved: Reservation | None, status: str | None) -> ReservationView | None:
+        """An epoch's reservation as shown, with the later epochs that read its range again."""
+        return None if reserved is None else ReservationView.of(reserved, self._later(reserved, status))
+
+    def _later(self, reserved: Reservation | None, status: str | None) -> list[LaterLink]:
+        """For an Aborted epoch (or one without a row), the later epochs that read its range again."""
+        if reserved is None or status not in (None, EpochStatus.ABORTED.value):
+            return []
+        return reading_again(self.store.input_ranges.following(reserved.sink_id, reserved.position))
 
     def checkpoint(self, sink_id: str, epoch: int) -> CheckpointView:
         """The registered checkpoint source's status for the epoch, or why it could not be read."""
@@ -249,13 +398,37 @@ class SinkReads:
         return Redaction.of(visible, [*acting, *revisions, _run_of(record.dag_id, record.run_id)])
 
 
+def _reserving_dag(reserved: Reservation | None, entries: Sequence[HistoryEntry]) -> str | None:
+    """The DAG of an epoch without a row: the one its run's failures name (the reserving run's,
+    else any), else the one that wrote the sink's epoch before it in the chain."""
+    run_id = None if reserved is None else reserved.run_id
+    named = [e.actor.dag_id for e in entries if e.actor.dag_id and (run_id is None or e.actor.run_id == run_id)]
+    if named:
+        return named[-1]
+    return None if reserved is None else reserved.previous_dag_id
+
+
+def _at(view: HistoryView) -> datetime:
+    return view.at
+
+
+def _per_sink(views: Sequence[EpochView]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for view in views:
+        counts[view.sink_id] = counts.get(view.sink_id, 0) + 1
+    return counts
+
+
 def _run_of(dag_id: str | None, run_id: str | None) -> Actor:
     """A run that wrote an epoch's row or a revision of it, as the history would name it."""
     return Actor(ActorKind.TASK, dag_id=dag_id, run_id=run_id)
 
 
 def _summary(
-    sink_id: str, registration: tuple[dict[str, Any], dict[str, Any] | None] | None, count: SinkCounts | None
+    sink_id: str,
+    registration: tuple[dict[str, Any], dict[str, Any] | None] | None,
+    count: SinkCounts | None,
+    reserved: int = 0,
 ) -> SinkSummary:
     sink, checkpoint = registration or ({}, None)
     count = count or SinkCounts(sink_id)
@@ -272,6 +445,7 @@ def _summary(
         aborted=count.aborted,
         oldest_pending_created_at=count.oldest_pending_created_at,
         pending_cleanups=count.pending_cleanups,
+        reserved=reserved,
     )
 
 

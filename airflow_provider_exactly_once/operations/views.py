@@ -15,23 +15,37 @@ import re
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import ValidationError
 
 from airflow_provider_exactly_once.core.errors import InvalidPreCommit
-from airflow_provider_exactly_once.core.history import Actor, ActorKind, HistoryEntry
+from airflow_provider_exactly_once.core.history import Actor, ActorKind, HistoryEntry, failed_step, task_of
 from airflow_provider_exactly_once.core.input_ranges import SnapshotRange
 from airflow_provider_exactly_once.core.ports import EpochRecord
 from airflow_provider_exactly_once.core.precommit import PreCommit, TableWrite
 from airflow_provider_exactly_once.core.redact import mask_userinfo
+from airflow_provider_exactly_once.core.status import EpochStatus
+from airflow_provider_exactly_once.observability import urls
 from airflow_provider_exactly_once.store.queries import (
     UNPARSABLE,
     UnreadableEpoch,
     unparsable_reason,
     validation_faults,
 )
+from airflow_provider_exactly_once.store.range_reservations import LaterLink, Reservation
 from airflow_provider_exactly_once.store.runs import RunDates
+
+#: The state of an epoch that reserved its upstream range (``core.input_ranges``) and has no row:
+#: its write has not persisted (it runs, it failed, or its run was killed), and the sink's next
+#: epoch waits until it is settled (``eo-sink abort`` settles one that will never finish).
+RESERVED: Literal["Reserved"] = "Reserved"
+#: The state of an epoch with neither a row nor a reservation whose history holds a failed task
+#: (a write that failed before its persist, design.md D22): nothing of it was persisted.
+UNPERSISTED = "Unpersisted"
+#: The history's account of a later epoch reading an aborted epoch's range again: not a stored
+#: event (nothing happened to this epoch), said from the chain of reservations.
+RANGE_READ_AGAIN = "range read again"
 
 
 def _masked(value: Any) -> Any:
@@ -79,6 +93,8 @@ class SinkSummary:
     oldest_pending_created_at: datetime | None
     #: Queued clean-ups not yet done: writes whose files still have to go.
     pending_cleanups: int
+    #: Epochs with a reserved range and no row yet (``RESERVED``).
+    reserved: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -91,6 +107,7 @@ class SinkSummary:
             "counts": {"pending": self.pending, "committed": self.committed, "aborted": self.aborted},
             "oldest_pending_created_at": _iso(self.oldest_pending_created_at),
             "pending_cleanups": self.pending_cleanups,
+            "reserved": self.reserved,
         }
 
 
@@ -132,6 +149,137 @@ class TableView:
             "table_uuid": self.table_uuid,
             "changes": self.changes,
         }
+
+
+def _log_url(
+    base_url: str | None, dag_id: str | None, run_id: str | None, task_id: str | None, try_number: int | None
+) -> str | None:
+    """The failed task's log in Airflow (``urls.task_log``), when the door knows where Airflow is
+    and the task is named: never for a task of a DAG hidden from the caller (its run is gone)."""
+    if base_url is None or not dag_id or dag_id == ANOTHER_DAG or not run_id or not task_id:
+        return None
+    return urls.task_log(base_url, dag_id, run_id, task_id, try_number)
+
+
+@dataclass(frozen=True)
+class FailureView:
+    """A failed try of a task of the epoch's group (design.md D22), as ``core.history.failed_step``
+    says it (``write failed on try 2: ...``), with the task, its run and try, and its log in Airflow
+    once a door that knows where Airflow is links it (``linked``)."""
+
+    at: datetime
+    step: str
+    dag_id: str | None
+    run_id: str | None
+    task_id: str | None
+    try_number: int | None
+    log_url: str | None = None
+
+    @classmethod
+    def of(cls, entry: HistoryEntry) -> FailureView | None:
+        step = failed_step(entry)
+        if step is None:
+            return None
+        actor = entry.actor
+        return cls(entry.at, mask_userinfo(step), actor.dag_id, actor.run_id, task_of(actor), actor.try_number)
+
+    def linked(self, base_url: str | None, live: Collection[tuple[str, str]] | None = None) -> FailureView:
+        """With the task's log at ``base_url`` (of runs in ``live`` only, when given)."""
+        if live is not None and (self.dag_id, self.run_id) not in live:
+            return self
+        return replace(self, log_url=_log_url(base_url, self.dag_id, self.run_id, self.task_id, self.try_number))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "at": _iso(self.at),
+            "step": self.step,
+            "dag_id": self.dag_id,
+            "run_id": self.run_id,
+            "task_id": self.task_id,
+            "try_number": self.try_number,
+            "log_url": self.log_url,
+        }
+
+
+def cause_of(entries: Sequence[HistoryEntry], error: str | None, status: str) -> FailureView | None:
+    """The failed try that explains the epoch's shown error: the failure whose reason (or whose
+    ``failed_step`` sentence, which an abort's reason is) the error is; for an epoch without a row,
+    its newest failure. ``None`` when the error is no task's (a commit's, an operator's abort)."""
+    failures = [(entry, view) for entry in entries if (view := FailureView.of(entry)) is not None]
+    if status in (RESERVED, UNPERSISTED):
+        return failures[-1][1] if failures else None
+    if not error:
+        return None
+    for entry, view in reversed(failures):
+        if mask_userinfo(entry.reason or "") == error or view.step == error:
+            return view
+    return None
+
+
+@dataclass(frozen=True)
+class ReservationView:
+    """The upstream range an incremental epoch reserved before its write (``core.input_ranges``):
+    the range, its place in the sink's chain, the run that reserved it; for an epoch aborted or
+    left without a row, the later epochs that read its range again (each aborted but the last)."""
+
+    table: str
+    after_snapshot_id: int | None
+    to_snapshot_id: int | None
+    range: str
+    position: int
+    run_id: str | None
+    reserved_at: datetime
+    #: ``(epoch, status)`` of the later epochs that read this range again, in chain order, up to
+    #: the first that is not Aborted (``"Reserved"`` for one without a row).
+    read_again_by: tuple[tuple[int, str], ...] = ()
+
+    @classmethod
+    def of(cls, reservation: Reservation, later: Sequence[LaterLink] = ()) -> ReservationView:
+        return cls(
+            table=mask_userinfo(reservation.range.table),
+            after_snapshot_id=reservation.range.after_snapshot_id,
+            to_snapshot_id=reservation.range.to_snapshot_id,
+            range=mask_userinfo(reservation.range.describe()),
+            position=reservation.position,
+            run_id=reservation.run_id,
+            reserved_at=reservation.reserved_at,
+            read_again_by=tuple((link.epoch, _link_status(link)) for link in later),
+        )
+
+    @property
+    def read_again(self) -> str | None:
+        """``read again by epoch B (Aborted), then by epoch C (Committed)``, or ``None``."""
+        if not self.read_again_by:
+            return None
+        return "read again by " + ", then by ".join(f"epoch {e} ({status})" for e, status in self.read_again_by)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "table": self.table,
+            "after_snapshot_id": self.after_snapshot_id,
+            "to_snapshot_id": self.to_snapshot_id,
+            "range": self.range,
+            "position": self.position,
+            "run_id": self.run_id,
+            "reserved_at": _iso(self.reserved_at),
+            "read_again_by": [{"epoch": e, "status": status} for e, status in self.read_again_by],
+        }
+
+
+def _link_status(link: LaterLink) -> str:
+    return RESERVED if link.status is None else link.status.value
+
+
+def reading_again(later: Sequence[LaterLink]) -> list[LaterLink]:
+    """Of the links after an aborted (or row-less) epoch's, those that read its range again: each
+    starts where the last committed epoch ended, so the next reads it, and, while they are aborted,
+    the ones after it too (``core.input_ranges``)."""
+    found: list[LaterLink] = []
+    for link in later:
+        found.append(link)
+        if link.status is not EpochStatus.ABORTED:
+            break
+    return found
 
 
 @dataclass(frozen=True)
@@ -180,6 +328,62 @@ class EpochView:
     #: Why the row's stored write cannot be read (naming the field at fault); ``None`` when it can.
     #: An unreadable epoch shows its row's own columns, and no tables, files or rows.
     unreadable: str | None = None
+    #: For an incremental input, the range the epoch reserved (filled for one epoch's detail, and
+    #: for a ``RESERVED`` epoch everywhere).
+    reservation: ReservationView | None = None
+    #: The failed task that ``error`` is about (filled for one epoch's detail, and for an epoch
+    #: without a row everywhere), with its log once linked.
+    cause: FailureView | None = None
+
+    @classmethod
+    def unwritten(
+        cls,
+        sink_id: str,
+        epoch: int,
+        *,
+        now: datetime,
+        reservation: Reservation | None,
+        entries: Sequence[HistoryEntry],
+        dag_id: str | None,
+        run: RunDates | None = None,
+    ) -> EpochView:
+        """An epoch without a row: ``RESERVED`` (a range reserved, its write not persisted) or,
+        with no reservation, ``UNPERSISTED`` (its history holds a failure); named by the run that
+        reserved it or failed, its error the newest failure of its tasks (design.md D22)."""
+        status = RESERVED if reservation is not None else UNPERSISTED
+        cause = cause_of(entries, None, status)
+        times = [e.at for e in entries] + ([reservation.reserved_at] if reservation is not None else [])
+        created = min(times) if times else now
+        run_id = reservation.run_id if reservation is not None and reservation.run_id else None
+        return cls(
+            sink_id=sink_id,
+            epoch=epoch,
+            status=status,
+            write_id="",
+            dag_id=dag_id,
+            run_id=run_id or (None if cause is None else cause.run_id),
+            try_number=None if cause is None else cause.try_number,
+            created_at=created,
+            updated_at=max(times) if times else now,
+            age_seconds=max(0.0, (now - created).total_seconds()),
+            commit_decided_at=None,
+            rows=0,
+            files=0,
+            bytes=0,
+            tables=(),
+            error=None if cause is None else cause.step,
+            interval_start=interval_start(epoch) if run is None else run.interval_start,
+            interval_end=None if run is None else run.interval_end,
+            logical_date=None if run is None else run.logical_date,
+            written=False,
+            consumed=None if reservation is None else mask_userinfo(reservation.range.describe()),
+            reservation=None if reservation is None else ReservationView.of(reservation),
+            cause=cause,
+        )
+
+    def linked(self, base_url: str | None, live: Collection[tuple[str, str]] | None = None) -> EpochView:
+        """With its cause's log in Airflow at ``base_url`` (``FailureView.linked``)."""
+        return self if self.cause is None else replace(self, cause=self.cause.linked(base_url, live))
 
     @classmethod
     def read(
@@ -318,6 +522,8 @@ class EpochView:
             "replacing_write_id": self.replacing_write_id,
             "generation": self.generation,
             "revisions": [r.to_dict() for r in self.revisions],
+            "reservation": None if self.reservation is None else self.reservation.to_dict(),
+            "cause": None if self.cause is None else self.cause.to_dict(),
         }
 
 
@@ -414,10 +620,16 @@ class HistoryView:
     logical_date: datetime | None = None
     interval_start: datetime | None = None
     interval_end: datetime | None = None
+    #: For a failed try of a task of the epoch's group (``error``, ``try failed``): what failed, as
+    #: ``core.history.failed_step`` says it, the task, and its log once linked (``linked``).
+    step: str | None = None
+    task_id: str | None = None
+    log_url: str | None = None
 
     @classmethod
     def of(cls, entry: HistoryEntry, run: RunDates | None = None) -> HistoryView:
         actor = entry.actor
+        failure = FailureView.of(entry)
         return cls(
             at=entry.at,
             event=entry.event.value,
@@ -435,7 +647,35 @@ class HistoryView:
             logical_date=None if run is None else run.logical_date,
             interval_start=None if run is None else run.interval_start,
             interval_end=None if run is None else run.interval_end,
+            step=None if failure is None else failure.step,
+            task_id=None if failure is None else failure.task_id,
         )
+
+    @classmethod
+    def range_read_again(cls, link: LaterLink, reserved: ReservationView) -> HistoryView:
+        """What the chain says of an aborted epoch's range: ``link``'s epoch read it again."""
+        return cls(
+            at=link.reserved_at,
+            event=RANGE_READ_AGAIN,
+            write_id="",
+            status=None,
+            revision=None,
+            actor=ActorKind.TASK.value,
+            actor_name=None,
+            dag_id=link.dag_id,
+            run_id=link.run_id,
+            try_number=None,
+            run_type=None,
+            clear_number=None,
+            reason=f"epoch {link.epoch} reserved its range from the end of the last committed epoch, so it reads "
+            f"this epoch's range ({reserved.range}) again: its rows are delivered there once that epoch is committed",
+        )
+
+    def linked(self, base_url: str | None, live: Collection[tuple[str, str]] | None = None) -> HistoryView:
+        """With the failed task's log at ``base_url`` (of runs in ``live`` only, when given)."""
+        if self.step is None or (live is not None and (self.dag_id, self.run_id) not in live):
+            return self
+        return replace(self, log_url=_log_url(base_url, self.dag_id, self.run_id, self.task_id, self.try_number))
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -455,6 +695,9 @@ class HistoryView:
             "logical_date": _iso(self.logical_date),
             "interval_start": _iso(self.interval_start),
             "interval_end": _iso(self.interval_end),
+            "step": self.step,
+            "task_id": self.task_id,
+            "log_url": self.log_url,
         }
 
 
@@ -468,8 +711,18 @@ class CheckpointView:
     status: str | None
     #: Why ``status`` is ``None`` (the source's error), else ``None``.
     detail: str | None
-    #: The registered checkpoint source's kind (``"metastore"``, ``"markers"``, ``"streaming"``).
+    #: The registered checkpoint source's kind (``"metastore"``, ``"markers"``, ``"streaming"``,
+    #: ``"snapshot_range"``).
     source: str
+
+    @property
+    def meaning(self) -> str | None:
+        """What the status says of this source's epochs: an incremental input's checkpoint is its
+        reserved range (``checkpoints.snapshot_ranges``), complete once reserved whatever became of
+        the epoch, so ``COMPLETED`` means "range reserved" there, nothing more."""
+        if self.source != SNAPSHOT_RANGE or self.status is None:
+            return None
+        return "range reserved" if self.status == "COMPLETED" else "no range reserved"
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -478,7 +731,12 @@ class CheckpointView:
             "status": self.status,
             "detail": self.detail,
             "source": self.source,
+            "meaning": self.meaning,
         }
+
+
+#: The checkpoint source kind of an incremental input (``checkpoints.config.SnapshotRangeCheckpoint``).
+SNAPSHOT_RANGE = "snapshot_range"
 
 
 @dataclass(frozen=True)
@@ -572,12 +830,22 @@ class Redaction:
         return value if self._names is None else self._names.sub(ANOTHER_DAG, value)
 
     def epoch(self, view: EpochView) -> EpochView:
+        cause, error = view.cause, self.text(view.error)
+        if cause is not None and _hides(self.readable, ActorKind.TASK, cause.dag_id):
+            cause, error = None, HIDDEN_TEXT  # the error is that run's text
+        elif cause is not None:
+            cause = replace(cause, step=self.text(cause.step) or "")
+        reservation = view.reservation
+        if reservation is not None:
+            reservation = replace(reservation, run_id=self.text(reservation.run_id))
         return replace(
             view,
-            error=self.text(view.error),
+            error=error,
             warning=self.text(view.warning),
             unreadable=self.text(view.unreadable),
             revisions=tuple(self.revision(r) for r in view.revisions),
+            cause=cause,
+            reservation=reservation,
         )
 
     def revision(self, view: RevisionView) -> RevisionView:
@@ -595,7 +863,7 @@ class Redaction:
 
     def event(self, view: HistoryView) -> HistoryView:
         if not _hides(self.readable, view.actor, view.dag_id):
-            return replace(view, reason=self.text(view.reason))
+            return replace(view, reason=self.text(view.reason), step=self.text(view.step))
         return replace(
             view,
             actor_name=ANOTHER_DAG,
@@ -608,11 +876,109 @@ class Redaction:
             logical_date=None,
             interval_start=None,
             interval_end=None,
+            step=None if view.step is None else HIDDEN_TEXT,
+            task_id=None,
+            log_url=None,
         )
 
 
 def _hides(readable: frozenset[str], kind: str, dag_id: str | None) -> bool:
     return dag_id is not None and dag_id not in readable and kind != ActorKind.RECOVERY
+
+
+@dataclass(frozen=True)
+class StaleRunView:
+    """An unsettled epoch (Pending, or ``RESERVED``) whose DAG run Airflow still calls running while
+    no task of it is alive and none did anything for longer than the threshold: a killed ``airflow
+    dags test``, a lost worker. It never finishes by itself; with ``max_active_runs`` reached the
+    scheduler starts no other run of its DAG and says nothing (``operations.stale_runs``)."""
+
+    sink_id: str
+    epoch: int
+    status: str
+    dag_id: str
+    run_id: str
+    #: Airflow's state of the run (``running``), and the newest start, end, heartbeat or update of
+    #: any of its tasks (``None``: no task ever did anything), idle since then.
+    run_state: str
+    last_activity: datetime | None
+    idle_seconds: float
+    #: What waits for the epoch to be settled (``None``: nothing, failing the run is enough).
+    holds_back: str | None
+    #: The epoch's data interval and its run's logical date, as ``EpochView`` has them.
+    interval_start: datetime | None = None
+    interval_end: datetime | None = None
+    logical_date: datetime | None = None
+
+    def fail_request(self, base_url: str | None) -> str:
+        """The REST call that fails the run (``[api] base_url``, or ``$AIRFLOW_URL`` unknown)."""
+        url = urls.dag_run_api("$AIRFLOW_URL" if base_url is None else base_url, self.dag_id, self.run_id)
+        return f'PATCH {url} {{"state": "failed"}}'
+
+    @property
+    def abort_command(self) -> str | None:
+        """The ``eo-sink abort`` to run once the run failed, when the epoch holds others back."""
+        if self.holds_back is None:
+            return None
+        return f"eo-sink abort {self.sink_id} {self.epoch} --reason 'run {self.run_id} will never finish'"
+
+    def advice(self, base_url: str | None) -> str:
+        """What is wrong and what to do, in a sentence or three, the same in every door."""
+        idle = (
+            "no task of it ever ran"
+            if self.last_activity is None
+            else f"no task of it is alive or did anything since {_iso(self.last_activity)}"
+        )
+        text = (
+            f"sink {self.sink_id} epoch {self.epoch} ({self.status}): run {self.run_id} of DAG {self.dag_id} is "
+            f"'{self.run_state}' in Airflow, but {idle}; it will never finish by itself. Fail the run: the Airflow "
+            f"UI's 'Mark as failed' on the run, or {self.fail_request(base_url)}."
+        )
+        if self.abort_command is not None:
+            text += f" Then settle the epoch, as {self.holds_back}: {self.abort_command}"
+        return text
+
+    def to_dict(self, base_url: str | None = None) -> dict[str, Any]:
+        return {
+            "sink_id": self.sink_id,
+            "epoch": self.epoch,
+            "status": self.status,
+            "dag_id": self.dag_id,
+            "run_id": self.run_id,
+            "run_state": self.run_state,
+            "last_activity": _iso(self.last_activity),
+            "idle_seconds": round(self.idle_seconds, 3),
+            "holds_back": self.holds_back,
+            "interval_start": _iso(self.interval_start),
+            "interval_end": _iso(self.interval_end),
+            "logical_date": _iso(self.logical_date),
+            "fail_run": {
+                "ui": "Mark as failed",
+                "method": "PATCH",
+                "url": urls.dag_run_api("$AIRFLOW_URL" if base_url is None else base_url, self.dag_id, self.run_id),
+                "body": {"state": "failed"},
+            },
+            "then": self.abort_command,
+            "advice": self.advice(base_url),
+        }
+
+
+@dataclass(frozen=True)
+class RunCheck:
+    """The runs that will never finish, as ``operations.stale_runs`` found them, or why Airflow
+    could not be asked (its database unreachable): a view says that, and still answers."""
+
+    threshold: timedelta
+    stale: tuple[StaleRunView, ...] = ()
+    #: Why Airflow's runs were not checked; ``None`` when they were (or no epoch needed it).
+    not_checked: str | None = None
+
+    def to_dict(self, base_url: str | None = None) -> dict[str, Any]:
+        return {
+            "threshold_minutes": self.threshold.total_seconds() / 60,
+            "stale_runs": [s.to_dict(base_url) for s in self.stale],
+            "runs_not_checked": self.not_checked,
+        }
 
 
 def describe_write(pre: PreCommit) -> str:

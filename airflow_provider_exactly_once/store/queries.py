@@ -296,3 +296,49 @@ def cleanup_counts(store: SqlSinkStateStore, keys: Sequence[tuple[str, int]]) ->
                 .group_by(SinkCleanup.sink_id, SinkCleanup.epoch)
             )
         }
+
+
+@dataclass(frozen=True)
+class PendingRun:
+    """A Pending epoch and the DAG run that wrote it (a candidate for a run that will never finish)."""
+
+    sink_id: str
+    epoch: int
+    dag_id: str
+    run_id: str
+    updated_at: datetime
+
+
+def pending_runs(
+    store: SqlSinkStateStore,
+    *,
+    before: datetime,
+    sink_id: str | None = None,
+    dag_ids: Collection[str] | None = None,
+    limit: int = MAX_PAGE,
+) -> list[PendingRun]:
+    """Pending epochs written by a DAG run and untouched since ``before``, oldest first (at most
+    ``limit``): over the ``(sink_id, status, ...)`` indexes, so it costs the unsettled epochs only."""
+    conditions = [
+        *_of_dags(dag_ids),
+        PendingSinkState.status == EpochStatus.PENDING.value,
+        PendingSinkState.updated_at < before,
+        PendingSinkState.dag_id.is_not(None),
+        PendingSinkState.run_id.is_not(None),
+    ]
+    if sink_id is not None:
+        conditions.append(PendingSinkState.sink_id == sink_id)
+    query = (
+        select(
+            PendingSinkState.sink_id,
+            PendingSinkState.epoch,
+            PendingSinkState.dag_id,
+            PendingSinkState.run_id,
+            PendingSinkState.updated_at,
+        )
+        .where(*conditions)
+        .order_by(PendingSinkState.updated_at)
+        .limit(limit)
+    )
+    with store.reading("listing Pending epochs of DAG runs") as session:
+        return [PendingRun(str(s), int(e), str(d), str(r), u) for s, e, d, r, u in session.execute(query)]

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 
-from sqlalchemy import insert, select
+from sqlalchemy import Select, and_, func, insert, select
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import aliased
 
 from airflow_provider_exactly_once.core.input_ranges import Link, SnapshotRange
 from airflow_provider_exactly_once.core.status import EpochStatus
@@ -30,6 +32,33 @@ class Chain:
 
     def status_of(self, epoch: int) -> EpochStatus | None:
         return self.statuses.get(epoch)
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """One epoch's reservation as the views show it: its link, the run that reserved it and when,
+    and the DAG that wrote the epoch of the link before it (the sink's DAG, as far as the chain
+    tells: a reservation keeps its run id only)."""
+
+    sink_id: str
+    epoch: int
+    position: int
+    range: SnapshotRange
+    run_id: str | None
+    reserved_at: datetime
+    previous_dag_id: str | None = None
+
+
+@dataclass(frozen=True)
+class LaterLink:
+    """A link after another in its sink's chain: its epoch, its row's status and DAG (``None``: no
+    row), the run that reserved it and when."""
+
+    epoch: int
+    status: EpochStatus | None
+    run_id: str | None
+    dag_id: str | None
+    reserved_at: datetime
 
 
 class SqlRangeReservations:
@@ -63,6 +92,56 @@ class SqlRangeReservations:
         with self._db.transaction(f"reading the input range of sink {sink_id!r} epoch {epoch}", write=False) as session:
             row = session.get(InputRange, (sink_id, epoch))
             return None if row is None else _range(row)
+
+    def reservation(self, sink_id: str, epoch: int) -> Reservation | None:
+        """Epoch ``epoch``'s reservation, if it made one, by the primary key and the chain's index."""
+        query = _with_previous().where(InputRange.sink_id == sink_id, InputRange.epoch == epoch)
+        with self._db.transaction(f"reading the reservation of sink {sink_id!r} epoch {epoch}", write=False) as session:
+            found = session.execute(query).first()
+        return None if found is None else _reservation(found[0], found[1])
+
+    def unsettled(self, sink_id: str | None = None) -> list[Reservation]:
+        """The reservations no row settles yet: per sink, its newest link when its epoch has no row
+        (``core.input_ranges`` lets no link follow an unsettled one, so there is at most one). The
+        newest link of each sink comes from the ``(sink_id, position)`` index."""
+        newest = select(InputRange.sink_id, func.max(InputRange.position).label("position")).group_by(
+            InputRange.sink_id
+        )
+        if sink_id is not None:
+            newest = newest.where(InputRange.sink_id == sink_id)
+        last = newest.subquery()
+        row = aliased(PendingSinkState)
+        query = (
+            _with_previous()
+            .join(last, and_(last.c.sink_id == InputRange.sink_id, last.c.position == InputRange.position))
+            .outerjoin(row, and_(row.sink_id == InputRange.sink_id, row.epoch == InputRange.epoch))
+            .where(row.sink_id.is_(None))
+            .order_by(InputRange.sink_id)
+        )
+        with self._db.transaction("reading the reservations no row settles", write=False) as session:
+            return [_reservation(link, dag_id) for link, dag_id in session.execute(query).all()]
+
+    def following(self, sink_id: str, position: int, limit: int = 50) -> list[LaterLink]:
+        """The links after ``position``, in chain order, with their rows (at most ``limit``): which
+        later epochs read the range of an aborted one again."""
+        query = (
+            select(InputRange, PendingSinkState.status, PendingSinkState.dag_id)
+            .outerjoin(
+                PendingSinkState,
+                (PendingSinkState.sink_id == InputRange.sink_id) & (PendingSinkState.epoch == InputRange.epoch),
+            )
+            .where(InputRange.sink_id == sink_id, InputRange.position > position)
+            .order_by(InputRange.position)
+            .limit(limit)
+        )
+        with self._db.transaction(f"reading the input ranges of sink {sink_id!r}", write=False) as session:
+            found = session.execute(query).all()
+        return [
+            LaterLink(
+                int(link.epoch), None if status is None else EpochStatus(status), link.run_id, dag_id, link.reserved_at
+            )
+            for link, status, dag_id in found
+        ]
 
     def sharing_start(self, sink_id: str, epoch: int, reserved: SnapshotRange) -> int | None:
         """Another epoch whose non-empty range starts where ``reserved`` does and whose commit is
@@ -109,6 +188,29 @@ class SqlRangeReservations:
         except IntegrityError:
             return False
         return True
+
+
+def _with_previous() -> Select[InputRange, str | None]:
+    """Links with the DAG of the row of the link before each (by the ``(sink_id, position)`` index)."""
+    previous = aliased(InputRange)
+    row = aliased(PendingSinkState)
+    return (
+        select(InputRange, row.dag_id)
+        .outerjoin(previous, and_(previous.sink_id == InputRange.sink_id, previous.position == InputRange.position - 1))
+        .outerjoin(row, and_(row.sink_id == previous.sink_id, row.epoch == previous.epoch))
+    )
+
+
+def _reservation(link: InputRange, previous_dag_id: str | None) -> Reservation:
+    return Reservation(
+        sink_id=link.sink_id,
+        epoch=int(link.epoch),
+        position=int(link.position),
+        range=_range(link),
+        run_id=link.run_id,
+        reserved_at=link.reserved_at,
+        previous_dag_id=previous_dag_id,
+    )
 
 
 def _range(row: InputRange) -> SnapshotRange:

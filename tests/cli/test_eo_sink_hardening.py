@@ -316,7 +316,12 @@ def test_the_embedded_store_prints_only_the_table_on_stdout_and_no_info_on_stder
         [str(EO_SINK), "status", "--json", "-v"], capture_output=True, text=True, timeout=300, env=env
     )
     assert verbose.returncode == EXIT_OK, verbose.stderr
-    assert json.loads(verbose.stdout) == {"sinks": []}
+    assert json.loads(verbose.stdout) == {
+        "sinks": [],
+        "stale_runs": [],
+        "runs_not_checked": None,
+        "threshold_minutes": 60.0,
+    }
     assert "using the embedded meta store" in verbose.stderr
 
 

@@ -30,7 +30,8 @@ def test_epochs_lists_each_days_interval_beside_its_run_and_logical_date(world: 
     out = run_main("epochs", world.sink_id, "--url", world.pipeline.meta_url)
     header, _, *rows = out.splitlines()
     assert header.split()[:4] == ["sink", "epoch", "data", "interval"] and "logical date" in header
-    by_epoch = {int(row.split()[1]): row for row in rows if row.startswith(world.sink_id)}
+    by_epoch = {int(row.split()[2].strip("()")): row for row in rows if row.startswith(world.sink_id)}
+    assert by_epoch[E_DAY_2].split()[1] == "2024-06-01T00:00Z"  # the epoch as its day, its id beside
     assert "[2024-06-01T00:00Z, 2024-06-02T00:00Z)" in by_epoch[E_DAY_2]
     assert "manual__day2" in by_epoch[E_DAY_2] and by_epoch[E_DAY_2].split()[-1] == "2024-06-02T00:00Z"
     assert "[2024-05-31T00:00Z, 2024-06-01T00:00Z)" in by_epoch[E_DAY_1]

@@ -5,16 +5,24 @@ from __future__ import annotations
 import json
 import socket
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import insert, select, update
 
-from airflow_provider_exactly_once.checkpoints.config import MetaStoreCheckpoint
+from airflow_provider_exactly_once.checkpoints.config import MetaStoreCheckpoint, SnapshotRangeCheckpoint
 from airflow_provider_exactly_once.core.coordinator import TwoPhaseCommitCoordinator
+from airflow_provider_exactly_once.core.history import Actor, ActorKind, acting
+from airflow_provider_exactly_once.core.input_ranges import SnapshotRange
 from airflow_provider_exactly_once.core.precommit import PreCommit
+from airflow_provider_exactly_once.runtime.upstream_ranges import reserved_range
 from airflow_provider_exactly_once.sinks.config import SinkConfig
+from airflow_provider_exactly_once.store import SqlSinkStateStore
+from airflow_provider_exactly_once.store.models import InputRange, PendingSinkState
 from tests.support.airflow_world import TABLE, World
 from tests.support.pipeline import write_location_exists
 
@@ -76,3 +84,100 @@ def state(world: World, sink_id: str, epochs: list[int], writes: list[PreCommit]
         snapshots=sorted(s.snapshot_id for s in table.snapshots()),
         files={w.write_id: write_location_exists(w) for w in writes},
     )
+
+
+# -- incremental epochs and failed tasks ----------------------------------------------------------------
+
+UPSTREAM = "bronze.orders"
+#: The DAG of the incremental pipeline the epochs below are written by.
+SILVER_DAG = "silver_orders"
+
+
+def task_actor(task_id: str, run_id: str, try_number: int = 1, dag_id: str = SILVER_DAG) -> Actor:
+    """A task of the epoch group, as it names itself in the epoch's history (``core.history``)."""
+    return Actor(ActorKind.TASK, name=f"{dag_id}.{task_id}", dag_id=dag_id, run_id=run_id, try_number=try_number)
+
+
+def fail(
+    world: World, epoch: int, task_id: str, run_id: str, reason: str, *, try_number: int = 1, final: bool = True
+) -> None:
+    """What the epoch group's failure callback keeps of a failed try (design.md D22)."""
+    with acting(task_actor(task_id, run_id, try_number)):
+        assert world.pipeline.store.history.record_failure(world.sink_id, epoch, reason, final=final)
+
+
+def incremental(world: World) -> None:
+    """The world's sink registered as an incremental input's, its checkpoint the reserved range."""
+    register_checkpoint(world, world.iceberg_sink(), SnapshotRangeCheckpoint())
+
+
+def register_checkpoint(world: World, sink: SinkConfig, checkpoint: MetaStoreCheckpoint) -> None:
+    world.pipeline.store.registry.register_sink(sink.sink_id, sink.to_dict(), checkpoint.to_dict())
+
+
+def reserve(world: World, epoch: int, upstream_at: int, run_id: str) -> SnapshotRange:
+    """The range the write operator reserves for the epoch (``runtime.upstream_ranges``)."""
+    return reserved_range(world.pipeline.store, world.sink_id, epoch, UPSTREAM, lambda: upstream_at, run_id=run_id)
+
+
+def persist_range(world: World, epoch: int, reserved: SnapshotRange, run_id: str) -> PreCommit:
+    """A write of the epoch's range persisted by its run's persist task."""
+    written = write(world, epoch)
+    pre = PreCommit.model_validate({**written.model_dump(), "source_positions": reserved.positions(records=5)})
+    with acting(task_actor("persist", run_id)):
+        coordinator(world).persist(pre, run_id=run_id, try_number=1, dag_id=SILVER_DAG)
+    return pre
+
+
+def age_rows(store: SqlSinkStateStore, sink_id: str, epoch: int, by: timedelta) -> None:
+    """Move the epoch's row and reservation back in time, as if written ``by`` ago."""
+    moved = {PendingSinkState: ("created_at", "updated_at"), InputRange: ("reserved_at",)}
+    with store.engine.begin() as connection:
+        for model, columns in moved.items():
+            key = (model.sink_id == sink_id, model.epoch == epoch)
+            for column in columns:
+                for (at,) in connection.execute(select(getattr(model, column)).where(*key)).all():
+                    connection.execute(update(model).where(*key).values({column: at - by}))
+
+
+# -- runs in Airflow's metadata database ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Task:
+    """A task instance of a run: its state and when it last did anything (its start, its heartbeat
+    when running, its update)."""
+
+    task_id: str
+    state: str | None
+    at: datetime
+
+
+def airflow_run(dag_id: str, run_id: str, state: str, tasks: Sequence[Task]) -> None:
+    """A DAG run and its task instances in Airflow's metadata database, made through its ORM as the
+    scheduler leaves them (a killed ``dags test``: the run ``running``, a task ``running`` whose
+    heartbeat stopped). Needs the ``airflow_home`` fixture (the database created)."""
+    from airflow.models.dagrun import DagRun
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.utils.session import create_session
+
+    first = min((t.at for t in tasks), default=datetime.now(UTC))
+    with create_session() as session:
+        run = DagRun(dag_id=dag_id, run_id=run_id, run_type="manual", state=state, run_after=first, start_date=first)
+        session.add(run)
+        session.flush()
+        for task in tasks:
+            session.execute(
+                insert(TaskInstance).values(
+                    task_id=task.task_id,
+                    dag_id=dag_id,
+                    run_id=run_id,
+                    map_index=-1,
+                    try_number=1,
+                    state=task.state,
+                    pool="default_pool",
+                    start_date=task.at,
+                    last_heartbeat_at=task.at if task.state == "running" else None,
+                    updated_at=task.at,
+                )
+            )
