@@ -15,6 +15,7 @@ import logging
 import threading
 import traceback
 from collections.abc import Awaitable, Callable
+from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -50,7 +51,9 @@ from airflow_provider_exactly_once.core.redact import mask_userinfo
 from airflow_provider_exactly_once.core.status import EpochStatus
 from airflow_provider_exactly_once.defaults import CONFIG_SECTION
 from airflow_provider_exactly_once.observability import urls
+from airflow_provider_exactly_once.operations import stale_runs
 from airflow_provider_exactly_once.operations.reads import InvalidRequest
+from airflow_provider_exactly_once.operations.views import RESERVED, EpochView, HistoryView, StaleRunView
 from airflow_provider_exactly_once.plugins.ui import render
 from airflow_provider_exactly_once.plugins.ui.epoch_chart import CHART_EPOCHS, epoch_chart
 from airflow_provider_exactly_once.plugins.ui.security import (
@@ -166,14 +169,24 @@ def _http_status(error: Exception) -> int:
     return status.HTTP_500_INTERNAL_SERVER_ERROR
 
 
-def _parse_status(value: str | None) -> EpochStatus | None:
+#: The statuses the epoch list filters by: a row's, and ``Reserved`` (a range reserved, no row yet).
+STATUSES = (*(s.value for s in EpochStatus), RESERVED)
+
+
+def _parse_status(value: str | None) -> str | None:
     if not value:
         return None
-    for candidate in EpochStatus:
-        if value.lower() == candidate.value.lower():
+    for candidate in STATUSES:
+        if value.lower() == candidate.lower():
             return candidate
-    allowed = ", ".join(s.value for s in EpochStatus)
-    raise HTTPException(status.HTTP_400_BAD_REQUEST, f"unknown status {value!r}; one of {allowed}")
+    raise HTTPException(status.HTTP_400_BAD_REQUEST, f"unknown status {value!r}; one of {', '.join(STATUSES)}")
+
+
+def stale_run_threshold() -> timedelta:
+    """``[exactly_once] stale_run_minutes``, refused by name when it is no number of minutes > 0."""
+    from airflow.configuration import conf
+
+    return stale_runs.threshold_of(conf.get(CONFIG_SECTION, stale_runs.STALE_RUN_OPTION, fallback=None))
 
 
 def _checked(sink_id: str, epoch: int) -> tuple[str, int]:
@@ -243,7 +256,7 @@ def create_app(operations: OperationsFactory = default_operations) -> FastAPI:
     # -- reading ------------------------------------------------------------------------------------
 
     def _visible_epochs(
-        access: AccessChecker, sink: str | None, state: EpochStatus | None, limit: int, offset: int
+        access: AccessChecker, sink: str | None, state: str | None, limit: int, offset: int
     ) -> list[dict[str, Any]]:
         access.require_some(READ)
         if sink:
@@ -270,7 +283,9 @@ def create_app(operations: OperationsFactory = default_operations) -> FastAPI:
             raise _not_found(sink_id, epoch)
         return dag_id
 
-    def _epoch_detail(access: AccessChecker, sink_id: str, epoch: int) -> dict[str, Any]:
+    def _epoch_detail(request: Request, access: AccessChecker, sink_id: str, epoch: int) -> dict[str, Any]:
+        """The epoch, its checkpoint, delivery and history; each failed task's log linked, of the runs
+        Airflow still holds (``render.existing_runs``), as Airflow's UI at this request's root has it."""
         access.require_some(READ)
         sink_id, epoch = _checked(sink_id, epoch)
         _readable(access, sink_id, epoch)
@@ -283,15 +298,22 @@ def create_app(operations: OperationsFactory = default_operations) -> FastAPI:
             raise _not_found(sink_id, epoch)
         try:
             checkpoint = ops.get().checkpoint(sink_id, epoch)
-            shown = {"status": render.text(checkpoint.status), "detail": checkpoint.detail}
+            shown = {
+                "status": render.text(checkpoint.status),
+                "detail": checkpoint.detail,
+                "source": checkpoint.source,
+                "meaning": checkpoint.meaning,
+            }
         except ExactlyOnceError as exc:  # an unregistered sink: its checkpoint source is unknown here
-            shown = {"status": None, "detail": mask_userinfo(f"{type(exc).__name__}: {exc}")}
+            shown = {"status": None, "detail": mask_userinfo(f"{type(exc).__name__}: {exc}"), "source": None}
+        history = ops.get().history(sink_id, epoch, dag_ids=readable)
+        view, history = _linked(request, view, history)
         return {
             "epoch": view.to_dict(),
             "checkpoint": shown,
             # After the access checks: a hidden epoch's answer must not wait for its sink's catalog.
             "delivery": ops.get().delivery(sink_id).to_dict(),
-            "history": [e.to_dict() for e in ops.get().history(sink_id, epoch, dag_ids=readable)],
+            "history": [e.to_dict() for e in history],
             "can_edit": access.allowed(EDIT, view.dag_id),
         }
 
@@ -322,8 +344,8 @@ def create_app(operations: OperationsFactory = default_operations) -> FastAPI:
         "/api/sinks/{sink_id}/epochs/{epoch}",
         summary="One epoch, its checkpoint, how its sink's epochs reach its tables, and whether the user may act",
     )
-    def api_epoch(user: User, sink_id: str, epoch: int) -> dict[str, Any]:
-        return _epoch_detail(AccessChecker(user), sink_id, epoch)
+    def api_epoch(request: Request, user: User, sink_id: str, epoch: int) -> dict[str, Any]:
+        return _epoch_detail(request, AccessChecker(user), sink_id, epoch)
 
     # -- acting -------------------------------------------------------------------------------------
 
@@ -394,6 +416,7 @@ def create_app(operations: OperationsFactory = default_operations) -> FastAPI:
         # One sink's newest epochs, whatever their status, are also drawn: more of them than a page.
         charted = bool(sink) and state is None and offset == 0
         rows = _visible_epochs(access, sink, state, max(PAGE_SIZE + 1, CHART_EPOCHS if charted else 0), offset)
+        check = stale_runs.check(ops.get(), stale_run_threshold(), sink_id=sink or None, dag_ids=access.dag_ids(READ))
         more = len(rows) > PAGE_SIZE
         epochs = rows[:PAGE_SIZE]
         for row in rows:
@@ -411,8 +434,11 @@ def create_app(operations: OperationsFactory = default_operations) -> FastAPI:
                 "epochs": epochs,
                 "chart": epoch_chart(rows) if charted else None,
                 "sink": sink or "",
-                "status": state.value if state else "",
+                "status": state or "",
                 "statuses": [s.value for s in EpochStatus],
+                "filter_statuses": STATUSES,
+                "stale_runs": [_stale(request, run) for run in check.stale],
+                "runs_not_checked": check.not_checked,
                 "offset": offset,
                 "page_size": PAGE_SIZE,
                 "more": more,
@@ -429,13 +455,15 @@ def create_app(operations: OperationsFactory = default_operations) -> FastAPI:
 
     @app.get("/sinks/{sink_id}/epochs/{epoch}", response_class=HTMLResponse, include_in_schema=False)
     def epoch_page(request: Request, user: User, sink_id: str, epoch: int) -> Response:
-        detail = _epoch_detail(AccessChecker(user), sink_id, epoch)
+        detail = _epoch_detail(request, AccessChecker(user), sink_id, epoch)
         row = detail["epoch"]
         live = render.existing_runs(
             [(row.get("dag_id"), row.get("run_id")), *((r.get("dag_id"), r.get("run_id")) for r in row["revisions"])]
         )
         for revision in row["revisions"]:
             revision["run_url"] = render.dag_run_url(request, revision.get("dag_id"), revision.get("run_id"), live)
+        for later in (row.get("reservation") or {}).get("read_again_by", ()):
+            later["url"] = urls.epoch_page(row["sink_id"], later["epoch"], render.base(request))
         return templates.TemplateResponse(
             request,
             "epoch.html",
@@ -455,6 +483,28 @@ def create_app(operations: OperationsFactory = default_operations) -> FastAPI:
         )
 
     return app
+
+
+def _linked(request: Request, view: EpochView, history: list[HistoryView]) -> tuple[EpochView, list[HistoryView]]:
+    """The epoch's cause and its history's failed tasks with their logs in Airflow's UI, for the
+    runs Airflow still holds (a log of a run ``dags test`` deleted would open nothing)."""
+    runs = [(e.dag_id, e.run_id) for e in history if e.step]
+    if view.cause is not None:
+        runs.append((view.cause.dag_id, view.cause.run_id))
+    live = render.existing_runs(runs)
+    root = render.airflow_root(request)
+    return view.linked(root, live), [e.linked(root, live) for e in history]
+
+
+def _stale(request: Request, run: StaleRunView) -> dict[str, Any]:
+    """A run that will never finish, for the sink page: what to do, with the run's page (its
+    "Mark as failed") and the epoch's."""
+    root = render.airflow_root(request)
+    return {
+        **run.to_dict(root),
+        "run_url": f"{root}/dags/{render.quoted(run.dag_id)}/runs/{render.quoted(run.run_id)}",
+        "epoch_url": urls.epoch_page(run.sink_id, run.epoch, render.base(request)),
+    }
 
 
 def _ui_actor(user: BaseUser) -> Actor:

@@ -18,7 +18,6 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.templating import Jinja2Templates
 
 from airflow_provider_exactly_once.core.redact import mask_userinfo
-from airflow_provider_exactly_once.core.status import EpochStatus
 from airflow_provider_exactly_once.observability import urls
 from airflow_provider_exactly_once.runtime.run_epochs import instant_text, interval_text
 from airflow_provider_exactly_once.version_compat import HTTP_422
@@ -196,8 +195,8 @@ def existing_runs(runs: Iterable[tuple[str | None, str | None]]) -> frozenset[tu
     return frozenset((str(d), str(r)) for d, r in found)
 
 
-def page_url(request: Request, sink: str | None, state: EpochStatus | None, *, offset: int) -> str:
-    url = urls.sinks_page(base(request), sink_id=sink, status=state.value if state else None)
+def page_url(request: Request, sink: str | None, state: str | None, *, offset: int) -> str:
+    url = urls.sinks_page(base(request), sink_id=sink, status=state or None)
     return url + (("&" if "?" in url else "?") + f"offset={offset}" if offset else "")
 
 

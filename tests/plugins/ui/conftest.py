@@ -29,17 +29,19 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import httpx
 import pytest
 
-from airflow_provider_exactly_once.checkpoints.config import MetaStoreCheckpoint
-from airflow_provider_exactly_once.core.history import Actor, ActorKind, acting
+from airflow_provider_exactly_once.checkpoints.config import MetaStoreCheckpoint, SnapshotRangeCheckpoint
+from airflow_provider_exactly_once.core.history import Actor, ActorKind, acting, run_failure
 from airflow_provider_exactly_once.core.ports import CommitMark
 from airflow_provider_exactly_once.core.precommit import PreCommit
 from airflow_provider_exactly_once.core.status import CheckpointStatus
+from airflow_provider_exactly_once.runtime.upstream_ranges import reserved_range
 from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig
+from tests.operations.helpers import age_rows
 from tests.support.builders import (
     OPEN_RANGE,
     empty_write,
@@ -100,6 +102,44 @@ REDELIVERED = BASE + 2 * HOUR
 #: its row is unchanged but for the warning.
 KEPT_OUT = BASE + HOUR
 DEAD_EPOCH = BASE
+# Issue 55: an incremental sink whose epochs went wrong, and runs that will never finish.
+SILVER_SINK = "silver"
+SILVER_TABLE = "silver"
+SILVER_DAG = "eo_silver_orders"
+SILVER_UPSTREAM = "bronze.orders"
+#: The write task of the silver DAG's epoch group, and the error Spark gave it.
+SILVER_WRITE = "exactly_once_silver.write"
+CAST_OVERFLOW = 'SparkArithmeticException: [CAST_OVERFLOW] The value 1.0E32D of the type "DOUBLE" cannot be cast'
+#: A sink whose Pending epochs' runs are quiet for hours but alive (a deferred sensor, a heartbeat).
+LIVE_SINK = "live"
+#: How long ago the killed run and the live runs' epochs were written (the threshold is an hour).
+QUIET_HOURS = 3
+
+
+class Silver:
+    """The epochs of ``SILVER_SINK``, each reading its range of ``SILVER_UPSTREAM``."""
+
+    COMMITTED = BASE + 10 * HOUR
+    #: Its write failed on try 2 with Spark's CAST_OVERFLOW; its run's abort said so; ``AGAIN`` read
+    #: its range again and was committed.
+    ABORTED = BASE + 11 * HOUR
+    AGAIN = BASE + 12 * HOUR
+    #: Reserved by a run killed hours ago (no row): Airflow still calls the run running.
+    RESERVED = BASE + 13 * HOUR
+    RUNS: ClassVar[dict[int, str]] = {
+        COMMITTED: "scheduled__silver-1",
+        ABORTED: "scheduled__silver-2",
+        AGAIN: "scheduled__silver-3",
+    }
+    KILLED_RUN = "manual__silver-killed"
+
+
+class Live:
+    """``LIVE_SINK``'s Pending epochs, written hours ago by runs Airflow has alive."""
+
+    DEFERRED = BASE + 20 * HOUR
+    BEATING = BASE + 21 * HOUR
+    RUNS: ClassVar[dict[int, str]] = {DEFERRED: "manual__live-deferred", BEATING: "manual__live-beating"}
 
 
 class Shared:
@@ -243,7 +283,59 @@ def _build_world(tmp: Path) -> UiWorld:
         store.registry.register_sink(sink_id, config.to_dict(), MetaStoreCheckpoint().to_dict())
     _build_hardening_world(world)
     _build_shared_world(world)
+    _build_causes_world(world)
     return world
+
+
+def _build_causes_world(world: UiWorld) -> None:
+    """``SILVER_SINK`` (issue 55): a failed write's epoch aborted by its run and read again by the next,
+    and an epoch reserved by a run killed hours ago; ``LIVE_SINK``'s epochs of runs alive."""
+    pipeline, store = world.pipeline, world.pipeline.store
+    pipeline.create_table(SILVER_TABLE)
+    pipeline.create_table(LIVE_SINK)
+    for sink_id, table, checkpoint in (
+        (SILVER_SINK, SILVER_TABLE, SnapshotRangeCheckpoint()),
+        (LIVE_SINK, LIVE_SINK, MetaStoreCheckpoint()),
+    ):
+        config = IcebergSinkConfig(sink_id, (f"{pipeline.namespace}.{table}",), iceberg_conn_id=world.catalog_conn_id)
+        store.registry.register_sink(sink_id, config.to_dict(), checkpoint.to_dict())
+    coordinator = pipeline.coordinator(SILVER_SINK, pipeline.iceberg_committer())
+
+    def task(task_id: str, run_id: str, try_number: int = 1) -> Actor:
+        return Actor(
+            ActorKind.TASK, name=f"{SILVER_DAG}.{task_id}", dag_id=SILVER_DAG, run_id=run_id, try_number=try_number
+        )
+
+    def incremental(epoch: int, upstream_at: int) -> None:
+        run_id = Silver.RUNS[epoch]
+        reserved = reserved_range(store, SILVER_SINK, epoch, SILVER_UPSTREAM, lambda: upstream_at, run_id=run_id)
+        written = pipeline.write_iceberg(SILVER_SINK, epoch, [SILVER_TABLE])
+        pre = PreCommit.model_validate({**written.model_dump(), "source_positions": reserved.positions(records=5)})
+        with acting(task("exactly_once_silver.persist", run_id)):
+            coordinator.persist(pre, run_id=run_id, try_number=1, dag_id=SILVER_DAG)
+        pipeline.checkpoint(SILVER_SINK, epoch, CheckpointStatus.COMPLETED)
+        coordinator.commit(SILVER_SINK, epoch)
+
+    incremental(Silver.COMMITTED, 100)
+    failed = Silver.RUNS[Silver.ABORTED]
+    reserved_range(store, SILVER_SINK, Silver.ABORTED, SILVER_UPSTREAM, lambda: 200, run_id=failed)
+    for attempt in (1, 2):
+        with acting(task(SILVER_WRITE, failed, attempt)):
+            store.history.record_failure(SILVER_SINK, Silver.ABORTED, CAST_OVERFLOW, final=attempt == 2)
+    with acting(task("exactly_once_silver.abort", failed)):
+        reason = run_failure(store.history.events(SILVER_SINK, Silver.ABORTED), failed)
+        assert reason is not None
+        coordinator.abort(SILVER_SINK, Silver.ABORTED, reason=reason, dag_id=SILVER_DAG)
+    incremental(Silver.AGAIN, 300)
+    reserved_range(store, SILVER_SINK, Silver.RESERVED, SILVER_UPSTREAM, lambda: 400, run_id=Silver.KILLED_RUN)
+    age_rows(store, SILVER_SINK, Silver.RESERVED, timedelta(hours=QUIET_HOURS))
+
+    live = pipeline.coordinator(LIVE_SINK, pipeline.iceberg_committer())
+    for epoch, run_id in Live.RUNS.items():
+        live.persist(
+            pipeline.write_iceberg(LIVE_SINK, epoch, [LIVE_SINK]), run_id=run_id, try_number=1, dag_id=SILVER_DAG
+        )
+        age_rows(store, LIVE_SINK, epoch, timedelta(hours=QUIET_HOURS))
 
 
 def _build_shared_world(world: UiWorld) -> None:
@@ -274,6 +366,11 @@ def _build_shared_world(world: UiWorld) -> None:
     with acting(task(ELSEWHERE_DAG, ELSEWHERE_TASK, late)):
         assert coordinator.persist(write(), run_id=late, try_number=1, dag_id=ELSEWHERE_DAG).warning
         theirs = pipeline.write_iceberg(SHARED_SINK, Shared.THEIRS, [SHARED_TABLE])
+        # Issue 55: its next task failed on the epoch, naming its DAG; its run is in Airflow (its log
+        # is linked for an admin, never for the partner).
+        store.history.record_failure(
+            SHARED_SINK, Shared.OWNED, f"ValueError: {ELSEWHERE_DAG} lost a column", final=False
+        )
     with acting(task(ELSEWHERE_DAG, ELSEWHERE_TASK, own)):
         coordinator.persist(theirs, run_id=own, try_number=1, dag_id=ELSEWHERE_DAG)
 
@@ -532,6 +629,34 @@ with create_session() as session:
     session.add(
         DagRun(dag_id={DAG_ID!r}, run_id="scheduled__{Epochs.WAITING_BROWSER}", run_type="scheduled", run_after=utcnow())
     )
+    # Issue 55: the runs of the failed epochs (their logs linked), a killed run Airflow still calls
+    # running, and runs quiet for hours but alive.
+    from datetime import timedelta
+
+    from sqlalchemy import insert
+
+    from airflow.models.taskinstance import TaskInstance
+
+    quiet = utcnow() - timedelta(hours={QUIET_HOURS})
+    runs = [
+        ({SILVER_DAG!r}, {Silver.RUNS[Silver.ABORTED]!r}, "failed", [({SILVER_WRITE!r}, "failed", quiet)]),
+        ({ELSEWHERE_DAG!r}, {ELSEWHERE_RUNS[1]!r}, "failed", [({ELSEWHERE_TASK!r}, "failed", quiet)]),
+        ({SILVER_DAG!r}, {Silver.KILLED_RUN!r}, "running", [({SILVER_WRITE!r}, "running", quiet)]),
+        ({SILVER_DAG!r}, {Live.RUNS[Live.DEFERRED]!r}, "running", [("wait_for_checkpoint", "deferred", quiet)]),
+        ({SILVER_DAG!r}, {Live.RUNS[Live.BEATING]!r}, "running", [("commit", "running", utcnow())]),
+    ]
+    session.add(DagModel(dag_id={SILVER_DAG!r}, bundle_name="eo-ui-tests", fileloc="/dags/silver.py"))
+    for dag_id, run_id, state, tasks in runs:
+        session.add(DagRun(dag_id=dag_id, run_id=run_id, run_type="manual", state=state, run_after=quiet))
+        session.flush()
+        for task_id, task_state, at in tasks:
+            session.execute(
+                insert(TaskInstance).values(
+                    task_id=task_id, dag_id=dag_id, run_id=run_id, map_index=-1, try_number=1, state=task_state,
+                    pool="default_pool", start_date=at, updated_at=at,
+                    last_heartbeat_at=at if task_state == "running" else None,
+                )
+            )
 """
 
 
