@@ -102,8 +102,8 @@ def _stale_text(stale: StaleRunView, base_url: str | None) -> str:
         "  fail the run: the Airflow UI's 'Mark as failed' on the run, or",
         f"    {stale.fail_request(base_url)}",
     ]
-    if stale.abort_command is not None:
-        lines += [f"  then, as {stale.holds_back}:", f"    {stale.abort_command}"]
+    if stale.then is not None:
+        lines += [f"  then, as {stale.holds_back}:", f"    {stale.then}"]
     return "\n".join(lines)
 
 

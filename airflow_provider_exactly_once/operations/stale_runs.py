@@ -23,8 +23,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
-from airflow_provider_exactly_once.core.errors import InvalidSinkConfig
+from airflow_provider_exactly_once.core.errors import ExactlyOnceError, InvalidSinkConfig
 from airflow_provider_exactly_once.core.redact import mask_userinfo
+from airflow_provider_exactly_once.core.status import CheckpointStatus
 from airflow_provider_exactly_once.defaults import CONFIG_SECTION, DEFAULT_STALE_RUN
 from airflow_provider_exactly_once.operations.views import RESERVED, RunCheck, StaleRunView, interval_start
 from airflow_provider_exactly_once.store.queries import UNPARSABLE, pending_runs
@@ -105,6 +106,7 @@ def check(
             continue
         since = run.last_activity
         dates = reads.store.runs.lookup([(run.dag_id, run.run_id)]).get((run.dag_id, run.run_id))
+        holds_back = _holds_back(reads, candidate)
         stale.append(
             StaleRunView(
                 sink_id=candidate.sink_id,
@@ -115,7 +117,8 @@ def check(
                 run_state=run.state,
                 last_activity=since,
                 idle_seconds=0.0 if since is None else (now - since).total_seconds(),
-                holds_back=_holds_back(reads, candidate),
+                holds_back=holds_back,
+                then=None if holds_back is None else _settling(reads, candidate, run.run_id),
                 interval_start=interval_start(candidate.epoch) if dates is None else dates.interval_start,
                 interval_end=None if dates is None else dates.interval_end,
                 logical_date=None if dates is None else dates.logical_date,
@@ -204,6 +207,25 @@ def airflow_runs(
         key: RunActivity(dag_id, run_id, state, newest.get((dag_id, run_id)), (dag_id, run_id) in alive)
         for key, (dag_id, run_id, state) in found.items()
     }
+
+
+def _settling(reads: SinkReads, candidate: Candidate, run_id: str) -> str:
+    """The ``eo-sink`` command that settles the epoch once its run failed: a persisted write whose
+    commit was decided or whose checkpoint completed is committed (an abort would be refused
+    without ``--force`` and drop a write nothing is wrong with); any other is aborted."""
+    command = f"eo-sink abort {candidate.sink_id} {candidate.epoch} --reason 'run {run_id} will never finish'"
+    if candidate.status == RESERVED:
+        return command
+    try:
+        row = reads.store.get(candidate.sink_id, candidate.epoch)
+        completed = reads.checkpoint(candidate.sink_id, candidate.epoch).status == CheckpointStatus.COMPLETED.value
+    except UNPARSABLE:  # a stored write that does not parse: nothing to commit
+        return command
+    except ExactlyOnceError:  # an unregistered sink: its checkpoint is unknown here
+        return command
+    if row is not None and (row.commit_decided_at is not None or completed):
+        return f"eo-sink commit {candidate.sink_id} {candidate.epoch}"
+    return command
 
 
 def _holds_back(reads: SinkReads, candidate: Candidate) -> str | None:

@@ -903,8 +903,11 @@ class StaleRunView:
     run_state: str
     last_activity: datetime | None
     idle_seconds: float
-    #: What waits for the epoch to be settled (``None``: nothing, failing the run is enough).
+    #: What waits for the epoch to be settled (``None``: nothing, failing the run is enough), and
+    #: the ``eo-sink`` command that settles it once the run failed: ``abort``, or ``commit`` for a
+    #: persisted write whose checkpoint completed (the recovery DAG would commit it too).
     holds_back: str | None
+    then: str | None = None
     #: The epoch's data interval and its run's logical date, as ``EpochView`` has them.
     interval_start: datetime | None = None
     interval_end: datetime | None = None
@@ -914,13 +917,6 @@ class StaleRunView:
         """The REST call that fails the run (``[api] base_url``, or ``$AIRFLOW_URL`` unknown)."""
         url = urls.dag_run_api("$AIRFLOW_URL" if base_url is None else base_url, self.dag_id, self.run_id)
         return f'PATCH {url} {{"state": "failed"}}'
-
-    @property
-    def abort_command(self) -> str | None:
-        """The ``eo-sink abort`` to run once the run failed, when the epoch holds others back."""
-        if self.holds_back is None:
-            return None
-        return f"eo-sink abort {self.sink_id} {self.epoch} --reason 'run {self.run_id} will never finish'"
 
     def advice(self, base_url: str | None) -> str:
         """What is wrong and what to do, in a sentence or three, the same in every door."""
@@ -934,8 +930,8 @@ class StaleRunView:
             f"'{self.run_state}' in Airflow, but {idle}; it will never finish by itself. Fail the run: the Airflow "
             f"UI's 'Mark as failed' on the run, or {self.fail_request(base_url)}."
         )
-        if self.abort_command is not None:
-            text += f" Then settle the epoch, as {self.holds_back}: {self.abort_command}"
+        if self.then is not None:
+            text += f" Then settle the epoch, as {self.holds_back}: {self.then}"
         return text
 
     def to_dict(self, base_url: str | None = None) -> dict[str, Any]:
@@ -958,7 +954,7 @@ class StaleRunView:
                 "url": urls.dag_run_api("$AIRFLOW_URL" if base_url is None else base_url, self.dag_id, self.run_id),
                 "body": {"state": "failed"},
             },
-            "then": self.abort_command,
+            "then": self.then,
             "advice": self.advice(base_url),
         }
 

@@ -14,7 +14,7 @@ import pytest
 
 from tests.cli.test_eo_sink import EO_SINK, run_main
 from tests.operations.helpers import SILVER_DAG
-from tests.operations.test_stale_runs import appends, stuck_world
+from tests.operations.test_stale_runs import E6, appends, stuck_world
 from tests.recovery.helpers import E2, E5
 from tests.support.airflow_world import World
 from tests.support.builders import free_port
@@ -44,7 +44,9 @@ def test_status_warns_of_each_run_that_will_never_finish(
     answer = json.loads(out)
     assert answer["runs_not_checked"] is None and answer["threshold_minutes"] == 60
     ours = {(s["sink_id"], s["epoch"]): s for s in answer["stale_runs"] if s["sink_id"].startswith(world.sink_id)}
-    assert sorted(ours) == sorted([(world.sink_id, E2), (appends(world), E2), (appends(world), E5)])
+    assert sorted(ours) == sorted(
+        [(world.sink_id, E2), (appends(world), E2), (appends(world), E5), (appends(world), E6)]
+    )
     lost = ours[(appends(world), E5)]
     assert (lost["run_id"], lost["then"], lost["fail_run"]["body"]) == (runs.lost, None, {"state": "failed"})
 

@@ -21,6 +21,7 @@ from airflow_provider_exactly_once.core.upserts import ChangeCounts
 from airflow_provider_exactly_once.operations import SinkOperations, stale_runs
 from airflow_provider_exactly_once.operations.views import RESERVED
 from airflow_provider_exactly_once.runtime.upstream_ranges import reserved_range
+from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig
 from tests.operations.helpers import (
     SILVER_DAG,
     UPSTREAM,
@@ -30,6 +31,7 @@ from tests.operations.helpers import (
     coordinator,
     incremental,
     persist_range,
+    register,
     reserve,
     write,
 )
@@ -37,6 +39,7 @@ from tests.recovery.helpers import E0, E1, E2, E3, E4, E5
 from tests.support.airflow_world import TABLE, World
 
 HOUR = timedelta(hours=1)
+E6 = E5 + 3_600_000
 HOURS_AGO = datetime.now(UTC) - 3 * HOUR
 
 
@@ -48,6 +51,7 @@ class Runs:
         self.killed = f"manual__killed-{tag}"  # the incremental epoch's run: its write died 3 h ago
         self.lost = f"manual__lost-{tag}"  # an append epoch's: its commit's worker was lost
         self.upsert = f"manual__upsert-{tag}"  # an upsert epoch's: its commit's worker was lost
+        self.waiting = f"manual__waiting-{tag}"  # an upsert epoch's: lost while its sensor waited
         self.deferred = f"manual__deferred-{tag}"  # alive: its sensor waits on a trigger
         self.beating = f"manual__beating-{tag}"  # alive: its task heartbeats
         self.done = f"manual__done-{tag}"  # finished: Airflow failed it already
@@ -72,6 +76,7 @@ def stuck_world(world: World) -> Runs:
     airflow_run(SILVER_DAG, runs.killed, "running", killed)
 
     sink_id = appends(world)
+    register(world, IcebergSinkConfig(sink_id, (world.table,), iceberg_conn_id=world.iceberg_conn_id))
     appending = world.pipeline.coordinator(sink_id, world.pipeline.iceberg_committer())
 
     def persist(epoch: int, run_id: str, *, upsert: bool = False, aged: bool = True) -> None:
@@ -87,11 +92,14 @@ def stuck_world(world: World) -> Runs:
     persist(E0, runs.done)
     persist(E1, runs.fresh, aged=False)
     persist(E2, runs.upsert, upsert=True)
+    store.checkpoints.set_checkpoint(sink_id, E2, CheckpointStatus.COMPLETED)
+    persist(E6, runs.waiting, upsert=True)
     persist(E3, runs.deferred)
     persist(E4, runs.beating)
     persist(E5, runs.lost)
     airflow_run(SILVER_DAG, runs.lost, "running", [Task("commit", "running", datetime.now(UTC) - 2 * HOUR)])
     airflow_run(SILVER_DAG, runs.upsert, "running", [Task("commit", "running", HOURS_AGO)])
+    airflow_run(SILVER_DAG, runs.waiting, "running", [Task("wait_for_checkpoint", "running", HOURS_AGO)])
     airflow_run(SILVER_DAG, runs.deferred, "running", [Task("wait_for_checkpoint", "deferred", HOURS_AGO)])
     beating = [Task("write", "success", HOURS_AGO), Task("commit", "running", datetime.now(UTC) - timedelta(minutes=2))]
     airflow_run(SILVER_DAG, runs.beating, "running", beating)
@@ -111,7 +119,9 @@ def test_a_killed_run_and_a_lost_worker_are_named_and_live_runs_are_not(world: W
     check = stale_runs.check(ops, HOUR)
     assert check.not_checked is None
     found = {(s.sink_id, s.epoch): s for s in check.stale if s.sink_id in (world.sink_id, appends(world))}
-    assert sorted(found) == sorted([(world.sink_id, E2), (appends(world), E2), (appends(world), E5)])
+    assert sorted(found) == sorted(
+        [(world.sink_id, E2), (appends(world), E2), (appends(world), E5), (appends(world), E6)]
+    )
 
     killed = found[(world.sink_id, E2)]
     assert (killed.status, killed.dag_id, killed.run_id, killed.run_state) == (
@@ -125,7 +135,7 @@ def test_a_killed_run_and_a_lost_worker_are_named_and_live_runs_are_not(world: W
         killed.holds_back is not None
         and "its range (bronze.orders: after snapshot 100 to snapshot 200)" in killed.holds_back
     )
-    assert killed.abort_command == f"eo-sink abort {world.sink_id} {E2} --reason 'run {runs.killed} will never finish'"
+    assert killed.then == f"eo-sink abort {world.sink_id} {E2} --reason 'run {runs.killed} will never finish'"
     said = killed.to_dict("http://airflow:8080")
     assert said["fail_run"] == {
         "ui": "Mark as failed",
@@ -133,13 +143,16 @@ def test_a_killed_run_and_a_lost_worker_are_named_and_live_runs_are_not(world: W
         "url": f"http://airflow:8080/api/v2/dags/{SILVER_DAG}/dagRuns/{runs.killed.replace(':', '%3A')}",
         "body": {"state": "failed"},
     }
-    assert said["then"] == killed.abort_command and "Mark as failed" in said["advice"]
+    assert said["then"] == killed.then and "Mark as failed" in said["advice"]
 
     lost = found[(appends(world), E5)]
-    assert (lost.status, lost.run_id, lost.holds_back, lost.abort_command) == ("Pending", runs.lost, None, None)
+    assert (lost.status, lost.run_id, lost.holds_back, lost.then) == ("Pending", runs.lost, None, None)
     upsert = found[(appends(world), E2)]
     assert upsert.holds_back == "upsert epochs commit in epoch order and the sink's later epochs wait for it"
-    assert upsert.abort_command is not None
+    # its write is persisted and its checkpoint completed: committed, not aborted (nor forced)
+    assert upsert.then == f"eo-sink commit {appends(world)} {E2}"
+    waiting = found[(appends(world), E6)]  # its checkpoint not completed: aborted
+    assert waiting.then == f"eo-sink abort {appends(world)} {E6} --reason 'run {runs.waiting} will never finish'"
 
     # one sink only, and only the DAGs a user may read
     assert [(s.sink_id, s.epoch) for s in stale_runs.check(ops, HOUR, sink_id=world.sink_id).stale] == [
