@@ -399,8 +399,8 @@ class SinkReads:
 
 
 def _reserving_dag(reserved: Reservation | None, entries: Sequence[HistoryEntry]) -> str | None:
-    """The DAG of an epoch without a row: the one its run's failures name (the reserving run's,
-    else any), else the one that wrote the sink's epoch before it in the chain."""
+    """The DAG of an epoch without a row: the one the failures of its reserving run name (of any
+    run, without a reservation), else the one that wrote the sink's epoch before it in the chain."""
     run_id = None if reserved is None else reserved.run_id
     named = [e.actor.dag_id for e in entries if e.actor.dag_id and (run_id is None or e.actor.run_id == run_id)]
     if named:

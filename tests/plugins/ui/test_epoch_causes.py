@@ -92,6 +92,7 @@ def test_an_epoch_reserved_by_a_killed_run_is_listed_filtered_and_shown(api_serv
         detail = json_of(admin.get(f"/api/sinks/{SILVER_SINK}/epochs/{Silver.RESERVED}"))
         page = admin.get(f"/sinks/{SILVER_SINK}/epochs/{Silver.RESERVED}").text
         index = admin.get("/", params={"sink": SILVER_SINK, "status": "Reserved"}).text
+        pictured = admin.get("/", params={"sink": SILVER_SINK})
         dry = admin.post(
             f"/api/sinks/{SILVER_SINK}/epochs/{Silver.RESERVED}/abort",
             json={"reason": "its run was killed", "dry_run": True},
@@ -110,6 +111,7 @@ def test_an_epoch_reserved_by_a_killed_run_is_listed_filtered_and_shown(api_serv
     assert 'id="abort-button"' in page
     assert f'data-epoch="{Silver.RESERVED}" data-status="Reserved"' in index
     assert '<option value="Reserved" selected>' in index
+    assert pictured.status_code == 200 and 'id="epoch-chart"' in pictured.text  # drawn with the reserved epoch
     assert dry.status_code == 200 and json_of(dry)["outcome"] == "would abort"
 
 
