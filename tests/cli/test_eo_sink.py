@@ -95,8 +95,8 @@ def test_tables_by_default_and_json_everywhere(world: World) -> None:
     assert code == EXIT_OK
     # each epoch as its date with its id beside (E1, E2 stand for instants of 2023-11-14)
     assert [row.split()[1:3] for row in out.splitlines() if row.startswith(sink_id)] == [
-        ["2023-11-15T00:13:20.000000Z", f"({E2})"],
-        ["2023-11-14T23:13:20.000000Z", f"({E1})"],
+        ["2023-11-15T00:13:20Z", f"({E2})"],
+        ["2023-11-14T23:13:20Z", f"({E1})"],
     ]
     assert "--offset 2" in out
     code, out, _ = run_main("epochs", sink_id, "--url", url, "--status", "committed", "--json")
