@@ -1,22 +1,23 @@
 """How long ``eo-sink`` takes to answer, for an operator at a terminal: ``status`` and ``epochs``.
 
-Each command is a fresh interpreter, as a shell runs it: ``eo-sink <command> --url sqlite:///...`` on a SQLite meta store that is empty, and on one holding 3 sinks of
-200 epochs each. Beside them, in the same rounds: the interpreter alone (``python -c pass``), and
-the import of the CLI's module, so that what the command costs beyond starting Python is read as a
-difference measured under the same load. The target (issue 36): ``status`` within 1 s on a quiet
-machine.
+Each command is a fresh interpreter, as a shell runs it. With a URL given (``--url sqlite:///...``,
+or ``EO_SINK_URL``), nothing of Airflow is imported: ``status`` on a SQLite meta store that is
+empty and on one holding 3 sinks of 200 epochs each, ``epochs --limit 50``. Beside them, in the
+same rounds: the interpreter alone (``python -c pass``), and the import of the CLI's module, so that
+what the command costs beyond starting Python is read as a difference measured under the same load.
+The target (issues 36 and 56): ``status`` with a URL within 1 s on a quiet machine.
 
-Without ``--url``, ``eo-sink`` resolves the meta-store connection as Airflow's server processes do
-(``cli/meta_connection.py``): the default connection when none is defined anywhere (the embedded
-SQLite under ``AIRFLOW_HOME``, one per tree); a connection kept in Airflow's database, as the UI
-makes it (a home migrated by ``airflow db migrate``, the connection encrypted with its Fernet key);
-and a connection given as a URI in ``AIRFLOW_CONN_*``, which only Airflow parses, so that case
-shows what asking Airflow costs.
+Without a URL, ``eo-sink`` asks Airflow for the meta-store connection as Airflow's server processes
+do (docs/design.md, D20), which takes what importing Airflow takes: the default connection when
+none is defined anywhere (the embedded SQLite under ``AIRFLOW_HOME``, one per tree); a connection
+kept in Airflow's database, as the UI makes it (a home migrated by ``airflow db migrate``); one in
+``AIRFLOW_CONN_*`` as JSON and as a URI; one in a secrets backend (Airflow's
+``LocalFilesystemBackend``, a connections file).
 
 ``--tree`` names source trees (checkouts of this repository) measured in alternation, as
 ``bench.task_start`` does, so a "before" and an "after" share the machine's drift. Each tree's
 sources and the environment are compiled to bytecode first (``bench._bytecode``), as an installed
-deployment's are. Medians of ``--rounds``.
+deployment's are. Medians of ``--rounds``; the machine's load average (1 min) before and after.
 
     uv run python -m bench.cli_status [--rounds 9] [--tree before=/tmp/before --tree after=.]
 
@@ -26,11 +27,14 @@ Writes bench/results/cli_status.json and .png.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +50,8 @@ ROOT = Path(__file__).resolve().parents[1]
 CLI = "airflow_provider_exactly_once.cli.main"
 #: ``eo-sink`` as its console script runs it (the module has no ``__main__``), arguments from the command line.
 RUN = f"import sys; from {CLI} import main; sys.exit(main())"
+#: The environment variable of the default connection.
+CONN_ENV = "AIRFLOW_CONN_EXACTLY_ONCE_DEFAULT"
 #: Sinks and epochs of the populated store.
 SINKS, EPOCHS = 3, 200
 
@@ -83,6 +89,17 @@ import sys
 from airflow.models.connection import Connection
 print(Connection(conn_id="x", conn_type="exactly_once_meta", host=sys.argv[1]).get_uri())
 """
+
+
+@dataclass(frozen=True)
+class Case:
+    """A command: its arguments, its environment beyond the tree's, its Airflow home's suffix (the
+    migrated home: ``-airflow``), and what it must print (the store it was to read)."""
+
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    home: str = ""
+    expect: str = ""
 
 
 def _timed(argv: list[str], tree: Path, env: dict[str, str], home: str = "", expect: str = "") -> float:
@@ -140,38 +157,59 @@ def main(argv: list[str] | None = None) -> int:
             empty, full = f"sqlite:///{home}/empty-{n}.db", f"sqlite:///{home}/full-{n}.db"
             _timed([_python(tree), "-c", RUN, "status", "--url", empty], tree, env)
             _timed([_python(tree), "-c", FILL, full], tree, env)
-            stores[name] = {"empty": empty, "full": full, "uri": _airflow_home(tree, env, full)}
-        cases = {
-            "python -c pass": lambda name: ["-c", "pass"],
-            "import the CLI": lambda name: ["-c", f"import {CLI}"],
-            "status, empty store": lambda name: ["-c", RUN, "status", "--url", stores[name]["empty"]],
-            f"status, {SINKS}x{EPOCHS} epochs": lambda name: ["-c", RUN, "status", "--url", stores[name]["full"]],
-            "epochs --limit 50": lambda name: ["-c", RUN, "epochs", "--limit", "50", "--url", stores[name]["full"]],
-            # no --url: the connection, resolved as Airflow's server processes do
-            "status, no connection (embedded store)": lambda name: ["-c", RUN, "status"],
-            "status, connection in Airflow's database": lambda name: ["-c", RUN, "status"],
-            "status, URI connection (asks Airflow)": lambda name: ["-c", RUN, "status"],
-        }
-        #: The Airflow home and environment of the cases that need their own.
-        homes = {"status, connection in Airflow's database": "-airflow", "status, URI connection (asks Airflow)": ""}
-        expect = {
-            "status, connection in Airflow's database": "bench-0",
-            "status, URI connection (asks Airflow)": "bench-0",
+            connections = Path(home) / f"connections-{n}.json"
+            connections.write_text(
+                json.dumps({"exactly_once_default": {"conn_type": "exactly_once_meta", "host": full}})
+            )
+            stores[name] = {
+                "empty": empty,
+                "full": full,
+                "uri": _airflow_home(tree, env, full),
+                "file": str(connections),
+            }
+        status = ["-c", RUN, "status"]
+        cases: dict[str, Callable[[str], Case]] = {
+            "python -c pass": lambda name: Case(["-c", "pass"]),
+            "import the CLI": lambda name: Case(["-c", f"import {CLI}"]),
+            "status --url, empty store": lambda name: Case([*status, "--url", stores[name]["empty"]]),
+            f"status --url, {SINKS}x{EPOCHS} epochs": lambda name: Case([*status, "--url", stores[name]["full"]]),
+            "status, EO_SINK_URL": lambda name: Case(status, {"EO_SINK_URL": stores[name]["full"]}, expect="bench-0"),
+            "epochs --limit 50 --url": lambda name: Case(
+                ["-c", RUN, "epochs", "--limit", "50", "--url", stores[name]["full"]]
+            ),
+            # no URL: Airflow is asked, as its server processes ask it
+            "status, no connection (embedded store)": lambda name: Case(status),
+            "status, connection in Airflow's database": lambda name: Case(status, home="-airflow", expect="bench-0"),
+            "status, JSON connection in AIRFLOW_CONN_*": lambda name: Case(
+                status,
+                {CONN_ENV: json.dumps({"conn_type": "exactly_once_meta", "host": stores[name]["full"]})},
+                expect="bench-0",
+            ),
+            "status, URI connection in AIRFLOW_CONN_*": lambda name: Case(
+                status, {CONN_ENV: stores[name]["uri"]}, expect="bench-0"
+            ),
+            "status, connection in a secrets backend": lambda name: Case(
+                status,
+                {
+                    "AIRFLOW__SECRETS__BACKEND": "airflow.secrets.local_filesystem.LocalFilesystemBackend",
+                    "AIRFLOW__SECRETS__BACKEND_KWARGS": json.dumps({"connections_file_path": stores[name]["file"]}),
+                },
+                expect="bench-0",
+            ),
         }
         samples: dict[str, dict[str, list[float]]] = {name: {case: [] for case in cases} for name in trees}
         wrong_store: dict[str, dict[str, str]] = {name: {} for name in trees}
+        load_before = os.getloadavg()[0]
         for _ in range(args.rounds):
-            for case, command in cases.items():
+            for label, case_of in cases.items():
                 for name, tree in trees.items():
-                    case_env = env
-                    if case == "status, URI connection (asks Airflow)":
-                        case_env = {**env, "AIRFLOW_CONN_EXACTLY_ONCE_DEFAULT": stores[name]["uri"]}
-                    argv = [_python(tree), *command(name)]
+                    case = case_of(name)
                     try:
-                        seconds = _timed(argv, tree, case_env, homes.get(case, ""), expect.get(case, ""))
+                        seconds = _timed([_python(tree), *case.argv], tree, {**env, **case.env}, case.home, case.expect)
                     except WrongStore as wrong:
-                        seconds, wrong_store[name][case] = wrong.seconds, str(wrong)
-                    samples[name][case].append(seconds)
+                        seconds, wrong_store[name][label] = wrong.seconds, str(wrong)
+                    samples[name][label].append(seconds)
+        load_after = os.getloadavg()[0]
     results: dict[str, Any] = {
         name: {
             case: {"median_s": round(median(values), 3), "samples_s": [round(v, 3) for v in values]}
@@ -185,12 +223,13 @@ def main(argv: list[str] | None = None) -> int:
             case["beyond_python_s"] = round(case["median_s"] - base, 3)
             if case_name in wrong_store[name]:
                 case["wrong_store"] = wrong_store[name][case_name]
-    path = save(
-        "cli_status", {"rounds": args.rounds, "trees": {k: str(v) for k, v in trees.items()}, "results": results}
-    )
+    trees_named = {k: str(v) for k, v in trees.items()}
+    load = {"before": load_before, "after": load_after}
+    path = save("cli_status", {"rounds": args.rounds, "trees": trees_named, "load_1min": load, "results": results})
     _plot(results)
     for name, per_case in results.items():
         print(name, {case: value["median_s"] for case, value in per_case.items()})
+    print("load average (1 min) before and after:", load)
     print(path)
     return 0
 

@@ -29,7 +29,6 @@ import traceback
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NoReturn, TextIO
 
-from airflow_provider_exactly_once.cli import meta_connection
 from airflow_provider_exactly_once.cli.output import EXIT_BUSY, EXIT_FAILED, EXIT_OK, EXIT_USAGE, print_json
 from airflow_provider_exactly_once.cli.parser import bounded, build_parser, duration, echoed
 from airflow_provider_exactly_once.cli.read_commands import (
@@ -42,27 +41,33 @@ from airflow_provider_exactly_once.core.errors import ExactlyOnceError, InvalidS
 from airflow_provider_exactly_once.core.history import Actor, ActorKind, acting
 from airflow_provider_exactly_once.core.redact import mask_userinfo, safe_text
 from airflow_provider_exactly_once.defaults import DEFAULT_META_CONN_ID
-from airflow_provider_exactly_once.hooks.meta_store_url import connection_store
 from airflow_provider_exactly_once.operations import ActionResult, InvalidRequest, SinkOperations
 from airflow_provider_exactly_once.store import SqlSinkStateStore
 from airflow_provider_exactly_once.upstream_private import as_airflow_server_process
 
 #: Set to ``1`` to see the traceback of an unexpected error (by default one masked line, as for a refusal).
 TRACEBACK_ENV = "EO_SINK_TRACEBACK"
-#: Airflow's logging level, read when Airflow is first imported.
+#: The meta store's SQLAlchemy URL when neither ``--url`` nor ``--meta-conn-id`` is given.
+URL_ENV = "EO_SINK_URL"
+#: Airflow's logging level and its loggers' own levels, read when Airflow is first imported.
 AIRFLOW_LOG_LEVEL = "AIRFLOW__LOGGING__LOGGING_LEVEL"
+AIRFLOW_NAMESPACE_LEVELS = "AIRFLOW__LOGGING__NAMESPACE_LEVELS"
+#: Unless set otherwise: Airflow's ``Connection`` warns, each time it reads one from its database or a
+#: secrets backend, that a type with "_" (``exactly_once_meta``) is no URI scheme; its only warning,
+#: which asks nothing of whoever runs eo-sink.
+_QUIET_AIRFLOW_LOGGERS = "airflow.models.connection.Connection=ERROR"
 
 
 # -- running -----------------------------------------------------------------------------------------
 
 
 def _open_store(args: argparse.Namespace) -> SqlSinkStateStore:
-    if args.url:
-        return _store_at(args.url)
-    resolved = meta_connection.resolve(args.meta_conn_id)
-    if resolved is not None:  # read as Airflow would, without importing it (``cli.meta_connection``)
-        args.meta_conn_id, url, options = resolved
-        return connection_store(url, options)
+    """The store of ``--url`` or ``EO_SINK_URL``, which import nothing of Airflow; else the meta-store
+    connection, asked of Airflow as its server processes ask it (docs/design.md, D20)."""
+    if args.url is not None:
+        return _store_at(args.url, "--url")
+    if args.meta_conn_id is None and os.environ.get(URL_ENV):
+        return _store_at(os.environ[URL_ENV], URL_ENV)
     from airflow_provider_exactly_once.hooks.meta_store import ExactlyOnceMetaStoreHook
     from airflow_provider_exactly_once.runtime.assembly import meta_conn_id_or_configured
 
@@ -71,8 +76,9 @@ def _open_store(args: argparse.Namespace) -> SqlSinkStateStore:
     return ExactlyOnceMetaStoreHook(args.meta_conn_id).get_store()
 
 
-def _store_at(url: str) -> SqlSinkStateStore:
-    """The store of ``--url``; a URL that cannot name one is ``InvalidSinkConfig`` (a usage error)."""
+def _store_at(url: str, given_as: str) -> SqlSinkStateStore:
+    """The store of ``--url`` or ``EO_SINK_URL`` (``given_as``); a URL that cannot name one is
+    ``InvalidSinkConfig`` (a usage error)."""
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
@@ -82,10 +88,10 @@ def _store_at(url: str) -> SqlSinkStateStore:
         if parsed.get_backend_name() in ("sqlite", "postgresql"):  # the store refuses the others by name
             parsed.get_dialect().import_dbapi()  # a driver that is not installed is said here, by name
     except (ArgumentError, ValueError) as exc:  # ValueError: a port that is not a number
-        raise InvalidSinkConfig(f"--url {shown} is not a SQLAlchemy URL: {mask_userinfo(str(exc))}") from None
+        raise InvalidSinkConfig(f"{given_as} {shown} is not a SQLAlchemy URL: {mask_userinfo(str(exc))}") from None
     except (ImportError, NoSuchModuleError) as exc:
         raise InvalidSinkConfig(
-            f"--url {shown}: the database driver is not installed ({mask_userinfo(str(exc))}); "
+            f"{given_as} {shown}: the database driver is not installed ({mask_userinfo(str(exc))}); "
             "use postgresql+psycopg2://... or sqlite:///..., or install the driver"
         ) from None
     return SqlSinkStateStore(url)
@@ -122,23 +128,26 @@ def _logging(err: TextIO, *, verbose: bool) -> Iterator[None]:
 
     Airflow sets up its own logging when it is first imported (by the meta-store hook, or to rebuild
     a sink's coordinator), at its configured level, INFO by default: told the level before that, it
-    keeps its INFO lines (the embedded meta store's, the migrations') out of a quiet run too.
+    keeps its INFO lines (the embedded meta store's, the migrations') out of a quiet run too, and
+    ``Connection``'s warning about this provider's connection type out of every run.
     """
     level = "INFO" if verbose else "WARNING"
     logging.basicConfig(stream=err, level=level, force=True)
     _mask_log_records()
     for name in _SECRETS_MASKER_LOGGERS:
         logging.getLogger(name).addFilter(_drop_short_secret_notice)
-    before = os.environ.get(AIRFLOW_LOG_LEVEL)
+    before = {name: os.environ.get(name) for name in (AIRFLOW_LOG_LEVEL, AIRFLOW_NAMESPACE_LEVELS)}
     if "airflow" not in sys.modules:
         os.environ[AIRFLOW_LOG_LEVEL] = level
+        os.environ.setdefault(AIRFLOW_NAMESPACE_LEVELS, _QUIET_AIRFLOW_LOGGERS)
     try:
         yield
     finally:
-        if before is None:
-            os.environ.pop(AIRFLOW_LOG_LEVEL, None)
-        else:
-            os.environ[AIRFLOW_LOG_LEVEL] = before
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:

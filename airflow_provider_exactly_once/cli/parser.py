@@ -156,10 +156,13 @@ def build_parser() -> argparse.ArgumentParser:
     where.add_argument(
         "--meta-conn-id",
         type=_conn_id,
-        help="the exactly_once_meta Airflow connection of the meta store (default: the provider's "
-        f"[exactly_once] meta_conn_id, else {DEFAULT_META_CONN_ID}), as the tasks resolve it",
+        help="the exactly_once_meta Airflow connection of the meta store, asked of Airflow (default: "
+        f"EO_SINK_URL if set, else the provider's [exactly_once] meta_conn_id, else {DEFAULT_META_CONN_ID}), "
+        "as the tasks resolve it",
     )
-    where.add_argument("--url", help="a SQLAlchemy URL of the meta store, bypassing Airflow connections")
+    where.add_argument(
+        "--url", help="a SQLAlchemy URL of the meta store (default: EO_SINK_URL), bypassing Airflow connections"
+    )
     common.add_argument("--json", action="store_true", help="print JSON instead of tables")
     common.add_argument(
         "-v",

@@ -3,16 +3,18 @@ store (``show`` also the sink's catalog for ``delivery``; ``status`` Airflow's d
 unsettled epoch's run may never finish) and changes nothing.
 
 Epochs are shown as dates with their ids beside (``output.epoch_text``). A failed task's log is
-linked where Airflow's ``[api] base_url`` is configured, read as Airflow reads it without importing
-Airflow (``meta_connection.airflow_option``); elsewhere its DAG, run, task and try are printed.
+linked where Airflow's ``[api] base_url`` is known: from ``AIRFLOW__API__BASE_URL``, or from
+Airflow's configuration when the command asked Airflow for its connection already; with ``--url``
+nothing of Airflow is imported for it (design.md D20), and its DAG, run, task and try are printed.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 from typing import Any, TextIO
 
-from airflow_provider_exactly_once.cli.meta_connection import airflow_option
 from airflow_provider_exactly_once.cli.output import (
     EXIT_OK,
     age,
@@ -32,13 +34,14 @@ from airflow_provider_exactly_once.operations.views import EpochView, FailureVie
 
 
 def _option(section: str, key: str) -> str:
-    """An Airflow option as Airflow reads it; Airflow itself is asked only where it must be."""
-    value = airflow_option(section, key)
-    if value is None:
+    """An Airflow option: its ``AIRFLOW__SECTION__KEY`` variable, else Airflow's configuration when
+    this process imported Airflow already (it asked for the connection), else unset (``""``)."""
+    value = os.environ.get(f"AIRFLOW__{section.upper()}__{key.upper()}")
+    if value is None and "airflow.configuration" in sys.modules:
         from airflow.configuration import conf
 
         value = str(conf.get(section, key, fallback="") or "")
-    return value
+    return value or ""
 
 
 def _base_url() -> str | None:

@@ -5,32 +5,52 @@ Tasks in Airflow 3 may not touch Airflow's own metadata database, so the meta st
 type, ``exactly_once_meta``: its *SQLAlchemy URL* field names a SQLite file or a PostgreSQL
 database. A deployment that never creates the default connection still works on one machine: the
 hook then falls back to an embedded SQLite file under ``$AIRFLOW_HOME`` and says so in the log.
+``eo-sink`` opens the meta store through this hook too (docs/design.md, D20).
 """
 
 from __future__ import annotations
 
 import asyncio
 import copy
+import logging
+import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseHook
 
+from airflow_provider_exactly_once.core.errors import InvalidSinkConfig
 from airflow_provider_exactly_once.defaults import DEFAULT_META_CONN_ID
 from airflow_provider_exactly_once.get_provider_info import META_STORE_FIELD_BEHAVIOUR
-from airflow_provider_exactly_once.hooks.meta_store_url import (
-    META_CONN_TYPE,
-    connection_store,
-    embedded,
-    embedded_meta_store_url,
-    url_of_fields,
-)
 from airflow_provider_exactly_once.version_compat import AirflowNotFoundException
 
 if TYPE_CHECKING:
     from airflow_provider_exactly_once.store import SqlSinkStateStore
 
 __all__ = ["META_CONN_TYPE", "ExactlyOnceMetaStoreHook", "embedded_meta_store_url"]
+
+META_CONN_TYPE = "exactly_once_meta"
+#: Extra keys passed through to ``SqlSinkStateStore`` (seconds).
+STORE_OPTIONS = ("connect_timeout_s", "busy_timeout_s")
+#: ``SqlSinkStateStore``'s own defaults, for a connection that sets only one of the two.
+_DEFAULT_CONNECT_TIMEOUT_S = 10.0
+_DEFAULT_BUSY_TIMEOUT_S = 30.0
+
+log = logging.getLogger(__name__)
+
+
+def embedded_meta_store_url() -> str:
+    """The SQLite file used when the default connection does not exist: ``$AIRFLOW_HOME/exactly_once/meta.db``.
+
+    Computed the way Airflow computes its home (``AIRFLOW_HOME``, else ``~/airflow``, variables
+    expanded until nothing changes), so the scheduler's recovery DAG, the workers, the triggerer and
+    ``eo-sink`` of a one-machine deployment agree.
+    """
+    home = os.environ.get("AIRFLOW_HOME", "~/airflow")
+    while (expanded := os.path.expanduser(os.path.expandvars(home))) != home:
+        home = expanded
+    return f"sqlite:///{Path(home) / 'exactly_once' / 'meta.db'}"
 
 
 class ExactlyOnceMetaStoreHook(BaseHook):
@@ -78,10 +98,49 @@ class ExactlyOnceMetaStoreHook(BaseHook):
         return self._from_connection(conn)
 
     def _embedded(self) -> tuple[str, dict[str, float]]:
-        return embedded(self.meta_conn_id)
+        """The embedded store, for the default id only: any other id that does not exist is a mistake to name."""
+        if self.meta_conn_id != DEFAULT_META_CONN_ID:
+            raise InvalidSinkConfig(
+                f"meta store connection {self.meta_conn_id!r} does not exist; create it (type "
+                f"{META_CONN_TYPE!r}) or use the default id {DEFAULT_META_CONN_ID!r} for the embedded SQLite store"
+            )
+        url = embedded_meta_store_url()
+        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+        log.info("No connection %r: using the embedded meta store %s", self.meta_conn_id, url)
+        return url, {}
 
     def _from_connection(self, conn: Any) -> tuple[str, dict[str, float]]:
-        return url_of_fields(self.meta_conn_id, conn.host, conn.password, conn.extra_dejson)
+        """The store URL (with the password field's password when the URL has none) and the store
+        options of the connection's extra."""
+        from sqlalchemy.engine import make_url
+        from sqlalchemy.exc import ArgumentError
+
+        raw = (conn.host or "").strip()
+        if not raw:
+            raise InvalidSinkConfig(
+                f"meta store connection {self.meta_conn_id!r} has no SQLAlchemy URL (the host field), "
+                "e.g. sqlite:////path/meta.db or postgresql+psycopg2://user@host:5432/db"
+            )
+        try:
+            url = make_url(raw)
+        except ArgumentError:
+            raise InvalidSinkConfig(
+                f"meta store connection {self.meta_conn_id!r}: {raw.split('@')[-1]!r} is not a SQLAlchemy URL"
+            ) from None
+        if conn.password and url.password is None:
+            url = url.set(password=conn.password)
+        extra = conn.extra_dejson
+        options: dict[str, float] = {}
+        for key in STORE_OPTIONS:
+            if key in extra:
+                try:
+                    options[key] = float(extra[key])
+                except (TypeError, ValueError):
+                    raise InvalidSinkConfig(
+                        f"meta store connection {self.meta_conn_id!r}: extra {key}={extra[key]!r} is not a number"
+                    ) from None
+        log.info("Meta store of connection %r: %s", self.meta_conn_id, url.render_as_string(hide_password=True))
+        return url.render_as_string(hide_password=False), options
 
     # -- the store ---------------------------------------------------------------------------------
 
@@ -113,6 +172,13 @@ class ExactlyOnceMetaStoreHook(BaseHook):
 
 def _open_store(url: str, options: Mapping[str, float]) -> SqlSinkStateStore:
     from airflow_provider_exactly_once.hooks.orm_setup import configure_store_mappers
+    from airflow_provider_exactly_once.store import SqlSinkStateStore
 
     configure_store_mappers()
-    return connection_store(url, options)
+    if not any(key in options for key in STORE_OPTIONS):
+        return SqlSinkStateStore(url)
+    return SqlSinkStateStore(
+        url,
+        connect_timeout_s=options.get("connect_timeout_s", _DEFAULT_CONNECT_TIMEOUT_S),
+        busy_timeout_s=options.get("busy_timeout_s", _DEFAULT_BUSY_TIMEOUT_S),
+    )
