@@ -7,6 +7,8 @@ Exit codes: 0 done (or, with ``--dry-run``, it would be done); 1 a refusal or a 
 message on stderr naming the sink and epoch; 2 bad usage (argparse's own convention); 3 busy: another
 recovery held a sink's lock, so nothing was done to that sink (the others were acted on) and running
 the same command later will do it. A scheduled ``gc`` or ``recover`` can retry on 3 and page on 1.
+141 (128 + SIGPIPE, as a shell reports for any tool its reader left): the output's reader went away
+before its end (``eo-sink epochs | head``); nothing more is printed.
 
 Everything the tool prints, its usage errors and every log line of the process included, has its
 secrets masked; what it prints to the terminal has control characters escaped (``core.redact``): a
@@ -23,6 +25,7 @@ import contextlib
 import getpass
 import logging
 import os
+import signal
 import socket
 import sys
 import traceback
@@ -47,6 +50,9 @@ from airflow_provider_exactly_once.upstream_private import as_airflow_server_pro
 
 #: Set to ``1`` to see the traceback of an unexpected error (by default one masked line, as for a refusal).
 TRACEBACK_ENV = "EO_SINK_TRACEBACK"
+#: The exit status when the output's reader has gone (``eo-sink ... | head``): 128 + SIGPIPE, which a
+#: shell reports for any tool SIGPIPE ended; 1 would say the command failed, which it did not.
+EXIT_READER_GONE = 128 + signal.SIGPIPE
 #: The meta store's SQLAlchemy URL when neither ``--url`` nor ``--meta-conn-id`` is given.
 URL_ENV = "EO_SINK_URL"
 #: Airflow's logging level and its loggers' own levels, read when Airflow is first imported.
@@ -101,16 +107,33 @@ def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None, std
     out = stdout or sys.stdout
     err = stderr or sys.stderr
     try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            args = build_parser().parse_args(argv)
-    except SystemExit as exc:  # argparse printed the usage error (2) or the help (0)
-        return int(exc.code or 0) if not isinstance(exc.code, str) else EXIT_USAGE
-    with (
-        _logging(err, verbose=args.verbose),
-        acting(Actor(ActorKind.CLI, name=_user())),
-        as_airflow_server_process(),  # connections made in the UI are the CLI's too
-    ):
-        return _run(args, out, err)
+        try:
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                args = build_parser().parse_args(argv)
+        except SystemExit as exc:  # argparse printed the usage error (2) or the help (0)
+            code = int(exc.code or 0) if not isinstance(exc.code, str) else EXIT_USAGE
+        else:
+            with (
+                _logging(err, verbose=args.verbose),
+                acting(Actor(ActorKind.CLI, name=_user())),
+                as_airflow_server_process(),  # connections made in the UI are the CLI's too
+            ):
+                code = _run(args, out, err)
+        out.flush()  # here, not at the interpreter's exit, so that a reader gone is caught below
+    except BrokenPipeError:
+        return _reader_gone(out)
+    return code
+
+
+def _reader_gone(out: TextIO) -> int:
+    """Whoever read the output left before its end (``eo-sink epochs | head``): exit at once, saying
+    nothing, with the status a shell gives a tool SIGPIPE ended; what the buffer still holds goes to
+    devnull, not to a second BrokenPipeError as the interpreter exits (Python's "Note on SIGPIPE")."""
+    with contextlib.suppress(OSError, ValueError):  # an output with no descriptor (tests' StringIO)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, out.fileno())
+        os.close(devnull)
+    return EXIT_READER_GONE
 
 
 def _user() -> str:
@@ -174,6 +197,8 @@ def _run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         return EXIT_USAGE
     except ExactlyOnceError as exc:
         return _fail(args, err, out, exc, target)
+    except BrokenPipeError:  # the reader of the output has gone: no failure of the command (``main``)
+        raise
     except Exception as exc:
         return _unexpected(args, err, out, exc, target)
     finally:
