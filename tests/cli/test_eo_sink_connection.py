@@ -150,7 +150,9 @@ def test_an_environment_connection_before_airflows_database(home: Path, tmp_path
 
 
 @pytest.mark.parametrize(
-    "command", [["status"], ["epochs"], ["show", "from-url", "3600000"], ["history", "from-url", "3600000"]]
+    "command",
+    [["status"], ["epochs"], ["show", "from-url", "3600000"], ["history", "from-url", "3600000"]],
+    ids=" ".join,
 )
 @pytest.mark.parametrize("given", ["--url", "EO_SINK_URL"])
 def test_a_url_given_imports_nothing_of_airflow(home: Path, tmp_path: Path, command: list[str], given: str) -> None:

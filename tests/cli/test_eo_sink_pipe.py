@@ -74,6 +74,7 @@ def test_a_reader_that_closes_after_one_line(url: str) -> None:
         ["history", SINK, "3600000", "--json"],
         ["gc", "--dry-run"],
     ],
+    ids=" ".join,
 )
 def test_every_command_whose_reader_has_gone(url: str, tmp_path: Path, command: list[str]) -> None:
     """Its stdout a pipe nobody reads any more (the reader closed before a line was written): the
