@@ -13,6 +13,11 @@ it (D9). The sink layer lists the locations (``sinks/write_locations.py``); the 
 orphans live here, apart from any storage (a sink's listing is a ``WriteFolderListing``), so
 recovery, ``eo-sink gc`` and their dry runs apply the same ones, and remove them the same way:
 queued, then deleted by the clean-up path, under the sink's lock.
+
+Stray files: a sink can also leave files outside every write location that nothing references and
+nothing ever will, such as an Iceberg table's metadata files written by a commit killed before the
+catalog took them (design.md D18). A listing that can find them is also ``StrayFiles``;
+``eo-sink gc`` removes those older than its grace, under the same lock.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from .errors import InvalidPreCommit, MetaStoreUnavailable, SinkLocked, StateConflict
 from .faults import FaultHook, no_faults
@@ -36,6 +41,7 @@ from .status import EpochStatus
 __all__ = [
     "FileAge",
     "OrphanCandidate",
+    "StrayFiles",
     "WriteFolder",
     "WriteFolderListing",
     "WriteLocation",
@@ -45,6 +51,7 @@ __all__ = [
     "remove_orphans",
     "run_cleanups",
     "scan_orphans",
+    "scan_stray",
     "settle_orphans",
     "sink_lock",
 ]
@@ -105,6 +112,18 @@ class WriteFolderListing(Protocol):
     (``sinks/write_locations.py`` lists them for each kind of sink)."""
 
     def folders(self) -> Mapping[str, Sequence[WriteFolder]]: ...
+
+
+@runtime_checkable
+class StrayFiles(Protocol):
+    """A sink's files outside its write locations that nothing references and no commit ever will,
+    as its listing finds them (``sinks/write_locations.py``), and their removal."""
+
+    def stray_files(self, older_than: datetime) -> list[str]: ...
+
+    def remove_stray(self, paths: Sequence[str]) -> int:
+        """Delete ``paths`` (``stray_files``' answer); how many were there."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -330,7 +349,26 @@ def remove_orphans(
         result = clean_up(store, committer, sink_id, ORPHAN_EPOCH, fault=fault)
         report.files_deleted = result.files_deleted
         settle_orphans(store, enqueued, result, report)
+        stray, failed = scan_stray(listing, grace)
+        if failed is not None:
+            report.failed["stray files"] = failed
+        elif stray:
+            assert isinstance(listing, StrayFiles)
+            report.files_deleted += listing.remove_stray(stray)
+            report.stray_removed = stray
         return report
+
+
+def scan_stray(listing: WriteFolderListing, grace: timedelta) -> tuple[list[str], str | None]:
+    """The sink's stray files older than ``grace`` (none where its listing has no such files), or
+    ``([], why)`` when they could not be listed, its secrets masked."""
+    if not isinstance(listing, StrayFiles):
+        return [], None
+    try:
+        return listing.stray_files(datetime.now(UTC) - grace), None
+    except Exception as exc:
+        log.warning("the scan for stray files failed: %s", exc, exc_info=True)
+        return [], mask_userinfo(f"{type(exc).__name__}: {exc}")
 
 
 def queue_old_orphans(

@@ -1,8 +1,9 @@
 """How one sink's epochs reach its tables: whether a reader can see an epoch in some of them only.
 
-A fan-out's tables are one catalog transaction only where the catalog offers one (design.md, D18),
-and a file sink's commit moves its files one at a time: an operator who finds an epoch in one table
-and not the next, or chooses a catalog, must see which holds for the sink. Each sink kind says it
+A fan-out's tables are one catalog transaction only where the catalog offers one (design.md, D18:
+a SQL catalog, a REST catalog listing ``transactions/commit``), and a file sink's commit moves its
+files one at a time: an operator who finds an epoch in one table and not the next, or chooses a
+catalog, must see whether the sink's epochs are atomic across its tables, and why not where not. Each sink kind says it
 (``sinks/``), the epoch views show it (``operations``), and the reason is masked as the value is made
 (``core.redact``), so no door that shows one can leak a catalog's credentials.
 """
@@ -21,8 +22,11 @@ class Delivery(StrEnum):
 
     #: One table, one snapshot: there is nothing to be atomic across.
     ONE_TABLE = "one table"
-    #: Every table's snapshot in one catalog request, applied all or none by the catalog.
+    #: Every table's snapshot in one catalog transaction, applied all or none for every reader.
     ONE_TRANSACTION = "one catalog transaction"
+    #: Every table's snapshot in one request to a catalog that does not say it applies it atomically
+    #: (a REST catalog asked for a route it does not list): none when refused, perhaps table by table inside.
+    ONE_REQUEST = "one catalog request"
     #: Each table committed on its own: a reader may see the epoch in the first tables before the last.
     TABLE_BY_TABLE = "table by table"
     #: A file sink's one root, its files moved to their final names one at a time.
@@ -45,16 +49,26 @@ class EpochDelivery:
         object.__setattr__(self, "why", mask_userinfo(self.why))
 
     @property
+    def atomic(self) -> bool | None:
+        """Whether a reader can never see an epoch in some of the sink's tables only (``None``: the
+        catalog, or the sink, is not known)."""
+        if self.how in (Delivery.ONE_TABLE, Delivery.ONE_TRANSACTION):
+            return True
+        return None if self.how in (Delivery.ONE_REQUEST, Delivery.UNKNOWN) else False
+
+    @property
     def text(self) -> str:
         """The line ``eo-sink show`` and the epoch page print."""
         if self.how is Delivery.ONE_TRANSACTION:
-            return f"one catalog transaction across its {self.tables} tables ({self.why})"
+            return f"atomic across its {self.tables} tables, one catalog transaction ({self.why})"
+        if self.how is Delivery.ONE_REQUEST:
+            return f"one catalog request across its {self.tables} tables, atomic only if the catalog applies it so: {self.why}"
         if self.how is Delivery.TABLE_BY_TABLE:
-            return f"table by table across its {self.tables} tables: {self.why}"
+            return f"not atomic across its {self.tables} tables, committed table by table: {self.why}"
         return f"{self.how.value}: {self.why}"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"how": self.how.value, "tables": self.tables, "why": self.why, "text": self.text}
+        return {"how": self.how.value, "tables": self.tables, "atomic": self.atomic, "why": self.why, "text": self.text}
 
 
 def unknown(tables: int | None, error: BaseException) -> EpochDelivery:

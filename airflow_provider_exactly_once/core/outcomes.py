@@ -128,6 +128,8 @@ class SinkRecoveryReport:
     orphans_removed: list[str] = field(default_factory=list)
     #: Unknown write locations younger than the grace period (or of unknown age): kept.
     orphans_kept: list[str] = field(default_factory=list)
+    #: Files outside any write location that nothing references (``core.cleanups.StrayFiles``), removed by gc.
+    stray_removed: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:

@@ -23,7 +23,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_exactly_once.checkpoints.config import CheckpointConfig
-from airflow_provider_exactly_once.core.cleanups import remove_orphans, scan_orphans
+from airflow_provider_exactly_once.core.cleanups import remove_orphans, scan_orphans, scan_stray
 from airflow_provider_exactly_once.core.decisions import Action, abort_decision, commit_decision, recovery_decision
 from airflow_provider_exactly_once.core.delivery import EpochDelivery, unknown
 from airflow_provider_exactly_once.core.errors import (
@@ -350,7 +350,9 @@ class SinkOperations(SinkReads):
         )
 
     def gc(self, sink_id: str, *, grace: timedelta, dry_run: bool = False) -> ActionResult:
-        """Remove the sink's orphaned write locations whose files are all older than ``grace``.
+        """Remove the sink's orphaned write locations whose files are all older than ``grace``, and
+        its stray files that old (``core.cleanups.StrayFiles``: an Iceberg fan-out's metadata files
+        written by a commit that died before the catalog took them).
 
         Orphans go through the store's clean-up queue and the clean-up path with the sink's committer,
         under the sink's lock, exactly as the recovery DAG removes them; no epoch's status is touched.
@@ -361,19 +363,24 @@ class SinkOperations(SinkReads):
         opened = self._open(sink)
         if dry_run:
             old, young, scan_error = scan_orphans(opened.sink_id, opened.write_folders, self.store.registry, grace)
-            if scan_error:
+            stray, stray_error = scan_stray(opened.write_folders, grace)
+            if scan_error or stray_error:
                 # The sink, not the request, is at fault: a refusal to retry, not a usage error.
-                raise SinkUnavailable(f"the orphan scan failed: {scan_error}")
+                raise SinkUnavailable(f"the orphan scan failed: {scan_error or stray_error}")
             files = sum(c.age.files for c in old)
             return ActionResult(
                 "gc",
                 sink_id,
                 None,
                 True,
-                "would remove orphans" if old else "nothing to do",
-                f"{len(old)} orphaned write location(s) older than {grace} ({files} file(s)) would be removed; "
-                f"{len(young)} younger or of unknown age kept",
-                report={"orphans": [_orphan_dict(c) for c in old], "orphans_kept": [c.write_id for c in young]},
+                "would remove orphans" if old or stray else "nothing to do",
+                f"{len(old)} orphaned write location(s) older than {grace} ({files} file(s)) and {len(stray)} stray "
+                f"file(s) would be removed; {len(young)} younger or of unknown age kept",
+                report={
+                    "orphans": [_orphan_dict(c) for c in old],
+                    "orphans_kept": [c.write_id for c in young],
+                    "stray": stray,
+                },
             )
         report = remove_orphans(
             self.store,
@@ -392,12 +399,20 @@ class SinkOperations(SinkReads):
             sink_id,
             None,
             False,
-            "failed" if failed else ("removed orphans" if report.orphans_removed else "nothing to do"),
-            f"{len(report.orphans_removed)} orphaned write location(s) removed ({report.files_deleted} file(s)), "
-            f"{len(report.orphans_kept)} kept" + (f"; failed: {failed}" if failed else ""),
+            "failed"
+            if failed
+            else ("removed orphans" if report.orphans_removed or report.stray_removed else "nothing to do"),
+            f"{len(report.orphans_removed)} orphaned write location(s) and {len(report.stray_removed)} stray file(s) "
+            f"removed ({report.files_deleted} file(s)), {len(report.orphans_kept)} kept"
+            + (f"; failed: {failed}" if failed else ""),
             files_deleted=report.files_deleted,
             ok=not failed,
-            report={"orphans_removed": report.orphans_removed, "orphans_kept": report.orphans_kept, "failed": failed},
+            report={
+                "orphans_removed": report.orphans_removed,
+                "orphans_kept": report.orphans_kept,
+                "stray_removed": report.stray_removed,
+                "failed": failed,
+            },
         )
 
     # -- helpers -----------------------------------------------------------------------------------

@@ -8,6 +8,9 @@ given up (``sinks/layout.py``): an Iceberg table's ``<data root>/_eo/<write_id>/
 ``<root>/_staging/<write_id>/``. Listing them costs one listing of the write-location folders per
 target; the files below a location are listed only when its age is asked.
 
+An Iceberg sink's listing also finds its tables' stray metadata files (``core.cleanups.StrayFiles``,
+``IcebergWriteFolders.stray_files``), which ``eo-sink gc`` removes.
+
 On an object store the "folders" are key prefixes: the listing of ``_eo/`` is one delimited prefix
 listing, a write location whose objects are all gone is simply absent from it, and a location is
 dated by the objects below it, never by a directory's own time (there is none).
@@ -22,9 +25,11 @@ from functools import partial
 from typing import Any
 
 from pyarrow import fs as pafs
-from pyiceberg.catalog import Catalog
+from pyiceberg.catalog import TABLE_METADATA_FILE_NAME_REGEX, Catalog
 from pyiceberg.io import FileIO
 from pyiceberg.io.pyarrow import PyArrowFileIO
+from pyiceberg.serializers import FromInputFile
+from pyiceberg.table import Table
 
 from airflow_provider_exactly_once.core.cleanups import FileAge, WriteFolder, WriteLocation, write_ids
 from airflow_provider_exactly_once.sinks import pre_commit_file
@@ -51,6 +56,10 @@ class _ArrowTree:
     def file_age(self, path: str) -> FileAge:
         infos = self._fs.get_file_info(pafs.FileSelector(path, recursive=True, allow_not_found=True))
         return FileAge.of(_as_utc(info.mtime) for info in infos if info.type == pafs.FileType.File)
+
+    def files(self, path: str) -> list[tuple[str, datetime | None]]:
+        infos = self._fs.get_file_info(pafs.FileSelector(path, recursive=False, allow_not_found=True))
+        return [(info.base_name, _as_utc(info.mtime)) for info in infos if info.type == pafs.FileType.File]
 
     def pre_commit_at(self, path: str) -> bytes | None:
         try:
@@ -79,6 +88,14 @@ class _FsspecTree:
         except FileNotFoundError:
             return FileAge(0, None, None)
         return FileAge.of(_fsspec_mtime(info) for info in found.values())
+
+    def files(self, path: str) -> list[tuple[str, datetime | None]]:
+        self._fs.invalidate_cache(path)
+        try:
+            entries = self._fs.ls(path, detail=True)
+        except FileNotFoundError:
+            return []
+        return [(posixpath.basename(str(e["name"])), _fsspec_mtime(e)) for e in entries if e.get("type") == "file"]
 
     def pre_commit_at(self, path: str) -> bytes | None:
         try:
@@ -129,6 +146,8 @@ class IcebergWriteFolders:
     def __init__(self, catalog: Catalog, tables: Sequence[str]) -> None:
         self._catalog = catalog
         self._tables = tuple(tables)
+        #: Each stray file found, with the FileIO of its table, for ``remove_stray``.
+        self._stray: dict[str, FileIO] = {}
 
     def folders(self) -> dict[str, list[WriteFolder]]:
         found: dict[str, list[WriteFolder]] = {}
@@ -142,6 +161,65 @@ class IcebergWriteFolders:
                 left = partial(tree.pre_commit_at, posixpath.join(path, PRE_COMMIT_FILE))
                 found.setdefault(write_id, []).append(WriteFolder(location, partial(tree.file_age, path), left))
         return found
+
+    def stray_files(self, older_than: datetime) -> list[str]:
+        """Each table's metadata files that no commit can make current any more and the table's
+        metadata does not list, last modified before ``older_than``: those of a commit that died
+        after writing them, before the catalog took them (a fan-out's on a SQL catalog, design.md
+        D18), or that lost its compare-and-swap (``_stray_metadata`` says which are certain)."""
+        found: list[str] = []
+        for name in self._tables:
+            table = load_table(self._catalog, name)
+            folder = posixpath.dirname(table.metadata_location)
+            tree, path = _tree_of_io(table.io, folder)
+            for file_name in _stray_metadata(table, folder, tree.files(path), older_than):
+                found.append(f"{folder}/{file_name}")
+                self._stray[found[-1]] = table.io
+        return found
+
+    def remove_stray(self, paths: Sequence[str]) -> int:
+        removed = 0
+        for path in paths:
+            try:
+                self._stray[path].delete(path)
+            except FileNotFoundError:
+                continue
+            removed += 1
+        return removed
+
+
+def _metadata_version(file_name: str) -> int | None:
+    """The version in a metadata file's name as pyiceberg and Java write it (``00042-<uuid>.metadata.json``)."""
+    found = TABLE_METADATA_FILE_NAME_REGEX.fullmatch(file_name)
+    return int(found.group(1)) if found else None
+
+
+def _stray_metadata(
+    table: Table, folder: str, listed: Sequence[tuple[str, datetime | None]], older_than: datetime
+) -> list[str]:
+    """The names of ``listed`` (the files of the table's metadata folder) that nothing references and
+    no commit ever will: a metadata file of a version no newer than the current one (a commit makes
+    version n+1 current only from version n, with a compare-and-swap on the table's pointer) and no
+    older than the oldest the table's metadata log keeps (older ones may be history trimmed from the
+    log), neither current nor in the log, of this very table (its UUID, read from the file: a table
+    dropped and created again at the same location keeps its own), last modified before ``older_than``."""
+    current = _metadata_version(posixpath.basename(table.metadata_location))
+    logged = {posixpath.basename(entry.metadata_file) for entry in table.metadata.metadata_log}
+    logged.add(posixpath.basename(table.metadata_location))
+    versions = [v for v in (_metadata_version(name) for name in logged) if v is not None]
+    if current is None or not versions:
+        return []
+    oldest = min(versions)
+    stray: list[str] = []
+    for name, modified in listed:
+        version = _metadata_version(name)
+        if version is None or name in logged or not oldest <= version <= current:
+            continue
+        if modified is None or modified >= older_than:
+            continue
+        if FromInputFile.table_metadata(table.io.new_input(f"{folder}/{name}")).table_uuid == table.metadata.table_uuid:
+            stray.append(name)
+    return stray
 
 
 class FileWriteFolders:

@@ -394,8 +394,8 @@ def test_show_says_how_the_sinks_epochs_reach_its_tables_even_when_its_catalog_i
     assert code == EXIT_OK, err
     [line] = [row for row in out.splitlines() if row.startswith("delivery ")]
     assert line.split(None, 1)[1] == (
-        f"table by table across its 2 tables: catalog {world.iceberg_conn_id!r} is a SQL catalog, "
-        "which commits each table on its own"
+        f"atomic across its 2 tables, one catalog transaction (SQL catalog {world.iceberg_conn_id!r} moves every "
+        "table's pointer in one database transaction, so a reader sees an epoch in all of them or in none)"
     )
 
     dead_port = free_port()

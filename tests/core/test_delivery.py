@@ -9,16 +9,31 @@ import pytest
 from airflow_provider_exactly_once.core.delivery import Delivery, EpochDelivery, unknown
 
 
-def test_each_kind_says_how_many_tables_and_why() -> None:
-    together = EpochDelivery(Delivery.ONE_TRANSACTION, 3, "REST catalog 'lake' lists the route")
-    assert together.text == "one catalog transaction across its 3 tables (REST catalog 'lake' lists the route)"
-    apart = EpochDelivery(Delivery.TABLE_BY_TABLE, 2, "catalog 'c' is a SQL catalog")
-    assert apart.text == "table by table across its 2 tables: catalog 'c' is a SQL catalog"
+def test_each_kind_says_how_many_tables_whether_atomic_and_why() -> None:
+    together = EpochDelivery(Delivery.ONE_TRANSACTION, 3, "SQL catalog 'lake' moves every pointer at once")
+    assert (
+        together.text
+        == "atomic across its 3 tables, one catalog transaction (SQL catalog 'lake' moves every pointer at once)"
+    )
+    asked = EpochDelivery(Delivery.ONE_REQUEST, 2, "REST catalog 'r' does not list the route")
+    assert asked.text == (
+        "one catalog request across its 2 tables, atomic only if the catalog applies it so: "
+        "REST catalog 'r' does not list the route"
+    )
+    apart = EpochDelivery(Delivery.TABLE_BY_TABLE, 2, "catalog 'c' is a Glue catalog")
+    assert apart.text == "not atomic across its 2 tables, committed table by table: catalog 'c' is a Glue catalog"
     assert EpochDelivery(Delivery.ONE_TABLE, 1, "one snapshot").text == "one table: one snapshot"
+    assert [d.atomic for d in (together, asked, apart, EpochDelivery(Delivery.ONE_TABLE, 1, "one"))] == [
+        True,
+        None,
+        False,
+        True,
+    ]
     assert json.loads(json.dumps(apart.to_dict())) == {
         "how": "table by table",
         "tables": 2,
-        "why": "catalog 'c' is a SQL catalog",
+        "atomic": False,
+        "why": "catalog 'c' is a Glue catalog",
         "text": apart.text,
     }
 

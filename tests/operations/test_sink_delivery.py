@@ -32,13 +32,16 @@ def _fan_out(world: World, conn_id: str, suffix: str = "fan") -> IcebergSinkConf
     return sink
 
 
-def test_a_fan_out_on_a_sql_catalog_is_table_by_table_naming_the_catalog(world: World) -> None:
+def test_a_fan_out_on_a_sql_catalog_is_one_transaction_naming_the_catalog(world: World) -> None:
     world.pipeline.create_table("clicks")
     sink = _fan_out(world, world.iceberg_conn_id)
     delivery = SinkOperations(world.pipeline.store).delivery(sink.sink_id)
-    assert (delivery.how, delivery.tables) == (Delivery.TABLE_BY_TABLE, 2)
-    assert delivery.why == f"catalog {world.iceberg_conn_id!r} is a SQL catalog, which commits each table on its own"
-    assert json.loads(json.dumps(delivery.to_dict()))["how"] == "table by table"
+    assert (delivery.how, delivery.tables, delivery.atomic) == (Delivery.ONE_TRANSACTION, 2, True)
+    assert delivery.why == (
+        f"SQL catalog {world.iceberg_conn_id!r} moves every table's pointer in one database transaction, "
+        "so a reader sees an epoch in all of them or in none"
+    )
+    assert json.loads(json.dumps(delivery.to_dict()))["how"] == "one catalog transaction"
 
 
 def test_one_table_and_a_file_sink_open_no_catalog(world: World, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -93,7 +96,7 @@ def test_an_answer_is_kept_per_sink_until_it_expires_or_the_sink_changes(world: 
     assert deliveries.of(narrowed).how is Delivery.ONE_TABLE and len(asked) == 3  # registered anew
 
 
-@pytest.mark.parametrize(("setting", "how"), [("true", Delivery.ONE_TRANSACTION), (None, Delivery.TABLE_BY_TABLE)])
+@pytest.mark.parametrize(("setting", "how"), [("true", Delivery.ONE_REQUEST), (None, Delivery.TABLE_BY_TABLE)])
 def test_a_rest_catalog_commits_in_one_transaction_only_when_asked(
     seaweed: SeaweedFS, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, setting: str | None, how: Delivery
 ) -> None:

@@ -28,6 +28,7 @@ from airflow_provider_exactly_once.core.status import CheckpointStatus
 from airflow_provider_exactly_once.sinks.files import FileSinkCommitter
 from airflow_provider_exactly_once.sinks.iceberg import IcebergSinkCommitter
 from airflow_provider_exactly_once.sinks.iceberg.descriptors import describe_parquet_file
+from airflow_provider_exactly_once.sinks.iceberg.table_transactions import SETTING
 from airflow_provider_exactly_once.store import SqlSinkStateStore
 
 #: Every test table has these columns; ``write_id`` lets a test attribute each visible row to a write.
@@ -58,6 +59,8 @@ class Pipeline:
     store: SqlSinkStateStore = field(init=False)
     catalog: SqlCatalog = field(init=False)
     checkpoints: MetaStoreCheckpointSource = field(init=False)
+    #: Catalogs opened beside ``catalog`` (``table_by_table_committer``), disposed with it.
+    _others: list[SqlCatalog] = field(init=False, default_factory=list)
 
     def __post_init__(self) -> None:
         self.store = SqlSinkStateStore(self.meta_url)
@@ -74,6 +77,16 @@ class Pipeline:
 
     def iceberg_committer(self, **options: Any) -> IcebergSinkCommitter:
         return IcebergSinkCommitter(self.catalog, fault=self.fault, **options)
+
+    def table_by_table_committer(self, **options: Any) -> IcebergSinkCommitter:
+        """A committer on a catalog of its own that commits a fan-out table by table
+        (``exactly-once.multi-table-commit: false``, design.md D18), as on Glue: what a crash between
+        two tables' commits needs."""
+        catalog = SqlCatalog(
+            self.catalog_name, uri=self.catalog_url, warehouse=f"file://{self.warehouse}", **{SETTING: "false"}
+        )
+        self._others.append(catalog)
+        return IcebergSinkCommitter(catalog, fault=self.fault, **options)
 
     def file_committer(self, root: Path) -> FileSinkCommitter:
         return FileSinkCommitter(str(root), fault=self.fault)
@@ -176,9 +189,10 @@ class Pipeline:
 
     def dispose(self) -> None:
         self.store.dispose()
-        engine = getattr(self.catalog, "engine", None)
-        if engine is not None:
-            engine.dispose()
+        for catalog in (self.catalog, *self._others):
+            engine = getattr(catalog, "engine", None)
+            if engine is not None:
+                engine.dispose()
 
 
 def _partition_of_epoch(table: Table, epoch: int) -> dict[str, int]:

@@ -1,25 +1,33 @@
-"""Several tables' snapshots in one catalog request: the REST protocol's ``transactions/commit``.
+"""Several tables' snapshots in one catalog transaction: a SQL catalog's database transaction, or the
+REST protocol's ``transactions/commit``.
 
 A fan-out epoch writes several tables. Committed one after the other, a reader joining them sees the
 epoch in one and not yet in the other between the two commits, and for as long as a crash leaves the
-rest to recovery. The Iceberg REST protocol applies several tables' requirements and updates all or
-none (``POST /v1/{prefix}/transactions/commit``). pyiceberg 0.12 has no client method for it, but
-each table's part is the ``CommitTableRequest`` its own ``commit_table`` sends
-(``SinkTransaction.commit_request``), so the request is made here with the catalog's own HTTP session
-and URL, and the endpoints it learnt from ``/v1/config``: private attributes of pyiceberg's
-``RestCatalog``, pinned by ``pyiceberg<0.13`` as ``transaction.py``'s are.
+rest to recovery. Two catalogs here can move several tables at once:
 
-Which catalogs take it: a REST catalog whose ``/v1/config`` lists the route, or one whose connection
-sets the catalog property ``exactly-once.multi-table-commit`` to ``true``; ``false`` keeps any catalog
-table by table. Asked for and refused (404 other than a missing table's, 405 or 501: nothing
-applied), the committer commits table by table from then on. SeaweedFS serves the route without
-listing it, and is left table by table: it checks every table's requirements before writing
-anything, but then moves the tables' pointers one after the other (its
-``weed/s3api/iceberg/handlers_transaction.go`` says so: "not crash-atomic"), so a reader can see a
-fan-out in some tables only, for the moment between two moves (the tests reproduce it), or for good
-if the server dies between them. SQL and Glue catalogs never take it (design.md section 5, D18).
-The epoch views show the same decision, with its reason, per sink (``TableTransactions.delivery``):
-an operator reading a fan-out's tables must know whether one can hold an epoch the other does not yet.
+- a pyiceberg ``SqlCatalog`` (SQLite, PostgreSQL): every table's new metadata file is written, then
+  one database transaction swaps every table's ``iceberg_tables`` row, each on the condition that it
+  still names the metadata the table was staged on (``transaction.SqlPointerMoves``, on pyiceberg's
+  private helpers, fenced there). Every reader that goes through the catalog (pyiceberg, Spark's,
+  Trino's and DuckDB's JDBC/SQL catalogs read the same rows) sees the epoch in every table or in none.
+- a REST catalog that applies ``POST /v1/{prefix}/transactions/commit`` all or none. pyiceberg 0.12
+  has no client method for it, but each table's part is the ``CommitTableRequest`` its own
+  ``commit_table`` sends (``SinkTransaction.commit_request``), so the request is made here with the
+  catalog's own HTTP session and URL, and the endpoints it learnt from ``/v1/config``: private
+  attributes of pyiceberg's ``RestCatalog``, pinned by ``pyiceberg<0.13`` as ``transaction.py``'s
+  are. It is taken where ``/v1/config`` lists the route, or where the connection sets the catalog
+  property ``exactly-once.multi-table-commit`` to ``true``. Asked for and refused (404 other than a
+  missing table's, 405 or 501: nothing applied), the committer commits table by table from then on.
+  SeaweedFS serves the route without listing it, and is left table by table: it checks every
+  table's requirements before writing anything, but then moves the tables' pointers one after the
+  other (its ``weed/s3api/iceberg/handlers_transaction.go`` says so: "not crash-atomic"), so a reader
+  can see a fan-out in some tables only, for the moment between two moves (the tests reproduce it),
+  or for good if the server dies between them.
+
+``exactly-once.multi-table-commit: false`` keeps any catalog table by table; Glue and other
+catalogs always are (design.md section 5, D18). The epoch views show the same decision, with its
+reason, per sink (``TableTransactions.delivery``): an operator reading a fan-out's tables must know
+whether one can hold an epoch the other does not yet.
 """
 
 from __future__ import annotations
@@ -37,10 +45,11 @@ from pyiceberg.catalog.rest import (
     Endpoint,
     RestCatalog,
 )
+from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.table import Table
 
 from airflow_provider_exactly_once.core.delivery import Delivery, EpochDelivery
-from airflow_provider_exactly_once.core.errors import CommitOutcomeUnknown
+from airflow_provider_exactly_once.core.errors import CommitOutcomeUnknown, CommitRefused, SinkUnavailable
 from airflow_provider_exactly_once.core.ports import EMPTY, CommitPlan
 from airflow_provider_exactly_once.sinks.iceberg.catalog_access import describe_error
 from airflow_provider_exactly_once.sinks.iceberg.epoch_snapshot import (
@@ -55,6 +64,7 @@ from airflow_provider_exactly_once.sinks.iceberg.transaction import (
     FAULT_BEFORE_CATALOG_UPDATE,
     SinkCommitConflict,
     SinkTransaction,
+    SqlPointerMoves,
 )
 
 log = logging.getLogger(__name__)
@@ -66,8 +76,8 @@ SETTING = "exactly-once.multi-table-commit"
 #: A server's answers meaning it has no such route (a 404 naming a missing table or namespace is not one).
 _NO_ROUTE = frozenset({404, 405, 501})
 _MISSING_THINGS = frozenset({"NoSuchTableException", "NoSuchNamespaceException"})
-#: pyiceberg's catalog classes that never take the route, as the epoch views name them.
-_KINDS = {"SqlCatalog": "SQL", "GlueCatalog": "Glue"}
+#: pyiceberg's catalog classes that commit each table on its own, as the epoch views name them.
+_KINDS = {"GlueCatalog": "Glue", "HiveCatalog": "Hive", "DynamoDbCatalog": "DynamoDB"}
 #: A single-table sink's answer, on any catalog: no catalog need be opened to give it.
 SINGLE_TABLE = EpochDelivery(Delivery.ONE_TABLE, 1, "each epoch is one snapshot of its one table")
 
@@ -96,19 +106,31 @@ class TableTransactions:
 
     def delivery(self, tables: int) -> EpochDelivery:
         """How a sink of ``tables`` tables on this catalog commits an epoch, and why: what the epoch
-        views show, decided by ``offered`` as the committer decides."""
+        views show, decided by ``offered`` as the committer decides. A REST catalog that does not
+        list the route, asked for it, is one request but not known to be atomic for readers."""
         if tables == 1:
             return SINGLE_TABLE
-        how = Delivery.ONE_TRANSACTION if self.offered else Delivery.TABLE_BY_TABLE
-        return EpochDelivery(how, tables, self._why)
+        if not self.offered:
+            return EpochDelivery(Delivery.TABLE_BY_TABLE, tables, self._why)
+        return EpochDelivery(Delivery.ONE_TRANSACTION if self.known else Delivery.ONE_REQUEST, tables, self._why)
 
     def commit(self, staged: Sequence[StagedSnapshots], fault: Callable[[str], None]) -> list[list[int]]:
-        """Send every table's staged transaction in one request; per table, its snapshots' ids.
+        """Commit every table's staged transaction at once; per table, its snapshots' ids.
 
-        ``SinkCommitConflict``: a requirement failed (another writer moved a table) and nothing was
-        applied; ``RouteMissing``: the catalog has no such route; any other failure is
-        ``CommitOutcomeUnknown``, to be settled by reading every table's markers.
+        ``SinkCommitConflict``: another writer moved a table, and nothing was applied; a failure that
+        leaves the outcome open is ``CommitOutcomeUnknown``, to be settled by every table's markers.
         """
+        what = ", ".join(f"{one.name!r} ({counted(one.snapshot_ids)})" for one in staged)
+        commit = f"{staged[0].owner}: the commit of tables {what} in one transaction"
+        if isinstance(self._catalog, SqlCatalog):
+            return _commit_sql(self._catalog, staged, fault, commit)
+        return self._commit_rest(staged, fault, commit)
+
+    def _commit_rest(
+        self, staged: Sequence[StagedSnapshots], fault: Callable[[str], None], commit: str
+    ) -> list[list[int]]:
+        """Every table's staged transaction in one ``transactions/commit`` request. ``RouteMissing``:
+        the catalog has no such route (nothing applied)."""
         catalog = self._catalog
         assert isinstance(catalog, RestCatalog)
         producers: list[Any] = []
@@ -122,8 +144,6 @@ class TableTransactions:
             SinkTransaction.delete_uncommitted(producers)
             raise
         body = ('{"table-changes": [' + ", ".join(changes) + "]}").encode()
-        what = ", ".join(f"{one.name!r} ({counted(one.snapshot_ids)})" for one in staged)
-        owner = staged[0].owner
         fault(FAULT_BEFORE_CATALOG_UPDATE)
         try:
             response = catalog._session.post(
@@ -131,8 +151,7 @@ class TableTransactions:
             )
         except Exception as exc:
             raise CommitOutcomeUnknown(
-                f"{owner}: the commit of tables {what} in one transaction has an unknown outcome: "
-                f"{describe_error(exc, staged[0].table.io.properties)}"
+                f"{commit} has an unknown outcome: {describe_error(exc, staged[0].table.io.properties)}"
             ) from exc
         status = response.status_code
         if status in (200, 204):
@@ -147,8 +166,7 @@ class TableTransactions:
             self._why = f"catalog {catalog.name!r} refused {ROUTE} (HTTP {status} {error[0]})"
             raise RouteMissing(f"HTTP {status} {error[0]}: {error[1]}")
         raise CommitOutcomeUnknown(
-            f"{owner}: the commit of tables {what} in one transaction has an unknown outcome: "
-            f"the catalog answered HTTP {status} {error[0]}: {error[1]}"
+            f"{commit} has an unknown outcome: the catalog answered HTTP {status} {error[0]}: {error[1]}"
         )
 
     def _headers(self, staged: Sequence[StagedSnapshots]) -> dict[str, str]:
@@ -165,14 +183,42 @@ class TableTransactions:
         raise RouteMissing(self._why)
 
 
+def _commit_sql(
+    catalog: SqlCatalog, staged: Sequence[StagedSnapshots], fault: Callable[[str], None], commit: str
+) -> list[list[int]]:
+    """Every table's staged transaction in one database transaction of the SQL catalog
+    (``SqlPointerMoves``); the manifests staged are deleted when it certainly failed."""
+    producers: list[Any] = []
+    for one in staged:
+        producers += one.tx.detach_producers()
+    fault(FAULT_BEFORE_CATALOG_UPDATE)
+    try:
+        SqlPointerMoves(catalog, [one.tx for one in staged]).commit(fault, lambda: commit)
+    except (SinkCommitConflict, SinkUnavailable, CommitRefused):  # nothing was applied
+        SinkTransaction.delete_uncommitted(producers)
+        raise
+    fault(FAULT_AFTER_CATALOG_UPDATE)
+    return [one.committed() for one in staged]
+
+
 def _offer(catalog: Catalog) -> tuple[bool | None, str]:
-    """Whether the catalog takes the route (``None``: asked for, only a try can tell), and why, as
-    the epoch views say it."""
+    """Whether the catalog commits several tables at once (``None``: asked for, only a try can
+    tell), and why, as the epoch views say it."""
     setting = str(catalog.properties.get(SETTING, "")).strip().lower()
     name = catalog.name
+    if isinstance(catalog, SqlCatalog):
+        if setting == "false":
+            return False, f"the connection of SQL catalog {name!r} sets {SETTING} to false"
+        return True, (
+            f"SQL catalog {name!r} moves every table's pointer in one database transaction, "
+            "so a reader sees an epoch in all of them or in none"
+        )
     if not isinstance(catalog, RestCatalog):
         kind = _KINDS.get(type(catalog).__name__, type(catalog).__name__)
-        return False, f"catalog {name!r} is a {kind} catalog, which commits each table on its own"
+        return False, (
+            f"catalog {name!r} is a {kind} catalog, which commits each table on its own: a reader can see an epoch "
+            "in some of the sink's tables before the others, and after a crash between two of them until recovery"
+        )
     if setting == "false":
         return False, f"the connection of REST catalog {name!r} sets {SETTING} to false"
     if setting == "true":

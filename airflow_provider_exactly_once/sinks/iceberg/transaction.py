@@ -58,18 +58,34 @@ and pull requests of apache/iceberg-python, ``#n``), or says that nothing was fo
    manifest below the write location), and its commit lists them under the snapshot id they were
    written for (``use_prepared``): the deleted entries carry it, as the commit's own would.
    Upstream: none; Java's ``OverwriteFiles`` has no way to list prepared manifests either.
+8. pyiceberg's ``SqlCatalog.commit_table`` moves one table's pointer per database transaction: it
+   makes the table's next metadata (``_update_and_stage_table``), writes it (``_write_metadata``)
+   and swaps its ``iceberg_tables`` row (the ``IcebergTables`` model) with a conditional
+   ``UPDATE ... WHERE metadata_location = <old>`` checked by its row count (``SELECT ... FOR
+   UPDATE`` where the driver counts no rows). ``SqlPointerMoves`` does the same for several tables
+   with one database transaction around every table's swap, so a fan-out is all or none for every
+   reader of the catalog (design.md D18). Where ``commit_table`` loads the table again and checks
+   the requirements on it, the swap here is conditional on the very metadata the transaction was
+   staged on: a table that moved since is a conflict, as a failed requirement is there.
+   ``tests/sinks/iceberg/test_sql_transactions.py`` asserts each of these as pyiceberg has them.
+   Upstream: pyiceberg has no multi-table commit for any catalog (none found); iceberg-go's
+   apache/iceberg-go#925 does this for its SQL catalog.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import logging
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from copy import copy
 from dataclasses import dataclass
 from typing import Any
 
+import sqlalchemy as sa
+from pyiceberg.catalog import Catalog
+from pyiceberg.catalog.sql import IcebergTables, SqlCatalog
 from pyiceberg.exceptions import CommitFailedException
-from pyiceberg.io import OutputFile
+from pyiceberg.io import FileIO, OutputFile
 from pyiceberg.manifest import (
     UNASSIGNED_SEQ,
     DataFile,
@@ -84,6 +100,7 @@ from pyiceberg.table.snapshots import Operation, SnapshotSummaryCollector, Summa
 from pyiceberg.table.update import (
     AddSnapshotUpdate,
     AssertRefSnapshotId,
+    AssertTableUUID,
     SetSnapshotRefUpdate,
     TableRequirement,
     TableUpdate,
@@ -94,6 +111,7 @@ from pyiceberg.table.update import (
 )
 from pyiceberg.table.update.snapshot import _FastAppendFiles, _OverwriteFiles
 from pyiceberg.typedef import EMPTY_DICT, KeyDefaultDict
+from sqlalchemy.orm import Session
 
 from airflow_provider_exactly_once.core.errors import (
     CommitOutcomeUnknown,
@@ -104,9 +122,18 @@ from airflow_provider_exactly_once.core.errors import (
 from airflow_provider_exactly_once.sinks.iceberg.catalog_access import UNREACHABLE, describe_error
 from airflow_provider_exactly_once.sinks.iceberg.prepared_manifests import summary_limit
 
+log = logging.getLogger(__name__)
+
 #: Fault points around a sink commit's catalog update, in the order one attempt passes them.
 FAULT_BEFORE_CATALOG_UPDATE = "iceberg.before_catalog_update"
 FAULT_AFTER_CATALOG_UPDATE = "iceberg.after_catalog_update"
+#: Between those two on a SQL catalog's fan-out (``SqlPointerMoves``): every table's new metadata
+#: file written; then every pointer moved inside the database transaction, not yet committed.
+FAULT_METADATA_WRITTEN = "iceberg.metadata_written"
+FAULT_IN_CATALOG_TRANSACTION = "iceberg.in_catalog_transaction"
+#: PostgreSQL's SQLSTATEs for a transaction given up for another one (a deadlock, a serialization
+#: failure, a lock not granted): nothing of it was applied, and trying again may succeed.
+_GIVEN_UP_FOR_ANOTHER = frozenset({"40P01", "40001", "55P03"})
 
 
 class SinkCommitConflict(Exception):
@@ -507,3 +534,130 @@ class SinkTransaction(Transaction):
             # had the producers still been registered).
             self.delete_uncommitted(producers)
             raise SinkCommitConflict(str(exc)) from exc
+
+
+@dataclass(frozen=True)
+class _Move:
+    """One table's pointer move: from the metadata its transaction was staged on to the next one."""
+
+    table: Table
+    namespace: str
+    name: str
+    metadata: TableMetadata
+    location: str
+    io: FileIO
+
+
+class SqlPointerMoves:
+    """Several tables' staged transactions committed in one database transaction of a pyiceberg
+    ``SqlCatalog`` (item 8): each table's next metadata written as ``commit_table`` writes it, then
+    every table's ``iceberg_tables`` row swapped, all or none."""
+
+    def __init__(self, catalog: SqlCatalog, transactions: Sequence[SinkTransaction]) -> None:
+        self._catalog = catalog
+        self._transactions = list(transactions)
+
+    def commit(self, fault: Callable[[str], None], what: Callable[[], str]) -> None:
+        """Write the metadata files, move the pointers; the fault points between the steps.
+
+        Until the database transaction is committed nothing is applied, and a failure deletes the
+        metadata files written: a table that moved since it was staged (its row no longer names the
+        metadata the transaction was staged on) is ``SinkCommitConflict`` for every table, and so is
+        a transaction the database gave up for another; a catalog or storage out of reach is
+        ``SinkUnavailable``. A failure of the commit itself is ``CommitOutcomeUnknown``: nothing is
+        deleted, and the tables' markers settle it, all or none.
+        """
+        written: list[tuple[FileIO, str]] = []
+        try:
+            moves = [self._write(tx, written) for tx in self._transactions]
+            fault(FAULT_METADATA_WRITTEN)
+            with Session(self._catalog.engine) as session:
+                # One order for every such transaction: two that share tables never wait for each other in a ring.
+                for move in sorted(moves, key=lambda m: (m.namespace, m.name)):
+                    self._swap(session, move)
+                session.flush()
+                fault(FAULT_IN_CATALOG_TRANSACTION)
+                try:
+                    session.commit()
+                except Exception as exc:
+                    raise CommitOutcomeUnknown(
+                        f"{what()} has an unknown outcome: {describe_error(exc, self._catalog.properties)}"
+                    ) from exc
+        except CommitOutcomeUnknown:
+            raise
+        except Exception as exc:
+            for io, path in written:
+                _delete_quietly(io, path)
+            raise self._not_applied(exc, what) from exc
+        for move in moves:  # what ``Table._do_commit`` does once the catalog took a table's commit
+            try:
+                self._catalog._delete_old_metadata(move.table.io, move.table.metadata, move.metadata)
+            except Exception as exc:
+                log.warning("could not delete old metadata of table %s after its commit: %s", move.name, exc)
+            move.table.metadata, move.table.metadata_location = move.metadata, move.location
+
+    def _write(self, tx: SinkTransaction, written: list[tuple[FileIO, str]]) -> _Move:
+        """The table's next metadata from its staged requirements and updates, as ``commit_table``
+        makes it, checked against the metadata the transaction was staged on; written."""
+        table, request = tx._table, tx.commit_request()
+        requirements = (*request.requirements, AssertTableUUID(uuid=table.metadata.table_uuid))
+        identifier = table.name()
+        staged = self._catalog._update_and_stage_table(table, identifier, requirements, request.updates)
+        written.append((staged.io, staged.metadata_location))
+        self._catalog._write_metadata(staged.metadata, staged.io, staged.metadata_location)
+        namespace = Catalog.namespace_to_string(Catalog.namespace_from(identifier))
+        name = Catalog.table_name_from(identifier)
+        return _Move(table, namespace, name, staged.metadata, staged.metadata_location, staged.io)
+
+    def _swap(self, session: Session, move: _Move) -> None:
+        """``commit_table``'s conditional update of the table's row, in the session's transaction."""
+        row = IcebergTables
+        where = (
+            row.catalog_name == self._catalog.name,
+            row.table_namespace == move.namespace,
+            row.table_name == move.name,
+            row.metadata_location == move.table.metadata_location,
+        )
+        if self._catalog.engine.dialect.supports_sane_rowcount:
+            swap = (
+                sa.update(row)
+                .where(*where)
+                .values(metadata_location=move.location, previous_metadata_location=move.table.metadata_location)
+            )
+            moved = session.connection().execute(swap).rowcount >= 1
+        else:
+            found = session.scalars(sa.select(row).with_for_update(of=row).where(*where)).one_or_none()
+            if found is not None:
+                found.metadata_location, found.previous_metadata_location = move.location, move.table.metadata_location
+            moved = found is not None
+        if not moved:
+            raise SinkCommitConflict(f"Table has been updated by another process: {move.namespace}.{move.name}")
+
+    def _not_applied(self, exc: Exception, what: Callable[[], str]) -> Exception:
+        """What a failure before the commit means: nothing was applied."""
+        if isinstance(exc, SinkCommitConflict | ExactlyOnceError):
+            return exc
+        if isinstance(exc, CommitFailedException) or _given_up_for_another(exc):
+            return SinkCommitConflict(str(exc))
+        described = describe_error(exc, self._catalog.properties)
+        if isinstance(exc, UNREACHABLE):
+            return SinkUnavailable(
+                f"{what()} could not reach the catalog or storage: {described}; nothing was committed"
+            )
+        return CommitRefused(f"{what()} was refused: {described}; nothing was committed")
+
+
+def _given_up_for_another(exc: Exception) -> bool:
+    """A transaction the database rolled back for a concurrent one (PostgreSQL's deadlock and
+    serialization codes, SQLite's lock not granted within its timeout)."""
+    if not isinstance(exc, sa.exc.OperationalError):
+        return False
+    return getattr(exc.orig, "pgcode", None) in _GIVEN_UP_FOR_ANOTHER or "database is locked" in str(exc.orig)
+
+
+def _delete_quietly(io: FileIO, path: str) -> None:
+    """Delete a metadata file no table points at; one left behind is ``eo-sink gc``'s (design.md D18)."""
+    try:
+        io.delete(path)
+    except Exception as exc:
+        log.warning("could not delete metadata file %s, which no table points at: %s", path, exc)

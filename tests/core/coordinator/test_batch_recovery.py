@@ -97,7 +97,8 @@ def test_crash_between_the_tables_of_a_batch_leaves_one_table_with_every_epoch(
     for name in names:
         pipeline.create_table(name)
     writes = _persisted(pipeline, sink_id, range(1, 5), names)
-    coordinator = pipeline.coordinator(sink_id, pipeline.iceberg_committer(branch=branch))
+    # Table by table (Glue, or a catalog switched to it; the SQL catalog's one transaction: test_sql_transactions.py).
+    coordinator = pipeline.coordinator(sink_id, pipeline.table_by_table_committer(branch=branch))
     faults.crash_at("iceberg.after_catalog_update")
     with pytest.raises(SimulatedCrash):
         coordinator.recover(sink_id)

@@ -80,10 +80,12 @@ def test_crash_during_commit_then_recover_commits_exactly_once(
 def test_crash_between_the_two_tables_of_a_fan_out(
     pipeline: Pipeline, sink_id: str, faults: FaultSwitch, branch: str
 ) -> None:
+    """Committed table by table (Glue, or a catalog switched to it): a crash between two tables; the
+    recovery that follows commits the last in one transaction (the SQL catalog's, design.md D18)."""
     names = ["a", "b", "c"]
     for name in names:
         pipeline.create_table(name)
-    committer = pipeline.iceberg_committer(branch=branch)
+    committer = pipeline.table_by_table_committer(branch=branch)
     coordinator = pipeline.coordinator(sink_id, committer)
     pre = pipeline.write_iceberg(sink_id, 13, names, rows=3)
     coordinator.persist(pre)

@@ -119,17 +119,24 @@ def test_a_fan_out_epoch_is_replaced_in_every_table_by_one_snapshot_each(pipelin
 @pytest.mark.parametrize(
     ("point", "occurrence"),
     [
-        ("iceberg.before_catalog_update", 2),  # the first table replaced, the second not yet
-        ("iceberg.after_catalog_update", 1),
-        ("iceberg.after_catalog_update", 2),
+        ("iceberg.before_catalog_update", 2),  # table by table: the first table replaced, the second not yet
+        ("iceberg.after_catalog_update", 1),  # one transaction: both replaced
+        ("iceberg.after_catalog_update", 2),  # table by table: both replaced, not yet marked
+        ("iceberg.metadata_written", 1),  # one transaction: neither replaced
+        ("iceberg.in_catalog_transaction", 1),
     ],
 )
 def test_a_crash_between_the_tables_of_a_replacement_recovers(
     pipeline: Pipeline, sink_id: str, faults: FaultSwitch, point: str, occurrence: int
 ) -> None:
+    """A revision of a fan-out crashed mid-way: on the SQL catalog its tables are one transaction;
+    the points reached twice are those of a catalog committing table by table (Glue, or one switched to it)."""
     for name in ("orders", "refunds"):
         pipeline.create_table(name)
     coordinator = replacing(pipeline, sink_id)
+    if occurrence == 2:
+        committer = pipeline.table_by_table_committer()
+        coordinator = pipeline.coordinator(sink_id, committer, on_reprocess={sink_id: "replace"})
     first = generation(pipeline.write_iceberg(sink_id, 1, ["orders", "refunds"], rows=4), G1)
     commit(pipeline, coordinator, first)
     second = generation(pipeline.write_iceberg(sink_id, 1, ["orders", "refunds"], rows=6), G2)

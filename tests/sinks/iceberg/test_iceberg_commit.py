@@ -31,6 +31,7 @@ from airflow_provider_exactly_once.sinks.iceberg import IcebergSinkCommitter
 from airflow_provider_exactly_once.sinks.iceberg.epoch_snapshot import EpochSnapshot, commit_snapshots
 from airflow_provider_exactly_once.sinks.iceberg.markers import EPOCH_KEY, SINK_ID_KEY, WRITE_ID_KEY
 from airflow_provider_exactly_once.sinks.iceberg.schema_check import ColumnToAdd
+from airflow_provider_exactly_once.sinks.iceberg.table_transactions import SETTING
 from airflow_provider_exactly_once.sinks.iceberg.transaction import (
     FAULT_AFTER_CATALOG_UPDATE,
     FAULT_BEFORE_CATALOG_UPDATE,
@@ -158,9 +159,12 @@ def test_a_fan_out_of_three_tables_with_the_middle_one_empty_commits_and_so_do_i
     second = _middle_empty(tables, sink_id, 8)
     faults = FaultSwitch()
     faults.crash_at(FAULT_AFTER_CATALOG_UPDATE)  # t0 committed, then the process dies
-    crashing = IcebergSinkCommitter(catalog, branch=branch, fault=faults)
+    # Table by table (Glue, or a catalog switched to it), where a crash can fall between the tables.
+    table_by_table = SqlCatalog(catalog.name, **{**catalog.properties, SETTING: "false"})
+    crashing = IcebergSinkCommitter(table_by_table, branch=branch, fault=faults)
     with pytest.raises(SimulatedCrash):
         crashing.commit(crashing.prepare(second, check_files=True), now())
+    table_by_table.engine.dispose()
     assert [snapshot_count(t) for t in tables] == [2, 0, 1]
 
     faults = FaultSwitch()  # another writer appends to t2's branch under the new process's first attempt

@@ -92,11 +92,10 @@ class Sampler(threading.Thread):
     committed before the other (the per-table path commits them in the pre-commit's order) is caught
     between the two loads."""
 
-    def __init__(self, pipeline: S3Pipeline, sink_id: str) -> None:
+    def __init__(self, catalog: Catalog, names: list[str], sink_id: str) -> None:
         super().__init__(daemon=True)
-        assert pipeline.lake is not None
-        self.catalog = pipeline.lake.catalog()
-        self.names = [f"{pipeline.namespace}.{name}" for name in TABLES]
+        self.catalog = catalog
+        self.names = names
         self.sink_id = sink_id
         self.samples = 0
         self.torn: list[set[tuple[int, str]]] = []
@@ -120,7 +119,8 @@ def commit_epochs(pipeline: S3Pipeline, sink_id: str, count: int, *, per_table: 
         committer = IcebergSinkCommitter(pipeline.lake.catalog(**{SETTING: "false"}), fault=pipeline.fault)
     assert committer.transactions.offered is not per_table
     coordinator = pipeline.coordinator(sink_id, committer, on_reprocess={sink_id: "replace"})
-    sampler = Sampler(pipeline, sink_id)
+    assert pipeline.lake is not None
+    sampler = Sampler(pipeline.lake.catalog(), [f"{pipeline.namespace}.{name}" for name in TABLES], sink_id)
     sampler.start()
     try:
         for epoch in range(1, count + 1):
@@ -460,7 +460,7 @@ def test_a_404_for_a_table_dropped_before_the_transaction_leaves_the_route_on_an
     assert pipeline.catalog.load_table(f"{pipeline.namespace}.facts").metadata.snapshots == []
     assert faults.seen[FAULT_BEFORE_CATALOG_UPDATE] == 1 and faults.seen[FAULT_AFTER_CATALOG_UPDATE] == 0
     assert committer.transactions.offered and committer.transactions.known is None  # still to be tried
-    assert committer.transactions.delivery(2).how is Delivery.ONE_TRANSACTION
+    assert committer.transactions.delivery(2).how is Delivery.ONE_REQUEST  # asked, not listed: not known atomic
     assert "in one transaction has an unknown outcome: the catalog answered HTTP 404 NoSuchTableException" in str(
         caught.value
     )
@@ -601,7 +601,7 @@ def test_the_catalog_property_asks_for_the_route_or_switches_it_off(seaweed: Sea
         transactions = TableTransactions(catalog)
         assert transactions.offered is offered, setting
         answers[setting] = transactions.delivery(2)
-        assert answers[setting].how is (Delivery.ONE_TRANSACTION if offered else Delivery.TABLE_BY_TABLE)
+        assert answers[setting].how is (Delivery.ONE_REQUEST if offered else Delivery.TABLE_BY_TABLE)
         assert answers[setting].tables == 2 and repr(catalog.name) in answers[setting].why
         assert transactions.delivery(1).how is Delivery.ONE_TABLE
     assert "does not list POST /v1/{prefix}/transactions/commit in its /v1/config" in answers[None].why
@@ -609,14 +609,26 @@ def test_the_catalog_property_asks_for_the_route_or_switches_it_off(seaweed: Sea
     assert f"sets {SETTING} to false" in answers["false"].why
 
 
-def test_a_sql_catalog_commits_a_fan_out_table_by_table_even_when_asked(catalog: SqlCatalog) -> None:
-    for properties in ({}, ASKED):
+def test_a_sql_catalog_commits_a_fan_out_in_one_transaction_unless_switched_off(catalog: SqlCatalog) -> None:
+    """Its delivery says so, and why (the views' ``eo-sink show`` line: docs/cli.md)."""
+    for properties, offered in (({}, True), (ASKED, True), ({SETTING: "false"}, False)):
         sql = SqlCatalog(catalog.name, **{**catalog.properties, **properties})
         transactions = TableTransactions(sql)
-        assert not transactions.offered
+        assert transactions.offered is offered
         delivery = transactions.delivery(2)
-        assert (delivery.how, delivery.tables) == (Delivery.TABLE_BY_TABLE, 2)
-        assert delivery.why == f"catalog {catalog.name!r} is a SQL catalog, which commits each table on its own"
+        assert delivery.tables == 2 and delivery.atomic is offered
+        if offered:
+            assert delivery.how is Delivery.ONE_TRANSACTION
+            assert delivery.text == (
+                f"atomic across its 2 tables, one catalog transaction (SQL catalog {catalog.name!r} moves every "
+                "table's pointer in one database transaction, so a reader sees an epoch in all of them or in none)"
+            )
+        else:
+            assert delivery.how is Delivery.TABLE_BY_TABLE
+            assert delivery.text == (
+                f"not atomic across its 2 tables, committed table by table: the connection of SQL catalog "
+                f"{catalog.name!r} sets {SETTING} to false"
+            )
         sql.engine.dispose()
 
 
