@@ -1,6 +1,8 @@
-"""A fan-out epoch's commit behind a REST catalog (SeaweedFS's ``weed mini``, started here): one
-``transactions/commit`` over its tables (asked for: SeaweedFS does not list the route) against one
-commit per table (design.md, D18).
+"""A fan-out epoch's commit in one catalog transaction against one commit per table (design.md, D18):
+on a SQL catalog (``--backend sqlite`` or ``postgres``: one database transaction moving every
+table's pointer) or behind a REST catalog (``rest``, SeaweedFS's ``weed mini``, started here: one
+``transactions/commit`` over the tables, asked for, since SeaweedFS does not list the route). The
+per-table path is the same catalog with ``exactly-once.multi-table-commit: false``.
 
 For 2 and 8 tables, each round writes an epoch of one small file per table and persists it, for
 each path, then times ``coordinator.commit`` (the decision, the table loads and marker checks, the
@@ -9,16 +11,17 @@ catalog update or updates, the Committed mark). Two spans are read from the comm
 - ``visible_s``: from the commit's start to the catalog's answer to its last update, when every
   table shows the epoch;
 - ``torn_s``: from the answer to its first table update to the answer to its last, while a reader
-  sees the epoch in some tables only. One request has one answer, so it is 0 there by construction;
-  what remains inside the server (SeaweedFS moves the tables' pointers one after the other) is not
-  seen from here.
+  sees the epoch in some tables only. One transaction has one answer, so it is 0 there by
+  construction; on a REST catalog what remains inside the server (SeaweedFS moves the tables'
+  pointers one after the other) is not seen from here, while a SQL catalog's one database
+  transaction leaves nothing.
 
 The paths alternate within a round, each on tables and a sink of its own, so they share the
 machine's drift; the ratios (``transaction / per_table``, medians) are the result.
 
-    uv run python -m bench.fan_out_commit [--tables 2 8] [--rounds 15]
+    uv run python -m bench.fan_out_commit [--backend sqlite|postgres|rest] [--tables 2 8] [--rounds 15]
 
-Writes bench/results/fan_out_commit.json and .png.
+Writes bench/results/fan_out_commit_<backend>.json and .png.
 """
 
 from __future__ import annotations
@@ -36,9 +39,14 @@ from airflow_provider_exactly_once.core.status import CheckpointStatus
 from airflow_provider_exactly_once.sinks.iceberg import IcebergSinkCommitter
 from airflow_provider_exactly_once.sinks.iceberg.table_transactions import SETTING
 from airflow_provider_exactly_once.sinks.iceberg.transaction import FAULT_AFTER_CATALOG_UPDATE
-from bench._world import World, median, save, world, write_files
+from bench._world import BACKENDS, World, median, save, world, write_files
 
 PATHS = ("transaction", "per_table")
+CATALOGS = {
+    "sqlite": "SQL catalog on SQLite",
+    "postgres": "SQL catalog on PostgreSQL",
+    "rest": "rest (SeaweedFS weed mini)",
+}
 
 
 class Clock:
@@ -53,9 +61,10 @@ class Clock:
 
 
 def _coordinator(w: World, path: str, sink_id: str, clock: Clock) -> TwoPhaseCommitCoordinator:
-    # SeaweedFS does not list the route: the transaction path asks for it (docs/operations.md).
+    # SeaweedFS does not list the route: the transaction path asks for it (docs/operations.md); a SQL
+    # catalog takes it unasked. Named as the world's catalog: a SQL catalog's rows carry its name.
     setting = "true" if path == "transaction" else "false"
-    catalog = load_catalog(f"bench-{path}", **{**w.catalog.properties, SETTING: setting})
+    catalog = load_catalog(w.catalog.name, **{**w.catalog.properties, SETTING: setting})
     committer = IcebergSinkCommitter(catalog, fault=clock)
     assert committer.transactions.offered is (path == "transaction")
     return TwoPhaseCommitCoordinator(w.store, {sink_id: committer}, w.checkpoints)
@@ -75,11 +84,12 @@ def _epoch(w: World, sink_id: str, names: list[str], epoch: int) -> PreCommit:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--backend", choices=BACKENDS, default="sqlite")
     parser.add_argument("--tables", type=int, nargs="*", default=[2, 8])
     parser.add_argument("--rounds", type=int, default=15)
     args = parser.parse_args()
     results: list[dict[str, Any]] = []
-    with world("rest") as w:
+    with world(args.backend) as w:
         for count in args.tables:
             samples: dict[str, dict[str, list[float]]] = {
                 p: {"commit_s": [], "visible_s": [], "torn_s": []} for p in PATHS
@@ -121,12 +131,13 @@ def main() -> None:
                 f"torn for {row['per_table']['torn_s'] * 1000:.0f} ms per epoch on the per-table path",
                 flush=True,
             )
-    path = save("fan_out_commit", {"catalog": "rest (SeaweedFS weed mini)", "results": results})
-    _plot(results)
+    name = f"fan_out_commit_{args.backend}"
+    path = save(name, {"catalog": CATALOGS[args.backend], "results": results})
+    _plot(name, CATALOGS[args.backend], results)
     print(f"wrote {path} and its PNG")
 
 
-def _plot(results: list[dict[str, Any]]) -> None:
+def _plot(name: str, catalog: str, results: list[dict[str, Any]]) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -149,9 +160,9 @@ def _plot(results: list[dict[str, Any]]) -> None:
         axis.set_title(title)
         axis.set_xticks(counts)
         axis.legend()
-    fig.suptitle("A fan-out epoch's commit on a REST catalog: one transaction against one commit per table")
+    fig.suptitle(f"A fan-out epoch's commit, {catalog}: one transaction against one commit per table")
     fig.tight_layout()
-    fig.savefig(RESULTS / "fan_out_commit.png", dpi=110)
+    fig.savefig(RESULTS / f"{name}.png", dpi=110)
     plt.close(fig)
 
 

@@ -26,6 +26,7 @@ from typing import Any
 
 from pyarrow import fs as pafs
 from pyiceberg.catalog import TABLE_METADATA_FILE_NAME_REGEX, Catalog
+from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.io import FileIO
 from pyiceberg.io.pyarrow import PyArrowFileIO
 from pyiceberg.serializers import FromInputFile
@@ -166,8 +167,12 @@ class IcebergWriteFolders:
         """Each table's metadata files that no commit can make current any more and the table's
         metadata does not list, last modified before ``older_than``: those of a commit that died
         after writing them, before the catalog took them (a fan-out's on a SQL catalog, design.md
-        D18), or that lost its compare-and-swap (``_stray_metadata`` says which are certain)."""
+        D18), or that lost its compare-and-swap (``_stray_metadata`` says which are certain). Only on
+        a SQL catalog, whose metadata files pyiceberg writes in this process under the rules
+        ``_stray_metadata`` relies on; a REST catalog's server writes its own."""
         found: list[str] = []
+        if not isinstance(self._catalog, SqlCatalog):
+            return found
         for name in self._tables:
             table = load_table(self._catalog, name)
             folder = posixpath.dirname(table.metadata_location)

@@ -524,6 +524,8 @@ def test_a_reader_never_sees_a_fan_out_epoch_in_one_table_only_with_a_crash_ever
         sampler.stop.set()
         sampler.join(timeout=30)
         reader.engine.dispose()
+    # The figures of a long run (docs/faults.md), shown with -s.
+    print(f"{len(sampler.torn)} torn reads in {sampler.samples} over {EPOCHS} epochs, {len(crashes)} crashes")
     assert sampler.torn == [], f"{len(sampler.torn)} torn reads in {sampler.samples}: {sampler.torn[:5]}"
     assert sampler.samples > EPOCHS
     assert crashes == [crash_points[n % len(crash_points)] for n in range(EPOCHS // 10)]
