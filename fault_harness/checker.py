@@ -39,7 +39,11 @@ in the table's history (every snapshot carrying a marker of the sink):
 and on disk (the table's data directory, local or on S3):
 
 - ``orphan``: a data file in the sink's write locations (``data/_eo/<write id>/``), referenced by no
-  snapshot in the table's history, older than the grace period (recovery must have removed it).
+  snapshot in the table's history, older than the grace period (recovery must have removed it); or,
+  on local disk (the SQL catalog), a metadata file in the table's metadata folder of a version
+  between the oldest its metadata log keeps and the current one, neither current nor in the log,
+  older than the grace when ``eo-sink gc`` started (a commit killed after writing it: gc must have
+  removed it).
   Files of a replaced write stay referenced by the snapshots before the replacement, so they are not
   orphans. Another writer's unreferenced files (pyiceberg's append leaves its data file behind when
   the catalog commit fails) are counted, not judged: recovery must never touch them;
@@ -50,7 +54,12 @@ and across a fan-out's tables (``check_fan_out``), each judged as above on its o
 
 - ``torn``: the tables' marked snapshots do not carry the same writes in the same order (epoch,
   write id, revision): an epoch, or one of its revisions, reached some of the tables and not the
-  others.
+  others; or, where the catalog commits a fan-out in one transaction for readers (a SQL catalog's
+  database transaction), a reader that loaded the tables one after the other while the runs went
+  (``table_reads.FanOutReader``) saw a marked snapshot in one table and not in a table it loaded
+  after it: a torn state, counted at every marked snapshot it saw. On a REST catalog (SeaweedFS
+  moves the tables' pointers one after the other inside its ``transactions/commit``) such reads are
+  counted, not judged.
 
 Rows whose ids were never landed (another writer's) are counted, never judged.
 
@@ -64,6 +73,7 @@ writes in one transaction.
 
 from __future__ import annotations
 
+import os
 import posixpath
 import time
 from collections import Counter, defaultdict
@@ -77,6 +87,7 @@ from pyiceberg.table import Table
 from airflow_provider_exactly_once.sinks.layout import ICEBERG_WRITE_DIR
 from fault_harness.landed import LandedHour, Row, landed_hours
 from fault_harness.table_reads import (
+    FanOutReads,
     IndependentReader,
     Marked,
     Storage,
@@ -150,6 +161,8 @@ class CheckResult:
     causes_checked: int = 0
     #: An incremental pipeline's figures (``incremental_checker``): its upstream, producer and ranges.
     incremental: dict[str, Any] = field(default_factory=dict)
+    #: A fan-out's reader (``check_fan_out``): its reads, the marked snapshots they saw, the torn states.
+    fan_out_reads: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -168,6 +181,7 @@ class CheckResult:
             "history_rows_checked": self.history_rows_checked,
             "causes_checked": self.causes_checked,
             **({"incremental": self.incremental} if self.incremental else {}),
+            **({"fan_out_reads": self.fan_out_reads} if self.fan_out_reads else {}),
         }
 
 
@@ -237,10 +251,19 @@ def check(
     return result
 
 
-def check_fan_out(tables: Mapping[str, Table], results: Mapping[str, CheckResult], sink_id: str) -> CheckResult:
+def check_fan_out(
+    tables: Mapping[str, Table],
+    results: Mapping[str, CheckResult],
+    sink_id: str,
+    reads: FanOutReads | None = None,
+    *,
+    judge_reads: bool = True,
+) -> CheckResult:
     """A fan-out's tables, each already judged (``results``, in ``tables``' order), against each
-    other: the first table's result, with every other table's anomalies (naming their table) and a
-    ``torn`` anomaly per epoch whose marked writes differ between the tables."""
+    other: the first table's result, with every other table's anomalies (naming their table), a
+    ``torn`` anomaly per epoch whose marked writes differ between the tables, and one per marked
+    snapshot a reader (``reads``) saw in a table and not in one it loaded after it (``judge_reads``:
+    where the catalog commits a fan-out atomically for readers; otherwise they are only counted)."""
     first, *others = tables
     combined = results[first]
     writes = {
@@ -262,7 +285,33 @@ def check_fan_out(tables: Mapping[str, Table], results: Mapping[str, CheckResult
                         f"(write id, revision) of its marked snapshots: {mine} in table {first}, {theirs} in table {name}",
                     )
                 )
+    if reads is not None:
+        _judge_reads(reads, combined, judge_reads)
     return combined
+
+
+def _judge_reads(reads: FanOutReads, result: CheckResult, judged: bool) -> None:
+    """The reader's torn states, one anomaly per marked snapshot seen torn (where ``judged``)."""
+    torn_writes = {(name, write) for name, write, _ in reads.torn}
+    result.fan_out_reads = {
+        "reads": reads.samples,
+        "failed_reads": reads.errors,
+        "marked_snapshots_read": len(reads.shown),
+        "torn_reads": sum(reads.torn.values()),
+        "torn_marked_snapshots": len(torn_writes),
+        "judged": judged,
+    }
+    if not judged:
+        return
+    for (name, (epoch, write_id, revision), later), count in sorted(reads.torn.items()):
+        result.anomalies.append(
+            Anomaly(
+                "torn",
+                epoch,
+                f"a reader saw write {write_id} (revision {revision}) in table {name} and not in table {later}, "
+                f"loaded after it, in {count} of the {reads.shown[name, (epoch, write_id, revision)]} reads that showed it",
+            )
+        )
 
 
 def current_rows(table: Table, result: CheckResult, reader: IndependentReader | None) -> list[Row]:
@@ -465,6 +514,8 @@ def check_files(
         if age > orphan_grace_s:
             rel = posixpath.relpath(path, data_dir)
             result.anomalies.append(Anomaly("orphan", None, f"{rel} ({age:.0f} s old, referenced by no snapshot)"))
+    if not table.metadata_location.startswith("s3://"):
+        _check_metadata_files(table, orphan_grace_s, now, result)
     for path in sorted(referenced - set(on_disk)):
         if storage.exists(path):
             continue  # outside the data directory (another writer's location): it is there
@@ -477,6 +528,37 @@ def check_files(
                 f"{posixpath.relpath(path, data_dir)} of {who} is referenced by the table's snapshots but not on disk",
             )
         )
+
+
+def _check_metadata_files(table: Table, orphan_grace_s: float, now: float, result: CheckResult) -> None:
+    """On local disk (the SQL catalog's tables): every metadata file (``<version>-<uuid>.metadata.json``)
+    of a version the table's pointer has passed and its metadata log still covers is the current one
+    or in the log, unless it was younger than the grace when gc started."""
+
+    def version(name: str) -> int | None:
+        head = name.split("-", 1)[0]
+        return int(head) if name.endswith(".metadata.json") and head.isdigit() else None
+
+    current = posixpath.basename(table.metadata_location)
+    listed = {posixpath.basename(entry.metadata_file) for entry in table.metadata.metadata_log} | {current}
+    versions = [v for v in map(version, listed) if v is not None]
+    newest = version(current)
+    if newest is None or not versions:
+        return
+    folder = posixpath.dirname(local_path(table.metadata_location))
+    for name in sorted(os.listdir(folder)):
+        found = version(name)
+        if found is None or name in listed or not min(versions) <= found <= newest:
+            continue
+        age = now - os.stat(posixpath.join(folder, name)).st_mtime
+        if age > orphan_grace_s:
+            result.anomalies.append(
+                Anomaly(
+                    "orphan",
+                    None,
+                    f"metadata/{name} ({age:.0f} s old, neither the table's current metadata nor in its log)",
+                )
+            )
 
 
 def _rows_by_hour(rows: list[Row], owner: Mapping[str, LandedHour]) -> dict[int, list[Row]]:

@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pyiceberg.catalog import load_catalog
+from pyiceberg.catalog import Catalog, load_catalog
+from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 from pyiceberg.types import DoubleType, LongType, NestedField, StringType, TimestamptzType
@@ -37,6 +38,7 @@ from fault_harness.cluster import FINAL_ORPHAN_GRACE_S, ICEBERG_CONN_ID, RECOVER
 from fault_harness.history_check import check_causes, check_history_rows
 from fault_harness.incremental_checker import Produced, check_incremental
 from fault_harness.landed import epoch_of
+from fault_harness.table_reads import FanOutReads
 from fault_harness.upsert_changes import hour_changes, land_changes
 from fault_harness.upsert_checker import check_upsert
 
@@ -373,11 +375,17 @@ class Harness:
         self.orphans_collected_at = time.time()
         return dict(json.loads(self.cluster.eo_sink("gc", "--grace", f"{FINAL_ORPHAN_GRACE_S}s", "--json")))
 
-    def check(self, pipeline: Pipeline) -> CheckResult:
-        """Every table of the pipeline judged on its own, and a fan-out's tables against each other;
-        then the sink's epochs in the meta store, each row against its history (``history_check``).
-        An incremental pipeline's table is judged against its upstream table instead
-        (``incremental_checker``), and its committed snapshots against the meta store's chain."""
+    def open_catalog(self) -> Catalog:
+        """A catalog of the cluster's Iceberg connection of its own (a ``FanOutReader``'s)."""
+        return load_catalog(ICEBERG_CONN_ID, **self.cluster.catalog_properties)
+
+    def check(self, pipeline: Pipeline, reads: FanOutReads | None = None) -> CheckResult:
+        """Every table of the pipeline judged on its own, and a fan-out's tables against each other
+        (with what its reader saw while the runs went, ``reads``, judged where the catalog is a SQL
+        catalog: one database transaction per fan-out); then the sink's epochs in the meta store,
+        each row against its history (``history_check``). An incremental pipeline's table is judged
+        against its upstream table instead (``incremental_checker``), and its committed snapshots
+        against the meta store's chain."""
         store = SqlSinkStateStore(self.cluster.meta.url())
         try:
             if pipeline.mode == "incremental":
@@ -386,7 +394,11 @@ class Harness:
                 tables = {name: self.catalog.load_table(name) for name in pipeline.table_names}
                 results = {name: self._check_table(pipeline, table) for name, table in tables.items()}
                 result = (
-                    check_fan_out(tables, results, pipeline.sink_id) if len(tables) > 1 else results[pipeline.table]
+                    check_fan_out(
+                        tables, results, pipeline.sink_id, reads, judge_reads=isinstance(self.catalog, SqlCatalog)
+                    )
+                    if len(tables) > 1
+                    else results[pipeline.table]
                 )
             anomalies, result.history_rows_checked = check_history_rows(store, pipeline.sink_id)
             uncaused, result.causes_checked = check_causes(self.cluster.eo_sink, store, pipeline.sink_id)

@@ -1,7 +1,8 @@
 """The driver: run any number of scenarios at once on one cluster, then judge every table.
 
 ``run_scenarios`` starts every pipeline, runs the scenarios' actions beside the runs (an
-incremental pipeline's producer among them, ``incremental.produce_upstream``), waits for
+incremental pipeline's producer among them, ``incremental.produce_upstream``; a fan-out's reader,
+``table_reads.FanOutReader``, from the start of its runs until recovery ended), waits for
 every run to finish, lets the recovery DAG run after the orphan grace period, and checks every table
 (``checker.check``), telling it how many revisions each epoch went through, and each sink's
 meta-store rows against their history (``history_check``). A report is JSON: the
@@ -22,6 +23,7 @@ from fault_harness.cluster import FINAL_ORPHAN_GRACE_S, Cluster
 from fault_harness.harness import Harness, Pipeline
 from fault_harness.incremental import produce_upstream
 from fault_harness.plans import Action, Context, Scenario
+from fault_harness.table_reads import FanOutReader
 
 #: How a report names each writer of ``Scenario.writer``.
 WRITERS = {
@@ -38,6 +40,8 @@ def run_scenarios(cluster: Cluster, scenarios: Sequence[Scenario], *, timeout: f
     logs: dict[str, list[str]] = {s.name: [] for s in scenarios}
     errors: dict[str, str] = {}
     settled = threading.Event()
+    #: Each fan-out's reader, by scenario.
+    readers: dict[str, FanOutReader] = {}
     try:
         for s in scenarios:
             s.pipeline = harness.add(
@@ -73,6 +77,10 @@ def run_scenarios(cluster: Cluster, scenarios: Sequence[Scenario], *, timeout: f
                 for r in s.rules
             ]
         )
+        for s in scenarios:
+            if s.pipeline is not None and s.tables > 1:
+                readers[s.name] = FanOutReader(harness.open_catalog, s.pipeline.table_names, s.pipeline.sink_id)
+                readers[s.name].start()
         for s in scenarios:
             assert s.pipeline is not None
             harness.start_dag(s.pipeline, wait=False)
@@ -118,12 +126,15 @@ def run_scenarios(cluster: Cluster, scenarios: Sequence[Scenario], *, timeout: f
             harness.wait_finished(s.pipeline, timeout=max(10.0, deadline - time.monotonic()))
         finished_at = time.monotonic()
         recovery_state = harness.run_recovery()
+        for reader in readers.values():
+            reader.stop.set()
+            reader.join(timeout=60)
         time.sleep(max(0.0, finished_at + FINAL_ORPHAN_GRACE_S + 3 - time.monotonic()))
         collected = harness.collect_orphans()
         results = {}
         for s in scenarios:
             assert s.pipeline is not None
-            checked = harness.check(s.pipeline)
+            checked = harness.check(s.pipeline, readers[s.name].reads if s.name in readers else None)
             results[s.name] = {
                 "description": s.description,
                 "writer": WRITERS[s.writer],
@@ -151,4 +162,6 @@ def run_scenarios(cluster: Cluster, scenarios: Sequence[Scenario], *, timeout: f
         }
     finally:
         settled.set()
+        for reader in readers.values():
+            reader.stop.set()
         harness.dispose()

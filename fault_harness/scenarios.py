@@ -67,6 +67,17 @@ INCREMENTAL_CI_KILL_POINTS = (
 )
 
 
+#: ``fan_out_kill_transaction``'s kill points, one per epoch: the steps of a SQL catalog's fan-out
+#: commit (``sinks/iceberg/transaction.py``, ``SqlPointerMoves``), each reached once by every fan-out epoch.
+FAN_OUT_TRANSACTION_POINTS = (
+    "iceberg.metadata_written",
+    "iceberg.in_catalog_transaction",
+    "iceberg.after_catalog_update",
+    "iceberg.before_catalog_update",
+)
+FAN_OUT_TRANSACTION_RULES = tuple(Rule(n, point) for n, point in enumerate(FAN_OUT_TRANSACTION_POINTS))
+
+
 def incremental_kills(name: str, points: tuple[str, ...], epochs: int) -> Scenario:
     """An incremental pipeline of ``epochs`` epochs, the producer appending to its upstream, each
     epoch's first try killed -9 at ``points[n % len(points)]``; the scenario fails unless every kill fired."""
@@ -308,8 +319,19 @@ def named_scenarios() -> dict[str, Scenario]:
                 Rule(2, "commit.visible"),
             ),
             description="fan-out pipeline (two tables): each epoch's commit killed -9 at another step (before the "
-            "catalog update, after it, before the Committed mark); table by table on the local stack (the kill after "
-            "the update leaves the first table committed), one transactions/commit request on the production stack",
+            "catalog update, after it, before the Committed mark); one database transaction on the local stack's "
+            "SQL catalog (fan_out_kill_transaction kills inside it), one transactions/commit request on the production stack",
+        ),
+        Scenario(
+            "fan_out_kill_transaction",
+            epochs=len(FAN_OUT_TRANSACTION_POINTS),
+            tables=2,
+            rules=FAN_OUT_TRANSACTION_RULES,
+            actions=(kills_fired(FAN_OUT_TRANSACTION_RULES),),
+            description="fan-out pipeline (two tables) on the SQL catalog: each epoch's commit killed -9 at another "
+            "step of its one database transaction (every table's metadata file written, inside the transaction, after "
+            "it, before it); a reader loading the tables throughout never sees an epoch in one only, and gc removes "
+            "the metadata files the kills left",
         ),
         Scenario(
             "drop_commit_response",
@@ -357,7 +379,10 @@ NOT_ON: dict[str, dict[str, str]] = {
     },
     # kill_spark_write runs there too: spark-submit on the Celery worker, its executors under the
     # standalone worker, writing to the REST catalog's S3 through pyiceberg's FileIO (no s3a).
-    "production": {},
+    "production": {
+        "fan_out_kill_transaction": "the production stack's catalog is REST: a fan-out is one transactions/commit "
+        "request there, killed before, inside and after it by fan_out_kill_commit",
+    },
 }
 
 

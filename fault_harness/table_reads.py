@@ -1,19 +1,24 @@
 """What the table of a fault run holds, read without our own code's help: the data files its
 history references, the snapshots carrying the sink's marker, the files in its data directory
 (local disk, or S3 through s3fs), and its rows by pyiceberg and by an independent reader (DuckDB's
-iceberg extension, with its httpfs extension for tables on S3).
+iceberg extension, with its httpfs extension for tables on S3); and, while a fan-out's runs go,
+what a reader loading its tables one after the other sees (``FanOutReader``).
 """
 
 from __future__ import annotations
 
 import os
+import threading
+import time
 import urllib.parse
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+from pyiceberg.catalog import Catalog
 from pyiceberg.manifest import ManifestEntryStatus
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot
@@ -146,6 +151,78 @@ def marked_snapshots(table: Table, sink_id: str) -> list[Marked]:
             )
         )
     return found
+
+
+#: A marked write as a table shows it: (epoch, write id, revision).
+MarkedWrite = tuple[int, str, int]
+
+
+def marked_writes(table: Table, sink_id: str) -> set[MarkedWrite]:
+    """The writes the table's snapshots carry ``sink_id``'s marker of, from their summaries alone."""
+    found = set()
+    for snapshot in table.metadata.snapshots:
+        marker = marker_of(snapshot)
+        if marker is not None and marker[SINK_ID_KEY] == sink_id:
+            found.add((int(marker[EPOCH_KEY]), marker.get(WRITE_ID_KEY, ""), int(marker.get(REVISION_KEY, "0") or 0)))
+    return found
+
+
+@dataclass
+class FanOutReads:
+    """What a ``FanOutReader`` saw: per (table, marked write) it found, how many reads showed it,
+    and per (table, marked write, table loaded after it that did not show it), how many times."""
+
+    samples: int = 0
+    errors: int = 0
+    shown: Counter[tuple[str, MarkedWrite]] = field(default_factory=Counter)
+    torn: Counter[tuple[str, MarkedWrite, str]] = field(default_factory=Counter)
+
+
+class FanOutReader(threading.Thread):
+    """Loads a fan-out's tables one after the other through a catalog of its own, again and again
+    while the runs go, each read in the other order than the one before. Where every epoch (and
+    revision) reaches all the tables at once, whatever marked write one load shows every later load
+    shows too; one that a later load does not show is a torn state, counted per marked snapshot
+    (``checker.check_fan_out`` judges them). A failed read (a table not created yet, the catalog's
+    database restarting) is counted and skipped."""
+
+    def __init__(
+        self, open_catalog: Callable[[], Catalog], tables: Sequence[str], sink_id: str, pause_s: float = 0.05
+    ) -> None:
+        super().__init__(daemon=True, name=f"fan-out reader of {sink_id}")
+        self._open_catalog = open_catalog
+        self._tables = list(tables)
+        self._sink_id = sink_id
+        self._pause_s = pause_s
+        self.reads = FanOutReads()
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        catalog = self._open_catalog()
+        try:
+            while not self.stop.is_set():
+                order = self._tables if self.reads.samples % 2 == 0 else self._tables[::-1]
+                try:
+                    shown = [(name, marked_writes(catalog.load_table(name), self._sink_id)) for name in order]
+                except Exception:
+                    self.reads.errors += 1
+                else:
+                    self._count(shown)
+                time.sleep(self._pause_s)
+        finally:
+            engine = getattr(catalog, "engine", None)
+            if engine is not None:
+                engine.dispose()
+
+    def _count(self, shown: list[tuple[str, set[MarkedWrite]]]) -> None:
+        reads = self.reads
+        reads.samples += 1
+        for n, (name, writes) in enumerate(shown):
+            for write in writes:
+                reads.shown[name, write] += 1
+                for later, later_writes in shown[n + 1 :]:
+                    if write not in later_writes:
+                        reads.torn[name, write, later] += 1
 
 
 def _rows_of_arrow(data: pa.Table) -> list[Row]:

@@ -27,6 +27,7 @@ from demo.world import hour_dir, land_hour, mark_hour
 from fault_harness.checker import CheckResult, check, check_fan_out
 from fault_harness.harness import EVENT_SCHEMA, reland_hour
 from fault_harness.landed import epoch_of, read_input
+from fault_harness.table_reads import FanOutReader, marked_writes
 
 SINK = "faults-unit"
 H0 = dt.datetime(2025, 1, 1, 0, tzinfo=dt.UTC)
@@ -212,3 +213,64 @@ def test_a_fan_out_judged_table_by_table_and_across_its_tables(tmp_path: Path) -
     assert fan_out() == {("missing", h1, in_second), ("snapshots", h1, in_second), torn}
     second.commit(H1, second.write(H1))  # the same rows, but another write than the first table's
     assert fan_out() == {torn}
+
+
+def test_a_fan_out_readers_torn_states_are_counted_at_every_marked_snapshot_and_judged_where_atomic(
+    tmp_path: Path,
+) -> None:
+    """What a ``FanOutReader`` saw: the same two tables read while the second lacked H1's write (the
+    first read first) and once both had it; judged, the marked snapshot seen torn is one ``torn``
+    anomaly naming both tables; not judged (a REST catalog), the reads are only counted."""
+    first, second = World(tmp_path / "first"), World(tmp_path / "second")
+    both = str(uuid.uuid4())
+    first.commit(H0, first.write(H0, both))
+    second.commit(H0, second.write(H0, both))
+    h1 = str(uuid.uuid4())
+    first.commit(H1, first.write(H1, h1))
+    tables = {"faults.first": first.table, "faults.second": second.table}
+    reader = FanOutReader(lambda: first.table.catalog, list(tables), SINK)
+    for _ in range(2):
+        reader._count([(name, marked_writes(table.refresh(), SINK)) for name, table in tables.items()])
+    second.commit(H1, second.write(H1, h1))
+    reader._count([(name, marked_writes(table.refresh(), SINK)) for name, table in reversed(tables.items())])
+
+    for judged in (True, False):
+        results = {"faults.first": first.result(), "faults.second": second.result()}
+        result = check_fan_out(tables, results, SINK, reader.reads, judge_reads=judged)
+        assert result.fan_out_reads == {
+            "reads": 3,
+            "failed_reads": 0,
+            "marked_snapshots_read": 4,
+            "torn_reads": 2,
+            "torn_marked_snapshots": 1,
+            "judged": judged,
+        }
+        torn = [a for a in result.anomalies if a.kind == "torn"]
+        if judged:
+            assert [(a.epoch, a.detail) for a in torn] == [
+                (
+                    epoch_of(H1),
+                    f"a reader saw write {h1} (revision 0) in table faults.first and not in table faults.second, "
+                    "loaded after it, in 2 of the 3 reads that showed it",
+                )
+            ]
+        else:
+            assert torn == []
+
+
+def test_a_metadata_file_no_commit_took_is_an_orphan_once_older_than_the_grace(world: World) -> None:
+    """A copy of the current metadata under another name, of the current version (a commit killed
+    after writing it, whose retry made that version current): an orphan. The same of the next
+    version (a commit perhaps still in flight) is not judged."""
+    world.commit(H0, world.write(H0))
+    world.commit(H1, world.write(H1))
+    assert world.check() == []
+    current = Path(world.table.metadata_location.removeprefix("file://"))
+    version = int(current.name.split("-", 1)[0])
+    ahead = current.with_name(f"{version + 1:05d}-{uuid.uuid4()}.metadata.json")
+    ahead.write_bytes(current.read_bytes())
+    assert world.check() == []
+    left = current.with_name(f"{version:05d}-{uuid.uuid4()}.metadata.json")
+    left.write_bytes(current.read_bytes())
+    found = world.result().anomalies
+    assert [(a.kind, a.detail.split(" ", 1)[0]) for a in found] == [("orphan", f"metadata/{left.name}")]

@@ -28,7 +28,8 @@ pytestmark = pytest.mark.postgres
 #: The named scenarios CI runs, at once: those whose mechanism the fixed-seed random plan
 #: (``test_fault_harness_random.py``) does not draw (a zombie committer, a foreign writer, a meta-store outage held across commits, a
 #: failed checkpoint beside a completed one, a reprocess backfill, a revision given up, a compaction
-#: between an upsert epoch's write and its commit). Every named scenario is the long run:
+#: between an upsert epoch's write and its commit, kills inside a fan-out's one database transaction
+#: on the SQL catalog with a reader loading its tables throughout). Every named scenario is the long run:
 #: ``uv run --frozen pytest -m long tests/fault_harness`` or ``scripts/faults --scenario all``.
 CI_SCENARIOS = [
     "zombie",
@@ -39,6 +40,7 @@ CI_SCENARIOS = [
     "revision_given_up",
     "upsert_compaction",
     "incremental_kills_short",
+    "fan_out_kill_transaction",
 ]
 
 
@@ -104,6 +106,14 @@ def check_named_results(report: dict[str, Any]) -> dict[str, Any]:
     if "kill_during_replacement" in ran:
         actions = results["kill_during_replacement"]["actions"]
         assert any("every armed fault fired (6)" in line for line in actions), actions
+    for name, result in results.items():
+        if len(result["tables"]) > 1:  # a fan-out: read throughout, its torn states judged (the SQL catalog)
+            reads = result["fan_out_reads"]
+            assert reads["judged"] and reads["reads"] > 0 and reads["torn_reads"] == 0, (name, reads)
+            assert reads["marked_snapshots_read"] >= len(result["tables"]) * result["marked_snapshots"], (name, reads)
+    if "fan_out_kill_transaction" in ran:
+        actions = results["fan_out_kill_transaction"]["actions"]
+        assert any("kills fired in 4 of 4 epochs" in line for line in actions), actions
     if "revision_given_up" in ran:
         # A revision given up leaves the first write (checked by the action) and no snapshot.
         given_up = results["revision_given_up"]
