@@ -75,3 +75,15 @@ def unknown(tables: int | None, error: BaseException) -> EpochDelivery:
     """The answer when the catalog cannot be opened: the error named, masked, instead of a failure."""
     lines = str(error).strip().splitlines()
     return EpochDelivery(Delivery.UNKNOWN, tables, f"{type(error).__name__}: {lines[0] if lines else ''}")
+
+
+#: Every one-table Iceberg sink's answer, and every file sink's (one root, whose readers list the
+#: directory while the commit moves the files one after the other): known without a catalog or a
+#: file system, so ``eo-sink show`` of such a sink imports neither.
+SINGLE_TABLE = EpochDelivery(Delivery.ONE_TABLE, 1, "each epoch is one snapshot of its one table")
+FILE_SINK = EpochDelivery(
+    Delivery.FILE_BY_FILE,
+    1,
+    "a file sink has one root, and its commit moves the epoch's files to their final names one at a "
+    "time, so a reader listing the root during a commit can see part of the epoch",
+)

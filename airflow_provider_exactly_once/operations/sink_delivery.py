@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from airflow_provider_exactly_once.core.delivery import EpochDelivery, unknown
+from airflow_provider_exactly_once.core.delivery import FILE_SINK, SINGLE_TABLE, EpochDelivery, unknown
 from airflow_provider_exactly_once.core.errors import ExactlyOnceError
 from airflow_provider_exactly_once.runtime.assembly import iceberg_catalog, reaching
 from airflow_provider_exactly_once.sinks.config import FileSinkConfig, SinkConfig
@@ -27,13 +27,11 @@ TTL_S = 60.0
 def delivery_of(sink: SinkConfig) -> EpochDelivery:
     """The sink's answer, its catalog opened only for a fan-out (pyiceberg is imported only then)."""
     if isinstance(sink, FileSinkConfig):
-        from airflow_provider_exactly_once.sinks.files import DELIVERY
-
-        return DELIVERY
-    from airflow_provider_exactly_once.sinks.iceberg.table_transactions import SINGLE_TABLE, TableTransactions
-
+        return FILE_SINK
     if len(sink.tables) == 1:
         return SINGLE_TABLE
+    from airflow_provider_exactly_once.sinks.iceberg.table_transactions import TableTransactions
+
     try:
         with reaching(sink):
             catalog = iceberg_catalog(sink)

@@ -34,7 +34,6 @@ from typing import Any
 from fsspec.core import split_protocol
 from fsspec.implementations.local import LocalFileSystem
 
-from airflow_provider_exactly_once.core.delivery import Delivery, EpochDelivery
 from airflow_provider_exactly_once.core.errors import (
     AbortRefused,
     CommitRefused,
@@ -59,7 +58,6 @@ from airflow_provider_exactly_once.sinks.layout import FILE_STAGING_DIR, file_wr
 
 __all__ = [
     "COMMIT_STARTED_MARKER",
-    "DELIVERY",
     "HIVE_DEFAULT_PARTITION",
     "FileSinkCommitter",
     "PlannedMove",
@@ -75,14 +73,6 @@ COMMIT_STARTED_MARKER = "_COMMIT_STARTED"
 HIVE_DEFAULT_PARTITION = "__HIVE_DEFAULT_PARTITION__"
 #: Token prefix of a committed file sink: ``files:<number of files>``.
 TOKEN_PREFIX = "files:"
-#: What the epoch views say of every file sink: one root (``_plan`` takes one table write), whose
-#: readers list the directory while ``commit`` moves the files one after the other.
-DELIVERY = EpochDelivery(
-    Delivery.FILE_BY_FILE,
-    1,
-    "a file sink has one root, and its commit moves the epoch's files to their final names one at a "
-    "time, so a reader listing the root during a commit can see part of the epoch",
-)
 
 # Hive's FileUtils.escapePathName set, so Spark and Hive read the partition values back unchanged.
 _ESCAPED = frozenset("\"#%'*/:=?\\\x7f{[]^") | frozenset(chr(c) for c in range(0x20))

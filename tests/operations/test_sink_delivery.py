@@ -122,3 +122,22 @@ def test_a_rest_catalog_commits_in_one_transaction_only_when_asked(
         assert f"REST catalog {conn_id!r} does not list {ROUTE} in its /v1/config" in delivery.why
     secret = seaweed.catalog_properties()["credential"].split(":", 1)[1]
     assert secret not in json.dumps(delivery.to_dict())
+
+
+def test_a_one_table_or_file_sinks_answer_imports_no_catalog_library() -> None:
+    """``eo-sink show`` of a one-table or file sink answers without pyiceberg's import (0.4 s of a
+    CLI that should answer within one): only a fan-out's answer opens its catalog."""
+    import subprocess
+    import sys
+
+    code = """
+import sys
+from airflow_provider_exactly_once.operations.sink_delivery import delivery_of
+from airflow_provider_exactly_once.sinks.config import FileSinkConfig, IcebergSinkConfig
+print(delivery_of(IcebergSinkConfig(sink_id="s", tables=("ns.t",))).how.value)
+print(delivery_of(FileSinkConfig(sink_id="f", root="/tmp/f")).how.value)
+print(sorted({m.split(".")[0] for m in sys.modules} & {"pyiceberg", "pyarrow", "fsspec"}))
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines() == ["one table", "file by file", "[]"]

@@ -48,7 +48,7 @@ from pyiceberg.catalog.rest import (
 from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.table import Table
 
-from airflow_provider_exactly_once.core.delivery import Delivery, EpochDelivery
+from airflow_provider_exactly_once.core.delivery import SINGLE_TABLE, Delivery, EpochDelivery
 from airflow_provider_exactly_once.core.errors import CommitOutcomeUnknown, CommitRefused, SinkUnavailable
 from airflow_provider_exactly_once.core.ports import EMPTY, CommitPlan
 from airflow_provider_exactly_once.sinks.iceberg.catalog_access import describe_error
@@ -79,7 +79,6 @@ _MISSING_THINGS = frozenset({"NoSuchTableException", "NoSuchNamespaceException"}
 #: pyiceberg's catalog classes that commit each table on its own, as the epoch views name them.
 _KINDS = {"GlueCatalog": "Glue", "HiveCatalog": "Hive", "DynamoDbCatalog": "DynamoDB"}
 #: A single-table sink's answer, on any catalog: no catalog need be opened to give it.
-SINGLE_TABLE = EpochDelivery(Delivery.ONE_TABLE, 1, "each epoch is one snapshot of its one table")
 
 
 class RouteMissing(Exception):
