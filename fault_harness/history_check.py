@@ -18,7 +18,8 @@ Per sink, for every epoch with a row or a history event:
   its revision number and its write id.
 
 ``IMPLIED`` is read off the transitions (``store/sql.py``, ``batch_transitions.py``,
-``revisions.py``); the events that change no status (a warning, an error, a clean-up) are skipped.
+``revisions.py``); the events that change no status (a warning, an error, a clean-up, a revision
+record carried over by migration 0014) are skipped.
 
 And every epoch that was aborted says why, as an operator reads it (``uncaused``, ``check_causes``):
 ``eo-sink history --json`` holds, for each abort, a reason other than "an upstream step failed";

@@ -22,6 +22,7 @@ from enum import StrEnum
 
 from . import errors
 from .redact import safe_text
+from .status import EpochStatus
 
 
 class EpochEvent(StrEnum):
@@ -55,6 +56,8 @@ class EpochEvent(StrEnum):
     #: A write's files queued for deletion, and their deletion done.
     CLEANUP_QUEUED = "clean-up queued"
     CLEANED_UP = "cleaned up"
+    #: A revision record kept before the history held them, carried over by migration 0014.
+    REVISION_RECORDED = "revision recorded"
 
 
 class ActorKind(StrEnum):
@@ -82,6 +85,27 @@ class Actor:
 
 
 @dataclass(frozen=True)
+class RevisionWrite:
+    """A write that was, or was to be, a revision, as its record shows it (design.md D11), kept
+    whole on each event that makes or changes the record: the records are read from the history."""
+
+    write_id: str
+    revision: int
+    #: ``Committed`` (until a revision's commit names it ``replaced_write_id``) or ``Aborted``;
+    #: ``Pending`` only for the revision in flight, which its row shows, never an event.
+    status: EpochStatus
+    generation: str | None
+    #: The run that wrote it.
+    dag_id: str | None
+    run_id: str | None
+    try_number: int | None
+    rows: int
+    files: int
+    #: Per table, the snapshot that made it visible; ``None`` for a revision given up.
+    committed: dict[str, str] | None
+
+
+@dataclass(frozen=True)
 class HistoryEntry:
     """One row of an epoch's history, as the store returns it (oldest first)."""
 
@@ -96,6 +120,11 @@ class HistoryEntry:
     at: datetime
     actor: Actor
     reason: str | None
+    #: The revision record the event makes or changes: the committed write a revision opened to
+    #: replace, a revision given up (its reason the event's), a revision committed.
+    revised: RevisionWrite | None = None
+    #: The write a revision's commit replaced: its record reads ``Replaced`` from this event on.
+    replaced_write_id: str | None = None
 
 
 UNKNOWN = Actor(ActorKind.UNKNOWN)

@@ -1,6 +1,7 @@
 """The epochs' history (``epoch_history``, migration 0012): one row per transition, written by the
 transition itself in its own transaction (``record``), so that a crash leaves both or neither; and
-the store's ``history`` companion, which reads an epoch's rows and expires old ones.
+the store's ``history`` companion, which reads an epoch's rows and expires old ones, never those
+an epoch's revision records are read from (``KEPT``, design.md D19).
 
 Every transition of ``sql.py``, ``batch_transitions.py``, ``revisions.py`` and ``cleanup_queue.py``
 calls ``record`` (``tests/store/test_store_history.py`` fails for one that does not). Who acted comes
@@ -10,10 +11,12 @@ from the context the acting door set (``core.history.acting``); a transition tha
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from datetime import timedelta
 
-from sqlalchemy import delete, insert, select, update
+from pydantic import TypeAdapter
+from sqlalchemy import ColumnElement, delete, insert, not_, or_, select, update
 from sqlalchemy.orm import Session
 
 from airflow_provider_exactly_once.core.history import (
@@ -21,6 +24,7 @@ from airflow_provider_exactly_once.core.history import (
     ActorKind,
     EpochEvent,
     HistoryEntry,
+    RevisionWrite,
     current_actor,
 )
 from airflow_provider_exactly_once.core.identifiers import check_epoch
@@ -30,6 +34,14 @@ from airflow_provider_exactly_once.core.status import EpochStatus
 from airflow_provider_exactly_once.store import arguments, rows
 from airflow_provider_exactly_once.store.database import MetaStoreDatabase
 from airflow_provider_exactly_once.store.models import LOCK_HOLDER_LENGTH, EpochHistory, PendingSinkState, db_now
+
+#: The events an epoch's revision records are read from (``store/revisions.py``): never expired.
+KEPT: ColumnElement[bool] = or_(EpochHistory.revision_record.is_not(None), EpochHistory.replaced_write_id.is_not(None))
+
+
+@functools.cache
+def _revision_json() -> TypeAdapter[RevisionWrite]:
+    return TypeAdapter(RevisionWrite)
 
 
 def record(
@@ -43,9 +55,12 @@ def record(
     revision: int | None = None,
     reason: str | None = None,
     run: tuple[str | None, str | None, int | None] | None = None,
+    revised: RevisionWrite | None = None,
+    replaced: str | None = None,
 ) -> None:
     """Append one event inside the caller's transaction. ``run``: the (DAG, run id, try) the
-    transition names (a persist's); otherwise the acting task's run, if a task acts."""
+    transition names (a persist's); otherwise the acting task's run, if a task acts. ``revised``
+    and ``replaced``: what the event does to the epoch's revision records (``HistoryEntry``)."""
     actor = current_actor()
     dag_id, run_id, try_number = run if run is not None else (actor.dag_id, actor.run_id, actor.try_number)
     session.execute(
@@ -66,6 +81,8 @@ def record(
             actor_name=None if actor.name is None else actor.name[:LOCK_HOLDER_LENGTH],
             reason=reason,
             at=db_now(),
+            revision_record=None if revised is None else _revision_json().dump_json(revised).decode(),
+            replaced_write_id=replaced,
         )
     )
 
@@ -77,6 +94,8 @@ def recorded(
     *,
     reason: str | None = None,
     run: tuple[str | None, str | None, int | None] | None = None,
+    revised: RevisionWrite | None = None,
+    replaced: str | None = None,
 ) -> EpochRecord:
     """``record`` of the row as the transition left it; the row, for the transition to return."""
     record(
@@ -89,8 +108,20 @@ def recorded(
         revision=row.revision,
         reason=reason,
         run=run,
+        revised=revised,
+        replaced=replaced,
     )
     return row
+
+
+def read(session: Session, sink_id: str, epoch: int, *where: ColumnElement[bool]) -> list[HistoryEntry]:
+    """The epoch's events (those matching ``where``), oldest first, inside the caller's transaction."""
+    found = session.scalars(
+        select(EpochHistory)
+        .where(EpochHistory.sink_id == sink_id, EpochHistory.epoch == epoch, *where)
+        .order_by(EpochHistory.id)
+    )
+    return [_entry(row) for row in found]
 
 
 class SqlHistory:
@@ -105,12 +136,7 @@ class SqlHistory:
     def events(self, sink_id: str, epoch: int) -> Sequence[HistoryEntry]:
         epoch = check_epoch(epoch)
         with self._db.transaction(f"reading the history of sink {sink_id!r} epoch {epoch}", write=False) as session:
-            found = session.scalars(
-                select(EpochHistory)
-                .where(EpochHistory.sink_id == sink_id, EpochHistory.epoch == epoch)
-                .order_by(EpochHistory.id)
-            )
-            return [_entry(row) for row in found]
+            return read(session, sink_id, epoch)
 
     def record_failure(self, sink_id: str, epoch: int, reason: str, *, final: bool = True) -> bool:
         """Keep the acting task's failed try on its epoch (design.md D22): an ERROR event (a
@@ -158,12 +184,13 @@ class SqlHistory:
 
     def expire(self, sink_id: str, older_than: timedelta) -> int:
         """Delete the sink's history rows older than ``older_than`` by the database's clock; how
-        many. Only ``epoch_history`` is touched: an epoch's own row, its write and its clean-ups stay."""
+        many. Only ``epoch_history`` is touched: an epoch's own row, its write and its clean-ups
+        stay, and so do the events its revision records are read from (``KEPT``)."""
         if older_than <= timedelta(0):
             raise ValueError(f"a history retention must be positive, got {older_than}")
         with self._db.transaction(f"expiring old history of sink {sink_id!r}", write=True) as session:
             cutoff = rows.database_now(session) - older_than
-            old = delete(EpochHistory).where(EpochHistory.sink_id == sink_id, EpochHistory.at < cutoff)
+            old = delete(EpochHistory).where(EpochHistory.sink_id == sink_id, EpochHistory.at < cutoff, not_(KEPT))
             return rows.rowcount(session, old)
 
 
@@ -187,4 +214,6 @@ def _entry(row: EpochHistory) -> HistoryEntry:
             clear_number=row.clear_number,
         ),
         reason=row.reason,
+        revised=None if row.revision_record is None else _revision_json().validate_json(row.revision_record),
+        replaced_write_id=row.replaced_write_id,
     )

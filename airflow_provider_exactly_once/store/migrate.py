@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 
 #: The newest revision under ``migrations/versions`` (a test keeps the two in step).
-HEAD_REVISION = "0013"
+HEAD_REVISION = "0014"
 
 #: ``pg_advisory_xact_lock`` key of the upgrade ("EOMS" as bytes); advisory keys are per database.
 PG_MIGRATION_LOCK_KEY = 0x454F4D53

@@ -50,7 +50,6 @@ DAG_ID_LENGTH = 250
 WRITE_ID_LENGTH = 36
 STATUS_LENGTH = 16
 ABORT_CAUSE_LENGTH = 32
-GENERATION_LENGTH = 40
 CHECKPOINT_NAME_LENGTH = 128
 EVENT_LENGTH = 32
 TABLE_NAME_LENGTH = TABLE_NAME_MAX_LENGTH
@@ -287,37 +286,11 @@ class SinkCleanup(Base):
     removed_by: Mapped[str | None] = mapped_column(Text)
 
 
-class EpochRevision(Base):
-    """Every revision of an epoch, for operators: what was written, by which run, and what became of it."""
-
-    __tablename__ = "epoch_revision"
-    #: One row per write that was (or was to be) a revision: an aborted revision and the one that
-    #: later took its number are both kept.
-    __table_args__ = (PrimaryKeyConstraint("sink_id", "epoch", "write_id"),)
-
-    sink_id: Mapped[str] = mapped_column(String(SINK_ID_LENGTH))
-    epoch: Mapped[int] = mapped_column(BigInteger, autoincrement=False)
-    write_id: Mapped[str] = mapped_column(String(WRITE_ID_LENGTH))
-    revision: Mapped[int] = mapped_column(Integer, autoincrement=False)
-    generation: Mapped[str | None] = mapped_column(String(GENERATION_LENGTH))
-    #: ``Pending``, ``Committed``, ``Replaced`` (a newer revision is visible) or ``Aborted``.
-    status: Mapped[str] = mapped_column(String(STATUS_LENGTH))
-    run_id: Mapped[str | None] = mapped_column(String(RUN_ID_LENGTH))
-    try_number: Mapped[int | None] = mapped_column(Integer)
-    dag_id: Mapped[str | None] = mapped_column(String(DAG_ID_LENGTH))
-    rows: Mapped[int] = mapped_column(BigInteger)
-    files: Mapped[int] = mapped_column(Integer)
-    #: JSON object: table -> snapshot id, or ``"empty"``, once committed.
-    committed: Mapped[str | None] = mapped_column(Text)
-    reason: Mapped[str | None] = mapped_column(Text)
-    created_at: Mapped[datetime] = mapped_column(UtcDateTime())
-    updated_at: Mapped[datetime] = mapped_column(UtcDateTime())
-
-
 class EpochHistory(Base):
     """Every transition of an epoch, appended in the transaction of its change (``store/epoch_history.py``,
-    migration 0012): what happened, to which write, done by whom, and why. Never updated; only the
-    retention clean-up deletes rows, and only of this table."""
+    migration 0012): what happened, to which write, done by whom, and why; an epoch's revision
+    records are read from it (0014). Never updated; only the retention clean-up deletes rows, of
+    this table only and never those a revision record is read from."""
 
     __tablename__ = "epoch_history"
     __table_args__ = (Index("ix_epoch_history_sink_id_epoch_id", "sink_id", "epoch", "id"),)
@@ -343,6 +316,10 @@ class EpochHistory(Base):
     actor_name: Mapped[str | None] = mapped_column(String(LOCK_HOLDER_LENGTH))
     reason: Mapped[str | None] = mapped_column(Text)
     at: Mapped[datetime] = mapped_column(UtcDateTime())
+    #: ``core.history.RevisionWrite`` as JSON (0014): the revision record the event makes or changes.
+    revision_record: Mapped[str | None] = mapped_column(Text)
+    #: The write a revision's commit replaced (0014).
+    replaced_write_id: Mapped[str | None] = mapped_column(String(WRITE_ID_LENGTH))
 
 
 class CheckpointState(Base):

@@ -4,8 +4,8 @@ The epoch's row carries the revision in flight: ``Committed -> Pending`` with th
 kept in ``replaces`` (``open_revision``), then either the revision's commit (``mark_committed``
 clears ``replaces`` and queues the replaced write's files, ``removed_by`` the new snapshots) or its
 abort (``abort_revision``: the replaced write becomes the epoch's again, Committed as it was).
-``epoch_revision`` is the record operators read: one row per write that was committed or aborted as a
-revision, written in the same transaction as the transition.
+The revision records operators read are a reading of the epoch's history (design.md D11): each of
+these transitions keeps, on its event, the record it makes or changes.
 """
 
 from __future__ import annotations
@@ -13,24 +13,24 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import datetime
 from typing import cast
 
-from sqlalchemy import Table, Update, bindparam, insert, select, update
+from sqlalchemy import Table, Update, bindparam, select, update
 from sqlalchemy.orm import Session
 
 from airflow_provider_exactly_once.core.errors import StateConflict
-from airflow_provider_exactly_once.core.history import EpochEvent
+from airflow_provider_exactly_once.core.history import EpochEvent, RevisionWrite
 from airflow_provider_exactly_once.core.identifiers import check_epoch, check_write_id
 from airflow_provider_exactly_once.core.ports import EpochRecord
 from airflow_provider_exactly_once.core.precommit import PreCommit
 from airflow_provider_exactly_once.core.status import EpochStatus
 from airflow_provider_exactly_once.store import arguments, cas, epoch_history, metadata_copies, rows
 from airflow_provider_exactly_once.store.database import MetaStoreDatabase
-from airflow_provider_exactly_once.store.models import EpochRevision, PendingSinkState, db_now
+from airflow_provider_exactly_once.store.models import EpochHistory, PendingSinkState, db_now
 
-#: ``epoch_revision.status`` of a committed write a newer revision made invisible.
+#: The status of a committed write a newer revision made invisible.
 REPLACED = "Replaced"
 
 
@@ -54,6 +54,13 @@ class RevisionRecord:
     reason: str | None
     created_at: datetime
     updated_at: datetime
+
+    @classmethod
+    def of(
+        cls, sink_id: str, epoch: int, write: RevisionWrite, reason: str | None, since: datetime, at: datetime
+    ) -> RevisionRecord:
+        fields = {**asdict(write), "status": write.status.value}
+        return cls(sink_id=sink_id, epoch=epoch, reason=reason, created_at=since, updated_at=at, **fields)
 
 
 class SqlRevisions:
@@ -107,7 +114,6 @@ class SqlRevisions:
             )
             metadata_copies.keep_replaced(session, sink_id, epoch, expected_write_id)
             rows.replace_metadata(session, pre_commit, replaced_write_id=expected_write_id)
-            _record(session, replaced, EpochStatus.COMMITTED.value, replaced.committed, None)
             epoch_history.record(
                 session,
                 sink_id,
@@ -118,6 +124,7 @@ class SqlRevisions:
                 revision=replaced.revision + 1,
                 reason=f"replaces Committed write {expected_write_id}",
                 run=(dag_id, run_id, try_number),
+                revised=_written(replaced, EpochStatus.COMMITTED, replaced.committed),
             )
             return cas.reloaded(session, sink_id, epoch)
 
@@ -158,7 +165,6 @@ class SqlRevisions:
             )
             metadata_copies.queue_cleanup(session, sink_id, epoch, write_id, reason=f"revision aborted: {reason}")
             metadata_copies.restore_replaced(session, sink_id, epoch, revision_write_id=write_id)
-            _record(session, revision, EpochStatus.ABORTED.value, None, reason)
             epoch_history.record(
                 session,
                 sink_id,
@@ -168,64 +174,59 @@ class SqlRevisions:
                 status=EpochStatus.COMMITTED.value,
                 revision=revision.revision,
                 reason=reason,
+                revised=_written(revision, EpochStatus.ABORTED),
             )
             return cas.reloaded(session, sink_id, epoch)
 
     def was_replaced(self, sink_id: str, epoch: int, write_id: str) -> bool:
-        """Whether a revision's commit replaced this write (``commit_revision`` recorded it)."""
+        """Whether a revision's commit replaced this write (``commit_revision`` recorded it); the
+        events that say so are never expired, so the answer holds forever."""
         epoch, write_id = check_epoch(epoch), check_write_id(write_id)
         with self._db.transaction(f"looking up write {write_id} of sink {sink_id!r}", write=False) as session:
-            status = session.scalar(
-                select(EpochRevision.status).where(
-                    EpochRevision.sink_id == sink_id, EpochRevision.epoch == epoch, EpochRevision.write_id == write_id
+            found = session.scalar(
+                select(EpochHistory.id)
+                .where(
+                    EpochHistory.sink_id == sink_id,
+                    EpochHistory.epoch == epoch,
+                    EpochHistory.replaced_write_id == write_id,
                 )
+                .limit(1)
             )
-        return status == REPLACED
+        return found is not None
 
     def revisions(self, sink_id: str, epoch: int) -> Sequence[RevisionRecord]:
-        """Every recorded revision of the epoch, oldest first; the one in flight is read from its row."""
+        """Every recorded revision of the epoch, oldest first, as its events left it: a record is as
+        its newest event says, since its first; the one in flight is read from its row."""
         epoch = check_epoch(epoch)
         with self._db.transaction(f"reading the revisions of sink {sink_id!r} epoch {epoch}", write=False) as session:
-            found = session.scalars(
-                select(EpochRevision)
-                .where(EpochRevision.sink_id == sink_id, EpochRevision.epoch == epoch)
-                .order_by(EpochRevision.revision, EpochRevision.created_at)
-            ).all()
-            listed = [_revision(r) for r in found]
+            events = epoch_history.read(session, sink_id, epoch, epoch_history.KEPT)
             pending = rows.load(session, sink_id, epoch)
+        kept: dict[str, RevisionRecord] = {}
+        for e in events:
+            if e.revised is not None:
+                since = kept[e.revised.write_id].created_at if e.revised.write_id in kept else e.at
+                reason = e.reason if e.revised.status is EpochStatus.ABORTED else None
+                kept[e.revised.write_id] = RevisionRecord.of(sink_id, epoch, e.revised, reason, since, e.at)
+            if e.replaced_write_id in kept:
+                kept[e.replaced_write_id] = replace(kept[e.replaced_write_id], status=REPLACED, updated_at=e.at)
+        listed = sorted(kept.values(), key=lambda r: (r.revision, r.created_at))
         if pending is not None and pending.kind.revises:
+            written = _written(pending, EpochStatus.PENDING)
             listed.append(
-                RevisionRecord(
-                    sink_id=sink_id,
-                    epoch=epoch,
-                    revision=pending.revision,
-                    write_id=pending.write_id,
-                    generation=pending.pre_commit.generation,
-                    status=EpochStatus.PENDING.value,
-                    run_id=pending.run_id,
-                    try_number=pending.try_number,
-                    dag_id=pending.dag_id,
-                    rows=pending.pre_commit.record_count,
-                    files=sum(len(t.data_files) for t in pending.pre_commit.tables),
-                    committed=None,
-                    reason=pending.error,
-                    created_at=pending.created_at,
-                    updated_at=pending.updated_at,
-                )
+                RevisionRecord.of(sink_id, epoch, written, pending.error, pending.created_at, pending.updated_at)
             )
         return listed
 
 
 def commit_revision(session: Session, record: EpochRecord, committed: Mapping[str, str]) -> EpochRecord:
-    """Inside ``mark_committed`` of a revision: record it, and queue the replaced write's files; the
-    row as it then is.
+    """Inside ``mark_committed`` of a revision: queue the replaced write's files, and record the
+    commit; the row as it then is.
 
     Those files stay referenced by the snapshots older than ``committed`` (time travel), so the
     clean-up carries ``removed_by`` and waits until no retained snapshot is older.
     """
     replaced = record.replaces
     assert replaced is not None
-    now = db_now()
     metadata_copies.queue_cleanup(
         session,
         record.sink_id,
@@ -235,20 +236,10 @@ def commit_revision(session: Session, record: EpochRecord, committed: Mapping[st
         removed_by=json.dumps(dict(committed), sort_keys=True),
         replaced=True,
     )
-    session.execute(
-        update(EpochRevision)
-        .where(
-            EpochRevision.sink_id == record.sink_id,
-            EpochRevision.epoch == record.epoch,
-            EpochRevision.write_id == replaced.write_id,
-        )
-        .values(status=REPLACED, updated_at=now)
-        .execution_options(synchronize_session=False)
-    )
-    _record(session, record, EpochStatus.COMMITTED.value, committed, None)
     done = rows.updated(session, _replaced_statement(), {"r_sink_id": record.sink_id, "r_epoch": record.epoch})
     assert done is not None  # the row the mark just swapped, in this transaction
-    return done
+    revised = _written(record, EpochStatus.COMMITTED, committed)
+    return epoch_history.recorded(session, done, EpochEvent.COMMITTED, revised=revised, replaced=replaced.write_id)
 
 
 @functools.cache
@@ -262,54 +253,17 @@ def _replaced_statement() -> Update:
     )
 
 
-def _record(
-    session: Session, record: EpochRecord, status: str, committed: Mapping[str, str] | None, reason: str | None
-) -> None:
-    """Insert the write's revision row, or bring it up to date when it is there already."""
-    now = db_now()
-    values = {
-        "revision": record.revision,
-        "generation": record.pre_commit.generation,
-        "status": status,
-        "run_id": record.run_id,
-        "try_number": record.try_number,
-        "dag_id": record.dag_id,
-        "rows": record.pre_commit.record_count,
-        "files": sum(len(t.data_files) for t in record.pre_commit.tables),
-        "committed": None if committed is None else json.dumps(dict(committed), sort_keys=True),
-        "reason": reason,
-        "updated_at": now,
-    }
-    key = (
-        EpochRevision.sink_id == record.sink_id,
-        EpochRevision.epoch == record.epoch,
-        EpochRevision.write_id == record.write_id,
-    )
-    if session.scalar(select(EpochRevision.write_id).where(*key)) is None:
-        session.execute(
-            insert(EpochRevision).values(
-                sink_id=record.sink_id, epoch=record.epoch, write_id=record.write_id, created_at=now, **values
-            )
-        )
-    else:
-        session.execute(update(EpochRevision).where(*key).values(**values).execution_options(synchronize_session=False))
-
-
-def _revision(row: EpochRevision) -> RevisionRecord:
-    return RevisionRecord(
-        sink_id=row.sink_id,
-        epoch=int(row.epoch),
-        revision=int(row.revision),
-        write_id=row.write_id,
-        generation=row.generation,
-        status=row.status,
-        run_id=row.run_id,
-        try_number=row.try_number,
-        dag_id=row.dag_id,
-        rows=int(row.rows),
-        files=int(row.files),
-        committed=None if row.committed is None else json.loads(row.committed),
-        reason=row.reason,
-        created_at=row.created_at,
-        updated_at=row.updated_at,
+def _written(record: EpochRecord, status: EpochStatus, committed: Mapping[str, str] | None = None) -> RevisionWrite:
+    """The row's write as its revision record shows it."""
+    return RevisionWrite(
+        write_id=record.write_id,
+        revision=record.revision,
+        status=status,
+        generation=record.pre_commit.generation,
+        dag_id=record.dag_id,
+        run_id=record.run_id,
+        try_number=record.try_number,
+        rows=record.pre_commit.record_count,
+        files=sum(len(t.data_files) for t in record.pre_commit.tables),
+        committed=None if committed is None else dict(committed),
     )

@@ -358,7 +358,7 @@ class SqlSinkStateStore(SqlCleanupQueue, SqlBatchTransitions):
                     f"write's tables {sorted(tables)}"
                 )
             if record.kind.revises:
-                record = commit_revision(session, record, committed)
+                return commit_revision(session, record, committed)
             return epoch_history.recorded(session, record, EpochEvent.COMMITTED)
 
     def mark_aborted(

@@ -83,6 +83,16 @@ def test_every_transition_of_an_epoch_appends_its_event(store: SqlSinkStateStore
     assert {w for _, w, _ in cleaned} == {first.write_id, third.write_id, second.write_id, fifth.write_id}
     history = store.history.events(sink_id, E)
     assert [h.revision for h in history if h.event is EpochEvent.COMMITTED] == [0, 1]
+    # the revision records are read from these (design.md D11): each keeps the record it makes or
+    # changes, and the revision's commit names the write it replaced
+    assert [
+        (h.event, h.revised.write_id, h.revised.status, h.replaced_write_id) for h in history if h.revised is not None
+    ] == [
+        (EpochEvent.REVISION_OPENED, second.write_id, committed, None),
+        (EpochEvent.REVISION_GIVEN_UP, third.write_id, aborted, None),
+        (EpochEvent.REVISION_OPENED, second.write_id, committed, None),
+        (EpochEvent.COMMITTED, fourth.write_id, committed, second.write_id),
+    ]
     assert history[-len(cleaned) - 1].reason == "checkpoint_failed: given up"
     assert history[7].reason == "checkpoint FAILED"
 

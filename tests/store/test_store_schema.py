@@ -104,6 +104,7 @@ def test_the_declared_head_is_the_scripted_head() -> None:
         "0011",
         "0012",
         "0013",
+        "0014",
     }
 
 
