@@ -159,6 +159,18 @@ def median(values: list[float]) -> float:
     return statistics.median(values)
 
 
+def tree_named(tree: Path) -> str:
+    """A checkout as a result names it: its commit, and whether it held uncommitted changes; never
+    its path, which says nothing on another machine."""
+    import subprocess
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(tree), *args], capture_output=True, text=True).stdout.strip()
+
+    commit = git("rev-parse", "--short", "HEAD") or "not a git checkout"
+    return f"{commit} with uncommitted changes" if git("status", "--porcelain", "--untracked-files=no") else commit
+
+
 def save(name: str, payload: dict[str, Any]) -> Path:
     RESULTS.mkdir(exist_ok=True)
     payload = {

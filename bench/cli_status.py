@@ -44,7 +44,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from bench._bytecode import compile_bytecode
-from bench._world import RESULTS, median, save
+from bench._world import RESULTS, median, save, tree_named
 
 ROOT = Path(__file__).resolve().parents[1]
 CLI = "airflow_provider_exactly_once.cli.main"
@@ -223,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
             case["beyond_python_s"] = round(case["median_s"] - base, 3)
             if case_name in wrong_store[name]:
                 case["wrong_store"] = wrong_store[name][case_name]
-    trees_named = {k: str(v) for k, v in trees.items()}
+    trees_named = {k: tree_named(v) for k, v in trees.items()}
     load = {"before": load_before, "after": load_after}
     path = save("cli_status", {"rounds": args.rounds, "trees": trees_named, "load_1min": load, "results": results})
     _plot(results)

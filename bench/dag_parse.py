@@ -44,7 +44,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from bench._bytecode import compile_bytecode
-from bench._world import RESULTS, save
+from bench._world import RESULTS, save, tree_named
 
 ROOT = Path(__file__).resolve().parents[1]
 HEAVY = ("pyiceberg", "pyarrow", "pyspark", "pandas", "numpy", "sqlalchemy", "pydantic", "fsspec", "alembic", "s3fs")
@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     heavy = sorted(set(first["new_top_level"]) & set(HEAVY))
     payload = {
         "dag": str(dag.relative_to(tree)),
-        "tree": str(tree),
+        "tree": tree_named(tree),
         "tasks": len(first["shape"]),
         "rounds": args.rounds,
         "load_average": os.getloadavg(),
@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         "heavy_libraries_loaded_by_the_parse": heavy,
         "as_the_dag_processor_parses": as_processor,
         "modules_of_ours_loaded": first["modules_of_ours"],
-        "package": first["package"],
+        "package": str(Path(first["package"]).relative_to(tree)) if first["package"] else None,
     }
     path = save(args.name, payload)
     fig, ax = plt.subplots(figsize=(8, 3.8))
