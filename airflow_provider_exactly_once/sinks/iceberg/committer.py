@@ -53,7 +53,6 @@ from airflow_provider_exactly_once.sinks.iceberg.prepared_deletes import (
 from airflow_provider_exactly_once.sinks.iceberg.prepared_manifests import staged_pre_commit, tidy
 from airflow_provider_exactly_once.sinks.iceberg.references import AddedFiles, refuse_if_referenced
 from airflow_provider_exactly_once.sinks.iceberg.replacement import still_referenced
-from airflow_provider_exactly_once.sinks.iceberg.schema_check import ColumnToAdd
 from airflow_provider_exactly_once.sinks.iceberg.storage import delete_locations, missing_in_locations, require_files
 from airflow_provider_exactly_once.sinks.iceberg.table_transactions import (
     RouteMissing,
@@ -63,7 +62,7 @@ from airflow_provider_exactly_once.sinks.iceberg.table_transactions import (
 )
 from airflow_provider_exactly_once.sinks.iceberg.transaction import SinkCommitConflict
 from airflow_provider_exactly_once.sinks.iceberg.upsert_overwrites import upsert_files_to_replace
-from airflow_provider_exactly_once.sinks.iceberg.write_check import CheckedWrites, check_location
+from airflow_provider_exactly_once.sinks.iceberg.write_check import CheckedWrites, ColumnToAdd, check_location
 
 #: The fault point of every table load; those around the catalog update are ``transaction.py``'s.
 FAULT_LOADED = "iceberg.loaded"

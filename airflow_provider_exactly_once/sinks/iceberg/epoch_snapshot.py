@@ -30,7 +30,6 @@ from airflow_provider_exactly_once.sinks.iceberg.prepared_deletes import (
     usable_replacement,
 )
 from airflow_provider_exactly_once.sinks.iceberg.prepared_manifests import tidy, usable_manifests
-from airflow_provider_exactly_once.sinks.iceberg.schema_check import ColumnToAdd, check_added_field_ids
 from airflow_provider_exactly_once.sinks.iceberg.transaction import (
     SinkCommitConflict,
     SinkTransaction,
@@ -38,7 +37,7 @@ from airflow_provider_exactly_once.sinks.iceberg.transaction import (
     StackedFastAppend,
 )
 from airflow_provider_exactly_once.sinks.iceberg.upsert_commits import identifier_update
-from airflow_provider_exactly_once.sinks.iceberg.write_check import write_spec
+from airflow_provider_exactly_once.sinks.iceberg.write_check import ColumnToAdd, check_added_field_ids, write_spec
 
 
 @dataclass(frozen=True)

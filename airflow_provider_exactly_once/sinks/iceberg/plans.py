@@ -14,7 +14,7 @@ from airflow_provider_exactly_once.core.ports import CommitPlan
 from airflow_provider_exactly_once.core.precommit import PreCommit, TableWrite
 from airflow_provider_exactly_once.core.write_kinds import ReplacedWrite
 from airflow_provider_exactly_once.sinks.iceberg.epoch_snapshot import EpochSnapshot
-from airflow_provider_exactly_once.sinks.iceberg.schema_check import ColumnToAdd
+from airflow_provider_exactly_once.sinks.iceberg.write_check import ColumnToAdd
 
 #: How long a table ``prepare`` loaded may stand in for the commit's own load (``CommitPlan.fresh_state``).
 PREPARED_FRESH_S = 5.0

@@ -30,12 +30,12 @@ from airflow_provider_exactly_once.core.precommit import PartitionValue, PreComm
 from airflow_provider_exactly_once.sinks.iceberg import IcebergSinkCommitter
 from airflow_provider_exactly_once.sinks.iceberg.epoch_snapshot import EpochSnapshot, commit_snapshots
 from airflow_provider_exactly_once.sinks.iceberg.markers import EPOCH_KEY, SINK_ID_KEY, WRITE_ID_KEY
-from airflow_provider_exactly_once.sinks.iceberg.schema_check import ColumnToAdd
 from airflow_provider_exactly_once.sinks.iceberg.table_transactions import SETTING
 from airflow_provider_exactly_once.sinks.iceberg.transaction import (
     FAULT_AFTER_CATALOG_UPDATE,
     FAULT_BEFORE_CATALOG_UPDATE,
 )
+from airflow_provider_exactly_once.sinks.iceberg.write_check import ColumnToAdd
 from tests.support.faults import FaultSwitch
 from tests.support.independent_reader import read_branch
 
