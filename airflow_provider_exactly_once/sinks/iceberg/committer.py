@@ -38,9 +38,11 @@ from airflow_provider_exactly_once.sinks.iceberg.epoch_snapshot import (
     describe_epochs,
     refuse_stacked_schema_changes,
 )
-from airflow_provider_exactly_once.sinks.iceberg.horizon import check_horizon
 from airflow_provider_exactly_once.sinks.iceberg.markers import (
+    AddedFiles,
+    check_horizon,
     find_marker,
+    refuse_if_referenced,
     sink_markers,
 )
 from airflow_provider_exactly_once.sinks.iceberg.plans import PREPARED_FRESH_S, TableEntry, TablePlan
@@ -51,7 +53,6 @@ from airflow_provider_exactly_once.sinks.iceberg.prepared_deletes import (
     unrecorded,
 )
 from airflow_provider_exactly_once.sinks.iceberg.prepared_manifests import staged_pre_commit, tidy
-from airflow_provider_exactly_once.sinks.iceberg.references import AddedFiles, refuse_if_referenced
 from airflow_provider_exactly_once.sinks.iceberg.replacement import still_referenced
 from airflow_provider_exactly_once.sinks.iceberg.storage import delete_locations, missing_in_locations, require_files
 from airflow_provider_exactly_once.sinks.iceberg.table_transactions import (
