@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_provider_exactly_once.core.precommit import PreCommit, TableWrite
 from airflow_provider_exactly_once.observability.run_origin import RunOrigin
-from airflow_provider_exactly_once.sinks.iceberg.locations import parse_location
+from airflow_provider_exactly_once.sinks.layout import parse_location
 
 if TYPE_CHECKING:
     from airflow.providers.common.compat.openlineage.facet import Dataset, OutputDataset

@@ -1,8 +1,10 @@
-"""Where each kind of sink keeps a write's files until the write is committed or given up.
+"""Where each kind of sink keeps a write's files until the write is committed or given up, the
+pre-commit file a finished write leaves there, and locations compared across their spellings.
 
 Three parties must agree on it: the Spark writer puts the files there, the committer commits or
 deletes them, and the orphan scan (``write_locations.py``) lists the folders to find writes nobody
-answers for. They all ask this module, which imports nothing heavy, so the Spark side needs no committer.
+answers for. They all ask this module, which imports nothing heavy at its top, so the Spark side
+needs no committer and a DAG parse no pyarrow.
 
 - Iceberg: ``<data root>/_eo/<write_id>/``, inside the table's data root (``write.data.path``, else
   ``<table location>/data``). Committed files stay where they were written; the table's manifests
@@ -17,7 +19,11 @@ task cannot see), persist takes it from there (``core/left_writes.py``).
 
 from __future__ import annotations
 
+import io
+import posixpath
 from collections.abc import Mapping
+from typing import NamedTuple
+from urllib.parse import urlparse
 
 __all__ = [
     "FILE_STAGING_DIR",
@@ -28,6 +34,10 @@ __all__ = [
     "iceberg_data_root",
     "iceberg_write_location",
     "iceberg_writes_folder",
+    "is_inside",
+    "parse_location",
+    "pre_commit_from_file",
+    "pre_commit_to_file",
 ]
 
 #: Folder under an Iceberg table's data root that holds one folder per write.
@@ -35,7 +45,7 @@ ICEBERG_WRITE_DIR = "_eo"
 #: Folder under a file sink's root that holds one folder per write's staged files.
 FILE_STAGING_DIR = "_staging"
 #: The pre-commit a finished write leaves in its first target's write location (its format:
-#: ``pre_commit_file``); the leading underscore keeps file readers and the commit's moves away from it.
+#: ``pre_commit_to_file``); the leading underscore keeps file readers and the commit's moves away from it.
 PRE_COMMIT_FILE = "_pre-commit.parquet"
 #: Iceberg's table property for a data root outside ``<location>/data``.
 _WRITE_DATA_PATH = "write.data.path"
@@ -60,3 +70,72 @@ def file_writes_folder(root: str) -> str:
 
 def file_write_location(root: str, write_id: str) -> str:
     return f"{file_writes_folder(root)}/{write_id}"
+
+
+# Writers, catalogs and users spell the same local directory as ``/x``, ``file:/x`` or ``file:///x``;
+# an abort deletes everything below a write location, so "is this inside the table, and not the table's
+# own data or metadata root?" must be answered on normalised locations, never on raw string prefixes.
+
+_LOCAL_SCHEMES = {"", "file"}
+
+
+class Location(NamedTuple):
+    scheme: str
+    netloc: str
+    path: str
+
+    def is_inside(self, root: Location) -> bool:
+        """Strictly below ``root`` (the same location does not count)."""
+        if (self.scheme, self.netloc) != (root.scheme, root.netloc):
+            return False
+        prefix = root.path.rstrip("/") + "/"
+        return self.path.startswith(prefix) and len(self.path) > len(prefix)
+
+    def is_at_or_above(self, other: Location) -> bool:
+        return self == other or other.is_inside(self)
+
+
+def parse_location(location: str) -> Location:
+    parsed = urlparse(location)
+    scheme = parsed.scheme.lower()
+    if scheme in _LOCAL_SCHEMES:
+        return Location("file", "", posixpath.normpath(parsed.path if scheme else location))
+    path = posixpath.normpath(parsed.path or "/")
+    return Location(scheme, parsed.netloc, path)
+
+
+def is_inside(child: str, root: str) -> bool:
+    return parse_location(child).is_inside(parse_location(root))
+
+
+# The pre-commit file is a Parquet file of one row and one column, the pre-commit's compact JSON, rather
+# than a JSON file: an object store that serves a table bucket refuses other objects below a table's
+# location (SeaweedFS's does, tested: ``.json`` and ``.txt`` are denied, ``.parquet`` and ``.avro``
+# taken). No snapshot references it, so Iceberg readers never see it. pyarrow is imported where it is
+# used: the file sink's config, imported at every DAG parse, reaches this module.
+
+_COLUMN = "pre_commit"
+
+
+def pre_commit_to_file(pre_commit_json: bytes) -> bytes:
+    """The pre-commit file's bytes for a pre-commit's JSON."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    buffer = io.BytesIO()
+    pq.write_table(pa.table({_COLUMN: [pre_commit_json.decode()]}), buffer, compression="zstd")
+    return buffer.getvalue()
+
+
+def pre_commit_from_file(data: bytes) -> bytes:
+    """The pre-commit JSON in a pre-commit file's bytes; an unreadable file (cut short, or not ours)
+    gives empty bytes, which no pre-commit parses from."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.read_table(io.BytesIO(data))
+        value = table.column(_COLUMN)[0].as_py() if table.num_rows == 1 and _COLUMN in table.column_names else None
+    except (pa.ArrowException, OSError):
+        return b""
+    return value.encode() if isinstance(value, str) else b""

@@ -33,7 +33,6 @@ from pyiceberg.serializers import FromInputFile
 from pyiceberg.table import Table
 
 from airflow_provider_exactly_once.core.cleanups import FileAge, WriteFolder, WriteLocation, write_ids
-from airflow_provider_exactly_once.sinks import pre_commit_file
 from airflow_provider_exactly_once.sinks.files import FileSinkCommitter
 from airflow_provider_exactly_once.sinks.iceberg.catalog_access import load_table
 from airflow_provider_exactly_once.sinks.iceberg.storage import fsspec_filesystem
@@ -43,6 +42,7 @@ from airflow_provider_exactly_once.sinks.layout import (
     iceberg_data_root,
     iceberg_write_location,
     iceberg_writes_folder,
+    pre_commit_from_file,
 )
 
 
@@ -68,7 +68,7 @@ class _ArrowTree:
                 data: bytes = stream.read()
         except FileNotFoundError:
             return None
-        return pre_commit_file.decode(data)
+        return pre_commit_from_file(data)
 
 
 class _FsspecTree:
@@ -103,7 +103,7 @@ class _FsspecTree:
             data: bytes = self._fs.cat_file(path)
         except FileNotFoundError:
             return None
-        return pre_commit_file.decode(data)
+        return pre_commit_from_file(data)
 
 
 def _as_utc(value: object) -> datetime | None:

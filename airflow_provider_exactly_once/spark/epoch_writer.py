@@ -41,8 +41,7 @@ from pyspark.sql import functions as F
 from airflow_provider_exactly_once.core.errors import ExactlyOnceError
 from airflow_provider_exactly_once.core.precommit import DataFileDescriptor, PreCommit, TableWrite
 from airflow_provider_exactly_once.core.upserts import ChangeCounts
-from airflow_provider_exactly_once.sinks import pre_commit_file
-from airflow_provider_exactly_once.sinks.layout import PRE_COMMIT_FILE
+from airflow_provider_exactly_once.sinks.layout import PRE_COMMIT_FILE, pre_commit_from_file, pre_commit_to_file
 from airflow_provider_exactly_once.spark import parquet_writer
 from airflow_provider_exactly_once.spark.alignment import AlignmentPlan, ColumnPlan, plan_alignment
 from airflow_provider_exactly_once.spark.changes import (
@@ -211,7 +210,7 @@ def _write_targets(spark: SparkSession, spec: EpochJobSpec, written: list[WriteL
     written.append(WriteLocation(first.location, first.io_properties))
     put_small_file(
         f"{first.location}/{PRE_COMMIT_FILE}",
-        pre_commit_file.encode(pre_commit.model_dump_json(exclude_defaults=True).encode()),
+        pre_commit_to_file(pre_commit.model_dump_json(exclude_defaults=True).encode()),
         first.io_properties,
     )
     return pre_commit
@@ -418,7 +417,7 @@ def left_pre_commit(spec: EpochJobSpec) -> PreCommit | None:
     else:
         target = load_file_target(first, spec.write_id)
     data = read_small_file(f"{target.location}/{PRE_COMMIT_FILE}", target.io_properties)
-    return None if data is None else PreCommit.from_json(pre_commit_file.decode(data))
+    return None if data is None else PreCommit.from_json(pre_commit_from_file(data))
 
 
 def describe_failure(exc: BaseException) -> str:

@@ -29,8 +29,7 @@ from airflow_provider_exactly_once.core.precommit import PreCommit
 from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochStatus
 from airflow_provider_exactly_once.operators.spark_precommit import EPOCH_WRITER_APPLICATION
 from airflow_provider_exactly_once.runtime.assembly import open_sink
-from airflow_provider_exactly_once.sinks import pre_commit_file
-from airflow_provider_exactly_once.sinks.layout import PRE_COMMIT_FILE
+from airflow_provider_exactly_once.sinks.layout import PRE_COMMIT_FILE, pre_commit_from_file
 from airflow_provider_exactly_once.spark.epoch_writer import write_epoch
 from airflow_provider_exactly_once.spark.jobspec import EpochJobSpec
 from airflow_provider_exactly_once.task_groups import exactly_once_epoch
@@ -156,7 +155,7 @@ def test_a_task_running_pyspark_in_process_writes_with_write_epoch_and_returns_n
 
     assert dr.state == "success", ti_states(dag.dag_id, dr.run_id)
     left = Path(local(world.pipeline.catalog.load_table(world.table).location())) / "data/_eo" / spec.write_id
-    assert PreCommit.from_json(pre_commit_file.decode((left / PRE_COMMIT_FILE).read_bytes())).write_id == spec.write_id
+    assert PreCommit.from_json(pre_commit_from_file((left / PRE_COMMIT_FILE).read_bytes())).write_id == spec.write_id
     assert committed_rows(world) == [(i, EPOCH) for i in range(25)]
 
 

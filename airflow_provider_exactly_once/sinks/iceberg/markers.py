@@ -19,7 +19,7 @@ from pyiceberg.utils.properties import property_as_int
 from airflow_provider_exactly_once.core.errors import AbortRefused, MarkerHorizonExceeded
 from airflow_provider_exactly_once.core.input_ranges import SnapshotRange
 from airflow_provider_exactly_once.core.precommit import PreCommit, TableWrite
-from airflow_provider_exactly_once.sinks.iceberg.locations import parse_location
+from airflow_provider_exactly_once.sinks.layout import parse_location
 
 # The commit marker in the snapshot summary, and the bounded look-back that finds it.
 #

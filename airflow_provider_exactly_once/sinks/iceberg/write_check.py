@@ -19,8 +19,7 @@ from pyiceberg.types import IcebergType, NestedField
 from airflow_provider_exactly_once.core.errors import CommitRefused, InvalidPreCommit, SchemaMismatch
 from airflow_provider_exactly_once.core.precommit import DataFileDescriptor, TableWrite, WrittenColumn
 from airflow_provider_exactly_once.sinks.iceberg.data_files import partition_record
-from airflow_provider_exactly_once.sinks.iceberg.locations import parse_location
-from airflow_provider_exactly_once.sinks.layout import iceberg_data_root
+from airflow_provider_exactly_once.sinks.layout import iceberg_data_root, parse_location
 from airflow_provider_exactly_once.type_mapping import field_reads_as, parse_type, reads_as
 
 # Everything that makes one table's write uncommittable, checked against the table's metadata.
