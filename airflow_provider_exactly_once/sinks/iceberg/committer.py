@@ -45,15 +45,16 @@ from airflow_provider_exactly_once.sinks.iceberg.markers import (
     refuse_if_referenced,
     sink_markers,
 )
-from airflow_provider_exactly_once.sinks.iceberg.plans import PREPARED_FRESH_S, TableEntry, TablePlan
-from airflow_provider_exactly_once.sinks.iceberg.prepared_deletes import (
+from airflow_provider_exactly_once.sinks.iceberg.overwrites import (
     delete_shared_manifests,
     files_replaced,
     preparer,
+    still_referenced,
     unrecorded,
+    upsert_files_to_replace,
 )
+from airflow_provider_exactly_once.sinks.iceberg.plans import PREPARED_FRESH_S, TableEntry, TablePlan
 from airflow_provider_exactly_once.sinks.iceberg.prepared_manifests import staged_pre_commit, tidy
-from airflow_provider_exactly_once.sinks.iceberg.replacement import still_referenced
 from airflow_provider_exactly_once.sinks.iceberg.storage import delete_locations, missing_in_locations, require_files
 from airflow_provider_exactly_once.sinks.iceberg.table_transactions import (
     RouteMissing,
@@ -62,7 +63,6 @@ from airflow_provider_exactly_once.sinks.iceberg.table_transactions import (
     stage_together,
 )
 from airflow_provider_exactly_once.sinks.iceberg.transaction import SinkCommitConflict
-from airflow_provider_exactly_once.sinks.iceberg.upsert_overwrites import upsert_files_to_replace
 from airflow_provider_exactly_once.sinks.iceberg.write_check import CheckedWrites, ColumnToAdd, check_location
 
 #: The fault point of every table load; those around the catalog update are ``transaction.py``'s.
@@ -189,7 +189,7 @@ class IcebergSinkCommitter:
         return CommitPlan(pre_commit, replaces, prepared, prepared_at=prepared_at, prepared_by=self)
 
     def stage(self, plan: CommitPlan) -> PreCommit:
-        """The manifests of the write's snapshots (``prepared_deletes.preparer``), written against the
+        """The manifests of the write's snapshots (``overwrites.preparer``), written against the
         tables ``prepare`` loaded and checked (an upsert's rewritten files as it found them)."""
         if not (kind := plan.kind).stages_manifests:
             return plan.pre_commit

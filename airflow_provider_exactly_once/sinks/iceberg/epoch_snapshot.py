@@ -4,7 +4,7 @@ The committer (``committer.py``) decides which epochs a table takes a snapshot o
 conflicts; this module is what the snapshots consist of (design.md section 5, steps 3, 6 and 7): the
 columns a write adds, an upsert's identifier fields, a name mapping for a table without one, the data
 files built from the writers' descriptors under the spec they were written for (or the manifests
-persist prepared of them: ``prepared_manifests`` for an append, ``prepared_deletes`` for a revision or
+persist prepared of them: ``prepared_manifests`` for an append, ``overwrites`` for a revision or
 an upsert, deletions included), and the marker in
 the summary, as an append, or as an overwrite that removes exactly the files a revision or an upsert
 replaces. Several epochs (recovery's backlog, D15) are stacked in epoch order, each snapshot parented
@@ -24,8 +24,9 @@ from airflow_provider_exactly_once.core.input_ranges import SnapshotRange
 from airflow_provider_exactly_once.core.precommit import PreCommit, TableWrite
 from airflow_provider_exactly_once.sinks.iceberg.data_files import build_data_files
 from airflow_provider_exactly_once.sinks.iceberg.markers import marker_properties
-from airflow_provider_exactly_once.sinks.iceberg.prepared_deletes import (
+from airflow_provider_exactly_once.sinks.iceberg.overwrites import (
     PREPARED_FILE,
+    identifier_update,
     refuse_stale_placeholders,
     usable_replacement,
 )
@@ -36,7 +37,6 @@ from airflow_provider_exactly_once.sinks.iceberg.transaction import (
     SpecAwareOverwrite,
     StackedFastAppend,
 )
-from airflow_provider_exactly_once.sinks.iceberg.upsert_commits import identifier_update
 from airflow_provider_exactly_once.sinks.iceberg.write_check import ColumnToAdd, check_added_field_ids, write_spec
 
 

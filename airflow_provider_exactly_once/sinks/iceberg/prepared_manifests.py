@@ -113,7 +113,7 @@ def prepare_snapshot(table: Table, pre_commit: PreCommit, write: TableWrite) -> 
     )
 
 
-#: What prepares one write's snapshot: ``prepare_snapshot``, or a revision's (``prepared_deletes``).
+#: What prepares one write's snapshot: ``prepare_snapshot``, or a revision's (``overwrites``).
 Preparer = Callable[[Table, PreCommit, TableWrite], PreparedSnapshot | None]
 
 
@@ -179,7 +179,7 @@ def tidy(io: FileIO, write: TableWrite, write_id: str, *, unused: bool = False, 
     persist attempts than the one ``write`` records; all of them (``unused``) once its commit wrote
     its own; or (``only_staged``) just ``write``'s, staged by a persist that recorded nothing, which
     must not touch what a row of the same write may record. A revision's manifests that list other
-    writes' entries lie in the table's metadata folder (``prepared_deletes``), deleted here by path.
+    writes' entries lie in the table's metadata folder (``overwrites``), deleted here by path.
     Best effort: a manifest left behind costs its bytes, never correctness, and one deleted while
     recorded is written again by the commit."""
     try:

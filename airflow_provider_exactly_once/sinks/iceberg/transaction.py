@@ -53,7 +53,7 @@ and pull requests of apache/iceberg-python, ``#n``), or says that nothing was fo
    lists it as Java's ``AppendFiles.appendManifest`` does (apache/iceberg#201) with snapshot-id
    inheritance: the manifest list entry carries the snapshot's id and sequence number.
    Upstream: no pyiceberg issue found for appending existing manifests.
-7. A revision's manifests are written at persist too (``prepared_deletes``): ``SpecAwareOverwrite``
+7. A revision's manifests are written at persist too (``overwrites``): ``SpecAwareOverwrite``
    writes them ahead (``write_ahead``, the same entries ``_manifests`` writes, the added files'
    manifest below the write location), and its commit lists them under the snapshot id they were
    written for (``use_prepared``): the deleted entries carry it, as the commit's own would.

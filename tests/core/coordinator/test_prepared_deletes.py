@@ -1,4 +1,4 @@
-"""A revision's manifests written at persist, deletions included (``sinks/iceberg/prepared_deletes.py``):
+"""A revision's manifests written at persist, deletions included (``sinks/iceberg/overwrites.py``):
 its commit lists them, readers see exactly what the commit writing its own shows them, and where the
 table's manifests changed in between the commit filters them itself and the prepared ones go."""
 
@@ -23,7 +23,7 @@ from airflow_provider_exactly_once.core.ports import CommitPlan
 from airflow_provider_exactly_once.core.precommit import PreCommit, PreparedSnapshot
 from airflow_provider_exactly_once.core.status import EpochStatus
 from airflow_provider_exactly_once.core.step_requests import revision_plan
-from airflow_provider_exactly_once.sinks.iceberg import prepared_deletes
+from airflow_provider_exactly_once.sinks.iceberg import overwrites
 from airflow_provider_exactly_once.sinks.iceberg.data_files import build_data_files
 from airflow_provider_exactly_once.sinks.iceberg.prepared_manifests import MANIFEST_FOLDER
 from tests.core.coordinator.test_reprocessing import G1, G2, commit, generation, replacing
@@ -309,7 +309,7 @@ def test_the_commit_reads_no_replaced_entry_while_the_prepared_snapshot_stands(
     def refuse(*args: object) -> None:
         raise AssertionError("the replaced write's entries were read again")
 
-    monkeypatch.setattr(prepared_deletes, "files_to_replace", refuse)
+    monkeypatch.setattr(overwrites, "files_to_replace", refuse)
     result = coordinator.commit(sink_id, 1)
 
     assert result.record.committed is not None
@@ -326,7 +326,7 @@ def test_a_prepared_manifest_gone_after_the_check_makes_the_commit_look_the_file
     committer = pipeline.iceberg_committer()
     plan = committer.prepare(row.pre_commit, replaces=row.replaces)  # the check right before the decision
     (table_plan,) = plan.prepared.values()
-    assert table_plan.to_replace == [prepared_deletes.PREPARED_FILE] * 3  # type: ignore[attr-defined]
+    assert table_plan.to_replace == [overwrites.PREPARED_FILE] * 3  # type: ignore[attr-defined]
     gone = _prepared(pipeline, sink_id).manifests[0].path
     Path(local_path(gone)).unlink()  # a foreign orphan clean-up, between the check and the commit
 

@@ -137,7 +137,7 @@ def test_an_aborted_revision_leaves_the_earlier_write_visible(pipeline: Pipeline
 
     # the run's wait gave up (its abort task): the checkpoint completed, but the epoch stays committed
     aborted = coordinator.abort(sink_id, 1, reason="wait_for_checkpoint timed out", write=second)
-    # its data file, its added files' manifest and its deleted entries' one (``prepared_deletes``)
+    # its data file, its added files' manifest and its deleted entries' one (``overwrites``)
     assert aborted.outcome is AbortOutcome.REVISION_ABORTED and aborted.files_deleted == 3
     row = pipeline.store.get(sink_id, 1)
     assert row is not None and (row.status, row.write_id, row.revision) == (EpochStatus.COMMITTED, first.write_id, 0)

@@ -1,4 +1,4 @@
-"""The commit side of upsert writes (``sinks/iceberg/upsert_commits.py``) against real tables of a SQL
+"""The commit side of upsert writes (``sinks/iceberg/overwrites.py``) against real tables of a SQL
 catalog: which files may hold the epoch's keys, and when the table moved so that the write must
 not be committed. The Spark half is in ``tests/spark/test_upsert.py``."""
 
@@ -20,9 +20,13 @@ from airflow_provider_exactly_once.core.upserts import ChangeCounts, RevisedWrit
 from airflow_provider_exactly_once.core.write_kinds import ReplacedWrite
 from airflow_provider_exactly_once.sinks.iceberg import IcebergSinkCommitter
 from airflow_provider_exactly_once.sinks.iceberg.markers import EPOCH_KEY, marker_properties
+from airflow_provider_exactly_once.sinks.iceberg.overwrites import (
+    files_to_rewrite,
+    may_hold_keys,
+    snapshots_since,
+    upsert_files_to_replace,
+)
 from airflow_provider_exactly_once.sinks.iceberg.transaction import FAULT_BEFORE_CATALOG_UPDATE
-from airflow_provider_exactly_once.sinks.iceberg.upsert_commits import files_to_rewrite, may_hold_keys, snapshots_since
-from airflow_provider_exactly_once.sinks.iceberg.upsert_overwrites import upsert_files_to_replace
 from tests.support.faults import FaultSwitch
 from tests.support.independent_reader import read_rows
 from tests.support.upsert_writer import ARROW, KEYED, write_upsert

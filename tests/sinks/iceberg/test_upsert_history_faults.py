@@ -1,4 +1,4 @@
-"""An upsert's check against the table (``sinks/iceberg/upsert_commits.py``) where the table holds what
+"""An upsert's check against the table (``sinks/iceberg/overwrites.py``) where the table holds what
 pyiceberg itself never writes: delete files of another engine's merge-on-read, and a history whose
 head names a parent that expiry removed (Java's and Spark's expiry keep such parent ids; pyiceberg's
 own clears them)."""
@@ -23,7 +23,7 @@ from pyiceberg.table.update.snapshot import _FastAppendFiles
 from pyiceberg.typedef import Record
 
 from airflow_provider_exactly_once.core.errors import UpsertConflict
-from airflow_provider_exactly_once.sinks.iceberg.upsert_commits import files_to_rewrite, snapshots_since
+from airflow_provider_exactly_once.sinks.iceberg.overwrites import files_to_rewrite, snapshots_since
 
 from .iceberg_helpers import create_table, rows
 from .test_iceberg_upserts import data_files, upsert
