@@ -34,8 +34,7 @@ from pyiceberg.table import Table
 
 from airflow_provider_exactly_once.core.cleanups import FileAge, WriteFolder, WriteLocation, write_ids
 from airflow_provider_exactly_once.sinks.files import FileSinkCommitter
-from airflow_provider_exactly_once.sinks.iceberg.catalog_access import load_table
-from airflow_provider_exactly_once.sinks.iceberg.storage import fsspec_filesystem
+from airflow_provider_exactly_once.sinks.iceberg.catalog_access import fsspec_filesystem, load_table
 from airflow_provider_exactly_once.sinks.layout import (
     PRE_COMMIT_FILE,
     file_writes_folder,
@@ -128,7 +127,7 @@ def _fsspec_mtime(info: Mapping[str, Any]) -> datetime | None:
 
 
 def _tree_of_io(io: FileIO, location: str) -> tuple[_ArrowTree | _FsspecTree, str]:
-    """The table FileIO's own file system (its credentials), as ``storage.delete_tree`` uses it."""
+    """The table FileIO's own file system (its credentials), as ``catalog_access.delete_tree`` uses it."""
     if isinstance(io, PyArrowFileIO):
         scheme, netloc, path = io.parse_location(location, io.properties)
         return _ArrowTree(io.fs_by_scheme(scheme, netloc)), path

@@ -31,9 +31,18 @@ from airflow_provider_exactly_once.core.observe import COMMIT_RETRIES, NO_METRIC
 from airflow_provider_exactly_once.core.ports import EMPTY, CommitPlan, CommittedTables, VisibleEpoch
 from airflow_provider_exactly_once.core.precommit import PreCommit, TableWrite
 from airflow_provider_exactly_once.core.write_kinds import Kind, ReplacedWrite, WriteKind
-from airflow_provider_exactly_once.sinks.iceberg.catalog_access import load_table, unavailable_when_unreachable
+from airflow_provider_exactly_once.sinks.iceberg.catalog_access import (
+    delete_locations,
+    load_table,
+    missing_in_locations,
+    require_files,
+    unavailable_when_unreachable,
+)
 from airflow_provider_exactly_once.sinks.iceberg.epoch_snapshot import (
+    PREPARED_FRESH_S,
     EpochSnapshot,
+    TableEntry,
+    TablePlan,
     commit_snapshots,
     describe_epochs,
     refuse_stacked_schema_changes,
@@ -53,9 +62,7 @@ from airflow_provider_exactly_once.sinks.iceberg.overwrites import (
     unrecorded,
     upsert_files_to_replace,
 )
-from airflow_provider_exactly_once.sinks.iceberg.plans import PREPARED_FRESH_S, TableEntry, TablePlan
 from airflow_provider_exactly_once.sinks.iceberg.prepared_manifests import staged_pre_commit, tidy
-from airflow_provider_exactly_once.sinks.iceberg.storage import delete_locations, missing_in_locations, require_files
 from airflow_provider_exactly_once.sinks.iceberg.table_transactions import (
     RouteMissing,
     TableTransactions,
@@ -144,7 +151,7 @@ class IcebergSinkCommitter:
         commit decision and committing, and loading and checking a table with a long history again
         milliseconds later would double the commit's metadata cost. ``commit`` uses them only while
         fresh (``PREPARED_FRESH_S``), and its append asserts the branch head they showed; nor does it
-        list the files again that ``check_files`` found (``storage.missing_files``: one listing of
+        list the files again that ``check_files`` found (``catalog_access.missing_files``: one listing of
         each write location).
         """
         return self._prepare(pre_commit, replaces, {}, time.monotonic(), check_files)

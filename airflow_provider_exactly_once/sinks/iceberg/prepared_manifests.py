@@ -53,8 +53,8 @@ from airflow_provider_exactly_once.core.precommit import (
     PreparedSnapshot,
     TableWrite,
 )
+from airflow_provider_exactly_once.sinks.iceberg.catalog_access import delete_tree, local_folder
 from airflow_provider_exactly_once.sinks.iceberg.data_files import build_data_files
-from airflow_provider_exactly_once.sinks.iceberg.storage import delete_tree, local_folder
 from airflow_provider_exactly_once.sinks.iceberg.write_check import write_spec
 
 log = logging.getLogger(__name__)

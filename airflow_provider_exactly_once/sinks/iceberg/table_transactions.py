@@ -55,10 +55,10 @@ from airflow_provider_exactly_once.sinks.iceberg.catalog_access import describe_
 from airflow_provider_exactly_once.sinks.iceberg.epoch_snapshot import (
     EpochSnapshot,
     StagedSnapshots,
+    TableEntry,
     counted,
     stage_snapshots,
 )
-from airflow_provider_exactly_once.sinks.iceberg.plans import TableEntry
 from airflow_provider_exactly_once.sinks.iceberg.transaction import (
     FAULT_AFTER_CATALOG_UPDATE,
     FAULT_BEFORE_CATALOG_UPDATE,

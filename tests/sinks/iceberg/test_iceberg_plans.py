@@ -16,7 +16,7 @@ from airflow_provider_exactly_once.core.ports import CommitPlan
 from airflow_provider_exactly_once.core.write_kinds import ReplacedWrite
 from airflow_provider_exactly_once.sinks.iceberg import IcebergSinkCommitter
 from airflow_provider_exactly_once.sinks.iceberg.committer import FAULT_LOADED
-from airflow_provider_exactly_once.sinks.iceberg.plans import PREPARED_FRESH_S, TablePlan
+from airflow_provider_exactly_once.sinks.iceberg.epoch_snapshot import PREPARED_FRESH_S, TablePlan
 
 from .iceberg_helpers import create_table, ids_in, now, rows, simple_write, snapshot_count
 

@@ -1,4 +1,4 @@
-"""The existence check of a write's files on a local disk (``storage.missing_files``)."""
+"""The existence check of a write's files on a local disk (``catalog_access.missing_files``)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from pyiceberg.io.pyarrow import PyArrowFileIO
 
-from airflow_provider_exactly_once.sinks.iceberg.storage import missing_files
+from airflow_provider_exactly_once.sinks.iceberg.catalog_access import missing_files
 
 
 @pytest.fixture

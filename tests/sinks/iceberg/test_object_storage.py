@@ -17,8 +17,7 @@ from airflow_provider_exactly_once.core.outcomes import AbortOutcome, CommitOutc
 from airflow_provider_exactly_once.core.ports import CommitPlan
 from airflow_provider_exactly_once.core.precommit import PreCommit
 from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochStatus
-from airflow_provider_exactly_once.sinks.iceberg.catalog_access import unavailable_when_unreachable
-from airflow_provider_exactly_once.sinks.iceberg.storage import missing_files
+from airflow_provider_exactly_once.sinks.iceberg.catalog_access import missing_files, unavailable_when_unreachable
 from tests.support.independent_reader import read_rows
 from tests.support.object_store import S3Pipeline
 
