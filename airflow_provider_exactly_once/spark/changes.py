@@ -16,6 +16,7 @@ from pyspark.sql import functions as F
 
 from airflow_provider_exactly_once.core.errors import InvalidChanges, InvalidSinkConfig
 from airflow_provider_exactly_once.core.upserts import UpsertSpec
+from airflow_provider_exactly_once.spark.writers import quote
 
 #: Columns the upsert adds to the change rows; never written.
 OP, ORDER = "__eo_op", "__eo_order"
@@ -34,11 +35,6 @@ class Owner:
 
     def __str__(self) -> str:
         return f"sink {self.sink_id!r} epoch {self.epoch} table {self.table!r}"
-
-
-def quote(name: str) -> str:
-    """A top-level column reference; a dot in ``name`` is part of the name."""
-    return "`" + name.replace("`", "``") + "`"
 
 
 def read_changes(frame: DataFrame, upsert: UpsertSpec, owner: Owner) -> DataFrame:

@@ -42,7 +42,7 @@ from airflow_provider_exactly_once.core.errors import ExactlyOnceError
 from airflow_provider_exactly_once.core.precommit import DataFileDescriptor, PreCommit, TableWrite
 from airflow_provider_exactly_once.core.upserts import ChangeCounts
 from airflow_provider_exactly_once.sinks.layout import PRE_COMMIT_FILE, pre_commit_from_file, pre_commit_to_file
-from airflow_provider_exactly_once.spark import parquet_writer
+from airflow_provider_exactly_once.spark import writers
 from airflow_provider_exactly_once.spark.alignment import AlignmentPlan, ColumnPlan, plan_alignment
 from airflow_provider_exactly_once.spark.changes import (
     CHECKED,
@@ -50,20 +50,23 @@ from airflow_provider_exactly_once.spark.changes import (
     ORDER,
     Owner,
     one_change_per_key,
-    quote,
     read_changes,
     refuse_faults,
     row_columns,
 )
 from airflow_provider_exactly_once.spark.file_io import put_small_file, read_small_file, remove_tree
-from airflow_provider_exactly_once.spark.file_writer import ArrowFileWriter
 from airflow_provider_exactly_once.spark.inputs import read_input
 from airflow_provider_exactly_once.spark.jobspec import INPUT_VIEW, EpochJobSpec, IcebergTarget, TargetSpec
-from airflow_provider_exactly_once.spark.parquet_writer import SparkParquetWriter
 from airflow_provider_exactly_once.spark.rewrite_tasks import RewriteWriter
 from airflow_provider_exactly_once.spark.targets import ResolvedTarget, load_file_target, load_iceberg_target
 from airflow_provider_exactly_once.spark.upsert import Rewrite, check_key, copy_on_write, no_changes
-from airflow_provider_exactly_once.spark.writer_protocol import DataFileWriter, FileWrite
+from airflow_provider_exactly_once.spark.writers import (
+    ArrowFileWriter,
+    DataFileWriter,
+    FileWrite,
+    SparkParquetWriter,
+    quote,
+)
 from airflow_provider_exactly_once.type_mapping import spark_schema_to_iceberg
 
 ERROR_PREFIX = "EXACTLY-ONCE WRITE FAILED:"
@@ -74,7 +77,7 @@ log = logging.getLogger("airflow_provider_exactly_once.spark.epoch_writer")
 #: The session settings of every write, ``spark-submit``'s and Spark Connect's (``connect_write``):
 #: temporal partition transforms are defined in UTC, the zone Spark's date functions then use; and
 #: what Spark's Parquet writer needs for Iceberg's files, set once instead of around each write.
-SESSION_SETTINGS: dict[str, str] = {"spark.sql.session.timeZone": "UTC", **parquet_writer.SESSION_CONF}
+SESSION_SETTINGS: dict[str, str] = {"spark.sql.session.timeZone": "UTC", **writers.SESSION_CONF}
 
 
 @dataclass(frozen=True)
@@ -385,7 +388,7 @@ def _file_write(spec: EpochJobSpec, target: ResolvedTarget, plan: AlignmentPlan)
 
 def choose_writer(table: str, write: FileWrite, rewrite: Rewrite | None) -> DataFileWriter:
     """Which writer writes a table's files, and why: Spark's own Parquet writer wherever its files
-    can be what the table needs (``parquet_writer.refusal`` names where they cannot: object stores,
+    can be what the table needs (``writers.refusal`` names where they cannot: object stores,
     list and map columns, ...), else the pyarrow writer on the executors. A file sink's partition
     directories are Hive-style, which only the pyarrow writer names, and an upsert's rewrite reads
     and writes on the executors as one step."""
@@ -394,7 +397,7 @@ def choose_writer(table: str, write: FileWrite, rewrite: Rewrite | None) -> Data
         if write.partition_style != "iceberg"
         else "an upsert"
         if rewrite is not None
-        else parquet_writer.refusal(write.location, write.write_schema, write.spec, write.table_properties)
+        else writers.refusal(write.location, write.write_schema, write.spec, write.table_properties)
     )
     if reason is None:
         log.info("%s: Spark's Parquet writer writes the files", table)

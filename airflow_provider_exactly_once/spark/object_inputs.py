@@ -38,9 +38,8 @@ from pyiceberg.io import load_file_io
 from pyspark.sql import DataFrame, SparkSession
 
 from airflow_provider_exactly_once.core.errors import InvalidSinkConfig
-from airflow_provider_exactly_once.spark.file_io import driver_filesystem, scheme_of
+from airflow_provider_exactly_once.spark.file_io import driver_filesystem, scheme_of, spread
 from airflow_provider_exactly_once.spark.jobspec import FilesInput
-from airflow_provider_exactly_once.spark.spread import spread
 
 #: Lines per Arrow batch a JSON or CSV read task yields.
 LINES_PER_BATCH = 8192

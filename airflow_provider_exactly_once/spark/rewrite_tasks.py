@@ -10,7 +10,7 @@ A table's rows never pass through the JVM. Two Spark jobs, each a set of Python 
 2. ``RewriteWriter``: the upserted rows are staged by partition value (``staged_rows``: one pass
    of Python tasks, nothing shuffled), then one job of Python tasks writes the units: each file to
    rewrite streams its rows without the hit positions, then the staged rows of its partition (it
-   is the smallest file there) sorted by key, through the append's own ``file_writer.write_task``:
+   is the smallest file there) sorted by key, through the append's own ``writers.write_task``:
    a file per partition value, rolled at the target size, described from the footers it wrote. The
    staged rows of a partition without such a file are new files, written by one task in key order.
 
@@ -41,11 +41,15 @@ from pyspark.sql import DataFrame, SparkSession
 
 from airflow_provider_exactly_once.core.precommit import DataFileDescriptor
 from airflow_provider_exactly_once.spark import staged_rows
-from airflow_provider_exactly_once.spark.file_writer import DESCRIPTOR_COLUMN, nested_column, write_task
-from airflow_provider_exactly_once.spark.partition_transforms import arrow_values
-from airflow_provider_exactly_once.spark.spread import spread
+from airflow_provider_exactly_once.spark.file_io import spread
 from airflow_provider_exactly_once.spark.staged_rows import DELETED
-from airflow_provider_exactly_once.spark.writer_protocol import FileWrite
+from airflow_provider_exactly_once.spark.writers import (
+    DESCRIPTOR_COLUMN,
+    FileWrite,
+    arrow_values,
+    nested_column,
+    write_task,
+)
 
 #: A file row's position in the file, as pyiceberg's reader yields the rows.
 ROW = "__eo_row"

@@ -33,9 +33,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql.pandas.types import to_arrow_type
 
 from airflow_provider_exactly_once.spark.changes import CHECKED, DELETE, OP, UPSERT
-from airflow_provider_exactly_once.spark.file_writer import nested_column
-from airflow_provider_exactly_once.spark.partition_transforms import arrow_values
-from airflow_provider_exactly_once.spark.writer_protocol import FileWrite
+from airflow_provider_exactly_once.spark.writers import FileWrite, arrow_values, nested_column
 
 #: Below the write location: removed with it when the write fails, and by ``remove`` when it succeeds.
 STAGING = "_staging"
@@ -105,7 +103,7 @@ def remove(write: FileWrite, paths: Sequence[str]) -> None:
 
 
 def partition_key(write: FileWrite, values: Sequence[Any]) -> str:
-    """A partition value as the write's files record it (``file_writer``'s representation), as
+    """A partition value as the write's files record it (``ArrowFileWriter``'s representation), as
     JSON: what a staged file and a file to rewrite are matched by."""
     from pyiceberg.partitioning import partition_record_value
 

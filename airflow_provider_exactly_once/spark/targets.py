@@ -2,7 +2,7 @@
 
 Both are reduced to the same few facts the write needs (location, schema, partitioning, writer
 properties, and the FileIO properties that reach the files), so the write path has no branch per
-sink kind. Partitioning is checked here (``partition_transforms.check_spec``), before the input is
+sink kind. Partitioning is checked here (``check_spec``), before the input is
 read: a spec the writer cannot honour is refused before anything is written.
 """
 
@@ -22,8 +22,7 @@ from airflow_provider_exactly_once.core.errors import InvalidSinkConfig, SchemaM
 from airflow_provider_exactly_once.sinks.layout import iceberg_data_root, iceberg_write_location
 from airflow_provider_exactly_once.spark.file_io import storage_properties
 from airflow_provider_exactly_once.spark.jobspec import FileSinkTarget, IcebergTarget
-from airflow_provider_exactly_once.spark.partition_transforms import IDENTITY_SOURCES, check_spec
-from airflow_provider_exactly_once.spark.writer_protocol import DEFAULT_TARGET_FILE_SIZE
+from airflow_provider_exactly_once.spark.writers import DEFAULT_TARGET_FILE_SIZE, IDENTITY_SOURCES, check_spec
 
 FILE_SINK_PARTITION_FIELD_ID = 1000
 

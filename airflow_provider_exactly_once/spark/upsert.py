@@ -70,10 +70,10 @@ from airflow_provider_exactly_once.core.upserts import (
     RewrittenFile,
     UpsertSpec,
 )
-from airflow_provider_exactly_once.spark.changes import CHECKED, OP, ORDER, Owner, quote
+from airflow_provider_exactly_once.spark.changes import CHECKED, OP, ORDER, Owner
 from airflow_provider_exactly_once.spark.rewrite_tasks import TableFiles, find_hits
 from airflow_provider_exactly_once.spark.staged_rows import DELETED, Staged, remove, stage_changes
-from airflow_provider_exactly_once.spark.writer_protocol import FileWrite
+from airflow_provider_exactly_once.spark.writers import FileWrite, quote
 from airflow_provider_exactly_once.type_mapping import iceberg_to_spark
 
 #: Up to this many distinct values of a key column are planned with ``In``; past it, with the range.

@@ -29,7 +29,7 @@ from airflow_provider_exactly_once.core.errors import InvalidSinkConfig, SchemaM
 from airflow_provider_exactly_once.core.precommit import PreCommit
 from airflow_provider_exactly_once.operators._spark_connect import connect_settings
 from airflow_provider_exactly_once.sinks.layout import PRE_COMMIT_FILE
-from airflow_provider_exactly_once.spark import parquet_writer
+from airflow_provider_exactly_once.spark import writers
 from airflow_provider_exactly_once.spark.connect_write import connect_session, server_lost, write_through_connect
 from airflow_provider_exactly_once.spark.epoch_writer import SESSION_SETTINGS
 from demo.servers import ServerUnavailable, SparkConnectServer
@@ -102,7 +102,7 @@ def test_an_epoch_written_through_connect_is_read_back_by_duckdb(
     assert sorted_rows(table.scan().to_arrow()) == sorted_rows(rows)
 
 
-@pytest.mark.parametrize("on_driver_up_to", [0, parquet_writer.DRIVER_DESCRIBES_UP_TO], ids=["executors", "driver"])
+@pytest.mark.parametrize("on_driver_up_to", [0, writers.DRIVER_DESCRIBES_UP_TO], ids=["executors", "driver"])
 def test_files_are_described_on_the_servers_executors_or_by_the_client(
     remote: Any,
     tmp_path: Path,
@@ -111,7 +111,7 @@ def test_files_are_described_on_the_servers_executors_or_by_the_client(
     monkeypatch: pytest.MonkeyPatch,
     on_driver_up_to: int,
 ) -> None:
-    monkeypatch.setattr(parquet_writer, "DRIVER_DESCRIBES_UP_TO", on_driver_up_to)
+    monkeypatch.setattr(writers, "DRIVER_DESCRIBES_UP_TO", on_driver_up_to)
     rows = sample_rows(300)
     land(tmp_path / "landing", rows)
     make_table(catalog, "ns.by_name", PartitionSpec(PartitionField(2, 1000, IdentityTransform(), "name")))

@@ -39,7 +39,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as st
 
 from airflow_provider_exactly_once.core.errors import InvalidSinkConfig
-from airflow_provider_exactly_once.spark.partition_transforms import (
+from airflow_provider_exactly_once.spark.writers import (
     arrow_values,
     check_spec,
     spark_sort_keys,

@@ -44,8 +44,8 @@ from pyiceberg.types import (
 
 from airflow_provider_exactly_once.sinks.iceberg.descriptors import describe_parquet_file
 from airflow_provider_exactly_once.sinks.layout import PRE_COMMIT_FILE
-from airflow_provider_exactly_once.spark import parquet_writer
-from airflow_provider_exactly_once.spark.parquet_writer import refusal
+from airflow_provider_exactly_once.spark import writers
+from airflow_provider_exactly_once.spark.writers import refusal
 from tests.spark.conftest import files_under, job_spec, land, local, make_table, run_in_process, sample_rows
 from tests.spark.test_epoch_writer import (
     check_descriptors_against_files,
@@ -296,7 +296,7 @@ def test_sample_rows_are_written_by_spark_with_the_tables_compression(
     assert pre_commit.record_count == 200
 
 
-@pytest.mark.parametrize("on_driver_up_to", [0, parquet_writer.DRIVER_DESCRIBES_UP_TO], ids=["executors", "driver"])
+@pytest.mark.parametrize("on_driver_up_to", [0, writers.DRIVER_DESCRIBES_UP_TO], ids=["executors", "driver"])
 def test_files_are_described_alike_on_the_executors_and_on_the_driver(
     spark: Any,
     tmp_path: Path,
@@ -305,7 +305,7 @@ def test_files_are_described_alike_on_the_executors_and_on_the_driver(
     monkeypatch: pytest.MonkeyPatch,
     on_driver_up_to: int,
 ) -> None:
-    monkeypatch.setattr(parquet_writer, "DRIVER_DESCRIBES_UP_TO", on_driver_up_to)
+    monkeypatch.setattr(writers, "DRIVER_DESCRIBES_UP_TO", on_driver_up_to)
     rows = sample_rows(1000)
     land(tmp_path / "landing", rows)
     table = make_table(catalog, "ns.by_day", spec((3, DayTransform(), "ts_day")))
@@ -326,7 +326,7 @@ def test_the_writers_session_settings_hold_for_the_write_and_the_session_is_left
     spark.conf.unset(unset)
     spark.conf.set(changed, "false")
     try:
-        with parquet_writer.session_conf(spark, settings):
+        with writers.session_conf(spark, settings):
             assert {key: spark.conf.get(key) for key in settings} == settings
         assert spark.conf.get(unset, None) is None, "a setting the session did not have is unset again"
         assert spark.conf.get(changed) == "false", "a setting the session had gets its value back"

@@ -16,7 +16,7 @@ from pyiceberg.schema import Schema
 from pyiceberg.types import DoubleType, ListType, LongType, NestedField, StringType, StructType
 
 from airflow_provider_exactly_once.core.errors import InvalidSinkConfig
-from airflow_provider_exactly_once.spark.parquet_writer import session_conf
+from airflow_provider_exactly_once.spark.writers import session_conf
 from airflow_provider_exactly_once.table_spec import PRIMITIVE_TYPES, declare_schema
 from airflow_provider_exactly_once.type_mapping import spark_read_schema, spark_schema
 
