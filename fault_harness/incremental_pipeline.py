@@ -85,13 +85,13 @@ def read_range(
     from pyiceberg.table import FileScanTask
 
     from airflow_provider_exactly_once.spark.file_io import storage_properties
-    from airflow_provider_exactly_once.spark.rewrite_tasks import TableFiles
     from airflow_provider_exactly_once.spark.snapshot_range_reads import (
         _at_schema_of,
         added_files,
         check_from_first,
         range_snapshots,
     )
+    from airflow_provider_exactly_once.spark.upsert import TableFiles
 
     if reserved.empty or source is None:
         return [], {"snapshots": 0, "files": 0, "records": 0}

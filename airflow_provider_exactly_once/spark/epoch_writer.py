@@ -44,22 +44,25 @@ from airflow_provider_exactly_once.core.upserts import ChangeCounts
 from airflow_provider_exactly_once.sinks.layout import PRE_COMMIT_FILE, pre_commit_from_file, pre_commit_to_file
 from airflow_provider_exactly_once.spark import writers
 from airflow_provider_exactly_once.spark.alignment import AlignmentPlan, ColumnPlan, plan_alignment
-from airflow_provider_exactly_once.spark.changes import (
+from airflow_provider_exactly_once.spark.file_io import put_small_file, read_small_file, remove_tree
+from airflow_provider_exactly_once.spark.inputs import read_input
+from airflow_provider_exactly_once.spark.jobspec import INPUT_VIEW, EpochJobSpec, IcebergTarget, TargetSpec
+from airflow_provider_exactly_once.spark.targets import ResolvedTarget, load_file_target, load_iceberg_target
+from airflow_provider_exactly_once.spark.upsert import (
     CHECKED,
     OP,
     ORDER,
     Owner,
+    Rewrite,
+    RewriteWriter,
+    check_key,
+    copy_on_write,
+    no_changes,
     one_change_per_key,
     read_changes,
     refuse_faults,
     row_columns,
 )
-from airflow_provider_exactly_once.spark.file_io import put_small_file, read_small_file, remove_tree
-from airflow_provider_exactly_once.spark.inputs import read_input
-from airflow_provider_exactly_once.spark.jobspec import INPUT_VIEW, EpochJobSpec, IcebergTarget, TargetSpec
-from airflow_provider_exactly_once.spark.rewrite_tasks import RewriteWriter
-from airflow_provider_exactly_once.spark.targets import ResolvedTarget, load_file_target, load_iceberg_target
-from airflow_provider_exactly_once.spark.upsert import Rewrite, check_key, copy_on_write, no_changes
 from airflow_provider_exactly_once.spark.writers import (
     ArrowFileWriter,
     DataFileWriter,
@@ -249,7 +252,7 @@ def _plan(
     written: list[WriteLocation],
 ) -> _Planned | None:
     """How a table's rows are written. An upsert's pass over its changes stages their rows in the
-    write location already (``staged_rows``), which is therefore in ``written`` from then on."""
+    write location already (``stage_changes``), which is therefore in ``written`` from then on."""
     upsert = given.upsert if isinstance(given, IcebergTarget) else None
     if upsert is None or not isinstance(given, IcebergTarget):
         return None if frame is None else _align(spec, target, frame)

@@ -131,7 +131,7 @@ class EpochJobSpec(FrozenSpec):
     #: Number of parallel write tasks, rows shuffled by partition value; ``None`` keeps the input's
     #: parallelism (Spark's Parquet writer, unless the table's ``write.distribution-mode`` is ``hash``
     #: or ``range``) or ``spark.sql.shuffle.partitions`` (the pyarrow writer, partitioned); an upsert
-    #: sizes its tasks by the rows it rewrites and writes (``rewrite_tasks.RewriteWriter``).
+    #: sizes its tasks by the rows it rewrites and writes (``upsert.RewriteWriter``).
     writers: int | None = Field(default=None, gt=0)
     #: Roll to a new file after this many uncompressed bytes (Arrow's count in the pyarrow writer;
     #: in Spark's, which rolls by rows, that many rows of Spark's estimated size); ``None``: the

@@ -41,7 +41,7 @@ from airflow_provider_exactly_once.core.input_ranges import SnapshotRange
 from airflow_provider_exactly_once.sinks.iceberg.catalog_access import load_table
 from airflow_provider_exactly_once.spark.file_io import spread, storage_properties
 from airflow_provider_exactly_once.spark.jobspec import EpochJobSpec, IcebergTableInput
-from airflow_provider_exactly_once.spark.rewrite_tasks import TableFiles
+from airflow_provider_exactly_once.spark.upsert import TableFiles
 from airflow_provider_exactly_once.type_mapping import iceberg_to_spark
 
 #: What the read gives ``inputs.read_input``: the rows (``None``: nothing to read, no Spark job) and

@@ -146,7 +146,7 @@ def test_an_upsert_on_s3_rewrites_its_files_and_leaves_none_of_its_staged_rows(
     spark: Any, tmp_path: Path, seaweed: SeaweedFS, s3: s3fs.S3FileSystem, lake: Catalog, prefix: str
 ) -> None:
     """The upserted rows go to the rewrite's tasks as staged files in the write location on S3
-    (``spark/staged_rows.py``): read there by the tasks, deleted before the pre-commit is written."""
+    (``spark/upsert.py``): read there by the tasks, deleted before the pre-commit is written."""
     table = make_table(lake, f"{prefix}.accounts")
     table.append(sample_rows(300).cast(table.schema().as_arrow()))
     changed = sample_rows(360).slice(200)  # 100 updates of the table's last rows, 60 new keys

@@ -19,7 +19,7 @@ import pytest
 from pyiceberg.catalog import Catalog
 from pyiceberg.partitioning import PartitionSpec
 
-from airflow_provider_exactly_once.spark.staged_rows import STAGING
+from airflow_provider_exactly_once.spark.upsert import STAGING
 from tests.spark.test_upsert import BY_REGION, SCHEMA, Model, Upserts, apply_to_model, changes_of
 
 TWO_REGIONS = ("eu", "us")
