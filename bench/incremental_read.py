@@ -13,7 +13,7 @@ In one ``local[2]`` session (the tests' settings), per shape and round, the two 
 ``noop`` write by default, every row through Spark without collecting them; ``arrow``: ``toArrow()``
 to the driver):
 
-- ``incremental``: ``spark.snapshot_range_reads.read_snapshot_range`` over the range, timed from the
+- ``incremental``: ``spark.inputs.read_snapshot_range`` over the range, timed from the
   call to the action's end, so the driver's planning is inside: the catalog and table load, the
   range walk and its checks, ``added_files`` (the range end's manifest list and its manifests), then the
   executors reading the files with pyiceberg's ``ArrowScan`` in a ``mapInArrow``;
@@ -70,13 +70,13 @@ from pyiceberg.schema import Schema
 from pyiceberg.types import DoubleType, LongType, NestedField, StringType, TimestamptzType
 
 from airflow_provider_exactly_once.sinks.iceberg.catalog_access import load_table
-from airflow_provider_exactly_once.spark.jobspec import EpochJobSpec
-from airflow_provider_exactly_once.spark.snapshot_range_reads import (
+from airflow_provider_exactly_once.spark.inputs import (
     _at_schema_of,
     added_files,
     range_snapshots,
     read_snapshot_range,
 )
+from airflow_provider_exactly_once.spark.jobspec import EpochJobSpec
 from bench._world import RESULTS, median, save
 
 CATALOG = "bench"

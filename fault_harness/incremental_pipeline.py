@@ -10,7 +10,7 @@ upstream while the epochs run.
 The light write (``light_incremental_write``) is the product's code for everything but Spark: the
 range reserved by ``runtime.upstream_ranges.reserved_range`` (the meta store opened as the product's
 operator opens it, the upstream's current snapshot by ``current_snapshot_of`` on the connection's
-catalog properties), planned by ``spark.snapshot_range_reads.range_snapshots`` and ``added_files``
+catalog properties), planned by ``spark.inputs.range_snapshots`` and ``added_files``
 (the driver-side pieces of the Spark read), the files read by ``TableFiles``' pyiceberg ``ArrowScan``
 (what the Spark read's executors run), in-process; the rows go into one real Parquet file in the
 write's own location, as ``pipeline.light_write``'s do. The ``writer="spark"`` variant is the
@@ -85,7 +85,7 @@ def read_range(
     from pyiceberg.table import FileScanTask
 
     from airflow_provider_exactly_once.spark.file_io import storage_properties
-    from airflow_provider_exactly_once.spark.snapshot_range_reads import (
+    from airflow_provider_exactly_once.spark.inputs import (
         _at_schema_of,
         added_files,
         check_from_first,

@@ -326,17 +326,17 @@ def files_below(s3: s3fs.S3FileSystem, location: str) -> list[str]:
 def test_lines_are_split_as_spark_splits_them_across_read_chunks(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from airflow_provider_exactly_once.spark import object_inputs
+    from airflow_provider_exactly_once.spark import inputs
 
-    monkeypatch.setattr(object_inputs, "READ_CHUNK", 3)
+    monkeypatch.setattr(inputs, "READ_CHUNK", 3)
     text = 'a\r\nbb\rccc\n\n{"s": "x\u2028y"}\r\n' + "last"
     (tmp_path / "t.txt").write_text(text)
     (tmp_path / "t.txt.gz").write_bytes(gzip.compress(text.encode()))
     expected = ["a", "bb", "ccc", "", '{"s": "x\u2028y"}', "last"]
     for name in ("t.txt", "t.txt.gz"):
-        assert list(object_inputs._lines(str(tmp_path / name), {}, "utf-8", None)) == expected
+        assert list(inputs._lines(str(tmp_path / name), {}, "utf-8", None)) == expected
     (tmp_path / "sep.txt").write_text("a||b|c||")
-    assert list(object_inputs._lines(str(tmp_path / "sep.txt"), {}, "utf-8", "||")) == ["a", "b|c"]
+    assert list(inputs._lines(str(tmp_path / "sep.txt"), {}, "utf-8", "||")) == ["a", "b|c"]
 
 
 def test_the_job_spec_file_is_readable_by_its_owner_alone(tmp_path: Path) -> None:

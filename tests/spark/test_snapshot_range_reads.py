@@ -1,4 +1,4 @@
-"""Reading an epoch's snapshot range of an upstream Iceberg table (``spark.snapshot_range_reads``),
+"""Reading an epoch's snapshot range of an upstream Iceberg table (``spark.inputs``),
 through ``inputs.read_input``: a real local Spark session and a real SQLite pyiceberg catalog whose
 table is appended to, overwritten, expired and evolved by pyiceberg, as an upstream job would."""
 
@@ -35,9 +35,8 @@ from pyspark.sql import types as st
 
 from airflow_provider_exactly_once.core.errors import InputRangeRefused
 from airflow_provider_exactly_once.core.input_ranges import POSITIONS_KIND, SnapshotRange
-from airflow_provider_exactly_once.spark.inputs import read_input
+from airflow_provider_exactly_once.spark.inputs import range_snapshots, read_input
 from airflow_provider_exactly_once.spark.jobspec import EpochJobSpec
-from airflow_provider_exactly_once.spark.snapshot_range_reads import range_snapshots
 from tests.spark.conftest import EPOCH, INTERVAL_END, INTERVAL_START, make_table
 
 UPSTREAM = "ns.upstream"

@@ -191,7 +191,7 @@ def test_the_executors_modules_import_no_committer_and_no_sqlalchemy() -> None:
 
     code = (
         "import json, sys\n"
-        "from airflow_provider_exactly_once.spark import upsert, writers\n"
+        "from airflow_provider_exactly_once.spark import inputs, upsert, writers\n"
         "from airflow_provider_exactly_once.sinks.iceberg import describe_parquet_file\n"
         "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] == 'sqlalchemy'"
         " or m.endswith(('.committer', '.catalog_access')))))\n"
