@@ -1,11 +1,6 @@
-"""The meta store as an Airflow connection, and the coordinator of one sink built from connections.
-
-Tasks in Airflow 3 may not touch Airflow's own metadata database, so the meta store
-(``pending_sink_state`` and its companions) is reached through a connection of this package's own
-type, ``exactly_once_meta``: its *SQLAlchemy URL* field names a SQLite file or a PostgreSQL
-database. A deployment that never creates the default connection still works on one machine: the
-hook then falls back to an embedded SQLite file under ``$AIRFLOW_HOME`` and says so in the log.
-``eo-sink`` opens the meta store through this hook too (docs/design.md, D20).
+"""The meta store as an Airflow connection of this package's own type (``exactly_once_meta``; design.md
+D20), and the SQLAlchemy mappers of ours and pyiceberg's SQL catalog configured without Airflow's
+import of every Airflow model, which a task start would otherwise pay for at its first query.
 """
 
 from __future__ import annotations
@@ -14,6 +9,8 @@ import asyncio
 import copy
 import logging
 import os
+import sys
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,10 +20,21 @@ from airflow.sdk import BaseHook
 from airflow_provider_exactly_once.core.errors import InvalidSinkConfig
 from airflow_provider_exactly_once.defaults import DEFAULT_META_CONN_ID
 from airflow_provider_exactly_once.get_provider_info import META_STORE_FIELD_BEHAVIOUR
+from airflow_provider_exactly_once.upstream_private import airflow_model_import_set_aside
 from airflow_provider_exactly_once.version_compat import AirflowNotFoundException
 
 if TYPE_CHECKING:
     from airflow_provider_exactly_once.store import SqlSinkStateStore
+
+
+# The meta store as an Airflow connection, and the coordinator of one sink built from connections.
+#
+# Tasks in Airflow 3 may not touch Airflow's own metadata database, so the meta store
+# (``pending_sink_state`` and its companions) is reached through a connection of this package's own
+# type, ``exactly_once_meta``: its *SQLAlchemy URL* field names a SQLite file or a PostgreSQL
+# database. A deployment that never creates the default connection still works on one machine: the
+# hook then falls back to an embedded SQLite file under ``$AIRFLOW_HOME`` and says so in the log.
+# ``eo-sink`` opens the meta store through this hook too (docs/design.md, D20).
 
 __all__ = ["META_CONN_TYPE", "ExactlyOnceMetaStoreHook", "embedded_meta_store_url"]
 
@@ -171,7 +179,6 @@ class ExactlyOnceMetaStoreHook(BaseHook):
 
 
 def _open_store(url: str, options: Mapping[str, float]) -> SqlSinkStateStore:
-    from airflow_provider_exactly_once.hooks.orm_setup import configure_store_mappers
     from airflow_provider_exactly_once.store import SqlSinkStateStore
 
     configure_store_mappers()
@@ -182,3 +189,47 @@ def _open_store(url: str, options: Mapping[str, float]) -> SqlSinkStateStore:
         connect_timeout_s=options.get("connect_timeout_s", _DEFAULT_CONNECT_TIMEOUT_S),
         busy_timeout_s=options.get("busy_timeout_s", _DEFAULT_BUSY_TIMEOUT_S),
     )
+
+
+# SQLAlchemy mappers of ours and pyiceberg's, configured without Airflow's import of every Airflow model.
+#
+# Airflow listens (``airflow.utils.orm_event_handlers``), once per process, for the first configuration
+# of any SQLAlchemy mapper, and then imports all of its own models so that their relationships
+# resolve: about 0.3 s. In a task process the first configuration is the meta store's first query, or
+# pyiceberg's SQL catalog's, so every persist, commit and abort task start paid for models it never
+# uses. Neither registry relates to Airflow's models, so each is configured alone: Airflow's listener
+# is set aside for that moment (``upstream_private.airflow_model_import_set_aside``) and put back for
+# the first configuration of Airflow's own mappers, which then imports them as before.
+
+_lock = threading.Lock()
+_configured: set[int] = set()
+
+
+def configure_alone(registry: Any) -> None:
+    """Configure ``registry``'s mappers now (once per process), without firing Airflow's listener.
+
+    ``registry``: a SQLAlchemy ``registry`` whose mappers have no relationship to Airflow's.
+    """
+    if id(registry) in _configured:
+        return
+    with _lock:
+        if id(registry) in _configured:
+            return
+        with airflow_model_import_set_aside():
+            registry.configure()
+        _configured.add(id(registry))
+
+
+def configure_store_mappers() -> None:
+    """The meta store's mappers."""
+    from airflow_provider_exactly_once.store.models import Base
+
+    configure_alone(Base.registry)
+
+
+def configure_catalog_mappers(catalog: object) -> None:
+    """pyiceberg's SQL catalog's mappers, when ``catalog`` is one (other catalogs have none; a SQL
+    catalog has imported its module, so another kind of catalog imports nothing here)."""
+    sql = sys.modules.get("pyiceberg.catalog.sql")
+    if sql is not None and isinstance(catalog, sql.SqlCatalog):
+        configure_alone(sql.SqlCatalogBaseTable.registry)

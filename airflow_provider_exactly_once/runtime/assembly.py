@@ -175,7 +175,7 @@ def iceberg_catalog(sink: IcebergSinkConfig) -> Any:
         where = f"catalog of connection {sink.iceberg_conn_id!r}" + (f" ({uri})" if uri else "")
         what = mask_userinfo(f"sink {sink.sink_id!r}: {where} could not be loaded")
         raise SinkUnavailable(f"{what}: {describe_error(exc, properties)}") from exc
-    from airflow_provider_exactly_once.hooks.orm_setup import configure_catalog_mappers
+    from airflow_provider_exactly_once.hooks.meta_store import configure_catalog_mappers
 
     configure_catalog_mappers(catalog)
     return catalog
