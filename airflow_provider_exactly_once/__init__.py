@@ -40,8 +40,7 @@ if TYPE_CHECKING:
     from airflow_provider_exactly_once.operators.spark_precommit import SparkPreCommitOperator
     from airflow_provider_exactly_once.operators.tables import EnsureTableOperator
     from airflow_provider_exactly_once.recovery.dag import recovery_dag
-    from airflow_provider_exactly_once.sensors.checkpoint import CheckpointSensor
-    from airflow_provider_exactly_once.sensors.settled import CheckpointSettledSensor
+    from airflow_provider_exactly_once.sensors.checkpoint import CheckpointSensor, CheckpointSettledSensor
     from airflow_provider_exactly_once.sinks.config import FileSinkConfig, IcebergSinkConfig
     from airflow_provider_exactly_once.spark.author_specs import (
         FileSinkTarget,
@@ -67,7 +66,7 @@ _WHERE = {
     "CommitEpochOperator": "operators.epoch",
     "AbortEpochOperator": "operators.epoch",
     "CheckpointSensor": "sensors.checkpoint",
-    "CheckpointSettledSensor": "sensors.settled",
+    "CheckpointSettledSensor": "sensors.checkpoint",
     "IcebergSinkConfig": "sinks.config",
     "FileSinkConfig": "sinks.config",
     "TableSelect": "sinks.config",

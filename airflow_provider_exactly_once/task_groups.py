@@ -47,8 +47,7 @@ from airflow_provider_exactly_once.operators.epoch import (
     PersistPendingOperator,
 )
 from airflow_provider_exactly_once.runtime.assembly import as_checkpoint, as_sink
-from airflow_provider_exactly_once.sensors.checkpoint import CheckpointSensor
-from airflow_provider_exactly_once.sensors.settled import CheckpointSettledSensor
+from airflow_provider_exactly_once.sensors.checkpoint import CheckpointSensor, CheckpointSettledSensor
 from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig, SinkConfig
 from airflow_provider_exactly_once.table_spec import DeclaredSchema, TableSpec, declare_table
 

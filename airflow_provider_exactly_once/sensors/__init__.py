@@ -1,6 +1,5 @@
 """Sensors: waiting for an epoch's checkpoint."""
 
-from airflow_provider_exactly_once.sensors.checkpoint import CheckpointSensor
-from airflow_provider_exactly_once.sensors.settled import CheckpointSettledSensor
+from airflow_provider_exactly_once.sensors.checkpoint import CheckpointSensor, CheckpointSettledSensor
 
 __all__ = ["CheckpointSensor", "CheckpointSettledSensor"]

@@ -1,9 +1,8 @@
-"""Wait until the upstream's checkpoint for the run's epoch is final.
-
-``COMPLETED`` lets the commit run; ``FAILED`` fails the sensor at once, without retries (a failed
-checkpoint is final, retrying cannot change it), and so does a timeout: either way the epoch's
-abort task runs. Poke and reschedule modes poll ``CheckpointSource.status``; ``deferrable=True``
-hands the waiting to ``CheckpointTrigger`` in the triggerer so no worker slot is held.
+"""The sensors on the checkpoint of a run's epoch (design.md section 7): ``CheckpointSensor`` lets the
+commit run on ``COMPLETED`` and fails on ``FAILED`` or a timeout, so the abort runs;
+``CheckpointSettledSensor`` holds the write until the checkpoint is final either way. Poke and
+reschedule modes poll ``CheckpointSource.status``; ``deferrable=True`` hands the wait to
+``CheckpointTrigger`` so no worker slot is held.
 """
 
 from __future__ import annotations
@@ -38,6 +37,14 @@ from airflow_provider_exactly_once.version_compat import AirflowException, Airfl
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
+
+
+# Wait until the upstream's checkpoint for the run's epoch is final.
+#
+# ``COMPLETED`` lets the commit run; ``FAILED`` fails the sensor at once, without retries (a failed
+# checkpoint is final, retrying cannot change it), and so does a timeout: either way the epoch's
+# abort task runs. Poke and reschedule modes poll ``CheckpointSource.status``; ``deferrable=True``
+# hands the waiting to ``CheckpointTrigger`` in the triggerer so no worker slot is held.
 
 
 class CheckpointSensor(BaseSensorOperator):
@@ -159,3 +166,35 @@ class CheckpointSensor(BaseSensorOperator):
             raise AirflowFailException(message)
         if not self._decide(int(epoch or 0), CheckpointStatus(status), context):
             raise AirflowException(f"checkpoint trigger fired with {status!r} for sink {self.sink_id!r}")
+
+
+# Hold an epoch's write until the upstream is done with the interval, either way.
+#
+# The write reads the interval's input when it runs; reading while the upstream is still landing
+# files would make a partial interval the epoch's write, and the checkpoint's ``COMPLETED`` would
+# then commit it. So the write waits for the checkpoint to be final first. ``FAILED`` is final too:
+# the sensor succeeds on it, the write runs (on whatever was landed) and the epoch's own
+# ``wait_for_checkpoint`` then fails on the same ``FAILED`` and runs the abort, which records why. A
+# settled sensor that failed on ``FAILED`` would skip the write and leave the abort with no write to
+# record.
+
+
+class CheckpointSettledSensor(CheckpointSensor):
+    """Succeeds when the checkpoint of the run's epoch is ``COMPLETED`` or ``FAILED``.
+
+    Takes the same arguments as ``CheckpointSensor`` (``sink``, ``checkpoint``, ``meta_conn_id``,
+    ``deferrable``, ``poke_interval``, ``timeout``, ``mode``). A timeout fails it, and with it the
+    write, so the epoch's abort runs.
+    """
+
+    ui_color = "#ecf4e7"
+
+    def _decide(self, epoch: int, status: CheckpointStatus, context: Context) -> bool:
+        if status is CheckpointStatus.FAILED:
+            self.log.warning(
+                "Checkpoint of sink %r %s: FAILED; settled, the epoch's wait will abort it",
+                self.sink_id,
+                self._where(epoch, context),
+            )
+            return True
+        return super()._decide(epoch, status, context)
