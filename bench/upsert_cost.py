@@ -125,7 +125,7 @@ def main() -> None:
     ways = tuple(w for w in WAYS if w in args.ways or w == "exactly_once")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
-    from airflow_provider_exactly_once.checkpoints.metastore import MetaStoreCheckpointSource
+    from airflow_provider_exactly_once.checkpoints.sources import MetaStoreCheckpointSource
     from airflow_provider_exactly_once.core.coordinator import TwoPhaseCommitCoordinator
     from airflow_provider_exactly_once.core.status import CheckpointStatus
     from airflow_provider_exactly_once.sinks.iceberg import IcebergSinkCommitter

@@ -14,18 +14,24 @@ from typing import TYPE_CHECKING
 from airflow_provider_exactly_once._lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from airflow_provider_exactly_once.checkpoints.marker_files import MarkerFileCheckpointSource
-    from airflow_provider_exactly_once.checkpoints.metastore import CheckpointTable, MetaStoreCheckpointSource
-    from airflow_provider_exactly_once.checkpoints.snapshot_ranges import SnapshotRangeCheckpointSource
-    from airflow_provider_exactly_once.checkpoints.streaming import StructuredStreamingCheckpointSource
+    from airflow_provider_exactly_once.checkpoints.sources import (
+        CheckpointTable,
+        MarkerFileCheckpointSource,
+        MetaStoreCheckpointSource,
+        SnapshotRangeCheckpointSource,
+        StructuredStreamingCheckpointSource,
+    )
 
-_WHERE = {
-    "CheckpointTable": "metastore",
-    "MarkerFileCheckpointSource": "marker_files",
-    "MetaStoreCheckpointSource": "metastore",
-    "SnapshotRangeCheckpointSource": "snapshot_ranges",
-    "StructuredStreamingCheckpointSource": "streaming",
-}
+_WHERE = dict.fromkeys(
+    (
+        "CheckpointTable",
+        "MarkerFileCheckpointSource",
+        "MetaStoreCheckpointSource",
+        "SnapshotRangeCheckpointSource",
+        "StructuredStreamingCheckpointSource",
+    ),
+    "sources",
+)
 
 __all__ = [
     "CheckpointTable",

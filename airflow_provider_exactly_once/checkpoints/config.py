@@ -10,10 +10,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from airflow_provider_exactly_once.checkpoints.marker_files import MarkerFileCheckpointSource
-from airflow_provider_exactly_once.checkpoints.metastore import CheckpointTable, MetaStoreCheckpointSource
-from airflow_provider_exactly_once.checkpoints.snapshot_ranges import SnapshotRangeCheckpointSource
-from airflow_provider_exactly_once.checkpoints.streaming import StructuredStreamingCheckpointSource
+from airflow_provider_exactly_once.checkpoints.sources import (
+    CheckpointTable,
+    MarkerFileCheckpointSource,
+    MetaStoreCheckpointSource,
+    SnapshotRangeCheckpointSource,
+    StructuredStreamingCheckpointSource,
+)
 from airflow_provider_exactly_once.core.errors import InvalidSinkConfig
 from airflow_provider_exactly_once.core.redact import mask_userinfo
 from airflow_provider_exactly_once.filesystems import (

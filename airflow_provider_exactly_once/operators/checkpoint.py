@@ -79,7 +79,7 @@ class MarkCheckpointOperator(BaseOperator):
                 check_sink_id(self.sink_id)  # templated: only the rendered value can be checked
             store = open_meta_store(self.meta_conn_id)
             try:
-                from airflow_provider_exactly_once.checkpoints.metastore import MetaStoreCheckpointSource
+                from airflow_provider_exactly_once.checkpoints.sources import MetaStoreCheckpointSource
 
                 name = self.checkpoint_name or MetaStoreCheckpointSource(
                     store.checkpoints, name_template=self.checkpoint.name_template

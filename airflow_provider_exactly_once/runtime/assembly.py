@@ -32,7 +32,7 @@ from airflow_provider_exactly_once.runtime.run_epochs import epoch_for_context, 
 from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig, SinkConfig, sink_config_from_dict
 
 if TYPE_CHECKING:
-    from airflow_provider_exactly_once.checkpoints.metastore import CheckpointTable
+    from airflow_provider_exactly_once.checkpoints.sources import CheckpointTable
     from airflow_provider_exactly_once.core.cleanups import WriteFolderListing
     from airflow_provider_exactly_once.core.coordinator import TwoPhaseCommitCoordinator
     from airflow_provider_exactly_once.core.observe import Metrics

@@ -98,7 +98,7 @@ def checkpoint_location(checkpoint: CheckpointConfig, sink_id: str, epoch: int) 
         SnapshotRangeCheckpoint,
         StreamingCheckpoint,
     )
-    from airflow_provider_exactly_once.checkpoints.marker_files import MarkerFileCheckpointSource
+    from airflow_provider_exactly_once.checkpoints.sources import MarkerFileCheckpointSource
     from airflow_provider_exactly_once.core.redact import mask_userinfo
     from airflow_provider_exactly_once.filesystems import PathTemplate
 

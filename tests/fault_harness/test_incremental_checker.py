@@ -25,7 +25,7 @@ import pyarrow as pa
 import pytest
 from pyiceberg.catalog import Catalog, load_catalog
 
-from airflow_provider_exactly_once.checkpoints.snapshot_ranges import SnapshotRangeCheckpointSource
+from airflow_provider_exactly_once.checkpoints.sources import SnapshotRangeCheckpointSource
 from airflow_provider_exactly_once.core.coordinator import TwoPhaseCommitCoordinator
 from airflow_provider_exactly_once.core.input_ranges import Link, SnapshotRange
 from airflow_provider_exactly_once.core.outcomes import CommitOutcome

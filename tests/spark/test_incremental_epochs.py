@@ -13,7 +13,7 @@ import pyarrow as pa
 import pytest
 from pyiceberg.catalog import Catalog
 
-from airflow_provider_exactly_once.checkpoints.snapshot_ranges import SnapshotRangeCheckpointSource
+from airflow_provider_exactly_once.checkpoints.sources import SnapshotRangeCheckpointSource
 from airflow_provider_exactly_once.core.coordinator import TwoPhaseCommitCoordinator
 from airflow_provider_exactly_once.core.errors import InputRangeRefused
 from airflow_provider_exactly_once.core.input_ranges import SnapshotRange

@@ -19,7 +19,7 @@ from pyiceberg.schema import Schema
 from pyiceberg.transforms import IdentityTransform
 from pyiceberg.types import LongType, NestedField, StringType
 
-from airflow_provider_exactly_once.checkpoints.metastore import MetaStoreCheckpointSource
+from airflow_provider_exactly_once.checkpoints.sources import MetaStoreCheckpointSource
 from airflow_provider_exactly_once.core.coordinator import TwoPhaseCommitCoordinator
 from airflow_provider_exactly_once.core.errors import (
     EarlierEpochUndecided,

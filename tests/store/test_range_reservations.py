@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_exactly_once.checkpoints.snapshot_ranges import SnapshotRangeCheckpointSource
+from airflow_provider_exactly_once.checkpoints.sources import SnapshotRangeCheckpointSource
 from airflow_provider_exactly_once.core.coordinator import TwoPhaseCommitCoordinator
 from airflow_provider_exactly_once.core.errors import InputRangeRefused
 from airflow_provider_exactly_once.core.faults import SimulatedCrash
