@@ -21,7 +21,7 @@ from airflow_provider_exactly_once.core.observe import report_pending
 from airflow_provider_exactly_once.core.outcomes import SinkRecoveryReport
 from airflow_provider_exactly_once.core.ports import ORPHAN_EPOCH
 from airflow_provider_exactly_once.defaults import DEFAULT_LOCK_TTL, DEFAULT_ORPHAN_GRACE
-from airflow_provider_exactly_once.observability.stats import airflow_metrics
+from airflow_provider_exactly_once.observability.assets import airflow_metrics
 from airflow_provider_exactly_once.runtime.assembly import coordinator_for, open_sink, registered_configs
 from airflow_provider_exactly_once.store import SqlSinkStateStore
 

@@ -240,12 +240,12 @@ def coordinator_for(
     named point without touching the DAG. One hook serves the coordinator and the committer, so an
     occurrence count (``commit.visible@2``) counts every place the point is reached in this task try.
     ``epoch`` and ``try_number`` (the task try's) are what the factory is given to choose its rules.
-    ``metrics`` defaults to Airflow's ``Stats`` (``observability.stats``): commit durations, files,
+    ``metrics`` defaults to Airflow's ``Stats`` (``observability.assets``): commit durations, files,
     rows, retries and aborts go wherever ``[metrics]`` sends Airflow's own.
     ``allow_beyond_horizon`` is an operator's word that an epoch older than the table's snapshot
     history is not in the table (``eo-sink commit --beyond-horizon``); never set by a task.
     """
-    from airflow_provider_exactly_once.observability.stats import airflow_metrics
+    from airflow_provider_exactly_once.observability.assets import airflow_metrics
 
     if fault is None:
         fault = configured_fault_hook(sink.sink_id, epoch, try_number)

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_exactly_once.observability.stats import legacy_metric_name
+from airflow_provider_exactly_once.observability.assets import legacy_metric_name
 from tests.observability.conftest import run_epoch_then_recover
 from tests.support.airflow_world import World
 
@@ -134,7 +134,7 @@ def test_a_real_epoch_reports_commit_and_pending_metrics_over_otlp(world: World,
 
 
 def test_legacy_names_keep_the_sink_one_level_of_the_statsd_hierarchy() -> None:
-    from airflow_provider_exactly_once.observability.stats import metric_name
+    from airflow_provider_exactly_once.observability.assets import metric_name
 
     assert metric_name("commit.rows") == "exactly_once.commit.rows"
     assert legacy_metric_name("commit.rows", "orders") == "exactly_once.commit.rows.orders"
@@ -142,7 +142,7 @@ def test_legacy_names_keep_the_sink_one_level_of_the_statsd_hierarchy() -> None:
 
 
 def test_without_legacy_names_only_the_tagged_name_is_sent(otlp: OtlpReceiver) -> None:
-    from airflow_provider_exactly_once.observability.stats import AirflowStatsMetrics
+    from airflow_provider_exactly_once.observability.assets import AirflowStatsMetrics
 
     AirflowStatsMetrics(legacy_names=False).incr("aborts", 2, {"sink_id": "quiet", "outcome": "aborted"})
     flush()

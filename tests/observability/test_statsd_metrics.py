@@ -23,7 +23,7 @@ from collections.abc import Iterator
 import pytest
 
 from airflow_provider_exactly_once.core.observe import write_totals
-from airflow_provider_exactly_once.observability.stats import legacy_metric_name
+from airflow_provider_exactly_once.observability.assets import legacy_metric_name
 from tests.observability.conftest import run_epoch_then_recover
 from tests.support.airflow_world import World
 
@@ -159,7 +159,7 @@ def test_a_real_epoch_reports_commit_and_pending_metrics_over_statsd(world: Worl
 
 
 def test_influxdb_mode_puts_the_tags_in_the_statsd_line(statsd_influxdb: StatsdReceiver) -> None:
-    from airflow_provider_exactly_once.observability.stats import AirflowStatsMetrics
+    from airflow_provider_exactly_once.observability.assets import AirflowStatsMetrics
 
     AirflowStatsMetrics().incr("aborts", 2, {"sink_id": "quiet", "outcome": "aborted"})
     AirflowStatsMetrics().gauge("pending_epochs", 3, {"sink_id": "quiet"})
