@@ -8,7 +8,7 @@ starts where the last committed one ended. The harness's producer (``incremental
 upstream while the epochs run.
 
 The light write (``light_incremental_write``) is the product's code for everything but Spark: the
-range reserved by ``runtime.upstream_ranges.reserved_range`` (the meta store opened as the product's
+range reserved by ``runtime.run_epochs.reserved_range`` (the meta store opened as the product's
 operator opens it, the upstream's current snapshot by ``current_snapshot_of`` on the connection's
 catalog properties), planned by ``spark.inputs.range_snapshots`` and ``added_files``
 (the driver-side pieces of the Spark read), the files read by ``TableFiles``' pyiceberg ``ArrowScan``
@@ -48,7 +48,7 @@ def light_incremental_write(sink_id: str, table_name: str, upstream: str, conn_i
     from airflow_provider_exactly_once.operators._common import airflow_errors
     from airflow_provider_exactly_once.operators._targets import iceberg_catalog_properties
     from airflow_provider_exactly_once.runtime.assembly import open_meta_store
-    from airflow_provider_exactly_once.runtime.upstream_ranges import current_snapshot_of, reserved_range
+    from airflow_provider_exactly_once.runtime.run_epochs import current_snapshot_of, reserved_range
     from airflow_provider_exactly_once.sinks.iceberg.catalog_access import load_table
     from demo.fault_plan import fault_hook_for
     from fault_harness.runs import running_write

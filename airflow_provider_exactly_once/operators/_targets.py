@@ -228,11 +228,11 @@ def upstream_settings(
     run_id: str,
 ) -> dict[str, Any]:
     """For an incremental input, the job spec's range, reserved now or before
-    (``runtime.upstream_ranges``), and the upstream's catalog: the input's connection, else the
+    (``runtime.run_epochs``), and the upstream's catalog: the input's connection, else the
     sink's. Nothing for any other input."""
     if input_spec.get("kind") != "iceberg_table":
         return {}
-    from airflow_provider_exactly_once.runtime.upstream_ranges import current_snapshot_of, reserved_range
+    from airflow_provider_exactly_once.runtime.run_epochs import current_snapshot_of, reserved_range
     from airflow_provider_exactly_once.spark.author_specs import IcebergTableInput
 
     source = IcebergTableInput.model_validate(input_spec)

@@ -359,7 +359,7 @@ def test_abort_settles_an_incremental_epoch_whose_write_never_persisted(world: W
     and the next epoch's range starts where the last committed one ended, covering it."""
     from airflow_provider_exactly_once.core.errors import EarlierEpochUndecided
     from airflow_provider_exactly_once.core.input_ranges import SnapshotRange
-    from airflow_provider_exactly_once.runtime.upstream_ranges import reserved_range
+    from airflow_provider_exactly_once.runtime.run_epochs import reserved_range
 
     store, sink_id, url = world.pipeline.store, world.sink_id, world.pipeline.meta_url
     register(world, world.iceberg_sink())

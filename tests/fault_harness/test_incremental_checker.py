@@ -1,7 +1,7 @@
 """The incremental pipeline's verdict (``fault_harness/incremental_checker.py``) without a cluster.
 
 Epochs go through the product's own code, as the harness's light write runs it: the range reserved
-in a real meta store on SQLite (``runtime.upstream_ranges.reserved_range``), read by the Spark
+in a real meta store on SQLite (``runtime.run_epochs.reserved_range``), read by the Spark
 read's pieces (``incremental_pipeline.read_range``), written as one Parquet file
 (``write_range``), persisted and committed by the coordinator with the range as its checkpoint;
 one epoch aborted, its range read by the next, and one empty range. That world passes. Then the
@@ -30,7 +30,7 @@ from airflow_provider_exactly_once.core.coordinator import TwoPhaseCommitCoordin
 from airflow_provider_exactly_once.core.input_ranges import Link, SnapshotRange
 from airflow_provider_exactly_once.core.outcomes import CommitOutcome
 from airflow_provider_exactly_once.core.precommit import PreCommit
-from airflow_provider_exactly_once.runtime.upstream_ranges import current_snapshot_of, reserved_range
+from airflow_provider_exactly_once.runtime.run_epochs import current_snapshot_of, reserved_range
 from airflow_provider_exactly_once.sinks.iceberg.committer import IcebergSinkCommitter
 from airflow_provider_exactly_once.sinks.iceberg.markers import marker_properties
 from airflow_provider_exactly_once.store import SqlSinkStateStore

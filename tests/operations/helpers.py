@@ -19,7 +19,7 @@ from airflow_provider_exactly_once.core.coordinator import TwoPhaseCommitCoordin
 from airflow_provider_exactly_once.core.history import Actor, ActorKind, acting
 from airflow_provider_exactly_once.core.input_ranges import SnapshotRange
 from airflow_provider_exactly_once.core.precommit import PreCommit
-from airflow_provider_exactly_once.runtime.upstream_ranges import reserved_range
+from airflow_provider_exactly_once.runtime.run_epochs import reserved_range
 from airflow_provider_exactly_once.sinks.config import SinkConfig
 from airflow_provider_exactly_once.store import SqlSinkStateStore
 from airflow_provider_exactly_once.store.models import InputRange, PendingSinkState
@@ -116,7 +116,7 @@ def register_checkpoint(world: World, sink: SinkConfig, checkpoint: MetaStoreChe
 
 
 def reserve(world: World, epoch: int, upstream_at: int, run_id: str) -> SnapshotRange:
-    """The range the write operator reserves for the epoch (``runtime.upstream_ranges``)."""
+    """The range the write operator reserves for the epoch (``runtime.run_epochs``)."""
     return reserved_range(world.pipeline.store, world.sink_id, epoch, UPSTREAM, lambda: upstream_at, run_id=run_id)
 
 

@@ -10,7 +10,7 @@ store (SQLite and PostgreSQL), a real Iceberg SQL catalog and real Parquet files
 
 The failures are recorded as the epoch group's failure callback records them
 (``store.history.record_failure`` under the failed task as actor), the ranges reserved by the write
-operator's own rules (``runtime.upstream_ranges``).
+operator's own rules (``runtime.run_epochs``).
 """
 
 from __future__ import annotations

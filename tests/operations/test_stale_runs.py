@@ -20,7 +20,7 @@ from airflow_provider_exactly_once.core.status import CheckpointStatus
 from airflow_provider_exactly_once.core.upserts import ChangeCounts
 from airflow_provider_exactly_once.operations import SinkOperations, stale_runs
 from airflow_provider_exactly_once.operations.views import RESERVED
-from airflow_provider_exactly_once.runtime.upstream_ranges import reserved_range
+from airflow_provider_exactly_once.runtime.run_epochs import reserved_range
 from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig
 from tests.operations.helpers import (
     SILVER_DAG,

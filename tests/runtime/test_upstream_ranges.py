@@ -1,4 +1,4 @@
-"""Reserving an incremental epoch's range (``runtime.upstream_ranges``) in a real meta store
+"""Reserving an incremental epoch's range (``runtime.run_epochs``) in a real meta store
 (SQLite and PostgreSQL), against a real upstream table in a pyiceberg SQL catalog; and the range as
 the epoch's checkpoint."""
 
@@ -17,7 +17,7 @@ from airflow_provider_exactly_once.checkpoints.config import SnapshotRangeCheckp
 from airflow_provider_exactly_once.core.errors import EarlierEpochUndecided, InputRangeRefused
 from airflow_provider_exactly_once.core.input_ranges import SnapshotRange
 from airflow_provider_exactly_once.core.status import AbortCause, CheckpointStatus
-from airflow_provider_exactly_once.runtime.upstream_ranges import current_snapshot_of, reserved_range
+from airflow_provider_exactly_once.runtime.run_epochs import current_snapshot_of, reserved_range
 from airflow_provider_exactly_once.store import SqlSinkStateStore
 from tests.support.builders import make_pre_commit
 

@@ -1,5 +1,5 @@
 """Epochs of an incremental input end to end, without Airflow: the range reserved in a real meta
-store (``runtime.upstream_ranges``), the write by the epoch writer on real Spark reading it, the
+store (``runtime.run_epochs``), the write by the epoch writer on real Spark reading it, the
 coordinator persisting and committing it with the range as its checkpoint; judged by DuckDB on both
 tables: the sink holds every upstream row exactly once."""
 
@@ -20,7 +20,7 @@ from airflow_provider_exactly_once.core.input_ranges import SnapshotRange
 from airflow_provider_exactly_once.core.outcomes import CommitOutcome
 from airflow_provider_exactly_once.core.precommit import PreCommit
 from airflow_provider_exactly_once.core.status import EpochStatus
-from airflow_provider_exactly_once.runtime.upstream_ranges import current_snapshot_of, reserved_range
+from airflow_provider_exactly_once.runtime.run_epochs import current_snapshot_of, reserved_range
 from airflow_provider_exactly_once.sinks.iceberg.committer import IcebergSinkCommitter
 from airflow_provider_exactly_once.sinks.iceberg.markers import SOURCE_AFTER_KEY, SOURCE_TABLE_KEY, SOURCE_TO_KEY
 from airflow_provider_exactly_once.store import SqlSinkStateStore

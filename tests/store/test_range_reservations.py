@@ -2,7 +2,7 @@
 the store's ``input_ranges.sharing_start``): an epoch whose range starts where another epoch's does
 is not committed once that one is decided, and an empty range, which read nothing, never fences nor
 is fenced. Through the coordinator, on SQLite and PostgreSQL: real meta store, ranges reserved by
-the write operator's rules (``runtime.upstream_ranges``), an Iceberg sink in a SQL catalog.
+the write operator's rules (``runtime.run_epochs``), an Iceberg sink in a SQL catalog.
 
 The upstream is named, never read: the store and the fence see snapshot ids only, so the upstream's
 current snapshot is a number the test moves as an upstream's appends would."""
@@ -22,7 +22,7 @@ from airflow_provider_exactly_once.core.input_ranges import SnapshotRange
 from airflow_provider_exactly_once.core.outcomes import CommitOutcome
 from airflow_provider_exactly_once.core.precommit import PreCommit
 from airflow_provider_exactly_once.core.status import EpochStatus
-from airflow_provider_exactly_once.runtime.upstream_ranges import reserved_range
+from airflow_provider_exactly_once.runtime.run_epochs import reserved_range
 from tests.support.faults import FaultSwitch
 from tests.support.pipeline import Pipeline
 

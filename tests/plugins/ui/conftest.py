@@ -39,7 +39,7 @@ from airflow_provider_exactly_once.core.history import Actor, ActorKind, acting,
 from airflow_provider_exactly_once.core.ports import CommitMark
 from airflow_provider_exactly_once.core.precommit import PreCommit
 from airflow_provider_exactly_once.core.status import CheckpointStatus
-from airflow_provider_exactly_once.runtime.upstream_ranges import reserved_range
+from airflow_provider_exactly_once.runtime.run_epochs import reserved_range
 from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig
 from tests.operations.helpers import age_rows
 from tests.support.builders import (
