@@ -32,8 +32,17 @@ import traceback
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NoReturn, TextIO
 
-from airflow_provider_exactly_once.cli.output import EXIT_BUSY, EXIT_FAILED, EXIT_OK, EXIT_USAGE, print_json
-from airflow_provider_exactly_once.cli.parser import bounded, build_parser, duration, echoed
+from airflow_provider_exactly_once.cli.parser import (
+    EXIT_BUSY,
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    bounded,
+    build_parser,
+    duration,
+    echoed,
+    print_json,
+)
 from airflow_provider_exactly_once.cli.read_commands import (
     epochs_command,
     history_command,

@@ -2,7 +2,7 @@
 store (``show`` also the sink's catalog for ``delivery``; ``status`` Airflow's database when an
 unsettled epoch's run may never finish) and changes nothing.
 
-Epochs are shown as dates with their ids beside (``output.epoch_text``). A failed task's log is
+Epochs are shown as dates with their ids beside (``parser.epoch_text``). A failed task's log is
 linked where Airflow's ``[api] base_url`` is known: from ``AIRFLOW__API__BASE_URL``, or from
 Airflow's configuration when the command asked Airflow for its connection already; with ``--url``
 nothing of Airflow is imported for it (design.md D20), and its DAG, run, task and try are printed.
@@ -15,7 +15,7 @@ import os
 import sys
 from typing import Any, TextIO
 
-from airflow_provider_exactly_once.cli.output import (
+from airflow_provider_exactly_once.cli.parser import (
     EXIT_OK,
     age,
     epoch_text,
