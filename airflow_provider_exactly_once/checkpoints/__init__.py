@@ -1,7 +1,8 @@
 """Checkpoint sources: the upstream's word on whether an epoch's input is final (design.md section 7).
 
-Each implements ``core.ports.CheckpointSource`` (``status`` and the async ``astatus`` the deferrable
-trigger awaits); ``COMPLETED`` and ``FAILED`` are final. Users may plug their own.
+``sources`` holds the sources, each a ``core.ports.CheckpointSource`` (``status`` and the async
+``astatus`` the deferrable trigger awaits; ``COMPLETED`` and ``FAILED`` are final); ``config`` the
+typed checkpoint configs a DAG author writes. Users may plug their own source.
 
 The sources are resolved on first use (PEP 562): the sink and checkpoint configs a DAG file imports
 at every parse need this package's light helpers, not every source.

@@ -1,5 +1,6 @@
-"""Connections to what the protocol runs over: the meta store and object storage (the sink's catalog
-is the Iceberg provider's own hook). Assembling a coordinator from them is ``runtime.assembly``'s job.
+"""Connections to what the protocol runs over: the meta store (``meta_store``, with the mappers its
+first query configures) and object storage (``storage``); the sink's catalog is the Iceberg
+provider's own hook. Assembling a coordinator from them is ``runtime.assembly``'s job.
 
 The meta store's hook is resolved on first use (PEP 562): it brings the store's SQLAlchemy models,
 which the storage hook (``hooks.storage``, asked by every task that opens files) never needs.

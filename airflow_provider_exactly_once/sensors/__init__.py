@@ -1,4 +1,5 @@
-"""Sensors: waiting for an epoch's checkpoint."""
+"""Sensors: waiting for an epoch's checkpoint (``checkpoint``: ``CheckpointSensor`` and
+``CheckpointSettledSensor``)."""
 
 from airflow_provider_exactly_once.sensors.checkpoint import CheckpointSensor, CheckpointSettledSensor
 

@@ -1,1 +1,6 @@
-"""Sink committers behind one protocol (``core.ports.SinkCommitter``): Iceberg tables and file sinks."""
+"""Sink committers behind one protocol (``core.ports.SinkCommitter``; design.md sections 5 and 6).
+
+``config`` holds the typed sink configs a DAG author writes; ``layout`` where a write's files lie
+until commit (imported by the Spark side too); ``files`` the file sink's committer; ``iceberg/`` the
+Iceberg sink's; ``write_locations`` the write locations each kind lists for the orphan scan.
+"""

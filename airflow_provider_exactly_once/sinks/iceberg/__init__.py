@@ -1,5 +1,12 @@
 """Exactly-once commits into Apache Iceberg tables through pyiceberg (design.md section 5).
 
+``committer`` is the sink's ``SinkCommitter``; ``write_check`` says whether a write can be committed;
+``epoch_snapshot``, ``prepared_manifests``, ``overwrites`` and ``table_transactions`` stage and commit
+its snapshots, ``transaction`` adapts pyiceberg's ``Transaction`` for them; ``markers`` reads back
+what a table's snapshots prove; ``descriptors`` and ``data_files`` describe written files on the
+executors and turn the descriptions into ``DataFile`` objects; ``catalog_access`` loads tables and
+touches their files.
+
 Every name is resolved on first use (PEP 562). The Spark executors' Python workers import
 ``descriptors`` through this package, and each worker is a new process (on Spark Connect, every
 session starts its own): they need pyarrow's Parquet reader and pyiceberg's pyarrow module, not the

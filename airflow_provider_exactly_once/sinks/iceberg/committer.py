@@ -324,7 +324,7 @@ class IcebergSinkCommitter:
         """Delete a replaced write's files once no retained snapshot may list them; ``None``: not yet.
 
         The replacing snapshots removed the files from the table; every older snapshot still lists
-        them (``replacement.still_referenced``), so they wait for the table's snapshot expiry.
+        them (``overwrites.still_referenced``), so they wait for the table's snapshot expiry.
         """
         recorded_ms = self.not_before_ms(recorded_at)
         loaded: list[tuple[TableWrite, Table]] = []

@@ -452,7 +452,7 @@ def usable_replacement(
 def files_replaced(
     table: Table, branch: str, pre_commit: PreCommit, write: TableWrite, replaced: ReplacedWrite
 ) -> list[DataFile]:
-    """``replacement.files_to_replace``, but without reading the table's manifests while the revision's
+    """``files_to_replace``, but without reading the table's manifests while the revision's
     prepared snapshot stands (``replaced_as_prepared``): that read of every replaced entry is what
     the commit would otherwise spend right before its decision."""
     return replaced_as_prepared(table, branch, write) or files_to_replace(
