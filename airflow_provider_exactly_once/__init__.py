@@ -14,7 +14,7 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING
 
-from airflow_provider_exactly_once._lazy import lazy_exports
+from airflow_provider_exactly_once.extras import lazy_exports
 from airflow_provider_exactly_once.version import SUPPORTED_PYTHON, __version__
 
 if not SUPPORTED_PYTHON[0] <= sys.version_info[:2] <= SUPPORTED_PYTHON[1]:

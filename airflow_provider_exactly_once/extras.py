@@ -1,19 +1,24 @@
-"""The optional extras of the distribution and the one error for a missing one.
-
-The base install serves the scheduler, the API server, the dag-processor and the workers that
-persist, wait, commit, abort and recover; pyspark, PostgreSQL's driver, s3fs, Glue and OpenLineage
-are extras. A missing one must fail where the feature is used, naming the extra to install, never
-at DAG parse time: so the modules that need them import them through ``require``, lazily.
+"""What the package imports only when it is used: the distribution's optional extras, each brought in
+through ``require`` where its feature is used and refused there naming the extra to install, never
+at DAG parse time; and the names a package exports but imports on first access (PEP 562), for the
+packages every DAG file, Spark driver, ``eo-sink`` command or provider discovery imports.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from importlib import import_module
 from types import ModuleType
 from typing import Any
 
-__all__ = ["EXTRAS", "MissingExtra", "require", "url_to_fs"]
+# The optional extras of the distribution and the one error for a missing one.
+#
+# The base install serves the scheduler, the API server, the dag-processor and the workers that
+# persist, wait, commit, abort and recover; pyspark, PostgreSQL's driver, s3fs, Glue and OpenLineage
+# are extras. A missing one must fail where the feature is used, naming the extra to install, never
+# at DAG parse time: so the modules that need them import them through ``require``, lazily.
+
+__all__ = ["EXTRAS", "MissingExtra", "lazy_exports", "require", "url_to_fs"]
 
 DISTRIBUTION = "airflow-provider-exactly-once"
 
@@ -67,3 +72,30 @@ def url_to_fs(url: str, options: Mapping[str, Any] | None, *, feature: str) -> t
         if known is None:
             raise
         raise MissingExtra(known[0], feature, known[1]) from exc
+
+
+# Names a package exports but imports only when first used (PEP 562).
+#
+# The package root, ``operators``, ``checkpoints``, ``hooks`` and ``recovery`` are imported by every DAG file, the
+# Spark driver, the ``eo-sink`` command or provider discovery, and each of those needs few of their
+# names: each name's module is imported on first access, then kept as a plain attribute.
+
+
+def lazy_exports(
+    package: str, where: Mapping[str, str], namespace: dict[str, Any]
+) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+    """The ``__getattr__`` and ``__dir__`` of ``package``, whose name ``n`` lives in the submodule
+    ``where[n]``; ``namespace`` is the package's ``globals()``."""
+
+    def __getattr__(name: str) -> Any:
+        module = where.get(name)
+        if module is None:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        value = getattr(import_module(f"{package}.{module}"), name)
+        namespace[name] = value  # the next access is a plain module attribute
+        return value
+
+    def __dir__() -> list[str]:
+        return sorted({*namespace, *where})
+
+    return __getattr__, __dir__

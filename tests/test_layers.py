@@ -43,7 +43,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("spark/", "tables"),
     ("sinks/", "checkpoints/", "store/", "table_spec/"),
     ("filesystems", "type_mapping"),
-    ("core/", "extras", "defaults", "version", "_lazy"),
+    ("core/", "extras", "defaults", "version"),
 )
 
 #: What ``core/`` may import besides the standard library and its own modules.

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from airflow_provider_exactly_once._lazy import lazy_exports
+from airflow_provider_exactly_once.extras import lazy_exports
 
 if TYPE_CHECKING:
     from airflow_provider_exactly_once.checkpoints.sources import (

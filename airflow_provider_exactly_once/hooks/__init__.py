@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from airflow_provider_exactly_once._lazy import lazy_exports
 from airflow_provider_exactly_once.defaults import DEFAULT_META_CONN_ID
+from airflow_provider_exactly_once.extras import lazy_exports
 
 if TYPE_CHECKING:
     from airflow_provider_exactly_once.hooks.meta_store import (

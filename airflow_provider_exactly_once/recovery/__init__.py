@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from airflow_provider_exactly_once._lazy import lazy_exports
 from airflow_provider_exactly_once.core.errors import SinkLocked
 from airflow_provider_exactly_once.defaults import DEFAULT_LOCK_TTL, DEFAULT_ORPHAN_GRACE
+from airflow_provider_exactly_once.extras import lazy_exports
 
 if TYPE_CHECKING:
     from airflow_provider_exactly_once.recovery.sink import SinkRecoveryReport, recover_sink
