@@ -4,7 +4,7 @@ Nothing here is imported by ``core/``. ``author_specs`` (the inputs and targets 
 and ``jobspec`` import neither Spark nor pyiceberg, so a DAG file names them and the operator builds
 and validates a job spec on an Airflow worker that never starts a JVM; the other modules run inside
 ``spark-submit`` (driver and executors), or in a Spark Connect client (``connect_write``).
-``epoch_writer`` is the application; it reads the input (``inputs``), fits it to each target
-(``alignment``, ``targets``), writes the data files (``writers``) or an upsert's rewrite
+``epoch_writer`` is the application: it resolves its targets, reads the input (``inputs``), fits it
+to each target (``alignment``), writes the data files (``writers``) or an upsert's rewrite
 (``upsert``), and reaches object stores and executors through ``file_io``.
 """

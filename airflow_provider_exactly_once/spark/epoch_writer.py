@@ -1,25 +1,17 @@
-"""The PySpark application ``spark-submit`` runs for one epoch: the first phase of the commit.
+"""The PySpark application ``spark-submit`` runs for one epoch, the first phase of the commit
+(design.md section 8): it resolves each target, an Iceberg table or a file sink's staging area, to
+the few facts the write needs, reads the input once, fits it to every target before any write,
+writes the files and leaves the pre-commit (``sinks.layout.PRE_COMMIT_FILE``). It makes nothing
+visible; ``write_epoch`` is the same write for a PySpark job of one's own.
 
 Usage: ``spark-submit .../epoch_writer.py <job spec JSON, or path of a file holding it>``.
 
-It reads the epoch's input once, fits it to the schema of every target (refusing before any
-write), writes Parquet files in parallel below a location unique to this write in each target,
-describes each file on the executor that wrote it, and leaves the pre-commit metadata JSON, one
-entry per target, in the first target's write location (``sinks.layout.PRE_COMMIT_FILE``) and, when
-given, at the spec's ``output_path``. It makes nothing visible: the commit does that later, from the
-metadata alone. ``write_epoch`` is the same write for a PySpark job of one's own.
-
 Exit status: 0 with the metadata written; 1 on a failed write, with one line starting with
 ``ERROR_PREFIX`` on stderr (spark-submit forwards it to its stdout) and the same text in
-``<output_path>.error``, when given (the operator raises it);
-2 for a spec that cannot be read. A failed write deletes what it wrote in every target, best effort:
-its locations are its own, nothing else can reference them, and whatever is left there is an orphan
-recovery removes.
-
-Object stores (``s3://``...) are reached without Spark's Hadoop connectors: the executors write and
-read with pyarrow through pyiceberg's FileIO, configured from the FileIO properties in the spec
-(``storage``). The spec is the one place those credentials are: nothing here logs it or its
-properties.
+``<output_path>.error``, when given (the operator raises it); 2 for a spec that cannot be read. A
+failed write deletes what it wrote in every target, best effort: whatever is left is an orphan
+recovery removes. Object stores are reached through pyiceberg's FileIO (``file_io``), configured
+from the spec, the one place those credentials are: nothing here logs it or its properties.
 """
 
 from __future__ import annotations
@@ -30,24 +22,41 @@ import re
 import sys
 import traceback
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 import fsspec
+from pyiceberg.catalog import load_catalog
+from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
+from pyiceberg.partitioning import PartitionField, PartitionSpec
+from pyiceberg.schema import Schema
+from pyiceberg.table import TableProperties
+from pyiceberg.transforms import IdentityTransform
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from airflow_provider_exactly_once.core.errors import ExactlyOnceError
+from airflow_provider_exactly_once.core.errors import ExactlyOnceError, InvalidSinkConfig, SchemaMismatch, UnknownTable
 from airflow_provider_exactly_once.core.precommit import DataFileDescriptor, PreCommit, TableWrite
 from airflow_provider_exactly_once.core.upserts import ChangeCounts
-from airflow_provider_exactly_once.sinks.layout import PRE_COMMIT_FILE, pre_commit_from_file, pre_commit_to_file
+from airflow_provider_exactly_once.sinks.layout import (
+    PRE_COMMIT_FILE,
+    iceberg_data_root,
+    iceberg_write_location,
+    pre_commit_from_file,
+    pre_commit_to_file,
+)
 from airflow_provider_exactly_once.spark import writers
 from airflow_provider_exactly_once.spark.alignment import AlignmentPlan, ColumnPlan, plan_alignment
-from airflow_provider_exactly_once.spark.file_io import put_small_file, read_small_file, remove_tree
+from airflow_provider_exactly_once.spark.file_io import put_small_file, read_small_file, remove_tree, storage_properties
 from airflow_provider_exactly_once.spark.inputs import read_input
-from airflow_provider_exactly_once.spark.jobspec import INPUT_VIEW, EpochJobSpec, IcebergTarget, TargetSpec
-from airflow_provider_exactly_once.spark.targets import ResolvedTarget, load_file_target, load_iceberg_target
+from airflow_provider_exactly_once.spark.jobspec import (
+    INPUT_VIEW,
+    EpochJobSpec,
+    FileSinkTarget,
+    IcebergTarget,
+    TargetSpec,
+)
 from airflow_provider_exactly_once.spark.upsert import (
     CHECKED,
     OP,
@@ -64,10 +73,13 @@ from airflow_provider_exactly_once.spark.upsert import (
     row_columns,
 )
 from airflow_provider_exactly_once.spark.writers import (
+    DEFAULT_TARGET_FILE_SIZE,
+    IDENTITY_SOURCES,
     ArrowFileWriter,
     DataFileWriter,
     FileWrite,
     SparkParquetWriter,
+    check_spec,
     quote,
 )
 from airflow_provider_exactly_once.type_mapping import spark_schema_to_iceberg
@@ -463,6 +475,108 @@ def _remove_locations(locations: list[WriteLocation]) -> None:
             remove_tree(written.location, written.io_properties)
         except Exception as exc:  # an orphan left behind is recovery's to remove
             print(f"could not remove the failed write's location {written.location}: {exc}", file=sys.stderr)
+
+
+# Where an epoch's files go: both kinds of target are reduced to the same few facts the write needs
+# (location, schema, partitioning, writer properties, and the FileIO properties that reach the
+# files), so the write path has no branch per sink kind. Partitioning is checked here
+# (``check_spec``), before the input is read.
+
+FILE_SINK_PARTITION_FIELD_ID = 1000
+
+
+@dataclass
+class ResolvedTarget:
+    name: str
+    location: str
+    #: The table's schema; ``None`` for a file sink, whose schema is the DataFrame's.
+    schema: Schema | None
+    last_column_id: int
+    partition_style: Literal["iceberg", "hive"]
+    spec: PartitionSpec | None = None
+    #: The id of ``spec`` in the table, recorded so the commit files the write under the spec it was
+    #: partitioned for even if the table's spec changes before then; ``None`` for a file sink.
+    spec_id: int | None = None
+    partition_by: list[str] = field(default_factory=list)
+    write_properties: dict[str, str] = field(default_factory=dict)
+    io_properties: dict[str, str] = field(default_factory=dict)
+    target_file_size: int = DEFAULT_TARGET_FILE_SIZE
+    #: The loaded pyiceberg table (an Iceberg target): an upsert plans its rewrite from it.
+    table: Any = None
+
+    def spec_for(self, write_schema: Schema) -> PartitionSpec:
+        if self.spec is not None:
+            return self.spec
+        return PartitionSpec(
+            *[
+                PartitionField(
+                    source_id=write_schema.find_field(name).field_id,
+                    field_id=FILE_SINK_PARTITION_FIELD_ID + i,
+                    transform=IdentityTransform(),
+                    name=name,
+                )
+                for i, name in enumerate(self.partition_by)
+            ]
+        )
+
+    def check_partition_sources(self, write_schema: Schema) -> None:
+        if self.spec is not None:
+            return  # checked against the table's own schema when it was loaded
+        names = {f.name: f for f in write_schema.fields}
+        for name in self.partition_by:
+            if name not in names:
+                raise SchemaMismatch(f"file sink {self.name!r}: partition column {name!r} is not in the input")
+            if not isinstance(names[name].field_type, IDENTITY_SOURCES):
+                raise SchemaMismatch(
+                    f"file sink {self.name!r}: partition column {name!r} has type {names[name].field_type}; "
+                    "partition directories take boolean, integer, floating, string, date or timestamp values"
+                )
+
+
+def load_iceberg_target(target: IcebergTarget, write_id: str) -> ResolvedTarget:
+    catalog = load_catalog(target.catalog_name, **target.catalog_properties)
+    try:
+        table = catalog.load_table(target.table)
+    except (NoSuchTableError, NoSuchNamespaceError) as exc:
+        raise UnknownTable(f"catalog {target.catalog_name!r} has no table {target.table!r}: {exc}") from None
+    schema = table.schema()
+    spec = table.spec()
+    check_spec(target.table, spec, schema)
+    properties = dict(table.properties)
+    data_root = iceberg_data_root(table.location(), properties)
+    return ResolvedTarget(
+        name=target.table,
+        location=iceberg_write_location(data_root, write_id),
+        schema=schema,
+        last_column_id=table.metadata.last_column_id,
+        partition_style="iceberg",
+        spec=spec,
+        spec_id=spec.spec_id,
+        write_properties=properties,
+        # The catalog's storage properties, then what the loaded table's FileIO holds: a REST catalog
+        # that vends credentials puts them there, scoped to this table, and they win.
+        io_properties=storage_properties({**target.catalog_properties, **table.io.properties}),
+        target_file_size=int(properties.get(TableProperties.WRITE_TARGET_FILE_SIZE_BYTES, DEFAULT_TARGET_FILE_SIZE)),
+        table=table,
+    )
+
+
+def load_file_target(target: FileSinkTarget, write_id: str) -> ResolvedTarget:
+    if len(set(target.partition_by)) != len(target.partition_by):
+        raise InvalidSinkConfig(f"file sink {target.root!r}: a partition column is listed twice")
+    return ResolvedTarget(
+        name=target.root,
+        location=target.write_location(write_id),
+        schema=None,
+        last_column_id=0,
+        partition_style="hive",
+        partition_by=list(target.partition_by),
+        write_properties=dict(target.write_properties),
+        io_properties=dict(target.io_properties),
+        target_file_size=int(
+            target.write_properties.get(TableProperties.WRITE_TARGET_FILE_SIZE_BYTES, DEFAULT_TARGET_FILE_SIZE)
+        ),
+    )
 
 
 if __name__ == "__main__":

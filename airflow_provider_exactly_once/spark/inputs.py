@@ -562,7 +562,7 @@ def read_snapshot_range(spark: SparkSession, spec: EpochJobSpec) -> RangeRead:
     shipped = TableFiles(
         pinned.model_dump_json(),
         # The catalog's storage properties, then the loaded table's FileIO's: a REST catalog that
-        # vends credentials puts them there, scoped to this table (as ``targets`` does for a sink).
+        # vends credentials puts them there, scoped to this table (as ``epoch_writer.load_iceberg_target`` does for a sink).
         storage_properties({**spec.input_catalog_properties, **table.io.properties}),
         files,
     )
