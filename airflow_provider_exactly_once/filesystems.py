@@ -26,10 +26,14 @@ from collections.abc import Collection, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from airflow_provider_exactly_once.core.epochs import epoch_start
-from airflow_provider_exactly_once.core.errors import InvalidPreCommit, InvalidSinkConfig, SinkUnavailable
-from airflow_provider_exactly_once.core.identifiers import check_epoch
-from airflow_provider_exactly_once.core.redact import has_userinfo, mask_userinfo
+from airflow_provider_exactly_once.core.epochs import check_epoch, epoch_start
+from airflow_provider_exactly_once.core.errors import (
+    InvalidPreCommit,
+    InvalidSinkConfig,
+    SinkUnavailable,
+    has_userinfo,
+    mask_userinfo,
+)
 from airflow_provider_exactly_once.extras import url_to_fs
 
 #: Sample values that every valid template must render with (validated at construction).

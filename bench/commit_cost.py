@@ -64,8 +64,8 @@ from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table
 
 from airflow_provider_exactly_once.core.coordinator import TwoPhaseCommitCoordinator
+from airflow_provider_exactly_once.core.epochs import CheckpointStatus
 from airflow_provider_exactly_once.core.precommit import DataFileDescriptor, PreCommit, TableWrite
-from airflow_provider_exactly_once.core.status import CheckpointStatus
 from airflow_provider_exactly_once.sinks.iceberg.data_files import build_data_files
 from bench._world import BACKENDS, World, median, parquet_bytes, plot_cost, put_files, save, timed, world, write_files
 

@@ -39,9 +39,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from airflow_provider_exactly_once.core.coordinator import TwoPhaseCommitCoordinator
+from airflow_provider_exactly_once.core.epochs import CheckpointStatus, EpochStatus
 from airflow_provider_exactly_once.core.faults import SimulatedCrash
 from airflow_provider_exactly_once.core.precommit import PreCommit, TableWrite
-from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochStatus
 from airflow_provider_exactly_once.sinks.iceberg import IcebergSinkCommitter
 from bench._world import RESULTS, World, save, world, write_files
 

@@ -42,8 +42,8 @@ from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.table import Table
 
+from airflow_provider_exactly_once.core.epochs import CheckpointStatus
 from airflow_provider_exactly_once.core.precommit import DataFileDescriptor, PreCommit, TableWrite
-from airflow_provider_exactly_once.core.status import CheckpointStatus
 from airflow_provider_exactly_once.sinks.iceberg.data_files import build_data_files
 from bench._world import RESULTS, World, save, world, write_files
 

@@ -28,8 +28,8 @@ import matplotlib.pyplot as plt
 from pyiceberg.serializers import ToOutputFile
 from pyiceberg.table.refs import SnapshotRef, SnapshotRefType
 
+from airflow_provider_exactly_once.core.epochs import CheckpointStatus
 from airflow_provider_exactly_once.core.precommit import PreCommit, TableWrite
-from airflow_provider_exactly_once.core.status import CheckpointStatus
 from airflow_provider_exactly_once.sinks.iceberg.markers import find_marker
 from bench._world import RESULTS, median, save, world, write_files
 

@@ -1,7 +1,7 @@
 """Recovery of 1,000 Pending epochs whose checkpoints completed (a long outage, then the recovery DAG).
 
 Each epoch has its own small data file and its own Pending row; ``recover`` must commit every one
-as its own snapshot with its own marker (``core/backlog.py`` stacks up to 100 of them in one catalog
+as its own snapshot with its own marker (``core/coordinator.py`` stacks up to 100 of them in one catalog
 commit per table). Measured on SQLite and on the PostgreSQL at 127.0.0.1:5432, in two shapes:
 
 - ``--sinks 1``: all epochs belong to one sink writing one table (the worst case: every Iceberg
@@ -30,8 +30,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from airflow_provider_exactly_once.core.coordinator import TwoPhaseCommitCoordinator
+from airflow_provider_exactly_once.core.epochs import CheckpointStatus, EpochStatus
 from airflow_provider_exactly_once.core.precommit import PreCommit, TableWrite
-from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochStatus
 from airflow_provider_exactly_once.sinks.iceberg import IcebergSinkCommitter
 from airflow_provider_exactly_once.sinks.iceberg.data_files import build_data_files
 from bench._world import RESULTS, World, save, world, write_files

@@ -28,8 +28,8 @@ from pyiceberg.expressions import EqualTo
 from pyiceberg.table import Table
 
 from airflow_provider_exactly_once.core.coordinator import TwoPhaseCommitCoordinator
+from airflow_provider_exactly_once.core.epochs import CheckpointStatus
 from airflow_provider_exactly_once.core.precommit import PreCommit, TableWrite
-from airflow_provider_exactly_once.core.status import CheckpointStatus
 from airflow_provider_exactly_once.sinks.iceberg import IcebergSinkCommitter
 from airflow_provider_exactly_once.sinks.layout import iceberg_data_root, iceberg_write_location
 from bench._world import BACKENDS, median, plot_cost, save, timed, world, write_files

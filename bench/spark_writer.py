@@ -165,8 +165,8 @@ class _Epochs:
 
     def ours(self, spark: Any, rows: int, epoch: int, output: Path) -> dict[str, Any]:
         """The exactly-once epoch: the write, then persist, checkpoint and commit."""
+        from airflow_provider_exactly_once.core.epochs import CheckpointStatus
         from airflow_provider_exactly_once.core.outcomes import CommitOutcome
-        from airflow_provider_exactly_once.core.status import CheckpointStatus
         from airflow_provider_exactly_once.spark.epoch_writer import run
         from airflow_provider_exactly_once.spark.jobspec import EpochJobSpec
 

@@ -62,7 +62,7 @@ from airflow_provider_exactly_once.hooks.meta_store import ExactlyOnceMetaStoreH
 store = ExactlyOnceMetaStoreHook(settings["meta_conn_id"]).get_store()
 times["open_store"] = time.perf_counter() - t
 if settings["step"] == "commit":  # untimed: the checkpoint the commit waits for, in this tree's store
-    from airflow_provider_exactly_once.core.status import CheckpointStatus
+    from airflow_provider_exactly_once.core.epochs import CheckpointStatus
     store.checkpoints.set_checkpoint(settings["sink"]["sink_id"], settings["epoch"], CheckpointStatus.COMPLETED)
 t = time.perf_counter()
 from airflow_provider_exactly_once.runtime.assembly import as_sink, coordinator_for

@@ -127,7 +127,7 @@ def main() -> None:
 
     from airflow_provider_exactly_once.checkpoints.sources import MetaStoreCheckpointSource
     from airflow_provider_exactly_once.core.coordinator import TwoPhaseCommitCoordinator
-    from airflow_provider_exactly_once.core.status import CheckpointStatus
+    from airflow_provider_exactly_once.core.epochs import CheckpointStatus
     from airflow_provider_exactly_once.sinks.iceberg import IcebergSinkCommitter
     from airflow_provider_exactly_once.store.sql import SqlSinkStateStore
 

@@ -98,7 +98,7 @@ def fault_hook_from_env(environ: Mapping[str, str] = os.environ) -> FaultHook:
     ``persist.inserted``, ``persist.replaced``, ``commit.decided``,
     ``commit.visible``, ``commit.marked``, ``abort.marked``, ``abort.cleaned``, ``cleanup.deleted``
     (coordinator); ``batch.decided``, ``batch.visible``, ``batch.marked`` (recovery's batched
-    commit, ``core.backlog``); ``iceberg.loaded``, ``iceberg.before_catalog_update``,
+    commit, ``core.coordinator``); ``iceberg.loaded``, ``iceberg.before_catalog_update``,
     ``iceberg.after_catalog_update`` (Iceberg committer), and between those two on a SQL catalog's
     fan-out ``iceberg.metadata_written`` (every table's metadata file written) and
     ``iceberg.in_catalog_transaction`` (every pointer moved, not yet committed); ``files.before_move``,

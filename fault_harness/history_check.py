@@ -1,7 +1,7 @@
 """Each epoch's meta-store row against its history (``history_row``), after the crashes and recovery.
 
 Every transition of an epoch's row appends its history event in the same database transaction
-(``store/epoch_history.py``), so a task killed between the state change and anything after it must
+(``store/history.py``), so a task killed between the state change and anything after it must
 leave both or neither. The table checks (``checker``) judge what is visible and never read the meta
 store; this one reads only the meta store, and only to hold its two records of the same steps
 against each other: a transition that wrote one without the other (a history row written in a
@@ -17,8 +17,8 @@ Per sink, for every epoch with a row or a history event:
   of them implies the row as it is: its status, its commit decision, a revision in flight or not,
   its revision number and its write id.
 
-``IMPLIED`` is read off the transitions (``store/sql.py``, ``batch_transitions.py``,
-``revisions.py``); the events that change no status (a warning, an error, a clean-up, a revision
+``IMPLIED`` is read off the transitions (``store/sql.py`` and
+``history.py``); the events that change no status (a warning, an error, a clean-up, a revision
 record carried over by migration 0014) are skipped.
 
 And every epoch that was aborted says why, as an operator reads it (``uncaused``, ``check_causes``):
@@ -37,9 +37,8 @@ from typing import Any
 
 from sqlalchemy import select
 
-from airflow_provider_exactly_once.core.history import EpochEvent, HistoryEntry
+from airflow_provider_exactly_once.core.epochs import EpochEvent, EpochStatus, HistoryEntry
 from airflow_provider_exactly_once.core.ports import EpochRecord
-from airflow_provider_exactly_once.core.status import EpochStatus
 from airflow_provider_exactly_once.store.models import EpochHistory
 from airflow_provider_exactly_once.store.sql import SqlSinkStateStore
 from fault_harness.checker import Anomaly

@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
+from airflow_provider_exactly_once.core.epochs import CheckpointStatus, EpochStatus
 from airflow_provider_exactly_once.core.outcomes import CommitOutcome
-from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochStatus
 from airflow_provider_exactly_once.operators._targets import iceberg_catalog_properties
 from airflow_provider_exactly_once.runtime.assembly import coordinator_for
 from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig

@@ -17,8 +17,7 @@ from airflow_provider_exactly_once.checkpoints.sources import (
     SnapshotRangeCheckpointSource,
     StructuredStreamingCheckpointSource,
 )
-from airflow_provider_exactly_once.core.errors import InvalidSinkConfig
-from airflow_provider_exactly_once.core.redact import mask_userinfo
+from airflow_provider_exactly_once.core.errors import InvalidSinkConfig, mask_userinfo
 from airflow_provider_exactly_once.filesystems import (
     check_storage_conn_id,
     given_storage_options,

@@ -9,8 +9,8 @@ import asyncio
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
+from airflow_provider_exactly_once.core.epochs import CheckpointStatus
 from airflow_provider_exactly_once.core.errors import InvalidSinkConfig
-from airflow_provider_exactly_once.core.status import CheckpointStatus
 from airflow_provider_exactly_once.filesystems import FsLookup, PathTemplate, refuse_credentials
 
 __all__ = [

@@ -11,7 +11,7 @@ the same command later will do it. A scheduled ``gc`` or ``recover`` can retry o
 before its end (``eo-sink epochs | head``); nothing more is printed.
 
 Everything the tool prints, its usage errors and every log line of the process included, has its
-secrets masked; what it prints to the terminal has control characters escaped (``core.redact``): a
+secrets masked; what it prints to the terminal has control characters escaped (``core.errors``): a
 path, an error or an abort reason read from the meta store can neither leak a password nor drive the
 terminal. An argument a message echoes is cut to a bounded prefix (``cli.parser.bounded``): a
 pasted 100 kB id or URL is named, not printed back. Logs go to stderr, never into a table or JSON on stdout, and only warnings and errors unless
@@ -49,9 +49,14 @@ from airflow_provider_exactly_once.cli.read_commands import (
     show_command,
     status_command,
 )
-from airflow_provider_exactly_once.core.errors import ExactlyOnceError, InvalidSinkConfig, SinkLocked
-from airflow_provider_exactly_once.core.history import Actor, ActorKind, acting
-from airflow_provider_exactly_once.core.redact import mask_userinfo, safe_text
+from airflow_provider_exactly_once.core.epochs import Actor, ActorKind, acting
+from airflow_provider_exactly_once.core.errors import (
+    ExactlyOnceError,
+    InvalidSinkConfig,
+    SinkLocked,
+    mask_userinfo,
+    safe_text,
+)
 from airflow_provider_exactly_once.defaults import DEFAULT_META_CONN_ID
 from airflow_provider_exactly_once.operations import ActionResult, InvalidRequest, SinkOperations
 from airflow_provider_exactly_once.store import SqlSinkStateStore
@@ -146,7 +151,7 @@ def _reader_gone(out: TextIO) -> int:
 
 
 def _user() -> str:
-    """The epochs' history names an ``eo-sink`` action's user and host (``core.history``)."""
+    """The epochs' history names an ``eo-sink`` action's user and host (``core.epochs``)."""
     try:
         user = getpass.getuser()
     except Exception:  # no passwd entry in some containers
@@ -228,7 +233,7 @@ def _drop_short_secret_notice(record: logging.LogRecord) -> bool:
     masker every value of the connection's extra, and the masker warns about a short one before it
     asks whether the key names a secret at all: an Iceberg connection's ``"type": "sql"`` (or
     ``rest``, ``glue``, ``hive``) made every action print that warning. The warning asks nothing of
-    whoever runs eo-sink, whose own output masks a password of any length (``core.redact``), so
+    whoever runs eo-sink, whose own output masks a password of any length (``core.errors``), so
     this one notice is dropped; every other line of the masker, and of Airflow, stays."""
     return not str(record.msg).startswith(_SHORT_SECRET_NOTICE)
 

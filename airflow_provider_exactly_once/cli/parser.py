@@ -1,7 +1,7 @@
 """``eo-sink``'s command line in and out: its commands, options and argument types, each checked where
 argparse turns a refusal into a usage error naming it, and how it answers: exit codes, JSON for
 scripts, plain tables for people, instants as the tasks log them. Everything it echoes or prints is
-masked and made safe for a terminal (``core.redact``; docs/cli.md).
+masked and made safe for a terminal (``core.errors``; docs/cli.md).
 """
 
 from __future__ import annotations
@@ -15,16 +15,15 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, NoReturn, TextIO
 
-from airflow_provider_exactly_once.core.errors import InvalidPreCommit
-from airflow_provider_exactly_once.core.identifiers import (
+from airflow_provider_exactly_once.core.epochs import (
     ABORT_REASON_MAX_LENGTH,
     EPOCH_MAX,
+    EpochStatus,
     abort_reason_fault,
     check_epoch,
     check_sink_id,
 )
-from airflow_provider_exactly_once.core.redact import find_control, mask_userinfo, safe_text
-from airflow_provider_exactly_once.core.status import EpochStatus
+from airflow_provider_exactly_once.core.errors import InvalidPreCommit, find_control, mask_userinfo, safe_text
 from airflow_provider_exactly_once.defaults import DEFAULT_META_CONN_ID
 from airflow_provider_exactly_once.runtime.run_epochs import instant_text, interval_text
 
@@ -53,7 +52,7 @@ __all__ = [
 # the argument: an epoch or offset past a signed 64-bit column, a duration past what ``timedelta``
 # holds, a sink id with characters unsafe in a path, an abort reason longer than a row keeps.
 # argparse quotes the argument it refuses, so its message is masked and escaped like every other
-# (``core.redact``): a meta-store URL typed where a command belongs must not put its password on the
+# (``core.errors``): a meta-store URL typed where a command belongs must not put its password on the
 # terminal. A refused argument is echoed as a bounded prefix (``echoed``), whatever its length.
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
@@ -274,7 +273,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # How ``eo-sink`` answers: its exit codes, JSON for scripts, plain tables for people, instants and
-# intervals as the tasks log them; every cell made safe to print (``core.redact``: text read back from
+# intervals as the tasks log them; every cell made safe to print (``core.errors``: text read back from
 # the meta store may carry terminal controls).
 
 #: 0 done, 1 refused or failed, 2 bad usage (argparse's convention), 3 busy (another holds the sink).

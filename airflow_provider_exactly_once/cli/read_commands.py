@@ -25,9 +25,8 @@ from airflow_provider_exactly_once.cli.parser import (
     short,
     table,
 )
-from airflow_provider_exactly_once.core.errors import ExactlyOnceError
-from airflow_provider_exactly_once.core.redact import mask_userinfo
-from airflow_provider_exactly_once.core.status import EpochStatus
+from airflow_provider_exactly_once.core.epochs import EpochStatus
+from airflow_provider_exactly_once.core.errors import ExactlyOnceError, mask_userinfo
 from airflow_provider_exactly_once.defaults import CONFIG_SECTION
 from airflow_provider_exactly_once.operations import SinkOperations, stale_runs
 from airflow_provider_exactly_once.operations.views import EpochView, FailureView, HistoryView, StaleRunView

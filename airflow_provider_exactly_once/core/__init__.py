@@ -1,5 +1,10 @@
-"""The exactly-once core: models, ports and the two-phase-commit coordinator.
+"""The exactly-once core, one module to a concept: the coordinator (``coordinator``), the rules it
+carries out (``decisions``), the ports it runs over (``ports``), the clean-up path (``cleanups``),
+an epoch's names, numbers and history (``epochs``), a write's pre-commit and what it holds
+(``precommit``, ``data_file_list``, ``upserts``, ``input_ranges``), what steps report
+(``outcomes``, ``delivery``), the errors (``errors``) and the fault hook's plug point (``faults``).
+The map is design.md, "Layers".
 
-Nothing here imports Airflow or Spark, so the whole protocol can be tested, reasoned about and
-reused without either.
+Nothing here imports Airflow, Spark or the package's other layers, so the whole protocol can be
+tested, reasoned about and reused without them.
 """

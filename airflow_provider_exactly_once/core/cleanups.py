@@ -1,23 +1,11 @@
-"""Deleting the files of writes nobody may see again: the clean-up queue, and the orphans added to it.
+"""Deleting the files of writes nobody may see again (design.md D3, D9): the clean-up queue worked
+through under the same checks for every phase, the rules of which write locations are orphans, and
+the stray files a sink can leave; and a write that reaches persist through its write location
+instead of XCom (design.md D17), found among the same locations the orphan scan lists.
 
-Kept beside the coordinator rather than in it because every phase ends here (a replaced write, an
-abort, a late or discarded write, a replaced revision, an orphan) and the rules are the same for
-all: the store is asked first, so a write that is (again) the epoch's live write is never touched,
-and the committer re-checks the sink itself before deleting anything (invariant 4). A task is done
-only once its files are gone; until then it stays queued and the next run tries again.
-
-Orphans: a write puts its files under a location unique to it (``sinks/layout.py``) *before* it is
-persisted. A Spark job killed after writing, or a write task that crashed before its XCom was read,
-leaves such a location that no row and no clean-up names: nothing in the protocol will ever delete
-it (D9). The sink layer lists the locations (``sinks/write_locations.py``); the rules of which are
-orphans live here, apart from any storage (a sink's listing is a ``WriteFolderListing``), so
-recovery, ``eo-sink gc`` and their dry runs apply the same ones, and remove them the same way:
-queued, then deleted by the clean-up path, under the sink's lock.
-
-Stray files: a sink can also leave files outside every write location that nothing references and
-nothing ever will, such as an Iceberg table's metadata files written by a commit killed before the
-catalog took them (design.md D18). A listing that can find them is also ``StrayFiles``;
-``eo-sink gc`` removes those older than its grace, under the same lock.
+Beside the coordinator rather than in it because every phase ends here (a replaced write, an
+abort, a late or discarded write, a replaced revision, an orphan) and recovery, ``eo-sink gc`` and
+their dry runs apply the same rules through the same path.
 """
 
 from __future__ import annotations
@@ -29,32 +17,24 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Protocol, runtime_checkable
 
-from .errors import InvalidPreCommit, MetaStoreUnavailable, SinkLocked, StateConflict
-from .faults import FaultHook, no_faults
-from .identifiers import check_epoch, check_write_id
-from .outcomes import CleanupReport, SinkRecoveryReport
-from .ports import ORPHAN_EPOCH, CleanupTask, SinkCommitter, SinkRegistry, SinkStateStore
-from .precommit import PreCommit, TableWrite
-from .redact import mask_userinfo
-from .status import EpochStatus
-
-__all__ = [
-    "FileAge",
-    "OrphanCandidate",
-    "StrayFiles",
-    "WriteFolder",
-    "WriteFolderListing",
-    "WriteLocation",
-    "classify_orphans",
-    "clean_up",
-    "queue_old_orphans",
-    "remove_orphans",
-    "run_cleanups",
-    "scan_orphans",
-    "scan_stray",
-    "settle_orphans",
-    "sink_lock",
-]
+from airflow_provider_exactly_once.core.epochs import EpochStatus, check_epoch, check_write_id
+from airflow_provider_exactly_once.core.errors import (
+    InvalidPreCommit,
+    MetaStoreUnavailable,
+    SinkLocked,
+    StateConflict,
+    mask_userinfo,
+)
+from airflow_provider_exactly_once.core.faults import FaultHook, no_faults
+from airflow_provider_exactly_once.core.outcomes import CleanupReport, SinkRecoveryReport
+from airflow_provider_exactly_once.core.ports import (
+    ORPHAN_EPOCH,
+    CleanupTask,
+    SinkCommitter,
+    SinkRegistry,
+    SinkStateStore,
+)
+from airflow_provider_exactly_once.core.precommit import PreCommit, TableWrite
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +83,7 @@ class WriteFolder:
 
     location: WriteLocation
     age: Callable[[], FileAge]
-    #: The pre-commit the write left here when it finished (``core/left_writes.py``), or ``None``.
+    #: The pre-commit the write left here when it finished (``core/cleanups.py``), or ``None``.
     left_pre_commit: Callable[[], bytes | None] = field(default=lambda: None)
 
 
@@ -391,3 +371,90 @@ def settle_orphans(
     report.orphans_removed = sorted(enqueued - remaining)
     for write_id in sorted(remaining):
         report.failed[f"orphan {write_id}"] = result.failed.get(ORPHAN_EPOCH, "its clean-up did not complete")
+
+
+class NoWriteLeft(InvalidPreCommit):
+    """The write task returned no pre-commit and no finished write of the epoch left one."""
+
+
+@dataclass(frozen=True)
+class LeftWrite:
+    pre_commit: PreCommit
+    #: The newest modification time of the write's files (``None``: unknown).
+    newest: datetime | None
+
+
+def left_writes(
+    sink_id: str, epoch: int, folders: Mapping[str, Sequence[WriteFolder]], registry: SinkRegistry
+) -> list[LeftWrite]:
+    """The finished writes of the sink's ``epoch`` that no row or clean-up of the store names, newest
+    first (those of unknown age last)."""
+    unknown = sorted(set(folders) - registry.known_writes(sink_id, sorted(folders)))
+    found: list[LeftWrite] = []
+    for write_id in unknown:
+        pre_commit = _left_in(write_id, folders[write_id])
+        if pre_commit is None or (pre_commit.sink_id, pre_commit.epoch) != (sink_id, epoch):
+            continue
+        age = FileAge.combined([folder.age() for folder in folders[write_id]])
+        found.append(LeftWrite(pre_commit, age.newest))
+    dated = sorted((w for w in found if w.newest is not None), key=lambda w: w.newest or datetime.min, reverse=True)
+    return dated + [w for w in found if w.newest is None]
+
+
+def newest_left_write(
+    sink_id: str, epoch: int, folders: Mapping[str, Sequence[WriteFolder]], registry: SinkRegistry, task: str
+) -> PreCommit:
+    """The write persist takes when task ``task`` returned none: the newest finished one."""
+    found = left_writes(sink_id, epoch, folders, registry)
+    if not found:
+        raise NoWriteLeft(
+            f"task {task!r} returned no pre-commit, and no finished write of sink {sink_id!r} epoch {epoch} left one "
+            f"in the sink's write locations ({len(folders)} listed): the write task must run the epoch writer "
+            "(its application, or write_epoch in a PySpark job), which leaves it there; clear the write task "
+            "to write the epoch again"
+        )
+    chosen, *others = found
+    if others:
+        log.warning(
+            "sink %r epoch %d: %d finished writes left no XCom; taking the newest, %s; %s stay unknown to the "
+            "store and are removed as orphans after the grace",
+            sink_id,
+            epoch,
+            len(found),
+            chosen.pre_commit.write_id,
+            ", ".join(w.pre_commit.write_id for w in others),
+        )
+    return chosen.pre_commit
+
+
+def _left_in(write_id: str, folders: Sequence[WriteFolder]) -> PreCommit | None:
+    for folder in folders:
+        data = folder.left_pre_commit()
+        if data is None:
+            continue
+        try:
+            pre_commit = PreCommit.from_json(data)
+        except InvalidPreCommit as exc:
+            log.info("write %s: its pre-commit at %s is unreadable, not taken: %s", write_id, folder.location, exc)
+            return None
+        return pre_commit if pre_commit.write_id == write_id else None
+    return None
+
+
+__all__ = [
+    "FileAge",
+    "OrphanCandidate",
+    "StrayFiles",
+    "WriteFolder",
+    "WriteFolderListing",
+    "WriteLocation",
+    "classify_orphans",
+    "clean_up",
+    "queue_old_orphans",
+    "remove_orphans",
+    "run_cleanups",
+    "scan_orphans",
+    "scan_stray",
+    "settle_orphans",
+    "sink_lock",
+]

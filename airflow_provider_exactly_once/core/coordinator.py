@@ -1,4 +1,5 @@
-"""The two-phase-commit coordinator: the whole life of one epoch, in the order it happens.
+"""The two-phase-commit coordinator: the whole life of one epoch in the order it happens, carrying out
+the decisions of ``core/decisions.py`` over the ports (design.md, "Layers", and D1).
 
     write (Spark) ──► persist ──► checkpoint COMPLETED? ──► decide commit ──► commit ──► mark Committed
                           │                │
@@ -6,38 +7,60 @@
                           └── a later write for the same epoch: replaces a Pending one (the old files are
                               cleaned), or is cleaned itself when the epoch is already decided or committed
 
-Every method is idempotent and safe to run concurrently with itself (a retry racing a zombie): each
-status change is a compare-and-swap in the store, and each sink commit is guarded by the marker in
-the sink. The one ordering rule that makes the pieces safe together is the *commit decision*: a
-commit first records, durably and by CAS, that this write will be committed (only once the
-checkpoint is COMPLETED); from then on no abort and no replacing write can win, and until then no
-byte of the write is visible. So abort and commit can never both act on one write, and a file is
-only ever deleted for a write that can no longer become visible (invariant 4).
-
-The coordinator alone decides what happens to an epoch; operators, the recovery DAG and the CLI only
-call these methods. Orphaned write locations belong to no epoch: ``eo-sink gc`` and recovery queue
-them under the reserved epoch and delete them through the same clean-up path (``core.cleanups``)
-with the sink's committer.
+Also here, because only the coordinator runs them: what it keeps on a row besides the status (the
+last error, a warning), the metrics port it reports through (``Metrics``, adapted by
+``observability.stats``; a failing backend never decides an epoch), the recovery pass over a sink's
+Pending epochs with its batches of appends (design.md D15), and the writes that can never commit as
+written (files lost, an upsert whose table moved: design.md D14). The operators, the recovery DAG
+and the CLI only call these methods.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import timedelta
+from typing import Protocol
 
-from .bookkeeping import note_error, record_warning, require_epoch, warn_other_dag
-from .cleanups import clean_up, run_cleanups
-from .decisions import Action, Decision, abort_decision, commit_decision, persist_decision
-from .errors import AbortRefused, InvalidPreCommit, InvalidSinkConfig, StateConflict, UpsertConflict
-from .faults import FaultHook, no_faults
-from .generations import OnReprocess
-from .identifiers import check_epoch, check_sink_id
-from .lookups import EpochLookups, WriteLookups
-from .lost_writes import lost_files, prepare_rewrite
-from .observe import COMMIT_ERRORS, NO_METRICS, Metrics, count_abort, count_commit, safe
-from .outcomes import (
+from airflow_provider_exactly_once.core.cleanups import clean_up, run_cleanups
+from airflow_provider_exactly_once.core.decisions import (
+    REWRITE_REASON,
+    AbortRequest,
+    Action,
+    CheckpointLookup,
+    Decision,
+    EpochLookups,
+    PersistRequest,
+    RunAttempt,
+    WriteLookups,
+    abort_decision,
+    commit_decision,
+    commits_in_batch,
+    files_lost_refusal,
+    other_dag_warning,
+    persist_conflict_abort,
+    persist_decision,
+    recovery_decision,
+    revision_plan,
+    rewrite_decision,
+)
+from airflow_provider_exactly_once.core.epochs import AbortCause, EpochStatus, OnReprocess, check_epoch, check_sink_id
+from airflow_provider_exactly_once.core.errors import (
+    AbortRefused,
+    EpochNotFound,
+    ExactlyOnceError,
+    InvalidPreCommit,
+    InvalidSinkConfig,
+    MetaStoreUnavailable,
+    ReplacedFilesMissing,
+    StateConflict,
+    UpsertConflict,
+)
+from airflow_provider_exactly_once.core.faults import FaultHook, no_faults
+from airflow_provider_exactly_once.core.outcomes import (
     KEPT_OUTCOMES,
     AbortOutcome,
     AbortResult,
@@ -47,18 +70,449 @@ from .outcomes import (
     PersistOutcome,
     PersistResult,
     RecoveryReport,
+    RewriteOutcome,
     RewriteResult,
 )
-from .ports import CheckpointSource, CommitPlan, EpochRecord, SinkCommitter, SinkStateStore
-from .precommit import PreCommit
-from .recovery import EpochBatches, recover_pending
-from .rewrite_decisions import persist_conflict_abort
-from .status import AbortCause, EpochStatus
-from .step_requests import AbortRequest, PersistRequest, RunAttempt, revision_plan
-
-__all__ = ["TwoPhaseCommitCoordinator", "require_epoch"]
+from airflow_provider_exactly_once.core.ports import (
+    BatchCommitter,
+    CheckpointSource,
+    CommitMark,
+    CommitPlan,
+    EpochRecord,
+    SinkCommitter,
+    SinkStateStore,
+)
+from airflow_provider_exactly_once.core.precommit import PreCommit
 
 log = logging.getLogger(__name__)
+
+#: Seconds from the commit call to the Committed mark, for a commit that made the epoch visible.
+COMMIT_DURATION = "commit.duration"
+#: Commits by ``outcome`` (``committed``, ``already_committed``) and failed commit attempts (``error``).
+COMMITS = "commits"
+COMMIT_ERRORS = "commit.errors"
+#: Data files and rows an epoch's commit made visible (counters; zero for an empty epoch).
+COMMIT_FILES = "commit.files"
+COMMIT_ROWS = "commit.rows"
+COMMIT_BYTES = "commit.bytes"
+#: An upsert epoch's committed changes: rows inserted, updated and deleted by key.
+COMMIT_INSERTED = "commit.rows_inserted"
+COMMIT_UPDATED = "commit.rows_updated"
+COMMIT_DELETED = "commit.rows_deleted"
+#: Iceberg commit conflicts that sent a table's commit back to reload and re-check its marker.
+COMMIT_RETRIES = "commit.retries"
+#: Aborts by ``outcome`` and the files they deleted.
+ABORTS = "aborts"
+ABORT_FILES_DELETED = "abort.files_deleted"
+#: Gauges per sink, set by the recovery task: how many epochs are Pending and how old the oldest is.
+PENDING_EPOCHS = "pending_epochs"
+OLDEST_PENDING_AGE = "oldest_pending_age_seconds"
+
+
+class Metrics(Protocol):
+    """Where the coordinator's measurements go. ``tags`` always holds ``sink_id``."""
+
+    def incr(self, name: str, count: int, tags: Mapping[str, str]) -> None: ...
+
+    def gauge(self, name: str, value: float, tags: Mapping[str, str]) -> None: ...
+
+    def timing(self, name: str, duration: timedelta, tags: Mapping[str, str]) -> None: ...
+
+
+class NoMetrics:
+    """The default: measurements go nowhere (tests, scripts, deployments without metrics)."""
+
+    def incr(self, name: str, count: int, tags: Mapping[str, str]) -> None:
+        return None
+
+    def gauge(self, name: str, value: float, tags: Mapping[str, str]) -> None:
+        return None
+
+    def timing(self, name: str, duration: timedelta, tags: Mapping[str, str]) -> None:
+        return None
+
+
+NO_METRICS: Metrics = NoMetrics()
+
+
+class SafeMetrics:
+    """Wraps a backend so that its failure is logged once per call and never raised.
+
+    A commit that made an epoch visible must report COMMITTED even when the StatsD host is down.
+    """
+
+    def __init__(self, inner: Metrics) -> None:
+        self._inner = inner
+
+    def incr(self, name: str, count: int, tags: Mapping[str, str]) -> None:
+        try:
+            self._inner.incr(name, count, tags)
+        except Exception:  # a metrics backend's failure must not change an epoch's outcome
+            log.warning("metrics: could not emit %s", name, exc_info=True)
+
+    def gauge(self, name: str, value: float, tags: Mapping[str, str]) -> None:
+        try:
+            self._inner.gauge(name, value, tags)
+        except Exception:  # as above
+            log.warning("metrics: could not emit %s", name, exc_info=True)
+
+    def timing(self, name: str, duration: timedelta, tags: Mapping[str, str]) -> None:
+        try:
+            self._inner.timing(name, duration, tags)
+        except Exception:  # as above
+            log.warning("metrics: could not emit %s", name, exc_info=True)
+
+
+def safe(metrics: Metrics) -> Metrics:
+    """``metrics`` wrapped in ``SafeMetrics`` (once); ``NO_METRICS`` as it is."""
+    if metrics is NO_METRICS or isinstance(metrics, SafeMetrics):
+        return metrics
+    return SafeMetrics(metrics)
+
+
+def write_totals(pre_commit: PreCommit) -> tuple[int, int, int]:
+    """Files, rows and bytes of a write, over all its tables."""
+    files = rows = size = 0
+    for table in pre_commit.tables:
+        files += len(table.data_files)
+        rows += table.data_files.record_count()
+        size += table.data_files.size_in_bytes()
+    return files, rows, size
+
+
+def report_pending(store: SinkStateStore, sink_id: str, metrics: Metrics) -> tuple[int, float]:
+    """Set the sink's Pending gauges from the store's ``(sink_id, status)`` index; returns them.
+
+    The age is measured on the database's clock, the one ``created_at`` was written with, so a
+    worker's clock skew cannot make a fresh epoch look stuck. No Pending epoch: count 0, age 0.
+    """
+    pending = store.epochs_with_status(sink_id, EpochStatus.PENDING)
+    age = 0.0
+    if pending:
+        oldest = min(row.created_at for row in pending)
+        age = max(0.0, (store.now() - oldest).total_seconds())
+    tags = {"sink_id": sink_id}
+    metrics.gauge(PENDING_EPOCHS, float(len(pending)), tags)
+    metrics.gauge(OLDEST_PENDING_AGE, age, tags)
+    return len(pending), age
+
+
+def count_commit(metrics: Metrics, sink_id: str, result: CommitResult, took: timedelta) -> None:
+    """Count a commit by outcome; only the attempt that made the epoch visible counts its files and rows,
+    so the counters add up to what the tables hold however often a commit is retried or rerun."""
+    tags = {"sink_id": sink_id}
+    metrics.incr(COMMITS, 1, {**tags, "outcome": result.outcome.name.lower()})
+    if result.outcome is CommitOutcome.COMMITTED:
+        files, rows, size = write_totals(result.record.pre_commit)
+        metrics.timing(COMMIT_DURATION, took, tags)
+        metrics.incr(COMMIT_FILES, files, tags)
+        metrics.incr(COMMIT_ROWS, rows, tags)
+        metrics.incr(COMMIT_BYTES, size, tags)
+        changes = [t.changes for t in result.record.pre_commit.tables if t.changes is not None]
+        if changes:
+            metrics.incr(COMMIT_INSERTED, sum(c.inserted for c in changes), tags)
+            metrics.incr(COMMIT_UPDATED, sum(c.updated for c in changes), tags)
+            metrics.incr(COMMIT_DELETED, sum(c.deleted for c in changes), tags)
+
+
+def count_abort(metrics: Metrics, sink_id: str, result: AbortResult) -> None:
+    tags = {"sink_id": sink_id}
+    metrics.incr(ABORTS, 1, {**tags, "outcome": result.outcome.name.lower()})
+    if result.files_deleted:
+        metrics.incr(ABORT_FILES_DELETED, result.files_deleted, tags)
+
+
+def require_epoch(store: SinkStateStore, sink_id: str, epoch: int) -> EpochRecord:
+    """The epoch's row; ``EpochNotFound`` (naming sink and epoch) when it was never persisted."""
+    check_epoch(epoch)
+    row = store.get(sink_id, epoch)
+    if row is None:
+        raise EpochNotFound(f"sink {sink_id!r} epoch {epoch} was never persisted")
+    return row
+
+
+def note_error(store: SinkStateStore, row: EpochRecord, exc: Exception) -> None:
+    """Keep the last failure on the row, where the UI and ``eo-sink show`` give it to operators."""
+    try:
+        store.record_error(row.sink_id, row.epoch, write_id=row.write_id, error=f"{type(exc).__name__}: {exc}")
+    except MetaStoreUnavailable:
+        log.warning("could not record the error on sink %r epoch %d", row.sink_id, row.epoch)
+
+
+def record_warning(store: SinkStateStore, pre: PreCommit, warning: str) -> None:
+    """Said at WARNING and kept on the epoch's row, where the UI and eo-sink show it."""
+    log.warning("%s", warning)
+    try:
+        store.record_warning(pre.sink_id, pre.epoch, warning=warning)
+    except MetaStoreUnavailable:
+        log.warning("could not record the warning on sink %r epoch %d", pre.sink_id, pre.epoch)
+
+
+def warn_other_dag(store: SinkStateStore, pre: PreCommit, row: EpochRecord, dag_id: str | None) -> str | None:
+    """A write from another DAG for an epoch already settled: the sink id may be reused by mistake."""
+    warning = other_dag_warning(pre, row, dag_id)
+    if warning is not None:
+        record_warning(store, pre, warning)
+    return warning
+
+
+#: Epochs per sink commit: enough that a commit's cost on the table's history is shared widely,
+#: few enough that a batch that fails and falls back to single commits costs little more.
+BATCH_EPOCHS = 100
+
+#: Fault points, in the order one batch passes them.
+FAULT_DECIDED = "batch.decided"
+FAULT_VISIBLE = "batch.visible"
+FAULT_MARKED = "batch.marked"
+
+
+@dataclass(frozen=True)
+class EpochBatches:
+    """Commits runs of a sink's Pending appends together; ``alone`` commits one epoch by itself
+    (the coordinator's ``commit``, reporting into the recovery report)."""
+
+    sink_id: str
+    store: SinkStateStore
+    committer: BatchCommitter
+    fault: FaultHook
+    metrics: Metrics
+    allow_beyond_horizon: bool = False
+    size: int = BATCH_EPOCHS
+
+    @classmethod
+    def of(
+        cls,
+        sink_id: str,
+        store: SinkStateStore,
+        committer: SinkCommitter,
+        fault: FaultHook,
+        metrics: Metrics,
+        allow_beyond_horizon: bool,
+    ) -> EpochBatches | None:
+        """Batches for a committer that can make them; ``None`` (every epoch alone) otherwise."""
+        if not isinstance(committer, BatchCommitter):
+            return None
+        return cls(sink_id, store, committer, fault, metrics, allow_beyond_horizon)
+
+    def commit(self, rows: Sequence[EpochRecord], report: RecoveryReport, alone: Callable[[EpochRecord], None]) -> None:
+        """Commit ``rows`` (each let through by ``commits_in_batch``, in epoch order), ``size`` at a
+        time; an epoch that cannot join a batch is committed alone where it stands in the order."""
+        pending = list(rows)
+        while pending:
+            chunk = pending[: self.size]
+            settled = self._commit_prefix(chunk, report, alone)
+            if settled < len(chunk):
+                alone(chunk[settled])
+                settled += 1
+            pending = pending[settled:]
+
+    def _commit_prefix(
+        self, rows: list[EpochRecord], report: RecoveryReport, alone: Callable[[EpochRecord], None]
+    ) -> int:
+        """Commit the longest prefix of ``rows`` that can go together; how many rows were settled."""
+        try:
+            plans = list(self.committer.prepare_batch([row.pre_commit for row in rows]))
+            count = next((i for i, plan in enumerate(plans) if plan is None), len(rows))
+            undecided = [(row.epoch, row.write_id) for row in rows[:count] if row.commit_decided_at is None]
+            decided = set(self.store.decide_commits(self.sink_id, undecided)) if undecided else set()
+            count = next(
+                (i for i, row in enumerate(rows[:count]) if row.commit_decided_at is None and row.epoch not in decided),
+                count,
+            )
+            if count == 0:
+                return 0
+            rows = rows[:count]
+            self.fault(FAULT_DECIDED)
+            started = time.monotonic()
+            committed = self.committer.commit_batch(
+                [plan for plan in plans[:count] if plan is not None],
+                [row.created_at for row in rows],
+                allow_beyond_horizon=self.allow_beyond_horizon,
+            )
+            self.fault(FAULT_VISIBLE)
+            marks = [
+                CommitMark(row.epoch, row.write_id, tables, self.committer.identities(row.pre_commit))
+                for row, tables in zip(rows, committed, strict=True)
+            ]
+            marked = set(self.store.mark_committed_batch(self.sink_id, marks))
+            self.fault(FAULT_MARKED)
+        except MetaStoreUnavailable:
+            raise  # nothing else can make progress either; the recovery task is retried whole
+        except Exception as exc:
+            log.warning(
+                "sink %r: %d epoch(s) from %d could not be committed together (%s: %s); committing them one at a time",
+                self.sink_id,
+                len(rows),
+                rows[0].epoch,
+                type(exc).__name__,
+                exc,
+            )
+            for row in rows:
+                alone(row)
+            return len(rows)
+
+        took = timedelta(seconds=(time.monotonic() - started) / count)
+        for row, tables in zip(rows, committed, strict=True):
+            if row.epoch in marked:
+                report.committed.append(row.epoch)
+                record = dataclasses.replace(row, status=EpochStatus.COMMITTED, committed=tables)
+                count_commit(self.metrics, self.sink_id, CommitResult(CommitOutcome.COMMITTED, record), took)
+            else:
+                alone(row)  # its row moved under the batch: its own commit tells settled from stale
+        log.info("sink %r: %d epoch(s) from %d committed in one commit", self.sink_id, len(marked), rows[0].epoch)
+        return count
+
+
+class EpochSteps(Protocol):
+    """The steps recovery carries its decisions out through: the coordinator's own, so that a
+    recovered epoch passes the same checks as one its tasks finished."""
+
+    def commit(self, sink_id: str, epoch: int) -> CommitResult: ...
+
+    def abort(self, sink_id: str, epoch: int, *, reason: str) -> AbortResult: ...
+
+
+def recover_pending(
+    coordinator: EpochSteps,
+    store: SinkStateStore,
+    checkpoints: CheckpointSource,
+    sink_id: str,
+    batches: EpochBatches | None = None,
+) -> RecoveryReport:
+    """Commit the Pending epochs whose commit was decided or whose checkpoint completed, abort those
+    whose checkpoint failed, leave the rest waiting. One epoch's failure is reported (and kept on its
+    row) and does not stop the others; an unreachable meta store stops the pass, to be retried whole.
+    With ``batches``, runs of appends are committed together; an epoch committed on its own (an
+    upsert, a revision) first lets the run before it commit, so the table's history keeps epoch order.
+    """
+    report = RecoveryReport(sink_id)
+    run: list[EpochRecord] = []
+
+    def attempt(row: EpochRecord, action: Callable[[], object]) -> None:
+        try:
+            action()
+        except MetaStoreUnavailable:
+            raise  # nothing else can make progress either; the recovery task is retried whole
+        except Exception as exc:
+            # Whatever one epoch raises (a refusal, a driver's error, a bug) is that epoch's: it is
+            # kept on its row and reported, and the sink's other epochs are still tried.
+            log.warning(
+                "recovery of sink %r epoch %d failed: %s: %s",
+                sink_id,
+                row.epoch,
+                type(exc).__name__,
+                exc,
+                exc_info=not isinstance(exc, ExactlyOnceError),
+            )
+            report.failed[row.epoch] = f"{type(exc).__name__}: {exc}"
+            note_error(store, row, exc)
+
+    def commit_alone(row: EpochRecord) -> None:
+        def commit() -> None:
+            coordinator.commit(sink_id, row.epoch)
+            report.committed.append(row.epoch)
+
+        attempt(row, commit)
+
+    def commit_run() -> None:
+        if run and batches is not None:
+            batches.commit(run, report, commit_alone)
+        run.clear()
+
+    def abort(row: EpochRecord) -> None:
+        aborted = coordinator.abort(sink_id, row.epoch, reason="recovery: checkpoint FAILED")
+        report.aborted.append(row.epoch)
+        report.files_deleted += aborted.files_deleted
+
+    for row in sorted(store.epochs_with_status(sink_id, EpochStatus.PENDING), key=lambda r: r.epoch):
+        decided: list[Decision] = []
+        lookups = EpochLookups.of(store, checkpoints, sink_id, row.epoch)
+        # A refusal (an upsert epoch behind an undecided one) is the epoch's failure, as the commit's would be.
+        attempt(row, lambda: decided.append(recovery_decision(row, lookups).raise_if_refused()))  # noqa: B023
+        if not decided:
+            continue
+        action = decided[0].action
+        if action is Action.WAIT:
+            report.waiting.append(row.epoch)
+        elif action in (Action.ABORT, Action.ABORT_REVISION):
+            attempt(row, lambda: abort(row))  # noqa: B023
+        elif batches is not None and commits_in_batch(row, decided[0]):
+            run.append(row)
+            if len(run) >= batches.size:
+                commit_run()
+        else:
+            commit_run()
+            commit_alone(row)
+    commit_run()
+    return report
+
+
+def lost_files(committer: SinkCommitter, row: EpochRecord) -> list[str]:
+    """The data files of a Pending write that are gone, when that is reason enough to give it up.
+
+    Refused (``AbortRefused``) while a table shows the epoch's write (it is partly visible: only
+    restoring the files and committing keeps it whole) and while every file is there (commit).
+    A revision's files count as lost also when those of the write it replaces left the table
+    (``ReplacedFilesMissing``): the replacement can then never be made, and the earlier write stays.
+    So do an upsert's when the table moved under it (``UpsertConflict``): its changes can then
+    never be committed as written, and must be written again.
+    """
+    shown = shown_tables(committer, row)
+    missing = [] if shown else list(committer.missing_files(row.pre_commit))
+    if not shown and row.kind.lost_beyond_files:
+        try:
+            committer.prepare(row.pre_commit, replaces=row.replaces)
+        except ReplacedFilesMissing as exc:
+            missing += exc.missing
+        except UpsertConflict as exc:
+            missing += exc.conflicting
+    refusal = files_lost_refusal(row, shown, missing)
+    if refusal is not None:
+        raise refusal
+    return missing
+
+
+def shown_tables(committer: SinkCommitter, row: EpochRecord) -> list[str]:
+    """The tables that show this write's commit (of a revision: its own, not the write it replaces)."""
+    visible = committer.find_committed(row.pre_commit, row.created_at)
+    return [t for t in visible.tables if not row.kind.revises or visible.write_ids.get(t) == row.write_id]
+
+
+def prepare_rewrite(
+    row: EpochRecord,
+    committer: SinkCommitter,
+    checkpoint: CheckpointLookup,
+    give_up: Callable[[str], AbortResult],
+    run_writes: Collection[str] = (),
+) -> RewriteResult:
+    """Make way for writing an upsert epoch again after its write conflicted (``rewrite_decision``).
+
+    A write persist refused for a conflict is Aborted already. An undecided write stays Pending: the
+    next write's persist replaces it and removes its files. A decided one is given up as lost
+    (``give_up``: the coordinator's abort with ``files_lost``, which checks that no table shows it),
+    so that the next write re-opens the epoch. Refused (``RewriteRefused``) for a write that can
+    still commit. ``run_writes``: the writes the run made so far (its write task's and earlier
+    rewrites').
+    """
+
+    def conflict() -> UpsertConflict | None:
+        try:
+            committer.prepare(row.pre_commit, replaces=row.replaces)
+        except UpsertConflict as exc:
+            return exc
+        return None
+
+    shown = lambda: shown_tables(committer, row)  # noqa: E731
+    decision = rewrite_decision(row, run_writes, conflict, checkpoint, shown).raise_if_refused()
+    if decision.action is Action.ALREADY_COMMITTED:
+        return RewriteResult(RewriteOutcome.ALREADY_COMMITTED, row, decision.why)
+    if decision.action is Action.GIVE_UP_AND_REWRITE:
+        given_up = give_up(f"{REWRITE_REASON}: {decision.why}")
+        log.warning("%s: %s", row.pre_commit.describe(), decision.why)
+        return RewriteResult(RewriteOutcome.GAVE_UP, given_up.record or row, decision.why)
+    log.warning("%s: %s", row.pre_commit.describe(), decision.why)
+    return RewriteResult(RewriteOutcome.REWRITE, row, decision.why)
+
 
 #: How often persist (and abort) re-reads the row after losing a CAS race before it gives up.
 _PERSIST_RACE_ROUNDS = 5
@@ -92,7 +546,7 @@ class TwoPhaseCommitCoordinator:
         #: Per sink: what a newer generation's write does to a committed epoch (``"keep"`` unless given).
         self._on_reprocess = dict(on_reprocess or {})
         self._fault = fault
-        #: Commit durations, files, rows, outcomes and aborts (``core.observe``); never decides anything.
+        #: Commit durations, files, rows, outcomes and aborts (``core.coordinator``); never decides anything.
         self._metrics = safe(metrics)
         #: Persist's one step for each action ``persist_decision`` can take.
         self._persist_steps: dict[
@@ -463,7 +917,7 @@ class TwoPhaseCommitCoordinator:
 
     def prepare_rewrite(self, sink_id: str, epoch: int, *, run_writes: Collection[str] = ()) -> RewriteResult:
         """Make way for writing an upsert epoch again after its write conflicted
-        (``lost_writes.prepare_rewrite``). ``run_writes``: the writes the run made so far."""
+        (``prepare_rewrite``). ``run_writes``: the writes the run made so far."""
         return prepare_rewrite(
             require_epoch(self._store, sink_id, epoch),
             self._committer(sink_id),
@@ -475,7 +929,7 @@ class TwoPhaseCommitCoordinator:
     # -- recovery ---------------------------------------------------------------------------------
 
     def recover(self, sink_id: str) -> RecoveryReport:
-        """Finish what crashes left half done for one sink: its Pending epochs (``core.recovery``), then clean-ups."""
+        """Finish what crashes left half done for one sink: its Pending epochs (``core.coordinator``), then clean-ups."""
         committer, beyond = self._committer(sink_id), self._allow_beyond_horizon
         batches = EpochBatches.of(sink_id, self._store, committer, self._fault, self._metrics, beyond)
         report = recover_pending(self, self._store, self._checkpoints, sink_id, batches)
@@ -500,3 +954,16 @@ class TwoPhaseCommitCoordinator:
             raise InvalidSinkConfig(
                 f"no committer is configured for sink {sink_id!r} (known: {sorted(self._committers)})"
             ) from None
+
+
+__all__ = [
+    "BATCH_EPOCHS",
+    "EpochBatches",
+    "EpochSteps",
+    "TwoPhaseCommitCoordinator",
+    "note_error",
+    "record_warning",
+    "recover_pending",
+    "require_epoch",
+    "warn_other_dag",
+]

@@ -1,23 +1,30 @@
-"""Every rule about what may happen to an epoch, as pure functions of its row and what they may ask.
+"""Every rule about what may happen to an epoch, as pure functions of its row and of what they ask
+beyond it (``Lookups``, each asked only when a rule needs it): persist, commit, abort, recovery, the
+rewrite of a conflicted upsert and the revision of a committed upsert (design.md D14), and the
+requests each step of the coordinator takes (design.md, "Layers").
 
-The coordinator carries these decisions out (with the store's compare-and-swap guarding each step
-against a concurrent attempt); the UI's and ``eo-sink``'s dry runs print them. Keeping the rules
-and their refusal messages here, and only here, is what keeps a dry run from promising what the
-real action would refuse.
-
-A decision names an ``Action`` and, for a refusal, the error to raise. What a rule needs beyond the
-row (the checkpoint, the sink's other epochs, the store's record of a write) it asks through
-``core/lookups.py``, only when it needs the answer; an action and its dry run build those lookups
-the same way, so they decide on the same inputs.
+The coordinator carries these decisions out and the dry runs of the UI and ``eo-sink`` print them,
+built on the same lookups: keeping the rules and their refusals here, and only here, keeps a dry run
+from promising what the action would refuse.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+import dataclasses
+from collections.abc import Callable, Collection, Iterable, Mapping
+from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import TypedDict
 
-from .errors import (
+from airflow_provider_exactly_once.core.epochs import (
+    AbortCause,
+    CheckpointStatus,
+    EpochStatus,
+    OnReprocess,
+    is_newer,
+    is_older,
+)
+from airflow_provider_exactly_once.core.errors import (
     AbortRefused,
     CheckpointFailed,
     CheckpointNotReady,
@@ -25,18 +32,212 @@ from .errors import (
     EpochAborted,
     ExactlyOnceError,
     InvalidPreCommit,
+    MetaStoreUnavailable,
     ReprocessRefused,
     RevisionInProgress,
+    RewriteRefused,
     SinkReused,
+    SinkUnavailable,
+    UpsertConflict,
 )
-from .generations import OnReprocess, is_newer, is_older
-from .input_ranges import range_read_elsewhere
-from .lookups import CheckpointLookup, EpochLookups, WriteLookups
-from .ports import EpochRecord
-from .precommit import PreCommit
-from .status import AbortCause, CheckpointStatus, EpochStatus
-from .upsert_revisions import revision_refusal, untellable_revision
-from .write_kinds import WriteKind
+from airflow_provider_exactly_once.core.input_ranges import SnapshotRange, range_read_elsewhere
+from airflow_provider_exactly_once.core.ports import (
+    EMPTY,
+    CheckpointSource,
+    CommitPlan,
+    CommittedTables,
+    EpochRecord,
+    Kind,
+    SinkCommitter,
+    SinkStateStore,
+    WriteKind,
+)
+from airflow_provider_exactly_once.core.precommit import PreCommit, TableWrite
+from airflow_provider_exactly_once.core.upserts import RevisionBasis
+
+CheckpointLookup = Callable[[], CheckpointStatus]
+
+
+@dataclass(frozen=True)
+class EpochLookups:
+    """What the commit's rules (and recovery's) ask beyond the epoch's row."""
+
+    checkpoint: CheckpointLookup
+    #: The sink's Pending epochs: asked only for an upsert write (the upsert order).
+    pending: Callable[[], Iterable[int]]
+    #: The sink's Committed rows: asked only for an upsert revision (``untellable_revision``).
+    committed: Callable[[], Iterable[EpochRecord]]
+    #: Another epoch, committed or decided, whose range starts where the given one does: asked only
+    #: for an incremental input's write (``core.input_ranges``).
+    range_taken: Callable[[SnapshotRange], int | None] = lambda _: None
+
+    @classmethod
+    def of(cls, store: SinkStateStore, checkpoints: CheckpointSource, sink_id: str, epoch: int) -> EpochLookups:
+        return cls(
+            checkpoint=lambda: checkpoints.status(sink_id, epoch),
+            pending=lambda: [r.epoch for r in store.epochs_with_status(sink_id, EpochStatus.PENDING)],
+            committed=lambda: store.epochs_with_status(sink_id, EpochStatus.COMMITTED),
+            range_taken=lambda reserved: store.input_ranges.sharing_start(sink_id, epoch, reserved),
+        )
+
+
+@dataclass(frozen=True)
+class WriteLookups:
+    """What persist's rules ask beyond the epoch's row about the write being persisted."""
+
+    #: The write's tables' identities now: asked only of a Committed epoch (``recreated_tables``).
+    identities: Callable[[], Mapping[str, str]]
+    #: Whether the write was ever queued for clean-up: it must then never become the epoch's.
+    discarded: Callable[[], bool]
+    #: Whether a revision's commit replaced the write: asked only of an epoch ever revised.
+    replaced: Callable[[], bool]
+    #: The sink's Committed rows: asked only for an upsert revision (``untellable_revision``).
+    committed: Callable[[], Iterable[EpochRecord]]
+
+    @classmethod
+    def of(cls, store: SinkStateStore, committer: SinkCommitter, write: PreCommit) -> WriteLookups:
+        sink_id, epoch, write_id = write.sink_id, write.epoch, write.write_id
+        return cls(
+            identities=lambda: committer.identities(write),
+            discarded=lambda: store.write_discarded(sink_id, epoch, write_id),
+            replaced=lambda: store.revisions.was_replaced(sink_id, epoch, write_id),
+            committed=lambda: store.epochs_with_status(sink_id, EpochStatus.COMMITTED),
+        )
+
+
+#: Where the rule is explained to operators; every refusal points there.
+DOCUMENTED = "docs/operators.md, 'Reprocessing an upsert epoch'"
+
+
+def revised_write(
+    row: EpochRecord | None, generation: str | None, on_reprocess: str
+) -> tuple[str, PreCommit, CommittedTables, Mapping[str, str]] | None:
+    """The committed upsert write a write of ``generation`` would replace: its id, pre-commit,
+    snapshots and tables' identities; ``None`` when such a write would not revise the epoch.
+
+    A Committed epoch is revised by a newer generation (persist opens the revision). A revision in
+    flight (Pending, ``replaces`` set) is written again by its own generation or a newer one (a retry,
+    a rewrite after a conflict): that write still replaces the committed write, not the Pending one.
+    """
+    if on_reprocess != "replace" or row is None or generation is None:
+        return None
+    if row.status is EpochStatus.COMMITTED and is_newer(generation, row.pre_commit.generation):
+        replaced = (row.write_id, row.pre_commit, row.committed or {}, row.table_uuids or {})
+    elif row.status is EpochStatus.PENDING and (was := row.kind.replaces) is not None:
+        if is_older(generation, row.pre_commit.generation):
+            return None
+        replaced = (was.write_id, was.pre_commit, was.committed, was.table_uuids or {})
+    else:
+        return None
+    if not WriteKind.of(replaced[1]).by_key:
+        return None
+    return replaced
+
+
+def revision_basis(
+    row: EpochRecord | None, generation: str | None, on_reprocess: str
+) -> Mapping[str, RevisionBasis] | None:
+    """Per table, what a write of ``generation`` is planned against when it revises the epoch's
+    committed changes (``revised_write``); ``None``: it is an ordinary write."""
+    found = revised_write(row, generation, on_reprocess)
+    if found is None:
+        return None
+    write_id, pre_commit, committed, identities = found
+    return {
+        t.table: _basis(write_id, t, committed.get(t.table), identities.get(t.table))
+        for t in pre_commit.tables
+        if Kind.of_table(t).by_key
+    }
+
+
+def _basis(write_id: str, written: TableWrite, committed: str | None, table_uuid: str | None) -> RevisionBasis:
+    revised = {
+        "table_uuid": table_uuid,
+        "write_id": write_id,
+        "added": list(written.data_files.paths()),
+        "rewritten": [r.path for r in written.rewritten],
+        "key_lower_bounds": written.key_lower_bounds,
+        "key_upper_bounds": written.key_upper_bounds,
+    }
+    if written.revises is not None or committed is None or committed == EMPTY or not _is_id(committed):
+        # A revision was itself planned at P, which it read; a write that committed nothing here
+        # changed nothing, so the table it read is as good a P as any (the commit checks the rest).
+        return RevisionBasis(**revised, snapshot_id=written.read_snapshot_id)
+    return RevisionBasis(**revised, parent_of=int(committed))
+
+
+def _is_id(text: str) -> bool:
+    return text.lstrip("-").isdigit()
+
+
+def revision_refusal(write: PreCommit, committed_write_id: str, committed: PreCommit) -> str | None:
+    """Why ``write`` (a newer generation's) cannot revise the epoch's committed upsert write, in
+    words that end an error message; ``None`` when it can."""
+    if not (WriteKind.of(write).by_key and WriteKind.of(committed).by_key):
+        kinds = {"committed": committed, "new": write}
+        shown = ", ".join(
+            f"the {name} write {'is' if WriteKind.of(w).by_key else 'is not'} changes by key"
+            for name, w in kinds.items()
+        )
+        return (
+            f"the sink's mode changed between the two writes ({shown}); an epoch committed as changes by key is "
+            "revised only by changes by key, and an epoch of rows only by rows. Restore the sink's mode, or give "
+            f"the new pipeline its own sink_id ({DOCUMENTED})"
+        )
+    unplanned = sorted(t.table for t in write.tables if t.revises is None)
+    if unplanned:
+        return (
+            f"its changes to {unplanned} were planned against the table as it is now, not as it was before write "
+            f"{committed_write_id}, so they cannot replace that write's changes (the write task did not find the "
+            "epoch committed when it ran, or an older version of the package wrote it). Run the epoch again "
+            f"(clear its run): its write is then planned as a revision ({DOCUMENTED})"
+        )
+    other = sorted({t.revises.write_id for t in write.tables if t.revises and t.revises.write_id != committed_write_id})
+    if other:
+        return (
+            f"it was planned as a revision of write {other[0]}, but the epoch is committed with write "
+            f"{committed_write_id} now (another revision committed meanwhile). Run the epoch again (clear its run) "
+            f"to revise what the table shows ({DOCUMENTED})"
+        )
+    return None
+
+
+def later_deletes_refusal(write: PreCommit, committed: Iterable[EpochRecord]) -> str | None:
+    """Why a revision cannot be told well defined from the meta store, when the table cannot tell.
+
+    A later epoch's delete of a key the table did not hold leaves no file behind, so the commit's
+    checks against the table never see it; yet had this revision inserted that key, the later
+    delete would have removed it. ``committed``: the sink's Committed epochs (their counts say
+    whether such deletes happened). ``None`` when no later epoch of the revised tables made one.
+    """
+    tables = {t.table for t in write.tables if t.revises is not None}
+    later = sorted(
+        {
+            row.epoch
+            for row in committed
+            if row.epoch > write.epoch
+            for t in row.pre_commit.tables
+            if t.table in tables and t.changes is not None and t.changes.deletes_of_absent_keys
+        }
+    )
+    if not later:
+        return None
+    shown = ", ".join(str(e) for e in later[:5]) + (f" (and {len(later) - 5} more)" if len(later) > 5 else "")
+    return (
+        f"later epoch(s) {shown} deleted keys the table did not hold; such a delete leaves nothing in the table, so "
+        "whether this revision inserts one of those keys (which the later delete would have removed) cannot be "
+        f"told. Correct the keys with a new epoch's changes instead ({DOCUMENTED})"
+    )
+
+
+def untellable_revision(write: PreCommit, committed: Callable[[], Iterable[EpochRecord]]) -> ReprocessRefused | None:
+    """An upsert revision the table cannot prove well defined (``later_deletes_refusal``), at persist
+    and again before its commit decision (a later epoch may have committed since). The sink's
+    Committed rows are asked for only of an upsert revision."""
+    if not any(t.revises is not None for t in write.tables):
+        return None
+    why = later_deletes_refusal(write, committed())
+    return None if why is None else ReprocessRefused(f"{write.describe()}: revision refused: {why}")
 
 
 class Action(StrEnum):
@@ -113,7 +314,7 @@ def persist_decision(
     """What a persist of ``write`` does to the epoch's row as it is now.
 
     A table re-created since the epoch's commit makes the old commit prove nothing. A write of a
-    newer generation (``core.generations``) than the row's replaces a committed one through a
+    newer generation (``core.epochs``) than the row's replaces a committed one through a
     revision when the sink's ``on_reprocess`` is ``"replace"``; a write of an older one (a zombie of
     a run since cleared) never takes the epoch. A write a revision replaces is settled (``_replaced``).
     """
@@ -155,7 +356,7 @@ def persist_decision(
             refusal = revision_refusal(write, row.write_id, row.pre_commit) if upsert else None
             if on_reprocess == "replace" and refusal is not None:
                 # Changes by key replace the committed ones only when planned against the table
-                # before them (core.upsert_revisions); the commit checks what came after.
+                # before them (core.decisions); the commit checks what came after.
                 return Decision(
                     Action.DISCARD_REFUSED,
                     ReprocessRefused(
@@ -408,7 +609,7 @@ def recovery_decision(row: EpochRecord, lookups: EpochLookups) -> Decision:
 
 
 def commits_in_batch(row: EpochRecord, decision: Decision) -> bool:
-    """Whether recovery may commit the epoch together with its neighbours (``core/backlog.py``): one
+    """Whether recovery may commit the epoch together with its neighbours (``core/coordinator.py``): one
     sink commit holding one marked snapshot per epoch, in epoch order, instead of one commit each.
 
     Only a kind that batches (``WriteKind.batches``: a plain append) qualifies; the others commit
@@ -418,3 +619,143 @@ def commits_in_batch(row: EpochRecord, decision: Decision) -> bool:
     if decision.action not in (Action.DECIDE_AND_COMMIT, Action.COMMIT_DECIDED):
         return False
     return row.kind.batches
+
+
+#: How the reason recorded on a write given up for a rewrite begins, for operators; the rewrite
+#: task recognises such an abort by its cause (``AbortCause.UPSERT_CONFLICT``), not these words.
+REWRITE_REASON = "upsert conflict: the epoch is written again"
+
+ConflictLookup = Callable[[], UpsertConflict | None]
+
+
+def persist_conflict_abort(conflict: UpsertConflict, checkpoint: CheckpointLookup) -> tuple[AbortCause, str]:
+    """The cause and reason persist records when it gives up an upsert write whose table moved under
+    it: given up for a rewrite (the group's rewrite task writes the epoch again), unless the
+    checkpoint already FAILED, when no rewrite follows (``rewrite_decision``) and the record says
+    why the epoch ended."""
+    try:
+        failed = checkpoint() is CheckpointStatus.FAILED
+    except (MetaStoreUnavailable, SinkUnavailable):
+        failed = False  # the rewrite task reads it again, and refuses then
+    if failed:
+        return AbortCause.CHECKPOINT_FAILED, f"checkpoint FAILED; the write also conflicted: {conflict}"
+    return AbortCause.UPSERT_CONFLICT, f"{REWRITE_REASON}: {conflict}"
+
+
+def rewrite_decision(
+    row: EpochRecord,
+    run_writes: Collection[str],
+    conflict: ConflictLookup,
+    checkpoint: CheckpointLookup,
+    shown: Callable[[], list[str]],
+) -> Decision:
+    """Whether a rewrite task writes the epoch again after its persist or commit failed (design.md D14).
+
+    Only a write that can never be committed as written is written again: an upsert write whose
+    table moved under it (``conflict`` checks that against the table now), or one that persist
+    already gave up for that reason. A commit that failed for any other reason keeps its write,
+    which a retry of the commit can still make visible; writing again would only discard it. A
+    decided write is given up first (``files_lost``), because the next write's persist cannot replace
+    it, unless a table shows it (``shown``): the conflict is then its own commit, which crashed before
+    the row was marked. A failed checkpoint is never written again,
+    nor a revision of a committed epoch (``core.decisions``): it conflicts with what was
+    committed after the epoch, which a new write meets again. ``run_writes`` are the writes of this
+    run: an epoch committed with another write means this run's was refused, which the run must show.
+    """
+    if row.status is EpochStatus.COMMITTED:
+        if row.write_id in run_writes:
+            return Decision(Action.ALREADY_COMMITTED, why=f"write {row.write_id} of this run is committed")
+        return refuse(
+            RewriteRefused(
+                f"{epoch_name(row)} is committed with write {row.write_id}, which is not one of this run's "
+                f"({', '.join(sorted(run_writes)) or 'none'}): this run's write was refused or discarded, and "
+                "writing it again would meet the same refusal; the failed task upstream says why"
+            )
+        )
+    if row.kind.revises:
+        return refuse(
+            RewriteRefused(
+                f"{epoch_name(row)}: revision {row.revision} (write {row.write_id}) conflicts with the table; a revision "
+                f"of an upsert epoch meets the same later changes when written again. Give it up (eo-sink abort "
+                f"{row.sink_id} {row.epoch} --reason ...; add --files-lost once its commit was decided): "
+                f"write {row.kind.replaced_write_id} stays committed"
+            )
+        )
+    if row.status is EpochStatus.ABORTED and row.abort_cause is not AbortCause.UPSERT_CONFLICT:
+        return refuse(
+            RewriteRefused(
+                f"{epoch_name(row)} is Aborted ({row.error or 'no reason recorded'}), not for an upsert conflict; "
+                "nothing is written again here. Clear the run to write the epoch again once its input is right"
+            )
+        )
+    if row.commit_decided_at is None and checkpoint() is CheckpointStatus.FAILED:
+        return refuse(RewriteRefused(f"{epoch_name(row)}: checkpoint FAILED; the epoch is aborted, not written again"))
+    if row.status is EpochStatus.ABORTED:
+        return Decision(Action.REWRITE, why=f"write {row.write_id} was given up: {row.error}")
+    if not row.kind.rewritable:
+        return refuse(
+            RewriteRefused(
+                f"{epoch_name(row)}: write {row.write_id} is not an upsert; only an upsert conflict is rewritten"
+            )
+        )
+    found = conflict()
+    if found is None:
+        return refuse(
+            RewriteRefused(
+                f"{epoch_name(row)}: write {row.write_id} can still be committed (its commit failed for another reason: "
+                f"{row.error or 'see the commit task log'}); it is kept, not written again. Clear the commit task "
+                f"or run eo-sink commit {row.sink_id} {row.epoch}"
+            )
+        )
+    if row.commit_decided_at is None:
+        return Decision(Action.REWRITE, why=str(found))
+    if visible := shown():
+        why = f"table(s) {', '.join(sorted(visible))} show the commit of write {row.write_id}, decided"
+        return refuse(
+            RewriteRefused(
+                f"{epoch_name(row)}: {why}; it is not written again. Commit it (eo-sink commit {row.sink_id} {row.epoch}, "
+                "or the recovery DAG): the commit finds it there and marks the epoch Committed"
+            )
+        )
+    return Decision(Action.GIVE_UP_AND_REWRITE, why=str(found))
+
+
+class RunAttempt(TypedDict):
+    """The task attempt a write came from, as each of the store's persist transitions records it."""
+
+    run_id: str | None
+    try_number: int | None
+    dag_id: str | None
+
+
+@dataclass(frozen=True)
+class PersistRequest:
+    """One persist: the write, the task attempt that made it, and what the sink checked of it."""
+
+    pre: PreCommit
+    attempt: RunAttempt
+    #: ``SinkCommitter.prepare``'s plan, for a step that records the write to stage it.
+    plan: CommitPlan
+    #: The write as staged (``SinkCommitter.stage``), once a step did: at most once per persist.
+    staged: list[PreCommit] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class AbortRequest:
+    """One abort: of which epoch and write (``None``: the epoch's), why, and by which DAG."""
+
+    sink_id: str
+    epoch: int
+    reason: str
+    write: PreCommit | None
+    dag_id: str | None
+    cause: AbortCause | None
+
+
+def revision_plan(plan: CommitPlan, committed: EpochRecord) -> CommitPlan:
+    """``plan`` as the revision of the Committed row ``committed``, for persist to stage the
+    revision's deletions with its write."""
+    return dataclasses.replace(plan, replaces=committed.as_replaced())
+
+
+__all__ = ["AbortRequest", "PersistRequest", "RunAttempt", "revision_plan"]

@@ -5,7 +5,7 @@ a SQL catalog, a REST catalog listing ``transactions/commit``), and a file sink'
 files one at a time: an operator who finds an epoch in one table and not the next, or chooses a
 catalog, must see whether the sink's epochs are atomic across its tables, and why not where not. Each sink kind says it
 (``sinks/``), the epoch views show it (``operations``), and the reason is masked as the value is made
-(``core.redact``), so no door that shows one can leak a catalog's credentials.
+(``core.errors``), so no door that shows one can leak a catalog's credentials.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from .redact import mask_userinfo
+from .errors import mask_userinfo
 
 
 class Delivery(StrEnum):

@@ -29,9 +29,8 @@ from typing import Annotated, Any, Self
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from .epochs import SNAPSHOT_ID_MAX, SNAPSHOT_ID_MIN, EpochStatus, table_name_fault
 from .errors import EarlierEpochUndecided, InputRangeRefused, InvalidPreCommit
-from .identifiers import SNAPSHOT_ID_MAX, SNAPSHOT_ID_MIN, table_name_fault
-from .status import EpochStatus
 
 #: The ``kind`` of an incremental input's source positions in a pre-commit.
 POSITIONS_KIND = "iceberg_snapshots"

@@ -34,11 +34,9 @@ from pydantic import (
 )
 
 from .data_file_list import DataFiles
-from .errors import InvalidPreCommit
-from .generations import check_generation
-from .identifiers import Epoch, SinkId, WriteId
+from .epochs import Epoch, SinkId, WriteId, check_generation
+from .errors import InvalidPreCommit, find_control
 from .input_ranges import positions_fault
-from .redact import find_control
 from .upserts import ChangeCounts, RevisedWrite, RewrittenFile
 
 #: Validation context key: the metadata is read back from the meta store (``PreCommit.parse(...,
@@ -306,7 +304,7 @@ class PreCommit(_Frozen):
     #: incremental input's (kind ``iceberg_snapshots``), which is the snapshot range it read
     #: (``core.input_ranges``) and is refused unless it holds one.
     source_positions: dict[str, Any] | None = None
-    #: The generation the write was started in (``core.generations``): a newer one replaces the
+    #: The generation the write was started in (``core.epochs``): a newer one replaces the
     #: epoch's committed write; ``None`` outside Airflow, where a write never replaces one.
     generation: Generation = None
 

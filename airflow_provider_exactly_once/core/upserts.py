@@ -134,7 +134,7 @@ class RevisedWrite(BaseModel):
 
 
 class RevisionBasis(RevisedWrite):
-    """What the write task hands the Spark job of an upsert revision (``core.upsert_revisions``):
+    """What the write task hands the Spark job of an upsert revision (``core.decisions``):
     the write it revises, and the table state to plan the revision at. That state is the parent
     of ``parent_of`` (the revised write's own commit) when set, else ``snapshot_id`` (``None``:
     the table before its first snapshot)."""

@@ -17,7 +17,7 @@ from airflow_provider_exactly_once.version_compat import normalize_stat_name, st
 if TYPE_CHECKING:
     from airflow.sdk import Asset, AssetAlias
 
-    from airflow_provider_exactly_once.core.observe import Metrics
+    from airflow_provider_exactly_once.core.coordinator import Metrics
 
 
 # Airflow Assets for the Iceberg tables an epoch commits to: ``iceberg://<catalog>/<namespace>/<table>``.
@@ -161,7 +161,7 @@ def emit_committed(
     return len(events)
 
 
-# ``core.observe.Metrics`` on Airflow's ``Stats``: whatever backend ``[metrics]`` configures.
+# ``core.coordinator.Metrics`` on Airflow's ``Stats``: whatever backend ``[metrics]`` configures.
 #
 # Airflow's task runner initialises ``Stats`` from ``[metrics]`` (``statsd_on``, ``otel_on``,
 # ``statsd_datadog_enabled``) in every task process, so the coordinator's measurements land in the
@@ -178,7 +178,7 @@ PREFIX = "exactly_once"
 
 
 def metric_name(name: str) -> str:
-    """The modern (tag-carrying) name of a ``core.observe`` metric."""
+    """The modern (tag-carrying) name of a ``core.coordinator`` metric."""
     return f"{PREFIX}.{name}"
 
 
@@ -233,6 +233,6 @@ class AirflowStatsMetrics:
 def airflow_metrics() -> Metrics:
     """The provider's metrics for a task process: Airflow's ``Stats``, never raising."""
     # Imported here: a DAG file that names an asset must not load the coordinator's models.
-    from airflow_provider_exactly_once.core.observe import safe
+    from airflow_provider_exactly_once.core.coordinator import safe
 
     return safe(AirflowStatsMetrics())

@@ -7,7 +7,7 @@ clears), who triggered it. The asset events (``assets``) and the commit's OpenLi
 (``lineage``) carry the same record, read here once from the task's context. Recovery commits
 other runs' epochs, so its events name it as the committer and carry no run of their own.
 
-The same reading names the acting task in the epochs' history (``task_actor``, ``core.history``).
+The same reading names the acting task in the epochs' history (``task_actor``, ``core.epochs``).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from airflow_provider_exactly_once.core.history import Actor, ActorKind
+from airflow_provider_exactly_once.core.epochs import Actor, ActorKind
 
 #: Who made a commit visible: the epoch's own commit task, or the recovery DAG.
 COMMIT_TASK = "commit task"

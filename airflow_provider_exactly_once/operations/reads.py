@@ -15,7 +15,7 @@ one whose only trace is a failed task's event in its history is shown as ``UNPER
 run (and so the DAG) of such an epoch is the one its failures name, else that of the sink's epoch
 before it in the chain of reservations: a reservation keeps its run id only.
 
-Every location and message in what is returned has its credentials masked (``core.redact``).
+Every location and message in what is returned has its credentials masked (``core.errors``).
 """
 
 from __future__ import annotations
@@ -26,13 +26,17 @@ from datetime import datetime
 from typing import Any, Literal
 
 from airflow_provider_exactly_once.checkpoints.config import MetaStoreCheckpoint, checkpoint_config_from_dict
-from airflow_provider_exactly_once.core.bookkeeping import require_epoch
-from airflow_provider_exactly_once.core.errors import EpochNotFound, ExactlyOnceError
-from airflow_provider_exactly_once.core.history import Actor, ActorKind, HistoryEntry
-from airflow_provider_exactly_once.core.identifiers import EPOCH_MAX, check_epoch
+from airflow_provider_exactly_once.core.coordinator import require_epoch
+from airflow_provider_exactly_once.core.epochs import (
+    EPOCH_MAX,
+    Actor,
+    ActorKind,
+    EpochStatus,
+    HistoryEntry,
+    check_epoch,
+)
+from airflow_provider_exactly_once.core.errors import EpochNotFound, ExactlyOnceError, mask_userinfo
 from airflow_provider_exactly_once.core.ports import EpochRecord
-from airflow_provider_exactly_once.core.redact import mask_userinfo
-from airflow_provider_exactly_once.core.status import EpochStatus
 from airflow_provider_exactly_once.operations.views import (
     RESERVED,
     CheckpointView,
@@ -47,6 +51,8 @@ from airflow_provider_exactly_once.operations.views import (
 )
 from airflow_provider_exactly_once.runtime.assembly import checkpoint_source
 from airflow_provider_exactly_once.store import SqlSinkStateStore
+from airflow_provider_exactly_once.store.history import RevisionRecord
+from airflow_provider_exactly_once.store.inputs import LaterLink, Reservation
 from airflow_provider_exactly_once.store.queries import (
     MAX_PAGE,
     UNPARSABLE,
@@ -60,8 +66,6 @@ from airflow_provider_exactly_once.store.queries import (
     sink_counts,
     unreadable_epoch,
 )
-from airflow_provider_exactly_once.store.range_reservations import LaterLink, Reservation
-from airflow_provider_exactly_once.store.revisions import RevisionRecord
 
 #: A status a listing can be filtered by: a row's, or ``RESERVED`` (a reservation without a row).
 Status = EpochStatus | Literal["Reserved"]

@@ -24,18 +24,22 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_provider_exactly_once.checkpoints.config import CheckpointConfig
 from airflow_provider_exactly_once.core.cleanups import remove_orphans, scan_orphans, scan_stray
-from airflow_provider_exactly_once.core.decisions import Action, abort_decision, commit_decision, recovery_decision
+from airflow_provider_exactly_once.core.decisions import (
+    Action,
+    EpochLookups,
+    abort_decision,
+    commit_decision,
+    recovery_decision,
+)
 from airflow_provider_exactly_once.core.delivery import EpochDelivery, unknown
+from airflow_provider_exactly_once.core.epochs import EpochStatus, abort_reason_fault, check_epoch
 from airflow_provider_exactly_once.core.errors import (
     EpochNotFound,
     ExactlyOnceError,
     SinkUnavailable,
+    find_control,
 )
-from airflow_provider_exactly_once.core.identifiers import abort_reason_fault, check_epoch
-from airflow_provider_exactly_once.core.lookups import EpochLookups
 from airflow_provider_exactly_once.core.ports import CheckpointSource, CleanupTask, EpochRecord
-from airflow_provider_exactly_once.core.redact import find_control
-from airflow_provider_exactly_once.core.status import EpochStatus
 from airflow_provider_exactly_once.defaults import DEFAULT_LOCK_TTL, DEFAULT_META_CONN_ID, DEFAULT_ORPHAN_GRACE
 from airflow_provider_exactly_once.operations.reads import InvalidRequest, SinkNotFound, SinkReads
 from airflow_provider_exactly_once.operations.sink_delivery import Deliveries

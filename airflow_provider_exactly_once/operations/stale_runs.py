@@ -23,9 +23,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
-from airflow_provider_exactly_once.core.errors import ExactlyOnceError, InvalidSinkConfig
-from airflow_provider_exactly_once.core.redact import mask_userinfo
-from airflow_provider_exactly_once.core.status import CheckpointStatus
+from airflow_provider_exactly_once.core.epochs import CheckpointStatus
+from airflow_provider_exactly_once.core.errors import ExactlyOnceError, InvalidSinkConfig, mask_userinfo
 from airflow_provider_exactly_once.defaults import CONFIG_SECTION, DEFAULT_STALE_RUN
 from airflow_provider_exactly_once.operations.views import RESERVED, RunCheck, StaleRunView, interval_start
 from airflow_provider_exactly_once.store.queries import UNPARSABLE, pending_runs

@@ -2,7 +2,7 @@
 
 The CLI prints them as tables or JSON and the UI's API returns ``to_dict()`` as is, so both show the
 same numbers under the same names. Times are timezone-aware UTC (the meta store's clock) and become
-ISO 8601 strings in ``to_dict()``. Locations and messages are masked (``core.redact``) as the records
+ISO 8601 strings in ``to_dict()``. Locations and messages are masked (``core.errors``) as the records
 are made, so no door that shows one can forget to; control characters are left for each door to
 escape in its own way (JSON escapes them, the CLI's tables show them as ``\x1b``). What of an epoch
 a caller who may read only some DAGs is shown is decided here too, once (``Redaction``).
@@ -19,22 +19,20 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
-from airflow_provider_exactly_once.core.errors import InvalidPreCommit
-from airflow_provider_exactly_once.core.history import Actor, ActorKind, HistoryEntry, failed_step, task_of
+from airflow_provider_exactly_once.core.epochs import Actor, ActorKind, EpochStatus, HistoryEntry, failed_step, task_of
+from airflow_provider_exactly_once.core.errors import InvalidPreCommit, mask_userinfo
 from airflow_provider_exactly_once.core.input_ranges import SnapshotRange
 from airflow_provider_exactly_once.core.ports import EpochRecord
 from airflow_provider_exactly_once.core.precommit import PreCommit, TableWrite
-from airflow_provider_exactly_once.core.redact import mask_userinfo
-from airflow_provider_exactly_once.core.status import EpochStatus
 from airflow_provider_exactly_once.observability import urls
+from airflow_provider_exactly_once.store.inputs import LaterLink, Reservation
 from airflow_provider_exactly_once.store.queries import (
     UNPARSABLE,
     UnreadableEpoch,
     unparsable_reason,
     validation_faults,
 )
-from airflow_provider_exactly_once.store.range_reservations import LaterLink, Reservation
-from airflow_provider_exactly_once.store.runs import RunDates
+from airflow_provider_exactly_once.store.registry import RunDates
 
 #: The state of an epoch that reserved its upstream range (``core.input_ranges``) and has no row:
 #: its write has not persisted (it runs, it failed, or its run was killed), and the sink's next
@@ -163,7 +161,7 @@ def _log_url(
 
 @dataclass(frozen=True)
 class FailureView:
-    """A failed try of a task of the epoch's group (design.md D22), as ``core.history.failed_step``
+    """A failed try of a task of the epoch's group (design.md D22), as ``core.epochs.failed_step``
     says it (``write failed on try 2: ...``), with the task, its run and try, and its log in Airflow
     once a door that knows where Airflow is links it (``linked``)."""
 
@@ -599,7 +597,7 @@ class RevisionView:
 
 @dataclass(frozen=True)
 class HistoryView:
-    """One event of an epoch's history (``core.history``): what happened, when, by whom, why; the
+    """One event of an epoch's history (``core.epochs``): what happened, when, by whom, why; the
     run's logical date and data interval where the store recorded that run."""
 
     at: datetime
@@ -621,7 +619,7 @@ class HistoryView:
     interval_start: datetime | None = None
     interval_end: datetime | None = None
     #: For a failed try of a task of the epoch's group (``error``, ``try failed``): what failed, as
-    #: ``core.history.failed_step`` says it, the task, and its log once linked (``linked``).
+    #: ``core.epochs.failed_step`` says it, the task, and its log once linked (``linked``).
     step: str | None = None
     task_id: str | None = None
     log_url: str | None = None

@@ -16,8 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import urlparse
 
-from airflow_provider_exactly_once.core.errors import InvalidSinkConfig
-from airflow_provider_exactly_once.core.redact import CREDENTIAL_PROPERTY_MARKS
+from airflow_provider_exactly_once.core.errors import CREDENTIAL_PROPERTY_MARKS, InvalidSinkConfig
 from airflow_provider_exactly_once.hooks.storage import resolved_storage_options
 from airflow_provider_exactly_once.runtime.assembly import as_sink, open_meta_store
 from airflow_provider_exactly_once.sinks.config import FileSinkConfig, IcebergSinkConfig, SinkConfig

@@ -13,9 +13,8 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseOperator
 
 from airflow_provider_exactly_once.checkpoints.config import MetaStoreCheckpoint
+from airflow_provider_exactly_once.core.epochs import CheckpointStatus, check_epoch, check_sink_id
 from airflow_provider_exactly_once.core.errors import InvalidSinkConfig
-from airflow_provider_exactly_once.core.identifiers import check_epoch, check_sink_id
-from airflow_provider_exactly_once.core.status import CheckpointStatus
 from airflow_provider_exactly_once.operators._common import airflow_errors
 from airflow_provider_exactly_once.runtime.assembly import open_meta_store
 from airflow_provider_exactly_once.runtime.run_epochs import epoch_for_context, interval_epoch

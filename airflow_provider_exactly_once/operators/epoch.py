@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseOperator
 
 from airflow_provider_exactly_once.checkpoints.config import CheckpointConfig
+from airflow_provider_exactly_once.core.epochs import acting, failure_reason, run_failure
 from airflow_provider_exactly_once.core.errors import AbortRefused, ExactlyOnceError, InvalidPreCommit, WriteFailed
-from airflow_provider_exactly_once.core.history import acting, failure_reason, run_failure
 from airflow_provider_exactly_once.observability.assets import commit_alias, emit_committed
 from airflow_provider_exactly_once.observability.links import EpochLink
 from airflow_provider_exactly_once.observability.run_origin import RunOrigin, task_actor
@@ -118,7 +118,7 @@ class PersistPendingOperator(_EpochOperator):
     :param sink: the sink the write belongs to (``IcebergSinkConfig``, ``FileSinkConfig`` or a dict).
     :param write_task_id: the task whose return value is the pre-commit (dict, JSON or compressed);
         when it returned none (a Spark operator that is not ours), the write it left in its write
-        location is taken (``core/left_writes.py``).
+        location is taken (``core/cleanups.py``).
     :param meta_conn_id: the ``exactly_once_meta`` connection of the meta store; by default
         ``[exactly_once] meta_conn_id``, read when the task runs.
     :return: ``{"sink_id", "epoch", "outcome", "write_id", "persisted_write_id"}``; ``write_id`` is
@@ -157,8 +157,8 @@ class PersistPendingOperator(_EpochOperator):
 
     def _left_write(self, step: _Step) -> PreCommit:
         """The write a task that returned nothing left in the sink's write locations (a Spark operator
-        that is not ours: ``core/left_writes.py``)."""
-        from airflow_provider_exactly_once.core.left_writes import newest_left_write
+        that is not ours: ``core/cleanups.py``)."""
+        from airflow_provider_exactly_once.core.cleanups import newest_left_write
         from airflow_provider_exactly_once.runtime.assembly import open_sink
 
         self.log.info(

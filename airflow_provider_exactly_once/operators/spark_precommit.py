@@ -28,9 +28,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from airflow.sdk import BaseOperator
 
-from airflow_provider_exactly_once.core.epochs import epoch_start
+from airflow_provider_exactly_once.core.epochs import check_epoch, check_sink_id, epoch_start, new_write_id
 from airflow_provider_exactly_once.core.errors import InvalidSinkConfig, MetaStoreUnavailable
-from airflow_provider_exactly_once.core.identifiers import check_epoch, check_sink_id, new_write_id
 from airflow_provider_exactly_once.operators._common import airflow_errors, execute_nested
 from airflow_provider_exactly_once.operators._spark_connect import connect_retry_seconds, connect_settings, connect_url
 from airflow_provider_exactly_once.operators._targets import (
@@ -438,7 +437,7 @@ class SparkPreCommitOperator(BaseOperator):
         self, targets: list[dict[str, Any]], epoch: int, generation: str | None
     ) -> list[dict[str, Any]]:
         """The targets, each with its revision basis when this write revises the epoch's committed
-        changes by key (``core.upsert_revisions`` decides from the epoch's row)."""
+        changes by key (``core.decisions`` decides from the epoch's row)."""
         sink = self.sink
         if not isinstance(sink, IcebergSinkConfig) or sink.upsert is None or generation is None:
             return targets
@@ -446,7 +445,7 @@ class SparkPreCommitOperator(BaseOperator):
             return targets
         store = open_meta_store(self.meta_conn_id)
         try:
-            from airflow_provider_exactly_once.core.upsert_revisions import revision_basis
+            from airflow_provider_exactly_once.core.decisions import revision_basis
 
             basis = revision_basis(store.get(self.sink_id, epoch), generation, sink.on_reprocess)
         finally:

@@ -9,10 +9,8 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
 
+from airflow_provider_exactly_once.core.epochs import ActorKind, EpochStatus, acting, check_sink_id
 from airflow_provider_exactly_once.core.errors import SinkLocked
-from airflow_provider_exactly_once.core.history import ActorKind, acting
-from airflow_provider_exactly_once.core.identifiers import check_sink_id
-from airflow_provider_exactly_once.core.status import EpochStatus
 from airflow_provider_exactly_once.defaults import DEFAULT_HISTORY_RETENTION, DEFAULT_LOCK_TTL, DEFAULT_ORPHAN_GRACE
 from airflow_provider_exactly_once.observability.assets import emit_committed, recovery_alias
 from airflow_provider_exactly_once.observability.run_origin import RECOVERY, task_actor

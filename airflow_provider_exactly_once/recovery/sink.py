@@ -16,8 +16,8 @@ import logging
 from datetime import timedelta
 
 from airflow_provider_exactly_once.core.cleanups import queue_old_orphans, settle_orphans, sink_lock
+from airflow_provider_exactly_once.core.coordinator import report_pending
 from airflow_provider_exactly_once.core.errors import ExactlyOnceError, InvalidSinkConfig
-from airflow_provider_exactly_once.core.observe import report_pending
 from airflow_provider_exactly_once.core.outcomes import SinkRecoveryReport
 from airflow_provider_exactly_once.core.ports import ORPHAN_EPOCH
 from airflow_provider_exactly_once.defaults import DEFAULT_LOCK_TTL, DEFAULT_ORPHAN_GRACE

@@ -24,9 +24,13 @@ from airflow_provider_exactly_once.checkpoints.config import (
     MetaStoreCheckpoint,
     checkpoint_config_from_dict,
 )
-from airflow_provider_exactly_once.core.errors import ExactlyOnceError, InvalidSinkConfig, SinkUnavailable
+from airflow_provider_exactly_once.core.errors import (
+    ExactlyOnceError,
+    InvalidSinkConfig,
+    SinkUnavailable,
+    mask_userinfo,
+)
 from airflow_provider_exactly_once.core.faults import FaultHook, no_faults
-from airflow_provider_exactly_once.core.redact import mask_userinfo
 from airflow_provider_exactly_once.defaults import CONFIG_SECTION, DEFAULT_META_CONN_ID
 from airflow_provider_exactly_once.runtime.run_epochs import epoch_for_context, interval_epoch
 from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig, SinkConfig, sink_config_from_dict
@@ -34,8 +38,7 @@ from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig, SinkCo
 if TYPE_CHECKING:
     from airflow_provider_exactly_once.checkpoints.sources import CheckpointTable
     from airflow_provider_exactly_once.core.cleanups import WriteFolderListing
-    from airflow_provider_exactly_once.core.coordinator import TwoPhaseCommitCoordinator
-    from airflow_provider_exactly_once.core.observe import Metrics
+    from airflow_provider_exactly_once.core.coordinator import Metrics, TwoPhaseCommitCoordinator
     from airflow_provider_exactly_once.core.ports import CheckpointSource, SinkCommitter, SinkRegistry
     from airflow_provider_exactly_once.store import SqlSinkStateStore
 
@@ -140,16 +143,16 @@ def sink_committer(sink: SinkConfig, *, fault: FaultHook = no_faults, metrics: M
     """The committer of a sink, its Iceberg catalog built from the sink's Iceberg connection.
 
     ``fault`` is the fault-injection hook (``core.faults``); production passes none. ``metrics``:
-    none by default (``core.observe`` is imported here, not where DAG files import this module).
+    none by default (``core.coordinator`` is imported here, not where DAG files import this module).
     """
     if metrics is None:
-        from airflow_provider_exactly_once.core.observe import NO_METRICS
+        from airflow_provider_exactly_once.core.coordinator import NO_METRICS
 
         metrics = NO_METRICS
 
     if isinstance(sink, IcebergSinkConfig):
         committer = sink.committer(iceberg_catalog(sink), fault=fault)
-        committer.metrics = metrics  # its conflict retries (``core.observe.COMMIT_RETRIES``)
+        committer.metrics = metrics  # its conflict retries (``core.coordinator.COMMIT_RETRIES``)
         return committer
     from airflow_provider_exactly_once.hooks.storage import resolved_storage_options  # brings Airflow's SDK
 

@@ -12,14 +12,13 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
-from airflow_provider_exactly_once.core.epochs import epoch_from_interval_start, epoch_start
+from airflow_provider_exactly_once.core.epochs import epoch_from_interval_start, epoch_start, generation_of
 from airflow_provider_exactly_once.core.errors import (
     InputRangeRefused,
     InvalidIdentifier,
     InvalidSinkConfig,
     MetaStoreUnavailable,
 )
-from airflow_provider_exactly_once.core.generations import generation_of
 
 if TYPE_CHECKING:
     from airflow_provider_exactly_once.checkpoints.config import CheckpointConfig
@@ -113,7 +112,7 @@ def checkpoint_location(checkpoint: CheckpointConfig, sink_id: str, epoch: int) 
         StreamingCheckpoint,
     )
     from airflow_provider_exactly_once.checkpoints.sources import MarkerFileCheckpointSource
-    from airflow_provider_exactly_once.core.redact import mask_userinfo
+    from airflow_provider_exactly_once.core.errors import mask_userinfo
     from airflow_provider_exactly_once.filesystems import PathTemplate
 
     if isinstance(checkpoint, MarkerFileCheckpoint):
@@ -135,7 +134,7 @@ def checkpoint_location(checkpoint: CheckpointConfig, sink_id: str, epoch: int) 
 
 
 def generation_for_context(context: Mapping[str, Any]) -> str | None:
-    """The generation a write started in this task belongs to (``core.generations``), or ``None``
+    """The generation a write started in this task belongs to (``core.epochs``), or ``None``
     when the context names no DAG run (a task run outside a scheduled run)."""
     dag_run = context.get("dag_run")
     if dag_run is None:
@@ -161,7 +160,7 @@ def record_run(store: SqlSinkStateStore, context: Mapping[str, Any], dag_id: str
     interval's end and for a scheduled or backfilled run its start: the views show both, so the run
     of the intended day is the one selected. A context without a DAG or run id records nothing.
     """
-    from airflow_provider_exactly_once.store.runs import RunDates
+    from airflow_provider_exactly_once.store.registry import RunDates
 
     run_id = context.get("run_id")
     if dag_id is None or not isinstance(run_id, str) or not run_id:

@@ -15,9 +15,8 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseSensorOperator
 
 from airflow_provider_exactly_once.checkpoints.config import CheckpointConfig, MetaStoreCheckpoint
+from airflow_provider_exactly_once.core.epochs import CheckpointStatus, check_sink_id
 from airflow_provider_exactly_once.core.errors import CheckpointFailed, ExactlyOnceError, InvalidSinkConfig
-from airflow_provider_exactly_once.core.identifiers import check_sink_id
-from airflow_provider_exactly_once.core.status import CheckpointStatus
 from airflow_provider_exactly_once.hooks.storage import resolved_storage_options
 from airflow_provider_exactly_once.runtime.assembly import (
     as_checkpoint,

@@ -13,10 +13,15 @@ from dataclasses import InitVar, dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
-from airflow_provider_exactly_once.core.errors import InvalidPreCommit, InvalidSinkConfig
+from airflow_provider_exactly_once.core.epochs import check_sink_id
+from airflow_provider_exactly_once.core.errors import (
+    InvalidPreCommit,
+    InvalidSinkConfig,
+    find_control,
+    has_userinfo,
+    mask_userinfo,
+)
 from airflow_provider_exactly_once.core.faults import FaultHook, no_faults
-from airflow_provider_exactly_once.core.identifiers import check_sink_id
-from airflow_provider_exactly_once.core.redact import find_control, has_userinfo, mask_userinfo
 from airflow_provider_exactly_once.filesystems import (
     check_storage_conn_id,
     given_storage_options,
@@ -29,7 +34,7 @@ if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
 
     from airflow_provider_exactly_once.core.cleanups import WriteFolderListing
-    from airflow_provider_exactly_once.core.generations import OnReprocess
+    from airflow_provider_exactly_once.core.epochs import OnReprocess
     from airflow_provider_exactly_once.core.ports import SinkCommitter
     from airflow_provider_exactly_once.core.upserts import UpsertSpec
     from airflow_provider_exactly_once.sinks.files import FileSinkCommitter
@@ -256,7 +261,7 @@ def _validated_spec(sink_id: str, spec: Mapping[str, Any]) -> UpsertSpec:
 
 
 def _on_reprocess(sink_id: str, value: object) -> None:
-    from airflow_provider_exactly_once.core.generations import ON_REPROCESS
+    from airflow_provider_exactly_once.core.epochs import ON_REPROCESS
 
     if value not in ON_REPROCESS:
         raise InvalidSinkConfig(

@@ -34,6 +34,7 @@ from typing import Any
 from fsspec.core import split_protocol
 from fsspec.implementations.local import LocalFileSystem
 
+from airflow_provider_exactly_once.core.epochs import check_write_id
 from airflow_provider_exactly_once.core.errors import (
     AbortRefused,
     CommitRefused,
@@ -43,15 +44,20 @@ from airflow_provider_exactly_once.core.errors import (
     SinkUnavailable,
 )
 from airflow_provider_exactly_once.core.faults import FaultHook, no_faults
-from airflow_provider_exactly_once.core.identifiers import check_write_id
-from airflow_provider_exactly_once.core.ports import EMPTY, CommitPlan, CommittedTables, VisibleEpoch
+from airflow_provider_exactly_once.core.ports import (
+    EMPTY,
+    CommitPlan,
+    CommittedTables,
+    ReplacedWrite,
+    VisibleEpoch,
+    WriteKind,
+)
 from airflow_provider_exactly_once.core.precommit import (
     DataFileDescriptor,
     PartitionValue,
     PreCommit,
     TableWrite,
 )
-from airflow_provider_exactly_once.core.write_kinds import ReplacedWrite, WriteKind
 from airflow_provider_exactly_once.extras import url_to_fs
 from airflow_provider_exactly_once.filesystems import store_errors
 from airflow_provider_exactly_once.sinks.layout import FILE_STAGING_DIR, file_write_location, file_writes_folder

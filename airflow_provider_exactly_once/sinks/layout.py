@@ -14,7 +14,7 @@ needs no committer and a DAG parse no pyarrow.
 
 A finished write leaves its pre-commit in its first target's location (``PRE_COMMIT_FILE``): where
 the write task returned none (a Spark operator that is not ours, a driver whose local files the
-task cannot see), persist takes it from there (``core/left_writes.py``).
+task cannot see), persist takes it from there (``core/cleanups.py``).
 """
 
 from __future__ import annotations

@@ -26,8 +26,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidatorFunctionWrapHandler, field_validator
 
+from airflow_provider_exactly_once.core.epochs import SNAPSHOT_ID_MAX, table_name_fault
 from airflow_provider_exactly_once.core.errors import InvalidSinkConfig
-from airflow_provider_exactly_once.core.identifiers import SNAPSHOT_ID_MAX, table_name_fault
 from airflow_provider_exactly_once.sinks.layout import file_write_location
 
 
@@ -141,7 +141,7 @@ class IcebergTableInput(FrozenSpec):
     @field_validator("table")
     @classmethod
     def _table(cls, table: str) -> str:
-        """The name a reservation row keeps and every listing prints (``core.identifiers``)."""
+        """The name a reservation row keeps and every listing prints (``core.epochs``)."""
         if (fault := table_name_fault(table)) is None and not _NAMESPACED.fullmatch(table):
             fault = f"{table!r} is not namespace.table (dot-separated names, no spaces)"
         if fault is not None:

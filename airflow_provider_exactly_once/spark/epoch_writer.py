@@ -329,7 +329,7 @@ def _align(spec: EpochJobSpec, target: ResolvedTarget, frame: DataFrame, carry: 
 
 def _empty_upsert(given: TargetSpec, target: ResolvedTarget) -> dict[str, Any]:
     """What an upsert epoch without input records: no changes, and the snapshot it saw, which a
-    later revision of the epoch is planned at (``core.upsert_revisions``)."""
+    later revision of the epoch is planned at (``core.decisions``)."""
     if not isinstance(given, IcebergTarget) or given.upsert is None:
         return {}
     head = target.table.metadata.snapshot_by_name(given.branch)

@@ -19,8 +19,8 @@ from typing import Annotated, Any, Literal, Self
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
+from airflow_provider_exactly_once.core.epochs import Epoch, SinkId, WriteId
 from airflow_provider_exactly_once.core.errors import InvalidSinkConfig
-from airflow_provider_exactly_once.core.identifiers import Epoch, SinkId, WriteId
 from airflow_provider_exactly_once.core.input_ranges import SnapshotRange
 from airflow_provider_exactly_once.core.upserts import RevisionBasis, UpsertSpec
 from airflow_provider_exactly_once.spark.author_specs import (
@@ -87,7 +87,7 @@ class IcebergTarget(FrozenSpec):
     branch: str = Field(default="main", min_length=1)
     #: Set for an upsert sink: the epoch's rows are changes by key, applied copy-on-write.
     upsert: UpsertSpec | None = None
-    #: Set when the write revises the epoch's committed changes (``core.upsert_revisions``): the
+    #: Set when the write revises the epoch's committed changes (``core.decisions``): the
     #: write they were and the table state the revision is planned at.
     revision: RevisionBasis | None = None
 

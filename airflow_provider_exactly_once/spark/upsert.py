@@ -662,7 +662,7 @@ def _sorted(table: pa.Table, write: FileWrite, key: tuple[str, ...]) -> pa.Table
 #    range: the commit removes exactly those files in the snapshot that adds the new ones, and
 #    refuses when the table moved in a way that could hide a key from this write (``UpsertConflict``).
 #
-# A revision of a committed epoch (``core.upsert_revisions``) does the same at the table as it was
+# A revision of a committed epoch (``core.decisions``) does the same at the table as it was
 # before the write it revises, and rewrites that write's rewritten files as well, even where no key of
 # this epoch is in them: their rows there are what undoes the revised write's other changes.
 
@@ -689,7 +689,7 @@ class Rewrite:
     key_upper_bounds: dict[str, str]
     changes: ChangeCounts
     key: tuple[str, ...]
-    #: A revision's: the committed write it replaces (``core.upsert_revisions``).
+    #: A revision's: the committed write it replaces (``core.decisions``).
     revises: RevisedWrite | None = None
 
 
@@ -733,7 +733,7 @@ def copy_on_write(
 
     A ``revision`` is planned at the table as it was before the write it revises, and rewrites that
     write's rewritten files too, from their rows there: keys it changed and this epoch does not get
-    their earlier rows back (``core.upsert_revisions``).
+    their earlier rows back (``core.decisions``).
     """
     columns = [c for c in changes.columns if c not in (OP, ORDER, *CHECKED)]
     keys = list(upsert.key)

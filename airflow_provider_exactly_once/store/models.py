@@ -35,8 +35,7 @@ from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.functions import FunctionElement
 from sqlalchemy.types import TypeDecorator
 
-from airflow_provider_exactly_once.core.identifiers import TABLE_NAME_MAX_LENGTH
-from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochStatus
+from airflow_provider_exactly_once.core.epochs import TABLE_NAME_MAX_LENGTH, CheckpointStatus, EpochStatus
 
 _T = TypeVar("_T")
 
@@ -131,7 +130,7 @@ class Base(DeclarativeBase):
 
 
 class _StoredMetadata:
-    """A write's pre-commit metadata as stored, in either form; ``metadata_copies`` moves it between
+    """A write's pre-commit metadata as stored, in either form; ``store/rows.py`` moves it between
     the tables that hold it as it is."""
 
     sink_id: Mapped[str] = mapped_column(String(SINK_ID_LENGTH))
@@ -148,7 +147,7 @@ class _StoredMetadata:
     metadata_json: Mapped[str | None] = mapped_column("metadata", Text)
     #: The PreCommit JSON deflated (``zlib``, 0007): a tenth or less of the text's pages to write.
     metadata_zlib: Mapped[bytes | None] = mapped_column(LargeBinary)
-    #: The write's head (``write_heads``, 0011): what a commit reads instead of the metadata, whose
+    #: The write's head (``store/rows.py``, 0011): what a commit reads instead of the metadata, whose
     #: descriptors it parses only if it needs them; ``None`` for rows written before.
     head_zlib: Mapped[bytes | None] = mapped_column(LargeBinary)
 
@@ -233,7 +232,7 @@ class PendingSinkState(Base):
     #: JSON object: table -> the table's identity (Iceberg UUID) the epoch was committed to (0004).
     table_uuids: Mapped[str | None] = mapped_column(Text)
     error: Mapped[str | None] = mapped_column(Text)
-    #: Why an Aborted epoch's write was given up (``core.status.AbortCause``, 0009); ``error`` says it in words.
+    #: Why an Aborted epoch's write was given up (``core.epochs.AbortCause``, 0009); ``error`` says it in words.
     abort_cause: Mapped[str | None] = mapped_column(String(ABORT_CAUSE_LENGTH))
     #: What a persist found suspicious about the epoch (0004): shown to operators, decides nothing.
     warning: Mapped[str | None] = mapped_column(Text)
@@ -287,7 +286,7 @@ class SinkCleanup(Base):
 
 
 class EpochHistory(Base):
-    """Every transition of an epoch, appended in the transaction of its change (``store/epoch_history.py``,
+    """Every transition of an epoch, appended in the transaction of its change (``store/history.py``,
     migration 0012): what happened, to which write, done by whom, and why; an epoch's revision
     records are read from it (0014). Never updated; only the retention clean-up deletes rows, of
     this table only and never those a revision record is read from."""
@@ -298,7 +297,7 @@ class EpochHistory(Base):
     id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
     sink_id: Mapped[str] = mapped_column(String(SINK_ID_LENGTH))
     epoch: Mapped[int] = mapped_column(BigInteger, autoincrement=False)
-    #: ``core.history.EpochEvent``.
+    #: ``core.epochs.EpochEvent``.
     event: Mapped[str] = mapped_column(String(EVENT_LENGTH))
     write_id: Mapped[str] = mapped_column(String(WRITE_ID_LENGTH))
     #: The epoch's status after the event.
@@ -311,12 +310,12 @@ class EpochHistory(Base):
     #: How Airflow started the acting run (``DagRunType``), and how often it was cleared before.
     run_type: Mapped[str | None] = mapped_column(String(EVENT_LENGTH))
     clear_number: Mapped[int | None] = mapped_column(Integer)
-    #: ``core.history.ActorKind`` and its name (a task, a user).
+    #: ``core.epochs.ActorKind`` and its name (a task, a user).
     actor: Mapped[str] = mapped_column(String(EVENT_LENGTH))
     actor_name: Mapped[str | None] = mapped_column(String(LOCK_HOLDER_LENGTH))
     reason: Mapped[str | None] = mapped_column(Text)
     at: Mapped[datetime] = mapped_column(UtcDateTime())
-    #: ``core.history.RevisionWrite`` as JSON (0014): the revision record the event makes or changes.
+    #: ``core.epochs.RevisionWrite`` as JSON (0014): the revision record the event makes or changes.
     revision_record: Mapped[str | None] = mapped_column(Text)
     #: The write a revision's commit replaced (0014).
     replaced_write_id: Mapped[str | None] = mapped_column(String(WRITE_ID_LENGTH))

@@ -25,11 +25,9 @@ from pydantic import ValidationError
 from sqlalchemy import ColumnElement, Select, Table, func, select, tuple_
 from sqlalchemy.orm import Session
 
-from airflow_provider_exactly_once.core.errors import InvalidPreCommit
-from airflow_provider_exactly_once.core.history import Actor, ActorKind
+from airflow_provider_exactly_once.core.epochs import Actor, ActorKind, EpochStatus
+from airflow_provider_exactly_once.core.errors import InvalidPreCommit, mask_userinfo
 from airflow_provider_exactly_once.core.ports import EpochRecord
-from airflow_provider_exactly_once.core.redact import mask_userinfo
-from airflow_provider_exactly_once.core.status import EpochStatus
 from airflow_provider_exactly_once.store.models import EpochHistory, PendingSinkState, SinkCleanup
 from airflow_provider_exactly_once.store.rows import record
 from airflow_provider_exactly_once.store.sql import SqlSinkStateStore

@@ -1,33 +1,31 @@
-"""The sink registry, the orphans' look-ups and the per-sink lock: the store's ``registry`` companion.
-
-What the recovery DAG and the operations tools need beyond the epochs (``core.ports.SinkRegistry``),
-kept off ``SqlSinkStateStore`` so the coordinator's port stays what the coordinator calls. It shares
-the store's database, so its transactions translate errors the same way.
+"""The sinks and the runs on record: the sink registry, the orphans' look-ups and the per-sink lock
+(design.md D5, D9), and the DAG runs that persisted writes with their logical date and data interval
+(migration 0008): the store's ``registry`` and ``runs`` companions.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import insert, select, tuple_, update
 from sqlalchemy.exc import IntegrityError
 
+from airflow_provider_exactly_once.core.epochs import EpochStatus, check_write_id
 from airflow_provider_exactly_once.core.errors import (
     InvalidPreCommit,
     InvalidSinkConfig,
     MetaStoreUnavailable,
     StateConflict,
 )
-from airflow_provider_exactly_once.core.identifiers import check_write_id
 from airflow_provider_exactly_once.core.ports import ORPHAN_EPOCH, CleanupTask
 from airflow_provider_exactly_once.core.precommit import PreCommit
-from airflow_provider_exactly_once.core.status import EpochStatus
-from airflow_provider_exactly_once.store import arguments, models, rows
+from airflow_provider_exactly_once.store import models, rows
 from airflow_provider_exactly_once.store.database import MetaStoreDatabase
-from airflow_provider_exactly_once.store.models import PendingSinkState, SinkCleanup, SinkLock, db_now
+from airflow_provider_exactly_once.store.models import PendingSinkState, RunRecord, SinkCleanup, SinkLock, db_now
 
 #: Write ids asked about per query by ``known_writes`` (bind-parameter limits of the databases).
 _KNOWN_WRITES_CHUNK = 500
@@ -167,7 +165,7 @@ class SqlSinkRegistry:
             raise InvalidPreCommit(f"{pre_commit.describe()}: an orphan is queued under epoch {ORPHAN_EPOCH}")
         if written_since.tzinfo is None:
             raise InvalidPreCommit(f"written_since {written_since.isoformat()} must be timezone-aware")
-        reason = arguments.text(reason, "clean-up reason")
+        reason = rows.text(reason, "clean-up reason")
         sink_id, write_id = pre_commit.sink_id, pre_commit.write_id
         with self._db.transaction(f"queuing orphaned write {write_id} of sink {sink_id!r}", write=True) as session:
             owner = session.scalar(
@@ -203,7 +201,7 @@ class SqlSinkRegistry:
         same holder taking it again extends it. An expired lock is taken over, so a recovery task
         killed while holding it delays the next one by at most ``ttl``.
         """
-        holder = arguments.lock_holder(holder)
+        holder = rows.lock_holder(holder)
         if not isinstance(ttl, timedelta) or ttl <= timedelta(0):
             raise InvalidSinkConfig(f"lock ttl must be a positive timedelta, got {ttl!r}")
         action = f"locking sink {sink_id!r} for {holder!r}"
@@ -238,7 +236,7 @@ class SqlSinkRegistry:
 
     def release_sink_lock(self, sink_id: str, holder: str) -> bool:
         """Give the lock back if ``holder`` still has it; ``False`` when it was taken over meanwhile."""
-        holder = arguments.lock_holder(holder)
+        holder = rows.lock_holder(holder)
         with self._db.transaction(f"unlocking sink {sink_id!r} for {holder!r}", write=True) as session:
             statement = (
                 update(SinkLock)
@@ -248,3 +246,82 @@ class SqlSinkRegistry:
                 .execution_options(synchronize_session=False)
             )
             return rows.rowcount(session, statement) == 1
+
+
+#: (dag_id, run_id) pairs asked about per query by ``lookup`` (bind-parameter limits of the databases).
+_LOOKUP_CHUNK = 400
+
+
+@dataclass(frozen=True)
+class RunDates:
+    """What Airflow gave one run: its logical date and data interval (each ``None`` when it had none)."""
+
+    logical_date: datetime | None
+    interval_start: datetime | None
+    interval_end: datetime | None
+
+
+class SqlRunRecords:
+    """The meta store's ``dag_run_record`` table, keyed by (DAG id, run id)."""
+
+    def __init__(self, db: MetaStoreDatabase) -> None:
+        self._db = db
+
+    def __repr__(self) -> str:
+        return f"SqlRunRecords({self._db.url_for_display!r})"
+
+    def record(self, dag_id: str, run_id: str, dates: RunDates) -> None:
+        """Keep ``dates`` for the run; idempotent, and an unchanged record writes nothing.
+
+        A run id Airflow gives again (a run deleted and created anew) takes the new run's dates.
+        """
+        dag_id = _required_dag_id(dag_id)
+        run_id = rows.run_id(run_id)
+        for name, value in vars(dates).items():
+            if value is not None and (not isinstance(value, datetime) or value.tzinfo is None):
+                raise InvalidPreCommit(f"run {run_id!r}: {name} must be a timezone-aware datetime, got {value!r}")
+        action = f"recording DAG {dag_id!r} run {run_id!r}"
+        with self._db.transaction(action, write=False) as session:
+            found = session.get(RunRecord, (dag_id, run_id))
+            if found is not None and _dates(found) == dates:
+                return
+        values = {**vars(dates), "recorded_at": db_now()}
+        key = (RunRecord.dag_id == dag_id, RunRecord.run_id == run_id)
+        try:
+            with self._db.transaction(action, write=True) as session:
+                if found is None:
+                    session.execute(insert(RunRecord).values(dag_id=dag_id, run_id=run_id, **values))
+                else:
+                    session.execute(update(RunRecord).where(*key).values(**values))
+        except IntegrityError:  # another task of the run recorded it meanwhile: its dates are the same run's
+            with self._db.transaction(action, write=True) as session:
+                session.execute(update(RunRecord).where(*key).values(**values))
+
+    def lookup(self, runs: Collection[tuple[str | None, str | None]]) -> Mapping[tuple[str, str], RunDates]:
+        """The recorded dates of those runs that have a record; pairs with a ``None`` are skipped."""
+        wanted = sorted({(d, r) for d, r in runs if d is not None and r is not None})
+        found: dict[tuple[str, str], RunDates] = {}
+        if not wanted:
+            return found
+        with self._db.transaction("reading DAG run records", write=False) as session:
+            for i in range(0, len(wanted), _LOOKUP_CHUNK):
+                chunk = wanted[i : i + _LOOKUP_CHUNK]
+                for row in session.scalars(
+                    select(RunRecord).where(tuple_(RunRecord.dag_id, RunRecord.run_id).in_(chunk))
+                ):
+                    found[(row.dag_id, row.run_id)] = _dates(row)
+        return found
+
+
+def _dates(row: RunRecord) -> RunDates:
+    return RunDates(row.logical_date, row.interval_start, row.interval_end)
+
+
+def _required_dag_id(dag_id: object) -> str:
+    checked = rows.dag_id(dag_id)
+    if checked is None:
+        raise InvalidPreCommit("a DAG run record needs the DAG id, got None")
+    return checked
+
+
+__all__ = ["RunDates", "SqlRunRecords"]

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_provider_exactly_once.checkpoints.config import MetaStoreCheckpoint, checkpoint_config_from_dict
+from airflow_provider_exactly_once.core.epochs import CheckpointStatus
 from airflow_provider_exactly_once.core.errors import ExactlyOnceError
-from airflow_provider_exactly_once.core.status import CheckpointStatus
 from airflow_provider_exactly_once.hooks.meta_store import ExactlyOnceMetaStoreHook
 from airflow_provider_exactly_once.hooks.storage import aresolved_storage_options
 from airflow_provider_exactly_once.runtime.assembly import meta_conn_id_or_configured

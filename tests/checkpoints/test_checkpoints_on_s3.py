@@ -10,10 +10,9 @@ from datetime import UTC, datetime
 import pytest
 
 from airflow_provider_exactly_once.checkpoints.config import MarkerFileCheckpoint, StreamingCheckpoint
-from airflow_provider_exactly_once.core.epochs import epoch_from_interval_start
+from airflow_provider_exactly_once.core.epochs import CheckpointStatus, epoch_from_interval_start
 from airflow_provider_exactly_once.core.errors import SinkUnavailable
 from airflow_provider_exactly_once.core.ports import CheckpointSource
-from airflow_provider_exactly_once.core.status import CheckpointStatus
 from airflow_provider_exactly_once.hooks.storage import aresolved_storage_options, resolved_storage_options
 from demo.servers import SeaweedFS
 from tests.hooks.s3_connection import S3Place, SeaweedDown, s3_place  # noqa: F401

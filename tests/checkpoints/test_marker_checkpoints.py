@@ -10,10 +10,9 @@ from typing import Any
 import pytest
 
 from airflow_provider_exactly_once.checkpoints import MarkerFileCheckpointSource
-from airflow_provider_exactly_once.core.epochs import epoch_from_interval_start
+from airflow_provider_exactly_once.core.epochs import CheckpointStatus, epoch_from_interval_start
 from airflow_provider_exactly_once.core.errors import InvalidPreCommit, InvalidSinkConfig, SinkUnavailable
 from airflow_provider_exactly_once.core.ports import CheckpointSource
-from airflow_provider_exactly_once.core.status import CheckpointStatus
 
 from .helpers import touch
 

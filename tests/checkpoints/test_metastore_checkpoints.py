@@ -8,9 +8,9 @@ from collections.abc import Iterator
 import pytest
 
 from airflow_provider_exactly_once.checkpoints import CheckpointTable, MetaStoreCheckpointSource
+from airflow_provider_exactly_once.core.epochs import CheckpointStatus
 from airflow_provider_exactly_once.core.errors import InvalidSinkConfig, StateConflict
 from airflow_provider_exactly_once.core.ports import CheckpointSource
-from airflow_provider_exactly_once.core.status import CheckpointStatus
 from airflow_provider_exactly_once.store.sql import SqlSinkStateStore
 
 EPOCH = 1_700_000_000_000

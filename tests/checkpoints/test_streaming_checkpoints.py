@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from airflow_provider_exactly_once.checkpoints import StructuredStreamingCheckpointSource
+from airflow_provider_exactly_once.core.epochs import CheckpointStatus
 from airflow_provider_exactly_once.core.errors import InvalidSinkConfig, SinkUnavailable
 from airflow_provider_exactly_once.core.ports import CheckpointSource
-from airflow_provider_exactly_once.core.status import CheckpointStatus
 
 from .helpers import touch
 

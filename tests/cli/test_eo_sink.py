@@ -15,7 +15,7 @@ import pytest
 from sqlalchemy import text
 
 from airflow_provider_exactly_once.cli.main import EXIT_BUSY, EXIT_FAILED, EXIT_OK, EXIT_USAGE, duration, main
-from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochStatus
+from airflow_provider_exactly_once.core.epochs import CheckpointStatus, EpochStatus
 from airflow_provider_exactly_once.sinks.config import FileSinkConfig, IcebergSinkConfig
 from tests.operations.helpers import coordinator, register, state, write
 from tests.recovery.helpers import E0, E1, E2, E3, GRACE, exists, leave_crash

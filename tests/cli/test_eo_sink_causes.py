@@ -12,8 +12,7 @@ from urllib.parse import quote
 
 import pytest
 
-from airflow_provider_exactly_once.core.history import acting, run_failure
-from airflow_provider_exactly_once.core.status import CheckpointStatus
+from airflow_provider_exactly_once.core.epochs import CheckpointStatus, acting, run_failure
 from tests.cli.test_eo_sink import run_main
 from tests.operations.helpers import (
     SILVER_DAG,

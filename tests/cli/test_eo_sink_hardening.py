@@ -24,7 +24,7 @@ import pytest
 
 from airflow_provider_exactly_once.checkpoints.config import MetaStoreCheckpoint
 from airflow_provider_exactly_once.cli.main import EXIT_FAILED, EXIT_OK, EXIT_USAGE, main
-from airflow_provider_exactly_once.core.identifiers import ABORT_REASON_MAX_LENGTH
+from airflow_provider_exactly_once.core.epochs import ABORT_REASON_MAX_LENGTH
 from airflow_provider_exactly_once.core.precommit import PreCommit, TableWrite
 from airflow_provider_exactly_once.operations import InvalidRequest, SinkOperations
 from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig

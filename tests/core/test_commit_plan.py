@@ -11,9 +11,8 @@ from datetime import UTC, datetime
 import pytest
 
 from airflow_provider_exactly_once.core.errors import InvalidPreCommit
-from airflow_provider_exactly_once.core.ports import CommitPlan
+from airflow_provider_exactly_once.core.ports import CommitPlan, ReplacedWrite
 from airflow_provider_exactly_once.core.precommit import PreCommit, TableWrite
-from airflow_provider_exactly_once.core.write_kinds import ReplacedWrite
 
 SINK, EPOCH = "orders", 1_717_200_000_000
 AT = datetime(2024, 6, 1, tzinfo=UTC)

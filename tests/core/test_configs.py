@@ -15,9 +15,8 @@ from airflow_provider_exactly_once.checkpoints.config import (
     StreamingCheckpoint,
     checkpoint_config_from_dict,
 )
-from airflow_provider_exactly_once.core.errors import InvalidSinkConfig
-from airflow_provider_exactly_once.core.redact import find_control
-from airflow_provider_exactly_once.core.status import CheckpointStatus
+from airflow_provider_exactly_once.core.epochs import CheckpointStatus
+from airflow_provider_exactly_once.core.errors import InvalidSinkConfig, find_control
 from airflow_provider_exactly_once.sinks.config import FileSinkConfig, IcebergSinkConfig, sink_config_from_dict
 from airflow_provider_exactly_once.sinks.files import FileSinkCommitter
 from airflow_provider_exactly_once.sinks.iceberg import IcebergSinkCommitter

@@ -16,6 +16,8 @@ import pytest
 from airflow_provider_exactly_once.core.decisions import (
     Action,
     Decision,
+    EpochLookups,
+    WriteLookups,
     abort_decision,
     commit_decision,
     commits_in_batch,
@@ -24,6 +26,7 @@ from airflow_provider_exactly_once.core.decisions import (
     recovery_decision,
     recreated_tables,
 )
+from airflow_provider_exactly_once.core.epochs import AbortCause, CheckpointStatus, EpochStatus
 from airflow_provider_exactly_once.core.errors import (
     AbortRefused,
     CheckpointFailed,
@@ -32,12 +35,9 @@ from airflow_provider_exactly_once.core.errors import (
     RevisionInProgress,
     SinkReused,
 )
-from airflow_provider_exactly_once.core.lookups import EpochLookups, WriteLookups
-from airflow_provider_exactly_once.core.ports import EpochRecord
+from airflow_provider_exactly_once.core.ports import EpochRecord, ReplacedWrite
 from airflow_provider_exactly_once.core.precommit import PreCommit, TableWrite
-from airflow_provider_exactly_once.core.status import AbortCause, CheckpointStatus, EpochStatus
 from airflow_provider_exactly_once.core.upserts import ChangeCounts
-from airflow_provider_exactly_once.core.write_kinds import ReplacedWrite
 
 SINK, EPOCH = "orders", 1_717_200_000_000
 AT = datetime(2024, 6, 1, tzinfo=UTC)

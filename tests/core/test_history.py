@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from airflow_provider_exactly_once.core.history import (
+from airflow_provider_exactly_once.core.epochs import (
     CAUSE_CHARS,
     Actor,
     ActorKind,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from airflow_provider_exactly_once.core.epochs import EpochStatus
 from airflow_provider_exactly_once.core.errors import EarlierEpochUndecided, InputRangeRefused
 from airflow_provider_exactly_once.core.input_ranges import (
     Link,
@@ -13,7 +14,6 @@ from airflow_provider_exactly_once.core.input_ranges import (
     range_decision,
     range_read_elsewhere,
 )
-from airflow_provider_exactly_once.core.status import EpochStatus
 
 TABLE = "bronze.events"
 COMMITTED, ABORTED, PENDING = EpochStatus.COMMITTED, EpochStatus.ABORTED, EpochStatus.PENDING

@@ -1,4 +1,4 @@
-"""``core.left_writes``: which finished write persist takes when the write task returned none, on a
+"""``core.cleanups``: which finished write persist takes when the write task returned none, on a
 listing of its own (what each folder holds, how old its files are) and a registry of known writes."""
 
 from __future__ import annotations
@@ -10,8 +10,14 @@ from functools import partial
 
 import pytest
 
-from airflow_provider_exactly_once.core.cleanups import FileAge, WriteFolder, WriteLocation
-from airflow_provider_exactly_once.core.left_writes import NoWriteLeft, left_writes, newest_left_write
+from airflow_provider_exactly_once.core.cleanups import (
+    FileAge,
+    NoWriteLeft,
+    WriteFolder,
+    WriteLocation,
+    left_writes,
+    newest_left_write,
+)
 from airflow_provider_exactly_once.core.precommit import PreCommit, TableWrite
 
 SINK, EPOCH = "s", 1000

@@ -8,9 +8,14 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
-from airflow_provider_exactly_once.core.epochs import epoch_from_interval_start, epoch_start
+from airflow_provider_exactly_once.core.epochs import (
+    SINK_ID_MAX_LENGTH,
+    check_epoch,
+    check_sink_id,
+    epoch_from_interval_start,
+    epoch_start,
+)
 from airflow_provider_exactly_once.core.errors import InvalidPreCommit
-from airflow_provider_exactly_once.core.identifiers import SINK_ID_MAX_LENGTH, check_epoch, check_sink_id
 from airflow_provider_exactly_once.core.precommit import PreCommit
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_provider_exactly_once.core.redact import (
+from airflow_provider_exactly_once.core.errors import (
     escape_controls,
     find_control,
     has_userinfo,

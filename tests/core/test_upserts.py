@@ -13,16 +13,14 @@ from airflow_provider_exactly_once.core.decisions import (
     commit_decision,
     persist_decision,
     recovery_decision,
+    revision_basis,
     upsert_order_refusal,
 )
+from airflow_provider_exactly_once.core.epochs import EpochStatus, generation_of
 from airflow_provider_exactly_once.core.errors import EarlierEpochUndecided, InvalidSinkConfig, ReprocessRefused
-from airflow_provider_exactly_once.core.generations import generation_of
-from airflow_provider_exactly_once.core.ports import EpochRecord
+from airflow_provider_exactly_once.core.ports import EpochRecord, ReplacedWrite
 from airflow_provider_exactly_once.core.precommit import PreCommit, TableWrite
-from airflow_provider_exactly_once.core.status import EpochStatus
-from airflow_provider_exactly_once.core.upsert_revisions import revision_basis
 from airflow_provider_exactly_once.core.upserts import ChangeCounts, RewrittenFile, UpsertSpec
-from airflow_provider_exactly_once.core.write_kinds import ReplacedWrite
 from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig, sink_config_from_dict
 from tests.core.test_decisions import AT, DONE, EPOCH, WAITING, asks, lookups, row, write
 

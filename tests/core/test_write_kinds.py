@@ -1,4 +1,4 @@
-"""A write's kind (``core.write_kinds``): derived from the pre-commit and the epoch's row, and the
+"""A write's kind (``core.ports``): derived from the pre-commit and the epoch's row, and the
 one place that answers what depends on the kind alone."""
 
 from __future__ import annotations
@@ -7,10 +7,9 @@ import dataclasses
 
 import pytest
 
-from airflow_provider_exactly_once.core.ports import CommitPlan, EpochRecord
+from airflow_provider_exactly_once.core.epochs import EpochStatus
+from airflow_provider_exactly_once.core.ports import CommitPlan, EpochRecord, Kind, ReplacedWrite, WriteKind
 from airflow_provider_exactly_once.core.precommit import PreCommit
-from airflow_provider_exactly_once.core.status import EpochStatus
-from airflow_provider_exactly_once.core.write_kinds import Kind, ReplacedWrite, WriteKind
 from tests.core.test_decisions import AT, EPOCH, SINK, row, write
 from tests.core.test_upserts import upsert_write
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from airflow_provider_exactly_once.checkpoints.config import MetaStoreCheckpoint
+from airflow_provider_exactly_once.core.epochs import CheckpointStatus, EpochStatus
 from airflow_provider_exactly_once.core.faults import SimulatedCrash
-from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochStatus
 from airflow_provider_exactly_once.runtime.assembly import FAULT_HOOK_ENV_VAR, coordinator_for
 from airflow_provider_exactly_once.sinks.config import FileSinkConfig
 from demo.fault_plan import FAULT_ENV_VAR, FAULT_HOOK_FACTORY, FAULT_PLAN_ENV_VAR
@@ -118,7 +118,7 @@ import sys
 from pathlib import Path
 
 from airflow_provider_exactly_once.checkpoints.config import MetaStoreCheckpoint
-from airflow_provider_exactly_once.core.status import CheckpointStatus
+from airflow_provider_exactly_once.core.epochs import CheckpointStatus
 from airflow_provider_exactly_once.runtime.assembly import coordinator_for
 from airflow_provider_exactly_once.sinks.config import FileSinkConfig
 from tests.support.pipeline import Pipeline

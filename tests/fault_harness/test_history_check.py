@@ -14,9 +14,8 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from airflow_provider_exactly_once.core.history import EpochEvent
+from airflow_provider_exactly_once.core.epochs import AbortCause, EpochEvent, EpochStatus
 from airflow_provider_exactly_once.core.ports import CommitMark
-from airflow_provider_exactly_once.core.status import AbortCause, EpochStatus
 from airflow_provider_exactly_once.store import SqlSinkStateStore
 from fault_harness.checker import Anomaly
 from fault_harness.history_check import IMPLIED, check_history_rows, uncaused

@@ -17,9 +17,9 @@ import pytest
 from pyiceberg.io.pyarrow import parquet_file_to_data_file
 from pyiceberg.table import Table
 
+from airflow_provider_exactly_once.core.epochs import CheckpointStatus, EpochStatus
 from airflow_provider_exactly_once.core.errors import UpsertConflict
 from airflow_provider_exactly_once.core.precommit import PreCommit
-from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochStatus
 from airflow_provider_exactly_once.sinks.iceberg.markers import marker_properties
 from demo.world import hour_dir, mark_hour
 from fault_harness.checker import CheckResult

@@ -12,8 +12,8 @@ import pytest
 
 import airflow_provider_exactly_once as eo
 from airflow_provider_exactly_once.checkpoints.config import MarkerFileCheckpoint, MetaStoreCheckpoint
+from airflow_provider_exactly_once.core.epochs import CheckpointStatus
 from airflow_provider_exactly_once.core.errors import CheckpointFailed, InvalidSinkConfig, MetaStoreUnavailable
-from airflow_provider_exactly_once.core.status import CheckpointStatus
 from airflow_provider_exactly_once.get_provider_info import get_provider_info
 from airflow_provider_exactly_once.hooks import ExactlyOnceMetaStoreHook, embedded_meta_store_url
 from airflow_provider_exactly_once.operators._common import airflow_errors

@@ -7,8 +7,7 @@ import datetime as dt
 import socket
 import uuid
 
-from airflow_provider_exactly_once.core.epochs import epoch_from_interval_start
-from airflow_provider_exactly_once.core.status import CheckpointStatus
+from airflow_provider_exactly_once.core.epochs import CheckpointStatus, epoch_from_interval_start
 from tests.support.airflow_world import World, run
 
 __all__ = ["DAY", "run_epoch_then_recover"]

@@ -1,4 +1,4 @@
-"""The coordinator's and the Iceberg committer's metrics, through ``core.observe`` with no Airflow:
+"""The coordinator's and the Iceberg committer's metrics, through ``core.coordinator`` with no Airflow:
 a recording ``Metrics`` (an implementation of the port, not a double of anything), real SQLite
 stores, real pyiceberg SQL catalogs and Parquet files."""
 
@@ -12,9 +12,9 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+from airflow_provider_exactly_once.core.coordinator import NO_METRICS, SafeMetrics, report_pending, safe
+from airflow_provider_exactly_once.core.epochs import CheckpointStatus
 from airflow_provider_exactly_once.core.errors import CheckpointNotReady
-from airflow_provider_exactly_once.core.observe import NO_METRICS, SafeMetrics, report_pending, safe
-from airflow_provider_exactly_once.core.status import CheckpointStatus
 from tests.support.faults import FaultSwitch
 from tests.support.pipeline import Pipeline, local_path
 

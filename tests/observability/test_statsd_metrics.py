@@ -22,7 +22,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from airflow_provider_exactly_once.core.observe import write_totals
+from airflow_provider_exactly_once.core.coordinator import write_totals
 from airflow_provider_exactly_once.observability.assets import legacy_metric_name
 from tests.observability.conftest import run_epoch_then_recover
 from tests.support.airflow_world import World

@@ -16,7 +16,7 @@ from sqlalchemy import insert, select, update
 
 from airflow_provider_exactly_once.checkpoints.config import MetaStoreCheckpoint, SnapshotRangeCheckpoint
 from airflow_provider_exactly_once.core.coordinator import TwoPhaseCommitCoordinator
-from airflow_provider_exactly_once.core.history import Actor, ActorKind, acting
+from airflow_provider_exactly_once.core.epochs import Actor, ActorKind, acting
 from airflow_provider_exactly_once.core.input_ranges import SnapshotRange
 from airflow_provider_exactly_once.core.precommit import PreCommit
 from airflow_provider_exactly_once.runtime.run_epochs import reserved_range
@@ -94,7 +94,7 @@ SILVER_DAG = "silver_orders"
 
 
 def task_actor(task_id: str, run_id: str, try_number: int = 1, dag_id: str = SILVER_DAG) -> Actor:
-    """A task of the epoch group, as it names itself in the epoch's history (``core.history``)."""
+    """A task of the epoch group, as it names itself in the epoch's history (``core.epochs``)."""
     return Actor(ActorKind.TASK, name=f"{dag_id}.{task_id}", dag_id=dag_id, run_id=run_id, try_number=try_number)
 
 

@@ -13,12 +13,12 @@ import pytest
 import sqlalchemy as sa
 from alembic import command
 
-from airflow_provider_exactly_once.core.epochs import epoch_from_interval_start
+from airflow_provider_exactly_once.core.epochs import CheckpointStatus, EpochStatus, epoch_from_interval_start
 from airflow_provider_exactly_once.core.errors import InvalidPreCommit
 from airflow_provider_exactly_once.core.precommit import PreCommit, TableWrite
-from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochStatus
 from airflow_provider_exactly_once.operations import SinkOperations
-from airflow_provider_exactly_once.store import SqlSinkStateStore, migrate
+from airflow_provider_exactly_once.store import SqlSinkStateStore
+from airflow_provider_exactly_once.store.database import HEAD_REVISION, alembic_config, current_revision, forget_applied
 from tests.operations.helpers import coordinator, write
 from tests.recovery.helpers import E1, E2
 from tests.support.airflow_world import World, run
@@ -61,7 +61,7 @@ def test_rows_from_before_migration_0003_keep_everything_and_have_no_dag(tmp_pat
     )
     engine = sa.create_engine(url)
     with engine.begin() as connection:
-        command.upgrade(migrate.alembic_config(connection), "0002")
+        command.upgrade(alembic_config(connection), "0002")
         connection.execute(
             sa.text(
                 "INSERT INTO pending_sink_state (sink_id, epoch, status, write_id, metadata, run_id, created_at, "
@@ -71,11 +71,11 @@ def test_rows_from_before_migration_0003_keep_everything_and_have_no_dag(tmp_pat
             {"w": pre.write_id, "m": pre.to_json()},
         )
     engine.dispose()
-    migrate.forget_applied()
+    forget_applied()
     store = SqlSinkStateStore(url)  # upgrades to the head on first use
     try:
         with store.engine.connect() as connection:
-            assert migrate.current_revision(connection) == migrate.HEAD_REVISION
+            assert current_revision(connection) == HEAD_REVISION
         row = store.get("old-sink", 7)
         assert row is not None and (row.write_id, row.run_id, row.dag_id) == (pre.write_id, "run-7", None)
         assert [v.epoch for v in SinkOperations(store).epochs(sink_id="old-sink", status="Pending")] == [7]

@@ -1,7 +1,7 @@
 """What an epoch that went wrong tells its operator (issue 55), through ``SinkOperations`` on a real meta
 store (SQLite and PostgreSQL), a real Iceberg SQL catalog and real Parquet files:
 
-- each failed task's event reads as ``core.history.failed_step`` says it, with the task's log in
+- each failed task's event reads as ``core.epochs.failed_step`` says it, with the task's log in
   Airflow once a door links it (``urls.task_log``), and the epoch's shown error is that failure,
   for a row and for an epoch without one; another DAG's failures stay hidden, links included;
 - an incremental epoch whose write never persisted is an epoch (``RESERVED``): listed among the
@@ -19,10 +19,9 @@ from urllib.parse import quote
 
 import pytest
 
+from airflow_provider_exactly_once.core.epochs import CheckpointStatus, acting, run_failure
 from airflow_provider_exactly_once.core.errors import EpochNotFound
-from airflow_provider_exactly_once.core.history import acting, run_failure
 from airflow_provider_exactly_once.core.input_ranges import SnapshotRange
-from airflow_provider_exactly_once.core.status import CheckpointStatus
 from airflow_provider_exactly_once.operations import SinkOperations
 from airflow_provider_exactly_once.operations.views import HIDDEN_TEXT, RANGE_READ_AGAIN, RESERVED, UNPERSISTED
 from tests.operations.helpers import (

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from airflow_provider_exactly_once.core.status import EpochStatus
+from airflow_provider_exactly_once.core.epochs import EpochStatus
 from airflow_provider_exactly_once.store import SqlSinkStateStore
 from airflow_provider_exactly_once.store.queries import epochs_statement
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from airflow_provider_exactly_once.core.status import CheckpointStatus
+from airflow_provider_exactly_once.core.epochs import CheckpointStatus
 from airflow_provider_exactly_once.operations import SinkOperations
-from airflow_provider_exactly_once.store.runs import RunDates
+from airflow_provider_exactly_once.store.registry import RunDates
 from tests.operations.helpers import write
 from tests.support.airflow_world import World
 

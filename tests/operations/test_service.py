@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from airflow_provider_exactly_once.core.epochs import CheckpointStatus, EpochStatus
 from airflow_provider_exactly_once.core.errors import (
     AbortRefused,
     CheckpointFailed,
@@ -17,7 +18,6 @@ from airflow_provider_exactly_once.core.errors import (
     EpochNotFound,
     InvalidSinkConfig,
 )
-from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochStatus
 from airflow_provider_exactly_once.operations import InvalidRequest, SinkNotFound, SinkOperations
 from airflow_provider_exactly_once.sinks.config import FileSinkConfig
 from tests.operations.helpers import coordinator, register, state, write

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from airflow_provider_exactly_once.core.epochs import CheckpointStatus
 from airflow_provider_exactly_once.core.errors import InvalidSinkConfig
-from airflow_provider_exactly_once.core.status import CheckpointStatus
 from airflow_provider_exactly_once.core.upserts import ChangeCounts
 from airflow_provider_exactly_once.operations import SinkOperations, stale_runs
 from airflow_provider_exactly_once.operations.views import RESERVED

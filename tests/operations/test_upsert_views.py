@@ -8,7 +8,7 @@ from pathlib import Path
 
 import airflow_provider_exactly_once.plugins.ui as ui_package
 from airflow_provider_exactly_once.core.delivery import Delivery, EpochDelivery
-from airflow_provider_exactly_once.core.status import EpochStatus
+from airflow_provider_exactly_once.core.epochs import EpochStatus
 from airflow_provider_exactly_once.core.upserts import ChangeCounts, RewrittenFile
 from airflow_provider_exactly_once.operations.views import EpochView
 from airflow_provider_exactly_once.plugins.ui.render import templates_for

@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from airflow_provider_exactly_once.checkpoints.config import MetaStoreCheckpoint
+from airflow_provider_exactly_once.core.epochs import CheckpointStatus
 from airflow_provider_exactly_once.core.precommit import PreCommit
-from airflow_provider_exactly_once.core.status import CheckpointStatus
 from airflow_provider_exactly_once.sinks.config import FileSinkConfig, IcebergSinkConfig, SinkConfig
 from tests.support.airflow_world import TABLE, World
 from tests.support.pipeline import local_path

@@ -12,8 +12,8 @@ import time
 from datetime import UTC, datetime, timedelta
 
 from airflow_provider_exactly_once.core.cleanups import classify_orphans
+from airflow_provider_exactly_once.core.epochs import CheckpointStatus
 from airflow_provider_exactly_once.core.ports import ORPHAN_EPOCH
-from airflow_provider_exactly_once.core.status import CheckpointStatus
 from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig
 from airflow_provider_exactly_once.sinks.write_locations import IcebergWriteFolders
 from tests.support.object_store import S3Pipeline

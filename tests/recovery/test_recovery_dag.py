@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from airflow_provider_exactly_once.checkpoints.config import MetaStoreCheckpoint
-from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochStatus
+from airflow_provider_exactly_once.core.epochs import CheckpointStatus, EpochStatus
 from airflow_provider_exactly_once.recovery import SinkLocked, recover_sink
 from airflow_provider_exactly_once.recovery.dag import recovery_dag
 from airflow_provider_exactly_once.sinks.config import FileSinkConfig, IcebergSinkConfig

@@ -14,9 +14,9 @@ from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.table import Table
 
 from airflow_provider_exactly_once.checkpoints.config import SnapshotRangeCheckpoint, checkpoint_config_from_dict
+from airflow_provider_exactly_once.core.epochs import AbortCause, CheckpointStatus
 from airflow_provider_exactly_once.core.errors import EarlierEpochUndecided, InputRangeRefused
 from airflow_provider_exactly_once.core.input_ranges import SnapshotRange
-from airflow_provider_exactly_once.core.status import AbortCause, CheckpointStatus
 from airflow_provider_exactly_once.runtime.run_epochs import current_snapshot_of, reserved_range
 from airflow_provider_exactly_once.store import SqlSinkStateStore
 from tests.support.builders import make_pre_commit

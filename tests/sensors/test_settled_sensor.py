@@ -10,8 +10,7 @@ import pytest
 from airflow.providers.standard.operators.python import PythonOperator
 from airflow.sdk import DAG
 
-from airflow_provider_exactly_once.core.epochs import epoch_from_interval_start
-from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochStatus
+from airflow_provider_exactly_once.core.epochs import CheckpointStatus, EpochStatus, epoch_from_interval_start
 from airflow_provider_exactly_once.sensors import CheckpointSettledSensor
 from airflow_provider_exactly_once.task_groups import exactly_once_epoch
 from tests.support.airflow_world import World, run, ti_states

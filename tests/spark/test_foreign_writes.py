@@ -1,5 +1,5 @@
 """Any Spark operator can write an epoch: the writer leaves the pre-commit in its write location, and
-persist takes it from there when the write task returned none (``core/left_writes.py``).
+persist takes it from there when the write task returned none (``core/cleanups.py``).
 
 Real DAG runs (``dag.test()``) with write tasks that are not ours: the Spark provider's own
 ``SparkSubmitOperator`` running the epoch writer application (a driver whose local files the task
@@ -24,9 +24,8 @@ from airflow.providers.standard.operators.python import PythonOperator
 from airflow.sdk import DAG
 
 from airflow_provider_exactly_once.core.cleanups import scan_orphans
-from airflow_provider_exactly_once.core.epochs import epoch_from_interval_start
+from airflow_provider_exactly_once.core.epochs import CheckpointStatus, EpochStatus, epoch_from_interval_start
 from airflow_provider_exactly_once.core.precommit import PreCommit
-from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochStatus
 from airflow_provider_exactly_once.operators.spark_precommit import EPOCH_WRITER_APPLICATION
 from airflow_provider_exactly_once.runtime.assembly import open_sink
 from airflow_provider_exactly_once.sinks.layout import PRE_COMMIT_FILE, pre_commit_from_file

@@ -15,11 +15,11 @@ from pyiceberg.catalog import Catalog
 
 from airflow_provider_exactly_once.checkpoints.sources import SnapshotRangeCheckpointSource
 from airflow_provider_exactly_once.core.coordinator import TwoPhaseCommitCoordinator
+from airflow_provider_exactly_once.core.epochs import EpochStatus
 from airflow_provider_exactly_once.core.errors import InputRangeRefused
 from airflow_provider_exactly_once.core.input_ranges import SnapshotRange
 from airflow_provider_exactly_once.core.outcomes import CommitOutcome
 from airflow_provider_exactly_once.core.precommit import PreCommit
-from airflow_provider_exactly_once.core.status import EpochStatus
 from airflow_provider_exactly_once.runtime.run_epochs import current_snapshot_of, reserved_range
 from airflow_provider_exactly_once.sinks.iceberg.committer import IcebergSinkCommitter
 from airflow_provider_exactly_once.sinks.iceberg.markers import SOURCE_AFTER_KEY, SOURCE_TABLE_KEY, SOURCE_TO_KEY

@@ -26,11 +26,11 @@ from pyiceberg.transforms import DayTransform, IdentityTransform
 
 from airflow_provider_exactly_once.checkpoints import MetaStoreCheckpointSource
 from airflow_provider_exactly_once.core.coordinator import TwoPhaseCommitCoordinator
+from airflow_provider_exactly_once.core.epochs import CheckpointStatus
 from airflow_provider_exactly_once.core.errors import ExactlyOnceError
 from airflow_provider_exactly_once.core.outcomes import CommitOutcome
 from airflow_provider_exactly_once.core.ports import SinkCommitter
 from airflow_provider_exactly_once.core.precommit import PreCommit
-from airflow_provider_exactly_once.core.status import CheckpointStatus
 from airflow_provider_exactly_once.sinks.files import FileSinkCommitter
 from airflow_provider_exactly_once.sinks.iceberg.committer import IcebergSinkCommitter
 from airflow_provider_exactly_once.spark.inputs import input_io_properties, read_input

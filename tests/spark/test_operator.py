@@ -344,7 +344,7 @@ def test_a_kept_sink_skips_the_spark_job_of_a_newer_generation_and_says_so(
     import types
 
     from airflow_provider_exactly_once.core.coordinator import TwoPhaseCommitCoordinator
-    from airflow_provider_exactly_once.core.status import CheckpointStatus
+    from airflow_provider_exactly_once.core.epochs import CheckpointStatus
     from tests.support.pipeline import Pipeline
 
     pipeline: Pipeline = world.pipeline

@@ -21,6 +21,8 @@ from pyiceberg.types import LongType, NestedField, StringType
 
 from airflow_provider_exactly_once.checkpoints.sources import MetaStoreCheckpointSource
 from airflow_provider_exactly_once.core.coordinator import TwoPhaseCommitCoordinator
+from airflow_provider_exactly_once.core.decisions import revision_basis
+from airflow_provider_exactly_once.core.epochs import CheckpointStatus, generation_of
 from airflow_provider_exactly_once.core.errors import (
     EarlierEpochUndecided,
     InvalidChanges,
@@ -28,11 +30,8 @@ from airflow_provider_exactly_once.core.errors import (
     ReprocessRefused,
     UpsertConflict,
 )
-from airflow_provider_exactly_once.core.generations import generation_of
 from airflow_provider_exactly_once.core.outcomes import CommitOutcome, PersistOutcome
 from airflow_provider_exactly_once.core.precommit import PreCommit
-from airflow_provider_exactly_once.core.status import CheckpointStatus
-from airflow_provider_exactly_once.core.upsert_revisions import revision_basis
 from airflow_provider_exactly_once.sinks.iceberg import IcebergSinkCommitter
 from airflow_provider_exactly_once.store.sql import SqlSinkStateStore
 from tests.spark.conftest import INTERVAL_END, INTERVAL_START, run_in_process
@@ -77,7 +76,7 @@ class Upserts:
         """The Spark write of one epoch's changes (nothing persisted); ``None``: an epoch without input.
 
         ``revising``: (epoch, generation) of a reprocess of a committed epoch, planned as the write
-        task plans it (``core.upsert_revisions.revision_basis``).
+        task plans it (``core.decisions.revision_basis``).
         """
         revision: dict[str, Any] = {}
         if revising is None:

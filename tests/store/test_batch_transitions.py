@@ -3,7 +3,7 @@ row of another write is a row that moved, never a decision of this one (invarian
 
 from __future__ import annotations
 
-from airflow_provider_exactly_once.core.history import EpochEvent
+from airflow_provider_exactly_once.core.epochs import EpochEvent
 from airflow_provider_exactly_once.core.ports import CommitMark
 from airflow_provider_exactly_once.store import SqlSinkStateStore
 from tests.support.builders import make_pre_commit

@@ -16,12 +16,12 @@ import pytest
 
 from airflow_provider_exactly_once.checkpoints.sources import SnapshotRangeCheckpointSource
 from airflow_provider_exactly_once.core.coordinator import TwoPhaseCommitCoordinator
+from airflow_provider_exactly_once.core.epochs import EpochStatus
 from airflow_provider_exactly_once.core.errors import InputRangeRefused
 from airflow_provider_exactly_once.core.faults import SimulatedCrash
 from airflow_provider_exactly_once.core.input_ranges import SnapshotRange
 from airflow_provider_exactly_once.core.outcomes import CommitOutcome
 from airflow_provider_exactly_once.core.precommit import PreCommit
-from airflow_provider_exactly_once.core.status import EpochStatus
 from airflow_provider_exactly_once.runtime.run_epochs import reserved_range
 from tests.support.faults import FaultSwitch
 from tests.support.pipeline import Pipeline

@@ -10,9 +10,10 @@ from datetime import UTC, datetime
 import sqlalchemy as sa
 from alembic import command
 
+from airflow_provider_exactly_once.core.epochs import AbortCause, EpochStatus
 from airflow_provider_exactly_once.core.precommit import PreCommit
-from airflow_provider_exactly_once.core.status import AbortCause, EpochStatus
-from airflow_provider_exactly_once.store import SqlSinkStateStore, migrate
+from airflow_provider_exactly_once.store import SqlSinkStateStore
+from airflow_provider_exactly_once.store.database import alembic_config, forget_applied
 
 NOW = datetime(2026, 11, 27, tzinfo=UTC)
 
@@ -38,7 +39,7 @@ def test_the_upgrade_derives_the_cause_of_earlier_rows_and_the_downgrade_drops_i
     fresh_url: str, engine: sa.Engine
 ) -> None:
     with engine.begin() as connection:
-        command.upgrade(migrate.alembic_config(connection), "0008")
+        command.upgrade(alembic_config(connection), "0008")
         for epoch, status, reason, _ in EARLIER_ROWS:
             connection.execute(
                 sa.text(
@@ -51,16 +52,16 @@ def test_the_upgrade_derives_the_cause_of_earlier_rows_and_the_downgrade_drops_i
     assert "abort_cause" not in columns
 
     with engine.begin() as connection:
-        command.upgrade(migrate.alembic_config(connection), "0009")
+        command.upgrade(alembic_config(connection), "0009")
     assert _causes(engine) == {epoch: cause for epoch, _, _, cause in EARLIER_ROWS}
 
     with engine.begin() as connection:
-        command.downgrade(migrate.alembic_config(connection), "0008")
+        command.downgrade(alembic_config(connection), "0008")
     columns = {c["name"] for c in sa.inspect(engine).get_columns("pending_sink_state")}
     assert "abort_cause" not in columns
     with engine.connect() as connection:  # the rows themselves stay
         assert connection.execute(sa.text("SELECT count(*) FROM pending_sink_state")).scalar() == len(EARLIER_ROWS)
-    migrate.forget_applied()
+    forget_applied()
 
     store = SqlSinkStateStore(fresh_url)  # upgrades to the head on first use
     try:
@@ -68,7 +69,7 @@ def test_the_upgrade_derives_the_cause_of_earlier_rows_and_the_downgrade_drops_i
         assert _causes(engine)[1] == "upsert_conflict"
     finally:
         store.dispose()
-        migrate.forget_applied()
+        forget_applied()
 
 
 def _write(sink_id: str, epoch: int) -> PreCommit:

@@ -12,8 +12,8 @@ import pytest
 import sqlalchemy as sa
 
 from airflow_provider_exactly_once.core.data_file_list import DataFiles
+from airflow_provider_exactly_once.core.epochs import EpochStatus
 from airflow_provider_exactly_once.core.ports import CommitMark
-from airflow_provider_exactly_once.core.status import EpochStatus
 from airflow_provider_exactly_once.store import SqlSinkStateStore
 from tests.store.store_helpers import another_process
 from tests.support.builders import make_pre_commit

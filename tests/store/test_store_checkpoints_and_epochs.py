@@ -8,9 +8,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from airflow_provider_exactly_once.core.epochs import epoch_from_interval_start
+from airflow_provider_exactly_once.core.epochs import CheckpointStatus, epoch_from_interval_start
 from airflow_provider_exactly_once.core.errors import InvalidPreCommit, StateConflict
-from airflow_provider_exactly_once.core.status import CheckpointStatus
 from airflow_provider_exactly_once.store import SqlSinkStateStore
 
 EPOCH = 1_700_000_000_000

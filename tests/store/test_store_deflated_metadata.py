@@ -10,9 +10,10 @@ import pytest
 import sqlalchemy as sa
 from alembic import command
 
+from airflow_provider_exactly_once.core.epochs import EpochStatus
 from airflow_provider_exactly_once.core.errors import InvalidPreCommit
-from airflow_provider_exactly_once.core.status import EpochStatus
-from airflow_provider_exactly_once.store import SqlSinkStateStore, migrate
+from airflow_provider_exactly_once.store import SqlSinkStateStore
+from airflow_provider_exactly_once.store.database import alembic_config, forget_applied
 from tests.store.store_helpers import another_process
 from tests.support.builders import make_pre_commit
 
@@ -73,8 +74,8 @@ def test_the_migration_keeps_text_rows_readable_and_its_downgrade_inflates_the_d
 ) -> None:
     older = make_pre_commit(sink_id, EPOCH, files=3)
     with engine.begin() as connection:
-        command.upgrade(migrate.alembic_config(connection), "0006")
-    migrate.forget_applied()
+        command.upgrade(alembic_config(connection), "0006")
+    forget_applied()
     with engine.begin() as connection:
         connection.execute(
             sa.text(
@@ -105,8 +106,8 @@ def test_the_migration_keeps_text_rows_readable_and_its_downgrade_inflates_the_d
         store.dispose()
 
     with engine.begin() as connection:
-        command.downgrade(migrate.alembic_config(connection), "0006")
-    migrate.forget_applied()
+        command.downgrade(alembic_config(connection), "0006")
+    forget_applied()
     assert "metadata_zlib" not in {c["name"] for c in sa.inspect(engine).get_columns("epoch_metadata")}
     with engine.connect() as connection:
         back = connection.execute(sa.text("SELECT epoch, metadata FROM epoch_metadata ORDER BY epoch")).all()

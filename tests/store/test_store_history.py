@@ -12,14 +12,13 @@ import pytest
 import sqlalchemy as sa
 from alembic import command
 
-from airflow_provider_exactly_once.core.history import Actor, ActorKind, EpochEvent, acting
+from airflow_provider_exactly_once.core.epochs import AbortCause, Actor, ActorKind, EpochEvent, EpochStatus, acting
 from airflow_provider_exactly_once.core.ports import CommitMark
 from airflow_provider_exactly_once.core.precommit import PreCommit
-from airflow_provider_exactly_once.core.status import AbortCause, EpochStatus
-from airflow_provider_exactly_once.store import SqlSinkStateStore, epoch_history, migrate
-from airflow_provider_exactly_once.store.batch_transitions import SqlBatchTransitions
-from airflow_provider_exactly_once.store.cleanup_queue import SqlCleanupQueue
-from airflow_provider_exactly_once.store.revisions import SqlRevisions
+from airflow_provider_exactly_once.store import SqlSinkStateStore
+from airflow_provider_exactly_once.store.database import alembic_config, forget_applied
+from airflow_provider_exactly_once.store.history import SqlRevisions, record
+from airflow_provider_exactly_once.store.sql import SqlBatchTransitions, SqlCleanupQueue
 from tests.support.builders import make_pre_commit
 
 E, E2, E3, E4 = (1_717_200_000_000 + n * 3_600_000 for n in range(4))
@@ -131,13 +130,13 @@ def test_the_event_and_its_change_are_one_transaction(
     store: SqlSinkStateStore, sink_id: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A failure right after the event row was written rolls back both."""
-    written = epoch_history.record
+    written = record
 
     def then_fail(*args: Any, **kwargs: Any) -> None:
         written(*args, **kwargs)
         raise RuntimeError("crash after the history row")
 
-    monkeypatch.setattr(epoch_history, "record", then_fail)
+    monkeypatch.setattr("airflow_provider_exactly_once.store.history.record", then_fail)
     for transition in (
         lambda: store.insert_aborted(make_pre_commit(sink_id, E), reason="the write task failed"),
         lambda: store.insert_pending(make_pre_commit(sink_id, E), run_id=None, try_number=None),
@@ -192,9 +191,9 @@ def test_the_retention_deletes_old_history_of_the_sink_only(
 def test_the_downgrade_drops_the_history_and_the_upgrade_brings_it_back(fresh_url: str, engine: sa.Engine) -> None:
     SqlSinkStateStore(fresh_url).dispose()
     with engine.begin() as connection:
-        command.downgrade(migrate.alembic_config(connection), "0011")
+        command.downgrade(alembic_config(connection), "0011")
     assert "epoch_history" not in sa.inspect(engine).get_table_names()
-    migrate.forget_applied()
+    forget_applied()
     store = SqlSinkStateStore(fresh_url)
     try:
         store.insert_pending(make_pre_commit("orders", E), run_id=None, try_number=None)
@@ -205,7 +204,7 @@ def test_the_downgrade_drops_the_history_and_the_upgrade_brings_it_back(fresh_ur
 
 @pytest.mark.parametrize("owner", [SqlSinkStateStore, SqlBatchTransitions, SqlRevisions, SqlCleanupQueue])
 def test_every_transition_records_its_event(owner: type) -> None:
-    """A method that opens a writing transaction on epochs without ``epoch_history.record`` (or ``recorded``) in it is a
+    """A method that opens a writing transaction on epochs without ``record`` (or ``recorded``) in it is a
     transition with no history: this fails for it (a new transition must append its event)."""
     writing = {
         name: inspect.getsource(method)
@@ -213,7 +212,7 @@ def test_every_transition_records_its_event(owner: type) -> None:
         if inspect.isfunction(method) and "write=True" in inspect.getsource(method)
     }
     assert writing, f"{owner.__name__} has no transition: the check would look at nothing"
-    recording = ("epoch_history.record", "_noted(")  # ``record``, ``recorded``, and sql.py's notes
+    recording = ("record", "_noted(")  # ``record``, ``recorded``, and sql.py's notes
     assert [name for name, source in writing.items() if not any(r in source for r in recording)] == []
 
 

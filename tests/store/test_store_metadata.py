@@ -11,8 +11,9 @@ import pytest
 import sqlalchemy as sa
 from alembic import command
 
-from airflow_provider_exactly_once.core.status import EpochStatus
-from airflow_provider_exactly_once.store import SqlSinkStateStore, migrate
+from airflow_provider_exactly_once.core.epochs import EpochStatus
+from airflow_provider_exactly_once.store import SqlSinkStateStore
+from airflow_provider_exactly_once.store.database import alembic_config, forget_applied
 from tests.store.store_helpers import another_process
 from tests.support.builders import make_pre_commit
 
@@ -48,7 +49,7 @@ def test_the_migration_moves_the_metadata_out_of_the_row_and_back(fresh_url: str
     accented = written.model_copy(update={"tables": [written.tables[0].model_copy(update={"table": "db.évents"})]})
     texts = {older.epoch: older.to_json(), accented.epoch: accented.to_json()}
     with engine.begin() as connection:
-        command.upgrade(migrate.alembic_config(connection), "0005")
+        command.upgrade(alembic_config(connection), "0005")
         for pre, status in ((older, "Committed"), (accented, "Pending")):
             connection.execute(
                 sa.text(
@@ -57,7 +58,7 @@ def test_the_migration_moves_the_metadata_out_of_the_row_and_back(fresh_url: str
                 ),
                 {"s": pre.sink_id, "e": pre.epoch, "status": status, "w": pre.write_id, "m": texts[pre.epoch]},
             )
-    migrate.forget_applied()
+    forget_applied()
 
     store = SqlSinkStateStore(fresh_url)  # upgrades to the head on first use
     try:
@@ -79,7 +80,7 @@ def test_the_migration_moves_the_metadata_out_of_the_row_and_back(fresh_url: str
         store.dispose()
 
     with engine.begin() as connection:
-        command.downgrade(migrate.alembic_config(connection), "0005")
+        command.downgrade(alembic_config(connection), "0005")
     assert "epoch_metadata" not in sa.inspect(engine).get_table_names()
     with engine.connect() as connection:
         back = connection.execute(sa.text("SELECT epoch, metadata FROM pending_sink_state ORDER BY epoch")).all()
@@ -91,7 +92,7 @@ def test_the_migration_moves_the_metadata_out_of_the_row_and_back(fresh_url: str
                 "VALUES ('s', 1, 'Pending', 'w', '2025-01-01 00:00:00', '2025-01-01 00:00:00')"
             )
         )
-    migrate.forget_applied()
+    forget_applied()
 
 
 def test_deciding_and_marking_a_commit_write_one_statement_and_its_event_and_leave_the_metadata_alone(

@@ -12,7 +12,8 @@ import sqlalchemy as sa
 from airflow_provider_exactly_once.core.errors import InvalidPreCommit, InvalidSinkConfig, StateConflict
 from airflow_provider_exactly_once.core.ports import ORPHAN_EPOCH
 from airflow_provider_exactly_once.core.precommit import PreCommit
-from airflow_provider_exactly_once.store import SqlSinkStateStore, migrate
+from airflow_provider_exactly_once.store import SqlSinkStateStore
+from airflow_provider_exactly_once.store.database import known_revisions
 from tests.support.builders import make_pre_commit
 
 EPOCH = 1_700_000_000_000
@@ -191,4 +192,4 @@ def test_one_of_many_concurrent_takers_gets_the_lock(store: SqlSinkStateStore) -
 
 
 def test_the_new_tables_come_from_migration_0002() -> None:
-    assert "0002" in migrate.known_revisions()
+    assert "0002" in known_revisions()

@@ -11,9 +11,10 @@ from typing import Any
 import sqlalchemy as sa
 from alembic import command
 
+from airflow_provider_exactly_once.core.epochs import EpochStatus
 from airflow_provider_exactly_once.core.precommit import PreCommit
-from airflow_provider_exactly_once.core.status import EpochStatus
-from airflow_provider_exactly_once.store import SqlSinkStateStore, migrate
+from airflow_provider_exactly_once.store import SqlSinkStateStore
+from airflow_provider_exactly_once.store.database import alembic_config, forget_applied
 from tests.store.store_helpers import another_process
 from tests.support.builders import make_pre_commit
 
@@ -107,8 +108,8 @@ def test_the_migration_moves_a_revision_in_flight_and_its_downgrade_puts_it_back
     first, second = _write(sink_id, G1, files=20), _write(sink_id, G2, files=3)
     aborted = make_pre_commit(sink_id, EPOCH + 1, files=2)
     with engine.begin() as connection:
-        command.upgrade(migrate.alembic_config(connection), "0009")
-    migrate.forget_applied()
+        command.upgrade(alembic_config(connection), "0009")
+    forget_applied()
     kept = {  # the row as 0009's package wrote it: the replaced write's metadata inside ``replaces``
         "write_id": first.write_id,
         "metadata": first.to_dict(),
@@ -156,8 +157,8 @@ def test_the_migration_moves_a_revision_in_flight_and_its_downgrade_puts_it_back
         store.dispose()
 
     with engine.begin() as connection:
-        command.downgrade(migrate.alembic_config(connection), "0009")
-    migrate.forget_applied()
+        command.downgrade(alembic_config(connection), "0009")
+    forget_applied()
     assert "replaced_metadata" not in sa.inspect(engine).get_table_names()
     assert "metadata_zlib" not in {c["name"] for c in sa.inspect(engine).get_columns("sink_cleanup")}
     [(replaces,)] = _rows(engine, "SELECT replaces FROM pending_sink_state")

@@ -15,13 +15,13 @@ import pytest
 import sqlalchemy as sa
 from alembic import command
 
+from airflow_provider_exactly_once.core.epochs import EpochEvent, EpochStatus
 from airflow_provider_exactly_once.core.errors import StateConflict
-from airflow_provider_exactly_once.core.history import EpochEvent
 from airflow_provider_exactly_once.core.precommit import PreCommit
-from airflow_provider_exactly_once.core.status import EpochStatus
-from airflow_provider_exactly_once.store import SqlSinkStateStore, migrate
+from airflow_provider_exactly_once.store import SqlSinkStateStore
+from airflow_provider_exactly_once.store.database import alembic_config, forget_applied
+from airflow_provider_exactly_once.store.history import RevisionRecord
 from airflow_provider_exactly_once.store.models import UtcDateTime
-from airflow_provider_exactly_once.store.revisions import RevisionRecord
 from tests.support.builders import make_pre_commit
 
 EPOCH = 1_700_000_000_000
@@ -234,8 +234,8 @@ def test_the_migration_moves_the_revision_rows_of_0013_into_the_history_and_back
     fresh_url: str, engine: sa.Engine, sink_id: str
 ) -> None:
     with engine.begin() as connection:
-        command.upgrade(migrate.alembic_config(connection), "0013")
-    migrate.forget_applied()
+        command.upgrade(alembic_config(connection), "0013")
+    forget_applied()
     rows = _old_rows(sink_id)
     keys = sorted({(r["sink_id"], r["epoch"]) for r in rows})
     writes = sorted({r["write_id"] for r in rows} | {_w("never recorded")})
@@ -261,12 +261,12 @@ def test_the_migration_moves_the_revision_rows_of_0013_into_the_history_and_back
         store.dispose()
 
     with engine.begin() as connection:
-        command.downgrade(migrate.alembic_config(connection), "0013")
+        command.downgrade(alembic_config(connection), "0013")
         columns = {c["name"] for c in sa.inspect(connection).get_columns("epoch_history")}
         assert not columns & {"revision_record", "replaced_write_id"}
         assert connection.execute(sa.text("SELECT count(*) FROM epoch_history")).scalar() == 0
         back = connection.execute(sa.select(OLD)).mappings().all()
-    migrate.forget_applied()
+    forget_applied()
     key = operator.itemgetter("sink_id", "epoch", "write_id")
     assert sorted((dict(r) for r in back), key=key) == sorted(rows, key=key)  # as they were, to the microsecond
 
@@ -281,9 +281,9 @@ def test_the_downgrade_rebuilds_the_revision_rows_of_the_history_and_the_upgrade
     finally:
         store.dispose()
     with engine.begin() as connection:
-        command.downgrade(migrate.alembic_config(connection), "0013")
+        command.downgrade(alembic_config(connection), "0013")
         assert _old_revisions(connection, sink_id, EPOCH) == before[:-1]  # the one in flight is its row's
-    migrate.forget_applied()
+    forget_applied()
     store = SqlSinkStateStore(fresh_url)
     try:
         assert store.revisions.revisions(sink_id, EPOCH) == before

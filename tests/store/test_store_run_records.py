@@ -10,8 +10,9 @@ import sqlalchemy as sa
 from alembic import command
 
 from airflow_provider_exactly_once.core.errors import InvalidPreCommit
-from airflow_provider_exactly_once.store import SqlSinkStateStore, migrate
-from airflow_provider_exactly_once.store.runs import RunDates
+from airflow_provider_exactly_once.store import SqlSinkStateStore
+from airflow_provider_exactly_once.store.database import alembic_config, forget_applied
+from airflow_provider_exactly_once.store.registry import RunDates
 
 DAY = datetime(2024, 6, 1, tzinfo=UTC)
 #: A ``dags test orders 2024-06-02`` run: its logical date is its interval's end.
@@ -92,9 +93,9 @@ def test_bad_input_is_refused_naming_it(
 
 def test_the_migration_adds_the_table_and_its_downgrade_drops_it(fresh_url: str, engine: sa.Engine) -> None:
     with engine.begin() as connection:
-        command.upgrade(migrate.alembic_config(connection), "0007")
+        command.upgrade(alembic_config(connection), "0007")
     assert "dag_run_record" not in sa.inspect(engine).get_table_names()
-    migrate.forget_applied()
+    forget_applied()
 
     store = SqlSinkStateStore(fresh_url)  # upgrades to the head on first use
     try:
@@ -104,12 +105,12 @@ def test_the_migration_adds_the_table_and_its_downgrade_drops_it(fresh_url: str,
         store.dispose()
 
     with engine.begin() as connection:
-        command.downgrade(migrate.alembic_config(connection), "0007")
+        command.downgrade(alembic_config(connection), "0007")
     assert "dag_run_record" not in sa.inspect(engine).get_table_names()
-    migrate.forget_applied()
+    forget_applied()
     store = SqlSinkStateStore(fresh_url)  # and up again
     try:
         assert store.runs.lookup([("orders", "manual__x")]) == {}
     finally:
         store.dispose()
-        migrate.forget_applied()
+        forget_applied()

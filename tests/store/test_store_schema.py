@@ -18,9 +18,17 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy.engine import Engine
 from store_helpers import open_store_and_persist
 
+from airflow_provider_exactly_once.core.epochs import EpochStatus
 from airflow_provider_exactly_once.core.errors import InvalidSinkConfig, MetaStoreUnavailable
-from airflow_provider_exactly_once.core.status import EpochStatus
-from airflow_provider_exactly_once.store import SqlSinkStateStore, migrate
+from airflow_provider_exactly_once.store import SqlSinkStateStore
+from airflow_provider_exactly_once.store.database import (
+    current_revision,
+    file_lock,
+    forget_applied,
+    head_revision,
+    known_revisions,
+    scripted_head_revision,
+)
 from airflow_provider_exactly_once.store.models import VERSION_TABLE, Base
 from tests.support.builders import make_pre_commit
 
@@ -74,7 +82,7 @@ def test_migrations_run_on_first_use_and_match_the_models(fresh_url: str, statem
         assert _tables(fresh_url) >= TABLES
         assert any(s.startswith("CREATE TABLE pending_sink_state") for s in statements.ddl)
         with store.engine.connect() as conn:
-            assert migrate.current_revision(conn) == migrate.head_revision()
+            assert current_revision(conn) == head_revision()
             context = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE})
             assert compare_metadata(context, Base.metadata) == [], "models and migrations disagree"
         # The CHECK constraint is in the database, not only in the code.
@@ -89,8 +97,8 @@ def test_migrations_run_on_first_use_and_match_the_models(fresh_url: str, statem
 
 
 def test_the_declared_head_is_the_scripted_head() -> None:
-    assert migrate.head_revision() == migrate.scripted_head_revision()
-    assert migrate.known_revisions() == {
+    assert head_revision() == scripted_head_revision()
+    assert known_revisions() == {
         "0001",
         "0002",
         "0003",
@@ -110,7 +118,7 @@ def test_the_declared_head_is_the_scripted_head() -> None:
 
 def test_a_second_open_does_no_ddl(fresh_url: str, statements: _Statements) -> None:
     SqlSinkStateStore(fresh_url).dispose()
-    migrate.forget_applied()  # as in a new process
+    forget_applied()  # as in a new process
     statements.seen.clear()
     SqlSinkStateStore(fresh_url).dispose()
     assert statements.seen, "a new process looks at the schema version once"
@@ -150,7 +158,7 @@ def test_a_database_from_a_newer_package_is_refused(fresh_url: str) -> None:
     with engine.begin() as conn:
         conn.execute(sa.text(f"UPDATE {VERSION_TABLE} SET version_num = '9999'"))
     engine.dispose()
-    migrate.forget_applied()
+    forget_applied()
     with pytest.raises(InvalidSinkConfig, match=r"schema revision '9999'.*upgrade the package"):
         SqlSinkStateStore(fresh_url)
 
@@ -250,14 +258,14 @@ def test_a_locked_database_is_unavailable_not_half_written(meta_url: str, backen
 
 def test_the_sqlite_migration_lock_excludes_and_times_out(tmp_path: Path) -> None:
     lock = tmp_path / "meta.db.migrate.lock"
-    with migrate.file_lock(lock, 1, "here"):
+    with file_lock(lock, 1, "here"):
         started = time.monotonic()
         with (
             pytest.raises(MetaStoreUnavailable, match=re.escape(f"migration lock {lock} for more than 0.2s")),
-            migrate.file_lock(lock, 0.2, "here"),
+            file_lock(lock, 0.2, "here"),
         ):
             pass  # pragma: no cover - must not be reached
         assert 0.2 <= time.monotonic() - started < 2
-    with migrate.file_lock(lock, 0.2, "here"):  # released: free again
+    with file_lock(lock, 0.2, "here"):  # released: free again
         pass
     assert lock.exists()

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
+from airflow_provider_exactly_once.core.epochs import EpochStatus
 from airflow_provider_exactly_once.core.errors import (
     EpochAborted,
     EpochNotFound,
@@ -22,7 +23,6 @@ from airflow_provider_exactly_once.core.errors import (
 )
 from airflow_provider_exactly_once.core.ports import EMPTY, ORPHAN_EPOCH, EpochRecord
 from airflow_provider_exactly_once.core.precommit import PreCommit
-from airflow_provider_exactly_once.core.status import EpochStatus
 from airflow_provider_exactly_once.store import SqlSinkStateStore
 from tests.support.builders import make_pre_commit
 

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from airflow_provider_exactly_once.checkpoints.config import CheckpointConfig, MetaStoreCheckpoint
+from airflow_provider_exactly_once.core.epochs import CheckpointStatus
 from airflow_provider_exactly_once.core.precommit import PreCommit
-from airflow_provider_exactly_once.core.status import CheckpointStatus
 from airflow_provider_exactly_once.runtime.assembly import run_epoch
 from airflow_provider_exactly_once.sinks.config import FileSinkConfig, IcebergSinkConfig, SinkConfig
 from tests.support.pipeline import Pipeline

@@ -14,8 +14,8 @@ from typing import Any
 import sqlalchemy as sa
 
 from airflow_provider_exactly_once.core.precommit import PreCommit, TableWrite
+from airflow_provider_exactly_once.store.rows import head_of
 from airflow_provider_exactly_once.store.sql import SqlSinkStateStore
-from airflow_provider_exactly_once.store.write_heads import head_of
 
 #: Positions persist accepted before it refused what parses as no range (issue 54): a range with no end.
 OPEN_RANGE = {"kind": "iceberg_snapshots", "table": "up.events", "after_snapshot_id": 5}

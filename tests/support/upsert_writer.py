@@ -68,7 +68,7 @@ def write_upsert(
     revision: RevisionBasis | None = None,
 ) -> PreCommit:
     """The epoch's changes applied copy-on-write against the head of ``main`` as it is now; or, as
-    a ``revision`` (``core.upsert_revisions.revision_basis``), against the table before the write it
+    a ``revision`` (``core.decisions.revision_basis``), against the table before the write it
     revises, rewriting that write's rewritten files too (what ``spark/upsert.py`` does)."""
     table = catalog.load_table(table_name)
     read_id = _planned_at(table, revision)

@@ -18,8 +18,7 @@ from airflow.sdk import DAG
 from airflow.timetables.interval import CronDataIntervalTimetable
 
 from airflow_provider_exactly_once.checkpoints.config import MarkerFileCheckpoint
-from airflow_provider_exactly_once.core.epochs import epoch_from_interval_start
-from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochStatus
+from airflow_provider_exactly_once.core.epochs import CheckpointStatus, EpochStatus, epoch_from_interval_start
 from airflow_provider_exactly_once.operators import MarkCheckpointOperator
 from airflow_provider_exactly_once.sinks.config import SinkConfig
 from airflow_provider_exactly_once.task_groups import exactly_once_epoch

@@ -41,9 +41,8 @@ import sqlalchemy as sa
 from pyiceberg.catalog import Catalog, load_catalog
 
 from airflow_provider_exactly_once.checkpoints.config import MarkerFileCheckpoint
-from airflow_provider_exactly_once.core.epochs import epoch_from_interval_start
+from airflow_provider_exactly_once.core.epochs import EpochStatus, epoch_from_interval_start
 from airflow_provider_exactly_once.core.precommit import COMPRESSED_PREFIX, PreCommit
-from airflow_provider_exactly_once.core.status import EpochStatus
 from airflow_provider_exactly_once.operators.spark_precommit import SparkPreCommitOperator
 from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig
 from airflow_provider_exactly_once.store import SqlSinkStateStore
@@ -426,8 +425,8 @@ def test_a_sigv4_signed_rest_catalog_connection_commits_an_epoch(
     """The ``iceberg`` connection with ``rest.sigv4-enabled``: no OAuth2 client, every catalog
     request signed with the S3 keys of the extra; persist and commit through the coordinator the
     tasks assemble (``runtime.assembly.coordinator_for``)."""
+    from airflow_provider_exactly_once.core.epochs import CheckpointStatus
     from airflow_provider_exactly_once.core.outcomes import CommitOutcome
-    from airflow_provider_exactly_once.core.status import CheckpointStatus
     from airflow_provider_exactly_once.operators._targets import iceberg_catalog_properties
     from airflow_provider_exactly_once.runtime.assembly import coordinator_for
     from tests.support.object_store import S3Pipeline, seaweed_lake

@@ -23,9 +23,8 @@ from airflow_provider_exactly_once import (
     TableSpec,
     exactly_once_epoch,
 )
-from airflow_provider_exactly_once.core.epochs import epoch_from_interval_start
+from airflow_provider_exactly_once.core.epochs import CheckpointStatus, epoch_from_interval_start
 from airflow_provider_exactly_once.core.errors import InvalidSinkConfig
-from airflow_provider_exactly_once.core.status import CheckpointStatus
 from airflow_provider_exactly_once.runtime.assembly import meta_conn_id_or_configured
 from airflow_provider_exactly_once.sensors.checkpoint import CheckpointSensor
 from airflow_provider_exactly_once.triggers.checkpoint import CheckpointTrigger

@@ -13,10 +13,14 @@ from airflow.providers.standard.operators.python import PythonOperator
 from airflow.sdk import DAG
 
 from airflow_provider_exactly_once.checkpoints.config import MarkerFileCheckpoint
-from airflow_provider_exactly_once.core.epochs import epoch_from_interval_start
+from airflow_provider_exactly_once.core.epochs import (
+    AbortCause,
+    CheckpointStatus,
+    EpochStatus,
+    epoch_from_interval_start,
+    new_write_id,
+)
 from airflow_provider_exactly_once.core.errors import InvalidSinkConfig
-from airflow_provider_exactly_once.core.identifiers import new_write_id
-from airflow_provider_exactly_once.core.status import AbortCause, CheckpointStatus, EpochStatus
 from airflow_provider_exactly_once.core.upserts import UpsertSpec
 from airflow_provider_exactly_once.runtime.assembly import run_epoch
 from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig

@@ -27,6 +27,17 @@ from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from airflow_provider_exactly_once.core.epochs import (
+    ABORT_REASON_MAX_LENGTH,
+    EPOCH_MAX,
+    Actor,
+    ActorKind,
+    EpochStatus,
+    abort_reason_fault,
+    acting,
+    check_epoch,
+    check_sink_id,
+)
 from airflow_provider_exactly_once.core.errors import (
     AbortRefused,
     CheckpointNotReady,
@@ -38,17 +49,8 @@ from airflow_provider_exactly_once.core.errors import (
     MetaStoreUnavailable,
     SinkUnavailable,
     StateConflict,
+    mask_userinfo,
 )
-from airflow_provider_exactly_once.core.history import Actor, ActorKind, acting
-from airflow_provider_exactly_once.core.identifiers import (
-    ABORT_REASON_MAX_LENGTH,
-    EPOCH_MAX,
-    abort_reason_fault,
-    check_epoch,
-    check_sink_id,
-)
-from airflow_provider_exactly_once.core.redact import mask_userinfo
-from airflow_provider_exactly_once.core.status import EpochStatus
 from airflow_provider_exactly_once.defaults import CONFIG_SECTION
 from airflow_provider_exactly_once.observability import urls
 from airflow_provider_exactly_once.operations import stale_runs
@@ -508,7 +510,7 @@ def _stale(request: Request, run: StaleRunView) -> dict[str, Any]:
 
 
 def _ui_actor(user: BaseUser) -> Actor:
-    """The epochs' history names a sink-view action's user (``core.history``)."""
+    """The epochs' history names a sink-view action's user (``core.epochs``)."""
     return Actor(ActorKind.UI, name=str(user.get_name()))
 
 

@@ -2,7 +2,7 @@
 
 An error answers in the form the request asked for: a page (a GET outside ``/api`` and
 ``/static``) gets the error page with the status code, the JSON API gets ``{"detail", "error"}``.
-Every message is masked (``core.redact``) on its way out, whichever layer wrote it.
+Every message is masked (``core.errors``) on its way out, whichever layer wrote it.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from fastapi import Request, status
 from fastapi.responses import JSONResponse, Response
 from fastapi.templating import Jinja2Templates
 
-from airflow_provider_exactly_once.core.redact import mask_userinfo
+from airflow_provider_exactly_once.core.errors import mask_userinfo
 from airflow_provider_exactly_once.observability import urls
 from airflow_provider_exactly_once.runtime.run_epochs import instant_text, interval_text
 from airflow_provider_exactly_once.version_compat import HTTP_422

@@ -18,8 +18,14 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError, ServerError, ServiceUnavailableError
 from pyiceberg.table import Table
 
-from airflow_provider_exactly_once.core.errors import MissingDataFiles, SinkUnavailable, UnknownTable
-from airflow_provider_exactly_once.core.redact import MASK, SECRET_PROPERTY_MARKS, mask_userinfo
+from airflow_provider_exactly_once.core.errors import (
+    MASK,
+    SECRET_PROPERTY_MARKS,
+    MissingDataFiles,
+    SinkUnavailable,
+    UnknownTable,
+    mask_userinfo,
+)
 
 if TYPE_CHECKING:
     from pyiceberg.io import FileIO

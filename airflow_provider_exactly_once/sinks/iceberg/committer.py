@@ -18,6 +18,7 @@ from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 
+from airflow_provider_exactly_once.core.coordinator import COMMIT_RETRIES, NO_METRICS, Metrics, safe
 from airflow_provider_exactly_once.core.errors import (
     CommitConflictExhausted,
     CommitRefused,
@@ -27,10 +28,16 @@ from airflow_provider_exactly_once.core.errors import (
     InvalidSinkConfig,
 )
 from airflow_provider_exactly_once.core.faults import FaultHook, no_faults
-from airflow_provider_exactly_once.core.observe import COMMIT_RETRIES, NO_METRICS, Metrics, safe
-from airflow_provider_exactly_once.core.ports import EMPTY, CommitPlan, CommittedTables, VisibleEpoch
+from airflow_provider_exactly_once.core.ports import (
+    EMPTY,
+    CommitPlan,
+    CommittedTables,
+    Kind,
+    ReplacedWrite,
+    VisibleEpoch,
+    WriteKind,
+)
 from airflow_provider_exactly_once.core.precommit import PreCommit, TableWrite
-from airflow_provider_exactly_once.core.write_kinds import Kind, ReplacedWrite, WriteKind
 from airflow_provider_exactly_once.sinks.iceberg.catalog_access import (
     delete_locations,
     load_table,
@@ -136,7 +143,7 @@ class IcebergSinkCommitter:
         self._checked = CheckedWrites()
         #: Write location -> the FileIO ``stage`` wrote its manifest with, until ``tidy`` runs.
         self._staged: dict[str, FileIO] = {}
-        #: Conflict retries are reported here (``core.observe.COMMIT_RETRIES``); settable after
+        #: Conflict retries are reported here (``core.coordinator.COMMIT_RETRIES``); settable after
         #: construction because sink configs build committers without knowing the metrics backend.
         self.metrics: Metrics = safe(metrics)
 

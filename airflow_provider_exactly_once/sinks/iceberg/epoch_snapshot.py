@@ -14,9 +14,8 @@ from pyiceberg.table import Table, TableProperties
 
 from airflow_provider_exactly_once.core.errors import CommitRefused
 from airflow_provider_exactly_once.core.input_ranges import SnapshotRange
-from airflow_provider_exactly_once.core.ports import CommitPlan
+from airflow_provider_exactly_once.core.ports import CommitPlan, ReplacedWrite
 from airflow_provider_exactly_once.core.precommit import PreCommit, TableWrite
-from airflow_provider_exactly_once.core.write_kinds import ReplacedWrite
 from airflow_provider_exactly_once.sinks.iceberg.data_files import build_data_files
 from airflow_provider_exactly_once.sinks.iceberg.markers import marker_properties
 from airflow_provider_exactly_once.sinks.iceberg.overwrites import (

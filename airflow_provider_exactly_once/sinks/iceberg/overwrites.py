@@ -20,11 +20,10 @@ from pyiceberg.table.snapshots import Snapshot
 from pyiceberg.typedef import Record
 from pyiceberg.types import PrimitiveType, StringType
 
+from airflow_provider_exactly_once.core.decisions import DOCUMENTED
 from airflow_provider_exactly_once.core.errors import InvalidPreCommit, ReplacedFilesMissing, UpsertConflict
-from airflow_provider_exactly_once.core.ports import EMPTY
+from airflow_provider_exactly_once.core.ports import EMPTY, Kind, ReplacedWrite, WriteKind
 from airflow_provider_exactly_once.core.precommit import PreCommit, PreparedSnapshot, TableWrite
-from airflow_provider_exactly_once.core.upsert_revisions import DOCUMENTED
-from airflow_provider_exactly_once.core.write_kinds import Kind, ReplacedWrite, WriteKind
 from airflow_provider_exactly_once.sinks.iceberg.catalog_access import unavailable_when_unreachable
 from airflow_provider_exactly_once.sinks.iceberg.data_files import build_data_files
 from airflow_provider_exactly_once.sinks.iceberg.markers import EPOCH_KEY, SINK_ID_KEY, marker_of
@@ -536,7 +535,7 @@ def unrecorded(staged: TableWrite, recorded: TableWrite) -> TableWrite:
 # What the overwrite of an upsert write removes, for a first write and for a revision (design.md D14).
 #
 # A revision E' of a committed upsert write E was planned at P, the table just before E
-# (``core.upsert_revisions``): it rewrote every file E rewrote and every file holding one of its own
+# (``core.decisions``): it rewrote every file E rewrote and every file holding one of its own
 # keys, from their rows at P. Its commit is one overwrite snapshot that removes E's added files and
 # the files E' rewrote that E did not (those are still in the table, untouched by E), and adds E''s
 # files. The table then equals P with E' applied instead of E, with everything committed since kept,

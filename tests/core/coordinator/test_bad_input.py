@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from airflow_provider_exactly_once.core.data_file_list import DataFiles
+from airflow_provider_exactly_once.core.epochs import CheckpointStatus, EpochStatus
 from airflow_provider_exactly_once.core.errors import (
     InputRangeRefused,
     InvalidPreCommit,
@@ -24,7 +25,6 @@ from airflow_provider_exactly_once.core.errors import (
 from airflow_provider_exactly_once.core.outcomes import CommitOutcome, PersistOutcome
 from airflow_provider_exactly_once.core.ports import CommitPlan
 from airflow_provider_exactly_once.core.precommit import PreCommit, TableWrite, WrittenColumn
-from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochStatus
 from airflow_provider_exactly_once.store import SqlSinkStateStore
 from tests.support.pipeline import Pipeline, as_tuples, expected_rows, local_path, write_location_exists
 

@@ -1,4 +1,4 @@
-"""Where recovery cuts a backlog into batches (``core/backlog.py``, ``core/recovery.py``), judged by the
+"""Where recovery cuts a backlog into batches (``core/coordinator.py``, ``core/coordinator.py``), judged by the
 table's catalog commits (one metadata file each) and by the recovery report: a row that moved ends
 the batch before it, an epoch that commits on its own lets the run before it commit first, every
 epoch is reported once and only as what its row became, and a revision whose checkpoint failed is
@@ -14,10 +14,10 @@ from pyiceberg.serializers import FromInputFile
 
 from airflow_provider_exactly_once.checkpoints import MarkerFileCheckpointSource
 from airflow_provider_exactly_once.core.coordinator import TwoPhaseCommitCoordinator
+from airflow_provider_exactly_once.core.epochs import CheckpointStatus, EpochStatus
 from airflow_provider_exactly_once.core.faults import SimulatedCrash
 from airflow_provider_exactly_once.core.outcomes import PersistOutcome
 from airflow_provider_exactly_once.core.precommit import PreCommit
-from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochStatus
 from tests.core.coordinator.test_batch_recovery import _persisted, history
 from tests.core.coordinator.test_reprocessing import G1, G2, generation, replacing
 from tests.support.faults import FaultSwitch

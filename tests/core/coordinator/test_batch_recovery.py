@@ -1,4 +1,4 @@
-"""Recovery commits runs of Pending appends together (``core/backlog.py``): a crash at every step of a
+"""Recovery commits runs of Pending appends together (``core/coordinator.py``): a crash at every step of a
 batch, then a clean recovery, leaves every epoch committed exactly once, each in its own marked
 snapshot, in epoch order on the branch; an epoch that cannot join a batch commits alone where it
 stands in that order.
@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from airflow_provider_exactly_once.core.epochs import CheckpointStatus, EpochStatus
 from airflow_provider_exactly_once.core.faults import SimulatedCrash
 from airflow_provider_exactly_once.core.precommit import PreCommit, WrittenColumn
-from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochStatus
 from tests.core.coordinator.test_crash_recovery import _recovered
 from tests.support.faults import FaultSwitch
 from tests.support.pipeline import Pipeline, as_tuples, expected_rows

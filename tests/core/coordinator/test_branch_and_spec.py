@@ -16,11 +16,11 @@ import pytest
 from pyiceberg.table import Table
 from pyiceberg.transforms import IdentityTransform
 
+from airflow_provider_exactly_once.core.epochs import CheckpointStatus, EpochStatus
 from airflow_provider_exactly_once.core.errors import CommitRefused, InvalidPreCommit
 from airflow_provider_exactly_once.core.outcomes import AbortOutcome, CommitOutcome
 from airflow_provider_exactly_once.core.ports import CommitPlan
 from airflow_provider_exactly_once.core.precommit import PreCommit
-from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochStatus
 from airflow_provider_exactly_once.sinks.iceberg import IcebergSinkCommitter
 from tests.support.independent_reader import read_branch
 from tests.support.pipeline import Pipeline, expected_rows, write_location_exists

@@ -11,8 +11,8 @@ import threading
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
+from airflow_provider_exactly_once.core.epochs import CheckpointStatus, EpochStatus
 from airflow_provider_exactly_once.core.outcomes import CommitOutcome
-from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochStatus
 from tests.support.pipeline import Pipeline
 from tests.support.racer import race_commits, race_config
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pyarrow.dataset as ds
 import pytest
 
+from airflow_provider_exactly_once.core.epochs import CheckpointStatus, EpochStatus
 from airflow_provider_exactly_once.core.faults import SimulatedCrash
-from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochStatus
 from tests.support.faults import FaultSwitch
 from tests.support.pipeline import Pipeline, as_tuples, expected_rows, write_location_exists
 

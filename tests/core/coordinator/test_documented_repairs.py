@@ -7,9 +7,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from airflow_provider_exactly_once.core.epochs import CheckpointStatus, EpochStatus
 from airflow_provider_exactly_once.core.outcomes import PersistOutcome
 from airflow_provider_exactly_once.core.ports import CommitPlan
-from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochStatus
 from airflow_provider_exactly_once.operations import SinkOperations
 from tests.support.pipeline import Pipeline, as_tuples, expected_rows
 

@@ -18,11 +18,11 @@ from pyiceberg.table.update import AddSnapshotUpdate, AssertRefSnapshotId, SetSn
 from pyiceberg.transforms import IdentityTransform
 
 from airflow_provider_exactly_once.core.coordinator import TwoPhaseCommitCoordinator
+from airflow_provider_exactly_once.core.decisions import revision_plan
+from airflow_provider_exactly_once.core.epochs import EpochStatus
 from airflow_provider_exactly_once.core.faults import SimulatedCrash
 from airflow_provider_exactly_once.core.ports import CommitPlan
 from airflow_provider_exactly_once.core.precommit import PreCommit, PreparedSnapshot
-from airflow_provider_exactly_once.core.status import EpochStatus
-from airflow_provider_exactly_once.core.step_requests import revision_plan
 from airflow_provider_exactly_once.sinks.iceberg import overwrites
 from airflow_provider_exactly_once.sinks.iceberg.data_files import build_data_files
 from airflow_provider_exactly_once.sinks.iceberg.prepared_manifests import MANIFEST_FOLDER

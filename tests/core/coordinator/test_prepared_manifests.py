@@ -16,11 +16,11 @@ from pyiceberg.types import StringType
 
 from airflow_provider_exactly_once.core.coordinator import TwoPhaseCommitCoordinator
 from airflow_provider_exactly_once.core.data_file_list import DataFiles
+from airflow_provider_exactly_once.core.epochs import CheckpointStatus, EpochStatus
 from airflow_provider_exactly_once.core.errors import InvalidPreCommit
 from airflow_provider_exactly_once.core.faults import SimulatedCrash
 from airflow_provider_exactly_once.core.ports import CommitPlan
 from airflow_provider_exactly_once.core.precommit import PreCommit
-from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochStatus
 from airflow_provider_exactly_once.sinks.iceberg.prepared_manifests import MANIFEST_FOLDER
 from airflow_provider_exactly_once.store import SqlSinkStateStore
 from tests.support.faults import FaultSwitch
@@ -254,7 +254,7 @@ def test_a_manifest_that_cannot_be_written_leaves_the_persist_to_succeed_without
 def test_a_commit_task_of_its_own_parses_the_descriptors_only_when_the_table_changed(
     pipeline: Pipeline, sink_id: str, evolved: bool
 ) -> None:
-    """A commit task reads the row by its write's head (``store.write_heads``): with the manifests
+    """A commit task reads the row by its write's head (``store.rows``): with the manifests
     persist wrote still standing, the files are listed by their paths and committed without a
     descriptor parsed; once the schema changed, the commit checks every file and writes its own."""
     table = pipeline.create_table("t")

@@ -15,10 +15,10 @@ import pytest
 from pyiceberg.table import Table
 
 from airflow_provider_exactly_once.core.coordinator import TwoPhaseCommitCoordinator
+from airflow_provider_exactly_once.core.epochs import CheckpointStatus, EpochStatus
 from airflow_provider_exactly_once.core.errors import UpsertConflict
 from airflow_provider_exactly_once.core.ports import CommitPlan
 from airflow_provider_exactly_once.core.precommit import PreCommit
-from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochStatus
 from airflow_provider_exactly_once.sinks.iceberg.overwrites import PREPARED_FILE
 from tests.support.faults import FaultSwitch
 from tests.support.independent_reader import read_rows

@@ -12,9 +12,9 @@ from __future__ import annotations
 import pytest
 
 from airflow_provider_exactly_once.core.coordinator import TwoPhaseCommitCoordinator
+from airflow_provider_exactly_once.core.epochs import CheckpointStatus, EpochStatus
 from airflow_provider_exactly_once.core.outcomes import AbortOutcome, CommitOutcome, PersistOutcome
 from airflow_provider_exactly_once.core.precommit import PreCommit
-from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochStatus
 from tests.core.coordinator.test_reprocessing import G1, G2, G3, commit, generation, replacing
 from tests.support.pipeline import Pipeline, write_location_exists
 

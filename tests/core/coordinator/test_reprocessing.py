@@ -15,6 +15,7 @@ from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.transforms import IdentityTransform
 
 from airflow_provider_exactly_once.core.coordinator import TwoPhaseCommitCoordinator
+from airflow_provider_exactly_once.core.epochs import CheckpointStatus, EpochStatus
 from airflow_provider_exactly_once.core.errors import (
     AbortRefused,
     ReplacedFilesMissing,
@@ -22,7 +23,6 @@ from airflow_provider_exactly_once.core.errors import (
 from airflow_provider_exactly_once.core.faults import SimulatedCrash
 from airflow_provider_exactly_once.core.outcomes import AbortOutcome, CommitOutcome, PersistOutcome
 from airflow_provider_exactly_once.core.precommit import PreCommit
-from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochStatus
 from tests.support.faults import FaultSwitch
 from tests.support.independent_reader import read_rows
 from tests.support.pipeline import Pipeline, write_location_exists

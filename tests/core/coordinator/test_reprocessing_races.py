@@ -13,9 +13,9 @@ from collections import Counter
 
 import pytest
 
+from airflow_provider_exactly_once.core.epochs import CheckpointStatus, EpochStatus
 from airflow_provider_exactly_once.core.faults import SimulatedCrash
 from airflow_provider_exactly_once.core.precommit import PreCommit
-from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochStatus
 from tests.core.coordinator.test_reprocessing import (
     G1,
     G2,

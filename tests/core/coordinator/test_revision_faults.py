@@ -12,8 +12,8 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
+from airflow_provider_exactly_once.core.epochs import CheckpointStatus
 from airflow_provider_exactly_once.core.outcomes import CommitOutcome, PersistOutcome
-from airflow_provider_exactly_once.core.status import CheckpointStatus
 from tests.core.coordinator.test_reprocessing import G1, G2, commit, generation, replacing
 from tests.core.coordinator.test_upsert_revisions import AFTER, G0, SINK, Epochs, P
 from tests.core.coordinator.test_upsert_revisions import G1 as REVISED

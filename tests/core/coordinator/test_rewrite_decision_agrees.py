@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from airflow_provider_exactly_once.core.epochs import CheckpointStatus, EpochStatus
 from airflow_provider_exactly_once.core.errors import RewriteRefused
 from airflow_provider_exactly_once.core.faults import SimulatedCrash
 from airflow_provider_exactly_once.core.outcomes import CommitOutcome
-from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochStatus
 from tests.support.faults import FaultSwitch
 from tests.support.upsert_writer import keyed_pipeline, write_upsert
 

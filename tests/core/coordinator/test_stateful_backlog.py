@@ -1,5 +1,5 @@
 """Hypothesis builds a backlog of Pending epochs and recovers it with a crash at any step of a batch
-(``core/backlog.py``), again and again: every epoch whose checkpoint completed ends committed exactly
+(``core/coordinator.py``), again and again: every epoch whose checkpoint completed ends committed exactly
 once, each in its own marked snapshot, in epoch order on the table's history, and nothing else is
 ever visible (invariants 1 to 3).
 
@@ -12,8 +12,8 @@ from __future__ import annotations
 import hypothesis.strategies as st
 from hypothesis.stateful import invariant, rule
 
+from airflow_provider_exactly_once.core.epochs import CheckpointStatus, EpochStatus
 from airflow_provider_exactly_once.core.precommit import PreCommit
-from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochStatus
 from tests.core.coordinator.test_batch_recovery import history
 from tests.support.pipeline import as_tuples, expected_rows
 from tests.support.stateful import PipelineMachine, machine_settings

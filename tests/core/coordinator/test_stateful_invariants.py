@@ -17,6 +17,7 @@ from datetime import UTC, datetime, timedelta
 import hypothesis.strategies as st
 from hypothesis.stateful import Bundle, invariant, precondition, rule
 
+from airflow_provider_exactly_once.core.epochs import CheckpointStatus, EpochStatus, generation_of
 from airflow_provider_exactly_once.core.errors import (
     AbortRefused,
     CheckpointFailed,
@@ -25,11 +26,9 @@ from airflow_provider_exactly_once.core.errors import (
     EpochNotFound,
     RevisionInProgress,
 )
-from airflow_provider_exactly_once.core.generations import generation_of
 from airflow_provider_exactly_once.core.outcomes import PersistOutcome
 from airflow_provider_exactly_once.core.ports import EMPTY
 from airflow_provider_exactly_once.core.precommit import PreCommit
-from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochStatus
 from tests.support.pipeline import as_tuples, expected_rows, write_location_exists
 from tests.support.stateful import PipelineMachine, machine_settings
 
@@ -46,7 +45,7 @@ COMMIT_CRASHES = st.none() | st.sampled_from(
 )
 ABORT_CRASHES = st.none() | st.sampled_from(["abort.marked", "cleanup.deleted", "abort.cleaned"])
 PERSIST_CRASHES = st.none() | st.sampled_from(["persist.inserted", "persist.replaced", "cleanup.deleted"])
-#: Recovery commits the Pending appends together (``core/backlog.py``); a crash at each of its steps.
+#: Recovery commits the Pending appends together (``core/coordinator.py``); a crash at each of its steps.
 RECOVER_CRASHES = st.none() | st.sampled_from(
     [
         "batch.decided",

@@ -17,6 +17,7 @@ from collections.abc import Callable
 import hypothesis.strategies as st
 from hypothesis.stateful import Bundle, invariant, rule
 
+from airflow_provider_exactly_once.core.epochs import AbortCause, CheckpointStatus, EpochStatus
 from airflow_provider_exactly_once.core.errors import (
     AbortRefused,
     CheckpointFailed,
@@ -28,7 +29,6 @@ from airflow_provider_exactly_once.core.errors import (
     UpsertConflict,
 )
 from airflow_provider_exactly_once.core.precommit import PreCommit
-from airflow_provider_exactly_once.core.status import AbortCause, CheckpointStatus, EpochStatus
 from tests.core.coordinator.test_stateful_invariants import ABORT_CRASHES, COMMIT_CRASHES, PERSIST_CRASHES
 from tests.support.pipeline import Pipeline
 from tests.support.stateful import PipelineMachine, machine_settings

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from airflow_provider_exactly_once.core.epochs import CheckpointStatus, EpochStatus
 from airflow_provider_exactly_once.core.faults import SimulatedCrash
-from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochStatus
 from airflow_provider_exactly_once.sinks.iceberg.prepared_manifests import MANIFEST_FOLDER
 from tests.core.coordinator.test_crash_recovery import COMMIT_POINTS
 from tests.support.faults import FaultSwitch

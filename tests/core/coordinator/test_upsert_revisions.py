@@ -17,12 +17,12 @@ from pathlib import Path
 import pytest
 
 from airflow_provider_exactly_once.core.coordinator import TwoPhaseCommitCoordinator
+from airflow_provider_exactly_once.core.decisions import revision_basis
+from airflow_provider_exactly_once.core.epochs import CheckpointStatus, EpochStatus
 from airflow_provider_exactly_once.core.errors import ReprocessRefused, UpsertConflict
 from airflow_provider_exactly_once.core.faults import SimulatedCrash
 from airflow_provider_exactly_once.core.outcomes import AbortOutcome, CommitOutcome, PersistOutcome
 from airflow_provider_exactly_once.core.precommit import PreCommit
-from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochStatus
-from airflow_provider_exactly_once.core.upsert_revisions import revision_basis
 from tests.core.coordinator.test_reprocessing import STEPS  # every step of a revision's persist and commit
 from tests.support.faults import FaultSwitch
 from tests.support.independent_reader import read_rows

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from airflow_provider_exactly_once.core.coordinator import TwoPhaseCommitCoordinator
+from airflow_provider_exactly_once.core.decisions import REWRITE_REASON
+from airflow_provider_exactly_once.core.epochs import AbortCause, CheckpointStatus, EpochStatus
 from airflow_provider_exactly_once.core.errors import RewriteRefused, UpsertConflict
 from airflow_provider_exactly_once.core.outcomes import PersistOutcome, RewriteOutcome
-from airflow_provider_exactly_once.core.rewrite_decisions import REWRITE_REASON
-from airflow_provider_exactly_once.core.status import AbortCause, CheckpointStatus, EpochStatus
 from tests.support.faults import FaultSwitch
 from tests.support.pipeline import Pipeline
 from tests.support.upsert_writer import Changes, keyed_pipeline, write_upsert

@@ -35,10 +35,9 @@ import httpx
 import pytest
 
 from airflow_provider_exactly_once.checkpoints.config import MetaStoreCheckpoint, SnapshotRangeCheckpoint
-from airflow_provider_exactly_once.core.history import Actor, ActorKind, acting, run_failure
+from airflow_provider_exactly_once.core.epochs import Actor, ActorKind, CheckpointStatus, acting, run_failure
 from airflow_provider_exactly_once.core.ports import CommitMark
 from airflow_provider_exactly_once.core.precommit import PreCommit
-from airflow_provider_exactly_once.core.status import CheckpointStatus
 from airflow_provider_exactly_once.runtime.run_epochs import reserved_range
 from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig
 from tests.operations.helpers import age_rows

@@ -8,7 +8,7 @@ from __future__ import annotations
 import uuid
 
 from airflow_provider_exactly_once.checkpoints.config import MetaStoreCheckpoint
-from airflow_provider_exactly_once.core.status import CheckpointStatus
+from airflow_provider_exactly_once.core.epochs import CheckpointStatus
 from airflow_provider_exactly_once.core.upserts import UpsertSpec
 from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig
 from tests.plugins.ui.conftest import DAG_ID, ApiServer

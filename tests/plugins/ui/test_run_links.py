@@ -19,7 +19,7 @@ from airflow_provider_exactly_once.operations import SinkOperations
 from airflow_provider_exactly_once.plugins.ui import render
 from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig
 from airflow_provider_exactly_once.store import SqlSinkStateStore
-from airflow_provider_exactly_once.store.runs import RunDates
+from airflow_provider_exactly_once.store.registry import RunDates
 from tests.support.builders import empty_write
 
 if TYPE_CHECKING:

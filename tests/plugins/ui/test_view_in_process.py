@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from airflow_provider_exactly_once.checkpoints.config import MetaStoreCheckpoint
-from airflow_provider_exactly_once.core.identifiers import ABORT_REASON_MAX_LENGTH
+from airflow_provider_exactly_once.core.epochs import ABORT_REASON_MAX_LENGTH
 from airflow_provider_exactly_once.operations import EpochView, SinkOperations
 from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig
 from airflow_provider_exactly_once.store import SqlSinkStateStore
@@ -181,7 +181,7 @@ def test_the_epoch_page_says_how_epochs_reach_the_tables_and_degrades_when_the_c
 
 
 def test_the_epoch_page_and_its_api_show_the_epochs_history(view: View) -> None:
-    from airflow_provider_exactly_once.core.history import Actor, ActorKind, acting
+    from airflow_provider_exactly_once.core.epochs import Actor, ActorKind, acting
 
     with acting(Actor(ActorKind.UI, name="admin")):
         view.ops.store.record_warning(view.sink_id, MINE, warning="checked by hand")

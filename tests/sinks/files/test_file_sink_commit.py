@@ -17,14 +17,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from airflow_provider_exactly_once.core.errors import CommitRefused, InvalidPreCommit, InvalidSinkConfig
-from airflow_provider_exactly_once.core.ports import EMPTY, CommitPlan, SinkCommitter
+from airflow_provider_exactly_once.core.ports import EMPTY, CommitPlan, ReplacedWrite, SinkCommitter
 from airflow_provider_exactly_once.core.precommit import (
     DataFileDescriptor,
     PartitionValue,
     PreCommit,
     TableWrite,
 )
-from airflow_provider_exactly_once.core.write_kinds import ReplacedWrite
 from airflow_provider_exactly_once.sinks.files import (
     HIVE_DEFAULT_PARTITION,
     FileSinkCommitter,

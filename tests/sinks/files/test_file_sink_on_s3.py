@@ -18,11 +18,11 @@ import pytest
 from airflow_provider_exactly_once.checkpoints.config import MarkerFileCheckpoint
 from airflow_provider_exactly_once.core.cleanups import classify_orphans
 from airflow_provider_exactly_once.core.coordinator import TwoPhaseCommitCoordinator
+from airflow_provider_exactly_once.core.epochs import EpochStatus
 from airflow_provider_exactly_once.core.errors import AbortRefused, CheckpointNotReady, SinkUnavailable
 from airflow_provider_exactly_once.core.faults import SimulatedCrash
 from airflow_provider_exactly_once.core.outcomes import CommitOutcome, PersistOutcome
 from airflow_provider_exactly_once.core.ports import CommitPlan
-from airflow_provider_exactly_once.core.status import EpochStatus
 from airflow_provider_exactly_once.hooks.storage import resolved_storage_options
 from airflow_provider_exactly_once.runtime.assembly import coordinator_for
 from airflow_provider_exactly_once.sinks.config import FileSinkConfig

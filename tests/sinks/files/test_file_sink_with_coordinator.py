@@ -9,10 +9,10 @@ import pytest
 
 from airflow_provider_exactly_once.checkpoints import MarkerFileCheckpointSource
 from airflow_provider_exactly_once.core.coordinator import TwoPhaseCommitCoordinator
+from airflow_provider_exactly_once.core.epochs import EpochStatus
 from airflow_provider_exactly_once.core.errors import CheckpointNotReady
 from airflow_provider_exactly_once.core.faults import SimulatedCrash
 from airflow_provider_exactly_once.core.outcomes import CommitOutcome, PersistOutcome
-from airflow_provider_exactly_once.core.status import EpochStatus
 from airflow_provider_exactly_once.sinks.files import FileSinkCommitter
 from airflow_provider_exactly_once.store.sql import SqlSinkStateStore
 from tests.support.faults import FaultSwitch

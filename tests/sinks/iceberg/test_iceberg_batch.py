@@ -10,8 +10,7 @@ import pytest
 from pyiceberg.catalog.sql import SqlCatalog
 
 from airflow_provider_exactly_once.core.errors import CommitRefused
-from airflow_provider_exactly_once.core.ports import CommitPlan
-from airflow_provider_exactly_once.core.write_kinds import ReplacedWrite
+from airflow_provider_exactly_once.core.ports import CommitPlan, ReplacedWrite
 from airflow_provider_exactly_once.sinks.iceberg import IcebergSinkCommitter
 from airflow_provider_exactly_once.sinks.iceberg.data_files import build_data_files
 from airflow_provider_exactly_once.sinks.iceberg.markers import EPOCH_KEY, WRITE_ID_KEY

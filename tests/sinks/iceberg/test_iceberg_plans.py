@@ -12,8 +12,7 @@ import pytest
 from pyiceberg.catalog.sql import SqlCatalog
 
 from airflow_provider_exactly_once.core.errors import MarkerHorizonExceeded, ReplacedFilesMissing
-from airflow_provider_exactly_once.core.ports import CommitPlan
-from airflow_provider_exactly_once.core.write_kinds import ReplacedWrite
+from airflow_provider_exactly_once.core.ports import CommitPlan, ReplacedWrite
 from airflow_provider_exactly_once.sinks.iceberg import IcebergSinkCommitter
 from airflow_provider_exactly_once.sinks.iceberg.committer import FAULT_LOADED
 from airflow_provider_exactly_once.sinks.iceberg.epoch_snapshot import PREPARED_FRESH_S, TablePlan

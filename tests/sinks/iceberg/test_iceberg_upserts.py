@@ -15,9 +15,9 @@ from pyiceberg.conversions import to_bytes
 from pyiceberg.types import LongType, StringType
 
 from airflow_provider_exactly_once.core.errors import InvalidPreCommit, UpsertConflict
+from airflow_provider_exactly_once.core.ports import ReplacedWrite
 from airflow_provider_exactly_once.core.precommit import PreCommit, TableWrite
 from airflow_provider_exactly_once.core.upserts import ChangeCounts, RevisedWrite, RewrittenFile
-from airflow_provider_exactly_once.core.write_kinds import ReplacedWrite
 from airflow_provider_exactly_once.sinks.iceberg import IcebergSinkCommitter
 from airflow_provider_exactly_once.sinks.iceberg.markers import EPOCH_KEY, marker_properties
 from airflow_provider_exactly_once.sinks.iceberg.overwrites import (

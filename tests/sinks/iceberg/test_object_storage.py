@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
+from airflow_provider_exactly_once.core.epochs import CheckpointStatus, EpochStatus
 from airflow_provider_exactly_once.core.errors import SinkUnavailable
 from airflow_provider_exactly_once.core.outcomes import AbortOutcome, CommitOutcome
 from airflow_provider_exactly_once.core.ports import CommitPlan
 from airflow_provider_exactly_once.core.precommit import PreCommit
-from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochStatus
 from airflow_provider_exactly_once.sinks.iceberg.catalog_access import missing_files, unavailable_when_unreachable
 from tests.support.independent_reader import read_rows
 from tests.support.object_store import S3Pipeline

@@ -14,6 +14,7 @@ from urllib.parse import urlparse
 
 import pytest
 
+from airflow_provider_exactly_once.core.epochs import CheckpointStatus, EpochStatus
 from airflow_provider_exactly_once.core.errors import (
     AbortRefused,
     CommitOutcomeUnknown,
@@ -22,7 +23,6 @@ from airflow_provider_exactly_once.core.errors import (
 )
 from airflow_provider_exactly_once.core.outcomes import AbortOutcome, CommitOutcome
 from airflow_provider_exactly_once.core.precommit import PreCommit
-from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochStatus
 from airflow_provider_exactly_once.sinks.iceberg.transaction import FAULT_BEFORE_CATALOG_UPDATE
 from demo.servers import SECRET_KEY, SeaweedFS
 from tests.support.faults import FaultSwitch

@@ -16,8 +16,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from airflow_provider_exactly_once.core.epochs import CheckpointStatus
 from airflow_provider_exactly_once.core.outcomes import CommitOutcome
-from airflow_provider_exactly_once.core.status import CheckpointStatus
 from demo.servers import SeaweedFS
 from tests.support.independent_reader import read_rows
 from tests.support.object_store import s3_pipeline, seaweed_lake

@@ -38,11 +38,11 @@ from sqlalchemy.orm import Session
 from airflow_provider_exactly_once.core.cleanups import remove_orphans
 from airflow_provider_exactly_once.core.coordinator import TwoPhaseCommitCoordinator
 from airflow_provider_exactly_once.core.delivery import Delivery
+from airflow_provider_exactly_once.core.epochs import CheckpointStatus, EpochStatus
 from airflow_provider_exactly_once.core.errors import CommitOutcomeUnknown
 from airflow_provider_exactly_once.core.faults import SimulatedCrash
 from airflow_provider_exactly_once.core.outcomes import CommitOutcome, SinkRecoveryReport
 from airflow_provider_exactly_once.core.precommit import PreCommit
-from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochStatus
 from airflow_provider_exactly_once.sinks.iceberg.transaction import (
     FAULT_AFTER_CATALOG_UPDATE,
     FAULT_BEFORE_CATALOG_UPDATE,

@@ -30,12 +30,12 @@ from pyiceberg.table.update import AssertTableUUID, SetPropertiesUpdate
 from pyiceberg.types import LongType, NestedField
 
 from airflow_provider_exactly_once.core.delivery import Delivery
+from airflow_provider_exactly_once.core.epochs import CheckpointStatus, EpochStatus
 from airflow_provider_exactly_once.core.errors import CommitOutcomeUnknown
 from airflow_provider_exactly_once.core.faults import SimulatedCrash, no_faults
 from airflow_provider_exactly_once.core.outcomes import CommitOutcome
 from airflow_provider_exactly_once.core.ports import EMPTY
 from airflow_provider_exactly_once.core.precommit import PreCommit
-from airflow_provider_exactly_once.core.status import CheckpointStatus, EpochStatus
 from airflow_provider_exactly_once.sinks.iceberg import IcebergSinkCommitter
 from airflow_provider_exactly_once.sinks.iceberg.markers import EPOCH_KEY, SINK_ID_KEY, WRITE_ID_KEY
 from airflow_provider_exactly_once.sinks.iceberg.table_transactions import SETTING, TableTransactions

@@ -2,7 +2,7 @@
 
 The rewrite task writes an upsert epoch again only when its write was given up for a conflict with
 the table; it read that from the words the reason began with. The cause is now a column
-(``core.status.AbortCause``), written with the Aborted mark, and the reason stays the operator's
+(``core.epochs.AbortCause``), written with the Aborted mark, and the reason stays the operator's
 text. Rows aborted before get the cause their reason's beginning tells (the two beginnings the
 package itself wrote for it); the others keep NULL, which no rule reads as a rewrite.
 

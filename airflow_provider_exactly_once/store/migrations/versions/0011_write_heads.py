@@ -2,7 +2,7 @@
 ``replaced_metadata``.
 
 The head is the write's metadata without its data file descriptors, plus each table's file count,
-rows and paths (``store.write_heads``). A commit task reads the head and parses the descriptors only
+rows and paths (``store.rows``). A commit task reads the head and parses the descriptors only
 if its commit needs them; parsing 10,000 of them cost more than the rest of the commit. Rows written
 before have no head and are read whole, as before; nothing is rewritten, and the downgrade drops the
 column.

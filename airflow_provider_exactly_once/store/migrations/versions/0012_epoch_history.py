@@ -2,7 +2,7 @@
 
 The epoch's row keeps where it stands; the history keeps how it got there (persists, decisions,
 commits, aborts with their cause, revisions, refusals, clean-ups), with the run, the try, how the
-run was started and who acted (``core.history``). Epochs from before have no history; nothing is
+run was started and who acted (``core.epochs``). Epochs from before have no history; nothing is
 back-filled, and the downgrade drops the table.
 
 Revision ID: 0012

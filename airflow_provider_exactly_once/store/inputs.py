@@ -1,26 +1,119 @@
-"""Reserved snapshot ranges of incremental inputs: the store's ``input_ranges`` companion.
-
-Only the write operator reserves (``runtime.upstream_ranges``); the coordinator is handed a write
-that read its range and never reserves one, so reservation is not part of its port. The rules of
-the chain are ``core.input_ranges``'; this module lists a sink's links with their epochs' statuses
-in one statement and adds a link where the rules said, refusing a second one at a position.
+"""Where an epoch's input stands: the checkpoint table (design.md, "Checkpoint sources"), the snapshot
+ranges reserved for incremental inputs (design.md D21), and the epochs allocated to DAG runs without
+a data interval: the store's ``checkpoints``, ``input_ranges`` and ``epochs`` companions.
 """
 
 from __future__ import annotations
 
+import functools
+import random
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import Select, and_, func, insert, select
+from sqlalchemy import Select, and_, bindparam, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import aliased
 
+from airflow_provider_exactly_once.core.epochs import (
+    CheckpointStatus,
+    EpochStatus,
+    check_epoch,
+    epoch_from_interval_start,
+)
+from airflow_provider_exactly_once.core.errors import MetaStoreUnavailable, StateConflict
 from airflow_provider_exactly_once.core.input_ranges import Link, SnapshotRange
-from airflow_provider_exactly_once.core.status import EpochStatus
 from airflow_provider_exactly_once.store import rows
 from airflow_provider_exactly_once.store.database import MetaStoreDatabase
-from airflow_provider_exactly_once.store.models import InputRange, PendingSinkState
+from airflow_provider_exactly_once.store.models import (
+    CheckpointState,
+    EpochAllocation,
+    InputRange,
+    PendingSinkState,
+    db_now,
+)
+
+_CHECKPOINT_ATTEMPTS = 5
+
+
+class SqlCheckpointTable:
+    """``checkpoints.metastore.CheckpointTable`` on the meta store's ``checkpoint_state`` table."""
+
+    def __init__(self, db: MetaStoreDatabase) -> None:
+        self._db = db
+
+    def __repr__(self) -> str:
+        return f"SqlCheckpointTable({self._db.url_for_display!r})"
+
+    def range_reserved(self, sink_id: str, epoch: int) -> bool:
+        """Whether the epoch's snapshot range is reserved: an incremental input's checkpoint
+        (``checkpoints.snapshot_ranges``), kept in ``input_range``."""
+        with self._db.transaction(f"reading the input range of sink {sink_id!r} epoch {epoch}", write=False) as session:
+            return session.get(InputRange, (sink_id, epoch)) is not None
+
+    def set_checkpoint(self, name: str, epoch: int, status: CheckpointStatus, detail: str | None = None) -> None:
+        """Record the upstream's word; COMPLETED and FAILED are final (see ``CheckpointStatus``)."""
+        name, epoch = rows.checkpoint_name(name), check_epoch(epoch)
+        status = rows.checkpoint_status(status)
+        if detail is not None:
+            detail = rows.text(detail, "checkpoint detail")
+        action = f"setting checkpoint {name!r} epoch {epoch} to {status}"
+        for attempt in range(_CHECKPOINT_ATTEMPTS):
+            try:
+                with self._db.transaction(action, write=True) as session:
+                    statement = (
+                        update(CheckpointState)
+                        .where(
+                            CheckpointState.name == name,
+                            CheckpointState.epoch == epoch,
+                            CheckpointState.status == CheckpointStatus.PENDING.value,
+                        )
+                        .values(status=status.value, detail=detail, updated_at=db_now())
+                        .execution_options(synchronize_session=False)
+                    )
+                    if rows.rowcount(session, statement) == 1:
+                        return
+                    current = session.scalar(
+                        select(CheckpointState.status).where(
+                            CheckpointState.name == name, CheckpointState.epoch == epoch
+                        )
+                    )
+                    if current is None:
+                        session.execute(
+                            insert(CheckpointState).values(
+                                name=name,
+                                epoch=epoch,
+                                status=status.value,
+                                detail=detail,
+                                updated_at=db_now(),
+                            )
+                        )
+                        return
+                    if current == status.value:
+                        return  # the same final word again
+                    raise StateConflict(
+                        f"checkpoint {name!r} epoch {epoch} is {current}, which is final: cannot set it to {status}"
+                    )
+            except IntegrityError:
+                # Another writer inserted the row first: look again at what it says.
+                if attempt == _CHECKPOINT_ATTEMPTS - 1:
+                    raise
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def get_checkpoint(self, name: str, epoch: int) -> CheckpointStatus:
+        name, epoch = rows.checkpoint_name(name), check_epoch(epoch)
+        with self._db.transaction(f"reading checkpoint {name!r} epoch {epoch}", write=False) as session:
+            status = session.scalar(_status_query(), {"c_name": name, "c_epoch": epoch})
+        return CheckpointStatus.PENDING if status is None else CheckpointStatus(status)
+
+
+@functools.cache
+def _status_query() -> Select[str]:
+    """``get_checkpoint``'s query, built once: a sensor asks it at every poke, a commit once."""
+    return select(CheckpointState.status).where(
+        CheckpointState.name == bindparam("c_name"), CheckpointState.epoch == bindparam("c_epoch")
+    )
 
 
 @dataclass(frozen=True)
@@ -215,3 +308,48 @@ def _reservation(link: InputRange, previous_dag_id: str | None) -> Reservation:
 
 def _range(row: InputRange) -> SnapshotRange:
     return SnapshotRange(table=row.source, after_snapshot_id=row.after_snapshot_id, to_snapshot_id=row.to_snapshot_id)
+
+
+_ALLOCATION_ATTEMPTS = 50
+
+
+class SqlEpochAllocator:
+    """``runtime.run_epochs.EpochAllocator`` on the meta store's ``epoch_allocation`` table, keyed by (sink, run id)."""
+
+    def __init__(self, db: MetaStoreDatabase) -> None:
+        self._db = db
+
+    def __repr__(self) -> str:
+        return f"SqlEpochAllocator({self._db.url_for_display!r})"
+
+    def allocate_epoch(self, sink_id: str, run_id: str) -> int:
+        """The epoch of a DAG run without a data interval: the same for that run forever.
+
+        New epochs follow the database clock in milliseconds (like interval-derived ones), and stay
+        strictly increasing per sink even when the clock does not.
+        """
+        run_id = rows.run_id(run_id)
+        action = f"allocating an epoch for sink {sink_id!r} run {run_id!r}"
+        for attempt in range(_ALLOCATION_ATTEMPTS):
+            try:
+                with self._db.transaction(action, write=True) as session:
+                    existing = session.scalar(
+                        select(EpochAllocation.epoch).where(
+                            EpochAllocation.sink_id == sink_id, EpochAllocation.run_id == run_id
+                        )
+                    )
+                    if existing is not None:
+                        return int(existing)
+                    now_ms = epoch_from_interval_start(rows.database_now(session))
+                    last = session.scalar(
+                        select(func.max(EpochAllocation.epoch)).where(EpochAllocation.sink_id == sink_id)
+                    )
+                    epoch = check_epoch(now_ms if last is None else max(now_ms, int(last) + 1))
+                    session.execute(insert(EpochAllocation).values(sink_id=sink_id, run_id=run_id, epoch=epoch))
+                    return epoch
+            except IntegrityError:
+                # A concurrent caller took this epoch (or allocated for this run): draw again.
+                time.sleep(random.uniform(0, 0.002 * (attempt + 1)))
+        raise MetaStoreUnavailable(
+            f"meta store {self._db.url_for_display}: {action} lost the race {_ALLOCATION_ATTEMPTS} times; try again"
+        )

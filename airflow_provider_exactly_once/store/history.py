@@ -1,11 +1,7 @@
-"""Revisions of an epoch: a newer generation's write replacing the committed one (invariant 1).
-
-The epoch's row carries the revision in flight: ``Committed -> Pending`` with the committed write
-kept in ``replaces`` (``open_revision``), then either the revision's commit (``mark_committed``
-clears ``replaces`` and queues the replaced write's files, ``removed_by`` the new snapshots) or its
-abort (``abort_revision``: the replaced write becomes the epoch's again, Committed as it was).
-The revision records operators read are a reading of the epoch's history (design.md D11): each of
-these transitions keeps, on its event, the record it makes or changes.
+"""The epochs' history (``epoch_history``): one row per transition, written by the transition in its
+own transaction, read, and expired, never an event a revision is read from (design.md D19); and an
+epoch's revisions, the newer generations' writes replacing its committed one, read from and
+recorded as those events (design.md D11): the store's ``history`` and ``revisions`` companions.
 """
 
 from __future__ import annotations
@@ -14,21 +10,214 @@ import functools
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import cast
 
-from sqlalchemy import Table, Update, bindparam, select, update
+from pydantic import TypeAdapter
+from sqlalchemy import ColumnElement, Table, Update, bindparam, delete, insert, not_, or_, select, update
 from sqlalchemy.orm import Session
 
+from airflow_provider_exactly_once.core.epochs import (
+    Actor,
+    ActorKind,
+    EpochEvent,
+    EpochStatus,
+    HistoryEntry,
+    RevisionWrite,
+    check_epoch,
+    check_write_id,
+    current_actor,
+)
 from airflow_provider_exactly_once.core.errors import StateConflict
-from airflow_provider_exactly_once.core.history import EpochEvent, RevisionWrite
-from airflow_provider_exactly_once.core.identifiers import check_epoch, check_write_id
 from airflow_provider_exactly_once.core.ports import EpochRecord
 from airflow_provider_exactly_once.core.precommit import PreCommit
-from airflow_provider_exactly_once.core.status import EpochStatus
-from airflow_provider_exactly_once.store import arguments, cas, epoch_history, metadata_copies, rows
+from airflow_provider_exactly_once.store import rows
 from airflow_provider_exactly_once.store.database import MetaStoreDatabase
-from airflow_provider_exactly_once.store.models import EpochHistory, PendingSinkState, db_now
+from airflow_provider_exactly_once.store.models import LOCK_HOLDER_LENGTH, EpochHistory, PendingSinkState, db_now
+
+#: The events an epoch's revision records are read from (``SqlRevisions``): never expired.
+KEPT: ColumnElement[bool] = or_(EpochHistory.revision_record.is_not(None), EpochHistory.replaced_write_id.is_not(None))
+
+
+@functools.cache
+def _revision_json() -> TypeAdapter[RevisionWrite]:
+    return TypeAdapter(RevisionWrite)
+
+
+def record(
+    session: Session,
+    sink_id: str,
+    epoch: int,
+    event: EpochEvent,
+    write_id: str,
+    *,
+    status: str | None,
+    revision: int | None = None,
+    reason: str | None = None,
+    run: tuple[str | None, str | None, int | None] | None = None,
+    revised: RevisionWrite | None = None,
+    replaced: str | None = None,
+) -> None:
+    """Append one event inside the caller's transaction. ``run``: the (DAG, run id, try) the
+    transition names (a persist's); otherwise the acting task's run, if a task acts. ``revised``
+    and ``replaced``: what the event does to the epoch's revision records (``HistoryEntry``)."""
+    actor = current_actor()
+    dag_id, run_id, try_number = run if run is not None else (actor.dag_id, actor.run_id, actor.try_number)
+    session.execute(
+        insert(EpochHistory).values(
+            sink_id=sink_id,
+            epoch=epoch,
+            event=event.value,
+            write_id=write_id,
+            status=status,
+            revision=revision,
+            dag_id=dag_id,
+            run_id=run_id,
+            try_number=try_number,
+            run_type=actor.run_type,
+            clear_number=actor.clear_number,
+            actor=actor.kind.value,
+            # a task's dag_id.task_id may pass the column's width, which a transition must never fail on
+            actor_name=None if actor.name is None else actor.name[:LOCK_HOLDER_LENGTH],
+            reason=reason,
+            at=db_now(),
+            revision_record=None if revised is None else _revision_json().dump_json(revised).decode(),
+            replaced_write_id=replaced,
+        )
+    )
+
+
+def recorded(
+    session: Session,
+    row: EpochRecord,
+    event: EpochEvent,
+    *,
+    reason: str | None = None,
+    run: tuple[str | None, str | None, int | None] | None = None,
+    revised: RevisionWrite | None = None,
+    replaced: str | None = None,
+) -> EpochRecord:
+    """``record`` of the row as the transition left it; the row, for the transition to return."""
+    record(
+        session,
+        row.sink_id,
+        row.epoch,
+        event,
+        row.write_id,
+        status=row.status.value,
+        revision=row.revision,
+        reason=reason,
+        run=run,
+        revised=revised,
+        replaced=replaced,
+    )
+    return row
+
+
+def read(session: Session, sink_id: str, epoch: int, *where: ColumnElement[bool]) -> list[HistoryEntry]:
+    """The epoch's events (those matching ``where``), oldest first, inside the caller's transaction."""
+    found = session.scalars(
+        select(EpochHistory)
+        .where(EpochHistory.sink_id == sink_id, EpochHistory.epoch == epoch, *where)
+        .order_by(EpochHistory.id)
+    )
+    return [_entry(row) for row in found]
+
+
+class SqlHistory:
+    """``store.history``: an epoch's events, oldest first, and the retention clean-up."""
+
+    def __init__(self, db: MetaStoreDatabase) -> None:
+        self._db = db
+
+    def __repr__(self) -> str:
+        return f"SqlHistory({self._db.url_for_display!r})"
+
+    def events(self, sink_id: str, epoch: int) -> Sequence[HistoryEntry]:
+        epoch = check_epoch(epoch)
+        with self._db.transaction(f"reading the history of sink {sink_id!r} epoch {epoch}", write=False) as session:
+            return read(session, sink_id, epoch)
+
+    def record_failure(self, sink_id: str, epoch: int, reason: str, *, final: bool = True) -> bool:
+        """Keep the acting task's failed try on its epoch (design.md D22): an ERROR event (a
+        TRY_FAILED one when Airflow runs the task again) and, while the epoch's write is not
+        Committed, the row's ``error``. An epoch with no row yet (a write that failed before its
+        persist) keeps the event alone, under the write id of an epoch without a write. Nothing is
+        written when this try already recorded its error (the coordinator notes those it meets);
+        whether an event was."""
+        epoch, reason = check_epoch(epoch), rows.text(reason, "reason")
+        actor = current_actor()
+        name = None if actor.name is None else actor.name[:LOCK_HOLDER_LENGTH]
+        event = EpochEvent.ERROR if final else EpochEvent.TRY_FAILED
+        with self._db.transaction(f"keeping a failure on sink {sink_id!r} epoch {epoch}", write=True) as session:
+            newest = session.execute(
+                select(EpochHistory.event, EpochHistory.actor_name, EpochHistory.run_id, EpochHistory.try_number)
+                .where(EpochHistory.sink_id == sink_id, EpochHistory.epoch == epoch)
+                .order_by(EpochHistory.id.desc())
+                .limit(1)
+            ).one_or_none()
+            if newest is not None and tuple(newest) == (EpochEvent.ERROR.value, name, actor.run_id, actor.try_number):
+                return False
+            row = session.execute(
+                select(PendingSinkState.write_id, PendingSinkState.status, PendingSinkState.revision).where(
+                    PendingSinkState.sink_id == sink_id, PendingSinkState.epoch == epoch
+                )
+            ).one_or_none()
+            if row is None:
+                write_id = PreCommit.nothing_written(sink_id, epoch).write_id
+                record(session, sink_id, epoch, event, write_id, status=None, reason=reason)
+                return True
+            if row.status != EpochStatus.COMMITTED.value:
+                session.execute(
+                    update(PendingSinkState)
+                    .where(
+                        PendingSinkState.sink_id == sink_id,
+                        PendingSinkState.epoch == epoch,
+                        PendingSinkState.write_id == row.write_id,
+                    )
+                    .values(error=reason, updated_at=db_now())
+                )
+            record(
+                session, sink_id, epoch, event, row.write_id, status=row.status, revision=row.revision, reason=reason
+            )
+            return True
+
+    def expire(self, sink_id: str, older_than: timedelta) -> int:
+        """Delete the sink's history rows older than ``older_than`` by the database's clock; how
+        many. Only ``epoch_history`` is touched: an epoch's own row, its write and its clean-ups
+        stay, and so do the events its revision records are read from (``KEPT``)."""
+        if older_than <= timedelta(0):
+            raise ValueError(f"a history retention must be positive, got {older_than}")
+        with self._db.transaction(f"expiring old history of sink {sink_id!r}", write=True) as session:
+            cutoff = rows.database_now(session) - older_than
+            old = delete(EpochHistory).where(EpochHistory.sink_id == sink_id, EpochHistory.at < cutoff, not_(KEPT))
+            return rows.rowcount(session, old)
+
+
+def _entry(row: EpochHistory) -> HistoryEntry:
+    return HistoryEntry(
+        id=row.id,
+        sink_id=row.sink_id,
+        epoch=row.epoch,
+        event=EpochEvent(row.event),
+        write_id=row.write_id,
+        status=row.status,
+        revision=row.revision,
+        at=row.at,
+        actor=Actor(
+            ActorKind(row.actor),
+            name=row.actor_name,
+            dag_id=row.dag_id,
+            run_id=row.run_id,
+            try_number=row.try_number,
+            run_type=row.run_type,
+            clear_number=row.clear_number,
+        ),
+        reason=row.reason,
+        revised=None if row.revision_record is None else _revision_json().validate_json(row.revision_record),
+        replaced_write_id=row.replaced_write_id,
+    )
+
 
 #: The status of a committed write a newer revision made invisible.
 REPLACED = "Replaced"
@@ -87,8 +276,8 @@ class SqlRevisions:
         """
         pre_commit = PreCommit.parse(pre_commit)
         expected_write_id = check_write_id(expected_write_id)
-        arguments.check_run(run_id, try_number)
-        dag_id = arguments.dag_id(dag_id)
+        rows.check_run(run_id, try_number)
+        dag_id = rows.dag_id(dag_id)
         sink_id, epoch = pre_commit.sink_id, pre_commit.epoch
         wanted = f"open a revision of Committed write {expected_write_id} with write {pre_commit.write_id}"
         if pre_commit.write_id == expected_write_id:
@@ -100,21 +289,21 @@ class SqlRevisions:
                 or replaced.status is not EpochStatus.COMMITTED
                 or replaced.write_id != expected_write_id
             ):
-                raise cas.conflict(replaced, sink_id, epoch, wanted)
+                raise rows.conflict(replaced, sink_id, epoch, wanted)
             now = db_now()
-            cas.swap(
+            rows.swap(
                 session,
-                cas.guarded(EpochStatus.COMMITTED).values(
+                rows.guarded(EpochStatus.COMMITTED).values(
                     **rows.new_write_values(pre_commit, run_id=run_id, try_number=try_number, dag_id=dag_id, now=now),
                     revision=replaced.revision + 1,
                     replaces=rows.replaces_json(replaced),
                 ),
-                cas.key(sink_id, epoch, expected_write_id),
+                rows.key(sink_id, epoch, expected_write_id),
                 wanted,
             )
-            metadata_copies.keep_replaced(session, sink_id, epoch, expected_write_id)
+            rows.keep_replaced(session, sink_id, epoch, expected_write_id)
             rows.replace_metadata(session, pre_commit, replaced_write_id=expected_write_id)
-            epoch_history.record(
+            record(
                 session,
                 sink_id,
                 epoch,
@@ -126,7 +315,7 @@ class SqlRevisions:
                 run=(dag_id, run_id, try_number),
                 revised=_written(replaced, EpochStatus.COMMITTED, replaced.committed),
             )
-            return cas.reloaded(session, sink_id, epoch)
+            return rows.reloaded(session, sink_id, epoch)
 
     def abort_revision(
         self, sink_id: str, epoch: int, *, write_id: str, reason: str, decided: bool = False
@@ -137,7 +326,7 @@ class SqlRevisions:
         ``mark_aborted``; the revision's write is queued for clean-up in the same transaction.
         """
         epoch, write_id = check_epoch(epoch), check_write_id(write_id)
-        reason = arguments.text(reason, "abort reason")
+        reason = rows.text(reason, "abort reason")
         wanted = f"abort Pending revision write {write_id} " + (
             "whose commit is decided" if decided else "while no commit is decided"
         )
@@ -145,11 +334,11 @@ class SqlRevisions:
             revision = rows.load(session, sink_id, epoch, for_update=True)
             replaced = None if revision is None else revision.kind.replaces
             if revision is None or replaced is None:
-                raise cas.conflict(revision, sink_id, epoch, wanted)
+                raise rows.conflict(revision, sink_id, epoch, wanted)
             now = db_now()
-            cas.swap(
+            rows.swap(
                 session,
-                cas.guarded(EpochStatus.PENDING, undecided=not decided, decided=decided).values(
+                rows.guarded(EpochStatus.PENDING, undecided=not decided, decided=decided).values(
                     status=EpochStatus.COMMITTED.value,
                     write_id=replaced.write_id,
                     committed=rows.committed_json(replaced.committed, sink_id, epoch),
@@ -160,12 +349,12 @@ class SqlRevisions:
                     warning=f"revision {revision.revision} (write {write_id}) aborted: {reason}",
                     updated_at=now,
                 ),
-                cas.key(sink_id, epoch, write_id),
+                rows.key(sink_id, epoch, write_id),
                 wanted,
             )
-            metadata_copies.queue_cleanup(session, sink_id, epoch, write_id, reason=f"revision aborted: {reason}")
-            metadata_copies.restore_replaced(session, sink_id, epoch, revision_write_id=write_id)
-            epoch_history.record(
+            rows.queue_cleanup(session, sink_id, epoch, write_id, reason=f"revision aborted: {reason}")
+            rows.restore_replaced(session, sink_id, epoch, revision_write_id=write_id)
+            record(
                 session,
                 sink_id,
                 epoch,
@@ -176,7 +365,7 @@ class SqlRevisions:
                 reason=reason,
                 revised=_written(revision, EpochStatus.ABORTED),
             )
-            return cas.reloaded(session, sink_id, epoch)
+            return rows.reloaded(session, sink_id, epoch)
 
     def was_replaced(self, sink_id: str, epoch: int, write_id: str) -> bool:
         """Whether a revision's commit replaced this write (``commit_revision`` recorded it); the
@@ -199,7 +388,7 @@ class SqlRevisions:
         its newest event says, since its first; the one in flight is read from its row."""
         epoch = check_epoch(epoch)
         with self._db.transaction(f"reading the revisions of sink {sink_id!r} epoch {epoch}", write=False) as session:
-            events = epoch_history.read(session, sink_id, epoch, epoch_history.KEPT)
+            events = read(session, sink_id, epoch, KEPT)
             pending = rows.load(session, sink_id, epoch)
         kept: dict[str, RevisionRecord] = {}
         for e in events:
@@ -227,7 +416,7 @@ def commit_revision(session: Session, record: EpochRecord, committed: Mapping[st
     """
     replaced = record.replaces
     assert replaced is not None
-    metadata_copies.queue_cleanup(
+    rows.queue_cleanup(
         session,
         record.sink_id,
         record.epoch,
@@ -239,7 +428,7 @@ def commit_revision(session: Session, record: EpochRecord, committed: Mapping[st
     done = rows.updated(session, _replaced_statement(), {"r_sink_id": record.sink_id, "r_epoch": record.epoch})
     assert done is not None  # the row the mark just swapped, in this transaction
     revised = _written(record, EpochStatus.COMMITTED, committed)
-    return epoch_history.recorded(session, done, EpochEvent.COMMITTED, revised=revised, replaced=replaced.write_id)
+    return recorded(session, done, EpochEvent.COMMITTED, revised=revised, replaced=replaced.write_id)
 
 
 @functools.cache
