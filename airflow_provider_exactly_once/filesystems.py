@@ -1,5 +1,6 @@
 """What the file-based checkpoint sources and the file sink share: path templates, strict and
-cache-free look-ups, and the rules that keep storage secrets out of serialised configs.
+cache-free look-ups, the rules that keep storage secrets out of serialised configs, and the base of
+the sink and checkpoint configs (``ConfigModel``).
 
 It imports no Airflow: a config's ``storage_conn_id`` is resolved into fsspec options by the
 storage hook (``hooks.storage.resolved_storage_options``), and the sources and committers here below
@@ -24,7 +25,9 @@ import re
 import string
 from collections.abc import Collection, Mapping
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from airflow_provider_exactly_once.core.epochs import check_epoch, epoch_start
 from airflow_provider_exactly_once.core.errors import (
@@ -91,6 +94,48 @@ SECRET_OPTION_NAMES = frozenset(
         "private_key",
     }
 )
+
+
+class ConfigModel(BaseModel):
+    """A sink's or a checkpoint's configuration: validated once where it is built, frozen, and
+    registered as ``model_dump(mode="json")`` (read back by ``model_validate`` in a process that never
+    imported the DAG). A refusal is an ``InvalidSinkConfig`` carrying the validator's own message."""
+
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", defer_build=True, serialize_by_alias=True, validate_by_name=True
+    )
+
+    #: The leading fields a DAG may give by position, in order (``FileSinkConfig("exports", "/data")``).
+    positional: ClassVar[tuple[str, ...]] = ()
+    #: What a refusal that no validator worded calls the input.
+    what: ClassVar[str] = "configuration"
+
+    def __init__(self, /, *args: Any, **values: Any) -> None:
+        cls = type(self)
+        if len(args) > len(cls.positional):
+            raise TypeError(f"{cls.__name__} takes {len(cls.positional)} positional arguments, got {len(args)}")
+        for name, value in zip(cls.positional, args, strict=False):
+            if name in values:
+                raise TypeError(f"{cls.__name__} got two values for {name!r}")
+            values[name] = value
+        try:
+            super().__init__(**values)
+        except ValidationError as exc:
+            raise config_refusal(exc, f"{cls.what} {values!r}") from None
+
+    # Marked as pydantic's own ``__init__`` (as its ``RootModel`` does), so ``model_validate`` validates
+    # the fields directly, with its context, instead of calling this with them as keywords.
+    __init__.__pydantic_base_init__ = True  # type: ignore[attr-defined]
+
+
+def config_refusal(exc: ValidationError, what: str) -> InvalidSinkConfig:
+    """The ``InvalidSinkConfig`` a validator raised, or one naming each fault (credentials masked)."""
+    errors = exc.errors(include_url=False)
+    for error in errors:
+        if isinstance(cause := error.get("ctx", {}).get("error"), InvalidSinkConfig):
+            return cause
+    faults = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'value'}: {e['msg']}" for e in errors)
+    return InvalidSinkConfig(mask_userinfo(f"{what}: {faults}"))
 
 
 def refuse_secret_options(options: object, *, what: str) -> dict[str, Any]:

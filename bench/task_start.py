@@ -67,7 +67,7 @@ if settings["step"] == "commit":  # untimed: the checkpoint the commit waits for
 t = time.perf_counter()
 from airflow_provider_exactly_once.runtime.assembly import as_sink, coordinator_for
 sink = as_sink(settings["sink"])
-store.registry.register_sink(sink.sink_id, sink.to_dict(), None)
+store.registry.register_sink(sink.sink_id, sink.model_dump(mode="json"), None)
 coordinator = coordinator_for(sink, None, store=store, epoch=settings["epoch"])
 times["coordinator"] = time.perf_counter() - t
 t = time.perf_counter()

@@ -312,7 +312,7 @@ def _report(
 
 def _print_result(out: TextIO, args: argparse.Namespace, result: ActionResult) -> int:
     if args.json:
-        print_json(out, result.to_dict())
+        print_json(out, result.model_dump(mode="json"))
     else:
         where = f"sink {result.sink_id!r}" + ("" if result.epoch is None else f" epoch {result.epoch}")
         prefix = "[dry run] " if result.dry_run else ""
@@ -364,7 +364,7 @@ def _per_sink(
             busy = True
             skipped = _skipped(args, sink_id, exc)
             if args.json:
-                results.append({**skipped.to_dict(), "error": type(exc).__name__, "retryable": True})
+                results.append({**skipped.model_dump(mode="json"), "error": type(exc).__name__, "retryable": True})
             else:
                 _print_result(out, args, skipped)
             continue
@@ -376,7 +376,7 @@ def _per_sink(
         if not result.ok:
             code = EXIT_FAILED
         if args.json:
-            results.append(result.to_dict())
+            results.append(result.model_dump(mode="json"))
         else:
             _print_result(out, args, result)
     if args.json:
@@ -389,7 +389,15 @@ def _per_sink(
 def _skipped(args: argparse.Namespace, sink_id: str, exc: SinkLocked) -> ActionResult:
     """A locked sink's result among ``_per_sink``'s: nothing was done to it."""
     detail = f"{exc}; nothing was done to this sink: run `eo-sink {args.command} {sink_id}` again once that recovery has finished"
-    return ActionResult(args.command, sink_id, None, args.dry_run, "skipped", detail, ok=False)
+    return ActionResult(
+        action=args.command,
+        sink_id=sink_id,
+        epoch=None,
+        dry_run=args.dry_run,
+        outcome="skipped",
+        detail=detail,
+        ok=False,
+    )
 
 
 def _recover_command(ops: SinkOperations, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:

@@ -66,7 +66,13 @@ def status_command(ops: SinkOperations, args: argparse.Namespace, out: TextIO, e
     check = stale_runs.check(ops, threshold, sink_id=args.sink)
     base_url = _base_url() if check.stale else None
     if args.json:
-        print_json(out, {"sinks": [s.to_dict() for s in sinks], **check.to_dict(base_url)})
+        print_json(
+            out,
+            {
+                "sinks": [s.model_dump(mode="json") for s in sinks],
+                **check.model_dump(mode="json", context={"base_url": base_url}),
+            },
+        )
         return EXIT_OK
     if not sinks:
         out.write("no sinks: nothing is registered and no epoch was persisted in this meta store\n")
@@ -112,7 +118,9 @@ def _stale_text(stale: StaleRunView, base_url: str | None) -> str:
 def epochs_command(ops: SinkOperations, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     views = ops.epochs(sink_id=args.sink, status=args.status, limit=args.limit, offset=args.offset)
     if args.json:
-        print_json(out, {"epochs": [v.to_dict() for v in views], "limit": args.limit, "offset": args.offset})
+        print_json(
+            out, {"epochs": [v.model_dump(mode="json") for v in views], "limit": args.limit, "offset": args.offset}
+        )
         return EXIT_OK
     rows = [
         (
@@ -145,7 +153,9 @@ def history_command(ops: SinkOperations, args: argparse.Namespace, out: TextIO, 
     base_url = _base_url()
     events = [e.linked(base_url) for e in ops.history(args.sink, args.epoch)]
     if args.json:
-        print_json(out, {"sink_id": args.sink, "epoch": args.epoch, "history": [e.to_dict() for e in events]})
+        print_json(
+            out, {"sink_id": args.sink, "epoch": args.epoch, "history": [e.model_dump(mode="json") for e in events]}
+        )
         return EXIT_OK
     view = ops.epoch(args.sink, args.epoch)
     out.write(f"sink {args.sink} epoch {_epoch(view)} ({interval(view.interval_start, view.interval_end)})\n")
@@ -176,14 +186,26 @@ def show_command(ops: SinkOperations, args: argparse.Namespace, out: TextIO, err
     view = ops.epoch(args.sink, args.epoch).linked(_base_url())
     try:
         found = ops.checkpoint(args.sink, args.epoch)
-        checkpoint: dict[str, Any] = found.to_dict()
+        checkpoint: dict[str, Any] = found.model_dump(mode="json")
     except ExactlyOnceError as exc:  # an unregistered sink: its checkpoint source is not known here
         checkpoint = {"status": None, "detail": mask_userinfo(f"{type(exc).__name__}: {exc}"), "source": None}
     delivery = ops.delivery(args.sink)
     if args.json:
-        print_json(out, {"epoch": view.to_dict(), "checkpoint": checkpoint, "delivery": delivery.to_dict()})
+        print_json(
+            out,
+            {
+                "epoch": view.model_dump(mode="json"),
+                "checkpoint": checkpoint,
+                "delivery": delivery.model_dump(mode="json"),
+            },
+        )
         return EXIT_OK
-    data = {**view.to_dict(), "age": age(view.age_seconds), "delivery": delivery.text, "epoch": _epoch(view)}
+    data = {
+        **view.model_dump(mode="json"),
+        "age": age(view.age_seconds),
+        "delivery": delivery.text,
+        "epoch": _epoch(view),
+    }
     data["checkpoint"] = (
         f"{checkpoint['status']} ({checkpoint['meaning']})"
         if checkpoint.get("meaning")

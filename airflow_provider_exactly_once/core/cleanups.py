@@ -324,7 +324,7 @@ def remove_orphans(
     under the sink's lock, exactly as the recovery DAG removes them.
     """
     with sink_lock(registry, sink_id, holder, lock_ttl):
-        report = SinkRecoveryReport(sink_id)
+        report = SinkRecoveryReport(sink_id=sink_id)
         enqueued = queue_old_orphans(registry, sink_id, listing, grace, report)
         result = clean_up(store, committer, sink_id, ORPHAN_EPOCH, fault=fault)
         report.files_deleted = result.files_deleted

@@ -10,9 +10,17 @@ catalog, must see whether the sink's epochs are atomic across its tables, and wh
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    SerializerFunctionWrapHandler,
+    computed_field,
+    field_validator,
+    model_serializer,
+)
 
 from .errors import mask_userinfo
 
@@ -35,19 +43,36 @@ class Delivery(StrEnum):
     UNKNOWN = "unknown"
 
 
-@dataclass(frozen=True)
-class EpochDelivery:
-    """One sink's ``Delivery``, over how many tables (``None`` where the sink is unknown), and why."""
+class EpochDelivery(BaseModel):
+    """One sink's ``Delivery``, over how many tables (``None`` where the sink is unknown), and why;
+    ``eo-sink show --json`` and the UI carry it as ``model_dump(mode="json")``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
     how: Delivery
     tables: int | None
     why: str
 
-    def __post_init__(self) -> None:
-        if self.tables is not None and self.tables < 1:
-            raise ValueError(f"a sink writes at least one table, got {self.tables}")
-        object.__setattr__(self, "why", mask_userinfo(self.why))
+    @field_validator("tables")
+    @classmethod
+    def _some(cls, tables: int | None) -> int | None:
+        if tables is not None and tables < 1:
+            raise ValueError(f"a sink writes at least one table, got {tables}")
+        return tables
 
+    @model_serializer(mode="wrap")
+    def _atomic_after_tables(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """``atomic`` where the doors always showed it, after ``tables``."""
+        data: dict[str, Any] = handler(self)
+        atomic = data.pop("atomic")
+        return {"how": data.pop("how"), "tables": data.pop("tables"), "atomic": atomic, **data}
+
+    @field_validator("why")
+    @classmethod
+    def _masked(cls, why: str) -> str:
+        return mask_userinfo(why)
+
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def atomic(self) -> bool | None:
         """Whether a reader can never see an epoch in some of the sink's tables only (``None``: the
@@ -56,6 +81,7 @@ class EpochDelivery:
             return True
         return None if self.how in (Delivery.ONE_REQUEST, Delivery.UNKNOWN) else False
 
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def text(self) -> str:
         """The line ``eo-sink show`` and the epoch page print."""
@@ -67,23 +93,22 @@ class EpochDelivery:
             return f"not atomic across its {self.tables} tables, committed table by table: {self.why}"
         return f"{self.how.value}: {self.why}"
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"how": self.how.value, "tables": self.tables, "atomic": self.atomic, "why": self.why, "text": self.text}
-
 
 def unknown(tables: int | None, error: BaseException) -> EpochDelivery:
     """The answer when the catalog cannot be opened: the error named, masked, instead of a failure."""
     lines = str(error).strip().splitlines()
-    return EpochDelivery(Delivery.UNKNOWN, tables, f"{type(error).__name__}: {lines[0] if lines else ''}")
+    return EpochDelivery(
+        how=Delivery.UNKNOWN, tables=tables, why=f"{type(error).__name__}: {lines[0] if lines else ''}"
+    )
 
 
 #: Every one-table Iceberg sink's answer, and every file sink's (one root, whose readers list the
 #: directory while the commit moves the files one after the other): known without a catalog or a
 #: file system, so ``eo-sink show`` of such a sink imports neither.
-SINGLE_TABLE = EpochDelivery(Delivery.ONE_TABLE, 1, "each epoch is one snapshot of its one table")
+SINGLE_TABLE = EpochDelivery(how=Delivery.ONE_TABLE, tables=1, why="each epoch is one snapshot of its one table")
 FILE_SINK = EpochDelivery(
-    Delivery.FILE_BY_FILE,
-    1,
-    "a file sink has one root, and its commit moves the epoch's files to their final names one at a "
+    how=Delivery.FILE_BY_FILE,
+    tables=1,
+    why="a file sink has one root, and its commit moves the epoch's files to their final names one at a "
     "time, so a reader listing the root during a commit can see part of the epoch",
 )

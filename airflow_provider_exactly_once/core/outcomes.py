@@ -6,9 +6,10 @@ Outcomes are values a caller branches on (an operator logs "already committed" d
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+
+from pydantic import BaseModel, Field, computed_field
 
 from .decisions import Action
 from .ports import EpochRecord
@@ -114,29 +115,27 @@ class RecoveryReport(CleanupReport):
     waiting: list[int] = field(default_factory=list)
 
 
-@dataclass
-class SinkRecoveryReport:
-    """What one recovery (or ``eo-sink gc``, its orphan half) did to one sink, JSON-friendly for XCom."""
+class SinkRecoveryReport(BaseModel):
+    """What one recovery (or ``eo-sink gc``, its orphan half) did to one sink, as XCom and
+    ``eo-sink --json`` carry it (``model_dump(mode="json")``)."""
 
     sink_id: str
-    committed: list[int] = field(default_factory=list)
-    aborted: list[int] = field(default_factory=list)
-    waiting: list[int] = field(default_factory=list)
+    committed: list[int] = Field(default_factory=list)
+    aborted: list[int] = Field(default_factory=list)
+    waiting: list[int] = Field(default_factory=list)
     #: ``"epoch <n>"``, ``"orphan <write id>"`` or ``"orphan scan"`` -> why it failed.
-    failed: dict[str, str] = field(default_factory=dict)
+    failed: dict[str, str] = Field(default_factory=dict)
     files_deleted: int = 0
-    orphans_removed: list[str] = field(default_factory=list)
+    orphans_removed: list[str] = Field(default_factory=list)
     #: Unknown write locations younger than the grace period (or of unknown age): kept.
-    orphans_kept: list[str] = field(default_factory=list)
+    orphans_kept: list[str] = Field(default_factory=list)
     #: Files outside any write location that nothing references (``core.cleanups.StrayFiles``), removed by gc.
-    stray_removed: list[str] = field(default_factory=list)
+    stray_removed: list[str] = Field(default_factory=list)
 
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def ok(self) -> bool:
         return not self.failed
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "ok": self.ok}
 
     def summary(self) -> str:
         return (

@@ -391,9 +391,6 @@ class PreCommit(_Frozen):
         packed = zlib.compress(self.model_dump_json(exclude_defaults=True).encode("utf-8"), 6)
         return COMPRESSED_PREFIX + base64.b64encode(packed).decode("ascii")
 
-    def to_dict(self) -> dict[str, Any]:
-        return self.model_dump(mode="json")
-
     # -- reading ---------------------------------------------------------------------------------
 
     @property

@@ -132,7 +132,7 @@ def committed_asset_events(
             "write_id": write_id,
             "snapshot_id": committed.get(table),
             "revision": revision,
-            "run": origin.to_dict(),
+            "run": origin.model_dump(mode="json"),
         }
         events.append((iceberg_asset(catalog, table), extra))
     return events

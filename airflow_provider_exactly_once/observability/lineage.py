@@ -246,7 +246,7 @@ def commit_lineage(
         epoch=record.epoch,
         writeId=record.write_id,
         revision=record.revision,
-        run={} if origin is None else origin.to_dict(),
+        run={} if origin is None else origin.model_dump(mode="json"),
     )
     return lineage([], outputs, run_facets={EPOCH_FACET: facet})
 

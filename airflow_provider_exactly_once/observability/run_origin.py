@@ -13,8 +13,9 @@ The same reading names the acting task in the epochs' history (``task_actor``, `
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
+
+from pydantic import BaseModel, ConfigDict
 
 from airflow_provider_exactly_once.core.epochs import Actor, ActorKind
 
@@ -23,9 +24,11 @@ COMMIT_TASK = "commit task"
 RECOVERY = "recovery"
 
 
-@dataclass(frozen=True)
-class RunOrigin:
-    """The committing run as Airflow recorded it (``None`` where this Airflow version has no field)."""
+class RunOrigin(BaseModel):
+    """The committing run as Airflow recorded it (``None`` where this Airflow version has no field);
+    the asset events and the lineage facet carry it as ``model_dump(mode="json")``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
     committed_by: str
     #: Airflow's ``DagRunType``: ``scheduled``, ``manual``, ``backfill``, ``asset_triggered``...
@@ -38,27 +41,18 @@ class RunOrigin:
     @classmethod
     def of(cls, context: Mapping[str, Any], *, committed_by: str = COMMIT_TASK) -> RunOrigin:
         if committed_by == RECOVERY:
-            return cls(RECOVERY)
+            return cls(committed_by=RECOVERY)
         dag_run = context.get("dag_run")
         run_type = getattr(dag_run, "run_type", None)
         ti = context.get("ti")
         try_number = getattr(ti, "try_number", None)
         return cls(
-            committed_by,
+            committed_by=committed_by,
             run_type=None if run_type is None else str(getattr(run_type, "value", run_type)),
             clear_number=int(getattr(dag_run, "clear_number", 0) or 0),
             triggering_user=getattr(dag_run, "triggering_user_name", None),
             try_number=None if try_number is None else int(try_number),
         )
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "committed_by": self.committed_by,
-            "run_type": self.run_type,
-            "clear_number": self.clear_number,
-            "triggering_user": self.triggering_user,
-            "try_number": self.try_number,
-        }
 
 
 def task_actor(context: Mapping[str, Any], kind: ActorKind = ActorKind.TASK) -> Actor:

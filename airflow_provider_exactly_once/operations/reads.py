@@ -21,7 +21,6 @@ Every location and message in what is returned has its credentials masked (``cor
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from dataclasses import replace
 from datetime import datetime
 from typing import Any, Literal
 
@@ -274,15 +273,16 @@ class SinkReads:
         run = runs.get((record.dag_id or "", record.run_id or ""))
         view = EpochView.read(record, now=self.store.now(), pending_cleanups=cleanups, run=run)
         revisions = tuple(RevisionView.of(r, runs.get((r.dag_id or "", r.run_id or ""))) for r in revised)
-        view = replace(
-            view,
-            revisions=revisions,
-            cause=cause_of(entries, view.error, view.status),
-            reservation=self._reservation(reserved, view.status),
+        view = view.model_copy(
+            update={
+                "revisions": revisions,
+                "cause": cause_of(entries, view.error, view.status),
+                "reservation": self._reservation(reserved, view.status),
+            }
         )
         if view.consumed is None and reserved is not None and not view.unreadable:
             # A write that never persisted (its tombstone) read nothing, but reserved its range.
-            view = replace(view, consumed=view.reservation.range if view.reservation else None)
+            view = view.model_copy(update={"consumed": view.reservation.range if view.reservation else None})
         if visible is None:
             return view
         return self._redaction(visible, record, revised, [e.actor for e in entries]).epoch(view)
@@ -363,13 +363,19 @@ class SinkReads:
         if registration is None:
             raise SinkNotFound(f"sink {sink_id!r} is not in the sink registry: its checkpoint source is unknown")
         checkpoint = registration[1]
-        kind = str((checkpoint or {}).get("kind", MetaStoreCheckpoint.kind))
+        kind = str((checkpoint or {}).get("kind", MetaStoreCheckpoint().kind))
         try:
             config = MetaStoreCheckpoint() if checkpoint is None else checkpoint_config_from_dict(checkpoint)
             status = checkpoint_source(config, self.store.checkpoints).status(sink_id, epoch)
         except Exception as exc:  # a source that cannot answer (or be built) is shown, not raised: it is a view
-            return CheckpointView(sink_id, epoch, None, mask_userinfo(f"{type(exc).__name__}: {exc}"), kind)
-        return CheckpointView(sink_id, epoch, status.value, None, kind)
+            return CheckpointView(
+                sink_id=sink_id,
+                epoch=epoch,
+                status=None,
+                detail=mask_userinfo(f"{type(exc).__name__}: {exc}"),
+                source=kind,
+            )
+        return CheckpointView(sink_id=sink_id, epoch=epoch, status=status.value, detail=None, source=kind)
 
     def _row(self, sink_id: str, epoch: int) -> EpochRecord:
         return require_epoch(self.store, sink_id, epoch)

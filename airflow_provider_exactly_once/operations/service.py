@@ -127,9 +127,13 @@ class SinkOperations(SinkReads):
             # epoch waits for it to settle (core.input_ranges). Its abort is the record of that.
             detail = f"no write persisted; its range ({reserved.describe()}) goes to the next epoch"
             if dry_run:
-                return ActionResult("abort", sink_id, epoch, True, "would abort", detail)
+                return ActionResult(
+                    action="abort", sink_id=sink_id, epoch=epoch, dry_run=True, outcome="would abort", detail=detail
+                )
             result = coordinator.abort(sink_id, epoch, reason=reason)
-            return ActionResult("abort", sink_id, epoch, False, result.outcome.value, detail)
+            return ActionResult(
+                action="abort", sink_id=sink_id, epoch=epoch, dry_run=False, outcome=result.outcome.value, detail=detail
+            )
         row = self._row(sink_id, epoch)
         if dry_run:
             return self._abort_plan(coordinator, row, force, files_lost)
@@ -137,12 +141,12 @@ class SinkOperations(SinkReads):
             sink_id, epoch, reason=reason, write=row.pre_commit, force=force, files_lost=files_lost
         )
         return ActionResult(
-            "abort",
-            sink_id,
-            epoch,
-            False,
-            result.outcome.value,
-            f"{describe_write(row.pre_commit)}; {result.files_deleted} file(s) deleted",
+            action="abort",
+            sink_id=sink_id,
+            epoch=epoch,
+            dry_run=False,
+            outcome=result.outcome.value,
+            detail=f"{describe_write(row.pre_commit)}; {result.files_deleted} file(s) deleted",
             files_deleted=result.files_deleted,
         )
 
@@ -160,7 +164,9 @@ class SinkOperations(SinkReads):
         ).raise_if_refused()
 
         def plan(outcome: str, detail: str) -> ActionResult:
-            return ActionResult("abort", sink_id, epoch, True, outcome, detail)
+            return ActionResult(
+                action="abort", sink_id=sink_id, epoch=epoch, dry_run=True, outcome=outcome, detail=detail
+            )
 
         if decision.action is Action.ALREADY_COMMITTED:
             return plan("already committed", f"nothing would change: {decision.why}")
@@ -197,12 +203,12 @@ class SinkOperations(SinkReads):
         result = coordinator.commit(sink_id, epoch)
         committed = dict(result.record.committed or {})
         return ActionResult(
-            "commit",
-            sink_id,
-            epoch,
-            False,
-            result.outcome.value,
-            f"write {result.record.write_id}: " + ", ".join(f"{t} -> {s}" for t, s in sorted(committed.items())),
+            action="commit",
+            sink_id=sink_id,
+            epoch=epoch,
+            dry_run=False,
+            outcome=result.outcome.value,
+            detail=f"write {result.record.write_id}: " + ", ".join(f"{t} -> {s}" for t, s in sorted(committed.items())),
             report={"committed": committed, "write_id": result.record.write_id},
         )
 
@@ -217,21 +223,21 @@ class SinkOperations(SinkReads):
         if decision.action is Action.ALREADY_COMMITTED:
             committed = dict(row.committed or {})
             return ActionResult(
-                "commit",
-                sink_id,
-                epoch,
-                True,
-                "already committed",
-                f"nothing would change: {decision.why} ({committed})",
+                action="commit",
+                sink_id=sink_id,
+                epoch=epoch,
+                dry_run=True,
+                outcome="already committed",
+                detail=f"nothing would change: {decision.why} ({committed})",
                 report={"committed": committed, "write_id": row.write_id},
             )
         return ActionResult(
-            "commit",
-            sink_id,
-            epoch,
-            True,
-            "would commit",
-            f"{decision.why}: {describe_write(row.pre_commit)} would become visible, one snapshot per table "
+            action="commit",
+            sink_id=sink_id,
+            epoch=epoch,
+            dry_run=True,
+            outcome="would commit",
+            detail=f"{decision.why}: {describe_write(row.pre_commit)} would become visible, one snapshot per table "
             "with the epoch's marker (skipped where the marker shows it already is)",
             report={"write_id": row.write_id},
         )
@@ -249,23 +255,23 @@ class SinkOperations(SinkReads):
             raise EpochNotFound(f"sink {sink_id!r} epoch {epoch} was never persisted and has no clean-up queued")
         if dry_run:
             return ActionResult(
-                "cleanup",
-                sink_id,
-                epoch,
-                True,
-                "would clean up" if tasks else "nothing to clean up",
-                self._cleanup_plan(tasks),
+                action="cleanup",
+                sink_id=sink_id,
+                epoch=epoch,
+                dry_run=True,
+                outcome="would clean up" if tasks else "nothing to clean up",
+                detail=self._cleanup_plan(tasks),
                 report={"cleanups": [_cleanup_dict(t) for t in tasks]},
             )
         report = coordinator.clean_up(sink_id, epoch)
         failed = {str(k): v for k, v in report.failed.items()}
         return ActionResult(
-            "cleanup",
-            sink_id,
-            epoch,
-            False,
-            "failed" if failed else ("cleaned up" if tasks else "nothing to clean up"),
-            f"{len(tasks)} queued clean-up(s); {report.files_deleted} file(s) deleted"
+            action="cleanup",
+            sink_id=sink_id,
+            epoch=epoch,
+            dry_run=False,
+            outcome="failed" if failed else ("cleaned up" if tasks else "nothing to clean up"),
+            detail=f"{len(tasks)} queued clean-up(s); {report.files_deleted} file(s) deleted"
             + (f"; failed: {'; '.join(failed.values())}" if failed else ""),
             files_deleted=report.files_deleted,
             ok=not failed,
@@ -283,15 +289,15 @@ class SinkOperations(SinkReads):
 
         report = recover_sink(self.store, sink_id, holder=_holder())
         return ActionResult(
-            "recover",
-            sink_id,
-            None,
-            False,
-            "recovered" if report.ok else "failed",
-            report.summary(),
+            action="recover",
+            sink_id=sink_id,
+            epoch=None,
+            dry_run=False,
+            outcome="recovered" if report.ok else "failed",
+            detail=report.summary(),
             files_deleted=report.files_deleted,
             ok=report.ok,
-            report=report.to_dict(),
+            report=report.model_dump(mode="json"),
         )
 
     def _recovery_plan(self, sink: SinkConfig, checkpoint: CheckpointConfig | None) -> ActionResult:
@@ -341,12 +347,12 @@ class SinkOperations(SinkReads):
             report["orphan_scan_failed"] = scan_error
         anything = commit or abort or refused or tasks or old
         return ActionResult(
-            "recover",
-            sink_id,
-            None,
-            True,
-            "would recover" if anything else "nothing to do",
-            f"sink {sink_id!r}: would commit {commit}, abort {abort}, leave waiting {waiting}, "
+            action="recover",
+            sink_id=sink_id,
+            epoch=None,
+            dry_run=True,
+            outcome="would recover" if anything else "nothing to do",
+            detail=f"sink {sink_id!r}: would commit {commit}, abort {abort}, leave waiting {waiting}, "
             f"refuse {sorted(int(e) for e in refused)}, run "
             f"{len(tasks)} queued clean-up(s) and remove {len(old)} orphaned write location(s) "
             f"older than {DEFAULT_ORPHAN_GRACE}",
@@ -373,12 +379,12 @@ class SinkOperations(SinkReads):
                 raise SinkUnavailable(f"the orphan scan failed: {scan_error or stray_error}")
             files = sum(c.age.files for c in old)
             return ActionResult(
-                "gc",
-                sink_id,
-                None,
-                True,
-                "would remove orphans" if old or stray else "nothing to do",
-                f"{len(old)} orphaned write location(s) older than {grace} ({files} file(s)) and {len(stray)} stray "
+                action="gc",
+                sink_id=sink_id,
+                epoch=None,
+                dry_run=True,
+                outcome="would remove orphans" if old or stray else "nothing to do",
+                detail=f"{len(old)} orphaned write location(s) older than {grace} ({files} file(s)) and {len(stray)} stray "
                 f"file(s) would be removed; {len(young)} younger or of unknown age kept",
                 report={
                     "orphans": [_orphan_dict(c) for c in old],
@@ -399,14 +405,14 @@ class SinkOperations(SinkReads):
         )
         failed = dict(report.failed)
         return ActionResult(
-            "gc",
-            sink_id,
-            None,
-            False,
-            "failed"
+            action="gc",
+            sink_id=sink_id,
+            epoch=None,
+            dry_run=False,
+            outcome="failed"
             if failed
             else ("removed orphans" if report.orphans_removed or report.stray_removed else "nothing to do"),
-            f"{len(report.orphans_removed)} orphaned write location(s) and {len(report.stray_removed)} stray file(s) "
+            detail=f"{len(report.orphans_removed)} orphaned write location(s) and {len(report.stray_removed)} stray file(s) "
             f"removed ({report.files_deleted} file(s)), {len(report.orphans_kept)} kept"
             + (f"; failed: {failed}" if failed else ""),
             files_deleted=report.files_deleted,

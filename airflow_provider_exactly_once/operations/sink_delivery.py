@@ -59,7 +59,7 @@ class Deliveries:
         self._lock = threading.Lock()
 
     def of(self, sink: SinkConfig) -> EpochDelivery:
-        registration = json.dumps(sink.to_dict(), sort_keys=True, default=str)
+        registration = json.dumps(sink.model_dump(mode="json"), sort_keys=True, default=str)
         now = self._clock()
         with self._lock:
             kept = self._kept.get(sink.sink_id)

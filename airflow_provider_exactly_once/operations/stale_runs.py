@@ -89,12 +89,14 @@ def check(
     could not be asked."""
     found = candidates(reads, threshold, sink_id=sink_id, dag_ids=dag_ids)
     if not found:
-        return RunCheck(threshold)
+        return RunCheck(threshold=threshold)
     try:
         runs = airflow_runs([(c.dag_id, c.run_id) for c in found], threshold)
     except Exception as exc:  # no Airflow here, or its database unreachable: said, not raised
         lines = str(exc).strip().splitlines()
-        return RunCheck(threshold, not_checked=mask_userinfo(f"{type(exc).__name__}: {lines[0] if lines else ''}"))
+        return RunCheck(
+            threshold=threshold, not_checked=mask_userinfo(f"{type(exc).__name__}: {lines[0] if lines else ''}")
+        )
     now = datetime.now(UTC)
     stale = []
     for candidate in found:
@@ -123,7 +125,7 @@ def check(
                 logical_date=None if dates is None else dates.logical_date,
             )
         )
-    return RunCheck(threshold, tuple(stale))
+    return RunCheck(threshold=threshold, stale=tuple(stale))
 
 
 def candidates(

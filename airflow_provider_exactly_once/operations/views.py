@@ -1,8 +1,8 @@
-"""What the operations service returns: plain frozen records with a JSON-safe ``to_dict()``.
+"""What the operations service returns: frozen pydantic records, shown as ``model_dump(mode="json")``.
 
-The CLI prints them as tables or JSON and the UI's API returns ``to_dict()`` as is, so both show the
+The CLI prints them as tables or JSON and the UI's API returns that dump as is, so both show the
 same numbers under the same names. Times are timezone-aware UTC (the meta store's clock) and become
-ISO 8601 strings in ``to_dict()``. Locations and messages are masked (``core.errors``) as the records
+ISO 8601 strings in UTC in the dump. Locations and messages are masked (``core.errors``) as the records
 are made, so no door that shows one can forget to; control characters are left for each door to
 escape in its own way (JSON escapes them, the CLI's tables show them as ``\x1b``). What of an epoch
 a caller who may read only some DAGs is shown is decided here too, once (``Redaction``).
@@ -13,11 +13,23 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    SerializationInfo,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    computed_field,
+    field_serializer,
+    field_validator,
+    model_serializer,
+)
 
 from airflow_provider_exactly_once.core.epochs import Actor, ActorKind, EpochStatus, HistoryEntry, failed_step, task_of
 from airflow_provider_exactly_once.core.errors import InvalidPreCommit, mask_userinfo
@@ -61,6 +73,31 @@ def _iso(value: datetime | None) -> str | None:
     return None if value is None else value.astimezone(UTC).isoformat()
 
 
+#: A time shown in UTC, ISO 8601 (``2024-06-01T00:00:00+00:00``), as every door shows it.
+Utc = Annotated[datetime, PlainSerializer(_iso, when_used="json")]
+#: Seconds shown to the millisecond.
+Seconds = Annotated[float, PlainSerializer(lambda value: round(value, 3), when_used="json")]
+
+
+class View(BaseModel):
+    """A record a door shows: frozen, its JSON form ``model_dump(mode="json")``."""
+
+    model_config = ConfigDict(frozen=True, serialize_by_alias=True)
+
+    #: A computed field shown after the key it follows rather than last, where doors always showed it.
+    shown_after: ClassVar[dict[str, str]] = {}
+
+    @model_serializer(mode="wrap")
+    def _in_place(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        for name, after in self.shown_after.items():
+            value = data.pop(name)
+            keys = list(data)
+            at = keys.index(after) + 1
+            data = {**{k: data[k] for k in keys[:at]}, name: value, **{k: data[k] for k in keys[at:]}}
+        return data
+
+
 def interval_start(epoch: int) -> datetime | None:
     """The data-interval start an interval-derived epoch stands for (ms since the Unix epoch).
 
@@ -72,8 +109,7 @@ def interval_start(epoch: int) -> datetime | None:
         return None
 
 
-@dataclass(frozen=True)
-class SinkSummary:
+class SinkSummary(View):
     """One sink: how to find its data, and its epochs by status."""
 
     sink_id: str
@@ -85,28 +121,22 @@ class SinkSummary:
     registered: bool
     #: The checkpoint source's kind as registered (``None``: the meta-store checkpoint table).
     checkpoint: str | None
-    pending: int
-    committed: int
-    aborted: int
-    oldest_pending_created_at: datetime | None
+    pending: int = Field(exclude=True)
+    committed: int = Field(exclude=True)
+    aborted: int = Field(exclude=True)
+    oldest_pending_created_at: Utc | None
     #: Queued clean-ups not yet done: writes whose files still have to go.
     pending_cleanups: int
     #: Epochs with a reserved range and no row yet (``RESERVED``).
     reserved: int = 0
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "sink_id": self.sink_id,
-            "kind": self.kind,
-            "tables": list(self.tables),
-            "root": self.root,
-            "registered": self.registered,
-            "checkpoint": self.checkpoint,
-            "counts": {"pending": self.pending, "committed": self.committed, "aborted": self.aborted},
-            "oldest_pending_created_at": _iso(self.oldest_pending_created_at),
-            "pending_cleanups": self.pending_cleanups,
-            "reserved": self.reserved,
-        }
+    shown_after = {"counts": "checkpoint"}
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def counts(self) -> dict[str, int]:
+        """Its epochs by status."""
+        return {"pending": self.pending, "committed": self.committed, "aborted": self.aborted}
 
 
 def change_counts(table: TableWrite) -> dict[str, int] | None:
@@ -122,8 +152,7 @@ def change_counts(table: TableWrite) -> dict[str, int] | None:
     }
 
 
-@dataclass(frozen=True)
-class TableView:
+class TableView(View):
     """One table (or file-sink root) of an epoch's write."""
 
     name: str
@@ -137,17 +166,6 @@ class TableView:
     #: An upsert write's rows inserted, updated and deleted (and files rewritten); ``None`` for an append.
     changes: dict[str, int] | None = None
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "files": self.files,
-            "rows": self.rows,
-            "bytes": self.bytes,
-            "snapshot": self.snapshot,
-            "table_uuid": self.table_uuid,
-            "changes": self.changes,
-        }
-
 
 def _log_url(
     base_url: str | None, dag_id: str | None, run_id: str | None, task_id: str | None, try_number: int | None
@@ -159,13 +177,12 @@ def _log_url(
     return urls.task_log(base_url, dag_id, run_id, task_id, try_number)
 
 
-@dataclass(frozen=True)
-class FailureView:
+class FailureView(View):
     """A failed try of a task of the epoch's group (design.md D22), as ``core.epochs.failed_step``
     says it (``write failed on try 2: ...``), with the task, its run and try, and its log in Airflow
     once a door that knows where Airflow is links it (``linked``)."""
 
-    at: datetime
+    at: Utc
     step: str
     dag_id: str | None
     run_id: str | None
@@ -179,24 +196,22 @@ class FailureView:
         if step is None:
             return None
         actor = entry.actor
-        return cls(entry.at, mask_userinfo(step), actor.dag_id, actor.run_id, task_of(actor), actor.try_number)
+        return cls(
+            at=entry.at,
+            step=mask_userinfo(step),
+            dag_id=actor.dag_id,
+            run_id=actor.run_id,
+            task_id=task_of(actor),
+            try_number=actor.try_number,
+        )
 
     def linked(self, base_url: str | None, live: Collection[tuple[str, str]] | None = None) -> FailureView:
         """With the task's log at ``base_url`` (of runs in ``live`` only, when given)."""
         if live is not None and (self.dag_id, self.run_id) not in live:
             return self
-        return replace(self, log_url=_log_url(base_url, self.dag_id, self.run_id, self.task_id, self.try_number))
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "at": _iso(self.at),
-            "step": self.step,
-            "dag_id": self.dag_id,
-            "run_id": self.run_id,
-            "task_id": self.task_id,
-            "try_number": self.try_number,
-            "log_url": self.log_url,
-        }
+        return self.model_copy(
+            update={"log_url": _log_url(base_url, self.dag_id, self.run_id, self.task_id, self.try_number)}
+        )
 
 
 def cause_of(entries: Sequence[HistoryEntry], error: str | None, status: str) -> FailureView | None:
@@ -214,8 +229,7 @@ def cause_of(entries: Sequence[HistoryEntry], error: str | None, status: str) ->
     return None
 
 
-@dataclass(frozen=True)
-class ReservationView:
+class ReservationView(View):
     """The upstream range an incremental epoch reserved before its write (``core.input_ranges``):
     the range, its place in the sink's chain, the run that reserved it; for an epoch aborted or
     left without a row, the later epochs that read its range again (each aborted but the last)."""
@@ -226,10 +240,14 @@ class ReservationView:
     range: str
     position: int
     run_id: str | None
-    reserved_at: datetime
+    reserved_at: Utc
     #: ``(epoch, status)`` of the later epochs that read this range again, in chain order, up to
     #: the first that is not Aborted (``"Reserved"`` for one without a row).
     read_again_by: tuple[tuple[int, str], ...] = ()
+
+    @field_serializer("read_again_by", when_used="json")
+    def _links(self, links: tuple[tuple[int, str], ...]) -> list[dict[str, Any]]:
+        return [{"epoch": epoch, "status": status} for epoch, status in links]
 
     @classmethod
     def of(cls, reservation: Reservation, later: Sequence[LaterLink] = ()) -> ReservationView:
@@ -251,18 +269,6 @@ class ReservationView:
             return None
         return "read again by " + ", then by ".join(f"epoch {e} ({status})" for e, status in self.read_again_by)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "table": self.table,
-            "after_snapshot_id": self.after_snapshot_id,
-            "to_snapshot_id": self.to_snapshot_id,
-            "range": self.range,
-            "position": self.position,
-            "run_id": self.run_id,
-            "reserved_at": _iso(self.reserved_at),
-            "read_again_by": [{"epoch": e, "status": status} for e, status in self.read_again_by],
-        }
-
 
 def _link_status(link: LaterLink) -> str:
     return RESERVED if link.status is None else link.status.value
@@ -280,8 +286,7 @@ def reading_again(later: Sequence[LaterLink]) -> list[LaterLink]:
     return found
 
 
-@dataclass(frozen=True)
-class EpochView:
+class EpochView(View):
     """One epoch's row, with its write's totals: what an operator needs to judge it."""
 
     sink_id: str
@@ -291,11 +296,11 @@ class EpochView:
     dag_id: str | None
     run_id: str | None
     try_number: int | None
-    created_at: datetime
-    updated_at: datetime
+    created_at: Utc
+    updated_at: Utc
     #: Seconds since ``created_at`` by the meta store's clock when the view was read.
-    age_seconds: float
-    commit_decided_at: datetime | None
+    age_seconds: Seconds
+    commit_decided_at: Utc | None
     rows: int
     files: int
     bytes: int
@@ -303,6 +308,11 @@ class EpochView:
     error: str | None
     #: Something an operator must see though nothing failed (another DAG wrote this epoch, say).
     warning: str | None = None
+    #: For an incremental input, the upstream snapshots the write read (``core.input_ranges``).
+    consumed: str | None = None
+    #: Why the row's stored write cannot be read (naming the field at fault); ``None`` when it can.
+    #: An unreadable epoch shows its row's own columns, and no tables, files or rows.
+    unreadable: str | None = None
     #: Queued clean-ups of this epoch not yet done (an Aborted epoch's files a crash left, replaced writes).
     pending_cleanups: int = 0
     #: The data interval of the run that wrote the epoch, and that run's logical date: what
@@ -310,9 +320,9 @@ class EpochView:
     #: DATE`` run's logical date is its interval's end, a scheduled or backfilled run's its start.
     #: Without a record of the run (rows persisted before migration 0008, or outside a DAG run) the
     #: start is the instant the epoch number stands for, and the end and the logical date are ``None``.
-    interval_start: datetime | None = field(default=None)
-    interval_end: datetime | None = None
-    logical_date: datetime | None = None
+    interval_start: Utc | None = None
+    interval_end: Utc | None = None
+    logical_date: Utc | None = None
     #: False for an epoch aborted before its run produced a write (its reason is in ``error``).
     written: bool = True
     #: How often a newer generation's write replaced the committed one; the write in flight, if any.
@@ -321,11 +331,6 @@ class EpochView:
     generation: str | None = None
     #: Every revision on record, oldest first (filled for one epoch's detail, empty in listings).
     revisions: tuple[RevisionView, ...] = ()
-    #: For an incremental input, the upstream snapshots the write read (``core.input_ranges``).
-    consumed: str | None = None
-    #: Why the row's stored write cannot be read (naming the field at fault); ``None`` when it can.
-    #: An unreadable epoch shows its row's own columns, and no tables, files or rows.
-    unreadable: str | None = None
     #: For an incremental input, the range the epoch reserved (filled for one epoch's detail, and
     #: for a ``RESERVED`` epoch everywhere).
     reservation: ReservationView | None = None
@@ -381,7 +386,7 @@ class EpochView:
 
     def linked(self, base_url: str | None, live: Collection[tuple[str, str]] | None = None) -> EpochView:
         """With its cause's log in Airflow at ``base_url`` (``FailureView.linked``)."""
-        return self if self.cause is None else replace(self, cause=self.cause.linked(base_url, live))
+        return self if self.cause is None else self.model_copy(update={"cause": self.cause.linked(base_url, live)})
 
     @classmethod
     def read(
@@ -477,6 +482,9 @@ class EpochView:
             consumed=consumed,
         )
 
+    shown_after = {"files_state": "bytes"}
+
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def files_state(self) -> str | None:
         """What became of the write's files: an Aborted epoch's counts are of files deleted (or
@@ -488,41 +496,6 @@ class EpochView:
         if self.status == "Pending":
             return "not visible yet"
         return "being deleted" if self.pending_cleanups else "deleted"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "sink_id": self.sink_id,
-            "epoch": self.epoch,
-            "status": self.status,
-            "write_id": self.write_id,
-            "dag_id": self.dag_id,
-            "run_id": self.run_id,
-            "try_number": self.try_number,
-            "created_at": _iso(self.created_at),
-            "updated_at": _iso(self.updated_at),
-            "age_seconds": round(self.age_seconds, 3),
-            "commit_decided_at": _iso(self.commit_decided_at),
-            "rows": self.rows,
-            "files": self.files,
-            "bytes": self.bytes,
-            "files_state": self.files_state,
-            "tables": [t.to_dict() for t in self.tables],
-            "error": self.error,
-            "warning": self.warning,
-            "consumed": self.consumed,
-            "unreadable": self.unreadable,
-            "pending_cleanups": self.pending_cleanups,
-            "interval_start": _iso(self.interval_start),
-            "interval_end": _iso(self.interval_end),
-            "logical_date": _iso(self.logical_date),
-            "written": self.written,
-            "revision": self.revision,
-            "replacing_write_id": self.replacing_write_id,
-            "generation": self.generation,
-            "revisions": [r.to_dict() for r in self.revisions],
-            "reservation": None if self.reservation is None else self.reservation.to_dict(),
-            "cause": None if self.cause is None else self.cause.to_dict(),
-        }
 
 
 def _consumed(pre: PreCommit) -> str | None:
@@ -537,8 +510,7 @@ def _consumed(pre: PreCommit) -> str | None:
     return None if consumed is None else consumed.describe()
 
 
-@dataclass(frozen=True)
-class RevisionView:
+class RevisionView(View):
     """One revision of an epoch: the write, the run that wrote it, and what became of it."""
 
     revision: int
@@ -550,12 +522,12 @@ class RevisionView:
     try_number: int | None
     rows: int
     files: int
-    committed: Mapping[str, str] | None
+    committed: dict[str, str] | None
     reason: str | None
-    created_at: datetime
-    updated_at: datetime
+    created_at: Utc
+    updated_at: Utc
     #: The logical date of the run that wrote the revision (``None`` without a record of the run).
-    logical_date: datetime | None = None
+    logical_date: Utc | None = None
 
     @classmethod
     def of(cls, record: Any, run: RunDates | None = None) -> RevisionView:
@@ -576,31 +548,12 @@ class RevisionView:
             logical_date=None if run is None else run.logical_date,
         )
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "revision": self.revision,
-            "write_id": self.write_id,
-            "status": self.status,
-            "generation": self.generation,
-            "dag_id": self.dag_id,
-            "run_id": self.run_id,
-            "try_number": self.try_number,
-            "rows": self.rows,
-            "files": self.files,
-            "committed": None if self.committed is None else dict(self.committed),
-            "reason": self.reason,
-            "created_at": _iso(self.created_at),
-            "updated_at": _iso(self.updated_at),
-            "logical_date": _iso(self.logical_date),
-        }
 
-
-@dataclass(frozen=True)
-class HistoryView:
+class HistoryView(View):
     """One event of an epoch's history (``core.epochs``): what happened, when, by whom, why; the
     run's logical date and data interval where the store recorded that run."""
 
-    at: datetime
+    at: Utc
     event: str
     write_id: str
     status: str | None
@@ -615,9 +568,9 @@ class HistoryView:
     run_type: str | None
     clear_number: int | None
     reason: str | None
-    logical_date: datetime | None = None
-    interval_start: datetime | None = None
-    interval_end: datetime | None = None
+    logical_date: Utc | None = None
+    interval_start: Utc | None = None
+    interval_end: Utc | None = None
     #: For a failed try of a task of the epoch's group (``error``, ``try failed``): what failed, as
     #: ``core.epochs.failed_step`` says it, the task, and its log once linked (``linked``).
     step: str | None = None
@@ -673,34 +626,12 @@ class HistoryView:
         """With the failed task's log at ``base_url`` (of runs in ``live`` only, when given)."""
         if self.step is None or (live is not None and (self.dag_id, self.run_id) not in live):
             return self
-        return replace(self, log_url=_log_url(base_url, self.dag_id, self.run_id, self.task_id, self.try_number))
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "at": _iso(self.at),
-            "event": self.event,
-            "write_id": self.write_id,
-            "status": self.status,
-            "revision": self.revision,
-            "actor": self.actor,
-            "actor_name": self.actor_name,
-            "dag_id": self.dag_id,
-            "run_id": self.run_id,
-            "try_number": self.try_number,
-            "run_type": self.run_type,
-            "clear_number": self.clear_number,
-            "reason": self.reason,
-            "logical_date": _iso(self.logical_date),
-            "interval_start": _iso(self.interval_start),
-            "interval_end": _iso(self.interval_end),
-            "step": self.step,
-            "task_id": self.task_id,
-            "log_url": self.log_url,
-        }
+        return self.model_copy(
+            update={"log_url": _log_url(base_url, self.dag_id, self.run_id, self.task_id, self.try_number)}
+        )
 
 
-@dataclass(frozen=True)
-class CheckpointView:
+class CheckpointView(View):
     """The checkpoint source's word on an epoch, or why it could not be had."""
 
     sink_id: str
@@ -713,32 +644,22 @@ class CheckpointView:
     #: ``"snapshot_range"``).
     source: str
 
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def meaning(self) -> str | None:
         """What the status says of this source's epochs: an incremental input's checkpoint is its
-        reserved range (``checkpoints.snapshot_ranges``), complete once reserved whatever became of
+        reserved range (``checkpoints.sources``), complete once reserved whatever became of
         the epoch, so ``COMPLETED`` means "range reserved" there, nothing more."""
         if self.source != SNAPSHOT_RANGE or self.status is None:
             return None
         return "range reserved" if self.status == "COMPLETED" else "no range reserved"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "sink_id": self.sink_id,
-            "epoch": self.epoch,
-            "status": self.status,
-            "detail": self.detail,
-            "source": self.source,
-            "meaning": self.meaning,
-        }
 
 
 #: The checkpoint source kind of an incremental input (``checkpoints.config.SnapshotRangeCheckpoint``).
 SNAPSHOT_RANGE = "snapshot_range"
 
 
-@dataclass(frozen=True)
-class ActionResult:
+class ActionResult(View):
     """What an action did, or with ``dry_run`` what it would do (and then nothing changed)."""
 
     action: str
@@ -753,24 +674,17 @@ class ActionResult:
     #: ``False`` when part of the action failed (a clean-up or an epoch of a recovery); see ``report``.
     ok: bool = True
     #: Action-specific particulars (a recovery's per-epoch results, the orphans found, ...).
-    report: Mapping[str, Any] = field(default_factory=dict)
+    report: dict[str, Any] = Field(default_factory=dict)
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "detail", mask_userinfo(self.detail))
-        object.__setattr__(self, "report", _masked(dict(self.report)))
+    @field_validator("detail")
+    @classmethod
+    def _masked_detail(cls, detail: str) -> str:
+        return mask_userinfo(detail)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "action": self.action,
-            "sink_id": self.sink_id,
-            "epoch": self.epoch,
-            "dry_run": self.dry_run,
-            "outcome": self.outcome,
-            "detail": self.detail,
-            "files_deleted": self.files_deleted,
-            "ok": self.ok,
-            "report": dict(self.report),
-        }
+    @field_validator("report", mode="before")
+    @classmethod
+    def _masked_report(cls, report: Mapping[str, Any]) -> Any:
+        return _masked(dict(report))
 
 
 #: What a caller is shown in place of the names and runs of a DAG they may not read.
@@ -832,51 +746,54 @@ class Redaction:
         if cause is not None and _hides(self.readable, ActorKind.TASK, cause.dag_id):
             cause, error = None, HIDDEN_TEXT  # the error is that run's text
         elif cause is not None:
-            cause = replace(cause, step=self.text(cause.step) or "")
+            cause = cause.model_copy(update={"step": self.text(cause.step) or ""})
         reservation = view.reservation
         if reservation is not None:
-            reservation = replace(reservation, run_id=self.text(reservation.run_id))
-        return replace(
-            view,
-            error=error,
-            warning=self.text(view.warning),
-            unreadable=self.text(view.unreadable),
-            revisions=tuple(self.revision(r) for r in view.revisions),
-            cause=cause,
-            reservation=reservation,
+            reservation = reservation.model_copy(update={"run_id": self.text(reservation.run_id)})
+        return view.model_copy(
+            update={
+                "error": error,
+                "warning": self.text(view.warning),
+                "unreadable": self.text(view.unreadable),
+                "revisions": tuple(self.revision(r) for r in view.revisions),
+                "cause": cause,
+                "reservation": reservation,
+            }
         )
 
     def revision(self, view: RevisionView) -> RevisionView:
         if not _hides(self.readable, ActorKind.TASK, view.dag_id):
-            return replace(view, reason=self.text(view.reason))
-        return replace(
-            view,
-            dag_id=ANOTHER_DAG,
-            run_id=None,
-            try_number=None,
-            generation=None,
-            logical_date=None,
-            reason=None if view.reason is None else HIDDEN_TEXT,
+            return view.model_copy(update={"reason": self.text(view.reason)})
+        return view.model_copy(
+            update={
+                "dag_id": ANOTHER_DAG,
+                "run_id": None,
+                "try_number": None,
+                "generation": None,
+                "logical_date": None,
+                "reason": None if view.reason is None else HIDDEN_TEXT,
+            }
         )
 
     def event(self, view: HistoryView) -> HistoryView:
         if not _hides(self.readable, view.actor, view.dag_id):
-            return replace(view, reason=self.text(view.reason), step=self.text(view.step))
-        return replace(
-            view,
-            actor_name=ANOTHER_DAG,
-            dag_id=ANOTHER_DAG,
-            run_id=None,
-            try_number=None,
-            run_type=None,
-            clear_number=None,
-            reason=None if view.reason is None else HIDDEN_TEXT,
-            logical_date=None,
-            interval_start=None,
-            interval_end=None,
-            step=None if view.step is None else HIDDEN_TEXT,
-            task_id=None,
-            log_url=None,
+            return view.model_copy(update={"reason": self.text(view.reason), "step": self.text(view.step)})
+        return view.model_copy(
+            update={
+                "actor_name": ANOTHER_DAG,
+                "dag_id": ANOTHER_DAG,
+                "run_id": None,
+                "try_number": None,
+                "run_type": None,
+                "clear_number": None,
+                "reason": None if view.reason is None else HIDDEN_TEXT,
+                "logical_date": None,
+                "interval_start": None,
+                "interval_end": None,
+                "step": None if view.step is None else HIDDEN_TEXT,
+                "task_id": None,
+                "log_url": None,
+            }
         )
 
 
@@ -884,8 +801,7 @@ def _hides(readable: frozenset[str], kind: str, dag_id: str | None) -> bool:
     return dag_id is not None and dag_id not in readable and kind != ActorKind.RECOVERY
 
 
-@dataclass(frozen=True)
-class StaleRunView:
+class StaleRunView(View):
     """An unsettled epoch (Pending, or ``RESERVED``) whose DAG run Airflow still calls running while
     no task of it is alive and none did anything for longer than the threshold: a killed ``airflow
     dags test``, a lost worker. It never finishes by itself; with ``max_active_runs`` reached the
@@ -899,17 +815,30 @@ class StaleRunView:
     #: Airflow's state of the run (``running``), and the newest start, end, heartbeat or update of
     #: any of its tasks (``None``: no task ever did anything), idle since then.
     run_state: str
-    last_activity: datetime | None
-    idle_seconds: float
+    last_activity: Utc | None
+    idle_seconds: Seconds
     #: What waits for the epoch to be settled (``None``: nothing, failing the run is enough), and
     #: the ``eo-sink`` command that settles it once the run failed: ``abort``, or ``commit`` for a
     #: persisted write whose checkpoint completed (the recovery DAG would commit it too).
     holds_back: str | None
     then: str | None = None
     #: The epoch's data interval and its run's logical date, as ``EpochView`` has them.
-    interval_start: datetime | None = None
-    interval_end: datetime | None = None
-    logical_date: datetime | None = None
+    interval_start: Utc | None = None
+    interval_end: Utc | None = None
+    logical_date: Utc | None = None
+
+    @model_serializer(mode="wrap")
+    def _with_advice(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo) -> dict[str, Any]:
+        """The JSON form adds how to fail the run and the advice, for the Airflow at ``base_url`` (the
+        serialization context's; ``$AIRFLOW_URL`` unknown)."""
+        data: dict[str, Any] = handler(self)
+        if info.mode != "json":
+            return data
+        base_url = (info.context or {}).get("base_url")
+        then = data.pop("then")
+        url = urls.dag_run_api("$AIRFLOW_URL" if base_url is None else base_url, self.dag_id, self.run_id)
+        fail_run = {"ui": "Mark as failed", "method": "PATCH", "url": url, "body": {"state": "failed"}}
+        return {**data, "fail_run": fail_run, "then": then, "advice": self.advice(base_url)}
 
     def fail_request(self, base_url: str | None) -> str:
         """The REST call that fails the run (``[api] base_url``, or ``$AIRFLOW_URL`` unknown)."""
@@ -932,47 +861,20 @@ class StaleRunView:
             text += f" Then settle the epoch, as {self.holds_back}: {self.then}"
         return text
 
-    def to_dict(self, base_url: str | None = None) -> dict[str, Any]:
-        return {
-            "sink_id": self.sink_id,
-            "epoch": self.epoch,
-            "status": self.status,
-            "dag_id": self.dag_id,
-            "run_id": self.run_id,
-            "run_state": self.run_state,
-            "last_activity": _iso(self.last_activity),
-            "idle_seconds": round(self.idle_seconds, 3),
-            "holds_back": self.holds_back,
-            "interval_start": _iso(self.interval_start),
-            "interval_end": _iso(self.interval_end),
-            "logical_date": _iso(self.logical_date),
-            "fail_run": {
-                "ui": "Mark as failed",
-                "method": "PATCH",
-                "url": urls.dag_run_api("$AIRFLOW_URL" if base_url is None else base_url, self.dag_id, self.run_id),
-                "body": {"state": "failed"},
-            },
-            "then": self.then,
-            "advice": self.advice(base_url),
-        }
 
-
-@dataclass(frozen=True)
-class RunCheck:
+class RunCheck(View):
     """The runs that will never finish, as ``operations.stale_runs`` found them, or why Airflow
     could not be asked (its database unreachable): a view says that, and still answers."""
 
-    threshold: timedelta
-    stale: tuple[StaleRunView, ...] = ()
+    #: Shown in minutes, as ``threshold_minutes``.
+    threshold: timedelta = Field(serialization_alias="threshold_minutes")
+    stale: tuple[StaleRunView, ...] = Field(default=(), serialization_alias="stale_runs")
     #: Why Airflow's runs were not checked; ``None`` when they were (or no epoch needed it).
-    not_checked: str | None = None
+    not_checked: str | None = Field(default=None, serialization_alias="runs_not_checked")
 
-    def to_dict(self, base_url: str | None = None) -> dict[str, Any]:
-        return {
-            "threshold_minutes": self.threshold.total_seconds() / 60,
-            "stale_runs": [s.to_dict(base_url) for s in self.stale],
-            "runs_not_checked": self.not_checked,
-        }
+    @field_serializer("threshold", when_used="json")
+    def _minutes(self, threshold: timedelta) -> float:
+        return threshold.total_seconds() / 60
 
 
 def describe_write(pre: PreCommit) -> str:
@@ -982,3 +884,6 @@ def describe_write(pre: PreCommit) -> str:
     files = sum(len(t.data_files) for t in pre.tables)
     tables: Sequence[str] = [mask_userinfo(t.table) for t in pre.tables]
     return f"write {pre.write_id}: {files} file(s), {pre.record_count} row(s) in {', '.join(tables)}"
+
+
+EpochView.model_rebuild()

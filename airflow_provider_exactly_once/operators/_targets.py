@@ -182,24 +182,26 @@ def targets_for(sink: SinkConfig, target: FileSinkTarget | None, partition_by: l
     return [base.model_copy(update=update).model_dump(mode="json")]
 
 
-def sink_and_id(
-    sink: SinkConfig | Mapping[str, Any] | None,
-    sink_id: str | None,
-    target: object,
-    partition_by: Sequence[str],
-    task_id: object,
-) -> tuple[SinkConfig | None, str]:
-    """The sink config (or none) and the sink id, refusing contradictory arguments at parse time."""
-    if (sink is None) == (sink_id is None):
-        raise InvalidSinkConfig(
-            f"task {task_id}: give exactly one of sink= and sink_id= (the latter with an explicit target=)"
-        )
+#: The arguments the write operator no longer takes, and what an author writes instead.
+_REMOVED_ARGUMENTS = {
+    "sink_id": "give sink=IcebergSinkConfig(...) or sink=FileSinkConfig(...): the sink, given once, names its id",
+    "allow_schema_evolution": "set it on the sink: IcebergSinkConfig(..., allow_schema_evolution=True)",
+}
+
+
+def refuse_removed_arguments(operator: str, kwargs: Mapping[str, Any]) -> None:
+    """A removed spelling refused naming the one that replaced it, not as an unknown argument."""
+    for name, instead in _REMOVED_ARGUMENTS.items():
+        if name in kwargs:
+            raise TypeError(f"{operator}({name}=) was removed: {instead}")
+
+
+def sink_with_target(
+    sink: SinkConfig | Mapping[str, Any], target: object, partition_by: Sequence[str], task_id: object
+) -> SinkConfig:
+    """The sink config, with the file sink's target and partitions checked against it at parse time."""
     if sink is None:
-        if target is None:
-            raise InvalidSinkConfig(f"task {task_id}: sink_id= needs target=; or give sink=")
-        if partition_by:
-            raise InvalidSinkConfig(f"task {task_id}: partition_by= goes with sink=; put it in the target")
-        return None, str(sink_id)
+        raise InvalidSinkConfig(f"task {task_id}: give sink=IcebergSinkConfig(...) or sink=FileSinkConfig(...)")
     config = as_sink(sink)
     if isinstance(config, IcebergSinkConfig) and partition_by:
         raise InvalidSinkConfig(
@@ -214,7 +216,7 @@ def sink_and_id(
     if file_target is not None and not isinstance(file_target, FileSinkTarget):
         raise InvalidSinkConfig(f"task {task_id}: with sink= only a file sink's FileSinkTarget may be given")
     check_target_for(config, file_target)
-    return config, config.sink_id
+    return config
 
 
 def upstream_settings(

@@ -95,8 +95,8 @@ class _EpochOperator(BaseOperator):
             try:
                 store.registry.register_sink(
                     self.sink.sink_id,
-                    self.sink.to_dict(),
-                    None if self.checkpoint is None else self.checkpoint.to_dict(),
+                    self.sink.model_dump(mode="json"),
+                    None if self.checkpoint is None else self.checkpoint.model_dump(mode="json"),
                 )
                 epoch = epoch_for_context(context, self.sink.sink_id, store.epochs)
                 self.log.info("sink %r %s", self.sink.sink_id, epoch_interval(epoch, context))

@@ -36,7 +36,8 @@ from airflow_provider_exactly_once.operators._targets import (
     INPUT_FIX,
     check_templated_specs,
     file_sink_io_properties,
-    sink_and_id,
+    refuse_removed_arguments,
+    sink_with_target,
     targets_for,
     upstream_settings,
 )
@@ -52,7 +53,7 @@ if TYPE_CHECKING:
     from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
     from airflow_provider_exactly_once.core.precommit import PreCommit
-    from airflow_provider_exactly_once.spark.jobspec import EpochJobSpec, IcebergTarget
+    from airflow_provider_exactly_once.spark.jobspec import EpochJobSpec
 
 #: Above this many bytes of compact JSON the XCom value is compressed (``xcom_value``).
 XCOM_COMPRESS_ABOVE = 64 * 1024
@@ -127,11 +128,8 @@ class SparkPreCommitOperator(BaseOperator):
         tables' store or not readable with their credentials; it replaces their storage properties.
     :param partition_by: identity partition columns of a file sink (Iceberg tables have their spec).
     :param target: only for a file sink whose files need FileIO properties or Parquet settings
-        (a ``FileSinkTarget`` on the sink's root); or, with ``sink_id`` instead of ``sink``, the
-        explicit target of a write no sink config describes. Templated, so no credentials: a file
-        sink's come from its ``storage_options``, translated for the writer.
-    :param sink_id: instead of ``sink``, with an explicit ``target``.
-    :param allow_schema_evolution: with ``sink_id``; with ``sink`` it is the sink's.
+        (a ``FileSinkTarget`` on the sink's root). Templated, so no credentials: a file sink's come
+        from its ``storage_options``, translated for the writer.
     :param writers: number of parallel write tasks (see ``EpochJobSpec.writers``).
     :param epoch: override the epoch derived from the run (its data interval start, or for runs
         without one an allocation keyed by run id in the meta store of ``meta_conn_id``).
@@ -163,11 +161,9 @@ class SparkPreCommitOperator(BaseOperator):
         | author_specs.SqlInput
         | author_specs.FunctionInput
         | author_specs.IcebergTableInput,
-        sink: SinkConfig | Mapping[str, Any] | None = None,
+        sink: SinkConfig | Mapping[str, Any],
         partition_by: Sequence[str] = (),
-        target: dict[str, Any] | IcebergTarget | author_specs.FileSinkTarget | None = None,
-        sink_id: str | None = None,
-        allow_schema_evolution: bool = False,
+        target: dict[str, Any] | author_specs.FileSinkTarget | None = None,
         writers: int | None = None,
         target_file_size_bytes: int | None = None,
         epoch: int | None = None,
@@ -179,7 +175,9 @@ class SparkPreCommitOperator(BaseOperator):
         input_storage_conn_id: str | None = None,
         **kwargs: Any,
     ) -> None:
-        sink_cfg, sink_id = sink_and_id(sink, sink_id, target, partition_by, kwargs.get("task_id"))
+        refuse_removed_arguments(type(self).__name__, kwargs)
+        sink_cfg = sink_with_target(sink, target, partition_by, kwargs.get("task_id"))
+        sink_id = sink_cfg.sink_id
         spark = _spark_parameters(kwargs, kwargs.get("task_id"))
         super().__init__(**kwargs)
         self.application = application
@@ -205,9 +203,7 @@ class SparkPreCommitOperator(BaseOperator):
                 f"not for a {self.input_spec.get('kind')!r} input; drop it"
             )
         self.input_storage_conn_id = input_storage_conn_id
-        self.allow_schema_evolution = (
-            sink_cfg.allow_schema_evolution if isinstance(sink_cfg, IcebergSinkConfig) else allow_schema_evolution
-        )
+        self.allow_schema_evolution = isinstance(sink_cfg, IcebergSinkConfig) and sink_cfg.allow_schema_evolution
         self.writers = writers
         self.target_file_size_bytes = target_file_size_bytes
         self.epoch = epoch
@@ -218,8 +214,6 @@ class SparkPreCommitOperator(BaseOperator):
         self._target: dict[str, Any] = {}  # this try's resolved target, for OpenLineage
 
     def _resolve_targets(self) -> list[dict[str, Any]]:
-        if self.sink is None:
-            return [dict(self.target_spec or {})]
         file_target = None
         if self.target_spec is not None:
             try:
@@ -414,7 +408,7 @@ class SparkPreCommitOperator(BaseOperator):
     def _kept_write(self, epoch: int, generation: str | None, run_id: str) -> PreCommit | None:
         """The committed write, when the sink keeps it (``on_reprocess="keep"``) and this run would
         only write a newer generation for persist to discard: then no Spark job runs at all."""
-        if self.sink is None or self.sink.on_reprocess != "keep" or generation is None:
+        if self.sink.on_reprocess != "keep" or generation is None:
             return None
         store = open_meta_store(self.meta_conn_id)
         try:

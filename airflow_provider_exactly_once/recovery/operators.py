@@ -112,7 +112,7 @@ class RecoverSinkOperator(BaseOperator):
                 f"recovery of sink {self.sink_id!r} left {len(report.failed)} failure(s): "
                 + "; ".join(f"{what}: {why}" for what, why in sorted(report.failed.items()))
             )
-        return report.to_dict()
+        return report.model_dump(mode="json")
 
     def _emit_assets(self, context: Context, store: SqlSinkStateStore, committed: list[int]) -> None:
         """Asset events for the tables of the epochs this recovery committed (``observability.assets``).

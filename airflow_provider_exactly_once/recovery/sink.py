@@ -51,7 +51,7 @@ def recover_sink(
         )
     sink, checkpoint = registration
     with sink_lock(store.registry, sink_id, holder, lock_ttl):
-        report = SinkRecoveryReport(sink_id)
+        report = SinkRecoveryReport(sink_id=sink_id)
         metrics = airflow_metrics()
         opened = open_sink(sink, metrics=metrics)
         coordinator = coordinator_for(

@@ -120,7 +120,7 @@ def load_fault_hook_factory(value: str) -> FaultHookFactory:
 
 
 def as_sink(sink: SinkConfig | Mapping[str, Any]) -> SinkConfig:
-    """Accept a sink config or its ``to_dict()`` form (what a DAG built from JSON has)."""
+    """Accept a sink config or its ``model_dump(mode="json")`` form (what a DAG built from JSON has)."""
     return sink if not isinstance(sink, Mapping) else sink_config_from_dict(sink)
 
 
@@ -342,7 +342,7 @@ def unreachable(sink: SinkConfig, exc: Exception) -> str:
     why = f"{type(exc).__name__}: {lines[0] if lines else ''}".rstrip(": ")
     conn_id = getattr(sink, "iceberg_conn_id", None)
     if conn_id is None:
-        where = f"the file system of root {sink.to_dict().get('root')!r}"
+        where = f"the file system of root {sink.model_dump(mode='json').get('root')!r}"
     else:
         where = f"the Iceberg catalog of connection {conn_id!r}"
         uri = _catalog_uri(conn_id)

@@ -138,7 +138,7 @@ class CheckpointSensor(BaseSensorOperator):
             trigger=CheckpointTrigger(
                 sink_id=self.sink_id,
                 epoch=epoch,
-                checkpoint=self.checkpoint.to_dict(),
+                checkpoint=self.checkpoint.model_dump(mode="json"),
                 meta_conn_id=self.meta_conn_id,
                 poll_interval=self.poke_interval,
                 timeout_at=timeout_at,

@@ -1,19 +1,19 @@
 """Typed descriptions of a sink, validated once at construction (as cosmos's config classes are).
 
 A DAG author writes one of these per sink; the Airflow layer resolves its connections and calls
-``committer(...)``. Both serialise to plain dicts, so a sink's configuration can be recorded next to
-its state and rebuilt by a process that never imported the DAG (the recovery DAG).
+``committer(...)``. Each is registered as ``model_dump(mode="json")`` next to its state and read back
+by ``sink_config_from_dict`` in a process that never imported the DAG (the recovery DAG).
 """
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Mapping
-from dataclasses import InitVar, dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
-from airflow_provider_exactly_once.core.epochs import check_sink_id
+from pydantic import Field, ValidationError, ValidationInfo, field_serializer, field_validator, model_validator
+
+from airflow_provider_exactly_once.core.epochs import ON_REPROCESS, OnReprocess, check_sink_id
 from airflow_provider_exactly_once.core.errors import (
     InvalidPreCommit,
     InvalidSinkConfig,
@@ -23,7 +23,9 @@ from airflow_provider_exactly_once.core.errors import (
 )
 from airflow_provider_exactly_once.core.faults import FaultHook, no_faults
 from airflow_provider_exactly_once.filesystems import (
+    ConfigModel,
     check_storage_conn_id,
+    config_refusal,
     given_storage_options,
     refuse_secret_options,
 )
@@ -34,11 +36,15 @@ if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
 
     from airflow_provider_exactly_once.core.cleanups import WriteFolderListing
-    from airflow_provider_exactly_once.core.epochs import OnReprocess
     from airflow_provider_exactly_once.core.ports import SinkCommitter
     from airflow_provider_exactly_once.core.upserts import UpsertSpec
     from airflow_provider_exactly_once.sinks.files import FileSinkCommitter
     from airflow_provider_exactly_once.sinks.iceberg import IcebergSinkCommitter
+
+    Upsert = UpsertSpec | None
+else:
+    # Checked by ``_valid_upsert``: an append sink's DAG parse need not import the upsert models.
+    Upsert = Any
 
 
 def _sink_id(sink_id: str) -> None:
@@ -62,8 +68,7 @@ def _printable(sink_id: str, name: str, value: str) -> None:
 INPUT_VIEW = "epoch_input"
 
 
-@dataclass(frozen=True)
-class TableSelect:
+class TableSelect(ConfigModel):
     """Which part of the epoch's input one table of a fan-out gets, when not all of it.
 
     The Spark write reads the input once and gives each table its own part: ``where``, a Spark SQL
@@ -72,77 +77,132 @@ class TableSelect:
     GROUP BY user_id"``). Either is fitted to the table's schema like the input itself.
     """
 
-    where: str | None = None
-    query: str | None = None
+    what = "a table's selection"
 
-    def __post_init__(self) -> None:
+    where: str | None = Field(default=None, exclude_if=lambda value: value is None)
+    query: str | None = Field(default=None, exclude_if=lambda value: value is None)
+
+    @model_validator(mode="after")
+    def _one(self) -> TableSelect:
         given = [name for name in ("where", "query") if getattr(self, name) is not None]
         if len(given) != 1:
             raise InvalidSinkConfig(
                 f"a table's selection takes exactly one of where= and query=, not {given or 'none'}"
             )
         for name in given:
-            value = getattr(self, name)
-            if not isinstance(value, str) or not value.strip():
-                raise InvalidSinkConfig(f"a table's selection: {name} is not a non-empty string: {value!r}")
+            if not getattr(self, name).strip():
+                raise InvalidSinkConfig(
+                    f"a table's selection: {name} is not a non-empty string: {getattr(self, name)!r}"
+                )
         if self.query is not None and INPUT_VIEW not in self.query.lower():
             raise InvalidSinkConfig(
                 f"a table's selection: query {self.query!r} does not read the epoch's input, the view {INPUT_VIEW!r}"
             )
-
-    def to_dict(self) -> dict[str, str]:
-        return {"where": self.where} if self.where is not None else {"query": str(self.query)}
+        return self
 
 
-@dataclass(frozen=True)
-class IcebergSinkConfig:
+#: The flat upsert settings ``IcebergSinkConfig`` took before ``upsert=UpsertSpec(...)``: refused when
+#: given, read only from a sink registered in that form (``sink_config_from_dict``).
+_FLAT_UPSERT = ("mode", "key", "op_column", "op_values", "order_by")
+#: The validation context under which a registered config is read.
+_REGISTERED = "registered"
+
+
+class IcebergSinkConfig(ConfigModel):
     """One or more Iceberg tables written together (fan-out), reached through an Iceberg connection.
 
     ``select`` maps a table to the part of the input it gets (``TableSelect``); a table it does not
     name gets every row. One Spark write fills every table, so the split lives with the tables.
     """
 
+    positional = ("sink_id", "tables")
+    what = "sink configuration"
+
+    kind: Literal["iceberg"] = "iceberg"
     sink_id: str
     tables: tuple[str, ...]
     iceberg_conn_id: str = "iceberg_default"
     branch: str = "main"
     allow_schema_evolution: bool = False
-    clock_skew: timedelta = timedelta(minutes=10)
+    #: Registered in seconds, as ``clock_skew_s``.
+    clock_skew: timedelta = Field(default=timedelta(minutes=10), alias="clock_skew_s")
     max_commit_attempts: int = 8
-    # Out of the hash (a dict has none), so the config stays hashable; equality still compares it.
-    select: Mapping[str, TableSelect] = field(default_factory=dict, hash=False)
+    #: Left out of the registered form when empty (as ``on_reprocess`` at its default and an unset
+    #: ``upsert``), so the registration of a sink that does not use it is unchanged.
+    select: dict[str, TableSelect] = Field(default_factory=dict, exclude_if=lambda value: not value)
     #: What a newer generation's write (a cleared run, a reprocess backfill) does to a committed epoch:
     #: ``"replace"`` it atomically (a revision), or ``"keep"`` what was committed, for inputs that
     #: cannot be read again (the write task then skips its Spark job).
-    on_reprocess: OnReprocess = "replace"
+    on_reprocess: OnReprocess = Field(default="replace", exclude_if=lambda value: value == "replace")
     #: Every row is a change by key (insert or update, or a delete where the spec's ``op_column``
     #: says so), applied copy-on-write (``core.upserts.UpsertSpec``); ``None``: every row is new.
-    upsert: UpsertSpec | None = field(default=None, hash=False)
-    #: The earlier spelling of ``upsert`` (``mode="upsert", key=..., op_column=..., op_values=...,
-    #: order_by=...``), accepted for one release with a ``DeprecationWarning``.
-    mode: InitVar[str | None] = None
-    key: InitVar[str | tuple[str, ...] | None] = None
-    op_column: InitVar[str | None] = None
-    op_values: InitVar[Mapping[str, tuple[str, ...]] | None] = None
-    order_by: InitVar[str | None] = None
-    kind: Literal["iceberg"] = field(default="iceberg", init=False)
+    upsert: Upsert = Field(default=None, exclude_if=lambda value: value is None)
 
-    def __post_init__(
-        self,
-        mode: str | None,
-        key: str | tuple[str, ...] | None,
-        op_column: str | None,
-        op_values: Mapping[str, tuple[str, ...]] | None,
-        order_by: str | None,
-    ) -> None:
-        _sink_id(self.sink_id)
-        if isinstance(self.tables, str):
-            object.__setattr__(self, "tables", (self.tables,))
-        object.__setattr__(self, "tables", tuple(self.tables))
+    def __hash__(self) -> int:  # the selections and the upsert spec left out: a dict has no hash
+        return hash((self.kind, self.sink_id, self.tables, self.iceberg_conn_id, self.branch))
+
+    @model_validator(mode="before")
+    @classmethod
+    def _flat_upsert(cls, data: Any, info: ValidationInfo) -> Any:
+        if not isinstance(data, Mapping) or not (flat := [name for name in _FLAT_UPSERT if name in data]):
+            return data
+        sink_id = data.get("sink_id")
+        if not (info.context or {}).get(_REGISTERED):
+            raise InvalidSinkConfig(
+                f"sink {sink_id!r}: IcebergSinkConfig({'=, '.join(flat)}=) was removed; write "
+                "upsert=UpsertSpec(key=..., op_column=..., order_by=...) "
+                "(from airflow_provider_exactly_once import UpsertSpec)"
+            )
+        values = {name: value for name, value in data.items() if name not in _FLAT_UPSERT}
+        return {**values, "upsert": _upsert_spec(str(sink_id), {name: data[name] for name in flat})}
+
+    @field_validator("sink_id")
+    @classmethod
+    def _valid_sink_id(cls, sink_id: str) -> str:
+        _sink_id(sink_id)
+        return sink_id
+
+    @field_validator("tables", mode="before")
+    @classmethod
+    def _one_table(cls, tables: Any) -> Any:
+        return (tables,) if isinstance(tables, str) else tables
+
+    @field_validator("select", mode="before")
+    @classmethod
+    def _valid_select(cls, select: Any, info: ValidationInfo) -> Any:
+        if "tables" not in info.data:
+            return select
+        return _selections(info.data["sink_id"], info.data["tables"], select)
+
+    @field_validator("on_reprocess", mode="before")
+    @classmethod
+    def _valid_on_reprocess(cls, value: Any, info: ValidationInfo) -> Any:
+        _on_reprocess(info.data.get("sink_id"), value)
+        return value
+
+    @field_validator("upsert", mode="before")
+    @classmethod
+    def _valid_upsert(cls, value: Any, info: ValidationInfo) -> Any:
+        if value is None:
+            return None
+        if isinstance(value, Mapping):
+            return _validated_spec(info.data.get("sink_id"), value)
+        from airflow_provider_exactly_once.core.upserts import UpsertSpec
+
+        if not isinstance(value, UpsertSpec):
+            raise InvalidSinkConfig(f"sink {info.data.get('sink_id')!r}: upsert is an UpsertSpec, got {value!r}")
+        return value
+
+    @field_serializer("clock_skew")
+    def _seconds(self, clock_skew: timedelta) -> float:
+        return clock_skew.total_seconds()
+
+    @model_validator(mode="after")
+    def _valid(self) -> IcebergSinkConfig:
         if not self.tables:
             raise InvalidSinkConfig(f"sink {self.sink_id!r}: name at least one table")
         for table in self.tables:
-            if not isinstance(table, str) or "." not in table.strip(".") or table != table.strip():
+            if "." not in table.strip(".") or table != table.strip():
                 raise InvalidSinkConfig(f"sink {self.sink_id!r}: table {table!r} is not 'namespace.table'")
             _printable(self.sink_id, "table", table)
         if len(set(self.tables)) != len(self.tables):
@@ -156,22 +216,7 @@ class IcebergSinkConfig:
             raise InvalidSinkConfig(f"sink {self.sink_id!r}: clock_skew {self.clock_skew} is negative")
         if self.max_commit_attempts < 1:
             raise InvalidSinkConfig(f"sink {self.sink_id!r}: max_commit_attempts must be at least 1")
-        object.__setattr__(self, "select", _selections(self.sink_id, self.tables, self.select))
-        _on_reprocess(self.sink_id, self.on_reprocess)
-        given = {"mode": mode, "key": key, "op_column": op_column, "op_values": op_values, "order_by": order_by}
-        if any(value is not None for value in given.values()):
-            warnings.warn(
-                f"sink {self.sink_id!r}: IcebergSinkConfig(mode=, key=, op_column=, op_values=, order_by=) is "
-                "deprecated; write upsert=UpsertSpec(key=..., op_column=..., order_by=...) "
-                "(from airflow_provider_exactly_once import UpsertSpec)",
-                DeprecationWarning,
-                stacklevel=3,
-            )
-            if self.upsert is not None:
-                raise InvalidSinkConfig(
-                    f"sink {self.sink_id!r}: give upsert=UpsertSpec(...) or mode='upsert', not both"
-                )
-            object.__setattr__(self, "upsert", _upsert_spec(self.sink_id, given))
+        return self
 
     def committer(self, catalog: Catalog, *, fault: FaultHook = no_faults) -> IcebergSinkCommitter:
         from airflow_provider_exactly_once.sinks.iceberg import IcebergSinkCommitter
@@ -193,27 +238,6 @@ class IcebergSinkConfig:
 
         assert isinstance(committer, IcebergSinkCommitter), "the committer of this config (committer)"
         return IcebergWriteFolders(committer.catalog, self.tables)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "kind": self.kind,
-            "sink_id": self.sink_id,
-            "tables": list(self.tables),
-            "iceberg_conn_id": self.iceberg_conn_id,
-            "branch": self.branch,
-            "allow_schema_evolution": self.allow_schema_evolution,
-            "clock_skew_s": self.clock_skew.total_seconds(),
-            "max_commit_attempts": self.max_commit_attempts,
-            # Left out when empty, so the registered form of a sink without selections is unchanged.
-            **({"select": {t: s.to_dict() for t, s in self.select.items()}} if self.select else {}),
-            **({"on_reprocess": self.on_reprocess} if self.on_reprocess != "replace" else {}),
-            **({"upsert": self.upsert.model_dump(mode="json")} if self.upsert is not None else {}),
-        }
-
-
-#: The earlier, flat spelling of the upsert settings: ``IcebergSinkConfig``'s deprecated arguments,
-#: and the registered form of a sink recorded before ``upsert`` (which ``sink_config_from_dict`` reads).
-_FLAT_UPSERT = ("mode", "key", "op_column", "op_values", "order_by")
 
 
 def _upsert_spec(sink_id: str, given: Mapping[str, Any]) -> UpsertSpec | None:
@@ -243,10 +267,7 @@ def _upsert_spec(sink_id: str, given: Mapping[str, Any]) -> UpsertSpec | None:
     return _validated_spec(sink_id, spec)
 
 
-def _validated_spec(sink_id: str, spec: Mapping[str, Any]) -> UpsertSpec:
-    # The upsert models only for an upsert sink: an append sink's DAG parse need not build them.
-    from pydantic import ValidationError
-
+def _validated_spec(sink_id: str | None, spec: Mapping[str, Any]) -> UpsertSpec:
     from airflow_provider_exactly_once.core.upserts import UpsertSpec
 
     try:
@@ -260,9 +281,7 @@ def _validated_spec(sink_id: str, spec: Mapping[str, Any]) -> UpsertSpec:
         ) from None
 
 
-def _on_reprocess(sink_id: str, value: object) -> None:
-    from airflow_provider_exactly_once.core.epochs import ON_REPROCESS
-
+def _on_reprocess(sink_id: str | None, value: object) -> None:
     if value not in ON_REPROCESS:
         raise InvalidSinkConfig(
             f"sink {sink_id!r}: on_reprocess must be one of {list(ON_REPROCESS)}, got {value!r}: 'replace' makes a "
@@ -289,8 +308,7 @@ def _selections(sink_id: str, tables: tuple[str, ...], select: object) -> dict[s
     return out
 
 
-@dataclass(frozen=True)
-class FileSinkConfig:
+class FileSinkConfig(ConfigModel):
     """A directory of Parquet files (local path or fsspec URL) with deterministic final names.
 
     ``storage_conn_id`` names an Airflow connection of type ``aws`` holding the object store's
@@ -300,44 +318,70 @@ class FileSinkConfig:
     ``storage_options`` takes the other, non-secret fsspec options and refuses credentials.
     """
 
+    positional = ("sink_id", "root")
+    what = "sink configuration"
+
+    kind: Literal["files"] = "files"
     sink_id: str
     root: str
-    storage_options: Mapping[str, Any] = field(default_factory=dict)
-    #: Only ``"keep"``: see ``__post_init__``.
-    on_reprocess: OnReprocess = "keep"
-    storage_conn_id: str | None = None
-    kind: Literal["files"] = field(default="files", init=False)
+    storage_options: dict[str, Any] = Field(default_factory=dict)
+    #: Only ``"keep"`` (``_keep``); never registered.
+    on_reprocess: OnReprocess = Field(default="keep", exclude=True)
+    #: Left out of the registered form when unset, so the registration of a sink without one is unchanged.
+    storage_conn_id: str | None = Field(default=None, exclude_if=lambda value: value is None)
 
-    def __post_init__(self) -> None:
-        _sink_id(self.sink_id)
-        _on_reprocess(self.sink_id, self.on_reprocess)
-        if self.on_reprocess == "replace":
-            # Final names are deterministic per epoch, and readers list the directory: a second write's
-            # files cannot take the place of the first's in one step a reader could not see half done.
-            raise InvalidSinkConfig(
-                f"sink {self.sink_id!r}: a file sink cannot replace a committed epoch atomically (readers list "
-                "the directory, so they would see the old and new files side by side while they are swapped); "
-                "use on_reprocess='keep', or an Iceberg sink for data that is reprocessed"
-            )
-        if not isinstance(self.root, str) or not self.root.strip():
-            raise InvalidSinkConfig(f"sink {self.sink_id!r}: root is empty")
-        if has_userinfo(self.root):
+    @field_validator("sink_id")
+    @classmethod
+    def _valid_sink_id(cls, sink_id: str) -> str:
+        _sink_id(sink_id)
+        return sink_id
+
+    @field_validator("root")
+    @classmethod
+    def _valid_root(cls, root: str, info: ValidationInfo) -> str:
+        sink_id = info.data.get("sink_id")
+        if not root.strip():
+            raise InvalidSinkConfig(f"sink {sink_id!r}: root is empty")
+        if has_userinfo(root):
             # The root is recorded in the sink registry and shown by the UI, eo-sink and the logs.
             raise InvalidSinkConfig(
-                f"sink {self.sink_id!r}: root {mask_userinfo(self.root)!r} holds credentials (user:password@, "
+                f"sink {sink_id!r}: root {mask_userinfo(root)!r} holds credentials (user:password@, "
                 "or a secret query parameter such as token= or sig=); keep them out of the root and out of "
                 "storage_options: put them in an Airflow connection of type 'aws' and name it in storage_conn_id"
             )
-        _printable(self.sink_id, "root", self.root)
-        if ".." in self.root.replace("\\", "/").split("/"):
+        _printable(str(sink_id), "root", root)
+        if ".." in root.replace("\\", "/").split("/"):
             # The registered root would name one directory and the files go to another.
             raise InvalidSinkConfig(
-                f"sink {self.sink_id!r}: root {self.root!r} has a '..' segment; give the directory's own path, "
-                "without '..'"
+                f"sink {sink_id!r}: root {root!r} has a '..' segment; give the directory's own path, without '..'"
             )
-        what = f"sink {self.sink_id!r}"
-        object.__setattr__(self, "storage_options", refuse_secret_options(self.storage_options, what=what))
-        check_storage_conn_id(self.storage_conn_id, what=what)
+        return root
+
+    @field_validator("storage_options", mode="before")
+    @classmethod
+    def _no_secrets(cls, options: Any, info: ValidationInfo) -> dict[str, Any]:
+        return refuse_secret_options(options, what=f"sink {info.data.get('sink_id')!r}")
+
+    @field_validator("on_reprocess", mode="before")
+    @classmethod
+    def _keep(cls, value: Any, info: ValidationInfo) -> Any:
+        sink_id = info.data.get("sink_id")
+        _on_reprocess(sink_id, value)
+        if value == "replace":
+            # Final names are deterministic per epoch, and readers list the directory: a second write's
+            # files cannot take the place of the first's in one step a reader could not see half done.
+            raise InvalidSinkConfig(
+                f"sink {sink_id!r}: a file sink cannot replace a committed epoch atomically (readers list "
+                "the directory, so they would see the old and new files side by side while they are swapped); "
+                "use on_reprocess='keep', or an Iceberg sink for data that is reprocessed"
+            )
+        return value
+
+    @field_validator("storage_conn_id", mode="before")
+    @classmethod
+    def _valid_conn_id(cls, conn_id: Any, info: ValidationInfo) -> Any:
+        check_storage_conn_id(conn_id, what=f"sink {info.data.get('sink_id')!r}")
+        return conn_id
 
     def committer(
         self, *, fault: FaultHook = no_faults, storage_options: Mapping[str, Any] | None = None
@@ -359,38 +403,19 @@ class FileSinkConfig:
         assert isinstance(committer, FileSinkCommitter), "the committer of this config (committer)"
         return FileWriteFolders(committer)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "kind": self.kind,
-            "sink_id": self.sink_id,
-            "root": self.root,
-            "storage_options": dict(self.storage_options),
-            # Left out when unset, so the registered form of a sink without one is unchanged.
-            **({"storage_conn_id": self.storage_conn_id} if self.storage_conn_id is not None else {}),
-        }
-
 
 SinkConfig = IcebergSinkConfig | FileSinkConfig
+_KINDS: dict[object, type[SinkConfig]] = {"iceberg": IcebergSinkConfig, "files": FileSinkConfig}
 
 
 def sink_config_from_dict(data: Mapping[str, Any]) -> SinkConfig:
-    """The inverse of ``to_dict``, refusing unknown kinds and fields by name."""
-    values = dict(data)
-    kind = values.pop("kind", None)
+    """A registered sink config (its ``model_dump(mode="json")``) read back, refusing unknown kinds and
+    fields by name; the flat upsert settings of a sink registered before ``upsert`` are read too."""
+    kind = data.get("kind")
+    if kind not in _KINDS:
+        raise InvalidSinkConfig(f"sink configuration has unknown kind {kind!r}; expected 'iceberg' or 'files'")
     try:
-        if kind == "iceberg":
-            if "clock_skew_s" in values:
-                values["clock_skew"] = timedelta(seconds=float(values.pop("clock_skew_s")))
-            values["tables"] = tuple(values.get("tables", ()))
-            sink_id = str(values.get("sink_id"))
-            flat = {name: values.pop(name) for name in _FLAT_UPSERT if name in values}
-            if flat:  # registered before the settings were nested
-                values["upsert"] = _upsert_spec(sink_id, flat)
-            elif values.get("upsert") is not None:
-                values["upsert"] = _validated_spec(sink_id, values["upsert"])
-            return IcebergSinkConfig(**values)
-        if kind == "files":
-            return FileSinkConfig(**values)
-    except TypeError as exc:
-        raise InvalidSinkConfig(mask_userinfo(f"sink configuration {data!r}: {exc}")) from None
-    raise InvalidSinkConfig(f"sink configuration has unknown kind {kind!r}; expected 'iceberg' or 'files'")
+        config: SinkConfig = _KINDS[kind].model_validate(data, context={_REGISTERED: True})
+    except ValidationError as exc:
+        raise config_refusal(exc, f"sink configuration {dict(data)!r}") from None
+    return config

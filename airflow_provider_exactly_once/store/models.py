@@ -406,9 +406,9 @@ class SinkRegistry(Base):
     __table_args__ = (PrimaryKeyConstraint("sink_id"),)
 
     sink_id: Mapped[str] = mapped_column(String(SINK_ID_LENGTH))
-    #: ``SinkConfig.to_dict()`` as JSON.
+    #: ``SinkConfig.model_dump(mode="json")`` as JSON.
     sink_config: Mapped[str] = mapped_column(Text)
-    #: ``CheckpointConfig.to_dict()`` as JSON, or NULL: the meta-store checkpoint table stands in.
+    #: ``CheckpointConfig.model_dump(mode="json")`` as JSON, or NULL: the meta-store checkpoint table stands in.
     checkpoint_config: Mapped[str | None] = mapped_column(Text)
     registered_at: Mapped[datetime] = mapped_column(UtcDateTime())
     updated_at: Mapped[datetime] = mapped_column(UtcDateTime())

@@ -407,7 +407,9 @@ def database_now(session: Session) -> datetime:
 
 def config_json(config: Mapping[str, Any], what: str) -> str:
     if not isinstance(config, Mapping):
-        raise InvalidSinkConfig(f"{what} must be a mapping (its to_dict() form), got {type(config).__name__}")
+        raise InvalidSinkConfig(
+            f"{what} must be a mapping (its model_dump(mode='json') form), got {type(config).__name__}"
+        )
     try:
         return json.dumps(dict(config), sort_keys=True)
     except (TypeError, ValueError) as exc:

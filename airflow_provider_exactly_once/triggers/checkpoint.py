@@ -1,7 +1,7 @@
 """Wait for an epoch's checkpoint in the triggerer, without holding a worker slot.
 
 The trigger is rebuilt in another process from ``serialize()``, so it carries only plain JSON: the
-sink id, the epoch, the checkpoint configuration as a dict (``CheckpointConfig.to_dict()``, which
+sink id, the epoch, the checkpoint configuration as a dict (``CheckpointConfig.model_dump(mode="json")``, which
 names its storage connection but holds no secret), the meta-store connection id, the poll interval
 and an absolute deadline. It polls the source's async
 ``astatus`` and fires once, with the final status, a timeout, or a refusal.
@@ -37,7 +37,7 @@ class CheckpointTrigger(BaseTrigger):
 
     :param sink_id: the sink whose epoch is awaited.
     :param epoch: the epoch (already resolved by the sensor: the triggerer has no task context).
-    :param checkpoint: ``CheckpointConfig.to_dict()`` of the sink's checkpoint source.
+    :param checkpoint: ``CheckpointConfig.model_dump(mode="json")`` of the sink's checkpoint source.
     :param meta_conn_id: the meta store (read only by a meta-store checkpoint); ``None``: the one
         ``[exactly_once] meta_conn_id`` names, resolved as the sensor defers, so that the triggerer
         gets the id the task used.

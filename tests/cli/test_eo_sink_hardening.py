@@ -76,7 +76,7 @@ def planted(world: World, monkeypatch: pytest.MonkeyPatch) -> Iterator[Planted]:
         json.dumps({"conn_type": "iceberg", "extra": {"type": "sql", "uri": dead_uri}}),
     )
     dead = IcebergSinkConfig(dead_sink, (world.table,), iceberg_conn_id=dead_conn_id)
-    store.registry.register_sink(dead_sink, dead.to_dict(), MetaStoreCheckpoint().to_dict())
+    store.registry.register_sink(dead_sink, dead.model_dump(mode="json"), MetaStoreCheckpoint().model_dump(mode="json"))
     dead_write = PreCommit(
         sink_id=dead_sink,
         epoch=E1,
@@ -92,7 +92,7 @@ def planted(world: World, monkeypatch: pytest.MonkeyPatch) -> Iterator[Planted]:
         json.dumps({"conn_type": "iceberg", "extra": {"type": "rest", "uri": rest_uri}}),
     )
     rest = IcebergSinkConfig(rest_sink, (world.table,), iceberg_conn_id=rest_conn_id)
-    store.registry.register_sink(rest_sink, rest.to_dict(), MetaStoreCheckpoint().to_dict())
+    store.registry.register_sink(rest_sink, rest.model_dump(mode="json"), MetaStoreCheckpoint().model_dump(mode="json"))
     store.insert_pending(
         dead_write.model_copy(update={"sink_id": rest_sink}), run_id="scheduled__x", try_number=1, dag_id="hourly"
     )

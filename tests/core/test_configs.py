@@ -1,4 +1,4 @@
-"""Sink and checkpoint configs: validated once at construction, round-tripped through plain dicts."""
+"""Sink and checkpoint configs: validated once at construction, round-tripped through their registered form."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def test_sink_configs_round_trip_through_json() -> None:
     iceberg = IcebergSinkConfig("orders", ("db.orders", "db.items"), clock_skew=timedelta(seconds=90))
     files = FileSinkConfig("exports", "/data/exports", storage_options={"auto_mkdir": True})
     for config in (iceberg, files):
-        assert sink_config_from_dict(json.loads(json.dumps(config.to_dict()))) == config
+        assert sink_config_from_dict(json.loads(json.dumps(config.model_dump(mode="json")))) == config
     assert IcebergSinkConfig("one", "db.t").tables == ("db.t",)  # a single table name is accepted
 
 
@@ -65,12 +65,12 @@ def test_configs_build_working_committers_and_sources(tmp_path: Path) -> None:
     assert source.status("s", 1) is CheckpointStatus.COMPLETED
 
     markers = MarkerFileCheckpoint(f"{tmp_path}/landing/{{sink_id}}/{{epoch}}")
-    assert checkpoint_config_from_dict(markers.to_dict()) == markers
+    assert checkpoint_config_from_dict(markers.model_dump(mode="json")) == markers
     (tmp_path / "landing" / "s" / "7").mkdir(parents=True)
     (tmp_path / "landing" / "s" / "7" / "_SUCCESS").touch()
     assert markers.source().status("s", 7) is CheckpointStatus.COMPLETED
     streaming = StreamingCheckpoint(str(tmp_path / "chk"))
-    assert checkpoint_config_from_dict(streaming.to_dict()) == streaming
+    assert checkpoint_config_from_dict(streaming.model_dump(mode="json")) == streaming
     assert streaming.source().status("s", 0) is CheckpointStatus.PENDING
     store.dispose()
     catalog.engine.dispose()

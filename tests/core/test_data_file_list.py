@@ -56,7 +56,7 @@ def test_descriptors_that_are_not_the_files_listed_are_refused() -> None:
 
 def test_a_list_validates_into_data_files_and_a_bad_descriptor_is_named() -> None:
     pre = make_pre_commit("s", 1, files=2)
-    data = pre.to_dict()
+    data = pre.model_dump(mode="json")
     assert isinstance(PreCommit.parse(data).tables[0].data_files, DataFiles)
     data["tables"][0]["data_files"][1]["record_count"] = -1
     with pytest.raises(Exception, match=r"tables\.0\.data_files\.1\.record_count"):

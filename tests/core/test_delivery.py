@@ -10,26 +10,28 @@ from airflow_provider_exactly_once.core.delivery import Delivery, EpochDelivery,
 
 
 def test_each_kind_says_how_many_tables_whether_atomic_and_why() -> None:
-    together = EpochDelivery(Delivery.ONE_TRANSACTION, 3, "SQL catalog 'lake' moves every pointer at once")
+    together = EpochDelivery(
+        how=Delivery.ONE_TRANSACTION, tables=3, why="SQL catalog 'lake' moves every pointer at once"
+    )
     assert (
         together.text
         == "atomic across its 3 tables, one catalog transaction (SQL catalog 'lake' moves every pointer at once)"
     )
-    asked = EpochDelivery(Delivery.ONE_REQUEST, 2, "REST catalog 'r' does not list the route")
+    asked = EpochDelivery(how=Delivery.ONE_REQUEST, tables=2, why="REST catalog 'r' does not list the route")
     assert asked.text == (
         "one catalog request across its 2 tables, atomic only if the catalog applies it so: "
         "REST catalog 'r' does not list the route"
     )
-    apart = EpochDelivery(Delivery.TABLE_BY_TABLE, 2, "catalog 'c' is a Glue catalog")
+    apart = EpochDelivery(how=Delivery.TABLE_BY_TABLE, tables=2, why="catalog 'c' is a Glue catalog")
     assert apart.text == "not atomic across its 2 tables, committed table by table: catalog 'c' is a Glue catalog"
-    assert EpochDelivery(Delivery.ONE_TABLE, 1, "one snapshot").text == "one table: one snapshot"
-    assert [d.atomic for d in (together, asked, apart, EpochDelivery(Delivery.ONE_TABLE, 1, "one"))] == [
+    assert EpochDelivery(how=Delivery.ONE_TABLE, tables=1, why="one snapshot").text == "one table: one snapshot"
+    assert [d.atomic for d in (together, asked, apart, EpochDelivery(how=Delivery.ONE_TABLE, tables=1, why="one"))] == [
         True,
         None,
         False,
         True,
     ]
-    assert json.loads(json.dumps(apart.to_dict())) == {
+    assert json.loads(json.dumps(apart.model_dump(mode="json"))) == {
         "how": "table by table",
         "tables": 2,
         "atomic": False,
@@ -43,9 +45,9 @@ def test_an_unknown_answer_names_the_error_on_one_line_with_credentials_masked()
     found = unknown(2, error)
     assert found.how is Delivery.UNKNOWN and found.tables == 2
     assert found.why == "ConnectionError: postgresql://eo:***@db:5432/catalog refused"
-    assert "Planted-pw" not in json.dumps(found.to_dict())
+    assert "Planted-pw" not in json.dumps(found.model_dump(mode="json"))
 
 
 def test_a_sink_of_no_table_is_refused() -> None:
     with pytest.raises(ValueError, match="at least one table"):
-        EpochDelivery(Delivery.ONE_TABLE, 0, "none")
+        EpochDelivery(how=Delivery.ONE_TABLE, tables=0, why="none")

@@ -51,7 +51,7 @@ def _valid(**overrides: object) -> dict[str, object]:
 def test_round_trips_through_json_and_dict() -> None:
     pre = PreCommit.parse(_valid())
     assert PreCommit.from_json(pre.to_json()) == pre
-    assert PreCommit.parse(json.loads(json.dumps(pre.to_dict()))) == pre
+    assert PreCommit.parse(json.loads(json.dumps(pre.model_dump(mode="json")))) == pre
     assert pre.record_count == 3
     assert not pre.is_empty
     data_file = pre.tables[0].data_files[0]

@@ -60,27 +60,28 @@ def test_change_counts_add_up_and_read_as_a_sentence() -> None:
 
 
 SPEC = UpsertSpec(key=("id",), op_column="op", order_by="lsn", delete_values=("X",))
-#: The earlier spelling of ``SPEC``: the deprecated arguments, and the registered form of such a sink.
+#: The earlier, flat spelling of ``SPEC``: the registered form of a sink from before ``upsert``.
 FLAT = {"mode": "upsert", "key": ("id",), "op_column": "op", "order_by": "lsn", "op_values": {"delete": ("X",)}}
 
 
-def test_an_upsert_sink_survives_its_dict_form() -> None:
+def test_an_upsert_sink_survives_its_registered_form() -> None:
     sink = IcebergSinkConfig("cdc", tables=("ns.t",), upsert=SPEC)
-    again = sink_config_from_dict(sink.to_dict())
+    again = sink_config_from_dict(sink.model_dump(mode="json"))
     assert again == sink and isinstance(again, IcebergSinkConfig) and again.upsert == SPEC
-    assert "upsert" not in IcebergSinkConfig("plain", tables=("ns.t",)).to_dict()  # an append sink's form is unchanged
+    # An append sink's registered form is unchanged.
+    assert "upsert" not in IcebergSinkConfig("plain", tables=("ns.t",)).model_dump(mode="json")
 
 
-def test_the_earlier_spelling_still_works_for_a_release_and_says_the_new_one() -> None:
-    with pytest.warns(DeprecationWarning, match=r"write upsert=UpsertSpec\(key=\.\.\."):
-        sink = IcebergSinkConfig("cdc", tables=("ns.t",), **FLAT)  # type: ignore[arg-type]
-    assert sink == IcebergSinkConfig("cdc", tables=("ns.t",), upsert=SPEC)
+def test_the_removed_flat_spelling_is_refused_naming_the_new_one_and_still_read_when_registered() -> None:
+    with pytest.raises(
+        InvalidSinkConfig,
+        match=r"IcebergSinkConfig\(mode=, key=, op_column=, op_values=, order_by=\) was removed; write upsert=UpsertSpec\(key=\.\.\.",
+    ):
+        IcebergSinkConfig("cdc", tables=("ns.t",), **FLAT)
     registered = {"kind": "iceberg", "sink_id": "cdc", "tables": ["ns.t"], **FLAT}  # recorded by an earlier release
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # not the DAG author's to fix: no warning
-        assert sink_config_from_dict(registered) == sink
-    with pytest.raises(InvalidSinkConfig, match="not both"), pytest.warns(DeprecationWarning):
-        IcebergSinkConfig("cdc", tables=("ns.t",), upsert=SPEC, key=("id",))
+        assert sink_config_from_dict(registered) == IcebergSinkConfig("cdc", tables=("ns.t",), upsert=SPEC)
 
 
 @pytest.mark.parametrize(
@@ -98,9 +99,9 @@ def test_the_earlier_spelling_still_works_for_a_release_and_says_the_new_one() -
         ),
     ],
 )
-def test_a_bad_upsert_sink_is_refused_naming_it(settings: dict[str, object], refusal: str) -> None:
-    with pytest.raises(InvalidSinkConfig, match=refusal), pytest.warns(DeprecationWarning):
-        IcebergSinkConfig("cdc", tables=("ns.t",), **settings)  # type: ignore[arg-type]
+def test_a_bad_registered_upsert_sink_is_refused_naming_it(settings: dict[str, object], refusal: str) -> None:
+    with pytest.raises(InvalidSinkConfig, match=refusal):
+        sink_config_from_dict({"kind": "iceberg", "sink_id": "cdc", "tables": ["ns.t"], **settings})
 
 
 def test_upsert_epochs_commit_in_epoch_order_and_appends_do_not_wait() -> None:

@@ -42,7 +42,7 @@ def write(**context: Any) -> dict[str, Any]:
     )
     try:
         epoch = run_epoch(context, SINK.sink_id, "exactly_once_default")
-        return pipeline.write_iceberg(SINK.sink_id, epoch, ["orders"], len(orders)).to_dict()
+        return pipeline.write_iceberg(SINK.sink_id, epoch, ["orders"], len(orders)).model_dump(mode="json")
     finally:
         pipeline.dispose()
 

@@ -118,7 +118,9 @@ def test_trigger_serializes_to_plain_json_and_round_trips(tmp_path: Path) -> Non
     trigger = CheckpointTrigger(
         sink_id="s1",
         epoch=1704067200000,
-        checkpoint=MarkerFileCheckpoint(path_template=f"{tmp_path}/{{epoch}}", storage_options={"a": 1}).to_dict(),
+        checkpoint=MarkerFileCheckpoint(path_template=f"{tmp_path}/{{epoch}}", storage_options={"a": 1}).model_dump(
+            mode="json"
+        ),
         meta_conn_id="eo_meta",
         poll_interval=2.5,
         timeout_at=1_900_000_000.0,
@@ -134,7 +136,7 @@ def test_trigger_serializes_to_plain_json_and_round_trips(tmp_path: Path) -> Non
 
 
 def test_trigger_fires_final_status_and_timeout(tmp_path: Path) -> None:
-    checkpoint = MarkerFileCheckpoint(path_template=f"{tmp_path}/{{epoch}}").to_dict()
+    checkpoint = MarkerFileCheckpoint(path_template=f"{tmp_path}/{{epoch}}").model_dump(mode="json")
 
     async def first_event(trigger: CheckpointTrigger) -> dict[str, object]:
         async for event in trigger.run():
@@ -152,7 +154,9 @@ def test_trigger_fires_final_status_and_timeout(tmp_path: Path) -> None:
     failed = CheckpointTrigger(sink_id="s", epoch=7, checkpoint=checkpoint, poll_interval=0.05)
     assert asyncio.run(first_event(failed)) == {"status": "FAILED", "sink_id": "s", "epoch": 7}
     # A meta-store checkpoint with an unknown connection is a refusal: ERROR, not an endless wait.
-    broken = CheckpointTrigger(sink_id="s", epoch=7, checkpoint=MetaStoreCheckpoint().to_dict(), meta_conn_id="nope")
+    broken = CheckpointTrigger(
+        sink_id="s", epoch=7, checkpoint=MetaStoreCheckpoint().model_dump(mode="json"), meta_conn_id="nope"
+    )
     event = asyncio.run(first_event(broken))
     assert event["status"] == "ERROR" and event["retryable"] is False
 

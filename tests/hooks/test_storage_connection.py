@@ -151,7 +151,7 @@ def test_configs_carry_the_connection_id_and_never_the_secret(
         monkeypatch, {"conn_type": "aws", "login": "AKIAEXAMPLE", "password": SECRET, "extra": {"region_name": "r"}}
     )
     config = build(tmp_path, storage_conn_id=conn_id, storage_options={"default_block_size": 1024})
-    data = config.to_dict()
+    data = config.model_dump(mode="json")
     assert data["storage_conn_id"] == conn_id and SECRET not in json.dumps(data)
     rebuilt = (sink_config_from_dict if data["kind"] == "files" else checkpoint_config_from_dict)(
         json.loads(json.dumps(data))
@@ -165,7 +165,7 @@ def test_configs_carry_the_connection_id_and_never_the_secret(
         "client_kwargs": {"region_name": "r"},
     }
     # A config without a connection keeps its registered form unchanged (no new key).
-    assert "storage_conn_id" not in build(tmp_path).to_dict()
+    assert "storage_conn_id" not in build(tmp_path).model_dump(mode="json")
 
 
 @pytest.mark.parametrize("build", CONFIGS)

@@ -3,7 +3,6 @@ into a real pyiceberg SQL catalog, Airflow's own metadata DB for the asset event
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 import uuid
 from collections.abc import Iterator
@@ -177,7 +176,7 @@ def test_a_commit_emits_one_asset_event_per_table_a_replacement_another_a_kept_r
     }
     assert world.markers() == {epoch: [row.write_id, replaced.write_id]}
 
-    kept = epoch_dag(world, sink=dataclasses.replace(world.iceberg_sink(), on_reprocess="keep"))
+    kept = epoch_dag(world, sink=world.iceberg_sink().model_copy(update={"on_reprocess": "keep"}))
     third = run(kept, DAY)  # a sink that keeps its commits: the rerun changes nothing
 
     assert third.state == "success"
@@ -333,16 +332,13 @@ def test_the_spark_write_reports_its_input_files_and_the_columns_it_wrote(world:
     landing = tmp_path / "landing"
     target = sql_target(world)
     operator = SparkPreCommitOperator(
-        task_id="write",
-        sink_id=world.sink_id,
-        input={"kind": "files", "format": "parquet", "path": str(landing)},
-        target=target,
+        task_id="write", sink=world.iceberg_sink(), input={"kind": "files", "format": "parquet", "path": str(landing)}
     )
     pre = world.pipeline.write_iceberg(world.sink_id, 5, ["events"], rows=11, files=2)
     columns = [WrittenColumn(name="id", type="long", required=True), WrittenColumn(name="epoch", type="long")]
     pre = pre.model_copy(update={"tables": [pre.tables[0].model_copy(update={"schema_written": columns})]})
 
-    lineage = write_lineage(operator.input_spec, operator.target_spec, pre)
+    lineage = write_lineage(operator.input_spec, target, pre)  # the target the task derives from the sink
 
     (source,) = lineage.inputs
     assert (source.namespace, source.name) == ("file", str(landing))

@@ -35,7 +35,7 @@ def dag_run(run_type: DagRunType, clear_number: int, user: str | None) -> DagRun
 
 def test_a_backfill_cleared_twice_by_a_user_says_so() -> None:
     context = {"dag_run": dag_run(DagRunType.BACKFILL, 2, "alice"), "ti": SimpleNamespace(try_number=3)}
-    assert RunOrigin.of(context).to_dict() == {
+    assert RunOrigin.of(context).model_dump(mode="json") == {
         "committed_by": COMMIT_TASK,
         "run_type": "backfill",
         "clear_number": 2,
@@ -51,4 +51,4 @@ def test_a_scheduled_run_never_cleared() -> None:
 
 def test_recovery_names_itself_and_no_run_of_its_own() -> None:
     context = {"dag_run": dag_run(DagRunType.SCHEDULED, 1, "bob"), "ti": SimpleNamespace(try_number=2)}
-    assert RunOrigin.of(context, committed_by=RECOVERY) == RunOrigin(RECOVERY)
+    assert RunOrigin.of(context, committed_by=RECOVERY) == RunOrigin(committed_by=RECOVERY)

@@ -35,7 +35,9 @@ def ops_world(tmp: Path, monkeypatch: pytest.MonkeyPatch, meta_url: str) -> Worl
 
 def register(world: World, sink: SinkConfig) -> None:
     """As the epoch operators register a sink on first use."""
-    world.pipeline.store.registry.register_sink(sink.sink_id, sink.to_dict(), MetaStoreCheckpoint().to_dict())
+    world.pipeline.store.registry.register_sink(
+        sink.sink_id, sink.model_dump(mode="json"), MetaStoreCheckpoint().model_dump(mode="json")
+    )
 
 
 def dead_catalog(monkeypatch: pytest.MonkeyPatch) -> tuple[str, int]:
@@ -112,7 +114,9 @@ def incremental(world: World) -> None:
 
 
 def register_checkpoint(world: World, sink: SinkConfig, checkpoint: MetaStoreCheckpoint) -> None:
-    world.pipeline.store.registry.register_sink(sink.sink_id, sink.to_dict(), checkpoint.to_dict())
+    world.pipeline.store.registry.register_sink(
+        sink.sink_id, sink.model_dump(mode="json"), checkpoint.model_dump(mode="json")
+    )
 
 
 def reserve(world: World, epoch: int, upstream_at: int, run_id: str) -> SnapshotRange:

@@ -61,7 +61,9 @@ class Upserts:
         config = IcebergSinkConfig(
             sink_id, (table,), iceberg_conn_id=world.iceberg_conn_id, upsert=UpsertSpec(key=("id",))
         )
-        world.pipeline.store.registry.register_sink(sink_id, config.to_dict(), MetaStoreCheckpoint().to_dict())
+        world.pipeline.store.registry.register_sink(
+            sink_id, config.model_dump(mode="json"), MetaStoreCheckpoint().model_dump(mode="json")
+        )
         driver = world.pipeline.coordinator(
             sink_id, world.pipeline.iceberg_committer(), on_reprocess={sink_id: "replace"}
         )

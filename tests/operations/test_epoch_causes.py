@@ -69,7 +69,7 @@ def test_a_failed_write_is_the_aborted_epochs_cause_with_its_log(world: World) -
     assert view.cause is not None
     assert (view.cause.task_id, view.cause.try_number, view.cause.run_id) == ("exactly_once_silver.write", 2, run_id)
     assert view.cause.log_url is None  # no door linked it yet
-    linked = view.linked(AIRFLOW).to_dict()["cause"]
+    linked = view.linked(AIRFLOW).model_dump(mode="json")["cause"]
     assert linked["log_url"] == (
         f"{AIRFLOW}/dags/{SILVER_DAG}/runs/{quote(run_id)}/tasks/exactly_once_silver.write?try_number=2"
     )
@@ -81,7 +81,7 @@ def test_a_failed_write_is_the_aborted_epochs_cause_with_its_log(world: World) -
         ("try failed", f"write failed on try 1, retried: {CAST_OVERFLOW}", "exactly_once_silver.write"),
         ("error", f"write failed on try 2: {CAST_OVERFLOW}", "exactly_once_silver.write"),
     ]
-    assert [e.to_dict()["log_url"] for e in history if e.step] == [
+    assert [e.model_dump(mode="json")["log_url"] for e in history if e.step] == [
         f"{AIRFLOW}/dags/{SILVER_DAG}/runs/{quote(run_id)}/tasks/exactly_once_silver.write?try_number={n}"
         for n in (1, 2)
     ]
@@ -124,7 +124,9 @@ def test_another_dags_failure_and_its_log_stay_hidden(world: World) -> None:
     assert view.cause is None and view.error == HIDDEN_TEXT
     [event] = [e.linked(AIRFLOW) for e in ops.history(sink_id, E3, dag_ids={SILVER_DAG}) if e.step]
     assert (event.step, event.task_id, event.run_id, event.log_url) == (HIDDEN_TEXT, None, None, None)
-    assert "other_dag" not in str(event.to_dict()) and "manual__other" not in str(view.to_dict())
+    assert "other_dag" not in str(event.model_dump(mode="json")) and "manual__other" not in str(
+        view.model_dump(mode="json")
+    )
 
 
 def test_a_reserved_epoch_is_listed_shown_and_settled(world: World) -> None:
@@ -147,16 +149,16 @@ def test_a_reserved_epoch_is_listed_shown_and_settled(world: World) -> None:
     assert [v.epoch for v in ops.epochs(sink_id=sink_id, status="reserved")] == [E2]
     assert [v.epoch for v in ops.epochs(sink_id=sink_id, status="Committed")] == [E1]
     assert ops.epoch_count(sink_id=sink_id) == 2 and ops.epoch_count(sink_id=sink_id, status=RESERVED) == 1
-    assert ops.sink(sink_id).reserved == 1 and ops.sink(sink_id).to_dict()["reserved"] == 1
+    assert ops.sink(sink_id).reserved == 1 and ops.sink(sink_id).model_dump(mode="json")["reserved"] == 1
 
     fail(world, E2, "write", _run(E2), CAST_OVERFLOW, try_number=3)
     shown = ops.epoch(sink_id, E2)
     assert shown.status == RESERVED and shown.reservation is not None
-    reservation = shown.to_dict()["reservation"]
+    reservation = shown.model_dump(mode="json")["reservation"]
     assert (reservation["range"], reservation["position"], reservation["run_id"]) == (killed.describe(), 1, _run(E2))
     assert (reservation["after_snapshot_id"], reservation["to_snapshot_id"]) == (100, 200)
     assert shown.error == f"write failed on try 3: {CAST_OVERFLOW}" and shown.try_number == 3
-    assert ops.checkpoint(sink_id, E2).to_dict()["meaning"] == "range reserved"
+    assert ops.checkpoint(sink_id, E2).model_dump(mode="json")["meaning"] == "range reserved"
     assert [e.event for e in ops.history(sink_id, E2)] == ["error"]
 
     result = ops.abort(sink_id, E2, reason="its run was killed")

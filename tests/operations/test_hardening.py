@@ -72,7 +72,9 @@ def test_an_unreachable_catalog_is_sink_unavailable_naming_it_masked(
     conn_id, port = dead_catalog(monkeypatch)
     sink = IcebergSinkConfig(f"{world.sink_id}-down", (world.table,), iceberg_conn_id=conn_id)
     store = world.pipeline.store
-    store.registry.register_sink(sink.sink_id, sink.to_dict(), MetaStoreCheckpoint().to_dict())
+    store.registry.register_sink(
+        sink.sink_id, sink.model_dump(mode="json"), MetaStoreCheckpoint().model_dump(mode="json")
+    )
     store.insert_pending(
         empty_write(sink.sink_id, E1, world.table, f"file://{world.tmp}/down"), run_id=None, try_number=None
     )
@@ -103,9 +105,9 @@ def test_stored_credentials_are_masked_in_every_view(world: World) -> None:
     store.record_error(sink_id, E1, write_id=pre.write_id, error=f"cannot reach {root}/_eo/w")
     ops = SinkOperations(store)
     shown = json.dumps(
-        [s.to_dict() for s in ops.sinks()]
-        + [v.to_dict() for v in ops.epochs(limit=1000)]
-        + [ops.epoch(sink_id, E1).to_dict()]
+        [s.model_dump(mode="json") for s in ops.sinks()]
+        + [v.model_dump(mode="json") for v in ops.epochs(limit=1000)]
+        + [ops.epoch(sink_id, E1).model_dump(mode="json")]
     )
     assert "Planted-pw" not in shown and shown.count("s3://AKIAEXAMPLE:***@bucket/exports") >= 4
 
@@ -152,7 +154,7 @@ def test_a_stored_write_that_does_not_parse_is_shown_unreadable_and_the_rest_lis
         for pre in (open_range, damaged):
             view = listed[pre.epoch]
             assert (view.status, view.write_id, view.dag_id, view.tables) == ("Pending", pre.write_id, "hourly", ())
-            assert json.loads(json.dumps(view.to_dict()))["unreadable"] == view.unreadable
+            assert json.loads(json.dumps(view.model_dump(mode="json")))["unreadable"] == view.unreadable
 
     # One epoch, as its page and eo-sink show read it (from the write's head, not its whole metadata).
     for pre in (open_range, damaged):

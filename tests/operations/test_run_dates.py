@@ -47,7 +47,7 @@ def test_every_epoch_shows_its_interval_and_the_logical_date_of_its_run(world: W
         DAY_2,
         DAY_2,
     )
-    shown = views[E_DAY_2].to_dict()
+    shown = views[E_DAY_2].model_dump(mode="json")
     assert (shown["interval_start"], shown["interval_end"], shown["logical_date"]) == (
         "2024-06-01T00:00:00+00:00",
         "2024-06-02T00:00:00+00:00",
@@ -64,7 +64,7 @@ def test_each_revision_shows_the_logical_date_of_its_own_run(world: World) -> No
         (0, "Replaced", "manual__2", DAY_2 + timedelta(days=1)),
         (1, "Committed", "backfill__2", DAY_2),
     ]
-    assert view.to_dict()["revisions"][0]["logical_date"] == "2024-06-02T00:00:00+00:00"
+    assert view.model_dump(mode="json")["revisions"][0]["logical_date"] == "2024-06-02T00:00:00+00:00"
 
 
 def test_without_a_record_of_the_run_the_interval_start_is_the_epochs_and_the_rest_unknown(world: World) -> None:

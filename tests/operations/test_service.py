@@ -56,7 +56,11 @@ def test_sinks_and_epochs_list_counts_filters_and_pages(world: World) -> None:
     assert ours.pending_cleanups == 0  # the abort's clean-up ran
     theirs = summaries[files.sink_id]
     assert (theirs.kind, theirs.root, theirs.pending, theirs.committed) == ("files", files.root, 1, 0)
-    assert json.loads(json.dumps(ours.to_dict()))["counts"] == {"pending": 2, "committed": 2, "aborted": 1}
+    assert json.loads(json.dumps(ours.model_dump(mode="json")))["counts"] == {
+        "pending": 2,
+        "committed": 2,
+        "aborted": 1,
+    }
     assert ops.sink(sink_id) == ours
 
     listed = ops.epochs(sink_id=sink_id)
@@ -74,7 +78,7 @@ def test_sinks_and_epochs_list_counts_filters_and_pages(world: World) -> None:
     assert by_epoch[E4].tables[0].snapshot is None and by_epoch[E4].rows == 7
     assert by_epoch[E2].status == "Aborted" and by_epoch[E2].error == "test"
     assert committed.interval_start is not None and committed.interval_start.timestamp() * 1000 == E0
-    assert json.loads(json.dumps(committed.to_dict()))["tables"][0]["rows"] == 3
+    assert json.loads(json.dumps(committed.model_dump(mode="json")))["tables"][0]["rows"] == 3
 
     assert [v.epoch for v in ops.epochs(sink_id=sink_id, status=EpochStatus.PENDING)] == [E4, E3]
     assert [v.epoch for v in ops.epochs(sink_id=sink_id, status="committed")] == [E1, E0]
@@ -322,7 +326,7 @@ def test_a_checkpoint_source_that_cannot_answer_is_shown_with_the_reason(world: 
         "failed_marker": "_FAILED",
         "storage_options": {},
     }
-    world.pipeline.store.registry.register_sink(sink.sink_id, sink.to_dict(), broken)
+    world.pipeline.store.registry.register_sink(sink.sink_id, sink.model_dump(mode="json"), broken)
     coordinator(world).persist(write(world, E1))
     view = _ops(world).checkpoint(world.sink_id, E1)
     assert (view.status, view.source) == (None, "markers")
@@ -376,7 +380,9 @@ def test_the_revisions_of_a_reprocessed_epoch_are_shown_and_a_pending_one_can_be
         (1, second.write_id, "Committed"),
         (2, third.write_id, "Pending"),
     ]
-    assert view.to_dict()["revisions"][1]["committed"] == dict(pipeline.store.get(sink_id, E1).replaces.committed)  # type: ignore[union-attr]
+    assert view.model_dump(mode="json")["revisions"][1]["committed"] == dict(
+        pipeline.store.get(sink_id, E1).replaces.committed
+    )  # type: ignore[union-attr]
 
     plan = ops.abort(sink_id, E1, reason="not this correction", dry_run=True)
     assert plan.outcome == "would abort" and "revision 2 given up" in plan.detail

@@ -41,7 +41,7 @@ def test_a_fan_out_on_a_sql_catalog_is_one_transaction_naming_the_catalog(world:
         f"SQL catalog {world.iceberg_conn_id!r} moves every table's pointer in one database transaction, "
         "so a reader sees an epoch in all of them or in none"
     )
-    assert json.loads(json.dumps(delivery.to_dict()))["how"] == "one catalog transaction"
+    assert json.loads(json.dumps(delivery.model_dump(mode="json")))["how"] == "one catalog transaction"
 
 
 def test_one_table_and_a_file_sink_open_no_catalog(world: World, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -67,7 +67,9 @@ def test_a_catalog_that_cannot_be_opened_is_unknown_with_the_reason_masked(
     down = ops.delivery(_fan_out(world, conn_id, "down").sink_id)
     assert (down.how, down.tables) == (Delivery.UNKNOWN, 2)
     assert down.why.startswith("SinkUnavailable: ") and conn_id in down.why
-    assert f"eo:***@127.0.0.1:{port}/catalog" in down.why and "Planted-pw" not in json.dumps(down.to_dict())
+    assert f"eo:***@127.0.0.1:{port}/catalog" in down.why and "Planted-pw" not in json.dumps(
+        down.model_dump(mode="json")
+    )
 
     missing = ops.delivery(_fan_out(world, "no_such_connection", "nowhere").sink_id)
     assert missing.how is Delivery.UNKNOWN and missing.why.startswith("InvalidSinkConfig: ")
@@ -107,7 +109,9 @@ def test_a_rest_catalog_commits_in_one_transaction_only_when_asked(
     store = SqlSinkStateStore(f"sqlite:///{tmp_path / 'meta.db'}")
     try:
         sink = IcebergSinkConfig("fan-out", ("db.facts", "db.dims"), iceberg_conn_id=conn_id)
-        store.registry.register_sink(sink.sink_id, sink.to_dict(), MetaStoreCheckpoint().to_dict())
+        store.registry.register_sink(
+            sink.sink_id, sink.model_dump(mode="json"), MetaStoreCheckpoint().model_dump(mode="json")
+        )
         delivery = SinkOperations(store).delivery(sink.sink_id)
     finally:
         store.dispose()
@@ -121,7 +125,7 @@ def test_a_rest_catalog_commits_in_one_transaction_only_when_asked(
     else:
         assert f"REST catalog {conn_id!r} does not list {ROUTE} in its /v1/config" in delivery.why
     secret = seaweed.catalog_properties()["credential"].split(":", 1)[1]
-    assert secret not in json.dumps(delivery.to_dict())
+    assert secret not in json.dumps(delivery.model_dump(mode="json"))
 
 
 def test_a_one_table_or_file_sinks_answer_imports_no_catalog_library() -> None:

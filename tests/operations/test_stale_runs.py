@@ -136,7 +136,7 @@ def test_a_killed_run_and_a_lost_worker_are_named_and_live_runs_are_not(world: W
         and "its range (bronze.orders: after snapshot 100 to snapshot 200)" in killed.holds_back
     )
     assert killed.then == f"eo-sink abort {world.sink_id} {E2} --reason 'run {runs.killed} will never finish'"
-    said = killed.to_dict("http://airflow:8080")
+    said = killed.model_dump(mode="json", context={"base_url": "http://airflow:8080"})
     assert said["fail_run"] == {
         "ui": "Mark as failed",
         "method": "PATCH",

@@ -29,7 +29,7 @@ def upsert_row() -> EpochView:
 
 
 def test_the_view_counts_an_upsert_tables_changes_and_an_append_tables_none() -> None:
-    view = upsert_row().to_dict()
+    view = upsert_row().model_dump(mode="json")
     accounts, audit = view["tables"]
     assert accounts["changes"] == {
         "inserted": 3,
@@ -46,12 +46,14 @@ def test_the_epoch_page_shows_the_changes_table_only_for_upsert_writes() -> None
     template = templates.env.get_template("epoch.html")
     context = {"user": "u", "checkpoint": {"status": "COMPLETED"}, "can_edit": False, "run_url": None}
     context |= {"home": "/", "sink_url": "/s", "api": "/api", "request": None}
-    context["delivery"] = EpochDelivery(Delivery.TABLE_BY_TABLE, 2, "catalog 'c' is a SQL catalog").to_dict()
-    page = template.render(row=upsert_row().to_dict(), **context)
+    context["delivery"] = EpochDelivery(
+        how=Delivery.TABLE_BY_TABLE, tables=2, why="catalog 'c' is a SQL catalog"
+    ).model_dump(mode="json")
+    page = template.render(row=upsert_row().model_dump(mode="json"), **context)
     changes = page.split('id="upsert-changes"', 1)[1].split("</table>", 1)[0]
     assert "db.accounts" in changes and "db.audit" not in changes
     assert [cell.split("<", 1)[0] for cell in changes.split('<td class="num">')[1:]] == ["3", "2", "1", "4", "1"]
-    append_only = upsert_row().to_dict()
+    append_only = upsert_row().model_dump(mode="json")
     for table in append_only["tables"]:
         table["changes"] = None
     assert 'id="upsert-changes"' not in template.render(row=append_only, **context)

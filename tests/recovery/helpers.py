@@ -75,7 +75,9 @@ def leave_crash(world: World, sink: SinkConfig) -> Leftovers:
     pipeline.checkpoint(sink.sink_id, E1, CheckpointStatus.COMPLETED)
     pipeline.checkpoint(sink.sink_id, E2, CheckpointStatus.FAILED)
     store.mark_aborted(sink.sink_id, E3, write_id=w3.write_id, reason="crash before the clean-up ran")
-    store.registry.register_sink(sink.sink_id, sink.to_dict(), MetaStoreCheckpoint().to_dict())
+    store.registry.register_sink(
+        sink.sink_id, sink.model_dump(mode="json"), MetaStoreCheckpoint().model_dump(mode="json")
+    )
     return Leftovers(sink, w0, w1, w2, w3, w4, w5)
 
 

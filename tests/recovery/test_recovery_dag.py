@@ -119,7 +119,9 @@ def test_a_sink_that_cannot_be_recovered_fails_its_own_task(world: World, unique
     pipeline.coordinator(iceberg.sink_id, pipeline.iceberg_committer()).persist(good)
     pipeline.checkpoint(iceberg.sink_id, E1, CheckpointStatus.COMPLETED)
     for sink in (iceberg, files):
-        pipeline.store.registry.register_sink(sink.sink_id, sink.to_dict(), MetaStoreCheckpoint().to_dict())
+        pipeline.store.registry.register_sink(
+            sink.sink_id, sink.model_dump(mode="json"), MetaStoreCheckpoint().model_dump(mode="json")
+        )
 
     dag = recovery_dag(f"eo_recovery_{unique}", schedule=None, meta_conn_id=world.meta_conn_id, orphan_grace=GRACE)
     dr = run(dag, None)
@@ -155,7 +157,7 @@ def test_recovery_racing_the_commit_task_commits_once(world: World) -> None:
     pre = pipeline.write_iceberg(iceberg.sink_id, E1, [TABLE])
     pipeline.coordinator(iceberg.sink_id, pipeline.iceberg_committer()).persist(pre)
     pipeline.checkpoint(iceberg.sink_id, E1, CheckpointStatus.COMPLETED)
-    pipeline.store.registry.register_sink(iceberg.sink_id, iceberg.to_dict(), None)
+    pipeline.store.registry.register_sink(iceberg.sink_id, iceberg.model_dump(mode="json"), None)
 
     barrier = threading.Barrier(2)
     errors: list[BaseException] = []
@@ -186,7 +188,7 @@ def test_epoch_operators_register_their_sink(world: World) -> None:
     dr = run(dag, DAY + dt.timedelta(days=1))
     assert str(dr.state) == "success"
     registered = world.pipeline.store.registry.registered_sink(sink.sink_id)
-    assert registered == (sink.to_dict(), world.checkpoint().to_dict())
+    assert registered == (sink.model_dump(mode="json"), world.checkpoint().model_dump(mode="json"))
 
 
 def test_a_location_the_table_references_is_never_removed_as_an_orphan(

@@ -142,7 +142,7 @@ def test_the_range_is_the_epochs_checkpoint_complete_once_reserved(
     store: SqlSinkStateStore, sink_id: str, upstream: tuple[dict[str, str], Table]
 ) -> None:
     properties, table = upstream
-    config = checkpoint_config_from_dict(SnapshotRangeCheckpoint().to_dict())
+    config = checkpoint_config_from_dict(SnapshotRangeCheckpoint().model_dump(mode="json"))
     assert isinstance(config, SnapshotRangeCheckpoint)
     source = config.source(store.checkpoints)
     assert source.status(sink_id, E1) is CheckpointStatus.PENDING

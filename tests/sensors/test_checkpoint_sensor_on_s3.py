@@ -164,7 +164,7 @@ def test_the_trigger_reports_an_s3_outage_as_a_retryable_error(s3_place: S3Place
     trigger = CheckpointTrigger(
         sink_id=SINK,
         epoch=EPOCH,
-        checkpoint=markers(s3_place).to_dict(),
+        checkpoint=markers(s3_place).model_dump(mode="json"),
         poll_interval=0.1,
         retryable_errors_fail_after=2,
         timeout_at=time.time() + 120,
@@ -182,7 +182,7 @@ def test_the_trigger_polls_on_through_a_short_outage(s3_place: S3Place, seaweed:
     trigger = CheckpointTrigger(
         sink_id=SINK,
         epoch=EPOCH,
-        checkpoint=markers(s3_place).to_dict(),
+        checkpoint=markers(s3_place).model_dump(mode="json"),
         poll_interval=0.2,
         timeout_at=time.time() + 120,
     )

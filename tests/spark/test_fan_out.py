@@ -226,11 +226,11 @@ def test_a_sinks_selections_are_validated_once_and_survive_its_dict_form() -> No
         ("ns.a", "ns.b", "ns.c"),
         select={"ns.b": TableSelect(where="kind = 'x'"), "ns.c": TableSelect(query="SELECT id FROM epoch_input")},
     )
-    data = sink.to_dict()
+    data = sink.model_dump(mode="json")
     assert data["select"] == {"ns.b": {"where": "kind = 'x'"}, "ns.c": {"query": "SELECT id FROM epoch_input"}}
     assert sink_config_from_dict(json.loads(json.dumps(data))) == sink
     # a sink without selections keeps the dict form it was registered with
-    assert "select" not in IcebergSinkConfig("one", ("ns.a",)).to_dict()
+    assert "select" not in IcebergSinkConfig("one", ("ns.a",)).model_dump(mode="json")
 
     with pytest.raises(InvalidSinkConfig, match=r"'ns\.z', which is not one of"):
         IcebergSinkConfig("fan", ("ns.a",), select={"ns.z": TableSelect(where="true")})
@@ -241,4 +241,6 @@ def test_a_sinks_selections_are_validated_once_and_survive_its_dict_form() -> No
     with pytest.raises(InvalidSinkConfig, match="does not read the epoch's input"):
         TableSelect(query="SELECT * FROM somewhere_else")
     with pytest.raises(InvalidSinkConfig, match=r"select of 'ns\.a'.*unexpected keyword"):
-        sink_config_from_dict({**IcebergSinkConfig("fan", ("ns.a",)).to_dict(), "select": {"ns.a": {"filter": "x"}}})
+        sink_config_from_dict(
+            {**IcebergSinkConfig("fan", ("ns.a",)).model_dump(mode="json"), "select": {"ns.a": {"filter": "x"}}}
+        )

@@ -141,7 +141,7 @@ def test_operator_in_a_dag_run_puts_the_pre_commit_in_xcom(
 
 def test_operator_defaults() -> None:
     operator = SparkPreCommitOperator(
-        task_id="w", sink_id="s", input={"kind": "sql", "query": "select 1"}, target={"kind": "files", "root": "/x"}
+        task_id="w", sink=FileSinkConfig("s", "/x"), input={"kind": "sql", "query": "select 1"}
     )
     assert operator.application == EPOCH_WRITER_APPLICATION and Path(EPOCH_WRITER_APPLICATION).is_file()
     assert operator.durable is False  # a retry is a new write, never a re-attach to the old driver
@@ -160,14 +160,14 @@ def test_operator_without_interval_allocates_the_runs_epoch_in_the_meta_store(
     monkeypatch.setenv("AIRFLOW_CONN_EO_SPARK_META", json.dumps({"conn_type": "exactly_once_meta", "host": url}))
     operator = SparkPreCommitOperator(
         task_id="w",
-        sink_id="s",
+        sink=FileSinkConfig("s", "/x"),
         input={"kind": "sql", "query": "select 1"},
-        target={"kind": "lake", "root": "/x"},  # refused after the epoch is known, before any submit
+        writers=0,  # refused after the epoch is known, before any submit
         meta_conn_id="eo_spark_meta",
         work_dir=str(tmp_path),
     )
     context: dict[str, Any] = {"data_interval_start": None, "data_interval_end": None, "run_id": "manual__1"}
-    with pytest.raises(AirflowFailException, match=r"(?s)InvalidSinkConfig.*target"):
+    with pytest.raises(AirflowFailException, match=r"(?s)InvalidSinkConfig.*writers"):
         operator.execute(context)
     engine = sa.create_engine(url)
     with engine.connect() as conn:
@@ -179,16 +179,16 @@ def test_operator_without_interval_allocates_the_runs_epoch_in_the_meta_store(
     assert run_epoch(context, "s", "eo_spark_meta") == allocated[0]
 
 
-def test_operator_refuses_a_bad_target_before_submitting(tmp_path: Path) -> None:
+def test_operator_refuses_bad_writer_settings_before_submitting(tmp_path: Path) -> None:
     operator = SparkPreCommitOperator(
         task_id="w",
-        sink_id="s",
+        sink=FileSinkConfig("s", "/x"),
         input={"kind": "sql", "query": "select 1"},
-        target={"kind": "lake", "root": "/x"},
+        writers=0,
         work_dir=str(tmp_path),
     )
     # a configuration error is not retried: a retry would fail the same way
-    with pytest.raises(AirflowFailException, match=r"(?s)InvalidSinkConfig.*target"):
+    with pytest.raises(AirflowFailException, match=r"(?s)InvalidSinkConfig.*writers"):
         operator.execute({"data_interval_start": INTERVAL_START, "data_interval_end": INTERVAL_START})
     assert list(tmp_path.iterdir()) == []
 
@@ -233,7 +233,9 @@ def test_a_fan_out_sink_is_one_write_of_every_table_with_its_selection(monkeypat
             "ns.totals": TableSelect(query="SELECT user_id, sum(amount) AS total FROM epoch_input GROUP BY user_id"),
         },
     )
-    operator = SparkPreCommitOperator(task_id="w", sink=sink.to_dict(), input={"kind": "sql", "query": "select 1"})
+    operator = SparkPreCommitOperator(
+        task_id="w", sink=sink.model_dump(mode="json"), input={"kind": "sql", "query": "select 1"}
+    )
     rendered = {name: getattr(operator, name) for name in operator.template_fields}
     assert "K" not in json.dumps(rendered, default=str)
     base = {"kind": "iceberg", "catalog_name": "lake", "catalog_properties": props, "branch": "main"}
@@ -249,7 +251,9 @@ def test_an_upsert_sinks_key_and_branch_reach_the_job_spec(monkeypatch: pytest.M
     sink = IcebergSinkConfig(
         "cdc", ("ns.accounts",), iceberg_conn_id="lake", branch="audit", upsert=UpsertSpec(key=("id",), op_column="op")
     )
-    operator = SparkPreCommitOperator(task_id="w", sink=sink.to_dict(), input={"kind": "sql", "query": "select 1"})
+    operator = SparkPreCommitOperator(
+        task_id="w", sink=sink.model_dump(mode="json"), input={"kind": "sql", "query": "select 1"}
+    )
     (target,) = operator._resolve_targets()
     assert target["branch"] == "audit"
     assert IcebergTarget.model_validate(target).upsert == sink.upsert
@@ -258,8 +262,6 @@ def test_an_upsert_sinks_key_and_branch_reach_the_job_spec(monkeypatch: pytest.M
 @pytest.mark.parametrize(
     ("kwargs", "refusal"),
     [
-        ({}, "exactly one of sink= and sink_id="),
-        ({"sink_id": "s"}, "needs target="),
         ({"sink": IcebergSinkConfig("s", ("a.b",)), "partition_by": ["x"]}, "partitioned by its table"),
         ({"sink": IcebergSinkConfig("s", ("a.b",)), "target": {"kind": "files", "root": "/x"}}, "derived"),
         ({"sink": FileSinkConfig("s", "/x"), "target": {"kind": "files", "root": "/y"}}, "not the sink's root"),
@@ -270,14 +272,21 @@ def test_contradictory_arguments_are_refused_when_the_dag_is_parsed(kwargs: dict
         SparkPreCommitOperator(task_id="w", input={"kind": "sql", "query": "select 1"}, **kwargs)
 
 
+def test_the_removed_raw_spelling_is_refused_naming_the_sink_form() -> None:
+    for removed in ({"sink_id": "s", "target": {"kind": "files", "root": "/x"}}, {"allow_schema_evolution": True}):
+        with pytest.raises(
+            TypeError, match=r"SparkPreCommitOperator\((sink_id|allow_schema_evolution)=\) was removed: .*sink"
+        ):
+            SparkPreCommitOperator(
+                task_id="w", sink=FileSinkConfig("s", "/x"), input={"kind": "sql", "query": "select 1"}, **removed
+            )
+
+
 def test_a_bad_rendered_sink_id_is_refused_before_anything_reads_the_store(tmp_path: Path) -> None:
     operator = SparkPreCommitOperator(
-        task_id="w",
-        sink_id="../etc",
-        input={"kind": "sql", "query": "select 1"},
-        target={"kind": "files", "root": "/x"},
-        work_dir=str(tmp_path),
+        task_id="w", sink=FileSinkConfig("s", "/x"), input={"kind": "sql", "query": "select 1"}, work_dir=str(tmp_path)
     )
+    operator.sink_id = "../etc"  # as a template could render it
     with pytest.raises(AirflowFailException, match=r"sink_id '\.\./etc' has characters unsafe in a path"):
         operator.execute({"data_interval_start": INTERVAL_START, "data_interval_end": INTERVAL_START})
     assert list(tmp_path.iterdir()) == []
@@ -339,7 +348,6 @@ def test_a_kept_sink_skips_the_spark_job_of_a_newer_generation_and_says_so(
     world: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``on_reprocess="keep"``: a cleared run finds its epoch committed and submits nothing."""
-    import dataclasses
     import datetime as dt
     import types
 
@@ -348,7 +356,7 @@ def test_a_kept_sink_skips_the_spark_job_of_a_newer_generation_and_says_so(
     from tests.support.pipeline import Pipeline
 
     pipeline: Pipeline = world.pipeline
-    sink = dataclasses.replace(world.iceberg_sink(), on_reprocess="keep")
+    sink = world.iceberg_sink().model_copy(update={"on_reprocess": "keep"})
     pipeline.create_table("orders")
     start = dt.datetime(2024, 6, 1, tzinfo=dt.UTC)
     epoch = epoch_from_interval_start(start)
@@ -390,7 +398,6 @@ def test_a_reprocessed_upsert_epoch_is_planned_as_a_revision_of_the_committed_wr
 ) -> None:
     """An upsert sink replacing on reprocess: a cleared run finds its epoch committed as changes by
     key, and its Spark job gets the committed write to revise and the table state to plan at."""
-    import dataclasses
     import datetime as dt
     import types
     import uuid
@@ -398,7 +405,7 @@ def test_a_reprocessed_upsert_epoch_is_planned_as_a_revision_of_the_committed_wr
     from airflow_provider_exactly_once.core.precommit import TableWrite
     from airflow_provider_exactly_once.core.upserts import ChangeCounts, RewrittenFile
 
-    sink = dataclasses.replace(world.iceberg_sink(), upsert=UpsertSpec(key=("id",)))
+    sink = world.iceberg_sink().model_copy(update={"upsert": UpsertSpec(key=("id",))})
     start = dt.datetime(2024, 6, 1, tzinfo=dt.UTC)
     epoch = epoch_from_interval_start(start)
     write_id = str(uuid.uuid4())

@@ -112,7 +112,7 @@ def test_the_migration_moves_a_revision_in_flight_and_its_downgrade_puts_it_back
     forget_applied()
     kept = {  # the row as 0009's package wrote it: the replaced write's metadata inside ``replaces``
         "write_id": first.write_id,
-        "metadata": first.to_dict(),
+        "metadata": first.model_dump(mode="json"),
         "committed": {"db.events": "101"},
         "table_uuids": None,
         "revision": 0,

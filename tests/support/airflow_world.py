@@ -104,7 +104,7 @@ class World:
             self.writes.append(pre)
             if context["ti"].try_number in fail_tries:
                 raise RuntimeError(f"write try {context['ti'].try_number} fails on purpose after writing its files")
-            return pre.to_compressed() if compressed else pre.to_dict()
+            return pre.to_compressed() if compressed else pre.model_dump(mode="json")
 
         return write
 

@@ -3,7 +3,6 @@ leaves each epoch in the sink exactly once, and aborted epochs leave nothing beh
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 import threading
 import time
@@ -181,7 +180,7 @@ def test_rerun_of_a_successful_run_replaces_the_epoch_once(world: World) -> None
 def test_rerun_of_a_kept_sink_changes_nothing(world: World) -> None:
     epoch = epoch_from_interval_start(DAY)
     world.mark(epoch, CheckpointStatus.COMPLETED)
-    sink = dataclasses.replace(world.iceberg_sink(), on_reprocess="keep")
+    sink = world.iceberg_sink().model_copy(update={"on_reprocess": "keep"})
     dag = epoch_dag(world, sink)
 
     assert run(dag, DAY).state == "success"

@@ -94,7 +94,9 @@ def test_an_unset_meta_conn_id_resolves_to_the_config_when_asked_and_the_trigger
     monkeypatch.setenv(CONFIG_ENV, "meta_of_this_deployment")  # after the parse: read when the task runs
     assert sensor.meta_conn_id is None
     assert meta_conn_id_or_configured(None) == "meta_of_this_deployment"
-    trigger = CheckpointTrigger(sink_id="s", epoch=1, checkpoint=CHECKPOINT.to_dict(), meta_conn_id=sensor.meta_conn_id)
+    trigger = CheckpointTrigger(
+        sink_id="s", epoch=1, checkpoint=CHECKPOINT.model_dump(mode="json"), meta_conn_id=sensor.meta_conn_id
+    )
     _, kwargs = trigger.serialize()
     assert kwargs["meta_conn_id"] == "meta_of_this_deployment"
     assert CheckpointTrigger(**kwargs).meta_conn_id == "meta_of_this_deployment"

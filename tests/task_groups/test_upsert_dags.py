@@ -79,7 +79,7 @@ def keyed_dag(
         world.writes.append(pre)
         if not compact_before_commit:
             compact(epoch)
-        return pre.to_dict()
+        return pre.model_dump(mode="json")
 
     def compact(epoch: int) -> None:
         if epoch in compact_after_write:

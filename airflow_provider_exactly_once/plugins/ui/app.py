@@ -266,12 +266,12 @@ def create_app(operations: OperationsFactory = default_operations) -> FastAPI:
         rows = ops.get().epochs(
             sink_id=sink or None, status=state, limit=limit, offset=offset, dag_ids=access.dag_ids(READ)
         )
-        return [row.to_dict() for row in rows]
+        return [row.model_dump(mode="json") for row in rows]
 
     def _visible_sinks(access: AccessChecker) -> list[dict[str, Any]]:
         access.require_some(READ)
         dag_ids = None if sink_listing() == "all" else access.dag_ids(READ)
-        return [sink.to_dict() for sink in ops.get().sinks(dag_ids=dag_ids)]
+        return [sink.model_dump(mode="json") for sink in ops.get().sinks(dag_ids=dag_ids)]
 
     def _readable(access: AccessChecker, sink_id: str, epoch: int) -> str | None:
         """The epoch's DAG once the user may read it; else the answer a missing epoch gets. Only the
@@ -311,11 +311,11 @@ def create_app(operations: OperationsFactory = default_operations) -> FastAPI:
         history = ops.get().history(sink_id, epoch, dag_ids=readable)
         view, history = _linked(request, view, history)
         return {
-            "epoch": view.to_dict(),
+            "epoch": view.model_dump(mode="json"),
             "checkpoint": shown,
             # After the access checks: a hidden epoch's answer must not wait for its sink's catalog.
-            "delivery": ops.get().delivery(sink_id).to_dict(),
-            "history": [e.to_dict() for e in history],
+            "delivery": ops.get().delivery(sink_id).model_dump(mode="json"),
+            "history": [e.model_dump(mode="json") for e in history],
             "can_edit": access.allowed(EDIT, view.dag_id),
         }
 
@@ -380,7 +380,7 @@ def create_app(operations: OperationsFactory = default_operations) -> FastAPI:
                 force=body.force,
                 dry_run=body.dry_run,
             )
-        return result.to_dict()
+        return result.model_dump(mode="json")
 
     @app.post(
         "/api/sinks/{sink_id}/epochs/{epoch}/commit",
@@ -390,7 +390,7 @@ def create_app(operations: OperationsFactory = default_operations) -> FastAPI:
     def api_commit(user: User, sink_id: str, epoch: int, body: ActionBody) -> dict[str, Any]:
         sink_id, epoch = _authorize_action(user, sink_id, epoch)
         with acting(_ui_actor(user)):
-            return ops.get().commit(sink_id, epoch, dry_run=body.dry_run).to_dict()
+            return ops.get().commit(sink_id, epoch, dry_run=body.dry_run).model_dump(mode="json")
 
     @app.post(
         "/api/sinks/{sink_id}/epochs/{epoch}/cleanup",
@@ -400,7 +400,7 @@ def create_app(operations: OperationsFactory = default_operations) -> FastAPI:
     def api_cleanup(user: User, sink_id: str, epoch: int, body: ActionBody) -> dict[str, Any]:
         sink_id, epoch = _authorize_action(user, sink_id, epoch)
         with acting(_ui_actor(user)):
-            return ops.get().cleanup(sink_id, epoch, dry_run=body.dry_run).to_dict()
+            return ops.get().cleanup(sink_id, epoch, dry_run=body.dry_run).model_dump(mode="json")
 
     # -- pages --------------------------------------------------------------------------------------
 
@@ -503,7 +503,7 @@ def _stale(request: Request, run: StaleRunView) -> dict[str, Any]:
     "Mark as failed") and the epoch's."""
     root = render.airflow_root(request)
     return {
-        **run.to_dict(root),
+        **run.model_dump(mode="json", context={"base_url": root}),
         "run_url": f"{root}/dags/{render.quoted(run.dag_id)}/runs/{render.quoted(run.run_id)}",
         "epoch_url": urls.epoch_page(run.sink_id, run.epoch, render.base(request)),
     }

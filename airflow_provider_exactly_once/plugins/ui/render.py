@@ -98,7 +98,7 @@ def format_age(seconds: float | None) -> str:
 
 
 def format_when(iso: str | None) -> str:
-    """An ISO 8601 time from ``to_dict()`` as ``2026-01-01 00:00:00 UTC`` (the view shows UTC only)."""
+    """An ISO 8601 time from a view's ``model_dump(mode="json")`` as ``2026-01-01 00:00:00 UTC`` (the view shows UTC only)."""
     if not iso:
         return ""
     try:

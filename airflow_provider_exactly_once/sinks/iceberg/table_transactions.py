@@ -110,8 +110,10 @@ class TableTransactions:
         if tables == 1:
             return SINGLE_TABLE
         if not self.offered:
-            return EpochDelivery(Delivery.TABLE_BY_TABLE, tables, self._why)
-        return EpochDelivery(Delivery.ONE_TRANSACTION if self.known else Delivery.ONE_REQUEST, tables, self._why)
+            return EpochDelivery(how=Delivery.TABLE_BY_TABLE, tables=tables, why=self._why)
+        return EpochDelivery(
+            how=Delivery.ONE_TRANSACTION if self.known else Delivery.ONE_REQUEST, tables=tables, why=self._why
+        )
 
     def commit(self, staged: Sequence[StagedSnapshots], fault: Callable[[str], None]) -> list[list[int]]:
         """Commit every table's staged transaction at once; per table, its snapshots' ids.

@@ -32,7 +32,7 @@ from tests.support.pipeline import Pipeline, as_tuples, expected_rows, local_pat
 def test_malformed_metadata_is_refused_before_any_row(pipeline: Pipeline, sink_id: str) -> None:
     pipeline.create_table("orders")
     coordinator = pipeline.coordinator(sink_id, pipeline.iceberg_committer())
-    good = pipeline.write_iceberg(sink_id, 1, ["orders"]).to_dict()
+    good = pipeline.write_iceberg(sink_id, 1, ["orders"]).model_dump(mode="json")
     del good["tables"][0]["data_files"][0]["record_count"]
     with pytest.raises(InvalidPreCommit, match=r"record_count: Field required"):
         coordinator.persist(good)
@@ -69,9 +69,9 @@ def test_a_consumed_range_that_does_not_parse_is_refused_before_any_row(pipeline
     coordinator = pipeline.coordinator(sink_id, pipeline.iceberg_committer())
     pre = pipeline.write_iceberg(sink_id, 1, ["orders"])
     for given in (
-        {**pre.to_dict(), "source_positions": ENDLESS_RANGE},
+        {**pre.model_dump(mode="json"), "source_positions": ENDLESS_RANGE},
         pre.model_copy(update={"source_positions": ENDLESS_RANGE}),
-        {**pre.to_dict(), "source_positions": {**ENDLESS_RANGE, "to_snapshot_id": 2**70}},
+        {**pre.model_dump(mode="json"), "source_positions": {**ENDLESS_RANGE, "to_snapshot_id": 2**70}},
     ):
         with pytest.raises(InvalidPreCommit, match=r"source_positions: kind 'iceberg_snapshots' but no snapshot range"):
             coordinator.persist(given)

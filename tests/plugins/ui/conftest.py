@@ -279,7 +279,9 @@ def _build_world(tmp: Path) -> UiWorld:
     # The operators register each sink they persist for (the recovery DAG and the view read it).
     for sink_id, table in ((SINK, TABLE), (OTHER_SINK, OTHER_TABLE)):
         config = IcebergSinkConfig(sink_id, (f"{pipeline.namespace}.{table}",), iceberg_conn_id=catalog_conn_id)
-        store.registry.register_sink(sink_id, config.to_dict(), MetaStoreCheckpoint().to_dict())
+        store.registry.register_sink(
+            sink_id, config.model_dump(mode="json"), MetaStoreCheckpoint().model_dump(mode="json")
+        )
     _build_hardening_world(world)
     _build_shared_world(world)
     _build_causes_world(world)
@@ -297,7 +299,7 @@ def _build_causes_world(world: UiWorld) -> None:
         (LIVE_SINK, LIVE_SINK, MetaStoreCheckpoint()),
     ):
         config = IcebergSinkConfig(sink_id, (f"{pipeline.namespace}.{table}",), iceberg_conn_id=world.catalog_conn_id)
-        store.registry.register_sink(sink_id, config.to_dict(), checkpoint.to_dict())
+        store.registry.register_sink(sink_id, config.model_dump(mode="json"), checkpoint.model_dump(mode="json"))
     coordinator = pipeline.coordinator(SILVER_SINK, pipeline.iceberg_committer())
 
     def task(task_id: str, run_id: str, try_number: int = 1) -> Actor:
@@ -343,7 +345,9 @@ def _build_shared_world(world: UiWorld) -> None:
     pipeline.create_table(SHARED_TABLE)
     table = f"{pipeline.namespace}.{SHARED_TABLE}"
     config = IcebergSinkConfig(SHARED_SINK, (table,), iceberg_conn_id=world.catalog_conn_id)
-    store.registry.register_sink(SHARED_SINK, config.to_dict(), MetaStoreCheckpoint().to_dict())
+    store.registry.register_sink(
+        SHARED_SINK, config.model_dump(mode="json"), MetaStoreCheckpoint().model_dump(mode="json")
+    )
     coordinator = pipeline.coordinator(SHARED_SINK, pipeline.iceberg_committer())
 
     def task(dag_id: str, task_id: str, run_id: str) -> Actor:
@@ -384,7 +388,9 @@ def _build_hardening_world(world: UiWorld) -> None:
     pipeline.create_table(PAGED_SINK)
     paged_table = f"{pipeline.namespace}.{PAGED_SINK}"
     paged = IcebergSinkConfig(PAGED_SINK, (paged_table,), iceberg_conn_id=world.catalog_conn_id)
-    store.registry.register_sink(PAGED_SINK, paged.to_dict(), MetaStoreCheckpoint().to_dict())
+    store.registry.register_sink(
+        PAGED_SINK, paged.model_dump(mode="json"), MetaStoreCheckpoint().model_dump(mode="json")
+    )
     location = f"file://{pipeline.warehouse}/paged"
     for epoch in (*MINE_EPOCHS, *THEIRS_EPOCHS):
         dag_id = MINE_DAG if epoch in MINE_EPOCHS else THEIRS_DAG
@@ -406,7 +412,7 @@ def _build_hardening_world(world: UiWorld) -> None:
     world.dead_port = free_port()  # nothing listens there
     dead_table = f"{pipeline.namespace}.dead"
     dead = IcebergSinkConfig(DEAD_SINK, (dead_table,), iceberg_conn_id=world.dead_conn_id)
-    store.registry.register_sink(DEAD_SINK, dead.to_dict(), MetaStoreCheckpoint().to_dict())
+    store.registry.register_sink(DEAD_SINK, dead.model_dump(mode="json"), MetaStoreCheckpoint().model_dump(mode="json"))
     pre = empty_write(DEAD_SINK, DEAD_EPOCH, dead_table, f"file://{pipeline.warehouse}/dead")
     store.insert_pending(pre, run_id=f"scheduled__{DEAD_EPOCH}", try_number=1, dag_id=DAG_ID)
 
@@ -477,7 +483,7 @@ def _build_picture_sink(world: UiWorld, span: str, size: int) -> PictureSink:
     sink_id = picture_sink_id(span, size)
     table = f"{world.pipeline.namespace}.{sink_id.replace('-', '_')}"
     config = IcebergSinkConfig(sink_id, (table,), iceberg_conn_id=world.catalog_conn_id)
-    store.registry.register_sink(sink_id, config.to_dict(), MetaStoreCheckpoint().to_dict())
+    store.registry.register_sink(sink_id, config.model_dump(mode="json"), MetaStoreCheckpoint().model_dump(mode="json"))
     epochs, roles = _picture_epochs(span, size), _picture_roles(size)
     aborted: dict[int, str] = {}
     warned: dict[int, str] = {}

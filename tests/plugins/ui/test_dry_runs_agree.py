@@ -21,7 +21,9 @@ def test_a_commit_the_order_of_upsert_epochs_refuses_is_refused_by_its_dry_run(a
     sink_id, table = f"upserts-{suffix}", f"{pipeline.namespace}.keyed_{suffix}"
     pipeline.catalog.create_table(table, schema=KEYED)
     config = IcebergSinkConfig(sink_id, (table,), iceberg_conn_id=world.catalog_conn_id, upsert=UpsertSpec(key=("id",)))
-    pipeline.store.registry.register_sink(sink_id, config.to_dict(), MetaStoreCheckpoint().to_dict())
+    pipeline.store.registry.register_sink(
+        sink_id, config.model_dump(mode="json"), MetaStoreCheckpoint().model_dump(mode="json")
+    )
     coordinator = pipeline.coordinator(sink_id, pipeline.iceberg_committer())
     for epoch, key in ((1, 1), (2, 2)):
         pre = write_upsert(pipeline.catalog, table, sink_id, epoch, {key: "v"}, str(uuid.uuid4()))

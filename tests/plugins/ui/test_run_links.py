@@ -79,7 +79,7 @@ def page(airflow_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
 
     store = SqlSinkStateStore(f"sqlite:///{tmp_path / 'meta.db'}")
     config = IcebergSinkConfig(sink_id, ("db.events",), iceberg_conn_id="unused")
-    store.registry.register_sink(sink_id, config.to_dict(), MetaStoreCheckpoint().to_dict())
+    store.registry.register_sink(sink_id, config.model_dump(mode="json"), MetaStoreCheckpoint().model_dump(mode="json"))
     for epoch, run_id, start in ((EPOCH, live_run, DAY), (GONE_EPOCH, gone_run, GONE_DAY)):
         end = start + timedelta(days=1)
         store.runs.record(dag_id, run_id, RunDates(end, start, end))  # ``dags test`` runs: logical date = end

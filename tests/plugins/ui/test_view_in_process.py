@@ -91,7 +91,7 @@ def view(airflow_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     )
     store = SqlSinkStateStore(f"sqlite:///{tmp_path / 'meta.db'}")
     config = IcebergSinkConfig(sink_id, ("db.events",), iceberg_conn_id=conn_id)
-    store.registry.register_sink(sink_id, config.to_dict(), MetaStoreCheckpoint().to_dict())
+    store.registry.register_sink(sink_id, config.model_dump(mode="json"), MetaStoreCheckpoint().model_dump(mode="json"))
     for epoch, dag_id in ((MINE, mine_dag), (THEIRS, theirs_dag)):
         pre = empty_write(sink_id, epoch, "db.events", f"file://{tmp_path}/w")
         store.insert_pending(pre, run_id=f"scheduled__{epoch}", try_number=1, dag_id=dag_id)
@@ -167,7 +167,9 @@ def test_the_epoch_page_says_how_epochs_reach_the_tables_and_degrades_when_the_c
 
     fan_out = IcebergSinkConfig(f"{view.sink_id}-fan", ("db.events", "db.clicks"), iceberg_conn_id=view.conn_id)
     store = view.ops.store
-    store.registry.register_sink(fan_out.sink_id, fan_out.to_dict(), MetaStoreCheckpoint().to_dict())
+    store.registry.register_sink(
+        fan_out.sink_id, fan_out.model_dump(mode="json"), MetaStoreCheckpoint().model_dump(mode="json")
+    )
     store.insert_pending(empty_write(fan_out.sink_id, MINE, "db.events", "file:///tmp/w"), run_id=None, try_number=None)
     answer = client.get(f"/api/sinks/{fan_out.sink_id}/epochs/{MINE}")
     assert answer.status_code == 200, answer.text

@@ -142,7 +142,7 @@ def test_final_names_are_a_pure_function_of_the_metadata(
     assert len(set(names.values())) == len(descriptors)  # no two files share a final name
     assert all(n.startswith("/nonexistent/eo-sink/") and "/_staging/" not in n for n in names.values())
 
-    shuffled = pre.to_dict()
+    shuffled = pre.model_dump(mode="json")
     random.Random(seed).shuffle(shuffled["tables"][0]["data_files"])
     for data_file in shuffled["tables"][0]["data_files"]:
         data_file["partition"] = dict(reversed(list(data_file["partition"].items())))

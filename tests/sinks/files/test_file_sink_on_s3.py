@@ -81,7 +81,7 @@ def s3(s3_place: S3Place, tmp_path: Path) -> Iterator[S3Setup]:  # noqa: F811
 def test_the_committer_is_on_s3_with_the_connections_credentials(s3: S3Setup) -> None:
     assert s3.committer.root == s3.place.url("sink")
     assert s3.committer.filesystem.key == s3.place.fs.key  # from the connection, not the config
-    assert "secret" not in s3.sink.to_dict()["storage_options"]
+    assert "secret" not in s3.sink.model_dump(mode="json")["storage_options"]
 
 
 def test_an_epoch_on_s3_is_visible_only_after_its_checkpoint_and_once(s3: S3Setup) -> None:
