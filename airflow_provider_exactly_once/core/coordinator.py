@@ -9,7 +9,7 @@ the decisions of ``core/decisions.py`` over the ports (design.md, "Layers", and 
 
 Also here, because only the coordinator runs them: what it keeps on a row besides the status (the
 last error, a warning), the metrics port it reports through (``Metrics``, adapted by
-``observability.stats``; a failing backend never decides an epoch), the recovery pass over a sink's
+``observability.assets``; a failing backend never decides an epoch), the recovery pass over a sink's
 Pending epochs with its batches of appends (design.md D15), and the writes that can never commit as
 written (files lost, an upsert whose table moved: design.md D14). The operators, the recovery DAG
 and the CLI only call these methods.

@@ -138,7 +138,7 @@ class UpsertConflict(ExactlyOnceError):
     committed; the epoch's changes must be written again against the table as it is now.
 
     A revision of a committed upsert epoch meets it when a later commit changed what the revision
-    must undo (``sinks.iceberg.upsert_overwrites``); writing it again cannot help there.
+    must undo (``sinks.iceberg.overwrites``); writing it again cannot help there.
 
     ``conflicting`` names what conflicts: files gone or added, a delete manifest, a snapshot.
     """

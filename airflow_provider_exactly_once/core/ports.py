@@ -57,7 +57,7 @@ class Kind(StrEnum):
     def stages_manifests(self) -> bool:
         """Whether persist writes the commit's manifests ahead (D16): an append's, a revision's and an
         upsert's are known then. An upsert's revision is not: what it removes depends on every commit
-        since the write it revises (``upsert_overwrites.files_to_revise``)."""
+        since the write it revises (``sinks.iceberg.overwrites.files_to_revise``)."""
         return self in (Kind.APPEND, Kind.REVISION, Kind.UPSERT)
 
 

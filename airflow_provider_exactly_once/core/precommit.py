@@ -147,7 +147,7 @@ class PartitionSummary(_Frozen):
 class PreparedManifest(_Frozen):
     """A manifest persist wrote for the write's files, the entries' snapshot id and sequence
     numbers left to inheritance: the commit lists it as it is (``sinks/iceberg/prepared_manifests.py``).
-    A revision's (``sinks/iceberg/prepared_deletes.py``) also records the replaced write's entries,
+    A revision's (``sinks/iceberg/overwrites.py``) also records the replaced write's entries,
     deleted, and the other entries of a manifest that held some, existing: its counts say which."""
 
     path: str = Field(min_length=1)

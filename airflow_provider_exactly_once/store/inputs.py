@@ -38,7 +38,7 @@ _CHECKPOINT_ATTEMPTS = 5
 
 
 class SqlCheckpointTable:
-    """``checkpoints.metastore.CheckpointTable`` on the meta store's ``checkpoint_state`` table."""
+    """``checkpoints.sources.CheckpointTable`` on the meta store's ``checkpoint_state`` table."""
 
     def __init__(self, db: MetaStoreDatabase) -> None:
         self._db = db
@@ -48,7 +48,7 @@ class SqlCheckpointTable:
 
     def range_reserved(self, sink_id: str, epoch: int) -> bool:
         """Whether the epoch's snapshot range is reserved: an incremental input's checkpoint
-        (``checkpoints.snapshot_ranges``), kept in ``input_range``."""
+        (``checkpoints.sources``), kept in ``input_range``."""
         with self._db.transaction(f"reading the input range of sink {sink_id!r} epoch {epoch}", write=False) as session:
             return session.get(InputRange, (sink_id, epoch)) is not None
 

@@ -450,7 +450,7 @@ class IcebergSinkCommitter:
         self, table: Table, pre_commit: PreCommit, write: TableWrite, replaces: ReplacedWrite | None
     ) -> list[DataFile]:
         if Kind.of_table(write).by_key:
-            # The files it rewrote; a revision's also the revised write's (``upsert_revisions``).
+            # The files it rewrote; a revision's also the revised write's (``core.decisions``).
             what = f"{pre_commit.describe()}: could not read the files the upsert rewrote in table {write.table!r}"
             with unavailable_when_unreachable(what, table.io.properties):
                 return upsert_files_to_replace(table, self.branch, pre_commit, write, replaces)
