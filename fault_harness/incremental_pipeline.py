@@ -46,7 +46,7 @@ def light_incremental_write(sink_id: str, table_name: str, upstream: str, conn_i
     from pyiceberg.catalog import load_catalog
 
     from airflow_provider_exactly_once.operators._common import airflow_errors
-    from airflow_provider_exactly_once.operators._targets import iceberg_catalog_properties
+    from airflow_provider_exactly_once.operators.spark_precommit import iceberg_catalog_properties
     from airflow_provider_exactly_once.runtime.assembly import open_meta_store
     from airflow_provider_exactly_once.runtime.run_epochs import current_snapshot_of, reserved_range
     from airflow_provider_exactly_once.sinks.iceberg.catalog_access import load_table

@@ -4,7 +4,7 @@ local servers' values (SeaweedFS for REST, moto for Glue), and the connection Ai
 that variable loads the catalog and commits an epoch: persist and commit through the coordinator
 the tasks assemble (``runtime.assembly.coordinator_for``: the committer's catalog from
 ``IcebergHook``), the files written with the catalog properties the Spark writer gets from the
-same connection (``operators._targets.iceberg_catalog_properties``).
+same connection (``operators.spark_precommit.iceberg_catalog_properties``).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import pytest
 
 from airflow_provider_exactly_once.core.epochs import CheckpointStatus, EpochStatus
 from airflow_provider_exactly_once.core.outcomes import CommitOutcome
-from airflow_provider_exactly_once.operators._targets import iceberg_catalog_properties
+from airflow_provider_exactly_once.operators.spark_precommit import iceberg_catalog_properties
 from airflow_provider_exactly_once.runtime.assembly import coordinator_for
 from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig
 from demo.servers import ACCESS_KEY, SECRET_KEY, MotoServer, SeaweedFS

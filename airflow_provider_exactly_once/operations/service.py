@@ -1,6 +1,7 @@
 """What a person operating Airflow can do to the sinks: one service for the CLI and the UI.
 
-The reads it inherits are in ``reads.py``. Every action goes through
+The reads it inherits are in ``reads.py``; each sink's delivery (whether its epochs are atomic across
+its tables) is asked here too, kept a minute per sink (``Deliveries``). Every action goes through
 the sink's coordinator, rebuilt from the sink registry exactly as the recovery DAG rebuilds it (``gc``
 through recovery's own orphan removal, with the sink opened as recovery opens it), so
 an operator's abort, commit or clean-up runs under the same invariants as the DAG's own tasks: an
@@ -16,9 +17,12 @@ writes nothing; it raises the refusal the action itself would raise.
 from __future__ import annotations
 
 import getpass
+import json
 import os
 import socket
-from collections.abc import Sequence
+import threading
+import time
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -31,7 +35,7 @@ from airflow_provider_exactly_once.core.decisions import (
     commit_decision,
     recovery_decision,
 )
-from airflow_provider_exactly_once.core.delivery import EpochDelivery, unknown
+from airflow_provider_exactly_once.core.delivery import FILE_SINK, SINGLE_TABLE, EpochDelivery, unknown
 from airflow_provider_exactly_once.core.epochs import EpochStatus, abort_reason_fault, check_epoch
 from airflow_provider_exactly_once.core.errors import (
     EpochNotFound,
@@ -42,9 +46,9 @@ from airflow_provider_exactly_once.core.errors import (
 from airflow_provider_exactly_once.core.ports import CheckpointSource, CleanupTask, EpochRecord
 from airflow_provider_exactly_once.defaults import DEFAULT_LOCK_TTL, DEFAULT_META_CONN_ID, DEFAULT_ORPHAN_GRACE
 from airflow_provider_exactly_once.operations.reads import InvalidRequest, SinkNotFound, SinkReads
-from airflow_provider_exactly_once.operations.sink_delivery import Deliveries
 from airflow_provider_exactly_once.operations.views import ActionResult, describe_write
-from airflow_provider_exactly_once.runtime.assembly import checkpoint_source, reaching
+from airflow_provider_exactly_once.runtime.assembly import checkpoint_source, iceberg_catalog, reaching
+from airflow_provider_exactly_once.sinks.config import FileSinkConfig, SinkConfig
 from airflow_provider_exactly_once.store import SqlSinkStateStore
 
 if TYPE_CHECKING:
@@ -83,7 +87,7 @@ class SinkOperations(SinkReads):
         self._deliveries = Deliveries()
 
     def delivery(self, sink_id: str) -> EpochDelivery:
-        """How the sink's epochs reach their tables, for one epoch's view (``operations.sink_delivery``):
+        """How the sink's epochs reach their tables, for one epoch's view (``operations.service``):
         a view, so a sink that is not registered, or whose catalog cannot be opened, is ``unknown``
         with why, never an error."""
         try:
@@ -503,3 +507,54 @@ def _orphan_dict(candidate: OrphanCandidate) -> dict[str, Any]:
         "files": candidate.age.files,
         "newest_file_at": None if candidate.age.newest is None else candidate.age.newest.isoformat(),
     }
+
+
+#: How long a fan-out's answer is kept: a connection changed by hand shows within a minute.
+TTL_S = 60.0
+
+
+def delivery_of(sink: SinkConfig) -> EpochDelivery:
+    """The sink's answer, its catalog opened only for a fan-out (pyiceberg is imported only then)."""
+    if isinstance(sink, FileSinkConfig):
+        return FILE_SINK
+    if len(sink.tables) == 1:
+        return SINGLE_TABLE
+    from airflow_provider_exactly_once.sinks.iceberg.table_transactions import TableTransactions
+
+    try:
+        with reaching(sink):
+            catalog = iceberg_catalog(sink)
+    except ExactlyOnceError as exc:
+        return unknown(len(sink.tables), exc)
+    return TableTransactions(catalog).delivery(len(sink.tables))
+
+
+class Deliveries:
+    """Each sink's answer, kept ``ttl_s`` seconds; threads may ask at once (the UI's handlers run in
+    a pool), and none waits for another's catalog."""
+
+    def __init__(
+        self,
+        ttl_s: float = TTL_S,
+        *,
+        find: Callable[[SinkConfig], EpochDelivery] = delivery_of,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._ttl_s = ttl_s
+        self._find = find
+        self._clock = clock
+        #: Per sink id: its registration as asked about, when, and the answer.
+        self._kept: dict[str, tuple[str, float, EpochDelivery]] = {}
+        self._lock = threading.Lock()
+
+    def of(self, sink: SinkConfig) -> EpochDelivery:
+        registration = json.dumps(sink.model_dump(mode="json"), sort_keys=True, default=str)
+        now = self._clock()
+        with self._lock:
+            kept = self._kept.get(sink.sink_id)
+        if kept is not None and kept[0] == registration and now - kept[1] < self._ttl_s:
+            return kept[2]
+        found = self._find(sink)
+        with self._lock:
+            self._kept[sink.sink_id] = (registration, now, found)
+        return found

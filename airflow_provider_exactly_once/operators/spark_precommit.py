@@ -1,4 +1,7 @@
-"""The write step of an epoch: ``spark-submit`` of the epoch writer, pre-commit metadata to XCom.
+"""The write step of an epoch: ``spark-submit`` of the epoch writer (or a Spark Connect client, when
+the Spark connection is of type ``spark_connect``), pre-commit metadata to XCom; with what it derives
+when the task runs: the Spark write's targets from the sink config, the Connect settings, and whether
+this worker can run ``spark-submit`` at all (design.md D17, "Layers").
 
 Thin on purpose: it derives what the Spark application cannot know (the epoch from the run's data
 interval, a fresh write id per try, where to put the result), submits through the Spark provider's
@@ -19,35 +22,31 @@ write the retry did not make.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import tempfile
 from collections.abc import Mapping, Sequence
 from datetime import datetime
+from importlib import metadata, util
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
+from urllib.parse import urlparse
 
 from airflow.sdk import BaseOperator
 
 from airflow_provider_exactly_once.core.epochs import check_epoch, check_sink_id, epoch_start, new_write_id
-from airflow_provider_exactly_once.core.errors import InvalidSinkConfig, MetaStoreUnavailable
+from airflow_provider_exactly_once.core.errors import CREDENTIAL_PROPERTY_MARKS, InvalidSinkConfig, MetaStoreUnavailable
+from airflow_provider_exactly_once.defaults import DEFAULT_SPARK_CONNECT_RETRY, SPARK_CONNECT_RETRY_OPTION
+from airflow_provider_exactly_once.extras import DISTRIBUTION
+from airflow_provider_exactly_once.hooks.storage import resolved_storage_options
 from airflow_provider_exactly_once.operators._common import airflow_errors, execute_nested
-from airflow_provider_exactly_once.operators._spark_connect import connect_retry_seconds, connect_settings, connect_url
-from airflow_provider_exactly_once.operators._targets import (
-    INPUT_FIX,
-    check_templated_specs,
-    file_sink_io_properties,
-    refuse_removed_arguments,
-    sink_with_target,
-    targets_for,
-    upstream_settings,
-)
-from airflow_provider_exactly_once.operators.spark_binary import check_spark_submit
-from airflow_provider_exactly_once.runtime.assembly import open_meta_store, run_epoch
+from airflow_provider_exactly_once.runtime.assembly import as_sink, open_meta_store, run_epoch
 from airflow_provider_exactly_once.runtime.run_epochs import epoch_interval, generation_for_context
-from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig, SinkConfig
+from airflow_provider_exactly_once.sinks.config import FileSinkConfig, IcebergSinkConfig, SinkConfig
 from airflow_provider_exactly_once.spark import author_specs
+from airflow_provider_exactly_once.spark.author_specs import FileSinkTarget
 from airflow_provider_exactly_once.upstream_private import spark_binary_of
-from airflow_provider_exactly_once.version_compat import spark_submit_has_durable
+from airflow_provider_exactly_once.version_compat import AirflowNotFoundException, spark_submit_has_durable
 
 if TYPE_CHECKING:
     from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
@@ -498,3 +497,323 @@ def xcom_value(pre_commit: PreCommit, compress_above: int | None = XCOM_COMPRESS
         return pre_commit.to_compressed()
     value: dict[str, Any] = json.loads(text)
     return value
+
+
+#: The Spark provider's connection type for Spark Connect (its ``SparkConnectHook``).
+CONNECT_CONN_TYPE = "spark_connect"
+#: Settings that mean nothing to a Connect session but are harmless to have: the application is the
+#: writer's own, and the name only labels a ``spark-submit``.
+_IGNORED = frozenset({"application", "name", "conf", "conn_id"})
+
+
+def connect_url(conn_id: str) -> str | None:
+    """The ``sc://`` URL of the connection when it is a Spark Connect one, else ``None`` (its token,
+    if any, is in the URL: never log it)."""
+    from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
+
+    hook = SparkConnectHook(conn_id)
+    try:
+        conn_type = hook.get_connection(conn_id).conn_type
+    except AirflowNotFoundException:  # the Spark provider's hook then submits to its default master
+        return None
+    if conn_type != CONNECT_CONN_TYPE:
+        return None
+    try:
+        return hook.get_connection_url()
+    except ValueError as exc:  # a path in the host, which the provider refuses
+        raise InvalidSinkConfig(f"Spark Connect connection {conn_id!r}: {exc}") from None
+
+
+def connect_settings(given: Mapping[str, Any]) -> tuple[dict[str, str], list[str]]:
+    """The session settings of a Connect write (``conf``), and the ``spark-submit`` settings given
+    that a Connect session has no place for."""
+    ignored = sorted(name for name, value in given.items() if value not in (None, False) and name not in _IGNORED)
+    return {str(key): str(value) for key, value in (given.get("conf") or {}).items()}, ignored
+
+
+def connect_retry_seconds() -> float:
+    """How long each call of a Connect write retries a server that does not answer:
+    ``[exactly_once] spark_connect_retry_seconds``, a minute by default, read when the task runs."""
+    from airflow_provider_exactly_once.runtime.assembly import configured_duration
+
+    return configured_duration(SPARK_CONNECT_RETRY_OPTION, DEFAULT_SPARK_CONNECT_RETRY, "seconds").total_seconds()
+
+
+_VERSION_LINE = re.compile(r"""^__version__\s*(?::\s*str\s*)?=\s*["']([^"']+)["']""", re.MULTILINE)
+
+
+def check_spark_submit(task_id: str, binary: str, conn_id: str) -> str:
+    """The path of ``binary`` on ``PATH``, or an error naming both remedies."""
+    found = shutil.which(binary)
+    if found is None:
+        raise InvalidSinkConfig(
+            f"task {task_id}: no {binary!r} on this worker's PATH (asked for by the Spark connection {conn_id!r}): "
+            f"install the [spark] extra, whose PySpark ships spark-submit (pip install '{DISTRIBUTION}[spark]'), "
+            f"or put a Spark distribution's bin/ directory on the worker's PATH"
+        )
+    check_pyspark_files()
+    return found
+
+
+def check_pyspark_files() -> None:
+    """Refuse a PySpark whose Python files are another release's.
+
+    The Spark provider depends on ``pyspark-client``, which unpacks into the same ``pyspark/``
+    directory as PySpark itself; when the two releases differ and the client was unpacked last,
+    every Python function Spark runs (the writer's are) fails deep inside an executor.
+    """
+    spec = util.find_spec("pyspark")
+    if spec is None or spec.origin is None:
+        return  # no local PySpark: spark-submit comes from a Spark distribution, which is whole
+    version_file = Path(spec.origin).with_name("version.py")
+    try:
+        installed = metadata.version("pyspark")
+        match = _VERSION_LINE.search(version_file.read_text(encoding="utf-8"))
+    except (metadata.PackageNotFoundError, OSError):
+        return
+    if match is not None and match.group(1) != installed:
+        raise InvalidSinkConfig(
+            f"the installed pyspark {installed} holds the Python files of release {match.group(1)} "
+            f"(pyspark-client, a dependency of the Spark provider, unpacked over it): reinstall it with "
+            f"pip install --force-reinstall --no-deps 'pyspark=={installed}', or keep pyspark-client out "
+            f"(uv: override-dependencies = [\"pyspark-client; sys_platform == 'never'\"])"
+        )
+
+
+def iceberg_catalog_properties(conn_id: str) -> dict[str, str]:
+    """The pyiceberg catalog properties of an Iceberg connection, built as ``IcebergHook.catalog``
+    builds them (extra, then the host as ``uri``, ``type`` defaulting to ``rest``, login and
+    password as the REST ``credential``), so Spark's driver loads the same catalog the commit does."""
+    from airflow.sdk import BaseHook
+
+    conn = BaseHook.get_connection(conn_id)
+    properties: dict[str, str] = {str(k): str(v) for k, v in (conn.extra_dejson or {}).items()}
+    if conn.host:
+        properties["uri"] = conn.host.rstrip("/")
+    properties.setdefault("type", "rest")
+    if properties["type"] == "rest" and conn.login and conn.password:
+        properties["credential"] = f"{conn.login}:{conn.password}"
+    return properties
+
+
+_S3_SCHEMES = ("s3", "s3a", "s3n")
+
+
+def check_no_credentials(what: str, properties: Mapping[str, Any]) -> None:
+    """Refuse credentials in a templated field: Airflow stores and shows every rendered value."""
+    found = sorted(k for k in properties if any(mark in str(k).lower() for mark in CREDENTIAL_PROPERTY_MARKS))
+    if found:
+        raise InvalidSinkConfig(
+            f"{what} holds credentials ({', '.join(found)}), and it is a templated field the UI shows once "
+            "rendered: put them in the sink's connection (Iceberg) or storage_options (file sink), or leave "
+            "them to the executors' environment (instance profile, web identity)"
+        )
+
+
+def check_templated_specs(
+    task_id: object, input_spec: Mapping[str, Any], target_spec: Mapping[str, Any] | None
+) -> None:
+    """The operator's ``input=`` and ``target=`` are rendered and stored by Airflow: no credentials."""
+    for name in ("io_properties", "options"):
+        check_no_credentials(f"task {task_id}: input {name}", dict(input_spec.get(name) or {}))
+    if target_spec is not None:
+        check_no_credentials(f"task {task_id}: target io_properties", dict(target_spec.get("io_properties") or {}))
+
+
+#: s3fs options (top level or in ``client_kwargs``) and the FileIO properties that say the same.
+_S3FS_TO_FILEIO = {
+    "key": "s3.access-key-id",
+    "secret": "s3.secret-access-key",
+    "token": "s3.session-token",
+    "profile": "s3.profile-name",
+    "endpoint_url": "s3.endpoint",
+    "region_name": "s3.region",
+}
+#: botocore ``Config`` settings with a FileIO equivalent; the rest (retries, pool sizes) only tune
+#: the client and are left to pyarrow's defaults.
+_BOTOCORE_TO_FILEIO = {"connect_timeout": "s3.connect-timeout", "read_timeout": "s3.request-timeout"}
+
+
+#: Where a file sink's writer takes FileIO settings the translation cannot give.
+FILE_SINK_FIX = "target=FileSinkTarget(io_properties=...)"
+#: Where a landing directory's reader does.
+INPUT_FIX = "input=FilesInput(io_properties=...)"
+
+
+def file_sink_io_properties(
+    root: str, storage_options: Mapping[str, Any], *, what: str = "file sink root", fix: str = FILE_SINK_FIX
+) -> dict[str, str]:
+    """The FileIO properties (for the Spark executors' pyarrow) equivalent to resolved fsspec
+    ``storage_options`` of ``root`` (a file sink's, for its committer; or a landing directory's, from
+    its connection), so the writer reaches the store as the same principal.
+
+    Only s3fs's options are translated. An option that would change where or as whom the writer
+    connects, and has no FileIO equivalent, is refused rather than dropped: the writer would then
+    reach the store differently from the committer. ``what`` and ``fix`` word the refusal.
+    """
+    scheme = urlparse(root).scheme.lower()
+    if not storage_options or scheme in ("", "file", "local"):
+        return {}  # local options (auto_mkdir...) concern fsspec alone
+    if scheme not in _S3_SCHEMES:
+        raise InvalidSinkConfig(
+            f"{what} {root!r}: storage options are translated for the Spark writer only on S3; give "
+            f"the writer its FileIO settings in {fix} and its credentials through the executors' environment"
+        )
+    properties: dict[str, str] = {}
+    unknown: list[str] = []
+    flat = [(k, v) for k, v in storage_options.items() if k not in ("client_kwargs", "config_kwargs")]
+    flat += [(f"client_kwargs.{k}", v) for k, v in dict(storage_options.get("client_kwargs") or {}).items()]
+    for name, value in flat:
+        short = name.removeprefix("client_kwargs.")
+        if short in _S3FS_TO_FILEIO and value is not None:
+            properties[_S3FS_TO_FILEIO[short]] = str(value)
+        elif name == "anon":
+            properties["s3.anonymous"] = "true" if value else "false"
+        elif not (name == "client_kwargs.verify" and value is True):  # certificate checks are pyarrow's default
+            unknown.append(name)
+    config = dict(storage_options.get("config_kwargs") or {})
+    for name, value in config.items():
+        if name in _BOTOCORE_TO_FILEIO:
+            properties[_BOTOCORE_TO_FILEIO[name]] = str(value)
+        elif name == "s3" and isinstance(value, Mapping) and set(value) <= {"addressing_style"}:
+            properties["s3.force-virtual-addressing"] = (
+                "true" if value.get("addressing_style") == "virtual" else "false"
+            )
+    if unknown:
+        raise InvalidSinkConfig(
+            f"{what} {root!r}: storage options {sorted(unknown)} have no pyiceberg FileIO equivalent for "
+            f"the Spark writer; give it its FileIO settings in {fix}"
+        )
+    return properties
+
+
+def check_target_for(sink: SinkConfig, target: FileSinkTarget | None) -> None:
+    """Refuse, when the DAG is parsed, a sink the epoch writer cannot write as configured."""
+    if isinstance(sink, IcebergSinkConfig):
+        if target is not None:
+            raise InvalidSinkConfig(
+                f"sink {sink.sink_id!r}: an Iceberg sink's target is derived from the sink; do not give target="
+            )
+    elif target is not None and target.root != FileSinkTarget(root=sink.root).root:
+        raise InvalidSinkConfig(
+            f"sink {sink.sink_id!r}: target root {target.root!r} is not the sink's root {sink.root!r}"
+        )
+
+
+def targets_for(sink: SinkConfig, target: FileSinkTarget | None, partition_by: list[str]) -> list[dict[str, Any]]:
+    """The job spec's targets: every table of an Iceberg sink, in the sink's order, with its
+    selection and the connection's catalog properties; or the sink's root (``target`` adds FileIO
+    and Parquet settings for a file sink)."""
+    from airflow_provider_exactly_once.spark.jobspec import IcebergTarget
+
+    check_target_for(sink, target)
+    if isinstance(sink, IcebergSinkConfig):
+        properties = iceberg_catalog_properties(sink.iceberg_conn_id)
+        targets = []
+        for table in sink.tables:
+            selection = sink.select.get(table)
+            # pyiceberg's SQL catalog keys tables by catalog name; IcebergHook names it after the connection.
+            targets.append(
+                IcebergTarget(
+                    catalog_name=sink.iceberg_conn_id,
+                    catalog_properties=properties,
+                    table=table,
+                    where=None if selection is None else selection.where,
+                    query=None if selection is None else selection.query,
+                    branch=sink.branch,
+                    upsert=sink.upsert,
+                ).model_dump(mode="json", exclude_none=True)
+            )
+        return targets
+    assert isinstance(sink, FileSinkConfig)
+    base = target or FileSinkTarget(root=sink.root)
+    update: dict[str, Any] = {
+        # Resolved here, in the task: the storage connection's secret goes into the spec file only.
+        "io_properties": {
+            **file_sink_io_properties(sink.root, resolved_storage_options(sink)),
+            **base.io_properties,
+        }
+    }
+    if partition_by:
+        update["partition_by"] = list(partition_by)
+    return [base.model_copy(update=update).model_dump(mode="json")]
+
+
+#: The arguments the write operator no longer takes, and what an author writes instead.
+_REMOVED_ARGUMENTS = {
+    "sink_id": "give sink=IcebergSinkConfig(...) or sink=FileSinkConfig(...): the sink, given once, names its id",
+    "allow_schema_evolution": "set it on the sink: IcebergSinkConfig(..., allow_schema_evolution=True)",
+}
+
+
+def refuse_removed_arguments(operator: str, kwargs: Mapping[str, Any]) -> None:
+    """A removed spelling refused naming the one that replaced it, not as an unknown argument."""
+    for name, instead in _REMOVED_ARGUMENTS.items():
+        if name in kwargs:
+            raise TypeError(f"{operator}({name}=) was removed: {instead}")
+
+
+def sink_with_target(
+    sink: SinkConfig | Mapping[str, Any], target: object, partition_by: Sequence[str], task_id: object
+) -> SinkConfig:
+    """The sink config, with the file sink's target and partitions checked against it at parse time."""
+    if sink is None:
+        raise InvalidSinkConfig(f"task {task_id}: give sink=IcebergSinkConfig(...) or sink=FileSinkConfig(...)")
+    config = as_sink(sink)
+    if isinstance(config, IcebergSinkConfig) and partition_by:
+        raise InvalidSinkConfig(
+            f"task {task_id}: sink {config.sink_id!r} is an Iceberg sink, partitioned by its table's spec"
+        )
+    file_target = target
+    if isinstance(target, dict) and target.get("kind", "files") == "files":
+        try:
+            file_target = FileSinkTarget.model_validate(target)
+        except ValueError as exc:
+            raise InvalidSinkConfig(f"task {task_id}: invalid file sink target: {exc}") from None
+    if file_target is not None and not isinstance(file_target, FileSinkTarget):
+        raise InvalidSinkConfig(f"task {task_id}: with sink= only a file sink's FileSinkTarget may be given")
+    check_target_for(config, file_target)
+    return config
+
+
+def upstream_settings(
+    task_id: object,
+    input_spec: Mapping[str, Any],
+    target: Mapping[str, Any],
+    meta_conn_id: str | None,
+    sink_id: str,
+    epoch: int,
+    run_id: str,
+) -> dict[str, Any]:
+    """For an incremental input, the job spec's range, reserved now or before
+    (``runtime.run_epochs``), and the upstream's catalog: the input's connection, else the
+    sink's. Nothing for any other input."""
+    if input_spec.get("kind") != "iceberg_table":
+        return {}
+    from airflow_provider_exactly_once.runtime.run_epochs import current_snapshot_of, reserved_range
+    from airflow_provider_exactly_once.spark.author_specs import IcebergTableInput
+
+    source = IcebergTableInput.model_validate(input_spec)
+    if source.catalog_conn_id is not None:
+        name, properties = source.catalog_conn_id, iceberg_catalog_properties(source.catalog_conn_id)
+    elif target.get("kind") == "iceberg":
+        name, properties = str(target["catalog_name"]), dict(target["catalog_properties"])
+    else:
+        raise InvalidSinkConfig(
+            f"task {task_id}: the iceberg_table input {source.table!r} names no catalog_conn_id, and the sink is "
+            "not an Iceberg sink whose catalog it could share: give catalog_conn_id"
+        )
+    store = open_meta_store(meta_conn_id)
+    try:
+        reserved = reserved_range(
+            store,
+            sink_id,
+            epoch,
+            source.table,
+            current_snapshot_of(name, properties, source.table),
+            start_after_snapshot_id=source.start_after_snapshot_id,
+            run_id=run_id,
+        )
+    finally:
+        store.dispose()
+    return {"input_range": reserved.model_dump(), "input_catalog_name": name, "input_catalog_properties": properties}

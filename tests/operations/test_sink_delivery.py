@@ -13,7 +13,7 @@ import pytest
 from airflow_provider_exactly_once.checkpoints.config import MetaStoreCheckpoint
 from airflow_provider_exactly_once.core.delivery import Delivery, EpochDelivery
 from airflow_provider_exactly_once.operations import SinkOperations
-from airflow_provider_exactly_once.operations.sink_delivery import Deliveries, delivery_of
+from airflow_provider_exactly_once.operations.service import Deliveries, delivery_of
 from airflow_provider_exactly_once.sinks.config import FileSinkConfig, IcebergSinkConfig, SinkConfig
 from airflow_provider_exactly_once.sinks.iceberg.table_transactions import SETTING
 from airflow_provider_exactly_once.store import SqlSinkStateStore
@@ -136,7 +136,7 @@ def test_a_one_table_or_file_sinks_answer_imports_no_catalog_library() -> None:
 
     code = """
 import sys
-from airflow_provider_exactly_once.operations.sink_delivery import delivery_of
+from airflow_provider_exactly_once.operations.service import delivery_of
 from airflow_provider_exactly_once.sinks.config import FileSinkConfig, IcebergSinkConfig
 print(delivery_of(IcebergSinkConfig(sink_id="s", tables=("ns.t",))).how.value)
 print(delivery_of(FileSinkConfig(sink_id="f", root="/tmp/f")).how.value)

@@ -27,7 +27,7 @@ from pyspark.errors import PySparkException
 
 from airflow_provider_exactly_once.core.errors import InvalidSinkConfig, SchemaMismatch, SparkUnavailable
 from airflow_provider_exactly_once.core.precommit import PreCommit
-from airflow_provider_exactly_once.operators._spark_connect import connect_settings
+from airflow_provider_exactly_once.operators.spark_precommit import connect_settings
 from airflow_provider_exactly_once.sinks.layout import PRE_COMMIT_FILE
 from airflow_provider_exactly_once.spark import writers
 from airflow_provider_exactly_once.spark.connect_write import connect_session, server_lost, write_through_connect
@@ -326,7 +326,7 @@ def test_an_unreachable_server_fails_the_write_within_the_configured_bound(
 def test_the_connect_retry_bound_refuses_an_absurd_setting_naming_it(
     value: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from airflow_provider_exactly_once.operators._spark_connect import connect_retry_seconds
+    from airflow_provider_exactly_once.operators.spark_precommit import connect_retry_seconds
 
     monkeypatch.setenv("AIRFLOW__EXACTLY_ONCE__SPARK_CONNECT_RETRY_SECONDS", value)
     with pytest.raises(ValueError, match=r"^\[exactly_once\] spark_connect_retry_seconds .* is refused: give a number"):

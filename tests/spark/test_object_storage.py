@@ -403,7 +403,7 @@ def test_credentials_in_a_templated_argument_are_refused_when_the_dag_is_parsed(
 
 def test_storage_options_the_writer_cannot_honour_are_refused() -> None:
     from airflow_provider_exactly_once.core.errors import InvalidSinkConfig
-    from airflow_provider_exactly_once.operators._targets import file_sink_io_properties
+    from airflow_provider_exactly_once.operators.spark_precommit import file_sink_io_properties
 
     options = {
         "key": "k",

@@ -24,9 +24,10 @@ from airflow_provider_exactly_once.operators.spark_precommit import (
     SPARK_SUBMIT_TEMPLATE_FIELDS,
     SparkPreCommitOperator,
 )
+from airflow_provider_exactly_once.sinks.config import FileSinkConfig
 from airflow_provider_exactly_once.version_compat import spark_submit_has_durable
 
-FILES = {"sink_id": "s", "target": {"kind": "files", "root": "/x"}, "input": {"kind": "sql", "query": "select 1"}}
+FILES = {"sink": FileSinkConfig(sink_id="s", root="/x"), "input": {"kind": "sql", "query": "select 1"}}
 
 
 def test_the_installed_providers_parameters_and_templates_are_all_taken() -> None:

@@ -427,7 +427,7 @@ def test_a_sigv4_signed_rest_catalog_connection_commits_an_epoch(
     tasks assemble (``runtime.assembly.coordinator_for``)."""
     from airflow_provider_exactly_once.core.epochs import CheckpointStatus
     from airflow_provider_exactly_once.core.outcomes import CommitOutcome
-    from airflow_provider_exactly_once.operators._targets import iceberg_catalog_properties
+    from airflow_provider_exactly_once.operators.spark_precommit import iceberg_catalog_properties
     from airflow_provider_exactly_once.runtime.assembly import coordinator_for
     from tests.support.object_store import S3Pipeline, seaweed_lake
 
