@@ -1,75 +1,8 @@
-"""The places where pyiceberg 0.12's ``Transaction`` must behave differently for sink commits.
+"""The places where pyiceberg 0.12's ``Transaction`` and ``SqlCatalog`` must behave differently for sink commits.
 
-All rely on private attributes, pinned by ``pyiceberg<0.13`` in pyproject.toml; keeping them in this
-one module means an upgrade has one file to re-check. Each names what upstream has about it (issues
-and pull requests of apache/iceberg-python, ``#n``), or says that nothing was found.
-
-1. ``commit_transaction`` retries a ``CommitFailedException`` itself by rebasing the registered
-   snapshot producers onto the new head (``commit.retry.*`` table properties). That rebase does not
-   look for our marker again, so a concurrent commit of the same epoch would be duplicated
-   (design.md section 5, step 4). ``commit_once`` detaches the producers so the first conflict comes
-   back to the committer, which reloads the table and re-checks the marker. Every commit
-   (``epoch_snapshot.py``, one epoch or several) stages through ``staging`` and commits through
-   ``commit_staged``, which say what a refusal, a conflict and an unknown outcome mean.
-   Upstream: not a bug there; the rebase is the retry loop #3320 added (for #269 and #3319), which
-   re-applies the producers with no hook for a check of the caller's own.
-2. ``Transaction.table_metadata`` re-applies every staged update and deep-copies the whole metadata
-   (every snapshot of the table's history) on each access, and one fast append reads it about sixteen
-   times. A table with a long history then makes every commit, and so recovery of many epochs,
-   cost O(history) many times over. The metadata only changes when an update is staged, so it is
-   cached until then, and only the updates staged since are applied to the cached copy: a batch of
-   epochs stacked in one transaction (``epoch_snapshot.commit_snapshots``) would otherwise re-apply every
-   earlier epoch's snapshot at each new one, quadratic in the batch.
-   Upstream: #2673 (open) reports the cost, which came with #1903; #3302 and #3784 proposed this
-   cache and were closed unmerged.
-3. pyiceberg's ``AssertRefSnapshotId`` refuses any ref but ``main`` on a table without snapshots, so
-   the first commit to a named branch of a new table fails while staging. The Iceberg spec (and Java
-   Iceberg, whose REST servers check the same requirement) only asks that a ref expected absent is
-   absent; a table without snapshots has no refs at all, so the first commit creates the branch, as
-   Flink's committer does. ``_stage`` swaps the requirement for one with the spec's meaning; it
-   serialises identically, so a REST catalog receives the standard requirement. Several snapshots
-   stacked on one branch in one transaction each assert the head before them; only the first
-   assertion per ref is a requirement on the catalog's table (pyiceberg keeps one per requirement
-   type, and the spec-meaning one has a type of its own), the others hold by construction.
-   Upstream: no issue found; it works around ``AssertRefSnapshotId.validate`` refusing every ref
-   but ``main`` while the table has no snapshots.
-4. A fast append writes every added file into one manifest of the table's *default* spec and
-   summarises partitions with it. Iceberg keeps files of older specs, and a write partitioned for
-   the spec of its time must be filed under that spec when the table's spec changed before the
-   commit. ``SpecAwareFastAppend`` writes one manifest per spec, as Java's ``FastAppend`` does.
-   ``SpecAwareOverwrite`` does the same for the replacement of an epoch's write (design.md section 5,
-   step 6): pyiceberg's ``_OverwriteFiles`` removes exactly the files given to ``delete_data_file``
-   (refusing, in ``_validate_required_deletes``, one that is no longer in the table) and adds the
-   new ones, in one snapshot.
-   Upstream: no pyiceberg issue found; Java's ``FastAppend`` learnt it in apache/iceberg#11771.
-5. A snapshot producer lists its parent's manifests by reading the parent's manifest list back from
-   storage. When the parent is the producer staged just before it in the same transaction (a batch
-   of epochs, ``epoch_snapshot.commit_snapshots``), that list was written milliseconds earlier and is still
-   in memory: ``StackedFastAppend`` takes it from there, as the manifest list writer stamped it.
-   Upstream: no issue found; it works around the read-back of a manifest list the same
-   transaction has just written.
-6. pyiceberg's fast append only takes data files and writes their manifest itself. An epoch's
-   manifest is written at persist (``prepared_manifests``), so ``SpecAwareFastAppend.use_prepared``
-   lists it as Java's ``AppendFiles.appendManifest`` does (apache/iceberg#201) with snapshot-id
-   inheritance: the manifest list entry carries the snapshot's id and sequence number.
-   Upstream: no pyiceberg issue found for appending existing manifests.
-7. A revision's manifests are written at persist too (``overwrites``): ``SpecAwareOverwrite``
-   writes them ahead (``write_ahead``, the same entries ``_manifests`` writes, the added files'
-   manifest below the write location), and its commit lists them under the snapshot id they were
-   written for (``use_prepared``): the deleted entries carry it, as the commit's own would.
-   Upstream: none; Java's ``OverwriteFiles`` has no way to list prepared manifests either.
-8. pyiceberg's ``SqlCatalog.commit_table`` moves one table's pointer per database transaction: it
-   makes the table's next metadata (``_update_and_stage_table``), writes it (``_write_metadata``)
-   and swaps its ``iceberg_tables`` row (the ``IcebergTables`` model) with a conditional
-   ``UPDATE ... WHERE metadata_location = <old>`` checked by its row count (``SELECT ... FOR
-   UPDATE`` where the driver counts no rows). ``SqlPointerMoves`` does the same for several tables
-   with one database transaction around every table's swap, so a fan-out is all or none for every
-   reader of the catalog (design.md D18). Where ``commit_table`` loads the table again and checks
-   the requirements on it, the swap here is conditional on the very metadata the transaction was
-   staged on: a table that moved since is a conflict, as a failed requirement is there.
-   ``tests/sinks/iceberg/test_sql_transactions.py`` asserts each of these as pyiceberg has them.
-   Upstream: pyiceberg has no multi-table commit for any catalog (none found); iceberg-go's
-   apache/iceberg-go#925 does this for its SQL catalog.
+Each relies on private attributes, pinned by ``pyiceberg<0.13``; keeping them in this one module
+gives an upgrade one file to re-check. What each patch does, why, and what upstream has about it:
+design.md, "Use, do not rewrite" (the table of pyiceberg 0.12 patches).
 """
 
 from __future__ import annotations
