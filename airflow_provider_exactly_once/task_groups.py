@@ -1,31 +1,9 @@
 """One epoch of one sink as a task group: write -> persist -> wait for checkpoint -> commit, or abort.
 
-    create_table ─┐
-         settled ─┴─► write ──► persist ──► wait ──► commit ──(failed)──► rewrite_1 ──► persist_1 ──► ...
-                        │          │          │                        (upsert sinks only, ``rewrites`` times)
-                        └──────────┴──────────┴──(one failed)──► abort
-
-The group is the whole DAG of an epoch, stated once: the sink, its checkpoint, the meta store and
-the retry and sensor settings are given to it, and it builds every task that needs them, as
-cosmos's ``DbtTaskGroup`` builds a project's tasks from one call. The write is an operator or a
-``@task`` of the author's, or a ``SparkWrite`` the group builds; ``create_table`` (one per declared
-table, ``table=``) and ``settled`` (``wait_until_settled=True``) are built only when asked for.
-
-Every task of the group keeps its failed tries on the epoch (``FailureRecorder``), so the abort
-and every view say which step failed, on which try, with what error (design.md D22).
-
-The abort runs when the write, the persist or the wait failed (a failed or timed-out checkpoint
-fails the wait without retries; any other failure of the wait, a lost worker above all, is retried,
-because an abort while the checkpoint is still pending would drop an epoch that may yet complete).
-A commit failure never leads to an abort: the commit is retried, and once the checkpoint completed
-the coordinator refuses aborts anyway. When the epoch is aborted
-the commit is left ``upstream_failed``, so the DAG run ends failed and the UI shows it; clearing
-the run writes the epoch again with a new write, which re-opens the Aborted epoch.
-
-An upsert sink's commit can meet another writer's change to the files it rewrote
-(``UpsertConflict``), which no retry of the commit can absorb: the group then writes the epoch
-again, up to ``rewrites`` times (``operators.rewrite``). When the commit succeeds those tasks are
-skipped; the run fails only when the last of them fails.
+The group is the whole DAG of an epoch, stated once: given the sink, its checkpoint and the meta
+store, it builds every task that needs them (and, for an upsert sink, the ``rewrites`` chains of
+design.md D14). An aborted epoch leaves the commit ``upstream_failed``, so the run ends failed and
+clearing it writes the epoch again. The tasks, their trigger rules and retries: docs/operators.md.
 """
 
 from __future__ import annotations

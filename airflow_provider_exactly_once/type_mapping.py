@@ -1,32 +1,8 @@
-"""Iceberg's types as Spark's and back, as text, and which goes into which: the one type mapping
-(docs/design.md, "Layers").
+"""Iceberg's types as Spark's and back, as text, and which goes into which: the one type mapping.
 
-Built on the libraries' own conversions where they give the answers the project needs:
-
-* Iceberg to Spark is pyiceberg's ``schema_to_pyarrow`` read by pyspark's ``from_arrow_type`` (a
-  timestamp without zone as ``TIMESTAMP_NTZ``); ``spark_schema`` adds the field ids Spark's Parquet
-  writer and reader take from ``parquet.field.id`` metadata, which the Arrow route drops.
-* A written column's type travels as pyiceberg's own text (``type_text``): the name of a primitive
-  type, the JSON of a nested one, read back by pyiceberg's model (``parse_type``).
-
-Where it departs from them:
-
-* Spark has a type only for the primitives of ``SPARK_TYPES`` and for decimals. pyspark would read
-  ``time`` as its TIME, ``fixed[N]`` as BINARY and the nanosecond timestamps as microsecond ones,
-  and has no type for ``uuid``: files written from any of those would not hold the table's type.
-* Spark to Iceberg (``spark_to_iceberg``) is written out, not taken through Arrow and pyiceberg's
-  Arrow visitor: pyspark has no Arrow type for CHAR and VARCHAR (strings here), makes a VARIANT a
-  struct of binaries, and a refusal must name the nested column. Bytes and shorts are ints (a
-  lossless cast); every field is optional.
-* The Spark DDL a DAG derives at parse (``spark_read_schema``) is rendered from Iceberg's JSON form
-  with ``SPARK_TYPES`` and imports neither library (pyiceberg's types cost a parse 20 ms, pyspark's
-  85): each function imports what it uses, so the committer never imports pyspark either.
-* What goes into what is the project's: a Spark column into an Iceberg one by Spark's cast, which
-  goes by position and is lossless only for ``byte``/``short`` to ``int``, to ``long``, ``float``
-  to ``double`` and a decimal's precision widened (``casts_to``); a written Iceberg type into the
-  table's as readers take it without rewriting data, by name, ``int -> long`` and ``float ->
-  double`` only (``reads_as``). pyiceberg's ``promote`` also reads string as binary and back, and
-  fixed as uuid, which no writer here produces.
+Built on pyiceberg's ``schema_to_pyarrow`` and type model and pyspark's ``from_arrow_type``, each
+imported inside the function that uses it, so a DAG parse pays for neither. Where the project's
+rules depart from them: design.md, "Layers" (column types).
 """
 
 from __future__ import annotations

@@ -1,24 +1,9 @@
 """Incremental inputs: which snapshot range of an upstream Iceberg table each epoch of a sink reads.
 
-An epoch of a sink with an incremental input reads the data the upstream table's appends added
-after the position its sink last committed, up to the upstream snapshot that was current when the
-epoch was first written. That range is *reserved* in the meta store before the write reads it, and
-never changes afterwards: a retry, a clear or a reprocess of the epoch reads it again. The
-reservations of one sink form a chain, one link after the other (``position``), so two epochs can
-never reserve from the same start at once: the store refuses a second link at a position.
-
-The rules, all here (``range_decision``):
-
-- an epoch that has a reservation replays it, unless it was aborted (or never persisted) and a
-  later link exists: that later epoch started where the last *committed* one ended, so it read this
-  epoch's range already, and writing it again would deliver those rows twice;
-- an epoch older than the newest link is refused: the input reads forward only, so a backfill of an
-  interval that was never written cannot read it (a reprocess of a written one replays its range);
-- a new link waits until the newest link's epoch is settled (Committed or Aborted): only then is it
-  known where the next range starts; it starts at the end of the newest *committed* link, so the
-  range of an aborted epoch is read by the next one, never skipped.
-
-Nothing here reads a table or the store: the caller hands in the links and the rows' statuses.
+The range is reserved in the meta store before the write reads it and never changes, so a retry, a
+clear or a reprocess reads the same rows; ``range_decision`` holds the rules, as pure functions of
+the sink's reservations and their epochs' statuses (nothing here reads a table or the store). The
+contract: design.md D21.
 """
 
 from __future__ import annotations

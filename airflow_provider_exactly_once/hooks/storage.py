@@ -1,23 +1,10 @@
 """Object-store credentials from an Airflow connection, read where the files are touched.
 
-A file sink's or checkpoint's config is serialised into the sink registry, XCom, the trigger's
-arguments, the UI and ``eo-sink`` output, so it may only *name* its credentials: ``storage_conn_id``,
-an Airflow connection of type ``aws``. This hook turns that connection into fsspec (s3fs) options in
-the process that opens the filesystem (the task, the triggerer, the recovery run) and nowhere else.
-
-Every task, trigger, recovery run and operations tool that opens a file sink or a checkpoint store
-asks ``resolved_storage_options`` first, so a connection is read in one place, and only where files
-are touched, never while a DAG is parsed; the configs themselves never read one
-(``filesystems.given_storage_options`` refuses to open a store without the credentials its config
-names).
-
-The connection is read the way the Amazon provider reads it, so one connection serves both: login
-and password are the access key id and secret (else the extra's ``aws_access_key_id`` and
-``aws_secret_access_key``), and the extra may hold ``aws_session_token``, ``region_name``,
-``endpoint_url`` (``service_config.s3.endpoint_url`` wins over it), ``verify``, ``profile_name`` and
-``config_kwargs`` (botocore's ``Config``: retries, timeouts, addressing style). A connection without
-keys leaves s3fs on its default credential chain (environment, instance profile). The Amazon
-provider itself is not needed.
+A file sink's or checkpoint's config is serialised into the registry, XCom, the UI and ``eo-sink``
+output, so it only names its ``aws`` connection (``storage_conn_id``); ``resolved_storage_options``
+turns it into s3fs options in the process that opens the filesystem, never while a DAG is parsed.
+The contract: design.md D13; the connection's fields, read as the Amazon provider reads them:
+docs/configuration.md.
 """
 
 from __future__ import annotations

@@ -1,26 +1,10 @@
 """One epoch written through Spark Connect: the task is the client of a long-running server.
 
-The write is the epoch writer's own (``epoch_writer.run``), run in the task's process against a
-Connect session instead of in a ``spark-submit`` driver: the same code, which uses nothing Connect
-lacks (no RDDs, no ``sparkContext``, no JVM gateway; ``spread`` hands lists to the executors). What
-``spark-submit`` pays per epoch (a JVM, a SparkContext, the executors' Python workers) the server
-pays once.
-
+The write is the epoch writer's own (``epoch_writer.run``) against a Connect session, so what
+``spark-submit`` pays per epoch (a JVM, a SparkContext, the Python workers) the server pays once.
 Each write opens a session of its own (``create``, not ``getOrCreate``): two tasks in one worker
-process must not share the input view or the session settings, and stopping it releases what it
-cached on the server. Only the settings below and the author's ``conf`` go into the session's
-configuration, which the server may log (a ``conf`` key only the server can set, such as
-``spark.driver.memory``, is left to it and named in the task's log); the catalog's and the store's properties travel inside the
-tasks' functions, as they do in a ``spark-submit`` job spec.
-
-The server's Python workers import this package (their interpreter is the server's
-``spark.pyspark.python``), and the write location must be reachable from both ends: the server
-writes the files, the task describes a few of them and the commit reads them.
-
-Each call to the server is retried as PySpark retries it, but for a bounded time
-(``[exactly_once] spark_connect_retry_seconds``, a minute): PySpark's own policy waits out an
-unreachable server for ten minutes and more. A server that never answered, or refused the
-credentials, is said as such, with its address, before anything is written.
+process must not share the input view or the session settings. The contract: design.md, "Use, do
+not rewrite" (Spark Connect); what the server must offer: docs/deployment.md.
 """
 
 from __future__ import annotations

@@ -1,24 +1,9 @@
 """Who may read and act on the sink-state view: Airflow's own auth manager decides, per DAG.
 
-The view adds no user model of its own. The caller is resolved by Airflow's ``get_user`` (the JWT
-from the ``Authorization: Bearer`` header, else the ``_token`` cookie the Airflow UI sets), and every
-decision is the configured auth manager's: reading an epoch is reading the DAG that wrote it, acting
-on it (abort, commit, clean-up) is editing that DAG. An epoch written outside any DAG (no ``dag_id``
-on its row) needs the same access to DAGs in general.
-
-A user who may read every DAG reads everything. For any other user, the DAG ids they may read are
-asked of the auth manager once per request (``get_authorized_dag_ids``, as Airflow's own list
-endpoints ask it) and become part of the meta-store query: a page is full of epochs they may read,
-and nothing, neither a short page nor a status code, tells them how many others exist. An epoch they
-may not read gets the very answer a missing one gets. What another DAG that wrote the same sink left
-in an epoch they may read (its runs' events, a warning naming it) is shown as "another DAG": the
-operations service redacts every view it returns for those DAG ids (``operations.views.Redaction``).
-
-Actions are POSTs that change the meta store and the sink, and the UI authenticates them with a
-cookie, so they must not be forgeable by another site: the cookie is ``SameSite=Lax`` (Airflow sets
-it), the body must be JSON (a cross-site form cannot send that without a CORS preflight, which this
-app never answers), and a request whose ``Origin`` or ``Sec-Fetch-Site`` says it came from elsewhere
-is refused.
+The view adds no user model of its own: reading an epoch is reading the DAG that wrote it, acting on
+it is editing that DAG, and an epoch a user may not read answers as a missing one does. Actions are
+cookie-authenticated POSTs, so they must be JSON and come from the same site. The rules, redaction
+of another DAG's traces included: docs/ui.md and design.md D7.
 """
 
 from __future__ import annotations

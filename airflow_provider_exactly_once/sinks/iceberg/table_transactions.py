@@ -1,33 +1,9 @@
 """Several tables' snapshots in one catalog transaction: a SQL catalog's database transaction, or the
 REST protocol's ``transactions/commit``.
 
-A fan-out epoch writes several tables. Committed one after the other, a reader joining them sees the
-epoch in one and not yet in the other between the two commits, and for as long as a crash leaves the
-rest to recovery. Two catalogs here can move several tables at once:
-
-- a pyiceberg ``SqlCatalog`` (SQLite, PostgreSQL): every table's new metadata file is written, then
-  one database transaction swaps every table's ``iceberg_tables`` row, each on the condition that it
-  still names the metadata the table was staged on (``transaction.SqlPointerMoves``, on pyiceberg's
-  private helpers, fenced there). Every reader that goes through the catalog (pyiceberg, Spark's,
-  Trino's and DuckDB's JDBC/SQL catalogs read the same rows) sees the epoch in every table or in none.
-- a REST catalog that applies ``POST /v1/{prefix}/transactions/commit`` all or none. pyiceberg 0.12
-  has no client method for it, but each table's part is the ``CommitTableRequest`` its own
-  ``commit_table`` sends (``SinkTransaction.commit_request``), so the request is made here with the
-  catalog's own HTTP session and URL, and the endpoints it learnt from ``/v1/config``: private
-  attributes of pyiceberg's ``RestCatalog``, pinned by ``pyiceberg<0.13`` as ``transaction.py``'s
-  are. It is taken where ``/v1/config`` lists the route, or where the connection sets the catalog
-  property ``exactly-once.multi-table-commit`` to ``true``. Asked for and refused (404 other than a
-  missing table's, 405 or 501: nothing applied), the committer commits table by table from then on.
-  SeaweedFS serves the route without listing it, and is left table by table: it checks every
-  table's requirements before writing anything, but then moves the tables' pointers one after the
-  other (its ``weed/s3api/iceberg/handlers_transaction.go`` says so: "not crash-atomic"), so a reader
-  can see a fan-out in some tables only, for the moment between two moves (the tests reproduce it),
-  or for good if the server dies between them.
-
-``exactly-once.multi-table-commit: false`` keeps any catalog table by table; Glue and other
-catalogs always are (design.md section 5, D18). The epoch views show the same decision, with its
-reason, per sink (``TableTransactions.delivery``): an operator reading a fan-out's tables must know
-whether one can hold an epoch the other does not yet.
+So a reader joining a fan-out's tables never sees an epoch in one and not yet in the other. Which
+catalogs qualify, how the REST request is made on pyiceberg's private ``RestCatalog`` attributes, and
+why SeaweedFS stays table by table: design.md D18.
 """
 
 from __future__ import annotations
