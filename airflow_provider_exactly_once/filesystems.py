@@ -1,20 +1,11 @@
 """What the file-based checkpoint sources and the file sink share: path templates, strict and
-cache-free look-ups, the rules that keep storage secrets out of serialised configs, and the base of
-the sink and checkpoint configs (``ConfigModel``).
+cache-free look-ups, secrets kept out of serialised configs, and the configs' base (``ConfigModel``).
 
-It imports no Airflow: a config's ``storage_conn_id`` is resolved into fsspec options by the
-storage hook (``hooks.storage.resolved_storage_options``), and the sources and committers here below
-are handed the result.
-
-Two things matter for a checkpoint read that ``fs.exists`` gets wrong:
-
-* an unreachable store must be an error, not "absent": ``exists`` swallows every exception, and
-  a sensor reading PENDING where the truth is COMPLETED merely waits, but one reading "no
-  ``_FAILED``" during an outage could let a commit through. s3fs reports a refused connection as
-  botocore's ``EndpointConnectionError``, which is no ``OSError``, so ``store_errors()`` names those
-  too;
-* object-store filesystems cache listings, and a poller must never keep seeing the old answer, so
-  every look-up invalidates the cache for its path first.
+It imports no Airflow; the storage hook resolves a config's ``storage_conn_id`` (design.md D13).
+The trap it avoids: ``fs.exists`` swallows every exception and object-store filesystems cache
+listings, so an outage could read as "no ``_FAILED``" and let a commit through, and a poller could
+keep seeing an old answer; ``store_errors()`` also names botocore's ``EndpointConnectionError``
+(no ``OSError``), and every look-up invalidates the cache for its path first.
 """
 
 from __future__ import annotations

@@ -1,21 +1,9 @@
 """``eo-sink``: look at the exactly-once sinks and act on their epochs from a shell.
 
-A thin shell over ``operations.SinkOperations``, the service the Airflow UI's sink view calls too:
-every action goes through the sink's coordinator, under the same invariants as the DAG's tasks.
-
-Exit codes: 0 done (or, with ``--dry-run``, it would be done); 1 a refusal or a failure, with the
-message on stderr naming the sink and epoch; 2 bad usage (argparse's own convention); 3 busy: another
-recovery held a sink's lock, so nothing was done to that sink (the others were acted on) and running
-the same command later will do it. A scheduled ``gc`` or ``recover`` can retry on 3 and page on 1.
-141 (128 + SIGPIPE, as a shell reports for any tool its reader left): the output's reader went away
-before its end (``eo-sink epochs | head``); nothing more is printed.
-
-Everything the tool prints, its usage errors and every log line of the process included, has its
-secrets masked; what it prints to the terminal has control characters escaped (``core.errors``): a
-path, an error or an abort reason read from the meta store can neither leak a password nor drive the
-terminal. An argument a message echoes is cut to a bounded prefix (``cli.parser.bounded``): a
-pasted 100 kB id or URL is named, not printed back. Logs go to stderr, never into a table or JSON on stdout, and only warnings and errors unless
-``-v``.
+A thin shell over ``operations.SinkOperations``, the service the UI's sink view calls too, so every
+action goes through the sink's coordinator under the same invariants as the DAG's tasks. Everything
+it prints has its secrets masked and control characters escaped (``core.errors``), and an echoed
+argument is cut to a bounded prefix. Commands and exit codes: docs/cli.md; the connection: design.md D20.
 """
 
 from __future__ import annotations

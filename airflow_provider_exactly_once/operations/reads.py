@@ -1,21 +1,10 @@
 """What an operator can see of the sinks and their epochs: the reads both ``eo-sink`` and the UI call.
 
-Reads are the store's indexed queries (``store/queries.py``), paginated. A caller that may read
-only some DAGs passes their ids as ``dag_ids``: the filter is part of the query, so a page holds
-``limit`` rows the caller may read (never a short page with hidden rows counted out of it), and a
-sink's counts are of those rows only; what another DAG left in an epoch they may read is redacted
-(``views.Redaction``). ``dag_ids=None`` reads everything, epochs written outside any DAG run included.
-
-A row whose stored write does not parse is shown as unreadable, with why (``EpochView.unreadable``),
-in a listing and on its own: it never breaks a page.
-
-An epoch is also one without a row: an incremental epoch that reserved its range and whose write
-never persisted is listed and shown as ``RESERVED`` (its reservation, its run, its failures), and
-one whose only trace is a failed task's event in its history is shown as ``UNPERSISTED``. The
-run (and so the DAG) of such an epoch is the one its failures name, else that of the sink's epoch
-before it in the chain of reservations: a reservation keeps its run id only.
-
-Every location and message in what is returned has its credentials masked (``core.errors``).
+Reads are the store's indexed queries, paginated, with a caller's readable DAGs (``dag_ids``) part of
+the query, so a page never hides rows it counted; a row whose write does not parse is shown as
+unreadable, never breaking a page, and an epoch without a row (``RESERVED``, ``UNPERSISTED``) is shown
+from its reservation or its failures. Every location and message returned is masked (``core.errors``).
+What the views show: docs/ui.md and docs/cli.md.
 """
 
 from __future__ import annotations

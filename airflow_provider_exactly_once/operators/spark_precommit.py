@@ -1,22 +1,11 @@
-"""The write step of an epoch: ``spark-submit`` of the epoch writer (or a Spark Connect client, when
-the Spark connection is of type ``spark_connect``), pre-commit metadata to XCom; with what it derives
-when the task runs: the Spark write's targets from the sink config, the Connect settings, and whether
-this worker can run ``spark-submit`` at all (design.md D17, "Layers").
+"""The write step of an epoch: ``spark-submit`` of the epoch writer (or a Spark Connect client), its
+pre-commit metadata to XCom, and what the write derives when its task runs (targets, Connect
+settings, whether this worker can run ``spark-submit``).
 
-Thin on purpose: it derives what the Spark application cannot know (the epoch from the run's data
-interval, a fresh write id per try, where to put the result), submits through the Spark provider's
-own ``SparkSubmitOperator`` (connection handling, kill on task kill, cluster tracking), and returns
-the validated pre-commit metadata.
-
-It runs that operator inside its task rather than subclassing it: the dag-processor imports every
-DAG file's operators at every parse, and importing the Spark provider's operator costs about 0.4 s
-(it loads OpenLineage's Spark integration), twenty times what the rest of the package adds. The
-operator takes the same Spark parameters, templated the same way, and hands them over when it runs.
-
-Every try gets a new ``write_id`` and so a new write location: a retry never touches the files of an
-earlier try, which may still be read by a zombie or already be persisted. For the same reason
-``durable`` defaults to False: re-attaching a retry to the previous try's driver would return a
-write the retry did not make.
+It runs the Spark provider's ``SparkSubmitOperator`` inside its task rather than subclassing it, so
+a DAG parse does not pay that import (design.md, "Use, do not rewrite"). Every try gets a new
+``write_id`` and so a new write location, and ``durable`` defaults to False: a retry never touches,
+nor re-attaches to, an earlier try's write. The contract: design.md D17.
 """
 
 from __future__ import annotations

@@ -1,22 +1,8 @@
-"""Exactly-once commits into a plain file directory (design.md section 6).
+"""Exactly-once commits into a plain file directory.
 
-Writers put an epoch's files under ``<root>/_staging/<write_id>/``, which readers skip (Spark, Hive
-and ``pyarrow.dataset`` ignore ``_``-prefixed names). Commit moves every staged file to a final name
-that is a pure function of the persisted pre-commit metadata::
-
-    <root>/<k1=v1/k2=v2/...>/<epoch>-<writer>-<n>.<ext>
-
-so every retry, and every concurrent committer, computes the same names. A final name that exists is
-the proof that its move happened; that is all recovery needs to decide an epoch:
-
-* every final name present: the epoch is visible (``find_committed`` says so, recovery truncates);
-* none present: nothing is visible, the epoch can be committed again or aborted (rewind);
-* some present: a commit crashed half way; ``commit`` finishes the moves, ``delete_write`` refuses.
-
-There is no snapshot and no marker in the files themselves, so the committer writes one small file,
-``<staging>/_COMMIT_STARTED``, before its first move. It lets ``delete_write`` tell "this write's
-commit has begun" (refuse) from "another write of the same epoch owns these final names" (the
-write being deleted was replaced, so its staging can go).
+Staged files move to final names that are a pure function of the persisted metadata, so a final
+name that exists proves its move, and a ``_COMMIT_STARTED`` file lets ``delete_write`` tell this
+write's begun commit from another write's. The contract: design.md, "The file-sink commit" and D8.
 """
 
 from __future__ import annotations

@@ -1,23 +1,8 @@
 """Fitting a DataFrame to an Iceberg table's schema before a single byte is written.
 
 Everything here decides from the two schemas alone (a Spark ``StructType`` and a pyiceberg
-``Schema``), so a refusal costs no Spark job and the rules are testable without a session. Every
-fault is collected and reported at once, naming the column, because a person fixing a pipeline
-should not discover mismatches one ``spark-submit`` at a time.
-
-Rules:
-
-* columns are matched by exact name (Iceberg names are case-sensitive; a match that only ignores
-  case is reported, never guessed);
-* types must be equal or a lossless cast (``type_mapping.casts_to``); anything else is refused;
-* a missing optional column is written as nulls, a missing required column is refused, and a
-  nullable Spark column going into a required top-level column is checked row by row on the
-  executors (Spark's nullability flag is too coarse to decide it here);
-* nested types must have the table's field names in the table's order (``casts_to``): Spark casts
-  structs by position, so anything else would silently swap values;
-* extra columns are refused unless schema evolution is allowed; then they become optional added
-  columns (primitive types only, because their type travels as a string the commit must parse),
-  with the field ids the commit's ``UpdateSchema.add_column`` will assign, in the listed order.
+``Schema``), so a refusal costs no Spark job and the rules are testable without a session; every
+fault is reported at once, naming its column. The rules: design.md, "Layers" (column types).
 """
 
 from __future__ import annotations

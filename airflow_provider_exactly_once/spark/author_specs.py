@@ -1,21 +1,12 @@
 """The parts of an epoch's job spec a DAG author writes: where the epoch's rows come from
-(``FilesInput``, ``TableInput``, ``SqlInput``, ``FunctionInput``, ``IcebergTableInput``) and a file sink's target.
+(``FilesInput``, ``TableInput``, ``SqlInput``, ``FunctionInput``, ``IcebergTableInput``) and a file
+sink's target.
 
-They are kept apart from ``jobspec`` because every DAG file that names one imports this module at
-every parse by the dag-processor: pydantic builds each model's validator only when the model is
-first used (``defer_build``), so declaring them costs little and the job spec's own models, the
-upsert settings among them, load only in the task.
-
-Input selection rule for landing directories (``FilesInput``): the path template is expanded with
-Python's ``str.format`` at the instants ``start, start + step, ...`` strictly before ``end`` (only at
-``start`` when no step is given), with the names ``start`` (that instant, a UTC ``datetime``),
-``interval_start``, ``interval_end`` and ``epoch``. Each expansion is a Hadoop path or glob (an
-fsspec glob on an object store, ``s3://...``, where ``{a,b}`` alternatives are not understood); a
-directory contributes the files directly inside it, a file itself. Names starting with ``_`` or
-``.`` (``_SUCCESS``, ``.crc``, in-progress uploads) are skipped. An expansion that matches nothing
-contributes nothing, so an interval whose directories are absent or empty is an empty epoch, not an
-error. Modification times are deliberately not used: they change when files are copied or restored,
-so the same interval could select different files on a rerun.
+Kept apart from ``jobspec`` because every DAG file that names one imports this module at each parse;
+the job spec's own models load only in the task. ``FilesInput``'s rule (docs/operators.md) beyond
+what the author reads: each expansion is a Hadoop path or glob (an fsspec glob on an object store,
+where ``{a,b}`` is not understood), a directory gives the files directly inside it, and modification
+times are never used, since a copy or a restore changes them and a rerun would select other files.
 """
 
 from __future__ import annotations

@@ -1,23 +1,10 @@
 """An append's manifest written at persist, so that its commit only lists it.
 
-Writing a manifest is most of a fast append's cost (pyiceberg's Avro writer is pure Python, one
-entry per data file), and in the commit it sits inside the window where the catalog is contended
-and a crash leaves the epoch to recovery. Flink's ``IcebergFilesCommitter`` writes its checkpoint's
-data files into a manifest at ``snapshotState`` and only adds that manifest at
-``notifyCheckpointComplete``; persist is our ``snapshotState``: the write is known and durable, and
-its checkpoint has not completed yet.
-
-The manifest's entries leave their snapshot id and sequence numbers unset, which format version 2
-allows: readers inherit them from the manifest list entry, which the commit writes with its own
-snapshot id (pyiceberg's ``ManifestListWriterV2`` assigns the sequence number). The snapshot
-summary's properties for the added files are computed at persist too, so the commit does no work per
-data file. A prepared snapshot is only used while the table still has the schema and the
-partition-summary limit it was prepared against, and while its manifest is there with the length
-recorded; otherwise the commit builds its own as before, and the prepared manifest, referenced by no
-snapshot, is deleted with the write's other unused ones (``tidy``).
-
-Manifests lie below the write location, in a folder of the write's own (``manifest_folder``), so
-everything that deletes a write's files (abort, replacement, orphan collection) deletes them too.
+Writing a manifest is most of a fast append's cost (pyiceberg's Avro writer is pure Python), and in
+the commit it sits inside the window where the catalog is contended; persist is Flink's
+``snapshotState``: the write is known and durable, its checkpoint not yet complete. The manifests lie
+in a folder of the write's own (``manifest_folder``), so whatever deletes a write's files deletes
+them too. The contract: design.md D16.
 """
 
 from __future__ import annotations
