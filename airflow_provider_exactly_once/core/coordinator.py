@@ -1,18 +1,10 @@
 """The two-phase-commit coordinator: the whole life of one epoch in the order it happens, carrying out
-the decisions of ``core/decisions.py`` over the ports (design.md, "Layers", and D1).
+the decisions of ``core/decisions.py`` over the ports.
 
-    write (Spark) ──► persist ──► checkpoint COMPLETED? ──► decide commit ──► commit ──► mark Committed
-                          │                │
-                          │                └── FAILED (or given up) ──► mark Aborted ──► delete the write's files
-                          └── a later write for the same epoch: replaces a Pending one (the old files are
-                              cleaned), or is cleaned itself when the epoch is already decided or committed
-
-Also here, because only the coordinator runs them: what it keeps on a row besides the status (the
-last error, a warning), the metrics port it reports through (``Metrics``, adapted by
-``observability.assets``; a failing backend never decides an epoch), the recovery pass over a sink's
-Pending epochs with its batches of appends (design.md D15), and the writes that can never commit as
-written (files lost, an upsert whose table moved: design.md D14). The operators, the recovery DAG
-and the CLI only call these methods.
+Also here because only the coordinator runs them: what it keeps on a row besides the status, the
+metrics port (a failing backend never decides an epoch), the recovery pass with its batches (D15)
+and the writes that can never commit as written (D14). The operators, the recovery DAG and the CLI
+only call these methods. The contract: design.md, "The seven invariants", "Layers" and D1.
 """
 
 from __future__ import annotations

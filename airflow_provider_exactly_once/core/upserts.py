@@ -1,19 +1,9 @@
-"""Upsert sinks: what an epoch of changes is, and how its rows are read (design.md section 5, step 7).
+"""Upsert sinks: what an epoch of changes is, and how its rows are read.
 
-An upsert sink's epoch is a set of *changes* keyed by the table's primary key (``key``): each input
-row inserts or updates the row of its key, or deletes it when its operation column says so. The
-epoch is applied copy-on-write by its Spark write (``spark.upsert``): the data files of the table
-that hold any of the epoch's keys are rewritten without those keys, the changed rows are written
-as new files, and the commit is one overwrite snapshot.
-
-The rule for two changes of one key in one epoch: with ``order_by``, the change with the greatest
-value of that column wins (a tie is refused: the winner would depend on how Spark split the input);
-without it, two changes of one key refuse the epoch before anything is written. CDC feeds carry a
-sequence number or a commit timestamp that makes the order explicit; silently taking "the last
-one" of an unordered input would pick a different row on every retry.
-
-No Spark and no pyiceberg here: the operator validates a sink's settings on an Airflow worker, the
-Spark job applies them, and the commit only reads the counts and files a write recorded.
+Two changes of one key in one epoch need ``order_by`` (the greatest wins, a tie is refused): taking
+"the last one" of an unordered input would pick a different row on every retry. No Spark and no
+pyiceberg here, so an Airflow worker validates the settings the Spark job applies. The contract:
+design.md D14 and "The Iceberg commit", step 7.
 """
 
 from __future__ import annotations

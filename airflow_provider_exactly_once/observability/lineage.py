@@ -1,19 +1,9 @@
 """OpenLineage datasets of an epoch's write and commit, built from the pre-commit metadata.
 
-Naming follows OpenLineage's Spark integration for Iceberg, so the datasets join with what a Spark
-job instrumented by OpenLineage reports: an Iceberg table is identified *physically*, by its
-location (namespace ``file`` or ``<scheme>://<bucket>``, name the path, as the naming spec's
-file-system rule says), with a ``symlinks`` facet of type ``TABLE`` naming it logically in its
-catalog: namespace ``iceberg://<catalog>`` (the catalog's name, which for a commit task is the
-Iceberg connection id; the same authority as the ``iceberg://`` Asset URI), name
-``<namespace>.<table>``. When the table cannot be loaded (catalog unreachable at lineage time), the
-logical identity is used as the dataset's own.
-
-The statistics are those of the write (rows, bytes, files summed over the data-file descriptors),
-which for a commit are exactly what became visible: one snapshot adds exactly the write's files.
-
-OpenLineage classes are imported inside the functions: the provider is optional at run time and
-importing it costs time in every task process that never emits lineage.
+Named as OpenLineage's Spark integration names Iceberg tables (physically by location, with a
+``symlinks`` facet naming the catalog table), so the datasets join with what an instrumented Spark
+job reports; the naming: docs/observability.md. OpenLineage is imported inside the functions: it is
+optional, and importing it costs every task process that never emits lineage.
 """
 
 from __future__ import annotations

@@ -1,17 +1,10 @@
 """What a person operating Airflow can do to the sinks: one service for the CLI and the UI.
 
-The reads it inherits are in ``reads.py``; each sink's delivery (whether its epochs are atomic across
-its tables) is asked here too, kept a minute per sink (``Deliveries``). Every action goes through
-the sink's coordinator, rebuilt from the sink registry exactly as the recovery DAG rebuilds it (``gc``
-through recovery's own orphan removal, with the sink opened as recovery opens it), so
-an operator's abort, commit or clean-up runs under the same invariants as the DAG's own tasks: an
-abort is refused once the checkpoint completed (unless forced) and always once a commit was decided,
-a commit waits for the checkpoint, a delete happens only where the committer proves nothing is
-referenced. Refusals are the core's ``ExactlyOnceError`` subclasses with their own messages; the UI
-maps them to HTTP statuses and the CLI to exit codes.
-
-A dry run reads the row, the checkpoint and the queued clean-ups, says what the action would do, and
-writes nothing; it raises the refusal the action itself would raise.
+Every action goes through the sink's coordinator, rebuilt from the sink registry as the recovery DAG
+rebuilds it, so an operator's abort, commit or clean-up runs under the invariants of the DAG's own
+tasks; a dry run says what the action would do and raises its refusal, writing nothing. Reads are
+in ``reads.py``; a sink's delivery is kept a minute (``Deliveries``). The contract: design.md,
+"The seven invariants" and D18 (delivery); the actions: docs/operations.md.
 """
 
 from __future__ import annotations

@@ -1,19 +1,10 @@
 """Runs that will never finish: an unsettled epoch whose DAG run Airflow still calls running.
 
-A killed ``airflow dags test`` (it has no scheduler to notice) or a worker lost where nothing fails
-its tasks leaves the run ``running`` in Airflow's database for good: its epoch stays Pending, or,
-for an incremental input, Reserved; with ``max_active_runs`` reached the scheduler creates no other
-run of the DAG and says nothing; the next epoch of an incremental or upsert sink waits for it.
-``eo-sink status`` and the sink page name such a run and say how to fail it (``StaleRunView``).
-
-A candidate is a sink's unsettled epoch (a Pending row, a reservation without a row) untouched for
-longer than ``[exactly_once] stale_run_minutes``; its run is stale when Airflow has it ``running``
-and no task of it is alive (queued, scheduled, deferred, awaiting input, up for retry or
-reschedule, restarting, or running with a heartbeat within the threshold) nor did anything (a
-start, an end, a heartbeat, an update) within the threshold. Airflow's database is asked here
-only, by the UI inside the API server and by ``eo-sink``, which imports Airflow for it only when
-there is a candidate; a database that cannot be asked is said (``RunCheck.not_checked``), never an
-error of the view.
+A killed ``airflow dags test`` or a lost worker can leave a run ``running`` for good, its epoch
+unsettled and, with ``max_active_runs`` reached, the DAG silently stuck; ``eo-sink status`` and the
+sink page name such a run and how to fail it (``StaleRunView``). Airflow's database is asked here
+only, and only when there is a candidate; one that cannot be asked is said, never an error. The
+criteria: docs/cli.md, "Runs that will never finish".
 """
 
 from __future__ import annotations

@@ -1,20 +1,9 @@
 """Where each kind of sink keeps a write's files until the write is committed or given up, the
 pre-commit file a finished write leaves there, and locations compared across their spellings.
 
-Three parties must agree on it: the Spark writer puts the files there, the committer commits or
-deletes them, and the orphan scan (``write_locations.py``) lists the folders to find writes nobody
-answers for. They all ask this module, which imports nothing heavy at its top, so the Spark side
-needs no committer and a DAG parse no pyarrow.
-
-- Iceberg: ``<data root>/_eo/<write_id>/``, inside the table's data root (``write.data.path``, else
-  ``<table location>/data``). Committed files stay where they were written; the table's manifests
-  point at them.
-- File sink: ``<root>/_staging/<write_id>/``; the commit moves the files out to their final names.
-  The leading underscore keeps Spark, Hive and Trino readers of the directory out of it.
-
-A finished write leaves its pre-commit in its first target's location (``PRE_COMMIT_FILE``): where
-the write task returned none (a Spark operator that is not ours, a driver whose local files the
-task cannot see), persist takes it from there (``core/cleanups.py``).
+The Spark writer, the committers and the orphan scan all ask this module, so they cannot disagree;
+it imports nothing heavy at its top, so the Spark side needs no committer and a DAG parse no pyarrow.
+The contract: design.md, "Layers" (write locations), and D17 for the pre-commit file.
 """
 
 from __future__ import annotations

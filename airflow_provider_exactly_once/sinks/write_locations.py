@@ -1,19 +1,9 @@
-"""A sink's write locations as they are on storage, with the age of their files: what the orphan
-scan lists (``core/cleanups.py`` decides which of them are orphans). Each kind of sink has its
-listing, handed out by its config on its committer's own catalog or file system
-(``write_folders`` of ``sinks/config.py``), so a scan opens nothing of its own.
+"""A sink's write locations as they are on storage, with the age of their files: what the orphan scan
+lists (``core/cleanups.py`` decides which are orphans), and an Iceberg sink's stray metadata files.
 
-Every kind of sink keeps a write's files in a folder of its own until the write is committed or
-given up (``sinks/layout.py``): an Iceberg table's ``<data root>/_eo/<write_id>/``, a file sink's
-``<root>/_staging/<write_id>/``. Listing them costs one listing of the write-location folders per
-target; the files below a location are listed only when its age is asked.
-
-An Iceberg sink's listing also finds its tables' stray metadata files (``core.cleanups.StrayFiles``,
-``IcebergWriteFolders.stray_files``), which ``eo-sink gc`` removes.
-
-On an object store the "folders" are key prefixes: the listing of ``_eo/`` is one delimited prefix
-listing, a write location whose objects are all gone is simply absent from it, and a location is
-dated by the objects below it, never by a directory's own time (there is none).
+Each listing runs on its committer's own catalog or file system, so a scan opens nothing of its own,
+and costs one listing of the write-location folders per target. On an object store a location is a
+key prefix, dated by the objects below it (there is no directory time). The contract: design.md D9.
 """
 
 from __future__ import annotations

@@ -1,17 +1,11 @@
-"""The PySpark application ``spark-submit`` runs for one epoch, the first phase of the commit
-(design.md section 8): it resolves each target, an Iceberg table or a file sink's staging area, to
-the few facts the write needs, reads the input once, fits it to every target before any write,
-writes the files and leaves the pre-commit (``sinks.layout.PRE_COMMIT_FILE``). It makes nothing
-visible; ``write_epoch`` is the same write for a PySpark job of one's own.
+"""The PySpark application ``spark-submit`` runs for one epoch, the first phase of the commit: it reads
+the input once, fits it to every target, writes the files and leaves the pre-commit, making nothing
+visible (design.md D17); ``write_epoch`` is the same write for a PySpark job of one's own.
 
-Usage: ``spark-submit .../epoch_writer.py <job spec JSON, or path of a file holding it>``.
-
-Exit status: 0 with the metadata written; 1 on a failed write, with one line starting with
-``ERROR_PREFIX`` on stderr (spark-submit forwards it to its stdout) and the same text in
-``<output_path>.error``, when given (the operator raises it); 2 for a spec that cannot be read. A
-failed write deletes what it wrote in every target, best effort: whatever is left is an orphan
-recovery removes. Object stores are reached through pyiceberg's FileIO (``file_io``), configured
-from the spec, the one place those credentials are: nothing here logs it or its properties.
+Usage: ``spark-submit .../epoch_writer.py <job spec JSON, or path of a file holding it>``. Exit 0
+with the metadata written; 2 for an unreadable spec; 1 on a failed write, which deletes what it wrote
+(best effort: the rest is an orphan recovery removes), with one ``ERROR_PREFIX`` line on stderr and
+the same text in ``<output_path>.error`` when given. Credentials: the spec's alone (design.md D13).
 """
 
 from __future__ import annotations

@@ -1,18 +1,8 @@
 """The sink page's picture of its newest epochs, read at a glance as Airflow's grid view is.
 
-One column per epoch, in epoch order (the order the coordinator commits them in), oldest on the
-left, as narrow as 500 epochs need. Whatever an epoch shows lies inside its own column, so no mark
-can hide another's, for 1 epoch or for 500, over an hour or over two years. In a column, from the
-top: a bar as high as the time from persist to commit decision (square root: a few slow commits do
-not flatten the rest), hollow amber for a Pending epoch (its age so far), red to the top for an
-Aborted one; then three lanes: its status (the table's colours), its revision (a later one taller and
-darker, numbered when the column is wide enough, a gap between neighbours), and the warning it
-keeps (a reprocess refused or kept out). Under them, the dates of the interval starts at a few
-boundaries. Hovering a column gives its date, id and outcome with the cause as the row has it (the
-abort reason or last error, the warning); clicking opens the epoch.
-
-An SVG drawn here from the page's own rows (no query of its own, no front-end library), so it is as
-fresh as the table under it and as testable as any HTML; every text in it is escaped.
+An SVG drawn from the page's own rows (no query, no front-end library), so it is as fresh as the
+table under it and as testable as any HTML; every text in it is escaped. One column per epoch keeps
+every mark of an epoch inside its own column, for 1 epoch or 500. What it shows: docs/ui.md.
 """
 
 from __future__ import annotations

@@ -1,17 +1,11 @@
-"""Exactly-once commits into Apache Iceberg tables through pyiceberg (design.md section 5).
+"""Exactly-once commits into Apache Iceberg tables through pyiceberg (design.md, "The Iceberg commit").
 
-``committer`` is the sink's ``SinkCommitter``; ``write_check`` says whether a write can be committed;
-``epoch_snapshot``, ``prepared_manifests``, ``overwrites`` and ``table_transactions`` stage and commit
-its snapshots, ``transaction`` adapts pyiceberg's ``Transaction`` for them; ``markers`` reads back
-what a table's snapshots prove; ``descriptors`` and ``data_files`` describe written files on the
-executors and turn the descriptions into ``DataFile`` objects; ``catalog_access`` loads tables and
-touches their files.
-
-Every name is resolved on first use (PEP 562). The Spark executors' Python workers import
-``descriptors`` through this package, and each worker is a new process (on Spark Connect, every
-session starts its own): they need pyarrow's Parquet reader and pyiceberg's pyarrow module, not the
-committer's catalog access and SQLAlchemy (about 0.2 s of each worker's start). A persist or commit
-task, the other way round, needs the committer and not the descriptions (about 0.25 s).
+``committer`` is the sink's ``SinkCommitter``; ``write_check``, ``epoch_snapshot``,
+``prepared_manifests``, ``overwrites``, ``table_transactions`` and ``transaction`` check, stage and
+commit; ``markers`` reads back; ``descriptors`` and ``data_files`` describe written files;
+``catalog_access`` loads tables. Names resolve on first use (PEP 562): a Spark executor's worker
+needs ``descriptors`` without the committer's catalog and SQLAlchemy (about 0.2 s of its start), a
+commit task the committer without the descriptions (about 0.25 s).
 """
 
 from importlib import import_module
