@@ -1,12 +1,8 @@
 """Declare a sink's Iceberg table from a schema: load it, create it only when it is missing.
 
-pyiceberg's ``create_table_if_not_exists`` creates first and loads on ``TableAlreadyExistsError``,
-and creating writes the new table's first metadata file before the catalog refuses the name: a
-task that "creates the table if needed" on every run leaves one stray ``00000-*.metadata.json``
-in the table's metadata folder per run. Loading first costs one catalog call and writes nothing,
-so repeated runs leave the folder as the first run left it. Only two runs racing to create a
-missing table can still leave the loser's one file (the catalog decides the race after it is
-written); the loser then loads the winner's table.
+Loading first, unlike pyiceberg's ``create_table_if_not_exists``, which creates first and so writes a
+stray ``00000-*.metadata.json`` per run before the catalog refuses the name; only two runs racing to
+create a missing table can leave the loser's one file. What the operator does: docs/operators.md.
 """
 
 from __future__ import annotations

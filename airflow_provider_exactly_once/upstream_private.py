@@ -1,13 +1,9 @@
 """Every use of another project's private parts, fenced in one module beside ``version_compat``.
 
-Each is a name an upstream may change in any release without notice, so each is taken here and
-nowhere else, and ``tests/test_upstream_private.py`` asserts each one as the installed upstream has
-it: an upgrade that renames or reshapes one fails that test, naming it, before a task meets it.
-(pyiceberg's are the exception: its snapshot producer is subclassed, so they stay together in
-``sinks/iceberg/transaction.py``, each naming the upstream issue it works around.)
-
-Nothing is imported at module level: the Spark driver and DAG parsing import the package without
-Airflow's ORM or the Spark provider, and each function imports what it reaches into when called.
+Each may change in any upstream release, so each is taken here only and
+``tests/test_upstream_private.py`` asserts it as the installed upstream has it; pyiceberg's stay in
+``sinks/iceberg/transaction.py`` (design.md, "Use, do not rewrite"). Nothing is imported at module
+level, so the Spark driver and a DAG parse import neither Airflow's ORM nor the Spark provider.
 """
 
 from __future__ import annotations

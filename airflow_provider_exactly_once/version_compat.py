@@ -1,14 +1,9 @@
 """Airflow's version differences, in one place, as the official providers keep them.
 
-The supported range is Airflow 3.1.1 up to 3.3 (docs/compatibility.md): 3.0 pins SQLAlchemy below
-2.0, and 3.1.0's UI drops the token cookie the sink-state view authenticates with. Every module that
-talks to Airflow takes the names that moved between minors from here, so a newcomer sees every
-difference at once and the day a minor leaves the range only this file shrinks. What the package
-takes from Airflow's private parts sits beside it, in ``upstream_private``, each use tested against
-the installed release.
-
-Importing it under an Airflow outside the range (an install that bypassed the resolver) fails at
-once, naming the range, instead of failing later somewhere deep in a task.
+Every module that talks to Airflow takes the names that moved between minors from here, so the day a
+minor leaves the supported range (docs/compatibility.md) only this file shrinks; importing it under
+an Airflow outside the range fails at once, naming the range. Airflow's private parts sit beside it,
+in ``upstream_private``.
 """
 
 from __future__ import annotations

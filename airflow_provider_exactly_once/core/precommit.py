@@ -1,16 +1,7 @@
 """Pre-commit metadata: everything a write hands to the commit, and nothing the commit must re-read.
 
-It travels from the Spark job through XCom into the meta store (``epoch_metadata``), so it is plain
-JSON, validated once where it enters (``PreCommit.from_json``) and immutable afterwards.
-
-Conventions that keep the commit path free of footer reads (design.md section 5, step 3):
-
-* column statistics are keyed by column *name* (dotted for nested fields), not field id, because the
-  writer may add columns whose ids only the commit's schema update assigns;
-* ``lower_bounds``/``upper_bounds`` hold Iceberg's single-value binary serialisation, base64-encoded;
-* partition values are Iceberg's internal representation, keyed by partition *field* name
-  (``day(ts)`` gives days since 1970-01-01 as an integer, an identity date gives days, a timestamp
-  microseconds), so no transform is re-applied at commit.
+Plain JSON validated once where it enters (``PreCommit.from_json``) and immutable afterwards, with
+the conventions that keep the commit free of footer reads: design.md, "Vocabulary".
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
 """How the run that committed an epoch came about, for what a downstream consumer reads of a commit.
 
-A commit's ``revision`` says whether the epoch's earlier data was replaced; a downstream DAG or a
-lineage consumer also wants to know why without querying Airflow's database: a scheduled run, a
-manual trigger, a backfill (``--reprocess-behavior``), a run cleared again (Airflow counts the
-clears), who triggered it. The asset events (``assets``) and the commit's OpenLineage run facet
-(``lineage``) carry the same record, read here once from the task's context. Recovery commits
-other runs' epochs, so its events name it as the committer and carry no run of their own.
-
-The same reading names the acting task in the epochs' history (``task_actor``, ``core.epochs``).
+A downstream DAG or lineage consumer wants to know why an epoch was written (scheduled, manual,
+backfill, cleared again, by whom) without querying Airflow's database: the asset events and the
+OpenLineage run facet carry this one record, read once from the task's context; recovery names
+itself as the committer. It also names the acting task in the epochs' history (``task_actor``).
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
 """``on_starting``: queue a run of the recovery DAG when a scheduler starts, never crash it.
 
-Airflow 3.3 calls ``on_starting(component=job)`` from ``Job.__init__``, *before* the job runner
-assigns ``job.job_type``: the scheduler, the triggerer and the DAG processor all pass a ``Job``
-whose type is still ``None``. So a component counts as a scheduler when it says so (a
-``SchedulerJobRunner``, or a ``Job`` whose type is already ``SchedulerJob``), or, for an untyped
-``Job``, when the scheduler's own code is constructing it (its module is on the call stack). Every
-other component (triggerer, DAG processor, task runner) is left alone.
-
-The listener runs inside the scheduler process, which may use Airflow's metadata database; it
-creates the run with ``airflow.api.common.trigger_dag`` in its own session. It is idempotent: no run
-is created while one is queued or running, and the run id is fixed per minute, so two schedulers
-starting together (HA) create one run between them.
+The trap: Airflow 3.3 calls ``on_starting`` from ``Job.__init__``, before the runner sets
+``job.job_type``, so the scheduler, triggerer and DAG processor all pass an untyped ``Job``; an
+untyped one counts as a scheduler only when the scheduler's own code is constructing it (on the call
+stack). The run is created with ``trigger_dag``, never while one is queued or running, with a run id
+fixed per minute, so two schedulers starting together create one. Why: docs/deployment.md.
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
 """Recovery of one sink, as the recovery DAG's mapped task runs it.
 
-Everything that decides an epoch's fate stays in the coordinator (``recover``); this function only
-rebuilds the sink's coordinator from the registry (the recovery DAG never imports user DAGs), holds
-the sink's lock so two recoveries never work on one sink at once, and hands orphaned write
-locations to the store's clean-up queue, whose deletes the clean-up path runs with the committers'
-own safety checks (invariant 4); the lock and the orphans' rules are ``core/cleanups.py``'s, shared
-with ``eo-sink gc``. The sink is opened once
-(``runtime.assembly.open_sink``): its committer and its write-folder listing share a catalog or
-file system.
+The coordinator decides every epoch's fate (``recover``); this only rebuilds the sink from the
+registry (the recovery DAG never imports user DAGs), holds the sink's lock, and queues orphaned write
+locations for the clean-up path's checked deletes (invariant 4), sharing those rules with ``eo-sink
+gc`` in ``core/cleanups.py``. The contract: design.md D3, D5 and D9.
 """
 
 from __future__ import annotations

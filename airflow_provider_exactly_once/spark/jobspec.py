@@ -1,13 +1,8 @@
 """The job spec: everything one run of the epoch writer needs, as one JSON document.
 
-It is the only thing the operator and the Spark application share, so it is validated on both
-sides: the operator refuses a bad spec before paying for a ``spark-submit``, and the application
-refuses one it was handed by anyone else. No Spark and no pyiceberg imports here, so an Airflow
-worker can build a spec without either.
-
-The parts a DAG author writes (inputs, a file sink's target) are in ``author_specs``, which
-the dag-processor imports at every parse; this module, with the targets the operator derives and
-the spec itself, is imported only when a task runs.
+The only thing the operator and the Spark application share, so both validate it: the operator before
+paying for a ``spark-submit``, the application against a spec from anyone else. It imports neither
+Spark nor pyiceberg, and only a running task imports it (the parts a DAG names are ``author_specs``).
 """
 
 from __future__ import annotations

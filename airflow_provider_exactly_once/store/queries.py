@@ -1,17 +1,10 @@
 """Read queries of the operations views (the ``eo-sink`` tool and the Airflow UI's sink view).
 
-Kept apart from ``sql.py``, whose methods are the coordinator's transitions: nothing here writes, and
-rows become ``EpochRecord`` through the same mapping (``store/rows.py``) the coordinator reads with.
-Every query is answered from an index (migration 0003 adds the listing ones) and returns at most
-``limit`` rows, so a view costs the same with ten epochs of history as with ten million; counts are
-``GROUP BY`` over the ``(sink_id, status)`` index, never rows fetched and counted in Python.
-
-``dag_ids`` restricts every query to the epochs of those DAGs (a caller who may read only some DAGs):
-the filter is in the ``WHERE``, so ``LIMIT``/``OFFSET`` count only rows the caller may see. ``None``
-means no restriction, epochs written outside any DAG run included.
-
-A row whose stored write does not parse (written by an older release, or edited by hand) is listed
-as an ``UnreadableEpoch``, its own columns with why, and never stops the rows around it being listed.
+Kept apart from ``sql.py``, whose methods are the coordinator's transitions: nothing here writes.
+Every query is answered from an index and returns at most ``limit`` rows (counts are ``GROUP BY`` on
+the ``(sink_id, status)`` index), so a view costs the same with ten epochs of history as with ten
+million; ``dag_ids`` sits in the ``WHERE``, so ``LIMIT``/``OFFSET`` count only rows the caller may
+see. The tables and indexes: design.md, "The meta store".
 """
 
 from __future__ import annotations

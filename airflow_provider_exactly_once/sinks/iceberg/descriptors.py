@@ -1,14 +1,9 @@
 """Describe a Parquet file the way Iceberg wants it, where the file was written (a Spark executor).
 
-The statistics are computed by pyiceberg's own functions (``compute_statistics_plan``,
-``parquet_path_to_id_mapping``, ``data_file_statistics_from_parquet_metadata``), so they honour the
-table's metrics modes and truncation exactly as a pyiceberg write would; they are then keyed by column
-*name* and the bounds base64-encoded, because the commit may add columns whose ids do not exist yet
-(``core.precommit``). ``data_files.build_data_file`` is the exact inverse.
-
-Parquet written without Iceberg field ids (pyarrow, plain Spark) is matched to the schema by column
-path. Top-level columns the table does not have yet (a write that adds columns) get provisional ids
-past the table's highest, only for the duration of this computation: they are keyed by name anyway.
+The statistics are pyiceberg's own (so the table's metrics modes and truncation hold), then keyed by
+column name with bounds base64-encoded (design.md, "Vocabulary"); ``data_files.build_data_file`` is
+the exact inverse. Columns the table does not have yet get provisional ids past its highest, only for
+this computation; Parquet without field ids is matched by column path.
 """
 
 from __future__ import annotations
