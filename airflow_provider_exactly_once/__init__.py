@@ -4,9 +4,8 @@ Everything a DAG author uses is importable from here, in one line::
 
     from airflow_provider_exactly_once import IcebergSinkConfig, SparkPreCommitOperator, exactly_once_epoch
 
-The names are resolved on first use (PEP 562): importing the package must stay cheap and free of
-Airflow, Spark and pyiceberg, because the Spark driver, the ``eo-sink`` command and Airflow's
-provider discovery all import it, and none of them needs the whole DAG-author surface.
+Names resolve on first use (PEP 562), so the Spark driver, ``eo-sink`` and Airflow's provider
+discovery import the package without Airflow, Spark or pyiceberg.
 """
 
 from __future__ import annotations

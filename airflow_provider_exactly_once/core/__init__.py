@@ -3,8 +3,7 @@ carries out (``decisions``), the ports it runs over (``ports``), the clean-up pa
 an epoch's names, numbers and history (``epochs``), a write's pre-commit and what it holds
 (``precommit``, ``data_file_list``, ``upserts``, ``input_ranges``), what steps report
 (``outcomes``, ``delivery``), the errors (``errors``) and the fault hook's plug point (``faults``).
-The map is design.md, "Layers".
 
-Nothing here imports Airflow, Spark or the package's other layers, so the whole protocol can be
-tested, reasoned about and reused without them.
+It imports neither Airflow, Spark nor the package's other layers, so the whole protocol can be
+tested and reasoned about without them. The map: design.md, "Layers".
 """

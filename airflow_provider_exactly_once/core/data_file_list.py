@@ -1,12 +1,9 @@
 """A write's data files, which a commit task need not parse to commit them.
 
-Persist writes an append's manifests (design.md D16), so the commit of a write whose manifests stand
-needs of its 10,000 descriptors only their number, rows, bytes and paths (to see that every
-file is still there). Parsing the descriptors cost the commit task more than the rest of its commit
-and grew with the files; a write read back from the meta store therefore carries its files as a
-``DataFiles`` that knows those and parses the descriptors the first time anything asks for
-one (a commit that has to build its ``DataFile`` entries, a view listing them). Whatever reads the
-files reads them whole; only the waiting is lazy.
+A commit whose prepared manifests stand needs of its descriptors only their number, rows, bytes and
+paths, and parsing 10,000 of them cost more than the rest of the commit: ``DataFiles`` knows those
+and parses the descriptors the first time anything asks for one, then whole. The contract:
+design.md, "The meta store" (the write's head) and D16.
 """
 
 from __future__ import annotations

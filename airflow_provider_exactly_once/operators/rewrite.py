@@ -1,12 +1,9 @@
 """Write an upsert epoch again after its commit met another writer's change (design.md D14).
 
-Airflow cannot send a run back to an upstream task, so the bounded loop "write, commit, on a
-conflict write again" is laid out in the task group as a chain: ``rewrite_1 -> persist_1 ->
-commit_1 -> rewrite_2 ...``. A rewrite task runs only when the commit before it failed; it asks the
-coordinator whether the epoch's write conflicts with the table (``prepare_rewrite``), and if so runs
-the group's own write task's operator again, in this task, for a new write of the same epoch read
-against the table as it is now. Nothing is lost in between: the conflicting write stays Pending
-(or, decided, is given up) until the new write's persist replaces it.
+Airflow cannot send a run back to an upstream task, so the task group lays the bounded loop out as a
+chain (``rewrite_1 -> persist_1 -> commit_1 -> rewrite_2 ...``). A rewrite task runs only when the
+commit before it failed, asks the coordinator whether the write conflicts (``prepare_rewrite``), and
+if so runs the group's write operator again in this task, against the table as it is now.
 """
 
 from __future__ import annotations

@@ -1,12 +1,10 @@
 """The coordinator of one sink, assembled from connections: what every task, the recovery DAG
 and the operations tools build before they ask the coordinator anything.
 
-Hooks hold connections only; this module puts the meta store (``hooks.meta_store``), the sink's
-committer (its catalog from the sink's Iceberg connection), the checkpoint source, the fault hook
-(a plug point, ``configured_fault_hook``) and Airflow's metrics together, once, the same way for
-everyone. A registered sink is rebuilt here from its registry row (``registered_configs``), and a
-sink that cannot be opened is explained here (``reaching``, ``unreachable``), for recovery and the
-operations tools alike.
+Hooks hold connections only; this puts the meta store, the sink's committer, the checkpoint source,
+the fault hook (``configured_fault_hook``) and Airflow's metrics together once, the same way for
+everyone, rebuilds a registered sink from its registry row and explains one that cannot be opened
+(``reaching``, ``unreachable``). The map: design.md, "Layers"; the registry: D5.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
-"""The PySpark application that writes one epoch (design.md section 8, ``spark/``).
+"""The PySpark application that writes one epoch (design.md, "Layers", ``spark/``).
 
-Nothing here is imported by ``core/``. ``author_specs`` (the inputs and targets a DAG author writes)
-and ``jobspec`` import neither Spark nor pyiceberg, so a DAG file names them and the operator builds
-and validates a job spec on an Airflow worker that never starts a JVM; the other modules run inside
-``spark-submit`` (driver and executors), or in a Spark Connect client (``connect_write``).
-``epoch_writer`` is the application: it resolves its targets, reads the input (``inputs``), fits it
-to each target (``alignment``), writes the data files (``writers``) or an upsert's rewrite
+``author_specs`` and ``jobspec`` import neither Spark nor pyiceberg, so a DAG names them and the
+operator validates a job spec without a JVM; the rest runs in ``spark-submit`` or a Spark Connect
+client (``connect_write``). ``epoch_writer`` is the application: it reads the input (``inputs``),
+fits it to each target (``alignment``), writes the files (``writers``) or an upsert's rewrite
 (``upsert``), and reaches object stores and executors through ``file_io``.
 """

@@ -1,12 +1,11 @@
 """The parts of an epoch's job spec a DAG author writes: where the epoch's rows come from
 (``FilesInput``, ``TableInput``, ``SqlInput``, ``FunctionInput``, ``IcebergTableInput``) and a file
-sink's target.
+sink's target, apart from ``jobspec`` because every DAG file that names one imports them at parse.
 
-Kept apart from ``jobspec`` because every DAG file that names one imports this module at each parse;
-the job spec's own models load only in the task. ``FilesInput``'s rule (docs/operators.md) beyond
-what the author reads: each expansion is a Hadoop path or glob (an fsspec glob on an object store,
-where ``{a,b}`` is not understood), a directory gives the files directly inside it, and modification
-times are never used, since a copy or a restore changes them and a rerun would select other files.
+``FilesInput`` (docs/operators.md) beyond what the author reads: each expansion is a Hadoop path or
+glob (an fsspec glob on an object store, where ``{a,b}`` is not understood), a directory gives the
+files directly inside it, and modification times are never used: a copy or a restore changes them,
+so a rerun would select other files.
 """
 
 from __future__ import annotations

@@ -1,12 +1,11 @@
-"""The meta store on SQLAlchemy, SQLite as the embedded default and PostgreSQL in production
-(design.md, "The meta store"): ``SqlSinkStateStore``, the coordinator's port, with the epochs'
-transitions as compare-and-swaps on their rows (``store/rows.py``), a first write's insert, recovery's
-transitions of many epochs in one transaction (design.md D15) and the clean-up queue (design.md D3).
+"""The meta store on SQLAlchemy, SQLite as the embedded default and PostgreSQL in production:
+``SqlSinkStateStore``, the coordinator's port, with the epochs' transitions as compare-and-swaps on
+their rows, recovery's batches (D15) and the clean-up queue (D3).
 
-Each public method is one transaction of ``store/database.py``. What other callers need hangs off
-the store as companions on the same database, the way pyiceberg hangs ``inspect`` off a ``Table``:
-``registry`` and ``runs`` (``store/registry.py``), ``checkpoints``, ``epochs`` and ``input_ranges``
-(``store/inputs.py``), ``revisions`` and ``history`` (``store/history.py``).
+Each public method is one transaction. What other callers need hangs off the store as companions on
+the same database, as pyiceberg hangs ``inspect`` off a ``Table``: ``registry``, ``runs``,
+``checkpoints``, ``epochs``, ``input_ranges``, ``revisions`` and ``history``. The contract:
+design.md, "The meta store".
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """The sink-state view: a FastAPI app that Airflow's API server mounts at ``urls.URL_PREFIX``.
 
-Two faces over the same ``SinkOperations``: a JSON API under ``/api`` (for scripts and the page's
-buttons) and server-rendered pages (so the view needs no JavaScript build and works inside the
-Airflow UI's iframe). Every action goes through ``SinkOperations`` and so through the coordinator,
-under the same invariants as the DAGs: the view never writes the meta store or the sink itself.
-
-Blocking work (the meta store, the catalog) runs in plain ``def`` handlers, which FastAPI runs in
-its thread pool, so a slow catalog never stalls the API server's event loop.
+A JSON API under ``/api`` and server-rendered pages (no JavaScript build, works in the Airflow UI's
+iframe), both over ``SinkOperations``, so every action goes through the coordinator and the view
+never writes the meta store or the sink itself. Blocking work runs in plain ``def`` handlers, in
+FastAPI's thread pool, so a slow catalog never stalls the API server's event loop. See docs/ui.md.
 """
 
 from __future__ import annotations
