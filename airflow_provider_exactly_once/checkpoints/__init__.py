@@ -1,4 +1,4 @@
-"""Checkpoint sources: the upstream's word on whether an epoch's input is final (design.md section 7).
+"""Checkpoint sources: the upstream's word on whether an epoch's input is final (design.md, 'Checkpoint sources').
 
 ``sources`` holds the sources, each a ``core.ports.CheckpointSource`` (``status`` and the async
 ``astatus`` the deferrable trigger awaits; ``COMPLETED`` and ``FAILED`` are final); ``config`` the

@@ -1,5 +1,5 @@
 """The checkpoint sources, each the upstream's word on whether an epoch's input is final
-(design.md section 7): marker objects at a templated path, a table of the meta store, a Spark
+(design.md, 'Checkpoint sources'): marker objects at a templated path, a table of the meta store, a Spark
 Structured Streaming checkpoint location, and an incremental input's reserved snapshot range.
 """
 

@@ -1,4 +1,4 @@
-"""The sensors on the checkpoint of a run's epoch (design.md section 7): ``CheckpointSensor`` lets the
+"""The sensors on the checkpoint of a run's epoch (design.md, 'Checkpoint sources'): ``CheckpointSensor`` lets the
 commit run on ``COMPLETED`` and fails on ``FAILED`` or a timeout, so the abort runs;
 ``CheckpointSettledSensor`` holds the write until the checkpoint is final either way. Poke and
 reschedule modes poll ``CheckpointSource.status``; ``deferrable=True`` hands the wait to

@@ -1,4 +1,4 @@
-"""Sink committers behind one protocol (``core.ports.SinkCommitter``; design.md sections 5 and 6).
+"""Sink committers behind one protocol (``core.ports.SinkCommitter``; design.md, 'The Iceberg commit' and 'The file-sink commit').
 
 ``config`` holds the typed sink configs a DAG author writes; ``layout`` where a write's files lie
 until commit (imported by the Spark side too); ``files`` the file sink's committer; ``iceberg/`` the

@@ -1,6 +1,6 @@
 """How the epoch writer reaches files and executors without Spark's Hadoop connectors or RDDs: object
 stores through pyiceberg's FileIO and fsspec, and the driver's lists handed to Python tasks as a
-DataFrame, the same on a classic session and on Spark Connect (design.md section 8).
+DataFrame, the same on a classic session and on Spark Connect (design.md, 'Layers').
 """
 
 from __future__ import annotations

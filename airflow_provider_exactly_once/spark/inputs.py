@@ -1,4 +1,4 @@
-"""Reading one epoch's input (design.md section 8): landing files (on an object store read by the
+"""Reading one epoch's input (design.md, 'Layers'): landing files (on an object store read by the
 executors with pyarrow, not by Spark), a table, a SQL query, a user function, or the snapshot range
 an epoch reserved of an upstream Iceberg table, read by pyiceberg's reader on the executors.
 """

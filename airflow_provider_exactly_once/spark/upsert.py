@@ -1,4 +1,4 @@
-"""Copy-on-write of an upsert epoch (design.md section 5, step 7): the input read as changes, one per
+"""Copy-on-write of an upsert epoch (design.md, 'The Iceberg commit', step 7): the input read as changes, one per
 key, with bad rows refused; the driver's plan of which files hold a changed key; and the executors'
 tasks that find the hits and rewrite those files with the epoch's rows, staged by partition value.
 """

@@ -1,7 +1,7 @@
 """The writers of an epoch's data files behind one protocol: the pyarrow writer each Spark write task
 runs on the executors (Arrow batches in, Parquet files and their descriptors out) and Spark's own
 Parquet writer, described from its footers afterwards, with the Iceberg partition transforms both
-compute (design.md section 8).
+compute (design.md, 'Layers').
 """
 
 from __future__ import annotations

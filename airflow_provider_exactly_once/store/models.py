@@ -1,4 +1,4 @@
-"""Typed SQLAlchemy models of the meta store (design.md section 4).
+"""Typed SQLAlchemy models of the meta store (design.md, 'The meta store').
 
 The models describe the schema for queries and for comparison against the migrations; the schema
 itself is created only by the Alembic revisions in ``store/migrations`` so that an upgraded

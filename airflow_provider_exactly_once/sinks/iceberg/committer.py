@@ -1,6 +1,6 @@
 """The Iceberg side of the two-phase commit: one idempotent snapshot per table per epoch.
 
-design.md section 5 is the specification; the comments below say where pyiceberg's own behaviour
+design.md, 'The Iceberg commit' is the specification; the comments below say where pyiceberg's own behaviour
 has to be worked around to meet it.
 """
 

@@ -1,6 +1,6 @@
 """pyiceberg ``DataFile`` objects built straight from the writers' descriptors.
 
-The commit path never re-reads a Parquet footer (design.md section 5, step 3): thousands of files
+The commit path never re-reads a Parquet footer (design.md, 'The Iceberg commit', step 3): thousands of files
 would mean thousands of round trips to the object store inside the commit window. Everything Iceberg
 keeps per file was computed by the writer (``descriptors.describe_parquet_file``); this module is its
 exact inverse: column names back to the field ids of the schema being committed (after any columns

@@ -1,6 +1,6 @@
 """Epochs' snapshots of one table, staged in one transaction and committed at most once, and the plans
 the committer keeps of them: a table's prepared state, how long it stays usable, and one plan's write
-to one table (design.md section 5, steps 3, 6 and 7; D15).
+to one table (design.md, 'The Iceberg commit', steps 3, 6 and 7; D15).
 """
 
 from __future__ import annotations

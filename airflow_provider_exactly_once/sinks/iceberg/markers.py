@@ -1,6 +1,6 @@
 """What a table's snapshots prove about a sink's writes: the commit marker in a snapshot's summary and
 the bounded look-back that finds it, how far back the snapshots still prove anything, and which data
-files they added or still reference (design.md section 5).
+files they added or still reference (design.md, 'The Iceberg commit').
 """
 
 from __future__ import annotations

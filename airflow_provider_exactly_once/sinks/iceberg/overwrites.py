@@ -1,6 +1,6 @@
 """The overwrite snapshots of revisions and upserts: what a revision replaces and an upsert's overwrite
 removes, when the table moved so that an upsert must not be committed, and their manifests, deletions
-included, written at persist so that the commit only lists them (design.md section 5, steps 6 and 7;
+included, written at persist so that the commit only lists them (design.md, 'The Iceberg commit', steps 6 and 7;
 D14).
 """
 

@@ -1,6 +1,6 @@
 """Everything that makes one table's write uncommittable, checked against the table's metadata before
 the write is persisted and again before it is committed: its locations, its partition spec and its
-columns' types (design.md section 5).
+columns' types (design.md, 'The Iceberg commit').
 """
 
 from __future__ import annotations
