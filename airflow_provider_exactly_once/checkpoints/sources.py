@@ -23,7 +23,7 @@ __all__ = [
     "identity_batch_id",
 ]
 
-# Checkpoints as marker objects at a templated path (design.md section 7).
+# Checkpoints as marker objects at a templated path (design.md, 'Checkpoint sources').
 #
 # The upstream (a batch job, Hadoop's output committer, a data-quality gate) says an epoch's input
 # is final by writing ``_SUCCESS`` into the epoch's folder, or that it never will be by writing
@@ -105,7 +105,7 @@ class MarkerFileCheckpointSource:
         return f"{type(self).__name__}({self.path_template!r})"
 
 
-# Checkpoints recorded in a table of the meta store (design.md section 7).
+# Checkpoints recorded in a table of the meta store (design.md, 'Checkpoint sources').
 #
 # The upstream, or an operator at the end of the upstream's DAG, writes ``COMPLETED`` or ``FAILED``
 # for an epoch; this source reads it. The meta store's ``SqlSinkStateStore.checkpoints`` is such a
@@ -168,7 +168,7 @@ class MetaStoreCheckpointSource:
         return f"{type(self).__name__}({self._table!r}, name_template={self._name.template!r})"
 
 
-# Checkpoints read from a Spark Structured Streaming checkpoint location (design.md section 7).
+# Checkpoints read from a Spark Structured Streaming checkpoint location (design.md, 'Checkpoint sources').
 #
 # Spark writes ``<location>/offsets/<batchId>`` when a micro-batch is planned and
 # ``<location>/commits/<batchId>`` once its sink has finished it (each by an atomic rename of a

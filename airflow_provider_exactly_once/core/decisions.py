@@ -433,7 +433,7 @@ def other_dag_warning(pre: PreCommit, row: EpochRecord, dag_id: str | None) -> s
 
 
 def upsert_order_refusal(row: EpochRecord, pending_epochs: Callable[[], Iterable[int]]) -> EarlierEpochUndecided | None:
-    """Upsert epochs of a sink commit in epoch order (design.md section 5, step 7): changes by key
+    """Upsert epochs of a sink commit in epoch order (design.md, 'The Iceberg commit', step 7): changes by key
     applied out of order would leave an older state of a key visible. ``pending_epochs``: the sink's
     undecided epochs, listed only for an upsert write (a backlog of appends must not list its Pending
     rows at every commit). Asked before a commit is decided; a decided commit goes on."""

@@ -26,7 +26,7 @@ from airflow_provider_exactly_once.core.errors import InvalidIdentifier, Invalid
 
 
 class EpochStatus(StrEnum):
-    """Status of one (sink, epoch) row in ``pending_sink_state`` (design.md section 4)."""
+    """Status of one (sink, epoch) row in ``pending_sink_state`` (design.md, 'The meta store')."""
 
     PENDING = "Pending"
     COMMITTED = "Committed"
@@ -34,7 +34,7 @@ class EpochStatus(StrEnum):
 
 
 class CheckpointStatus(StrEnum):
-    """The upstream's statement about an epoch's input (design.md section 7).
+    """The upstream's statement about an epoch's input (design.md, 'Checkpoint sources').
 
     ``COMPLETED`` and ``FAILED`` are final: a checkpoint source must never move away from them,
     because the coordinator turns them into irreversible commit and abort decisions.
@@ -139,7 +139,7 @@ def table_name_fault(table: str) -> str | None:
 
 
 def new_write_id() -> str:
-    """A fresh write id: every attempt at writing an epoch gets its own (design.md section 2)."""
+    """A fresh write id: every attempt at writing an epoch gets its own (design.md, 'Vocabulary')."""
     return str(uuid.uuid4())
 
 

@@ -126,7 +126,7 @@ class WriteKind:
 
     @property
     def in_epoch_order(self) -> bool:
-        """Whether the sink's epochs of this kind commit in epoch order (design.md section 5, step
+        """Whether the sink's epochs of this kind commit in epoch order (design.md, 'The Iceberg commit', step
         7): changes by key applied out of order would leave an older state of a key visible."""
         return self.by_key
 
@@ -520,7 +520,7 @@ class CommitPlan:
 
 @runtime_checkable
 class SinkCommitter(Protocol):
-    """Makes one epoch visible in one sink, idempotently (design.md sections 5 and 6).
+    """Makes one epoch visible in one sink, idempotently (design.md, 'The Iceberg commit' and 'The file-sink commit').
 
     ``since`` is the row's ``created_at``: nothing of the epoch can have become visible before it,
     which bounds every look-back by what happened since the write, not by the sink's history.
@@ -631,7 +631,7 @@ class BatchCommitter(SinkCommitter, Protocol):
 
 @runtime_checkable
 class CheckpointSource(Protocol):
-    """The upstream's word on an epoch (design.md section 7). ``COMPLETED``/``FAILED`` are final."""
+    """The upstream's word on an epoch (design.md, 'Checkpoint sources'). ``COMPLETED``/``FAILED`` are final."""
 
     def status(self, sink_id: str, epoch: int) -> CheckpointStatus: ...
 

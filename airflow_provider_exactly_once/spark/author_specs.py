@@ -158,7 +158,7 @@ InputSpec = Annotated[
 
 
 class FileSinkTarget(FrozenSpec):
-    """A plain Parquet directory (design.md section 6): staged here, moved to final names at commit."""
+    """A plain Parquet directory (design.md, 'The file-sink commit'): staged here, moved to final names at commit."""
 
     kind: Literal["files"] = "files"
     root: str = Field(min_length=1)

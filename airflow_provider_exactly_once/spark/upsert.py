@@ -635,7 +635,7 @@ def _sorted(table: pa.Table, write: FileWrite, key: tuple[str, ...]) -> pa.Table
     return ordered.drop_columns([name for name, _ in order if name.startswith("__eo_p")])
 
 
-# Copy-on-write of an upsert epoch (design.md section 5, step 7): the driver's half.
+# Copy-on-write of an upsert epoch (design.md, 'The Iceberg commit', step 7): the driver's half.
 #
 # pyiceberg 0.12 can neither write nor read delete files, so an epoch of changes is applied by
 # rewriting the data files that hold its keys. The table's rows never pass through the JVM: each file

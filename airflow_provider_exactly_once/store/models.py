@@ -322,7 +322,7 @@ class EpochHistory(Base):
 
 
 class CheckpointState(Base):
-    """The built-in checkpoint source's table, written by the upstream (design.md section 7)."""
+    """The built-in checkpoint source's table, written by the upstream (design.md, 'Checkpoint sources')."""
 
     __tablename__ = "checkpoint_state"
     __table_args__ = (

@@ -36,7 +36,7 @@ from airflow_provider_exactly_once.sinks.iceberg.write_check import ColumnToAdd,
 # Epochs' snapshots of one table: staged in one transaction, committed at most once.
 #
 # The committer (``committer.py``) decides which epochs a table takes a snapshot of and retries
-# conflicts; this module is what the snapshots consist of (design.md section 5, steps 3, 6 and 7): the
+# conflicts; this module is what the snapshots consist of (design.md, 'The Iceberg commit', steps 3, 6 and 7): the
 # columns a write adds, an upsert's identifier fields, a name mapping for a table without one, the data
 # files built from the writers' descriptors under the spec they were written for (or the manifests
 # persist prepared of them: ``prepared_manifests`` for an append, ``overwrites`` for a revision or

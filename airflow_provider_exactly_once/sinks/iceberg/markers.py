@@ -23,7 +23,7 @@ from airflow_provider_exactly_once.sinks.layout import parse_location
 
 # The commit marker in the snapshot summary, and the bounded look-back that finds it.
 #
-# The marker is what makes a commit idempotent (design.md section 5): before appending, the committer
+# The marker is what makes a commit idempotent (design.md, 'The Iceberg commit'): before appending, the committer
 # asks "does the branch already show this (sink, epoch)?". The question must cost what happened since
 # the write, not the table's history, so nothing here calls ``TableMetadata.snapshot_by_id``,
 # ``snapshot_by_name`` or ``ancestors_of``: each of those scans the whole snapshot list per lookup, which
@@ -137,7 +137,7 @@ def sink_markers(
     return found
 
 
-# How far back a table's snapshots still prove anything about a write (design.md section 5).
+# How far back a table's snapshots still prove anything about a write (design.md, 'The Iceberg commit').
 #
 # A commit's marker lives in its snapshot's summary. Once snapshot expiry may have removed snapshots
 # as old as a write, the marker's absence no longer proves the write uncommitted, and what those

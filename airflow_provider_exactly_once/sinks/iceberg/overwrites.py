@@ -44,7 +44,7 @@ from airflow_provider_exactly_once.sinks.iceberg.write_check import write_spec
 # What a revision of an epoch replaces in an Iceberg table, and when the replaced files may go.
 #
 # A revision's commit is one overwrite snapshot per table that removes exactly the replaced write's
-# data files and adds the new write's (design.md section 5, step 6). The files to remove are looked up
+# data files and adds the new write's (design.md, 'The Iceberg commit', step 6). The files to remove are looked up
 # in the table as it is now, so they carry the spec and partition the table filed them under; a file
 # that is no longer there (rewritten by compaction, deleted by hand) refuses the replacement, because
 # committing the new write beside rows that moved elsewhere would show the epoch twice.
@@ -129,7 +129,7 @@ def still_referenced(table: Table, removed_by: Mapping[str, str], name: str, rec
     return None
 
 
-# The commit side of an upsert write (design.md section 5, step 7): what its overwrite removes,
+# The commit side of an upsert write (design.md, 'The Iceberg commit', step 7): what its overwrite removes,
 # and when the table moved so that the write must not be committed.
 #
 # The Spark write read the table at one snapshot (``TableWrite.read_snapshot_id``), rewrote the files
@@ -307,7 +307,7 @@ def _conflict(owner: str, why: str, conflicting: Iterable[str]) -> None:
 # A revision's or an upsert's manifests written at persist, deletions included, so that its commit
 # only lists them.
 #
-# A revision's commit (design.md section 5, step 6) removes the replaced write's files and adds the new
+# A revision's commit (design.md, 'The Iceberg commit', step 6) removes the replaced write's files and adds the new
 # write's in one overwrite snapshot. Written at commit, that snapshot costs a manifest of the added
 # files, one of the removed files' entries (status deleted) and a copy of every manifest that held a
 # removed file, without it: every one of them an Avro file written entry by entry inside the window
