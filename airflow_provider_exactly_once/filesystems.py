@@ -125,7 +125,11 @@ def config_refusal(exc: ValidationError, what: str) -> InvalidSinkConfig:
     for error in errors:
         if isinstance(cause := error.get("ctx", {}).get("error"), InvalidSinkConfig):
             return cause
-    faults = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'value'}: {e['msg']}" for e in errors)
+    faults = "; ".join(
+        f"{'.'.join(map(str, e['loc'])) or 'value'}: "
+        + (f"unexpected keyword, not a field of {exc.title}" if e["type"] == "extra_forbidden" else e["msg"])
+        for e in errors
+    )
     return InvalidSinkConfig(mask_userinfo(f"{what}: {faults}"))
 
 

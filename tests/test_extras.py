@@ -16,7 +16,7 @@ import pytest
 
 from airflow_provider_exactly_once.core.errors import InvalidSinkConfig
 from airflow_provider_exactly_once.extras import MissingExtra, require, url_to_fs
-from airflow_provider_exactly_once.operators import spark_binary
+from airflow_provider_exactly_once.operators import spark_precommit
 from airflow_provider_exactly_once.store.database import MetaStoreDatabase
 from airflow_provider_exactly_once.version_compat import check_airflow_version
 
@@ -70,7 +70,7 @@ def test_an_s3_path_without_s3fs_names_the_s3_extra(monkeypatch: pytest.MonkeyPa
 
 def test_a_write_task_without_spark_submit_names_both_remedies() -> None:
     with pytest.raises(InvalidSinkConfig) as caught:
-        spark_binary.check_spark_submit("write", "spark3-submit-not-here", "spark_default")
+        spark_precommit.check_spark_submit("write", "spark3-submit-not-here", "spark_default")
     message = str(caught.value)
     assert "no 'spark3-submit-not-here' on this worker's PATH" in message and "'spark_default'" in message
     assert (
@@ -85,17 +85,17 @@ def test_pyspark_files_of_another_release_are_refused(tmp_path: Path, monkeypatc
     (package / "__init__.py").write_text("", encoding="utf-8")
     (package / "version.py").write_text('__version__: str = "4.2.0"\n', encoding="utf-8")
     monkeypatch.setattr(
-        spark_binary.util, "find_spec", lambda name: type("S", (), {"origin": str(package / "__init__.py")})()
+        spark_precommit.util, "find_spec", lambda name: type("S", (), {"origin": str(package / "__init__.py")})()
     )
-    monkeypatch.setattr(spark_binary.metadata, "version", lambda name: "4.3.0")
+    monkeypatch.setattr(spark_precommit.metadata, "version", lambda name: "4.3.0")
     with pytest.raises(InvalidSinkConfig, match=r"pyspark 4.3.0 holds the Python files of release 4.2.0"):
-        spark_binary.check_pyspark_files()
-    monkeypatch.setattr(spark_binary.metadata, "version", lambda name: "4.2.0")
-    spark_binary.check_pyspark_files()  # the same release: nothing to say
+        spark_precommit.check_pyspark_files()
+    monkeypatch.setattr(spark_precommit.metadata, "version", lambda name: "4.2.0")
+    spark_precommit.check_pyspark_files()  # the same release: nothing to say
 
 
 def test_the_installed_pyspark_is_whole() -> None:
-    spark_binary.check_pyspark_files()
+    spark_precommit.check_pyspark_files()
 
 
 @pytest.mark.parametrize("version", ["3.0.6", "3.1.0", "3.4.0", "3.4.0.dev0", "2.11.1"])
