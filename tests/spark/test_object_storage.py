@@ -379,11 +379,7 @@ def test_a_file_sinks_storage_connection_reaches_the_writer_and_never_a_rendered
         ({"input": {**parquet_input("p"), "io_properties": {"s3.secret-access-key": "x"}}}, "input io_properties"),
         ({"input": {**parquet_input("p"), "options": {"fs.s3a.secret.key": "x"}}}, "input options"),
         (
-            {
-                "sink": None,
-                "sink_id": "s",
-                "target": {"kind": "files", "root": "s3://b/o", "io_properties": {"s3.session-token": "t"}},
-            },
+            {"target": {"kind": "files", "root": "s3://b/o", "io_properties": {"s3.session-token": "t"}}},
             "target io_properties",
         ),
     ],
@@ -395,8 +391,6 @@ def test_credentials_in_a_templated_argument_are_refused_when_the_dag_is_parsed(
     from airflow_provider_exactly_once.sinks.config import FileSinkConfig
 
     arguments: dict[str, Any] = {"sink": FileSinkConfig("s", "s3://b/o"), "input": parquet_input("p"), **kwargs}
-    if arguments["sink"] is None:
-        del arguments["sink"]
     with pytest.raises(ExactlyOnceError, match=f"{refused} holds credentials"):
         SparkPreCommitOperator(task_id="w", **arguments)
 
