@@ -39,8 +39,8 @@ from airflow_provider_exactly_once.operations.views import (
 )
 from airflow_provider_exactly_once.runtime.assembly import checkpoint_source
 from airflow_provider_exactly_once.store import SqlSinkStateStore
+from airflow_provider_exactly_once.store.epoch_inputs import LaterLink, Reservation
 from airflow_provider_exactly_once.store.history import RevisionRecord
-from airflow_provider_exactly_once.store.inputs import LaterLink, Reservation
 from airflow_provider_exactly_once.store.queries import (
     MAX_PAGE,
     UNPARSABLE,

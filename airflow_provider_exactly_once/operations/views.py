@@ -37,7 +37,7 @@ from airflow_provider_exactly_once.core.input_ranges import SnapshotRange
 from airflow_provider_exactly_once.core.ports import EpochRecord
 from airflow_provider_exactly_once.core.precommit import PreCommit, TableWrite
 from airflow_provider_exactly_once.observability import urls
-from airflow_provider_exactly_once.store.inputs import LaterLink, Reservation
+from airflow_provider_exactly_once.store.epoch_inputs import LaterLink, Reservation
 from airflow_provider_exactly_once.store.queries import (
     UNPARSABLE,
     UnreadableEpoch,

@@ -28,8 +28,8 @@ from airflow_provider_exactly_once.core.ports import ORPHAN_EPOCH, CleanupTask, 
 from airflow_provider_exactly_once.core.precommit import PreCommit
 from airflow_provider_exactly_once.store import history, rows
 from airflow_provider_exactly_once.store.database import MetaStoreDatabase
+from airflow_provider_exactly_once.store.epoch_inputs import SqlCheckpointTable, SqlEpochAllocator, SqlRangeReservations
 from airflow_provider_exactly_once.store.history import SqlHistory, SqlRevisions, commit_revision
-from airflow_provider_exactly_once.store.inputs import SqlCheckpointTable, SqlEpochAllocator, SqlRangeReservations
 from airflow_provider_exactly_once.store.models import PendingSinkState, SinkCleanup, db_now
 from airflow_provider_exactly_once.store.registry import SqlRunRecords, SqlSinkRegistry
 
