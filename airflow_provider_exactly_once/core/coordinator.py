@@ -29,6 +29,7 @@ from airflow_provider_exactly_once.core.decisions import (
     RunAttempt,
     WriteLookups,
     abort_decision,
+    audit_decision,
     commit_decision,
     commits_in_batch,
     files_lost_refusal,
@@ -39,7 +40,16 @@ from airflow_provider_exactly_once.core.decisions import (
     revision_plan,
     rewrite_decision,
 )
-from airflow_provider_exactly_once.core.epochs import AbortCause, EpochStatus, OnReprocess, check_epoch, check_sink_id
+from airflow_provider_exactly_once.core.epochs import (
+    AbortCause,
+    AuditCheck,
+    AuditVerdict,
+    EpochAudit,
+    EpochStatus,
+    OnReprocess,
+    check_epoch,
+    check_sink_id,
+)
 from airflow_provider_exactly_once.core.errors import (
     AbortRefused,
     EpochNotFound,
@@ -66,6 +76,7 @@ from airflow_provider_exactly_once.core.outcomes import (
     RewriteResult,
 )
 from airflow_provider_exactly_once.core.ports import (
+    AuditingCommitter,
     BatchCommitter,
     CheckpointSource,
     CommitMark,
@@ -95,6 +106,8 @@ COMMIT_DELETED = "commit.rows_deleted"
 COMMIT_RETRIES = "commit.retries"
 #: Aborts by ``outcome`` and the files they deleted.
 ABORTS = "aborts"
+#: Audits judged, tagged by verdict (design.md D23).
+AUDITS = "audits"
 ABORT_FILES_DELETED = "abort.files_deleted"
 #: Gauges per sink, set by the recovery task: how many epochs are Pending and how old the oldest is.
 PENDING_EPOCHS = "pending_epochs"
@@ -370,12 +383,16 @@ def recover_pending(
     checkpoints: CheckpointSource,
     sink_id: str,
     batches: EpochBatches | None = None,
+    *,
+    audited: bool = False,
 ) -> RecoveryReport:
     """Commit the Pending epochs whose commit was decided or whose checkpoint completed, abort those
     whose checkpoint failed, leave the rest waiting. One epoch's failure is reported (and kept on its
     row) and does not stop the others; an unreachable meta store stops the pass, to be retried whole.
     With ``batches``, runs of appends are committed together; an epoch committed on its own (an
     upsert, a revision) first lets the run before it commit, so the table's history keeps epoch order.
+    An audited sink's epochs (D23) are published one by one once their audit passed, and wait for it
+    otherwise, named in the report.
     """
     report = RecoveryReport(sink_id)
     run: list[EpochRecord] = []
@@ -418,13 +435,13 @@ def recover_pending(
 
     for row in sorted(store.epochs_with_status(sink_id, EpochStatus.PENDING), key=lambda r: r.epoch):
         decided: list[Decision] = []
-        lookups = EpochLookups.of(store, checkpoints, sink_id, row.epoch)
+        lookups = EpochLookups.of(store, checkpoints, sink_id, row.epoch, audited=audited)
         # A refusal (an upsert epoch behind an undecided one) is the epoch's failure, as the commit's would be.
         attempt(row, lambda: decided.append(recovery_decision(row, lookups).raise_if_refused()))  # noqa: B023
         if not decided:
             continue
         action = decided[0].action
-        if action is Action.WAIT:
+        if action in (Action.WAIT, Action.WAIT_FOR_AUDIT):
             report.waiting.append(row.epoch)
         elif action in (Action.ABORT, Action.ABORT_REVISION):
             attempt(row, lambda: abort(row))  # noqa: B023
@@ -526,6 +543,7 @@ class TwoPhaseCommitCoordinator:
         *,
         allow_beyond_horizon: bool = False,
         on_reprocess: Mapping[str, OnReprocess] | None = None,
+        audited: Collection[str] = (),
         fault: FaultHook = no_faults,
         metrics: Metrics = NO_METRICS,
     ) -> None:
@@ -537,6 +555,8 @@ class TwoPhaseCommitCoordinator:
         self._allow_beyond_horizon = allow_beyond_horizon
         #: Per sink: what a newer generation's write does to a committed epoch (``"keep"`` unless given).
         self._on_reprocess = dict(on_reprocess or {})
+        #: The sinks whose writes are audited before they are published (design.md D23).
+        self._audited = frozenset(audited)
         self._fault = fault
         #: Commit durations, files, rows, outcomes and aborts (``core.coordinator``); never decides anything.
         self._metrics = safe(metrics)
@@ -730,9 +750,11 @@ class TwoPhaseCommitCoordinator:
     def _commit(self, sink_id: str, epoch: int) -> CommitResult:
         committer = self._committer(sink_id)
         row = require_epoch(self._store, sink_id, epoch)
-        lookups = EpochLookups.of(self._store, self._checkpoints, sink_id, epoch)
+        lookups = EpochLookups.of(self._store, self._checkpoints, sink_id, epoch, audited=sink_id in self._audited)
         decision = commit_decision(row, lookups).raise_if_refused()
         if decision.action is Action.ALREADY_COMMITTED:
+            if row.audit_of_write is not None:  # a publish killed after its mark: its audit branch goes now
+                self._forget_audit(row)
             return CommitResult(CommitOutcome.ALREADY_COMMITTED, row)
 
         if decision.action is Action.DECIDE_AND_COMMIT:
@@ -774,7 +796,89 @@ class TwoPhaseCommitCoordinator:
             return self._settled_by_other(sink_id, epoch, row.write_id)
         self._fault("commit.marked")
         log.info("%s committed: %s", row.pre_commit.describe(), dict(committed))
+        if row.audit_of_write is not None:
+            self._forget_audit(row)
         return CommitResult(CommitOutcome.COMMITTED, record)
+
+    # -- write, audit, publish (design.md D23) -------------------------------------------------------
+
+    def commit_audit(self, sink_id: str, epoch: int) -> EpochRecord:
+        """Commit an audited sink's write to its audit branch once its checkpoint completed, where its
+        checks read it and ``main``'s readers do not; the row keeps the audit snapshots. Idempotent:
+        the branch's marker tells a repeated attempt that the commit happened."""
+        committer = self._auditing(sink_id)
+        row = require_epoch(self._store, sink_id, epoch)
+        lookups = EpochLookups.of(self._store, self._checkpoints, sink_id, epoch, audited=True)
+        decision = audit_decision(row, lookups).raise_if_refused()
+        if decision.action is not Action.COMMIT_AUDIT:
+            return row
+        try:
+            self.prepare(row)  # the sink's checks, and every file there, before anything is committed
+            snapshots = committer.commit_audit(
+                row.pre_commit, row.created_at, allow_beyond_horizon=self._allow_beyond_horizon
+            )
+        except Exception as exc:
+            note_error(self._store, row, exc)
+            raise
+        self._fault("audit.committed")
+        audit = EpochAudit(write_id=row.write_id, branch=committer.audit_branch(row.pre_commit), snapshots=snapshots)
+        try:
+            record = self._store.record_audit(sink_id, epoch, audit)
+        except StateConflict:
+            now = require_epoch(self._store, sink_id, epoch)
+            if now.write_id == row.write_id and (now.audit_of_write or now.status is EpochStatus.COMMITTED):
+                return now  # a concurrent attempt recorded it, or published it
+            committer.drop_audit(row.pre_commit, row.created_at)  # another write holds the epoch now
+            raise
+        log.info("%s committed to audit branch %s: %s", row.pre_commit.describe(), audit.branch, dict(snapshots))
+        return record
+
+    def judge_audit(self, sink_id: str, epoch: int, checks: Sequence[AuditCheck], *, write_id: str) -> EpochRecord:
+        """Keep what the audit's checks found on the write's row: passed when every check did, and
+        the publish may then be decided; failed otherwise, and ``main`` stays untouched. A cleared
+        audit judges the same audit snapshot again; once the publish is decided, nothing changes."""
+        row = require_epoch(self._store, sink_id, epoch)
+        audit = row.audit_of_write
+        if row.write_id != write_id or audit is None or row.status is not EpochStatus.PENDING:
+            raise StateConflict(
+                f"sink {sink_id!r} epoch {epoch}: no audit of write {write_id} to judge (the epoch holds "
+                f"{row.stage} write {row.write_id})"
+            )
+        if row.commit_decided_at is not None:
+            return row
+        record = self._store.record_audit(sink_id, epoch, audit.judged(checks))
+        self._fault("audit.ran")
+        self._metrics.incr(AUDITS, 1, {"sink_id": sink_id, "verdict": str(record.audit and record.audit.verdict)})
+        return record
+
+    def reject(self, sink_id: str, epoch: int, *, reason: str) -> AbortResult:
+        """Drop an audited write that failed its audit: the epoch becomes Aborted (cause ``rejected``),
+        its audit branch goes and its files are deleted once nothing references them."""
+        row = require_epoch(self._store, sink_id, epoch)
+        audit = row.audit_of_write
+        if row.status is not EpochStatus.PENDING or audit is None or audit.verdict is not AuditVerdict.FAILED:
+            raise AbortRefused(
+                f"sink {sink_id!r} epoch {epoch} is {row.stage}: only a write whose audit failed is rejected; "
+                "abort it instead (eo-sink abort)"
+            )
+        write = row.pre_commit
+        return self.abort(
+            sink_id, epoch, reason=f"rejected: {reason}", write=write, force=True, cause=AbortCause.REJECTED
+        )
+
+    def _forget_audit(self, row: EpochRecord) -> None:
+        """The published write's audit branch goes; left to the next clean-up of the write if the
+        catalog refuses now (nothing reads an audit branch once the write is on the sink's)."""
+        try:
+            self._auditing(row.sink_id).drop_audit(row.pre_commit, row.created_at)
+        except Exception as exc:  # the epoch is published: its audit branch is only litter
+            log.warning("%s: its audit branch stays for now: %s", row.pre_commit.describe(), exc)
+
+    def _auditing(self, sink_id: str) -> AuditingCommitter:
+        committer = self._committer(sink_id)
+        if sink_id not in self._audited or not isinstance(committer, AuditingCommitter):
+            raise InvalidSinkConfig(f"sink {sink_id!r} is not audited: its writes are committed without an audit")
+        return committer
 
     def prepare(self, row: EpochRecord) -> CommitPlan:
         """``SinkCommitter.prepare`` right before the commit decision, as the commit's dry run runs it."""
@@ -923,8 +1027,11 @@ class TwoPhaseCommitCoordinator:
     def recover(self, sink_id: str) -> RecoveryReport:
         """Finish what crashes left half done for one sink: its Pending epochs (``core.coordinator``), then clean-ups."""
         committer, beyond = self._committer(sink_id), self._allow_beyond_horizon
-        batches = EpochBatches.of(sink_id, self._store, committer, self._fault, self._metrics, beyond)
-        report = recover_pending(self, self._store, self._checkpoints, sink_id, batches)
+        audited = sink_id in self._audited
+        batches = (
+            None if audited else EpochBatches.of(sink_id, self._store, committer, self._fault, self._metrics, beyond)
+        )
+        report = recover_pending(self, self._store, self._checkpoints, sink_id, batches, audited=audited)
         report.files_deleted += self._run_cleanups(sink_id, None, report)
         return report
 

@@ -18,6 +18,7 @@ from typing import TypedDict
 
 from airflow_provider_exactly_once.core.epochs import (
     AbortCause,
+    AuditVerdict,
     CheckpointStatus,
     EpochStatus,
     OnReprocess,
@@ -26,6 +27,7 @@ from airflow_provider_exactly_once.core.epochs import (
 )
 from airflow_provider_exactly_once.core.errors import (
     AbortRefused,
+    AuditNotPassed,
     CheckpointFailed,
     CheckpointNotReady,
     EarlierEpochUndecided,
@@ -70,10 +72,15 @@ class EpochLookups:
     #: Another epoch, committed or decided, whose range starts where the given one does: asked only
     #: for an incremental input's write (``core.input_ranges``).
     range_taken: Callable[[SnapshotRange], int | None] = lambda _: None
+    #: Whether the sink is audited: its writes are published only after their audit passed (D23).
+    audited: bool = False
 
     @classmethod
-    def of(cls, store: SinkStateStore, checkpoints: CheckpointSource, sink_id: str, epoch: int) -> EpochLookups:
+    def of(
+        cls, store: SinkStateStore, checkpoints: CheckpointSource, sink_id: str, epoch: int, *, audited: bool = False
+    ) -> EpochLookups:
         return cls(
+            audited=audited,
             checkpoint=lambda: checkpoints.status(sink_id, epoch),
             pending=lambda: [r.epoch for r in store.epochs_with_status(sink_id, EpochStatus.PENDING)],
             committed=lambda: store.epochs_with_status(sink_id, EpochStatus.COMMITTED),
@@ -271,6 +278,9 @@ class Action(StrEnum):
     ABORT_REVISION = "give up the revision: the write it replaces stays visible and the epoch Committed"
     # recovery
     WAIT = "wait for the checkpoint"
+    COMMIT_AUDIT = "commit the write to its audit branch"
+    ALREADY_AUDITED = "nothing: the write is on its audit branch already, or its publish decided"
+    WAIT_FOR_AUDIT = "wait for the audit: it has not run, or it failed (reprocess or reject the epoch)"
     # rewrite after an upsert conflict
     REWRITE = "write the epoch again: its write conflicts with the table, the next write replaces it"
     GIVE_UP_AND_REWRITE = "give up the decided write (it can never be committed) and write the epoch again"
@@ -505,7 +515,9 @@ def commit_decision(row: EpochRecord, lookups: EpochLookups) -> Decision:
 def _decide_after_completed(row: EpochRecord, lookups: EpochLookups) -> Decision:
     """The rules that still hold an undecided epoch back once its checkpoint COMPLETED. A decided
     commit goes on whatever they say: it was decided under them."""
-    refusal: ExactlyOnceError | None = upsert_order_refusal(row, lookups.pending)
+    refusal: ExactlyOnceError | None = audit_refusal(row) if lookups.audited else None
+    if refusal is None:
+        refusal = upsert_order_refusal(row, lookups.pending)
     if refusal is None and row.kind.revises:
         refusal = untellable_revision(row.pre_commit, lookups.committed)
     if refusal is None:
@@ -594,6 +606,43 @@ def files_lost_refusal(row: EpochRecord, visible_tables: list[str], missing: lis
 # -- recovery -----------------------------------------------------------------------------------------
 
 
+def audit_decision(row: EpochRecord, lookups: EpochLookups) -> Decision:
+    """Commit an audited sink's write to its audit branch once its checkpoint completed (design.md
+    D23): the checks then read the epoch as it would be published. Once there, or once its publish is
+    decided, nothing more; a write of an epoch already published has nothing left to audit."""
+    if row.status is EpochStatus.COMMITTED:
+        return Decision(Action.ALREADY_COMMITTED, why=f"write {row.write_id} is published")
+    if row.status is EpochStatus.ABORTED:
+        return refuse(EpochAborted(f"{epoch_name(row)} is Aborted: it cannot be audited"))
+    if row.commit_decided_at is not None or row.audit_of_write is not None:
+        return Decision(Action.ALREADY_AUDITED, why=f"write {row.write_id} is on its audit branch")
+    status = lookups.checkpoint()
+    if status is CheckpointStatus.FAILED:
+        return refuse(CheckpointFailed(f"{epoch_name(row)}: checkpoint FAILED; the epoch must be aborted"))
+    if status is CheckpointStatus.PENDING:
+        return refuse(CheckpointNotReady(f"{epoch_name(row)}: checkpoint still PENDING"))
+    return Decision(Action.COMMIT_AUDIT, why="checkpoint COMPLETED")
+
+
+def audit_refusal(row: EpochRecord) -> AuditNotPassed | None:
+    """An audited sink publishes a write only after its audit passed (D23); asked before the
+    publish is decided, so a decided publish goes on whatever a later audit says."""
+    audit = row.audit_of_write
+    if audit is None:
+        return AuditNotPassed(
+            f"{row.pre_commit.describe()}: the sink is audited, and the write was not committed to its audit "
+            "branch yet: its audit has not run"
+        )
+    if audit.verdict is None:
+        return AuditNotPassed(f"{row.pre_commit.describe()}: its audit on branch {audit.branch} has not concluded")
+    if audit.verdict is AuditVerdict.FAILED:
+        return AuditNotPassed(
+            f"{row.pre_commit.describe()}: its audit failed ({audit.failing()}); main is untouched. Reprocess the "
+            f"run to write the epoch again, or reject it (eo-sink reject {row.sink_id} {row.epoch})"
+        )
+    return None
+
+
 def recovery_decision(row: EpochRecord, lookups: EpochLookups) -> Decision:
     """A Pending epoch after a crash: commit what was decided or completed, abort what failed. What
     the commit would refuse (``commit_decision``) is refused here, so a dry run lists it as refused."""
@@ -605,6 +654,8 @@ def recovery_decision(row: EpochRecord, lookups: EpochLookups) -> Decision:
     if status is CheckpointStatus.FAILED:
         action = Action.ABORT_REVISION if row.kind.revises else Action.ABORT
         return Decision(action, why="checkpoint FAILED", cause=AbortCause.CHECKPOINT_FAILED)
+    if lookups.audited and (held := audit_refusal(row)) is not None:
+        return Decision(Action.WAIT_FOR_AUDIT, why=str(held))
     return _decide_after_completed(row, lookups)
 
 

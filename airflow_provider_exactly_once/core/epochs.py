@@ -19,10 +19,15 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Annotated, Literal
 
-from pydantic import PlainValidator
+from pydantic import BaseModel, Field, PlainValidator
 
 from airflow_provider_exactly_once.core import errors
 from airflow_provider_exactly_once.core.errors import InvalidIdentifier, InvalidPreCommit, find_control, safe_text
+
+#: What an epoch keeps of a failed task's error (design.md D22): its first lines, and at most this
+#: many characters of them; the whole error is in the task's log, which the views link.
+CAUSE_LINES = 5
+CAUSE_CHARS = 1500
 
 
 class EpochStatus(StrEnum):
@@ -63,6 +68,47 @@ class AbortCause(StrEnum):
     FILES_LOST = "files_lost"
     #: Changes by key whose table moved under them, given up to be written again (design.md D14).
     UPSERT_CONFLICT = "upsert_conflict"
+    #: An audited write whose checks failed, dropped by an operator (``reject``, design.md D23).
+    REJECTED = "rejected"
+
+
+class AuditVerdict(StrEnum):
+    """What the audit of an epoch's write concluded (design.md D23)."""
+
+    PASSED = "passed"
+    FAILED = "failed"
+
+
+class AuditCheck(BaseModel, frozen=True, extra="forbid"):
+    """One check of an audit as it ended: a task or a built-in check, by name, and what it said."""
+
+    name: str = Field(min_length=1, max_length=250)
+    passed: bool
+    message: str = Field(default="", max_length=CAUSE_CHARS)
+
+
+class EpochAudit(BaseModel, frozen=True, extra="forbid"):
+    """An audited sink's write committed where only its checks read it (design.md D23): the audit
+    branch of each table, the snapshot the write made there, and the verdict once the checks ran.
+    Kept on the epoch's row (``pending_sink_state.audit``) for the write it names only."""
+
+    write_id: str
+    branch: str
+    #: Per table: the audit snapshot's id, or ``"empty"`` when the write added nothing there.
+    snapshots: dict[str, str]
+    verdict: AuditVerdict | None = None
+    checks: tuple[AuditCheck, ...] = ()
+
+    def failing(self) -> str:
+        """The failed checks as one line each: ``name: message``."""
+        return "\n".join(f"{c.name}: {c.message}".rstrip(": ") for c in self.checks if not c.passed)
+
+    def judged(self, checks: Sequence[AuditCheck]) -> EpochAudit:
+        """This audit with the verdict of ``checks``: passed when every one did (and there is one)."""
+        passed = bool(checks) and all(c.passed for c in checks)
+        return self.model_copy(
+            update={"verdict": AuditVerdict.PASSED if passed else AuditVerdict.FAILED, "checks": tuple(checks)}
+        )
 
 
 SINK_ID_MAX_LENGTH = 128
@@ -236,6 +282,11 @@ class EpochEvent(StrEnum):
     CLEANED_UP = "cleaned up"
     #: A revision record kept before the history held them, carried over by migration 0014.
     REVISION_RECORDED = "revision recorded"
+    #: An audited sink's write committed to its audit branch, for its checks to read (D23).
+    AUDIT_COMMITTED = "audit committed"
+    #: The audit's checks ran: every one passed, so the write may be published; or one failed.
+    AUDIT_PASSED = "audit passed"
+    AUDIT_FAILED = "audit failed"
 
 
 class ActorKind(StrEnum):
@@ -323,10 +374,6 @@ def acting(actor: Actor) -> Iterator[Actor]:
         _ACTOR.reset(token)
 
 
-#: What an epoch keeps of a failed task's error (design.md D22): its first lines, and at most this
-#: many characters of them; the whole error is in the task's log, which the views link.
-CAUSE_LINES = 5
-CAUSE_CHARS = 1500
 #: Our own rules that make a step wait rather than fail: said as such, not as a failure.
 _WAITS = (errors.EarlierEpochUndecided, errors.RevisionInProgress, errors.CheckpointNotReady)
 

@@ -167,6 +167,12 @@ class EarlierEpochUndecided(ExactlyOnceError):
     retryable = True
 
 
+class AuditNotPassed(ExactlyOnceError):
+    """An audited sink's write is published only after its audit passed (design.md D23): its audit
+    has not run yet, or failed. A failed audit is settled by reprocessing the run or rejecting the
+    epoch (``eo-sink reject``); retrying the publish changes nothing."""
+
+
 class WriteFailed(ExactlyOnceError):
     """The epoch writer's Spark job failed (a cast that overflows, an unreadable input, a lost
     executor): ``cause`` is the error Spark raised, in one line, which the epoch keeps as the write

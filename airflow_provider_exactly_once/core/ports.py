@@ -17,7 +17,14 @@ from enum import StrEnum
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from airflow_provider_exactly_once.core.epochs import EPOCH_MAX, AbortCause, CheckpointStatus, EpochStatus
+from airflow_provider_exactly_once.core.epochs import (
+    EPOCH_MAX,
+    AbortCause,
+    AuditVerdict,
+    CheckpointStatus,
+    EpochAudit,
+    EpochStatus,
+)
 from airflow_provider_exactly_once.core.errors import InvalidPreCommit
 from airflow_provider_exactly_once.core.input_ranges import SnapshotRange
 from airflow_provider_exactly_once.core.precommit import PreCommit
@@ -181,10 +188,28 @@ class EpochRecord:
     #: Why an Aborted epoch's write was given up (``error`` says it in words); ``None`` otherwise
     #: and for rows aborted before the cause was recorded whose reason did not tell it.
     abort_cause: AbortCause | None = None
+    #: An audited sink's write: its audit, once committed to its audit branch (design.md D23).
+    audit: EpochAudit | None = None
 
     @property
     def kind(self) -> WriteKind:
         return WriteKind.of(self.pre_commit, self.replaces)
+
+    @property
+    def audit_of_write(self) -> EpochAudit | None:
+        """The audit of the row's current write, if it has one (an earlier write's says nothing)."""
+        return self.audit if self.audit is not None and self.audit.write_id == self.write_id else None
+
+    @property
+    def stage(self) -> str:
+        """The status as operators read it: a Pending audited write is ``Auditing`` until its checks
+        ran, then ``Audit failed`` or ``Audited`` (awaiting its publish), design.md D23."""
+        audit = self.audit_of_write
+        if self.status is not EpochStatus.PENDING or audit is None or self.commit_decided_at is not None:
+            return self.status.value
+        if audit.verdict is None:
+            return "Auditing"
+        return "Audit failed" if audit.verdict is AuditVerdict.FAILED else "Audited"
 
     def as_replaced(self) -> ReplacedWrite:
         """This Committed row as a revision replacing it records it."""
@@ -365,6 +390,11 @@ class SinkStateStore(Protocol):
     ) -> EpochRecord:
         """``Committed -> Pending`` with a new write, only for an epoch whose tables were re-created
         since (its commit proves nothing for the new tables); ``reason`` becomes the row's warning."""
+        ...
+
+    def record_audit(self, sink_id: str, epoch: int, audit: EpochAudit) -> EpochRecord:
+        """Keep ``audit`` on the Pending row of its write while no commit is decided: committed to its
+        audit branch, or judged (design.md D23). ``StateConflict`` when the row moved."""
         ...
 
     def record_warning(self, sink_id: str, epoch: int, *, warning: str) -> None:
@@ -626,6 +656,28 @@ class BatchCommitter(SinkCommitter, Protocol):
     ) -> Sequence[CommittedTables]:
         """``SinkCommitter.commit`` of every plan (``since[i]`` for ``plans[i]``), in order, landing per
         table whole or not at all; raises what ``commit`` raises, for the batch as a whole."""
+        ...
+
+
+@runtime_checkable
+class AuditingCommitter(SinkCommitter, Protocol):
+    """A committer that can commit a write where only its audit reads it, before publishing it
+    (design.md D23): an Iceberg committer, on a branch of each table, one per epoch."""
+
+    def audit_branch(self, pre_commit: PreCommit) -> str:
+        """The name of the epoch's audit branch (the same in every table of the write)."""
+        ...
+
+    def commit_audit(
+        self, pre_commit: PreCommit, since: datetime, *, allow_beyond_horizon: bool = False
+    ) -> CommittedTables:
+        """``commit`` of the write onto its audit branch, made from the sink branch's head when it
+        is missing or shows another write; idempotent by the marker on that branch."""
+        ...
+
+    def drop_audit(self, pre_commit: PreCommit, since: datetime) -> None:
+        """Remove the write's audit branch and expire the audit snapshots of the write that no branch
+        or tag reads any more, so that its files count as unreferenced again (invariant 4)."""
         ...
 
 

@@ -267,6 +267,7 @@ def coordinator_for(
         metrics=metrics,
         allow_beyond_horizon=allow_beyond_horizon,
         on_reprocess={sink.sink_id: sink.on_reprocess},
+        audited=[sink.sink_id] if getattr(sink, "audited", False) else [],
     )
 
 

@@ -137,6 +137,10 @@ class IcebergSinkConfig(ConfigModel):
     #: Every row is a change by key (insert or update, or a delete where the spec's ``op_column``
     #: says so), applied copy-on-write (``core.upserts.UpsertSpec``); ``None``: every row is new.
     upsert: Upsert = Field(default=None, exclude_if=lambda value: value is None)
+    #: Write, audit, publish (design.md D23): each epoch is committed to an audit branch of every
+    #: table, its checks run there, and only a write whose audit passed is published to ``branch``.
+    #: ``exactly_once_epoch(audit=...)`` sets it; recovery reads it from the registered sink.
+    audited: bool = Field(default=False, exclude_if=lambda value: not value)
 
     def __hash__(self) -> int:  # the selections and the upsert spec left out: a dict has no hash
         return hash((self.kind, self.sink_id, self.tables, self.iceberg_conn_id, self.branch))

@@ -284,7 +284,7 @@ def _set_wal(cursor: Any, timeout_s: float) -> None:
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 
 #: The newest revision under ``migrations/versions`` (a test keeps the two in step).
-HEAD_REVISION = "0014"
+HEAD_REVISION = "0015"
 
 #: ``pg_advisory_xact_lock`` key of the upgrade ("EOMS" as bytes); advisory keys are per database.
 PG_MIGRATION_LOCK_KEY = 0x454F4D53

@@ -241,6 +241,8 @@ class PendingSinkState(Base):
     #: JSON, while a revision is Pending: the committed write it replaces (``core.ports.ReplacedWrite``),
     #: whose metadata is ``replaced_metadata``'s (0010).
     replaces: Mapped[str | None] = mapped_column(Text)
+    #: JSON, for an audited sink's write (0015): its audit branch, snapshots and verdict (``core.epochs.EpochAudit``).
+    audit: Mapped[str | None] = mapped_column(Text)
     #: The write's metadata, from ``epoch_metadata`` (0006) in either of its forms, and its size
     #: (``rows.record``); ``rows.load`` reads the row without it when its write is parsed already.
     metadata_json: Mapped[str | None] = column_property(

@@ -42,7 +42,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import Session
 
 from airflow_provider_exactly_once.core.data_file_list import DataFiles
-from airflow_provider_exactly_once.core.epochs import AbortCause, CheckpointStatus, EpochStatus
+from airflow_provider_exactly_once.core.epochs import AbortCause, CheckpointStatus, EpochAudit, EpochStatus
 from airflow_provider_exactly_once.core.errors import (
     EpochNotFound,
     InvalidPreCommit,
@@ -308,6 +308,7 @@ def record(
         warning=row.warning,
         revision=int(row.revision or 0),
         replaces=_replaced(session, parsed, row, replaced),
+        audit=None if row.audit is None else EpochAudit.model_validate_json(row.audit),
     )
 
 
@@ -382,6 +383,7 @@ def new_write_values(
         "committed": None,
         "table_uuids": None,
         "error": None,
+        "audit": None,
     }
 
 

@@ -22,7 +22,15 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from airflow_provider_exactly_once.core.decisions import discarded_error
-from airflow_provider_exactly_once.core.epochs import AbortCause, EpochEvent, EpochStatus, check_epoch, check_write_id
+from airflow_provider_exactly_once.core.epochs import (
+    AbortCause,
+    AuditVerdict,
+    EpochAudit,
+    EpochEvent,
+    EpochStatus,
+    check_epoch,
+    check_write_id,
+)
 from airflow_provider_exactly_once.core.errors import InvalidPreCommit, StateConflict
 from airflow_provider_exactly_once.core.ports import ORPHAN_EPOCH, CleanupTask, CommitMark, CommittedTables, EpochRecord
 from airflow_provider_exactly_once.core.precommit import PreCommit
@@ -490,6 +498,27 @@ class SqlSinkStateStore(SqlCleanupQueue, SqlBatchTransitions):
                 PendingSinkState.sink_id == sink_id, PendingSinkState.epoch == epoch
             )
             _noted(session, changed.values(warning=warning, updated_at=db_now()), EpochEvent.WARNING, warning)
+
+    def record_audit(self, sink_id: str, epoch: int, audit: EpochAudit) -> EpochRecord:
+        """The audit of the Pending write it names, while no commit is decided (design.md D23); its
+        event says what changed: committed to the audit branch, or the verdict and failed checks."""
+        epoch, write_id = check_epoch(epoch), check_write_id(audit.write_id)
+        if audit.verdict is None:
+            event, reason = EpochEvent.AUDIT_COMMITTED, f"on branch {audit.branch}: {dict(audit.snapshots)}"
+        elif audit.verdict is AuditVerdict.PASSED:
+            event, reason = EpochEvent.AUDIT_PASSED, ", ".join(c.name for c in audit.checks)
+        else:
+            event, reason = EpochEvent.AUDIT_FAILED, audit.failing()
+        with self._db.transaction(f"recording the audit of sink {sink_id!r} epoch {epoch}", write=True) as session:
+            rows.swap(
+                session,
+                rows.guarded(EpochStatus.PENDING, undecided=True).values(
+                    audit=audit.model_dump_json(), updated_at=db_now()
+                ),
+                rows.key(sink_id, epoch, write_id),
+                f"record the audit of Pending write {write_id} while no commit is decided",
+            )
+            return history.recorded(session, rows.reloaded(session, sink_id, epoch), event, reason=reason or None)
 
     def decide_commit(self, sink_id: str, epoch: int, *, write_id: str) -> EpochRecord:
         epoch, write_id = check_epoch(epoch), check_write_id(write_id)

@@ -113,6 +113,7 @@ def test_the_declared_head_is_the_scripted_head() -> None:
         "0012",
         "0013",
         "0014",
+        "0015",
     }
 
 

@@ -7,15 +7,19 @@ has to be worked around to meet it.
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 
 from pyiceberg.catalog import Catalog
+from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.io import FileIO
 from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table
+from pyiceberg.table.snapshots import Snapshot
+from pyiceberg.table.update.snapshot import ManageSnapshots
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 
 from airflow_provider_exactly_once.core.coordinator import COMMIT_RETRIES, NO_METRICS, Metrics, safe
@@ -55,9 +59,17 @@ from airflow_provider_exactly_once.sinks.iceberg.epoch_snapshot import (
     refuse_stacked_schema_changes,
 )
 from airflow_provider_exactly_once.sinks.iceberg.markers import (
+    AUDIT_BRANCH_KEY,
+    EPOCH_KEY,
+    SINK_ID_KEY,
+    WRITE_ID_KEY,
     AddedFiles,
+    audit_branch_name,
     check_horizon,
     find_marker,
+    marker_of,
+    recent_ancestry,
+    recent_snapshots,
     refuse_if_referenced,
     sink_markers,
 )
@@ -84,6 +96,31 @@ FAULT_LOADED = "iceberg.loaded"
 
 #: One table's part of a commit: the table as loaded, the entries it takes, their snapshots.
 _Staged = tuple[Table, list[TableEntry], list[EpochSnapshot]]
+
+
+def _remove_audit_branch(
+    table: Table, pre_commit: PreCommit, branch: str, not_before_ms: int
+) -> ManageSnapshots | None:
+    """The write's audit branch removed, unless it holds another write's audit of the epoch."""
+    if branch not in table.metadata.refs:
+        return None
+    found = find_marker(
+        table.metadata, pre_commit.sink_id, pre_commit.epoch, branch=branch, not_before_ms=not_before_ms
+    )
+    if found is not None and found[1] != pre_commit.write_id:
+        return None
+    return table.manage_snapshots().remove_branch(branch)
+
+
+def _audits_write(snapshot: Snapshot, pre_commit: PreCommit) -> bool:
+    props = marker_of(snapshot)
+    return (
+        props is not None
+        and props[SINK_ID_KEY] == pre_commit.sink_id
+        and props[EPOCH_KEY] == str(pre_commit.epoch)
+        and props.get(WRITE_ID_KEY) == pre_commit.write_id
+        and AUDIT_BRANCH_KEY in props
+    )
 
 
 class IcebergSinkCommitter:
@@ -253,6 +290,85 @@ class IcebergSinkCommitter:
                 write_ids[write.table] = found[1] or None
         return VisibleEpoch(tables=tables, write_ids=write_ids)
 
+    # -- write, audit, publish (design.md D23) ---------------------------------------------------
+
+    def audit_branch(self, pre_commit: PreCommit) -> str:
+        return audit_branch_name(pre_commit.sink_id, pre_commit.epoch)
+
+    def commit_audit(
+        self, pre_commit: PreCommit, since: datetime, *, allow_beyond_horizon: bool = False
+    ) -> CommittedTables:
+        """The write committed onto its audit branch, as the sink's own commit would (marker, retries,
+        checks), on a copy of this committer bound to that branch; the branch starts at the sink
+        branch's head, so that the audit reads the table as publishing the write would leave it."""
+        branch, not_before_ms = self.audit_branch(pre_commit), self.not_before_ms(since)
+        for write in pre_commit.tables:
+            self._update_refs(
+                write.table, lambda table: self._open_audit_branch(table, pre_commit, branch, not_before_ms)
+            )
+        auditing = copy.copy(self)
+        auditing.branch = branch
+        return auditing.commit(CommitPlan(pre_commit), since, allow_beyond_horizon=allow_beyond_horizon)
+
+    def _open_audit_branch(
+        self, table: Table, pre_commit: PreCommit, branch: str, not_before_ms: int
+    ) -> ManageSnapshots | None:
+        """The audit branch at the sink branch's head, unless it holds this write already; a branch
+        left by another write of the epoch (replaced, rejected) starts again."""
+        found = find_marker(
+            table.metadata, pre_commit.sink_id, pre_commit.epoch, branch=branch, not_before_ms=not_before_ms
+        )
+        if found is not None and found[1] == pre_commit.write_id:
+            return None
+        head = table.metadata.snapshot_by_name(self.branch)
+        manage = table.manage_snapshots()
+        if branch in table.metadata.refs:
+            manage = manage.remove_branch(branch)
+        return manage.create_branch(head.snapshot_id, branch) if head is not None else manage
+
+    def drop_audit(self, pre_commit: PreCommit, since: datetime) -> None:
+        for write in pre_commit.tables:
+            self._drop_audit_in(write.table, pre_commit, self.not_before_ms(since))
+
+    def _drop_audit_in(self, name: str, pre_commit: PreCommit, not_before_ms: int) -> Table:
+        """``drop_audit`` in one table; the table as it is afterwards. Only snapshots of the write's
+        audit (``AUDIT_BRANCH_KEY``) that no branch or tag reads are expired: never a published one."""
+        branch = self.audit_branch(pre_commit)
+        table = self.load(name)
+        if _remove_audit_branch(table, pre_commit, branch, not_before_ms) is not None:
+            self._update_refs(name, lambda t: _remove_audit_branch(t, pre_commit, branch, not_before_ms))
+            table = self.load(name)
+        recent = recent_snapshots(table.metadata, not_before_ms).values()
+        ours = {snapshot.snapshot_id for snapshot in recent if _audits_write(snapshot, pre_commit)}
+        if not ours:
+            return table
+        read = {
+            s.snapshot_id
+            for ref in table.metadata.refs
+            for s in recent_ancestry(table.metadata, branch=ref, not_before_ms=not_before_ms)
+        }
+        if expired := sorted(ours - read):
+            expiry = table.maintenance.expire_snapshots()
+            for snapshot_id in expired:
+                expiry = expiry.by_id(snapshot_id)
+            expiry.commit()
+            table = self.load(name)
+        return table
+
+    def _update_refs(self, name: str, change: Callable[[Table], ManageSnapshots | None]) -> None:
+        """``change`` of the table's refs, against the table loaded afresh for each of up to eight
+        attempts: a concurrent commit to the table refuses the update, which is then made again."""
+        for attempt in range(8):
+            manage = change(self.load(name))
+            if manage is None:
+                return
+            try:
+                manage.commit()
+                return
+            except CommitFailedException:
+                if attempt == 7:
+                    raise
+
     def missing_files(self, pre_commit: PreCommit) -> Sequence[str]:
         return missing_in_locations(pre_commit, [(write, self.load(write.table)) for write in pre_commit.tables])
 
@@ -351,7 +467,8 @@ class IcebergSinkCommitter:
         loaded: list[tuple[TableWrite, Table]] = []
         # All tables are cleared before anything is deleted, so a refusal leaves every file in place.
         for write in pre_commit.tables:
-            table = self.load(write.table)
+            # An audit of the write (design.md D23) goes first: its snapshot would hold the files.
+            table = self._drop_audit_in(write.table, pre_commit, not_before_ms)
             check_location(table.metadata, write)
             # Reads the manifests of the snapshots since the write: object storage, which may be down.
             what = f"{pre_commit.describe()}: could not check what table {write.table!r} references"

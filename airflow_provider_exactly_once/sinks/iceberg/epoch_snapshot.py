@@ -138,6 +138,7 @@ def stage_snapshots(table: Table, snapshots: Sequence[EpochSnapshot], *, branch:
                 pre_commit.write_id,
                 number,
                 SnapshotRange.of_positions(pre_commit.source_positions),
+                branch=branch,
             )
             snapshot: StackedFastAppend | SpecAwareOverwrite
             own = True  # the snapshot writes its manifests itself, not listing those persist wrote

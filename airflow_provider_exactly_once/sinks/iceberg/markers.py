@@ -44,11 +44,31 @@ SOURCE_AFTER_KEY = "exactly-once.source.after-snapshot-id"
 SOURCE_TO_KEY = "exactly-once.source.to-snapshot-id"
 
 
+#: Written by an audited sink's commit to its audit branch (design.md D23): the branch it was made
+#: on. Its publish to the sink's branch carries the marker without it.
+AUDIT_BRANCH_KEY = "exactly-once.audit-branch"
+_AUDIT_BRANCH_PREFIX = "eo-audit-"
+
+
+def audit_branch_name(sink_id: str, epoch: int) -> str:
+    """An epoch's audit branch in each table of its sink (design.md D23): one per epoch, so that
+    epochs audited at once are each read against the sink's branch plus themselves alone."""
+    return f"{_AUDIT_BRANCH_PREFIX}{sink_id}-{epoch}"
+
+
 def marker_properties(
-    sink_id: str, epoch: int, write_id: str, revision: int = 0, consumed: SnapshotRange | None = None
+    sink_id: str,
+    epoch: int,
+    write_id: str,
+    revision: int = 0,
+    consumed: SnapshotRange | None = None,
+    *,
+    branch: str = "main",
 ) -> dict[str, str]:
     """The summary properties one commit writes; strings because the summary is a string map."""
     props = {SINK_ID_KEY: sink_id, EPOCH_KEY: str(epoch), WRITE_ID_KEY: write_id}
+    if branch == audit_branch_name(sink_id, epoch):
+        props[AUDIT_BRANCH_KEY] = branch
     if revision:
         props[REVISION_KEY] = str(revision)
     if consumed is not None:
