@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from airflow_provider_exactly_once.operators.tables import EnsureTableOperator
     from airflow_provider_exactly_once.recovery.dag import recovery_dag
     from airflow_provider_exactly_once.sensors.checkpoint import CheckpointSensor, CheckpointSettledSensor
-    from airflow_provider_exactly_once.sinks.config import FileSinkConfig, IcebergSinkConfig
+    from airflow_provider_exactly_once.sinks.config import FileSinkConfig, IcebergSinkConfig, SqlCheck
     from airflow_provider_exactly_once.spark.author_specs import (
         FileSinkTarget,
         FilesInput,
@@ -70,6 +70,7 @@ _WHERE = {
     "FileSinkConfig": "sinks.config",
     "TableSelect": "sinks.config",
     "UpsertSpec": "core.upserts",
+    "SqlCheck": "sinks.config",
     "MetaStoreCheckpoint": "checkpoints.config",
     "MarkerFileCheckpoint": "checkpoints.config",
     "StreamingCheckpoint": "checkpoints.config",
@@ -103,6 +104,7 @@ __all__ = [
     "SnapshotRangeCheckpoint",
     "SparkPreCommitOperator",
     "SparkWrite",
+    "SqlCheck",
     "SqlInput",
     "StreamingCheckpoint",
     "TableInput",

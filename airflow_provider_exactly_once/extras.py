@@ -29,6 +29,7 @@ EXTRAS = {
     "s3": "s3fs, for s3:// paths (landed input, markers, file sinks, write locations)",
     "glue": "pyiceberg's Glue catalog",
     "openlineage": "the OpenLineage provider, for lineage events of the write and commit tasks",
+    "audit": "DuckDB, for the built-in SQL checks of an audited sink",
 }
 
 

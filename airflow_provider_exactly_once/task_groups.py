@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeAlias
 
@@ -81,6 +81,7 @@ def exactly_once_epoch(
     commit_retries: int = 8,
     commit_retry_delay: timedelta = timedelta(seconds=15),
     rewrites: int = 2,
+    audit: Audit | None = None,
 ) -> TaskGroup:
     """Build the epoch's group around ``write``: an operator, a ``@task`` call's result, or a
     ``SparkWrite`` the group builds inside itself.
@@ -103,6 +104,13 @@ def exactly_once_epoch(
     upsert sink also ``rewrite_N``, ``persist_N``, ``wait_N`` and ``commit_N`` for N up to
     ``rewrites``: how many times the epoch is written again when another writer changed the files
     it rewrote (0: never; the run then fails and clearing it writes the epoch again).
+    ``audit``: write, audit, publish (design.md D23). The epoch is committed to an audit branch of
+    each table (``audit_commit``), the audit runs, and ``publish`` commits it to the sink's branch only
+    when every audit task succeeded. Give ``SqlCheck``s (run by DuckDB over the audit snapshot as one
+    task, ``audit_checks``), your own operators or ``@task`` results, or a callable that receives
+    the audit commit's ``XComArg`` (branch and snapshot ids) and returns them; a mix in a list. An
+    audited upsert sink gets no ``rewrite_N`` chain: a conflict fails the run, and clearing it writes
+    the epoch again.
     Every argument is checked here, when the DAG is parsed; an error names the one at fault.
     """
     dag = None if isinstance(write, SparkWrite) else _operator_of(write).dag
@@ -112,6 +120,15 @@ def exactly_once_epoch(
         raise InvalidSinkConfig(f"commit_retries must not be negative, got {commit_retries}")
     if rewrites < 0:
         raise InvalidSinkConfig(f"rewrites must not be negative, got {rewrites}")
+    if audit is not None:
+        if not isinstance(sink_cfg, IcebergSinkConfig):
+            raise InvalidSinkConfig(f"audit: sink {sink_cfg.sink_id!r} is not an Iceberg sink; only tables are audited")
+        sink_cfg = sink_cfg.model_copy(update={"audited": True})
+        rewrites = 0
+    elif getattr(sink_cfg, "audited", False):
+        raise InvalidSinkConfig(
+            f"sink {sink_cfg.sink_id!r} is audited: give exactly_once_epoch audit=[...], the checks its epochs must pass"
+        )
     tables = _declared_tables(sink_cfg, table)
     group_id = group_id or "exactly_once_" + re.sub(r"[^\w-]", "_", sink_cfg.sink_id)
     common: dict[str, Any] = {"sink": sink_cfg, "meta_conn_id": meta_conn_id}
@@ -147,9 +164,14 @@ def exactly_once_epoch(
             task_id="persist", write_task_id=write_op.task_id, checkpoint=checkpoint_cfg, **common, **retried
         )
         wait = CheckpointSensor(task_id="wait_for_checkpoint", checkpoint=checkpoint_cfg, **common, **sensing)
-        commit = CommitEpochOperator(
-            task_id="commit", checkpoint=checkpoint_cfg, write_task_id=write_op.task_id, **common, **retried
-        )
+        audit_tasks: list[BaseOperator] = []
+        if audit is None:
+            commit: BaseOperator = CommitEpochOperator(
+                task_id="commit", checkpoint=checkpoint_cfg, write_task_id=write_op.task_id, **common, **retried
+            )
+            wait >> commit
+        else:
+            commit, audit_tasks = _audit_tasks(audit, wait, checkpoint_cfg, write_op, common, retried)
         abort = AbortEpochOperator(
             task_id="abort",
             checkpoint=checkpoint_cfg,
@@ -158,21 +180,68 @@ def exactly_once_epoch(
             **common,
             **retried,
         )
-        persist >> wait >> commit
+        persist >> wait
         [persist, wait] >> abort
         if upsert:
             _rewrite_chain(commit, write_op, checkpoint_cfg, rewrites, common, retried, sensing)
     write_op >> persist
     write_op >> abort
-    _keep_failures([write_op, *(t for t in group.iter_tasks() if t is not write_op)], sink_cfg.sink_id, meta_conn_id)
+    epoch_tasks: list[Any] = [write_op, *audit_tasks]
+    epoch_tasks += [t for t in group.iter_tasks() if all(t is not known for known in epoch_tasks)]
+    _keep_failures(epoch_tasks, sink_cfg.sink_id, meta_conn_id, audit_tasks)
     return group
 
 
-def _keep_failures(tasks: list[Any], sink_id: str, meta_conn_id: str | None) -> None:
-    """Every task of the epoch, the author's write among them, keeps its failed tries on the epoch
-    (``FailureRecorder``, design.md D22), beside the callbacks it has."""
+def _audit_tasks(
+    audit: Audit,
+    wait: BaseOperator,
+    checkpoint: CheckpointConfig,
+    write_op: BaseOperator,
+    common: Mapping[str, Any],
+    retried: Mapping[str, Any],
+) -> tuple[BaseOperator, list[BaseOperator]]:
+    """``wait >> audit_commit >> [the audit's tasks] >> publish`` (design.md D23); the publish task
+    and the audit's tasks."""
+    from airflow_provider_exactly_once.operators.epoch import (
+        AuditChecksOperator,
+        AuditEpochOperator,
+        PublishEpochOperator,
+    )
+    from airflow_provider_exactly_once.sinks.config import SqlCheck
+
+    committed = AuditEpochOperator(task_id="audit_commit", checkpoint=checkpoint, **common, **retried)
+    wait >> committed
+    given = audit(committed.output) if callable(audit) else audit
+    items = list(given) if isinstance(given, (list, tuple)) else [given]
+    checks = [item for item in items if isinstance(item, (SqlCheck, Mapping))]
+    tasks = [_operator_of(item) for item in items if not isinstance(item, (SqlCheck, Mapping))]
+    if checks:
+        tasks.append(AuditChecksOperator(task_id="audit_checks", checks=checks, checkpoint=checkpoint, **common))
+    if not tasks:
+        raise InvalidSinkConfig(
+            "audit: give at least one check or task; an audit that checks nothing publishes everything"
+        )
     for task in tasks:
-        task.on_failure_callback = [*task.on_failure_callback, FailureRecorder(sink_id, meta_conn_id)]
+        committed >> task
+    publish = PublishEpochOperator(
+        task_id="publish",
+        checkpoint=checkpoint,
+        write_task_id=write_op.task_id,
+        audit_task_ids=[t.task_id for t in tasks],
+        **common,
+        **retried,
+    )
+    tasks >> publish
+    return publish, tasks
+
+
+def _keep_failures(tasks: list[Any], sink_id: str, meta_conn_id: str | None, audit: list[Any]) -> None:
+    """Every task of the epoch, the author's write and audit among them, keeps its failed tries on
+    the epoch (``FailureRecorder``, design.md D22), beside the callbacks it has; an audit task's
+    final failure is also a failed check of the epoch's audit (D23)."""
+    for task in tasks:
+        audits = any(task is a for a in audit)
+        task.on_failure_callback = [*task.on_failure_callback, FailureRecorder(sink_id, meta_conn_id, audit=audits)]
         task.on_retry_callback = [*task.on_retry_callback, FailureRecorder(sink_id, meta_conn_id, retried=True)]
 
 
@@ -184,6 +253,10 @@ def _operator_of(write: object) -> BaseOperator:
         )
     return write_op
 
+
+#: What ``exactly_once_epoch(audit=...)`` takes (design.md D23): checks, tasks, or a callable making
+#: them from the audit commit's ``XComArg``.
+Audit: TypeAlias = "Sequence[Any] | Callable[[XComArg], Any] | Any"
 
 #: A table as the group checked it: its declared schema, partitioning and properties.
 _Declared: TypeAlias = "tuple[Schema | DeclaredSchema, PartitionSpec | DeclaredPartitioning | None, dict[str, str]]"

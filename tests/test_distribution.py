@@ -65,7 +65,7 @@ def test_the_wheel_metadata_states_the_supported_ranges_and_the_extras(dist: Pat
     assert {"Programming Language :: Python :: 3.11", "Programming Language :: Python :: 3.13"} <= set(
         meta.get_all("Classifier")
     )
-    assert set(meta.get_all("Provides-Extra")) == {"spark", "postgres", "s3", "glue", "openlineage"}
+    assert set(meta.get_all("Provides-Extra")) == {"spark", "postgres", "s3", "glue", "openlineage", "audit"}
     requires = meta.get_all("Requires-Dist")
     base = [r for r in requires if "extra ==" not in r]
     assert "apache-airflow<3.4,>=3.1.1" in base

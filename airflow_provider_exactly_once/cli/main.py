@@ -320,6 +320,10 @@ def _abort_command(ops: SinkOperations, args: argparse.Namespace, out: TextIO, e
     return _print_result(out, args, result)
 
 
+def _reject_command(ops: SinkOperations, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    return _print_result(out, args, ops.reject(args.sink, args.epoch, reason=args.reason, dry_run=args.dry_run))
+
+
 def _commit_command(ops: SinkOperations, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     result = ops.commit(args.sink, args.epoch, dry_run=args.dry_run, allow_beyond_horizon=args.beyond_horizon)
     return _print_result(out, args, result)
@@ -402,6 +406,7 @@ COMMANDS: dict[str, Callable[[SinkOperations, argparse.Namespace, TextIO, TextIO
     "show": show_command,
     "history": history_command,
     "abort": _abort_command,
+    "reject": _reject_command,
     "commit": _commit_command,
     "cleanup": _cleanup_command,
     "recover": _recover_command,

@@ -245,6 +245,18 @@ def build_parser() -> argparse.ArgumentParser:
         "while every file exists or a table shows the epoch",
     )
 
+    reject = commands.add_parser(
+        "reject", parents=[common, dry], help="drop an audited epoch whose audit failed, and delete its files"
+    )
+    reject.add_argument("sink", type=_sink_id)
+    reject.add_argument("epoch", type=_epoch)
+    reject.add_argument(
+        "--reason",
+        required=True,
+        type=_reason,
+        help=f"why: one line, at most {ABORT_REASON_MAX_LENGTH} characters; kept on the epoch's row",
+    )
+
     commit = commands.add_parser("commit", parents=[common, dry], help="retry the commit of a Pending epoch")
     commit.add_argument("sink", type=_sink_id)
     commit.add_argument("epoch", type=_epoch)

@@ -147,6 +147,31 @@ class SinkOperations(SinkReads):
             files_deleted=result.files_deleted,
         )
 
+    def reject(self, sink_id: str, epoch: int, *, reason: str, dry_run: bool = False) -> ActionResult:
+        """Drop an audited write whose audit failed (design.md D23): the epoch becomes Aborted, its
+        audit branch goes and its files are deleted once nothing references them."""
+        if (fault := abort_reason_fault(reason)) is not None:
+            raise InvalidRequest(f"sink {sink_id!r} epoch {epoch}: {fault}")
+        coordinator = self._coordinator(sink_id)
+        row = self._row(sink_id, epoch)
+        audit = row.audit_of_write
+        detail = describe_write(row.pre_commit) + (f"; failed checks: {audit.failing()}" if audit else "")
+        if dry_run:
+            outcome = "would reject" if row.stage == "Audit failed" else f"refused: the epoch is {row.stage}"
+            return ActionResult(
+                action="reject", sink_id=sink_id, epoch=epoch, dry_run=True, outcome=outcome, detail=detail
+            )
+        result = coordinator.reject(sink_id, epoch, reason=reason)
+        return ActionResult(
+            action="reject",
+            sink_id=sink_id,
+            epoch=epoch,
+            dry_run=False,
+            outcome=result.outcome.value,
+            detail=f"{detail}; {result.files_deleted} file(s) deleted",
+            files_deleted=result.files_deleted,
+        )
+
     def _abort_plan(
         self, coordinator: TwoPhaseCommitCoordinator, row: EpochRecord, force: bool, files_lost: bool
     ) -> ActionResult:

@@ -1,4 +1,5 @@
-"""The protocol steps of one epoch as Airflow tasks: persist, commit, abort.
+"""The protocol steps of one epoch as Airflow tasks: persist, commit, abort, and an audited sink's
+audit commit, built-in checks and publish (design.md D23).
 
 Thin on purpose: each resolves the meta-store connection, the sink's catalog and the run's epoch,
 then calls one method of the coordinator, which alone decides the epoch's fate. What they add is
@@ -19,7 +20,14 @@ from airflow.sdk import BaseOperator
 
 from airflow_provider_exactly_once.checkpoints.config import CheckpointConfig
 from airflow_provider_exactly_once.core.epochs import acting, failure_reason, run_failure
-from airflow_provider_exactly_once.core.errors import AbortRefused, ExactlyOnceError, InvalidPreCommit, WriteFailed
+from airflow_provider_exactly_once.core.errors import (
+    AbortRefused,
+    AuditNotPassed,
+    ExactlyOnceError,
+    InvalidPreCommit,
+    InvalidSinkConfig,
+    WriteFailed,
+)
 from airflow_provider_exactly_once.observability.assets import commit_alias, emit_committed
 from airflow_provider_exactly_once.observability.links import EpochLink
 from airflow_provider_exactly_once.observability.run_origin import RunOrigin, task_actor
@@ -258,6 +266,103 @@ class CommitEpochOperator(_EpochOperator):
         return commit_lineage(self.sink, record, committed_now=committed_now, origin=origin)
 
 
+class AuditEpochOperator(_EpochOperator):
+    """Write, audit, publish, step one (design.md D23): commit the epoch's write to its audit branch
+    once its checkpoint completed, where the audit's tasks read it and ``main``'s readers do not.
+
+    Idempotent like the commit: the marker on the audit branch tells a retry the commit happened.
+    :return: ``{"sink_id", "epoch", "write_id", "branch", "snapshots"}``: per table, the audit
+        snapshot's id (``"empty"`` where the write added nothing), for the audit's tasks to read
+        exactly the epoch's data (``{{ ti.xcom_pull(task_ids='<group>.audit_commit') }}``, or the
+        ``XComArg`` an ``audit=`` callable of ``exactly_once_epoch`` is given).
+    """
+
+    operator_extra_links = (EpochLink(),)
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        with airflow_errors(), self._step(context) as step:
+            record = step.coordinator.commit_audit(self.sink.sink_id, step.epoch)
+        audit = record.audit_of_write
+        if audit is None:  # published already (a cleared run): nothing is left to audit
+            raise AirflowFailException(
+                f"sink {self.sink.sink_id!r} epoch {record.epoch} is {record.stage} with write {record.write_id}: "
+                "there is no audit to run; reprocess the run to write the epoch again"
+            )
+        self.log.info(
+            "sink %r epoch %d on audit branch %s: %s", record.sink_id, record.epoch, audit.branch, audit.snapshots
+        )
+        return {
+            "sink_id": record.sink_id,
+            "epoch": record.epoch,
+            "write_id": record.write_id,
+            "branch": audit.branch,
+            "snapshots": dict(audit.snapshots),
+        }
+
+
+class AuditChecksOperator(_EpochOperator):
+    """The built-in audit (design.md D23): ``checks`` (``SqlCheck``: a name, a query returning the
+    rows that break it, a message) run by DuckDB over the epoch's audit snapshot. Fails, naming every
+    failed check with its message and first rows, when any returns a row; the epoch's audit then
+    records them as failed. Needs DuckDB (the ``[audit]`` extra).
+
+    :return: per check, ``{"name", "passed", "message"}``.
+    """
+
+    ui_color = "#fff4d6"
+
+    def __init__(self, *, checks: Sequence[Any], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        from airflow_provider_exactly_once.sinks.config import as_checks
+
+        self.checks = as_checks(checks)
+        if not isinstance(self.sink, IcebergSinkConfig):
+            raise InvalidSinkConfig(f"task {self.task_id}: only an Iceberg sink is audited")
+
+    def execute(self, context: Context) -> list[dict[str, Any]]:
+        from airflow_provider_exactly_once.runtime.assembly import iceberg_catalog
+        from airflow_provider_exactly_once.sinks.iceberg.audit_checks import run_checks
+
+        assert isinstance(self.sink, IcebergSinkConfig)
+        with airflow_errors(), self._step(context) as step:
+            row = step.store.get(self.sink.sink_id, step.epoch)
+            audit = None if row is None else row.audit_of_write
+            if row is None or audit is None:
+                raise AuditNotPassed(f"sink {self.sink.sink_id!r} epoch {step.epoch}: no audit snapshot to check")
+            found = run_checks(iceberg_catalog(self.sink), row.pre_commit, audit, self.checks)
+        for check in found:
+            self.log.info("check %s: %s %s", check.name, "passed" if check.passed else "FAILED", check.message)
+        failed = [c for c in found if not c.passed]
+        if failed:
+            raise AirflowFailException("; ".join(f"{c.name}: {c.message}" for c in failed))
+        return [c.model_dump() for c in found]
+
+
+class PublishEpochOperator(CommitEpochOperator):
+    """Write, audit, publish, the last step (design.md D23): runs only when every audit task
+    succeeded, records the audit as passed, then commits the epoch to the sink's branch like
+    ``CommitEpochOperator`` (the same decision, marker, retries and asset events: they fire here,
+    never on the audit commit). A failed audit task records the audit as failed instead
+    (``FailureRecorder``), and this task does not run.
+
+    :param audit_task_ids: the audit's tasks, whose names the passed audit keeps.
+    """
+
+    def __init__(self, *, audit_task_ids: Sequence[str], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.audit_task_ids = list(audit_task_ids)
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        from airflow_provider_exactly_once.core.epochs import AuditCheck
+
+        with airflow_errors(), self._step(context) as step:
+            row = step.store.get(self.sink.sink_id, step.epoch)
+            if row is not None and row.audit_of_write is not None and row.commit_decided_at is None:
+                checks = [AuditCheck(name=task_id, passed=True) for task_id in self.audit_task_ids]
+                step.coordinator.judge_audit(self.sink.sink_id, step.epoch, checks, write_id=row.write_id)
+        return super().execute(context)
+
+
 class AbortEpochOperator(_EpochOperator):
     """Give up on the run's epoch after its write, persist or wait failed, and remove the write's files.
 
@@ -374,11 +479,13 @@ class FailureRecorder:
     task's finalisation: an unreachable meta store leaves the task's log as the only record.
     """
 
-    def __init__(self, sink_id: str, meta_conn_id: str | None, *, retried: bool = False) -> None:
+    def __init__(self, sink_id: str, meta_conn_id: str | None, *, retried: bool = False, audit: bool = False) -> None:
         self.sink_id = sink_id
         self.meta_conn_id = meta_conn_id
         #: The ``on_retry_callback``: Airflow runs the task again.
         self.retried = retried
+        #: A task of the epoch's audit: its final failure is a failed check of the audit (D23).
+        self.audit = audit
 
     def __call__(self, context: Context) -> None:
         try:
@@ -388,10 +495,28 @@ class FailureRecorder:
                 try:
                     epoch = epoch_for_context(context, self.sink_id, store.epochs)
                     store.history.record_failure(self.sink_id, epoch, reason, final=not self.retried)
+                    if self.audit and not self.retried:
+                        _fail_audit(
+                            store, self.sink_id, epoch, str(getattr(context.get("ti"), "task_id", "audit")), reason
+                        )
                 finally:
                     store.dispose()
         except Exception:
             log.warning("could not keep the failure on sink %r's epoch", self.sink_id, exc_info=True)
+
+
+def _fail_audit(store: SqlSinkStateStore, sink_id: str, epoch: int, task_id: str, reason: str) -> None:
+    """The epoch's audit judged failed by one more of its tasks, beside those that failed before."""
+    from airflow_provider_exactly_once.core.epochs import AuditCheck, AuditVerdict
+
+    row = store.get(sink_id, epoch)
+    audit = None if row is None else row.audit_of_write
+    if row is None or audit is None or row.commit_decided_at is not None:
+        return  # nothing committed to audit (the audit commit failed), or its publish decided
+    earlier = [c for c in audit.checks if c.name != task_id] if audit.verdict is AuditVerdict.FAILED else []
+    store.record_audit(
+        sink_id, epoch, audit.judged([*earlier, AuditCheck(name=task_id, passed=False, message=reason[:1500])])
+    )
 
 
 def _described(error: object) -> tuple[str, str]:

@@ -7,11 +7,20 @@ by ``sink_config_from_dict`` in a process that never imported the DAG (the recov
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import re
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import Field, ValidationError, ValidationInfo, field_serializer, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_serializer,
+    field_validator,
+    model_validator,
+)
 
 from airflow_provider_exactly_once.core.epochs import ON_REPROCESS, OnReprocess, check_sink_id
 from airflow_provider_exactly_once.core.errors import (
@@ -106,6 +115,31 @@ class TableSelect(ConfigModel):
 _FLAT_UPSERT = ("mode", "key", "op_column", "op_values", "order_by")
 #: The validation context under which a registered config is read.
 _REGISTERED = "registered"
+
+
+class SqlCheck(BaseModel, frozen=True, extra="forbid"):
+    """One built-in audit check: ``sql`` returns the rows that break it; ``message`` says what that
+    means to whoever reads the failed audit (the check's name when not given)."""
+
+    name: str = Field(min_length=1, max_length=250)
+    sql: str = Field(min_length=1)
+    message: str = ""
+
+    @field_validator("name")
+    @classmethod
+    def _plain_name(cls, name: str) -> str:
+        if not re.fullmatch(r"[\w.-]+", name):
+            raise InvalidSinkConfig(f"audit check name {name!r}: use letters, digits, '_', '.' and '-' only")
+        return name
+
+
+def as_checks(checks: Sequence[SqlCheck | Mapping[str, Any]]) -> list[SqlCheck]:
+    """The checks, validated once when the DAG is parsed; two of one name are refused."""
+    parsed = [c if isinstance(c, SqlCheck) else SqlCheck.model_validate(c) for c in checks]
+    names = [c.name for c in parsed]
+    if len(set(names)) != len(names):
+        raise InvalidSinkConfig(f"audit checks: names must be unique, got {names}")
+    return parsed
 
 
 class IcebergSinkConfig(ConfigModel):

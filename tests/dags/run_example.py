@@ -20,7 +20,7 @@ from typing import Any
 from demo import world
 
 FIRST_HOUR = dt.datetime(2024, 6, 1, 10, tzinfo=dt.UTC)
-EXAMPLES = ("hourly_events.py", "fan_out.py", "file_sink.py", "purchases_silver.py")
+EXAMPLES = ("hourly_events.py", "fan_out.py", "file_sink.py", "purchases_silver.py", "audited_orders.py")
 
 
 def files_under(root: Path) -> list[str]:

@@ -44,6 +44,7 @@ def test_example_dags_import_cleanly_without_side_effects(tmp_path: Path) -> Non
         "fan_out.py": {},
         "file_sink.py": {},
         "purchases_silver.py": {},
+        "audited_orders.py": {},
     }
     # every task is the epoch group's, built from one call
     group = ["abort", "commit", "persist", "settled", "wait_for_checkpoint", "write"]
@@ -56,6 +57,16 @@ def test_example_dags_import_cleanly_without_side_effects(tmp_path: Path) -> Non
         )
     }
     assert result["file_sink.py"]["dags"] == {"exactly_once_file_sink": sorted(f"events.{t}" for t in group)}
+    audited = ["abort", "amounts_positive", "audit_checks", "audit_commit", "persist", "publish"]
+    assert result["audited_orders.py"]["dags"] == {
+        "audited_orders": sorted(
+            [
+                *(f"exactly_once_audited_orders.{t}" for t in audited if t != "amounts_positive"),
+                "exactly_once_audited_orders.wait_for_checkpoint",
+                "exactly_once_audited_orders.write",
+            ]
+        )
+    }
     assert result["purchases_silver.py"]["dags"] == {
         "exactly_once_purchases_silver": sorted(
             f"purchases.{t}" for t in ["abort", "commit", "create_table", "persist", "wait_for_checkpoint", "write"]

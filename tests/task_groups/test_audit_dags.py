@@ -1,0 +1,144 @@
+"""Write, audit, publish in real DAG runs (``dag.test()``, design.md D23): a day whose check fails
+leaves ``main`` untouched, as a reader sampling it during the run sees, and a reprocess that fixes
+it publishes the epoch exactly once."""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+import uuid
+from typing import Any
+
+from airflow.providers.standard.operators.python import PythonOperator
+from airflow.sdk import DAG, task
+
+from airflow_provider_exactly_once.core.epochs import (
+    CheckpointStatus,
+    EpochEvent,
+    EpochStatus,
+    epoch_from_interval_start,
+)
+from airflow_provider_exactly_once.sinks.config import SqlCheck
+from airflow_provider_exactly_once.task_groups import exactly_once_epoch
+from tests.support.airflow_world import World, clear_and_resume, run, ti_states, xcom
+
+DAY = dt.datetime(2024, 3, 1, tzinfo=dt.UTC)
+G = "eo"
+
+
+def audited_dag(world: World, audit: Any, *, rows: int = 5) -> DAG:
+    with DAG(
+        f"eo_audit_{uuid.uuid4().hex[:10]}",
+        schedule="@daily",
+        start_date=dt.datetime(2024, 1, 1, tzinfo=dt.UTC),
+        catchup=False,
+    ) as dag:
+        write = PythonOperator(task_id="write", python_callable=world.writer(world.iceberg_sink(), rows=rows))
+        exactly_once_epoch(
+            write,
+            sink=world.iceberg_sink(),
+            checkpoint=world.checkpoint(),
+            meta_conn_id=world.meta_conn_id,
+            group_id=G,
+            sensor_kwargs={"poke_interval": 0.2, "timeout": 30},
+            commit_retries=1,
+            commit_retry_delay=dt.timedelta(0),
+            audit=audit,
+        )
+    return dag
+
+
+class MainSampler:
+    """Reads ``main`` over and over while a run goes on: every write id it ever saw there."""
+
+    def __init__(self, world: World) -> None:
+        self.world = world
+        self.seen: set[str] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def __enter__(self) -> MainSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._read()
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.1):
+            self._read()
+
+    def _read(self) -> None:
+        self.seen |= {write_id for _, _, write_id in self.world.rows()}
+
+
+def test_a_failed_check_keeps_main_untouched_and_a_reprocess_publishes_once(world: World) -> None:
+    epoch = epoch_from_interval_start(DAY)
+    world.mark(epoch, CheckpointStatus.COMPLETED)
+    day: dict[str, Any] = {"bad": True, "audited": []}
+
+    def audit(committed: Any) -> Any:
+        @task(task_id="rows_are_good")
+        def rows_are_good(audit: dict[str, Any]) -> None:
+            table = world.pipeline.catalog.load_table(world.table)
+            snapshot = int(audit["snapshots"][world.table])
+            rows = table.scan(snapshot_id=snapshot).to_arrow()
+            day["audited"].append((audit["write_id"], rows.num_rows))
+            if day["bad"]:
+                raise ValueError(f"{rows.num_rows} rows, and the day is bad")
+
+        return rows_are_good(committed)
+
+    dag = audited_dag(world, audit)
+    with MainSampler(world) as sampler:
+        dr = run(dag, DAY)
+    assert dr.state == "failed"
+    states = ti_states(dag.dag_id, dr.run_id)
+    assert states[f"{G}.audit_commit"][0] == "success" and states[f"{G}.rows_are_good"][0] == "failed"
+    assert states[f"{G}.publish"][0] == "upstream_failed" and states[f"{G}.abort"][0] == "skipped"
+    bad = world.writes[-1].write_id
+    assert sampler.seen == set() and world.rows() == []  # main's readers never saw the bad day
+    assert day["audited"] == [(bad, 5)]  # the audit read exactly the epoch's audit snapshot
+    row = world.pipeline.store.get(world.sink_id, epoch)
+    assert row is not None and row.stage == "Audit failed" and row.status is EpochStatus.PENDING
+    failed = [
+        e for e in world.pipeline.store.history.events(world.sink_id, epoch) if e.event is EpochEvent.AUDIT_FAILED
+    ]
+    assert len(failed) == 1 and failed[0].reason is not None and "rows_are_good" in failed[0].reason
+    assert "the day is bad" in failed[0].reason
+
+    day["bad"] = False  # fixed upstream; the run is reprocessed
+    with MainSampler(world) as sampler:
+        dr = clear_and_resume(dag, dr.run_id, list(dag.task_dict))
+    assert dr.state == "success"
+    good = world.writes[-1].write_id
+    assert good != bad and sampler.seen <= {good}
+    assert {write_id for _, _, write_id in world.rows()} == {good} and len(world.rows()) == 5
+    assert world.markers() == {epoch: [good]}
+    assert xcom(dag.dag_id, dr.run_id, f"{G}.publish")["outcome"] == "committed"
+    row = world.pipeline.store.get(world.sink_id, epoch)
+    assert row is not None and row.status is EpochStatus.COMMITTED and row.write_id == good
+
+
+def test_built_in_sql_checks_name_what_failed(world: World) -> None:
+    epoch = epoch_from_interval_start(DAY)
+    world.mark(epoch, CheckpointStatus.COMPLETED)
+    checks = [
+        SqlCheck(name="ids_positive", sql="select id from epoch_rows where id < 0"),
+        SqlCheck(name="five_rows", sql="select count(*) from epoch_rows having count(*) <> 5", message="not 5 rows"),
+    ]
+    dag = audited_dag(world, checks, rows=4)
+    dr = run(dag, DAY)
+    assert dr.state == "failed" and world.rows() == []
+    row = world.pipeline.store.get(world.sink_id, epoch)
+    assert row is not None and row.audit is not None and row.stage == "Audit failed"
+    assert "five_rows: not 5 rows: 1 row(s), e.g. (4,)" in row.audit.failing()
+    assert "ids_positive" not in row.audit.failing()
+
+    passing = audited_dag(world, [SqlCheck(name="ids_positive", sql="select id from epoch_rows where id < 0")])
+    world.pipeline.store.checkpoints.set_checkpoint(world.sink_id, epoch, CheckpointStatus.COMPLETED)
+    dr = run(passing, DAY)
+    assert dr.state == "success", ti_states(passing.dag_id, dr.run_id)
+    assert len(world.rows()) == 5
