@@ -1,6 +1,6 @@
 """Reading one epoch's input (design.md, 'Layers'): landing files (on an object store read by the
 executors with pyarrow, not by Spark), a table, a SQL query, a user function, or the snapshot range
-an epoch reserved of an upstream Iceberg table, read by pyiceberg's reader on the executors.
+an epoch reserved of an upstream Iceberg table, its files read by Spark by field id.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 from pyiceberg.catalog import load_catalog
 from pyiceberg.io import load_file_io
 from pyiceberg.manifest import DataFile, ManifestContent, ManifestEntryStatus
-from pyiceberg.schema import Schema
+from pyiceberg.schema import Schema, index_by_id
 from pyiceberg.table import FileScanTask, Table
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.snapshots import Operation, Snapshot
@@ -46,7 +46,7 @@ from airflow_provider_exactly_once.spark.jobspec import (
     SqlInput,
     TableInput,
 )
-from airflow_provider_exactly_once.spark.upsert import TableFiles
+from airflow_provider_exactly_once.spark.upsert import TableFiles, read_by_id
 from airflow_provider_exactly_once.type_mapping import iceberg_to_spark
 
 # Reading one epoch's input: landing files, a table, a SQL query, a user function, or a snapshot
@@ -501,11 +501,15 @@ def _split(data: bytes, sep: bytes | None) -> list[bytes]:
 
 
 # Reading the snapshot range an epoch reserved of an upstream Iceberg table (``IcebergTableInput``):
-# the rows the range's appends added, read by pyiceberg's reader on the executors.
+# the rows the range's appends added, read by Spark's own Parquet reader.
 #
 # Spark would read Iceberg through the iceberg-spark-runtime jar, which the pyspark package does not
-# ship (nor the s3a one, ``file_io``); pyiceberg reads the files the committer's FileIO reaches, on the
-# same properties. The driver reads metadata only: the snapshot log, manifest lists and manifests.
+# ship. The driver plans from the metadata alone (the snapshot log, manifest lists and manifests),
+# then Spark's Parquet reader reads the planned files at the range's schema, by field id
+# (``upsert.read_by_id``): what the runtime's reader does for files without delete files, which
+# the range never has. Files on an object store, which pyspark has no connector for (``file_io``),
+# are read by Python tasks with pyiceberg's reader instead, on the FileIO properties the committer
+# reaches them with.
 #
 # The range was reserved before the write (``core.input_ranges``), and a retry, a clear or a reprocess
 # reads it again: what it reads must follow from the range alone, never from the table's state now.
@@ -557,6 +561,8 @@ def read_snapshot_range(spark: SparkSession, spec: EpochJobSpec) -> RangeRead:
     if not files:
         return None, positions
     schema = _spark_schema(pinned.schema(), source.table, _owner(spec))
+    if not any(is_object_store(path) for path in files) and not _required_nested(pinned.schema()):
+        return read_by_id(spark, pinned.schema(), sorted(files)), positions
     from pyspark.sql.pandas.types import to_arrow_schema
 
     shipped = TableFiles(
@@ -729,8 +735,17 @@ def _spark_schema(schema: Schema, table: str, owner: str) -> st.StructType:
     return st.StructType(fields)
 
 
+def _required_nested(schema: Schema) -> bool:
+    """Whether a struct field, list element or map value is required: Spark's file sources read
+    every field as nullable, and a sink with the same required field would refuse such a frame
+    (``alignment``), so these tables are read by pyiceberg's reader, which keeps the schema's
+    nullability. A top-level required column read as nullable is checked for nulls instead."""
+    top = {f.field_id for f in schema.fields}
+    return any(f.required for field_id, f in index_by_id(schema).items() if field_id not in top)
+
+
 def _read_task(files: TableFiles, schema: pa.Schema, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """A ``mapInArrow`` task: the rows of its files, in the frame's Arrow types (pyiceberg's reader
+    """A ``mapInArrow`` task for files on an object store: the rows of its files, in the frame's Arrow types (pyiceberg's reader
     may hand large strings, or another spelling of UTC, than Spark expects)."""
     scan = files.scan()
     for batch in batches:

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any, cast
+from urllib.parse import unquote
 
 import numpy as np
 import pyarrow as pa
@@ -59,7 +60,7 @@ from airflow_provider_exactly_once.core.upserts import (
     RewrittenFile,
     UpsertSpec,
 )
-from airflow_provider_exactly_once.spark.file_io import spread
+from airflow_provider_exactly_once.spark.file_io import is_object_store, spread
 from airflow_provider_exactly_once.spark.writers import (
     DESCRIPTOR_COLUMN,
     FileWrite,
@@ -68,7 +69,7 @@ from airflow_provider_exactly_once.spark.writers import (
     quote,
     write_task,
 )
-from airflow_provider_exactly_once.type_mapping import iceberg_to_spark
+from airflow_provider_exactly_once.type_mapping import iceberg_to_spark, spark_schema
 
 # An upsert epoch's input as changes: operation and order read, bad rows refused, one change per key.
 #
@@ -388,19 +389,24 @@ def _by_partition(batch: pa.RecordBatch, write: FileWrite) -> Iterator[tuple[str
 
 # Copy-on-write of an upsert epoch: the executors' half (``upsert`` plans it on the driver).
 #
-# A table's rows never pass through the JVM. Two Spark jobs, each a set of Python tasks:
+# A table's rows never pass through Python twice. Two Spark jobs:
 #
-# 1. ``find_hits``: per candidate file, its key columns only are read and joined with the epoch's
-#    changed keys (in Arrow, from the files the pass over the changes staged them in): the positions
-#    of the rows a change hits, and whether the change deletes. Positions are those of pyiceberg's
-#    reader over the whole file, the same in both jobs (the files carry no delete files: ``upsert``
-#    refuses those).
+# 1. ``find_hits``: the candidate files' key columns are read by Spark's own Parquet reader, by
+#    field id (``read_by_id``), each row with its file and its position in it (``_metadata``), and
+#    joined in the JVM with the epoch's changed keys (read from the files the pass over the changes
+#    staged them in): the positions of the rows a change hits, and whether the change deletes. Files
+#    on an object store, which pyspark has no connector for (``file_io``), are read by Python tasks
+#    with pyiceberg's reader instead (``_hits_task``). A position is the row's place in the file,
+#    which is also where pyiceberg's reader yields it in the rewrite (the files carry no delete
+#    files: ``upsert`` refuses those).
 # 2. ``RewriteWriter``: the upserted rows are staged by partition value (``stage_changes``: one pass
 #    of Python tasks, nothing shuffled), then one job of Python tasks writes the units: each file to
 #    rewrite streams its rows without the hit positions, then the staged rows of its partition (it
 #    is the smallest file there) sorted by key, through the append's own ``writers.write_task``:
 #    a file per partition value, rolled at the target size, described from the footers it wrote. The
 #    staged rows of a partition without such a file are new files, written by one task in key order.
+#    Its files are read with pyiceberg's reader in the task that writes them: read by Spark, every
+#    row of a rewritten file would cross from the JVM into that Python task as well.
 #
 # An update that moves its key to another partition is written in that partition's group and
 # removed from its old file by position: the layout is a choice, never a condition of correctness.
@@ -430,6 +436,11 @@ class TableFiles:
     files: dict[str, DataFile]
     removed: dict[str, np.ndarray[Any, np.dtype[np.int64]]] = field(default_factory=dict)
 
+    def native(self) -> bool:
+        """Whether Spark's own Parquet reader reaches every file: none is on an object store, which
+        pyspark has no connector for (``file_io``)."""
+        return not any(is_object_store(p) for p in self.files)
+
     def only(self, paths: Sequence[str], removed: dict[str, np.ndarray[Any, np.dtype[np.int64]]]) -> TableFiles:
         return replace(self, files={p: self.files[p] for p in paths}, removed=removed)
 
@@ -456,14 +467,47 @@ class TableFiles:
                 yield batch
 
 
+#: Spark's Parquet reader resolving columns by field id (Spark 3.3 and later) as every Iceberg reader
+#: does: a renamed column is found under its new name, a dropped one is not read, one added after a
+#: file was written reads as null there. A file without any field id (imported by ``add_files``,
+#: which the table's name mapping resolves) fails the read rather than reading as nulls.
+FIELD_ID_READ = {
+    "spark.sql.parquet.fieldId.read.enabled": "true",
+    "spark.sql.parquet.fieldId.read.ignoreMissing": "false",
+}
+
+
+def read_by_id(spark: SparkSession, schema: Schema, paths: Sequence[str]) -> DataFrame:
+    """Iceberg data files (without delete files) read by Spark's Parquet reader at ``schema``, each
+    column by its field id (``type_mapping.spark_schema``; a timestamp without zone as
+    ``TIMESTAMP_NTZ``); identity partition values are in the files. ``FIELD_ID_READ`` is set on
+    the session and left there: the frame is lazy, and is read when a later action runs; it changes
+    nothing for read schemas without ids."""
+    for key, value in FIELD_ID_READ.items():
+        spark.conf.set(key, value)
+    return spark.read.schema(spark_schema(schema)).parquet(*paths)
+
+
+def file_key(path: str) -> str:
+    """A file's path as Spark's ``_metadata.file_path`` and an Iceberg manifest both come to it:
+    Spark reports ``file:/a%20b`` for ``file:///a b`` and ``/a b``."""
+    path = unquote(path)
+    if path.startswith("file:"):
+        path = "/" + path[len("file:") :].lstrip("/")
+    return path
+
+
 def find_hits(spark: SparkSession, files: TableFiles, key_files: Sequence[str], keys: Sequence[str]) -> dict[str, Hits]:
     """Per file of ``files`` that holds a changed key: the rows hit. ``key_files``: the staged keys
-    and ``DELETED``, one row per key (``StagedChanges``), which each task reads."""
+    and ``DELETED``, one row per key (``StagedChanges``)."""
     paths = sorted(files.files)
     if not paths:
         return {}
-    task = functools.partial(_hits_task, files, tuple(key_files), tuple(keys), {p: i for i, p in enumerate(paths)})
-    found = spread(spark, paths, "path").mapInArrow(task, f"file int, `{ROW}` long, `{DELETED}` boolean").toArrow()
+    if files.native() and not any(is_object_store(p) for p in key_files):
+        found = _native_hits(spark, files, key_files, keys)
+    else:
+        task = functools.partial(_hits_task, files, tuple(key_files), tuple(keys), {p: i for i, p in enumerate(paths)})
+        found = spread(spark, paths, "path").mapInArrow(task, f"file int, `{ROW}` long, `{DELETED}` boolean").toArrow()
     if not found.num_rows:
         return {}
     found = found.sort_by([("file", "ascending"), (ROW, "ascending")])
@@ -473,6 +517,25 @@ def find_hits(spark: SparkSession, files: TableFiles, key_files: Sequence[str], 
     starts = np.flatnonzero(np.r_[True, file_index[1:] != file_index[:-1]])
     ends = np.r_[starts[1:], len(file_index)]
     return {paths[int(file_index[a])]: Hits(rows[a:b], deleted[a:b]) for a, b in zip(starts, ends, strict=True)}
+
+
+def _native_hits(spark: SparkSession, files: TableFiles, key_files: Sequence[str], keys: Sequence[str]) -> pa.Table:
+    """``find_hits``'s rows (file index, position, ``DELETED``) from one Spark job: the files' key
+    columns by field id, each row's file and position from ``_metadata``, joined with the staged
+    keys (a broadcast join where the keys are few, as Spark's statistics of the staged files tell)."""
+    paths = sorted(files.files)
+    schema = TableMetadataUtil.parse_raw(files.metadata_json).schema().select(*keys)
+    read = read_by_id(spark, schema, paths).select(
+        *[quote(k) for k in keys], F.col("_metadata.file_path").alias("file"), F.col("_metadata.row_index").alias(ROW)
+    )
+    types = {f.name: f.dataType for f in read.schema.fields}
+    changed = spark.read.parquet(*key_files).select(
+        *[F.col(quote(k)).cast(types[k]).alias(k) for k in keys], quote(DELETED)
+    )
+    found = read.join(changed, on=list(keys), how="inner").select("file", ROW, DELETED).toArrow()
+    index = {file_key(p): i for i, p in enumerate(paths)}
+    numbers = [index[file_key(p)] for p in found.column("file").to_pylist()]
+    return found.set_column(0, "file", pa.array(numbers, pa.int32()))
 
 
 def _hits_task(
@@ -640,7 +703,8 @@ def _sorted(table: pa.Table, write: FileWrite, key: tuple[str, ...]) -> pa.Table
 # pyiceberg 0.12 can neither write nor read delete files, so an epoch of changes is applied by
 # rewriting the data files that hold its keys. The table's rows never pass through the JVM: each file
 # is read, filtered and written again by one Python task, as a single-process rewrite of the touched
-# files would do it, only spread over the executors (``find_hits``, ``RewriteWriter``):
+# files would do it, only spread over the executors (``RewriteWriter``); only their key columns are
+# read by Spark, to find the rows a change hits (``find_hits``):
 #
 # 1. one pass of Python tasks over the changes (``stage_changes``) stages the upserted
 #    rows by partition value in the write location, and brings the changed keys and their operations
@@ -651,10 +715,11 @@ def _sorted(table: pa.Table, write: FileWrite, key: tuple[str, ...]) -> pa.Table
 #    themselves when they are few, their range otherwise) prunes by partition and by column
 #    statistics. The partition of a changed row is deliberately not used: an update may move a key
 #    to another partition, and its old row must still be found;
-# 3. one Spark job reads the key columns of those files on the executors (pyiceberg's own Arrow
-#    reader: field ids, name mapping and schema evolution resolved as any Iceberg reader does) and
-#    returns, per file, the positions of the rows a change hits: the files that really hold a
-#    changed key, and every count the commit reports, are known before anything is written;
+# 3. one Spark job reads the key columns of those files (Spark's Parquet reader, by field id, so that
+#    renamed, dropped and added columns resolve as any Iceberg reader resolves them) and joins them
+#    with the changed keys, returning per file the positions of the rows a change hits: the files
+#    that really hold a changed key, and every count the commit reports, are known before anything
+#    is written;
 # 4. the write (``RewriteWriter``) rewrites each of those files without those rows,
 #    together with the epoch's staged rows of the same partition, and writes the rest of the staged
 #    rows as new files, by the target file size;

@@ -51,7 +51,16 @@ from tests.spark.test_epoch_writer import (
     iceberg_target,
     sorted_rows,
 )
-from tests.spark.test_upsert import SCHEMA, Model, Upserts, apply_to_model, changes_of, random_epoch
+from tests.spark.test_snapshot_range_reads import check_evolved_read
+from tests.spark.test_upsert import (
+    SCHEMA,
+    Model,
+    Upserts,
+    apply_to_model,
+    changes_of,
+    random_epoch,
+    upsert_across_schema_changes,
+)
 from tests.support.builders import free_port
 from tests.support.independent_reader import read_rows
 
@@ -189,6 +198,18 @@ def test_upsert_epochs_through_connect_leave_the_table_equal_to_the_model(
         sink.apply(changes_of(rows))
         apply_to_model(model, rows)
         assert sink.rows() == model, f"epoch {epoch}"
+
+
+def test_an_upsert_through_connect_finds_its_keys_in_files_written_before_the_key_was_renamed(
+    remote: Any, tmp_path: Path, catalog: Catalog, catalog_props: dict[str, str]
+) -> None:
+    upsert_across_schema_changes(remote, tmp_path, catalog, catalog_props)
+
+
+def test_a_range_across_schema_changes_read_through_connect_reads_each_column_by_its_field_id(
+    remote: Any, catalog: Catalog, catalog_props: dict[str, str]
+) -> None:
+    check_evolved_read(remote, catalog, catalog_props)
 
 
 @pytest.mark.parametrize("upsert", [False, True], ids=["append", "upsert"])

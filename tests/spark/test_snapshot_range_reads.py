@@ -26,18 +26,29 @@ from pyiceberg.manifest import (
     ManifestFile,
 )
 from pyiceberg.partitioning import PartitionField, PartitionSpec
+from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Operation
 from pyiceberg.transforms import IdentityTransform
 from pyiceberg.typedef import Record
-from pyiceberg.types import StringType
+from pyiceberg.types import (
+    DoubleType,
+    IntegerType,
+    LongType,
+    NestedField,
+    StringType,
+    StructType,
+    TimestampType,
+)
 from pyspark.sql import types as st
 
 from airflow_provider_exactly_once.core.errors import InputRangeRefused
 from airflow_provider_exactly_once.core.input_ranges import POSITIONS_KIND, SnapshotRange
 from airflow_provider_exactly_once.spark.inputs import range_snapshots, read_input
 from airflow_provider_exactly_once.spark.jobspec import EpochJobSpec
+from airflow_provider_exactly_once.type_mapping import FIELD_ID
 from tests.spark.conftest import EPOCH, INTERVAL_END, INTERVAL_START, make_table
+from tests.support.independent_reader import read_rows as read_rows_independently
 
 UPSTREAM = "ns.upstream"
 START = dt.datetime(2024, 3, 1, tzinfo=dt.UTC)
@@ -346,10 +357,13 @@ def test_frame_schema_follows_the_iceberg_schema(spark: Any, catalog: Catalog, c
     assert read.frame is not None
     assert read.frame.schema == st.StructType(
         [
-            st.StructField("id", st.LongType(), nullable=False),  # required upstream
-            st.StructField("name", st.StringType()),
-            st.StructField("ts", st.TimestampType()),  # timestamptz
-            st.StructField("amount", st.DoubleType()),
+            # Required upstream, but Spark's Parquet reader reads every column as nullable (a sink's
+            # required columns are checked for nulls as the write aligns the frame).
+            # Each column is read by its field id, which it carries.
+            st.StructField("id", st.LongType(), nullable=True, metadata={FIELD_ID: 1}),
+            st.StructField("name", st.StringType(), metadata={FIELD_ID: 2}),
+            st.StructField("ts", st.TimestampType(), metadata={FIELD_ID: 3}),  # timestamptz
+            st.StructField("amount", st.DoubleType(), metadata={FIELD_ID: 4}),
         ]
     )
 
@@ -513,3 +527,74 @@ def test_partitioned_upstream_reads_its_partition_columns(
     assert {r["name"] for r in rows} == {"name-0", "name-1", "name-2", None}
     second, _ = read_rows(spark, spec(catalog_props, ids[0], ids[1]))
     assert second == rows_of(batches[1])
+
+
+EVOLVING = "ns.evolving_upstream"
+
+
+def evolved_upstream(catalog: Catalog) -> tuple[Table, int]:
+    """An upstream whose schema changed between two appends, partitioned by a column renamed since:
+    a column and a struct's field renamed, a column dropped and another added under its name, one
+    added, an int promoted to long. Returns the table and its last snapshot."""
+    schema = Schema(
+        NestedField(1, "id", LongType(), required=True),
+        NestedField(2, "name", StringType()),
+        NestedField(3, "score", IntegerType()),
+        NestedField(4, "seen", TimestampType()),  # without zone: Spark's TIMESTAMP_NTZ
+        NestedField(5, "info", StructType(NestedField(6, "a", StringType()), NestedField(7, "b", LongType()))),
+        NestedField(8, "gone", StringType()),
+    )
+    by_name = PartitionSpec(PartitionField(source_id=2, field_id=1000, transform=IdentityTransform(), name="name"))
+    table = catalog.create_table(EVOLVING, schema, partition_spec=by_name)
+
+    def rows(first: int, evolved: bool) -> pa.Table:
+        ids = range(first, first + 20)
+        columns: dict[str, Any] = {
+            "id": list(ids),
+            "label" if evolved else "name": [f"n{i % 3}" if i % 5 else None for i in ids],
+            "score": [i * 3 for i in ids],
+            "seen": [dt.datetime(2024, 3, 1) + dt.timedelta(minutes=17 * i) if i % 4 else None for i in ids],
+            "info": [{"alpha" if evolved else "a": f"a{i}", "b": i * 10} if i % 6 else None for i in ids],
+            "gone": [f"{'new' if evolved else 'old'}-{i}" for i in ids],
+        }
+        if evolved:
+            columns["extra"] = [i * 0.25 for i in ids]
+        return pa.Table.from_pydict(columns, schema=table.schema().as_arrow())
+
+    table.append(rows(0, evolved=False))
+    with table.update_schema() as update:
+        update.rename_column("name", "label")
+        update.rename_column("info.a", "alpha")
+        update.update_column("score", LongType())
+        update.delete_column("gone")
+    with table.update_schema() as update:
+        update.add_column("gone", StringType())  # a new column (a new id) under a dropped one's name
+        update.add_column("extra", DoubleType())
+    return table, appended(table, rows(20, evolved=True))
+
+
+def check_evolved_read(spark: Any, catalog: Catalog, catalog_props: dict[str, str]) -> None:
+    """The range over both appends reads what pyiceberg's own scan and DuckDB read: each column by
+    its field id, so the renamed ones hold their old files' values, the dropped column's values are
+    not read as the new one's, and the added ones are null in the old file."""
+    table, to = evolved_upstream(catalog)
+    read = read_input(spark, spec(catalog_props, None, to, table=EVOLVING))
+    assert read.frame is not None
+    assert read.frame.columns == ["id", "label", "score", "seen", "info", "gone", "extra"]
+    assert read.frame.schema["seen"].dataType == st.TimestampNTZType()
+    assert read.frame.schema["score"].dataType == st.LongType()
+    rows = sorted(read.frame.toArrow().to_pylist(), key=lambda r: r["id"])
+    assert rows == sorted(table.scan(snapshot_id=to).to_arrow().to_pylist(), key=lambda r: r["id"])
+    assert len(rows) == 40
+    old, new = rows[7], rows[27]
+    assert old["label"] == "n1" and old["info"] == {"alpha": "a7", "b": 70} and old["score"] == 21
+    assert old["gone"] is None and old["extra"] is None  # the dropped column's values are not the new one's
+    assert new["gone"] == "new-27" and new["extra"] == 6.75
+    independent = read_rows_independently(table, "id, label, score, seen, gone, extra")
+    assert [tuple(r[c] for c in ("id", "label", "score", "seen", "gone", "extra")) for r in rows] == independent
+
+
+def test_a_range_across_schema_changes_reads_each_column_by_its_field_id(
+    spark: Any, catalog: Catalog, catalog_props: dict[str, str]
+) -> None:
+    check_evolved_read(spark, catalog, catalog_props)

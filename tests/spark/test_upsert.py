@@ -17,7 +17,7 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.schema import Schema
 from pyiceberg.transforms import IdentityTransform
-from pyiceberg.types import LongType, NestedField, StringType
+from pyiceberg.types import LongType, NestedField, StringType, TimestampType
 
 from airflow_provider_exactly_once.checkpoints.sources import MetaStoreCheckpointSource
 from airflow_provider_exactly_once.core.coordinator import TwoPhaseCommitCoordinator
@@ -464,3 +464,97 @@ def test_a_conflict_after_the_commit_decision_is_given_up_as_lost_and_the_epoch_
     sink.epochs -= 1  # the run cleared: the same epoch written again, against the compacted table
     sink.apply(changes)
     assert sink.rows() == {0: ("eu", "a"), 1: ("eu", "b"), 3: ("eu", "a"), 4: ("eu", "a")}
+
+
+def upsert_across_schema_changes(spark: Any, tmp_path: Path, catalog: Catalog, props: dict[str, str]) -> None:
+    """Epoch 1 writes files at the first schema; then a key column and a value column are renamed,
+    a column is dropped and one added, and pyiceberg appends a file at the new schema. Epoch 2's
+    changes, by the renamed key (with a timestamp without zone), hit rows in both kinds of file:
+    found only when the files' key columns are read by field id (by name, the old files have no
+    ``account``, and every update would become a second row of its key). The table read by
+    pyiceberg and by DuckDB equals the model."""
+    schema = Schema(
+        NestedField(1, "id", LongType(), required=True),
+        NestedField(2, "opened", TimestampType(), required=True),
+        NestedField(3, "region", StringType(), required=False),
+        NestedField(4, "value", StringType(), required=False),
+        NestedField(5, "gone", StringType(), required=False),
+        identifier_field_ids=[1, 2],
+    )
+    name = "ns.evolving"
+    catalog.create_table(
+        name, schema, partition_spec=PartitionSpec(PartitionField(3, 1000, IdentityTransform(), "region"))
+    )
+    sink = Upserts(spark, tmp_path, catalog, props, name, target_file_size_bytes=4800)
+    start = dt.datetime(2024, 5, 1)
+
+    def opened(k: int) -> dt.datetime:
+        return start + dt.timedelta(hours=k)
+
+    def changes(rows: list[tuple[int, str, str | None, str | None, str]], key: str, value: str) -> pa.Table:
+        columns: dict[str, pa.Array] = {
+            key: pa.array([r[0] for r in rows], pa.int64()),
+            "opened": pa.array([opened(r[0]) for r in rows], pa.timestamp("us")),
+            "region": pa.array([r[1] for r in rows], pa.string()),
+            value: pa.array([r[2] for r in rows], pa.string()),
+            "op": pa.array([r[4] for r in rows], pa.string()),
+        }
+        if key == "account":
+            columns["note"] = pa.array([r[3] for r in rows], pa.string())
+        return pa.table(columns)
+
+    model: dict[int, tuple[str, str | None, str | None]] = {}
+    first = [(k, REGIONS[k % 3], f"v1-{k}", None, "I") for k in range(150)]
+    sink.apply(changes(first, "id", "value"), key=["id", "opened"])
+    model.update({k: (r, v, None) for k, r, v, _, _ in first})
+
+    table = catalog.load_table(name)
+    with table.update_schema() as update:
+        update.rename_column("id", "account")
+        update.rename_column("value", "amount")
+        update.delete_column("gone")
+    with table.update_schema() as update:
+        update.add_column("note", StringType())
+    later = [(k, REGIONS[k % 3], f"p-{k}", f"n-{k}", "I") for k in range(150, 200)]
+    table.append(
+        changes(later, "account", "amount")
+        .drop_columns(["op"])
+        .select(table.schema().column_names)
+        .cast(table.schema().as_arrow())
+    )
+    model.update({k: (r, v, n) for k, r, v, n, _ in later})
+
+    updates = [
+        *[(k, REGIONS[(k + 1) % 3], f"v2-{k}", "moved", "U") for k in range(0, 150, 7)],  # old files, moving region
+        *[(k, REGIONS[k % 3], f"v2-{k}", "kept", "U") for k in range(150, 200, 5)],  # the new file
+        *[(k, REGIONS[k % 3], f"v2-{k}", None, "I") for k in range(300, 310)],
+    ]
+    updated = {r[0] for r in updates}
+    deletes = [(k, REGIONS[k % 3], None, None, "D") for k in [*range(3, 150, 11), *range(151, 200, 13)]]
+    second = [*updates, *[r for r in deletes if r[0] not in updated]]
+    before = dict(model)
+    pre_commit = sink.apply(changes(second, "account", "amount"), key=["account", "opened"])
+    for k, region, value, note, op in second:
+        if op == "D":
+            model.pop(k, None)
+        else:
+            model[k] = (region, value, note)
+    counts = pre_commit.tables[0].changes
+    assert counts is not None
+    assert counts.updated == sum(1 for r in second if r[4] == "U" and r[0] in before) > 30
+    assert counts.deleted == sum(1 for r in second if r[4] == "D" and r[0] in before) > 10
+    assert counts.inserted == 10
+
+    table = catalog.load_table(name)
+    scanned = table.scan().to_arrow().to_pylist()
+    assert {r["account"]: (r["region"], r["amount"], r["note"]) for r in scanned} == model
+    assert len(scanned) == len(model), "a key is visible twice"
+    assert all(r["opened"] == opened(r["account"]) for r in scanned)
+    independent = read_rows(table, "account, region, amount, note")
+    assert {r[0]: tuple(r[1:]) for r in independent} == model and len(independent) == len(model)
+
+
+def test_an_upsert_finds_its_keys_in_files_written_before_the_key_was_renamed(
+    spark: Any, tmp_path: Path, catalog: Catalog, catalog_props: dict[str, str]
+) -> None:
+    upsert_across_schema_changes(spark, tmp_path, catalog, catalog_props)
