@@ -636,9 +636,11 @@ class TwoPhaseCommitCoordinator:
 
     def _persist_rounds(self, p: PersistRequest, lookups: WriteLookups) -> PersistResult:
         """Decide and take the step until one settles it. The first round decides as if the epoch had
-        no row, the common case: the insert is refused (``StateConflict``) when it has one, read then."""
+        no row, the common case: the insert is refused (``StateConflict``) when it has one, read then.
+        On a sink that replaces reprocessed epochs the first round reads the row: a revision is then
+        staged once, as a revision, not first as an append that the revision's manifests supersede."""
         on_reprocess = self._on_reprocess.get(p.pre.sink_id, "keep")
-        row: EpochRecord | None = None
+        row = self._store.get(p.pre.sink_id, p.pre.epoch) if on_reprocess == "replace" else None
         for _ in range(1 + _PERSIST_RACE_ROUNDS):
             decision = persist_decision(row, p.pre, lookups, on_reprocess=on_reprocess).raise_if_refused()
             result = self._persist_steps[decision.action](p, row, decision)

@@ -9,11 +9,19 @@ from __future__ import annotations
 import base64
 from collections.abc import Iterable, Mapping, Sequence
 from functools import partial
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 from pyiceberg.conversions import from_bytes
 from pyiceberg.io import FileIO
-from pyiceberg.manifest import DataFile, DataFileContent, FileFormat, ManifestContent, ManifestEntryStatus, ManifestFile
+from pyiceberg.manifest import (
+    DataFile,
+    DataFileContent,
+    FileFormat,
+    ManifestContent,
+    ManifestEntry,
+    ManifestEntryStatus,
+    ManifestFile,
+)
 from pyiceberg.table import Table
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.snapshots import Snapshot
@@ -62,23 +70,46 @@ def files_to_replace(
     The manifests the replaced write's own snapshot added are read first (a fast append carries them
     into every later snapshot unchanged); the others only when some file was not found there.
     """
+    return _replaced_entries(table, branch, pre_commit, replaced, name).files
+
+
+class _Read(NamedTuple):
+    """What ``files_to_replace`` found, and what a revision's persist writes its manifests from
+    (``SpecAwareOverwrite.write_ahead``) without reading the table again."""
+
+    #: The replaced files, as the head holds them.
+    files: list[DataFile]
+    #: The live entries of each manifest read, by path.
+    entries: dict[str, list[ManifestEntry]]
+    #: The sequence number of the snapshot that added the replaced files (0: not known): no
+    #: manifest added before it can list them.
+    since: int
+
+
+def _replaced_entries(table: Table, branch: str, pre_commit: PreCommit, replaced: ReplacedWrite, name: str) -> _Read:
+    """``files_to_replace``, with the entries it read."""
     try:
         wanted = {descriptor.path for descriptor in replaced.pre_commit.table(name).data_files}
     except KeyError:
-        return []  # the replaced write did not write this table
+        return _Read([], {}, 0)  # the replaced write did not write this table
     if not wanted:
-        return []
+        return _Read([], {}, 0)
     metadata = table.metadata
     head = metadata.snapshot_by_name(branch)
     found: dict[str, DataFile] = {}
+    read: dict[str, list[ManifestEntry]] = {}
+    since = 0
     if head is not None:
         added_by = replaced.committed.get(name)
         added_by_id = int(added_by) if added_by and added_by != EMPTY and added_by.lstrip("-").isdigit() else None
+        added = metadata.snapshot_by_id(added_by_id) if added_by_id is not None else None
+        since = added.sequence_number or 0 if added is not None else 0
         manifests = [m for m in head.manifests(table.io) if m.content == ManifestContent.DATA]
         own = [m for m in manifests if m.added_snapshot_id == added_by_id]
         for group in (own, [m for m in manifests if m.added_snapshot_id != added_by_id]):
             for manifest in group:
-                for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True):
+                entries = read[manifest.manifest_path] = manifest.fetch_manifest_entry(table.io, discard_deleted=True)
+                for entry in entries:
                     path = entry.data_file.file_path
                     if path in wanted:
                         found[path] = entry.data_file
@@ -96,7 +127,7 @@ def files_to_replace(
             "see docs/operations.md",
             tuple(missing),
         )
-    return [found[path] for path in sorted(found)]
+    return _Read([found[path] for path in sorted(found)], read, since)
 
 
 def still_referenced(table: Table, removed_by: Mapping[str, str], name: str, recorded_ms: int) -> int | None:
@@ -374,10 +405,10 @@ def prepare_replacement(
     if table.metadata.format_version != PREPARED_FORMAT_VERSION:
         return None
     try:
-        to_replace = files_to_replace(table, branch, pre_commit, replaced, write.table)
+        read = _replaced_entries(table, branch, pre_commit, replaced, write.table)
     except ReplacedFilesMissing:
         return None  # the commit refuses, and says why
-    return _prepare_overwrite(table, pre_commit, write, to_replace, branch)
+    return _prepare_overwrite(table, pre_commit, write, read.files, branch, read)
 
 
 def prepare_upsert(
@@ -397,8 +428,15 @@ def prepare_upsert(
 
 
 def _prepare_overwrite(
-    table: Table, pre_commit: PreCommit, write: TableWrite, to_replace: list[DataFile], branch: str
+    table: Table,
+    pre_commit: PreCommit,
+    write: TableWrite,
+    to_replace: list[DataFile],
+    branch: str,
+    read: _Read | None = None,
 ) -> PreparedSnapshot | None:
+    """Write the overwrite's manifests ahead; ``read``: what ``files_to_replace`` read of the branch
+    head, which is not read again."""
     metadata = table.metadata
     if not to_replace and not write.data_files:
         return None  # the commit makes no snapshot of this table
@@ -407,7 +445,8 @@ def _prepare_overwrite(
         overwrite.delete_data_file(data_file)
     for data_file in _data_files(metadata, pre_commit, write):
         overwrite.append_data_file(data_file)
-    written = overwrite.write_ahead(manifest_folder(write, pre_commit.write_id))
+    folder = manifest_folder(write, pre_commit.write_id)
+    written = overwrite.write_ahead(folder, read.entries, read.since) if read else overwrite.write_ahead(folder, {})
     if written is None:
         return None
     copies = [recorded(copy, replaces=path) for path, copy in written.rewrites.items() if copy is not None]

@@ -8,7 +8,7 @@ design.md, "Use, do not rewrite" (the table of pyiceberg 0.12 patches).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from copy import copy
 from dataclasses import dataclass
@@ -53,7 +53,7 @@ from airflow_provider_exactly_once.core.errors import (
     SinkUnavailable,
 )
 from airflow_provider_exactly_once.sinks.iceberg.catalog_access import UNREACHABLE, describe_error
-from airflow_provider_exactly_once.sinks.iceberg.prepared_manifests import summary_limit
+from airflow_provider_exactly_once.sinks.iceberg.prepared_manifests import in_blocks, summary_limit
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +114,7 @@ def _added_by_spec(producer: Any) -> list[ManifestFile]:
         by_spec.setdefault(data_file.spec_id, []).append(data_file)
     added: list[ManifestFile] = []
     for spec_id, data_files in by_spec.items():
-        with producer.new_manifest_writer(spec=producer.spec(spec_id)) as writer:
+        with in_blocks(producer.new_manifest_writer(spec=producer.spec(spec_id))) as writer:
             for data_file in data_files:
                 writer.add(
                     ManifestEntry.from_args(
@@ -256,13 +256,18 @@ class SpecAwareOverwrite(_OverwriteFiles):
         self._written_manifests.append(path)
         return self._io.new_output(path)
 
-    def write_ahead(self, added_folder: str) -> WrittenAhead | None:
+    def write_ahead(
+        self, added_folder: str, read: Mapping[str, list[ManifestEntry]], since_sequence_number: int = 0
+    ) -> WrittenAhead | None:
         """At persist, the manifests ``_manifests`` would write at commit: the added files' below
         ``added_folder``, the others (which list other writes' entries too, and so must outlive this
         write's location) in the metadata folder. ``None`` when a file to remove is not live in the
         branch head (the commit then refuses, as it would have). The copies keep the head's manifest
         order and their entries' snapshot ids and sequence numbers, as ``_existing_manifests`` does;
-        only the manifests whose partitions may hold a removed file are read, as there."""
+        only the manifests whose partitions may hold a removed file are read, as there, and only
+        those not in ``read`` (their live entries, by path, as the caller read them already). A
+        manifest added before ``since_sequence_number`` (that of the snapshot that added the files
+        to remove) is not read: it cannot list a file the table did not hold yet."""
         try:
             self._build_delete_files_partition_predicate()
             evaluators = KeyDefaultDict(self._build_manifest_evaluator)
@@ -270,9 +275,15 @@ class SpecAwareOverwrite(_OverwriteFiles):
             removed: dict[int, list[ManifestEntry]] = {}
             kept: dict[str, tuple[int, list[ManifestEntry]]] = {}
             for manifest in head.manifests(self._io) if head is not None else []:
-                if manifest.content != ManifestContent.DATA or not evaluators[manifest.partition_spec_id](manifest):
+                if (
+                    manifest.content != ManifestContent.DATA
+                    or manifest.sequence_number < since_sequence_number
+                    or not evaluators[manifest.partition_spec_id](manifest)
+                ):
                     continue
-                entries = manifest.fetch_manifest_entry(self._io, discard_deleted=True)
+                entries = read.get(manifest.manifest_path)
+                if entries is None:
+                    entries = manifest.fetch_manifest_entry(self._io, discard_deleted=True)
                 if any(entry.data_file in self._deleted_data_files for entry in entries):
                     others = [e for e in entries if e.data_file not in self._deleted_data_files]
                     kept[manifest.manifest_path] = (manifest.partition_spec_id, others)
@@ -285,7 +296,7 @@ class SpecAwareOverwrite(_OverwriteFiles):
             new = _added_by_spec(self)
             self._added_folder = None
             for spec_id, entries in removed.items():
-                with self.new_manifest_writer(self.spec(spec_id)) as writer:
+                with in_blocks(self.new_manifest_writer(self.spec(spec_id))) as writer:
                     for entry in entries:
                         writer.delete(entry)
                 new.append(writer.to_manifest_file())
@@ -293,7 +304,7 @@ class SpecAwareOverwrite(_OverwriteFiles):
             for path, (spec_id, entries) in kept.items():
                 rewrites[path] = None
                 if entries:
-                    with self.new_manifest_writer(self.spec(spec_id)) as writer:
+                    with in_blocks(self.new_manifest_writer(self.spec(spec_id))) as writer:
                         for entry in entries:
                             writer.existing(entry)
                     rewrites[path] = writer.to_manifest_file()
@@ -314,7 +325,7 @@ class SpecAwareOverwrite(_OverwriteFiles):
             by_spec.setdefault(entry.data_file.spec_id, []).append(entry)
         deleted: list[ManifestFile] = []
         for spec_id, entries in by_spec.items():
-            with self.new_manifest_writer(self.spec(spec_id)) as writer:
+            with in_blocks(self.new_manifest_writer(self.spec(spec_id))) as writer:
                 for entry in entries:
                     writer.add_entry(entry)
             deleted.append(writer.to_manifest_file())

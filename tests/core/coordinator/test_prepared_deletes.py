@@ -25,7 +25,7 @@ from airflow_provider_exactly_once.core.ports import CommitPlan
 from airflow_provider_exactly_once.core.precommit import PreCommit, PreparedSnapshot
 from airflow_provider_exactly_once.sinks.iceberg import overwrites
 from airflow_provider_exactly_once.sinks.iceberg.data_files import build_data_files
-from airflow_provider_exactly_once.sinks.iceberg.prepared_manifests import MANIFEST_FOLDER
+from airflow_provider_exactly_once.sinks.iceberg.prepared_manifests import MANIFEST_FOLDER, listed
 from tests.core.coordinator.test_reprocessing import G1, G2, commit, generation, replacing
 from tests.support.faults import FaultSwitch
 from tests.support.independent_reader import read_rows
@@ -423,3 +423,38 @@ def test_a_persist_attempt_that_another_recorded_deletes_its_own_manifests_and_k
 
     assert all(_exists(path) for path in paths(recorded))
     assert not any(_exists(path) for path in paths(lost))
+
+
+def test_a_revision_is_staged_once_and_its_manifests_hold_each_entry_once(pipeline: Pipeline, sink_id: str) -> None:
+    """A reprocessed epoch's persist on a sink that replaces stages the write once, as a revision (not
+    first as an append whose manifest the revision's then supersede), and what it wrote are exactly the
+    manifests its row records: each replaced file's deleted entry once, each new file's added entry
+    once, nothing else (issue 59, item 3)."""
+    pipeline.create_table("t")
+    coordinator = replacing(pipeline, sink_id)
+    commit(
+        pipeline, coordinator, pipeline.write_iceberg(sink_id, 2, ["t"], rows=4, files=2)
+    )  # another epoch's manifest
+    first = generation(pipeline.write_iceberg(sink_id, 1, ["t"], rows=6, files=3), G1)
+    commit(pipeline, coordinator, first)
+    table = _load(pipeline, "t")
+    metadata = Path(local_path(table.location())) / "metadata"
+    before = set(metadata.glob("*.avro"))
+    second = generation(pipeline.write_iceberg(sink_id, 1, ["t"], rows=5, files=2), G2)
+    staged = pipeline.fault.seen["persist.staged"]
+
+    coordinator.persist(second)
+
+    assert pipeline.fault.seen["persist.staged"] == staged + 1
+    prepared = _prepared(pipeline, sink_id)
+    assert prepared.snapshot_id is not None
+    below = Path(local_path(second.tables[0].location)) / MANIFEST_FOLDER
+    written = {str(p) for p in set(metadata.glob("*.avro")) - before} | {str(p) for p in below.rglob("*.avro")}
+    assert written == {local_path(m.path) for m in prepared.manifests}
+    by_status: dict[str, list[str]] = {"ADDED": [], "EXISTING": [], "DELETED": []}
+    for manifest in prepared.manifests:
+        for entry in listed(manifest, prepared.snapshot_id).fetch_manifest_entry(table.io, discard_deleted=False):
+            by_status[entry.status.name].append(entry.data_file.file_path)
+    assert sorted(by_status["DELETED"]) == sorted(d.path for d in first.tables[0].data_files)
+    assert sorted(by_status["ADDED"]) == sorted(d.path for d in second.tables[0].data_files)
+    assert by_status["EXISTING"] == []  # the replaced write's manifest held nothing else: dropped, not copied
