@@ -112,6 +112,17 @@ def get_provider_info() -> dict[str, Any]:
                         "example": "300",
                         "default": "60",
                     },
+                    "full_file_check_after_seconds": {
+                        "description": "How long after its persist an epoch's commit checks only the manifests "
+                        "its write's persist wrote before deciding, not every data file; an older epoch's commit, "
+                        "and every recovery, lists every file. Keep it well below the age that orphan-file removal "
+                        "spares (remove_orphan_files: 3 days by default) less the longest write; 0 lists every file "
+                        "for every commit.",
+                        "version_added": "0.3.0",
+                        "type": "float",
+                        "example": "3600",
+                        "default": "86400",
+                    },
                     "recovery_dag_id": {
                         "description": "The recovery DAG the scheduler-start listener triggers.",
                         "version_added": "0.1.0",

@@ -1,8 +1,9 @@
 """Commit cost of the coordinator against a bare pyiceberg fast-append of the same prebuilt files.
 
 The coordinator's path is everything an epoch pays for exactly-once: persist (validate, insert the
-Pending row), the commit decision, a fresh table load, the marker walk, the existence check of every
-data file, DataFile entries built from the descriptors, one append, and the Committed mark. The
+Pending row, its manifest written), the commit decision, a fresh table load, the marker walk, the
+check of the write's files (its own manifest, one request: the epoch is younger than
+``full_file_check_after``), one append listing that manifest, and the Committed mark. The
 bare path is what an at-least-once job does: load the table, fast-append prebuilt DataFile objects.
 
 It is measured twice. "Warm": persist and commit through one coordinator in this one process, so

@@ -14,7 +14,7 @@ import logging
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
 from airflow_provider_exactly_once.core.cleanups import clean_up, run_cleanups
@@ -82,6 +82,7 @@ from airflow_provider_exactly_once.core.ports import (
     CommitMark,
     CommitPlan,
     EpochRecord,
+    FileCheck,
     SinkCommitter,
     SinkStateStore,
 )
@@ -109,6 +110,12 @@ ABORTS = "aborts"
 #: Audits judged, tagged by verdict (design.md D23).
 AUDITS = "audits"
 ABORT_FILES_DELETED = "abort.files_deleted"
+#: How long after its persist (the row's ``created_at``) an epoch's commit looks only at the manifests
+#: the write's persist wrote before its decision (``FileCheck.OWN_MANIFESTS``); an older one's looks
+#: at every file. Well inside the age an orphan-file removal spares (Iceberg's ``remove_orphan_files``:
+#: 3 days by default), so that no file of a younger write can be an orphan removal's yet
+#: (design.md, 'The Iceberg commit', step 3; ``[exactly_once] full_file_check_after_seconds``).
+FULL_FILE_CHECK_AFTER = timedelta(days=1)
 #: Gauges per sink, set by the recovery task: how many epochs are Pending and how old the oldest is.
 PENDING_EPOCHS = "pending_epochs"
 OLDEST_PENDING_AGE = "oldest_pending_age_seconds"
@@ -372,7 +379,7 @@ class EpochSteps(Protocol):
     """The steps recovery carries its decisions out through: the coordinator's own, so that a
     recovered epoch passes the same checks as one its tasks finished."""
 
-    def commit(self, sink_id: str, epoch: int) -> CommitResult: ...
+    def commit(self, sink_id: str, epoch: int, *, recovery: bool = False) -> CommitResult: ...
 
     def abort(self, sink_id: str, epoch: int, *, reason: str) -> AbortResult: ...
 
@@ -418,7 +425,7 @@ def recover_pending(
 
     def commit_alone(row: EpochRecord) -> None:
         def commit() -> None:
-            coordinator.commit(sink_id, row.epoch)
+            coordinator.commit(sink_id, row.epoch, recovery=True)
             report.committed.append(row.epoch)
 
         attempt(row, commit)
@@ -532,7 +539,9 @@ class TwoPhaseCommitCoordinator:
 
     ``committers`` maps each sink id to the committer of its sink (an Iceberg table set, a file
     directory). ``allow_beyond_horizon`` lets commits of epochs older than the sink's snapshot
-    retention go ahead; it is for an operator who has checked by other means.
+    retention go ahead; it is for an operator who has checked by other means. ``full_file_check_after``:
+    how long after its persist an epoch's commit checks only the write's own manifests before its
+    decision, not every file (``FULL_FILE_CHECK_AFTER``; 0: every commit checks every file).
     """
 
     def __init__(
@@ -542,6 +551,7 @@ class TwoPhaseCommitCoordinator:
         checkpoints: CheckpointSource,
         *,
         allow_beyond_horizon: bool = False,
+        full_file_check_after: timedelta = FULL_FILE_CHECK_AFTER,
         on_reprocess: Mapping[str, OnReprocess] | None = None,
         audited: Collection[str] = (),
         fault: FaultHook = no_faults,
@@ -553,6 +563,11 @@ class TwoPhaseCommitCoordinator:
         self._committers = dict(committers)
         self._checkpoints = checkpoints
         self._allow_beyond_horizon = allow_beyond_horizon
+        if not isinstance(full_file_check_after, timedelta) or full_file_check_after < timedelta(0):
+            raise InvalidSinkConfig(
+                f"full_file_check_after must be a non-negative timedelta, got {full_file_check_after!r}"
+            )
+        self._full_file_check_after = full_file_check_after
         #: Per sink: what a newer generation's write does to a committed epoch (``"keep"`` unless given).
         self._on_reprocess = dict(on_reprocess or {})
         #: The sinks whose writes are audited before they are published (design.md D23).
@@ -738,18 +753,21 @@ class TwoPhaseCommitCoordinator:
 
     # -- phase two: commit ------------------------------------------------------------------------
 
-    def commit(self, sink_id: str, epoch: int) -> CommitResult:
-        """Make the epoch's persisted write visible exactly once, after its checkpoint completed."""
+    def commit(self, sink_id: str, epoch: int, *, recovery: bool = False) -> CommitResult:
+        """Make the epoch's persisted write visible exactly once, after its checkpoint completed.
+
+        ``recovery``: a recovery's or a person's commit, off the hot path, checks every file of the
+        write before its decision (``prepare``)."""
         started = time.monotonic()
         try:
-            result = self._commit(sink_id, epoch)
+            result = self._commit(sink_id, epoch, recovery)
         except Exception as exc:
             self._metrics.incr(COMMIT_ERRORS, 1, {"sink_id": sink_id, "error": type(exc).__name__})
             raise
         count_commit(self._metrics, sink_id, result, timedelta(seconds=time.monotonic() - started))
         return result
 
-    def _commit(self, sink_id: str, epoch: int) -> CommitResult:
+    def _commit(self, sink_id: str, epoch: int, recovery: bool) -> CommitResult:
         committer = self._committer(sink_id)
         row = require_epoch(self._store, sink_id, epoch)
         lookups = EpochLookups.of(self._store, self._checkpoints, sink_id, epoch, audited=sink_id in self._audited)
@@ -763,7 +781,7 @@ class TwoPhaseCommitCoordinator:
             # Once decided, the write can only be committed; so decide only for a write the sink can
             # still take (its table may have changed since persist), and keep the others abortable.
             try:
-                plan = self.prepare(row)
+                plan = self.prepare(row, recovery=recovery)
             except Exception as exc:
                 now = require_epoch(self._store, sink_id, epoch)  # a newer write may have taken its files
                 if (now.status, now.write_id) != (EpochStatus.PENDING, row.write_id):
@@ -882,9 +900,13 @@ class TwoPhaseCommitCoordinator:
             raise InvalidSinkConfig(f"sink {sink_id!r} is not audited: its writes are committed without an audit")
         return committer
 
-    def prepare(self, row: EpochRecord) -> CommitPlan:
-        """``SinkCommitter.prepare`` right before the commit decision, as the commit's dry run runs it."""
-        return self._committer(row.sink_id).prepare(row.pre_commit, replaces=row.replaces, check_files=True)
+    def prepare(self, row: EpochRecord, *, recovery: bool = False) -> CommitPlan:
+        """``SinkCommitter.prepare`` right before the commit decision, as the commit's dry run runs it:
+        the write's own manifests checked while it is younger than ``full_file_check_after``, every file
+        of it when older, and in every recovery (design.md, 'The Iceberg commit', step 3)."""
+        young = datetime.now(UTC) - row.created_at < self._full_file_check_after
+        check = FileCheck.OWN_MANIFESTS if young and not recovery else FileCheck.EVERY_FILE
+        return self._committer(row.sink_id).prepare(row.pre_commit, replaces=row.replaces, check_files=check)
 
     def _settled_by_other(self, sink_id: str, epoch: int, write_id: str) -> CommitResult:
         """A CAS of ours lost: benign if a concurrent attempt committed the same write, loud otherwise."""
@@ -1059,6 +1081,7 @@ class TwoPhaseCommitCoordinator:
 
 __all__ = [
     "BATCH_EPOCHS",
+    "FULL_FILE_CHECK_AFTER",
     "EpochBatches",
     "EpochSteps",
     "TwoPhaseCommitCoordinator",

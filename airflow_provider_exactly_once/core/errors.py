@@ -97,7 +97,8 @@ class AbortRefused(ExactlyOnceError):
 
 
 class MissingDataFiles(ExactlyOnceError):
-    """Data files listed in the pre-commit metadata are not in storage at commit time.
+    """Data files listed in the pre-commit metadata, or the manifest persist wrote of them below the
+    write location, are not in storage at commit time (design.md, 'The Iceberg commit', step 3).
 
     The commit is refused and the epoch stays Pending: the files may still appear (eventual
     consistency, a restore), or an operator gives the write up (``abort(..., files_lost=True)``).
@@ -107,7 +108,7 @@ class MissingDataFiles(ExactlyOnceError):
         self.paths = list(paths)
         shown = ", ".join(self.paths[:10]) + (f" (and {len(self.paths) - 10} more)" if len(self.paths) > 10 else "")
         super().__init__(
-            f"sink {sink_id!r} epoch {epoch}: {len(self.paths)} data file(s) missing: {shown}. Restore them and "
+            f"sink {sink_id!r} epoch {epoch}: {len(self.paths)} file(s) of its write missing: {shown}. Restore them and "
             f"commit again (eo-sink commit {sink_id} {epoch}); if they are lost for good, give the write up "
             f"(eo-sink abort {sink_id} {epoch} --reason ... --files-lost) and write the epoch again"
         )

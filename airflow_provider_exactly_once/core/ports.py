@@ -495,6 +495,23 @@ class VisibleEpoch:
     write_ids: Mapping[str, str | None]
 
 
+class FileCheck(StrEnum):
+    """How ``SinkCommitter.prepare`` looks for the write's files right before the commit decision
+    (design.md, 'The Iceberg commit', step 3): so that a file removed since persist refuses the
+    epoch while it is still abortable, not after its commit is decided."""
+
+    #: Not at all: persist, whose files were just written, and the checks that only ask what the
+    #: commit would refuse besides.
+    NONE = "none"
+    #: The manifests persist wrote below the write location, one request per table: unreferenced
+    #: as the data files are, a removal that took the files takes them too. Every file of a write
+    #: that has none. The commit task's check of an epoch persisted within the coordinator's
+    #: ``full_file_check_after``.
+    OWN_MANIFESTS = "own manifests"
+    #: Every data file, one listing per write location: an older epoch, and every recovery.
+    EVERY_FILE = "every file"
+
+
 @dataclass(frozen=True)
 class CommitPlan:
     """One write's commit as a value: what ``SinkCommitter.prepare`` checked, for ``commit`` to apply.
@@ -557,7 +574,7 @@ class SinkCommitter(Protocol):
     """
 
     def prepare(
-        self, pre_commit: PreCommit, *, replaces: ReplacedWrite | None = None, check_files: bool = False
+        self, pre_commit: PreCommit, *, replaces: ReplacedWrite | None = None, check_files: FileCheck = FileCheck.NONE
     ) -> CommitPlan:
         """Refuse what can never be committed, and return the plan ``commit`` applies.
 
@@ -567,7 +584,8 @@ class SinkCommitter(Protocol):
         schema, a table or branch the append would refuse. With ``replaces`` (a revision) it also
         refuses what the commit would: a replaced file no longer in the table
         (``ReplacedFilesMissing``), or a sink that cannot replace at all (``CommitRefused``).
-        ``check_files`` (right before the decision, not at persist) refuses missing data files too.
+        ``check_files`` (right before the decision, not at persist) refuses missing files too
+        (``MissingDataFiles``), looking as ``FileCheck`` says.
         Changes nothing. Raises ``InvalidPreCommit``, ``UnknownTable``, ``SchemaMismatch``,
         ``CommitRefused``, or ``SinkUnavailable`` (retryable) when the sink cannot be asked.
         """
@@ -647,7 +665,8 @@ class BatchCommitter(SinkCommitter, Protocol):
     (``core/coordinator.py``). Optional: a committer without it commits every epoch on its own."""
 
     def prepare_batch(self, pre_commits: Sequence[PreCommit]) -> Sequence[CommitPlan | None]:
-        """``SinkCommitter.prepare`` with ``check_files`` for each write, a table loaded once; ``None``
+        """``SinkCommitter.prepare`` with ``FileCheck.EVERY_FILE`` for each write (recovery's check),
+        a table loaded once; ``None``
         for a write that must be committed on its own (refused, or more than an append)."""
         ...
 

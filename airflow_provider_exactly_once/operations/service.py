@@ -216,13 +216,14 @@ class SinkOperations(SinkReads):
 
         ``allow_beyond_horizon`` commits an epoch older than the table's snapshot history, where
         the absence of its marker no longer proves it uncommitted: only after a person has read
-        the table's history and found the epoch's rows absent (docs/operations.md).
+        the table's history and found the epoch's rows absent (docs/operations.md). A person's
+        commit is a recovery's: it checks every file of the write before its decision.
         """
         coordinator = self._coordinator(sink_id, allow_beyond_horizon=allow_beyond_horizon)
         row = self._row(sink_id, epoch)
         if dry_run:
             return self._commit_plan(coordinator, row)
-        result = coordinator.commit(sink_id, epoch)
+        result = coordinator.commit(sink_id, epoch, recovery=True)
         committed = dict(result.record.committed or {})
         return ActionResult(
             action="commit",
@@ -241,7 +242,7 @@ class SinkOperations(SinkReads):
         lookups = EpochLookups.of(self.store, self._checkpoints(sink_id), sink_id, epoch)
         decision = commit_decision(row, lookups).raise_if_refused()
         if decision.action is Action.DECIDE_AND_COMMIT:
-            coordinator.prepare(row)
+            coordinator.prepare(row, recovery=True)
         if decision.action is Action.ALREADY_COMMITTED:
             committed = dict(row.committed or {})
             return ActionResult(

@@ -43,6 +43,9 @@ if TYPE_CHECKING:
 
 #: ``[exactly_once] meta_conn_id``: the meta store of every task that names none.
 META_CONN_ID_OPTION = "meta_conn_id"
+#: ``[exactly_once] full_file_check_after_seconds``: how long after its persist an epoch's commit checks
+#: only the write's own manifests before its decision (``core.coordinator.FULL_FILE_CHECK_AFTER``).
+FULL_FILE_CHECK_OPTION = "full_file_check_after_seconds"
 #: ``[exactly_once] fault_hook``: ``module:callable`` naming a ``FaultHookFactory``; unset in production.
 FAULT_HOOK_OPTION = "fault_hook"
 #: The same option as Airflow reads it from the environment.
@@ -245,6 +248,7 @@ def coordinator_for(
     rows, retries and aborts go wherever ``[metrics]`` sends Airflow's own.
     ``allow_beyond_horizon`` is an operator's word that an epoch older than the table's snapshot
     history is not in the table (``eo-sink commit --beyond-horizon``); never set by a task.
+    ``[exactly_once] full_file_check_after_seconds`` is read here, when the coordinator is built.
     """
     from airflow_provider_exactly_once.observability.assets import airflow_metrics
 
@@ -257,7 +261,7 @@ def coordinator_for(
         metrics = airflow_metrics()
     if committer is None:
         committer = sink_committer(sink, fault=fault, metrics=metrics)
-    from airflow_provider_exactly_once.core.coordinator import TwoPhaseCommitCoordinator
+    from airflow_provider_exactly_once.core.coordinator import FULL_FILE_CHECK_AFTER, TwoPhaseCommitCoordinator
 
     return TwoPhaseCommitCoordinator(
         store,
@@ -266,6 +270,9 @@ def coordinator_for(
         fault=fault,
         metrics=metrics,
         allow_beyond_horizon=allow_beyond_horizon,
+        full_file_check_after=configured_duration(
+            FULL_FILE_CHECK_OPTION, FULL_FILE_CHECK_AFTER, "seconds", zero_allowed=True
+        ),
         on_reprocess={sink.sink_id: sink.on_reprocess},
         audited=[sink.sink_id] if getattr(sink, "audited", False) else [],
     )

@@ -34,6 +34,7 @@ from airflow_provider_exactly_once.core.ports import (
     EMPTY,
     CommitPlan,
     CommittedTables,
+    FileCheck,
     ReplacedWrite,
     VisibleEpoch,
     WriteKind,
@@ -184,12 +185,13 @@ class FileSinkCommitter:
     # -- SinkCommitter ----------------------------------------------------------------------------
 
     def prepare(
-        self, pre_commit: PreCommit, *, replaces: ReplacedWrite | None = None, check_files: bool = False
+        self, pre_commit: PreCommit, *, replaces: ReplacedWrite | None = None, check_files: FileCheck = FileCheck.NONE
     ) -> CommitPlan:
         """Refuse metadata that names another sink root or stages files outside this write's folder,
         and any revision: a file sink cannot replace a committed write. Nothing is kept in the plan:
         the final names are a pure function of the metadata, and ``commit`` looks at every file anyway.
-        ``check_files``: every file must be staged or at its final name already (a resumed commit).
+        ``check_files`` (any but ``NONE``: a file sink writes no manifest): every file must be staged
+        or at its final name already (a resumed commit).
         """
         layout = self._plan(pre_commit)
         kind = WriteKind.of(pre_commit, replaces)
@@ -197,7 +199,7 @@ class FileSinkCommitter:
             raise CommitRefused(
                 f"{pre_commit.describe()}: a file sink cannot replace committed write {kind.replaced_write_id}"
             )
-        if check_files:
+        if check_files is not FileCheck.NONE:
             missing = [
                 m.descriptor.path for m in layout.moves if not self._exists(m.staged) and not self._exists(m.final)
             ]

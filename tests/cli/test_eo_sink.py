@@ -292,6 +292,27 @@ def test_commit_beyond_the_horizon_is_refused_until_the_operator_says_so(world: 
     assert world.markers() == {E1: [pre.write_id]}
 
 
+def test_a_persons_commit_and_its_dry_run_list_every_file_of_a_fresh_epoch(world: World) -> None:
+    """Issue 59: the commit task of a fresh epoch checks only the manifest persist wrote; a person's
+    commit, like recovery, is off that path and lists every data file, as its dry run says."""
+    url, sink_id = world.pipeline.meta_url, world.sink_id
+    pre = write(world, E1)
+    coordinator(world).persist(pre, dag_id="hourly")
+    world.mark(E1, CheckpointStatus.COMPLETED)
+    row = world.pipeline.store.get(sink_id, E1)
+    assert row is not None and row.pre_commit.tables[0].prepared is not None  # the manifest stays
+    lost = pre.tables[0].data_files[0].path
+    os.remove(lost.removeprefix("file://"))
+
+    planned = eo_sink("commit", sink_id, str(E1), "--dry-run", "--url", url)
+    assert planned.returncode == EXIT_FAILED and "MissingDataFiles" in planned.stderr and lost in planned.stderr
+    failed = eo_sink("commit", sink_id, str(E1), "--url", url)
+    assert failed.returncode == EXIT_FAILED and "MissingDataFiles" in failed.stderr and lost in failed.stderr
+    row = world.pipeline.store.get(sink_id, E1)
+    assert row is not None and row.status is EpochStatus.PENDING and row.commit_decided_at is None
+    assert world.markers() == {}
+
+
 def test_files_lost_gives_up_a_decided_write_after_a_dry_run_that_lists_what_is_gone(world: World) -> None:
     url, sink_id = world.pipeline.meta_url, world.sink_id
     pre = write(world, E1)

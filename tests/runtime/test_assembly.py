@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import json
+import uuid
+from pathlib import Path
 
 import pytest
 
-from airflow_provider_exactly_once.core.errors import SinkUnavailable
-from airflow_provider_exactly_once.runtime.assembly import sink_committer
+from airflow_provider_exactly_once.checkpoints.config import MetaStoreCheckpoint
+from airflow_provider_exactly_once.core.coordinator import TwoPhaseCommitCoordinator
+from airflow_provider_exactly_once.core.epochs import CheckpointStatus
+from airflow_provider_exactly_once.core.errors import MissingDataFiles, SinkUnavailable
+from airflow_provider_exactly_once.core.outcomes import CommitOutcome
+from airflow_provider_exactly_once.runtime.assembly import coordinator_for, sink_committer
 from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig
 from demo.servers import free_port
+from tests.support.pipeline import Pipeline, local_path
 
 CLIENT_SECRET = "rest-client-secret-for-this-test"
 S3_SECRET = "s3-secret-for-this-test"
@@ -47,3 +54,40 @@ def test_an_instant_is_written_with_seconds_and_their_fraction_only_when_it_has_
     assert instant_text(datetime(2026, 12, 30, 12, 57, tzinfo=UTC)) == "2026-12-30T12:57Z"
     assert instant_text(datetime(2026, 12, 30, 12, 57, 36, tzinfo=UTC)) == "2026-12-30T12:57:36Z"
     assert instant_text(datetime(2026, 12, 30, 12, 57, 36, 250, tzinfo=UTC)) == "2026-12-30T12:57:36.000250Z"
+
+
+def test_the_coordinator_takes_how_long_a_commit_checks_only_the_manifests_from_the_configuration(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``[exactly_once] full_file_check_after_seconds`` (issue 59): 0 has even a fresh epoch's commit
+    list every data file, so a data file deleted alone refuses it; unset, the commit task of the same
+    epoch checks only the manifest persist wrote, and commits. An absurd value is refused by name."""
+    (tmp_path / "warehouse").mkdir()
+    pipeline = Pipeline(
+        meta_url=f"sqlite:///{tmp_path / 'meta.db'}",
+        catalog_url=f"sqlite:///{tmp_path / 'catalog.db'}",
+        warehouse=tmp_path / "warehouse",
+        catalog_name="c",
+        namespace="ns",
+    )
+    pipeline.create_table("t")
+    sink = IcebergSinkConfig(f"s-{uuid.uuid4().hex[:6]}", ("ns.t",))
+
+    def coordinator() -> TwoPhaseCommitCoordinator:
+        return coordinator_for(
+            sink, MetaStoreCheckpoint(), store=pipeline.store, committer=pipeline.iceberg_committer()
+        )
+
+    pre = pipeline.write_iceberg(sink.sink_id, 1, ["t"], rows=4, files=2)
+    coordinator().persist(pre)
+    pipeline.checkpoint(sink.sink_id, 1, CheckpointStatus.COMPLETED)
+    Path(local_path(pre.tables[0].data_files[0].path)).unlink()
+
+    monkeypatch.setenv("AIRFLOW__EXACTLY_ONCE__FULL_FILE_CHECK_AFTER_SECONDS", "0")
+    with pytest.raises(MissingDataFiles):
+        coordinator().commit(sink.sink_id, 1)
+    monkeypatch.setenv("AIRFLOW__EXACTLY_ONCE__FULL_FILE_CHECK_AFTER_SECONDS", "-1")
+    with pytest.raises(ValueError, match=r"^\[exactly_once\] full_file_check_after_seconds .* is refused"):
+        coordinator()
+    monkeypatch.delenv("AIRFLOW__EXACTLY_ONCE__FULL_FILE_CHECK_AFTER_SECONDS")
+    assert coordinator().commit(sink.sink_id, 1).outcome is CommitOutcome.COMMITTED

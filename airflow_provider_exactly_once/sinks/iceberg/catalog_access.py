@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from pyiceberg.io import FileIO
     from pyiceberg.io.pyarrow import PyArrowFileIO
 
-    from airflow_provider_exactly_once.core.precommit import PreCommit, TableWrite
+    from airflow_provider_exactly_once.core.precommit import PreCommit, PreparedManifest, TableWrite
 
 
 # Loading tables, with the catalog's and the driver's errors translated into the domain's.
@@ -216,19 +216,47 @@ def _missing_local(paths: Sequence[str]) -> list[str] | None:
     return [path for path, (folder, _, name) in zip(paths, split, strict=True) if name not in listings[folder]]
 
 
-def missing_in_locations(pre_commit: PreCommit, loaded: Sequence[tuple[TableWrite, Table]]) -> list[str]:
-    """The write's data files not in storage, each table's looked for with one listing of its location."""
+def missing_in_locations(
+    pre_commit: PreCommit, loaded: Sequence[tuple[TableWrite, Table]], *, every_file: bool = True
+) -> list[str]:
+    """The write's files not in storage: each table's data files, looked for with one listing of its
+    location; or, not ``every_file``, the manifests persist wrote of them (``own_manifests``), one
+    request each, a manifest of another length than recorded counting as gone, and every data file
+    of a table that has none (design.md, 'The Iceberg commit', step 3)."""
     missing: list[str] = []
     for write, table in loaded:
-        what = f"{pre_commit.describe()}: could not check the data files of table {write.table!r}"
+        manifests = [] if every_file else own_manifests(write)
+        what = f"{pre_commit.describe()}: could not check the files of table {write.table!r}"
         with unavailable_when_unreachable(what, table.io.properties):
-            missing.extend(missing_files(table.io, write.data_files.paths(), under=write.location))
+            if manifests:
+                missing.extend(m.path for m in manifests if _length(table.io, m.path) != m.length)
+            else:
+                missing.extend(missing_files(table.io, write.data_files.paths(), under=write.location))
     return missing
 
 
-def require_files(pre_commit: PreCommit, loaded: Sequence[tuple[TableWrite, Table]]) -> None:
-    """``MissingDataFiles`` unless every data file of the write is in storage."""
-    missing = missing_in_locations(pre_commit, loaded)
+def own_manifests(write: TableWrite) -> list[PreparedManifest]:
+    """The manifests persist wrote of the write's added files below its location (D16): nothing
+    references them before the commit, so whatever removes the write's unreferenced files (an
+    orphan removal, a clean-up, a person) removes them as it removes the data files. A revision's
+    manifests in the table's metadata folder are not the write's own."""
+    root = write.location.rstrip("/") + "/"
+    return [m for m in write.prepared.manifests if m.path.startswith(root)] if write.prepared else []
+
+
+def _length(io: FileIO, path: str) -> int | None:
+    """The file's length, ``None`` when it is not there: one request (a HEAD on an object store)."""
+    try:
+        return len(io.new_input(path))
+    except FileNotFoundError:
+        return None
+
+
+def require_files(
+    pre_commit: PreCommit, loaded: Sequence[tuple[TableWrite, Table]], *, every_file: bool = True
+) -> None:
+    """``MissingDataFiles`` unless every file of the write ``missing_in_locations`` looks for is there."""
+    missing = missing_in_locations(pre_commit, loaded, every_file=every_file)
     if missing:
         raise MissingDataFiles(pre_commit.sink_id, pre_commit.epoch, missing)
 

@@ -36,6 +36,7 @@ from airflow_provider_exactly_once.core.ports import (
     EMPTY,
     CommitPlan,
     CommittedTables,
+    FileCheck,
     Kind,
     ReplacedWrite,
     VisibleEpoch,
@@ -187,7 +188,7 @@ class IcebergSinkCommitter:
     # -- SinkCommitter --------------------------------------------------------------------------
 
     def prepare(
-        self, pre_commit: PreCommit, *, replaces: ReplacedWrite | None = None, check_files: bool = False
+        self, pre_commit: PreCommit, *, replaces: ReplacedWrite | None = None, check_files: FileCheck = FileCheck.NONE
     ) -> CommitPlan:
         """Load and check every table of the write (and a revision's replaced files in it).
 
@@ -195,8 +196,8 @@ class IcebergSinkCommitter:
         commit decision and committing, and loading and checking a table with a long history again
         milliseconds later would double the commit's metadata cost. ``commit`` uses them only while
         fresh (``PREPARED_FRESH_S``), and its append asserts the branch head they showed; nor does it
-        list the files again that ``check_files`` found (``catalog_access.missing_files``: one listing of
-        each write location).
+        look again for the files ``check_files`` found (``catalog_access.missing_in_locations``: the
+        write's own manifests, or one listing of each write location).
         """
         return self._prepare(pre_commit, replaces, {}, time.monotonic(), check_files)
 
@@ -212,7 +213,7 @@ class IcebergSinkCommitter:
             plan: CommitPlan | None = None
             with contextlib.suppress(ExactlyOnceError):  # refused: its own commit says why
                 if WriteKind.of(pre_commit).batches:
-                    plan = self._prepare(pre_commit, None, loaded, prepared_at, check_files=True)
+                    plan = self._prepare(pre_commit, None, loaded, prepared_at, FileCheck.EVERY_FILE)
             if plan is not None and any(isinstance(t, TablePlan) and t.to_add for t in plan.prepared.values()):
                 plan = None  # a schema change staged before its append: alone
             plans.append(plan)
@@ -224,19 +225,21 @@ class IcebergSinkCommitter:
         replaces: ReplacedWrite | None,
         loaded: dict[str, Table],
         prepared_at: float,
-        check_files: bool = False,
+        check_files: FileCheck = FileCheck.NONE,
     ) -> CommitPlan:
         """``prepare``, loading only the tables ``loaded`` lacks (and adding them to it)."""
         prepared: dict[str, TablePlan] = {}
+        checked = check_files is not FileCheck.NONE
         for write in pre_commit.tables:
             if write.table not in loaded:
                 loaded[write.table] = self.load(write.table)
             table = loaded[write.table]
             to_add = self.check(table, pre_commit, write)
             to_replace = self._to_replace(table, pre_commit, write, replaces)
-            prepared[write.table] = TablePlan(write, table, to_add, to_replace, files_checked=check_files)
-        if check_files:
-            require_files(pre_commit, [(plan.write, plan.table) for plan in prepared.values()])
+            prepared[write.table] = TablePlan(write, table, to_add, to_replace, files_checked=checked)
+        if checked:
+            loaded_writes = [(plan.write, plan.table) for plan in prepared.values()]
+            require_files(pre_commit, loaded_writes, every_file=check_files is FileCheck.EVERY_FILE)
         return CommitPlan(pre_commit, replaces, prepared, prepared_at=prepared_at, prepared_by=self)
 
     def stage(self, plan: CommitPlan) -> PreCommit:

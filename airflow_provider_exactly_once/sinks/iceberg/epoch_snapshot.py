@@ -231,7 +231,7 @@ class TablePlan:
     to_add: list[ColumnToAdd]
     #: A revision's: the replaced write's files in this table, removed by the same snapshot.
     to_replace: list[DataFile]
-    #: Whether every data file of the write was found in storage (``prepare(check_files=True)``).
+    #: Whether ``prepare`` found the write's files in storage (``check_files``, as ``FileCheck`` says).
     files_checked: bool = False
 
 

@@ -6,10 +6,13 @@ Each refusal leaves the epoch finishable: no row half-written, nothing visible, 
 from __future__ import annotations
 
 import sqlite3
+import time
 import uuid
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from sqlalchemy import text
 
 from airflow_provider_exactly_once.core.data_file_list import DataFiles
 from airflow_provider_exactly_once.core.epochs import CheckpointStatus, EpochStatus
@@ -23,7 +26,7 @@ from airflow_provider_exactly_once.core.errors import (
     UnknownTable,
 )
 from airflow_provider_exactly_once.core.outcomes import CommitOutcome, PersistOutcome
-from airflow_provider_exactly_once.core.ports import CommitPlan
+from airflow_provider_exactly_once.core.ports import CommitPlan, EpochRecord
 from airflow_provider_exactly_once.core.precommit import PreCommit, TableWrite, WrittenColumn
 from airflow_provider_exactly_once.store import SqlSinkStateStore
 from tests.support.pipeline import Pipeline, as_tuples, expected_rows, local_path, write_location_exists
@@ -134,20 +137,39 @@ def test_incompatible_schema_is_refused_before_anything_is_committed(pipeline: P
     assert pipeline.rows("orders") == []
 
 
+def _persisted_ago(pipeline: Pipeline, sink_id: str, epoch: int, age: timedelta) -> None:
+    """The epoch's row as if persisted ``age`` ago and left Pending since."""
+    with pipeline.store.engine.begin() as conn:
+        conn.execute(
+            text("UPDATE pending_sink_state SET created_at = :t WHERE sink_id = :s AND epoch = :e"),
+            {"t": (pipeline.store.now() - age).replace(tzinfo=None), "s": sink_id, "e": epoch},
+        )
+
+
+#: Older than the coordinator's ``FULL_FILE_CHECK_AFTER`` (a day): its commit lists every file.
+OLD = timedelta(days=2)
+
+
+def _undecided(pipeline: Pipeline, sink_id: str, epoch: int) -> EpochRecord:
+    row = pipeline.store.get(sink_id, epoch)
+    assert row is not None and row.status is EpochStatus.PENDING
+    assert row.commit_decided_at is None, "refused before the commit decision: the epoch stays abortable"
+    return row
+
+
 def test_missing_data_files_refuse_the_commit_and_keep_the_epoch_pending(pipeline: Pipeline, sink_id: str) -> None:
     pipeline.create_table("orders")
     coordinator = pipeline.coordinator(sink_id, pipeline.iceberg_committer())
     pre = pipeline.write_iceberg(sink_id, 1, ["orders"], rows=4, files=2)
     coordinator.persist(pre)
     pipeline.checkpoint(sink_id, 1, CheckpointStatus.COMPLETED)
+    _persisted_ago(pipeline, sink_id, 1, OLD)
     hidden = Path(local_path(pre.tables[0].data_files[1].path))
     parked = hidden.with_suffix(".parked")
     hidden.rename(parked)
     with pytest.raises(MissingDataFiles, match=hidden.name):
         coordinator.commit(sink_id, 1)
-    row = pipeline.store.get(sink_id, 1)
-    assert row is not None and row.status is EpochStatus.PENDING
-    assert row.commit_decided_at is None, "refused before the commit decision: the epoch stays abortable"
+    row = _undecided(pipeline, sink_id, 1)
     assert row.error is not None and hidden.name in row.error
     assert pipeline.rows("orders") == []
     parked.rename(hidden)  # the file comes back (a restore, an eventually consistent store)
@@ -158,24 +180,100 @@ def test_missing_data_files_refuse_the_commit_and_keep_the_epoch_pending(pipelin
 def test_a_file_removed_before_the_commit_is_refused_undecided_so_a_new_write_replaces_it(
     pipeline: Pipeline, sink_id: str
 ) -> None:
-    """A foreign ``remove_orphan_files`` between persist and commit: the commit is refused before its
-    decision, so the epoch's run written again replaces the write, with no operator's ``--files-lost``."""
+    """A foreign ``remove_orphan_files`` between persist and commit (so the epoch is old): the commit
+    is refused before its decision, so the epoch's run written again replaces the write, with no
+    operator's ``--files-lost``."""
     pipeline.create_table("orders")
     coordinator = pipeline.coordinator(sink_id, pipeline.iceberg_committer())
     pre = pipeline.write_iceberg(sink_id, 1, ["orders"], rows=4, files=2)
     coordinator.persist(pre)
     pipeline.checkpoint(sink_id, 1, CheckpointStatus.COMPLETED)
+    _persisted_ago(pipeline, sink_id, 1, OLD)
     Path(local_path(pre.tables[0].data_files[0].path)).unlink()
     with pytest.raises(MissingDataFiles):
         coordinator.commit(sink_id, 1)
     assert not coordinator.recover(sink_id).ok  # recovery's batch refuses it before deciding too
-    row = pipeline.store.get(sink_id, 1)
-    assert row is not None and row.status is EpochStatus.PENDING and row.commit_decided_at is None
+    _undecided(pipeline, sink_id, 1)
     again = pipeline.write_iceberg(sink_id, 1, ["orders"], rows=3)
     assert coordinator.persist(again).outcome is PersistOutcome.REPLACED
     assert not write_location_exists(pre)
     assert coordinator.commit(sink_id, 1).outcome is CommitOutcome.COMMITTED
     assert as_tuples(pipeline.rows("orders")) == expected_rows([again], f"{pipeline.namespace}.orders")
+
+
+def test_a_data_file_removed_from_a_fresh_epoch_goes_unseen_and_from_an_older_one_is_refused(
+    pipeline: Pipeline, sink_id: str
+) -> None:
+    """Issue 59: within ``full_file_check_after`` of its persist, the commit task checks only the
+    manifest persist wrote below the write location, not every data file, as Flink's committer
+    relies on orphan removal's age horizon; a data file deleted alone (by no such removal) goes
+    unseen and the snapshot lists it. Older than that, the same epoch is refused before the
+    decision."""
+    pipeline.create_table("orders")
+    committer = pipeline.iceberg_committer()
+    pre = pipeline.write_iceberg(sink_id, 1, ["orders"], rows=4, files=2)
+    pipeline.coordinator(sink_id, committer).persist(pre)
+    pipeline.checkpoint(sink_id, 1, CheckpointStatus.COMPLETED)
+    assert _undecided(pipeline, sink_id, 1).pre_commit.tables[0].prepared is not None
+    gone = pre.tables[0].data_files[1].path
+    Path(local_path(gone)).unlink()
+
+    older = pipeline.coordinator(sink_id, committer, full_file_check_after=timedelta(milliseconds=1))
+    time.sleep(0.01)
+    with pytest.raises(MissingDataFiles, match=Path(gone).name) as refused:
+        older.commit(sink_id, 1)
+    assert refused.value.paths == [gone]
+    _undecided(pipeline, sink_id, 1)
+
+    fresh = pipeline.coordinator(sink_id, committer)  # a day by default
+    assert fresh.commit(sink_id, 1).outcome is CommitOutcome.COMMITTED
+    table = pipeline.catalog.load_table(f"{pipeline.namespace}.orders")
+    assert gone in table.inspect.files().column("file_path").to_pylist()  # unseen: the snapshot lists it
+
+
+def test_an_older_epochs_removed_data_file_is_refused_before_the_decision_as_its_dry_run_says(
+    pipeline: Pipeline, sink_id: str
+) -> None:
+    """The check ``coordinator.prepare`` runs for the commit's dry run is the commit's own: it passes
+    a fresh epoch whose manifest stands, and refuses the same epoch once persisted a day ago."""
+    pipeline.create_table("orders")
+    coordinator = pipeline.coordinator(sink_id, pipeline.iceberg_committer())
+    pre = pipeline.write_iceberg(sink_id, 1, ["orders"], rows=4, files=2)
+    coordinator.persist(pre)
+    pipeline.checkpoint(sink_id, 1, CheckpointStatus.COMPLETED)
+    gone = pre.tables[0].data_files[0].path
+    Path(local_path(gone)).unlink()
+    coordinator.prepare(_undecided(pipeline, sink_id, 1))  # fresh: the dry run would commit, as the commit would
+
+    _persisted_ago(pipeline, sink_id, 1, OLD)
+    with pytest.raises(MissingDataFiles) as planned:
+        coordinator.prepare(_undecided(pipeline, sink_id, 1))
+    with pytest.raises(MissingDataFiles) as refused:
+        coordinator.commit(sink_id, 1)
+    assert planned.value.paths == refused.value.paths == [gone]
+    row = _undecided(pipeline, sink_id, 1)
+    assert row.error is not None and Path(gone).name in row.error
+    assert pipeline.rows("orders") == []
+
+
+def test_recovery_lists_every_file_of_a_fresh_epoch(pipeline: Pipeline, sink_id: str) -> None:
+    """Recovery is off the hot path: its batch and the epoch it commits alone after the batch
+    refused it (``recover_pending``) both list every data file, however young the epoch."""
+    pipeline.create_table("orders")
+    coordinator = pipeline.coordinator(sink_id, pipeline.iceberg_committer())
+    pre = pipeline.write_iceberg(sink_id, 1, ["orders"], rows=4, files=2)
+    coordinator.persist(pre)
+    pipeline.checkpoint(sink_id, 1, CheckpointStatus.COMPLETED)
+    gone = pre.tables[0].data_files[1].path
+    Path(local_path(gone)).unlink()
+
+    report = coordinator.recover(sink_id)
+
+    assert list(report.failed) == [1] and "MissingDataFiles" in report.failed[1] and Path(gone).name in report.failed[1]
+    with pytest.raises(MissingDataFiles, match=Path(gone).name):
+        coordinator.commit(sink_id, 1, recovery=True)
+    _undecided(pipeline, sink_id, 1)
+    assert pipeline.rows("orders") == []
 
 
 def test_unreachable_meta_store_fails_retryably_with_its_address() -> None:

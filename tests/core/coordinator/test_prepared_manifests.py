@@ -29,7 +29,7 @@ from pyiceberg.types import LongType, NestedField, StringType
 from airflow_provider_exactly_once.core.coordinator import TwoPhaseCommitCoordinator
 from airflow_provider_exactly_once.core.data_file_list import DataFiles
 from airflow_provider_exactly_once.core.epochs import CheckpointStatus, EpochStatus
-from airflow_provider_exactly_once.core.errors import InvalidPreCommit
+from airflow_provider_exactly_once.core.errors import InvalidPreCommit, MissingDataFiles
 from airflow_provider_exactly_once.core.faults import SimulatedCrash
 from airflow_provider_exactly_once.core.ports import CommitPlan
 from airflow_provider_exactly_once.core.precommit import PreCommit
@@ -136,7 +136,27 @@ def test_a_retried_persist_keeps_only_the_manifest_the_row_records(
     assert _listed(pipeline.catalog.load_table(pre.tables[0].table), snapshot_id) == {recorded.manifests[0].path}
 
 
-def test_a_manifest_gone_before_the_commit_is_written_again_not_trusted(pipeline: Pipeline, sink_id: str) -> None:
+def _refused_then_recovered(pipeline: Pipeline, coordinator: Any, sink_id: str, manifest: str) -> int:
+    """The commit task refuses the epoch before its decision, naming ``manifest`` (the check of a
+    fresh epoch looks at the write's own manifests only); recovery, which lists every data file,
+    then commits it with a manifest of its own. The snapshot's id."""
+    pipeline.checkpoint(sink_id, EPOCH, CheckpointStatus.COMPLETED)
+    with pytest.raises(MissingDataFiles) as refused:
+        coordinator.commit(sink_id, EPOCH)
+    assert refused.value.paths == [manifest]
+    row = pipeline.store.get(sink_id, EPOCH)
+    assert row is not None and row.status is EpochStatus.PENDING and row.commit_decided_at is None
+    report = coordinator.recover(sink_id)
+    assert report.committed == [EPOCH], report.failed
+    return _commit(pipeline, coordinator, sink_id)  # already committed: its snapshot
+
+
+def test_a_manifest_gone_before_the_commit_is_refused_then_written_again_by_recovery(
+    pipeline: Pipeline, sink_id: str
+) -> None:
+    """Issue 59: a manifest persist wrote is unreferenced as the write's data files are, so a
+    removal that took it may have taken them: the commit task refuses the epoch before its
+    decision. Recovery lists every data file, finds them all, and commits without trusting it."""
     pipeline.create_table("t")
     coordinator = pipeline.coordinator(sink_id, pipeline.iceberg_committer())
     pre = pipeline.write_iceberg(sink_id, EPOCH, ["t"], rows=6)
@@ -144,7 +164,7 @@ def test_a_manifest_gone_before_the_commit_is_written_again_not_trusted(pipeline
     (gone,) = _manifests_on_disk(pre)
     os.remove(local_path(gone))  # a foreign remove_orphan_files, say
 
-    snapshot_id = _commit(pipeline, coordinator, sink_id)
+    snapshot_id = _refused_then_recovered(pipeline, coordinator, sink_id, gone)
 
     table = pipeline.catalog.load_table(pre.tables[0].table)
     listed = _listed(table, snapshot_id)
@@ -159,7 +179,8 @@ def test_a_manifest_truncated_or_replaced_before_the_commit_is_written_again_not
     """Scenario (issue 54): a prepared manifest is listed only while it has the length persist
     recorded. Checked for existence alone, one cut short would be listed and break every read of
     the table, and another manifest written at its path (here another write's, longer) would show
-    that write's rows in this epoch. The commit writes its own manifest; DuckDB reads the epoch's rows."""
+    that write's rows in this epoch. The commit task's check refuses it before the decision (issue
+    59); recovery writes its own manifest; DuckDB reads the epoch's rows."""
     pipeline.create_table("t")
     committer = pipeline.iceberg_committer()
     coordinator = pipeline.coordinator(sink_id, committer)
@@ -176,7 +197,7 @@ def test_a_manifest_truncated_or_replaced_before_the_commit_is_written_again_not
         path.write_bytes(Path(local_path(other.tables[0].prepared.manifests[0].path)).read_bytes())
     assert path.stat().st_size != len(original)
 
-    snapshot_id = _commit(pipeline, coordinator, sink_id)
+    snapshot_id = _refused_then_recovered(pipeline, coordinator, sink_id, prepared)
 
     table = pipeline.catalog.load_table(pre.tables[0].table)
     listed = _listed(table, snapshot_id)  # first: DuckDB's reader aborts the process on a truncated manifest

@@ -17,7 +17,7 @@ from pyiceberg.table import Table
 from airflow_provider_exactly_once.core.coordinator import TwoPhaseCommitCoordinator
 from airflow_provider_exactly_once.core.epochs import CheckpointStatus, EpochStatus
 from airflow_provider_exactly_once.core.errors import UpsertConflict
-from airflow_provider_exactly_once.core.ports import CommitPlan
+from airflow_provider_exactly_once.core.ports import CommitPlan, FileCheck
 from airflow_provider_exactly_once.core.precommit import PreCommit
 from airflow_provider_exactly_once.sinks.iceberg.overwrites import PREPARED_FILE
 from tests.support.faults import FaultSwitch
@@ -155,7 +155,7 @@ def test_while_the_prepared_snapshot_stands_the_commit_looks_no_rewritten_file_u
     pipeline.catalog.load_table("ns.t").append(  # a foreign append of keys the epoch does not touch
         pa.Table.from_pylist([{"id": 100, "value": "foreign"}], schema=ARROW)
     )
-    [table_plan] = committer.prepare(row.pre_commit, check_files=True).prepared.values()
+    [table_plan] = committer.prepare(row.pre_commit, check_files=FileCheck.EVERY_FILE).prepared.values()
     assert table_plan.to_replace == [PREPARED_FILE] * len(second.table("ns.t").rewritten)  # type: ignore[attr-defined]
 
     pipeline.checkpoint(SINK, 1, CheckpointStatus.COMPLETED)

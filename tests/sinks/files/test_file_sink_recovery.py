@@ -10,7 +10,7 @@ import pytest
 
 from airflow_provider_exactly_once.core.errors import AbortRefused, MissingDataFiles
 from airflow_provider_exactly_once.core.faults import SimulatedCrash
-from airflow_provider_exactly_once.core.ports import CommitPlan
+from airflow_provider_exactly_once.core.ports import CommitPlan, FileCheck
 from airflow_provider_exactly_once.sinks.files import COMMIT_STARTED_MARKER, FileSinkCommitter
 from tests.support.faults import FaultSwitch
 
@@ -117,7 +117,7 @@ def test_missing_files_refuse_the_commit_and_move_nothing(committer: FileSinkCom
     for path in gone:
         Path(path).unlink()
     with pytest.raises(MissingDataFiles) as before_the_decision:
-        committer.prepare(pre, check_files=True)
+        committer.prepare(pre, check_files=FileCheck.EVERY_FILE)
     assert sorted(before_the_decision.value.paths) == gone
     committer.prepare(pre)  # persist's checks do not look at the files
     with pytest.raises(MissingDataFiles) as raised:

@@ -25,7 +25,7 @@ from airflow_provider_exactly_once.core.errors import (
     UnknownTable,
 )
 from airflow_provider_exactly_once.core.faults import SimulatedCrash, no_faults
-from airflow_provider_exactly_once.core.ports import EMPTY, CommitPlan, SinkCommitter
+from airflow_provider_exactly_once.core.ports import EMPTY, CommitPlan, FileCheck, SinkCommitter
 from airflow_provider_exactly_once.core.precommit import PartitionValue, PreCommit, WrittenColumn
 from airflow_provider_exactly_once.sinks.iceberg import IcebergSinkCommitter
 from airflow_provider_exactly_once.sinks.iceberg.epoch_snapshot import EpochSnapshot, commit_snapshots
@@ -152,7 +152,7 @@ def test_a_fan_out_of_three_tables_with_the_middle_one_empty_commits_and_so_do_i
     first = _middle_empty(tables, sink_id, 7)
     committer = IcebergSinkCommitter(catalog, branch=branch)
 
-    result = committer.commit(committer.prepare(first, check_files=True), now())
+    result = committer.commit(committer.prepare(first, check_files=FileCheck.EVERY_FILE), now())
     assert result["ns.t1"] == EMPTY and result["ns.t0"] != EMPTY and result["ns.t2"] != EMPTY
     assert [snapshot_count(t) for t in tables] == [1, 0, 1]
 
@@ -163,7 +163,7 @@ def test_a_fan_out_of_three_tables_with_the_middle_one_empty_commits_and_so_do_i
     table_by_table = SqlCatalog(catalog.name, **{**catalog.properties, SETTING: "false"})
     crashing = IcebergSinkCommitter(table_by_table, branch=branch, fault=faults)
     with pytest.raises(SimulatedCrash):
-        crashing.commit(crashing.prepare(second, check_files=True), now())
+        crashing.commit(crashing.prepare(second, check_files=FileCheck.EVERY_FILE), now())
     table_by_table.engine.dispose()
     assert [snapshot_count(t) for t in tables] == [2, 0, 1]
 

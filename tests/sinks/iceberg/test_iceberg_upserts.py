@@ -15,7 +15,7 @@ from pyiceberg.conversions import to_bytes
 from pyiceberg.types import LongType, StringType
 
 from airflow_provider_exactly_once.core.errors import InvalidPreCommit, UpsertConflict
-from airflow_provider_exactly_once.core.ports import ReplacedWrite
+from airflow_provider_exactly_once.core.ports import FileCheck, ReplacedWrite
 from airflow_provider_exactly_once.core.precommit import PreCommit, TableWrite
 from airflow_provider_exactly_once.core.upserts import ChangeCounts, RevisedWrite, RewrittenFile
 from airflow_provider_exactly_once.sinks.iceberg import IcebergSinkCommitter
@@ -177,7 +177,7 @@ def test_a_foreign_write_of_a_key_between_prepare_and_commit_is_refused_on_the_c
         assert pre.tables[0].prepared is not None
     faults = FaultSwitch()
     committer = IcebergSinkCommitter(catalog, fault=faults)
-    plan = committer.prepare(pre, check_files=True)  # as the coordinator does before its decision
+    plan = committer.prepare(pre, check_files=FileCheck.OWN_MANIFESTS)  # as the commit task does before its decision
 
     catalog.load_table(name).append(pa.Table.from_pylist([{"id": 5, "value": "theirs"}], schema=ARROW))
 
