@@ -245,7 +245,12 @@ def own_manifests(write: TableWrite) -> list[PreparedManifest]:
 
 
 def _length(io: FileIO, path: str) -> int | None:
-    """The file's length, ``None`` when it is not there: one request (a HEAD on an object store)."""
+    """The file's length, ``None`` when it is not there: one request (a HEAD on an object store).
+    Never from s3fs's listing cache: after a listing of the write location in this process (the
+    check of every file, a clean-up), a manifest deleted since would read as there."""
+    if _as_pyarrow_io(io) is None:
+        filesystem, key = fsspec_filesystem(io, path)
+        filesystem.invalidate_cache(key)
     try:
         return len(io.new_input(path))
     except FileNotFoundError:

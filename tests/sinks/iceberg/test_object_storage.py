@@ -17,7 +17,11 @@ from airflow_provider_exactly_once.core.errors import SinkUnavailable
 from airflow_provider_exactly_once.core.outcomes import AbortOutcome, CommitOutcome
 from airflow_provider_exactly_once.core.ports import CommitPlan
 from airflow_provider_exactly_once.core.precommit import PreCommit
-from airflow_provider_exactly_once.sinks.iceberg.catalog_access import missing_files, unavailable_when_unreachable
+from airflow_provider_exactly_once.sinks.iceberg.catalog_access import (
+    missing_files,
+    missing_in_locations,
+    unavailable_when_unreachable,
+)
 from tests.support.independent_reader import read_rows
 from tests.support.object_store import S3Pipeline
 
@@ -171,3 +175,48 @@ def test_missing_files_lists_the_write_location_once_and_asks_only_for_what_it_d
     asked.clear()
     assert missing_files(table.io, paths, under=f"{write.location}-not-there") == [paths[1]]
     assert sorted(asked) == sorted(paths)
+
+
+def test_the_check_of_a_fresh_write_asks_for_its_manifest_once_and_finds_it_gone_or_cut(
+    pipeline_s3: S3Pipeline, sink_id: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 59: the commit task's check of a fresh epoch is one request for the manifest persist
+    wrote (a HEAD on S3, through each lake's FileIO), not a listing of the data files: a data file
+    deleted alone goes unseen there and is found by the check of every file; a manifest deleted or
+    of another length is named."""
+    pipeline = pipeline_s3
+    pipeline.create_table("orders")
+    committer = pipeline.iceberg_committer()
+    pre = committer.stage(committer.prepare(pipeline.write_iceberg(sink_id, 1, ["orders"], rows=6, files=3)))
+    [write] = pre.tables
+    assert write.prepared is not None
+    [manifest] = write.prepared.manifests
+    assert manifest.path.startswith(f"{write.location}/")
+    table = pipeline.catalog.load_table(write.table)
+    loaded = [(write, table)]
+    asked: list[str] = []
+    real_new_input = type(table.io).new_input
+
+    def counted(self: Any, location: str) -> Any:
+        asked.append(location)
+        return real_new_input(self, location)
+
+    monkeypatch.setattr(type(table.io), "new_input", counted)
+    assert missing_in_locations(pre, loaded, every_file=False) == []
+    assert asked == [manifest.path]
+
+    storage = pipeline.lake.filesystem()  # type: ignore[union-attr]
+    gone = write.data_files[0].path
+    storage.rm_file(gone)
+    assert missing_in_locations(pre, loaded, every_file=False) == []  # unseen: the manifest stands
+    assert missing_in_locations(pre, loaded) == [gone]
+    cut = write.model_copy(
+        update={
+            "prepared": write.prepared.model_copy(
+                update={"manifests": [manifest.model_copy(update={"length": manifest.length + 1})]}
+            )
+        }
+    )
+    assert missing_in_locations(pre, [(cut, table)], every_file=False) == [manifest.path]
+    storage.rm_file(manifest.path)
+    assert missing_in_locations(pre, loaded, every_file=False) == [manifest.path]
