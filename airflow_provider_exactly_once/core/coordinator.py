@@ -107,8 +107,9 @@ COMMIT_DELETED = "commit.rows_deleted"
 COMMIT_RETRIES = "commit.retries"
 #: Aborts by ``outcome`` and the files they deleted.
 ABORTS = "aborts"
-#: Audits judged, tagged by verdict (design.md D23).
+#: Audits judged, tagged by verdict, and the time from the audit commit to the verdict (design.md D23).
 AUDITS = "audits"
+AUDIT_DURATION = "audit.duration"
 ABORT_FILES_DELETED = "abort.files_deleted"
 #: How long after its persist (the row's ``created_at``) an epoch's commit looks only at the manifests
 #: the write's persist wrote before its decision (``FileCheck.OWN_MANIFESTS``); an older one's looks
@@ -773,8 +774,6 @@ class TwoPhaseCommitCoordinator:
         lookups = EpochLookups.of(self._store, self._checkpoints, sink_id, epoch, audited=sink_id in self._audited)
         decision = commit_decision(row, lookups).raise_if_refused()
         if decision.action is Action.ALREADY_COMMITTED:
-            if row.audit_of_write is not None:  # a publish killed after its mark: its audit branch goes now
-                self._forget_audit(row)
             return CommitResult(CommitOutcome.ALREADY_COMMITTED, row)
 
         if decision.action is Action.DECIDE_AND_COMMIT:
@@ -816,8 +815,6 @@ class TwoPhaseCommitCoordinator:
             return self._settled_by_other(sink_id, epoch, row.write_id)
         self._fault("commit.marked")
         log.info("%s committed: %s", row.pre_commit.describe(), dict(committed))
-        if row.audit_of_write is not None:
-            self._forget_audit(row)
         return CommitResult(CommitOutcome.COMMITTED, record)
 
     # -- write, audit, publish (design.md D23) -------------------------------------------------------
@@ -833,7 +830,7 @@ class TwoPhaseCommitCoordinator:
         if decision.action is not Action.COMMIT_AUDIT:
             return row
         try:
-            self.prepare(row)  # the sink's checks, and every file there, before anything is committed
+            self.prepare(row)  # the sink's checks, and its files there (design.md step 3), before any commit
             snapshots = committer.commit_audit(
                 row.pre_commit, row.created_at, allow_beyond_horizon=self._allow_beyond_horizon
             )
@@ -841,7 +838,8 @@ class TwoPhaseCommitCoordinator:
             note_error(self._store, row, exc)
             raise
         self._fault("audit.committed")
-        audit = EpochAudit(write_id=row.write_id, branch=committer.audit_branch(row.pre_commit), snapshots=snapshots)
+        branch = committer.audit_branch(row.pre_commit)
+        audit = EpochAudit(write_id=row.write_id, branch=branch, snapshots=snapshots, committed_at=self._store.now())
         try:
             record = self._store.record_audit(sink_id, epoch, audit)
         except StateConflict:
@@ -866,9 +864,13 @@ class TwoPhaseCommitCoordinator:
             )
         if row.commit_decided_at is not None:
             return row
-        record = self._store.record_audit(sink_id, epoch, audit.judged(checks))
+        judged = audit.judged(checks)
+        record = self._store.record_audit(sink_id, epoch, judged)
         self._fault("audit.ran")
-        self._metrics.incr(AUDITS, 1, {"sink_id": sink_id, "verdict": str(record.audit and record.audit.verdict)})
+        tags = {"sink_id": sink_id, "verdict": str(judged.verdict)}
+        self._metrics.incr(AUDITS, 1, tags)
+        if audit.committed_at is not None:
+            self._metrics.timing(AUDIT_DURATION, record.updated_at - audit.committed_at, tags)
         return record
 
     def reject(self, sink_id: str, epoch: int, *, reason: str) -> AbortResult:
@@ -885,14 +887,6 @@ class TwoPhaseCommitCoordinator:
         return self.abort(
             sink_id, epoch, reason=f"rejected: {reason}", write=write, force=True, cause=AbortCause.REJECTED
         )
-
-    def _forget_audit(self, row: EpochRecord) -> None:
-        """The published write's audit branch goes; left to the next clean-up of the write if the
-        catalog refuses now (nothing reads an audit branch once the write is on the sink's)."""
-        try:
-            self._auditing(row.sink_id).drop_audit(row.pre_commit, row.created_at)
-        except Exception as exc:  # the epoch is published: its audit branch is only litter
-            log.warning("%s: its audit branch stays for now: %s", row.pre_commit.describe(), exc)
 
     def _auditing(self, sink_id: str) -> AuditingCommitter:
         committer = self._committer(sink_id)

@@ -98,6 +98,9 @@ class EpochAudit(BaseModel, frozen=True, extra="forbid"):
     snapshots: dict[str, str]
     verdict: AuditVerdict | None = None
     checks: tuple[AuditCheck, ...] = ()
+    #: When the write was committed to its audit branch (the meta store's clock): how long audits
+    #: take is measured from here to the verdict.
+    committed_at: datetime | None = None
 
     def failing(self) -> str:
         """The failed checks as one line each: ``name: message``."""

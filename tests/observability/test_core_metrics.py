@@ -184,3 +184,23 @@ def test_safe_wraps_once_and_leaves_the_no_op_alone() -> None:
     wrapped = safe(recording)
     assert isinstance(wrapped, SafeMetrics) and safe(wrapped) is wrapped
     assert safe(NO_METRICS) is NO_METRICS
+
+
+def test_audits_are_counted_and_timed_by_verdict(pipeline: Pipeline) -> None:
+    """An audited sink's verdicts (design.md D23): ``audits`` by verdict, ``audit.duration`` from the
+    audit commit to the verdict."""
+    from airflow_provider_exactly_once.core.coordinator import AUDIT_DURATION, AUDITS
+    from airflow_provider_exactly_once.core.epochs import AuditCheck
+
+    metrics = Recording()
+    pipeline.create_table("orders")
+    coordinator = pipeline.coordinator("audited", pipeline.iceberg_committer(), audited=["audited"], metrics=metrics)
+    pre = pipeline.write_iceberg("audited", 1, ["orders"], rows=2)
+    coordinator.persist(pre)
+    pipeline.checkpoint("audited", 1, CheckpointStatus.COMPLETED)
+    coordinator.commit_audit("audited", 1)
+    coordinator.judge_audit("audited", 1, [AuditCheck(name="c", passed=False, message="no")], write_id=pre.write_id)
+    coordinator.judge_audit("audited", 1, [AuditCheck(name="c", passed=True)], write_id=pre.write_id)
+    assert metrics.total(AUDITS, verdict="failed") == 1 and metrics.total(AUDITS, verdict="passed") == 1
+    timings = metrics.named(AUDIT_DURATION)
+    assert [t[3]["verdict"] for t in timings] == ["failed", "passed"] and all(t[2] >= 0 for t in timings)

@@ -17,7 +17,13 @@ from airflow_provider_exactly_once.core.input_ranges import SnapshotRange
 from airflow_provider_exactly_once.core.ports import CommitPlan, ReplacedWrite
 from airflow_provider_exactly_once.core.precommit import PreCommit, TableWrite
 from airflow_provider_exactly_once.sinks.iceberg.data_files import build_data_files
-from airflow_provider_exactly_once.sinks.iceberg.markers import marker_properties
+from airflow_provider_exactly_once.sinks.iceberg.markers import (
+    AUDIT_BRANCH_KEY,
+    WRITE_ID_KEY,
+    audit_branch_name,
+    marker_of,
+    marker_properties,
+)
 from airflow_provider_exactly_once.sinks.iceberg.overwrites import (
     PREPARED_FILE,
     identifier_update,
@@ -168,7 +174,24 @@ def stage_snapshots(table: Table, snapshots: Sequence[EpochSnapshot], *, branch:
             snapshot.commit()
             previous = snapshot if isinstance(snapshot, StackedFastAppend) else None
             snapshot_ids.append(int(snapshot.snapshot_id))
+            retire_audit(tx, pre_commit, branch)
     return StagedSnapshots(table, tx, snapshot_ids, unused, name, owner)
+
+
+def retire_audit(tx: SinkTransaction, pre_commit: PreCommit, branch: str) -> None:
+    """A publish takes its write's audit branch and audit snapshot away in its own transaction
+    (design.md D23): once the write is on the sink's branch nothing reads them, and a publish and its
+    clean-up that could be parted by a crash would leave a branch behind. Only a branch whose head
+    is this write's audit snapshot goes; a commit onto the audit branch itself retires nothing."""
+    audit = audit_branch_name(pre_commit.sink_id, pre_commit.epoch)
+    ref = tx.table_metadata.refs.get(audit)
+    if branch == audit or ref is None:
+        return
+    head = tx.table_metadata.snapshot_by_id(ref.snapshot_id)
+    props = None if head is None else marker_of(head)
+    if props is None or AUDIT_BRANCH_KEY not in props or props.get(WRITE_ID_KEY) != pre_commit.write_id:
+        return
+    tx.retire(audit, ref.snapshot_id)
 
 
 def _ensure_name_mapping(tx: SinkTransaction) -> None:

@@ -342,6 +342,12 @@ class SinkTransaction(Transaction):
         super().__init__(table, autocommit=False)
         self._applied: tuple[int, int, TableMetadata] | None = None
 
+    def retire(self, branch: str, snapshot_id: int) -> None:
+        """Stage the removal of ``branch`` and of its head ``snapshot_id``, which no other ref reads."""
+        from pyiceberg.table.update import RemoveSnapshotRefUpdate, RemoveSnapshotsUpdate
+
+        self._apply((RemoveSnapshotRefUpdate(ref_name=branch), RemoveSnapshotsUpdate(snapshot_ids=[snapshot_id])), ())
+
     @property
     def table_metadata(self) -> TableMetadata:
         if not self._updates:
