@@ -142,3 +142,68 @@ def test_built_in_sql_checks_name_what_failed(world: World) -> None:
     dr = run(passing, DAY)
     assert dr.state == "success", ti_states(passing.dag_id, dr.run_id)
     assert len(world.rows()) == 5
+
+
+def test_a_fan_out_epoch_is_held_from_both_tables_until_its_reprocess_passes(world: World) -> None:
+    """The same for a fan-out epoch across two tables: neither table's ``main`` shows the bad day,
+    and the reprocess publishes the good one to both."""
+    from airflow_provider_exactly_once.core.precommit import PreCommit
+    from airflow_provider_exactly_once.runtime.assembly import run_epoch
+    from airflow_provider_exactly_once.sinks.config import IcebergSinkConfig
+
+    world.pipeline.create_table("other")
+    names = [world.table, f"{world.pipeline.namespace}.other"]
+    sink = IcebergSinkConfig(world.sink_id, tuple(names), iceberg_conn_id=world.iceberg_conn_id)
+    epoch = epoch_from_interval_start(DAY)
+    world.mark(epoch, CheckpointStatus.COMPLETED)
+    day = {"rows": 3}
+    written: list[PreCommit] = []
+
+    def write(**context: Any) -> Any:
+        pre = world.pipeline.write_iceberg(
+            world.sink_id, run_epoch(context, world.sink_id, world.meta_conn_id), ["events", "other"], day["rows"]
+        )
+        written.append(pre)
+        return pre.model_dump(mode="json")
+
+    with DAG(
+        f"eo_audit_{uuid.uuid4().hex[:10]}",
+        schedule="@daily",
+        start_date=dt.datetime(2024, 1, 1, tzinfo=dt.UTC),
+        catchup=False,
+    ) as dag:
+        exactly_once_epoch(
+            PythonOperator(task_id="write", python_callable=write),
+            sink=sink,
+            checkpoint=world.checkpoint(),
+            meta_conn_id=world.meta_conn_id,
+            group_id=G,
+            sensor_kwargs={"poke_interval": 0.2, "timeout": 30},
+            commit_retries=1,
+            commit_retry_delay=dt.timedelta(0),
+            audit=[SqlCheck(name="four_rows", sql="select count(*) from events having count(*) <> 4")],
+        )
+
+    def main_write_ids() -> set[str]:
+        return {r["write_id"] for name in ("events", "other") for r in world.pipeline.rows(name)}
+
+    class Sampler(MainSampler):
+        def _read(self) -> None:
+            self.seen |= main_write_ids()
+
+    with Sampler(world) as sampler:
+        dr = run(dag, DAY)
+    assert dr.state == "failed" and sampler.seen == set()
+    row = world.pipeline.store.get(world.sink_id, epoch)
+    assert row is not None and row.stage == "Audit failed" and row.audit is not None
+    assert set(row.audit.snapshots) == set(names) and "four_rows" in row.audit.failing()
+
+    day["rows"] = 4
+    with Sampler(world) as sampler:
+        dr = clear_and_resume(dag, dr.run_id, list(dag.task_dict))
+    assert dr.state == "success"
+    good = written[-1].write_id
+    assert sampler.seen <= {good} and main_write_ids() == {good}
+    for name in ("events", "other"):
+        assert len(world.pipeline.rows(name)) == 4
+        assert world.pipeline.marker_snapshots(name, world.sink_id) == {epoch: [good]}
