@@ -2,8 +2,9 @@
 
 For each size, every round persists two writes of N prebuilt files into two tables: one of a plain
 sink, committed as usual (``commit``), one of an audited sink, committed to its audit branch and
-judged untimed, then published: what the ``publish`` task does (``judge_audit``, then ``commit``,
-which commits to ``main``, marks the row and removes the audit branch and snapshot). The two are
+then published: what the ``publish`` task does (``commit`` with the audit's passed checks, which
+records them with the commit decision, commits to ``main`` and retires the audit branch and
+snapshot in the same catalog transaction). The two are
 timed alternately in each round.
 
     uv run python -m bench.publish_cost [--backend sqlite|postgres|rest] [--rounds 5] [--sizes 1000 10000]
@@ -66,12 +67,10 @@ def main() -> None:
                     w.store.checkpoints.set_checkpoint(sink, epoch, CheckpointStatus.COMPLETED)
                     coordinator.persist(writes[sink])
                 coordinator.commit_audit(AUDITED, epoch)
-                audited = writes[AUDITED]
 
-                def publish(epoch: int = epoch, write_id: str = audited.write_id) -> None:
+                def publish(epoch: int = epoch) -> None:
                     checks = [AuditCheck(name="audit_checks", passed=True)]
-                    coordinator.judge_audit(AUDITED, epoch, checks, write_id=write_id)
-                    coordinator.commit(AUDITED, epoch)
+                    coordinator.commit(AUDITED, epoch, audit_checks=checks)
 
                 def commit(epoch: int = epoch) -> None:
                     coordinator.commit(PLAIN, epoch)

@@ -30,6 +30,7 @@ from airflow_provider_exactly_once.core.decisions import (
     WriteLookups,
     abort_decision,
     audit_decision,
+    audit_refusal,
     commit_decision,
     commits_in_batch,
     files_lost_refusal,
@@ -52,6 +53,7 @@ from airflow_provider_exactly_once.core.epochs import (
 )
 from airflow_provider_exactly_once.core.errors import (
     AbortRefused,
+    AuditNotPassed,
     EpochNotFound,
     ExactlyOnceError,
     InvalidPreCommit,
@@ -754,23 +756,37 @@ class TwoPhaseCommitCoordinator:
 
     # -- phase two: commit ------------------------------------------------------------------------
 
-    def commit(self, sink_id: str, epoch: int, *, recovery: bool = False) -> CommitResult:
+    def commit(
+        self,
+        sink_id: str,
+        epoch: int,
+        *,
+        recovery: bool = False,
+        audit_checks: Sequence[AuditCheck] | None = None,
+    ) -> CommitResult:
         """Make the epoch's persisted write visible exactly once, after its checkpoint completed.
 
         ``recovery``: a recovery's or a person's commit, off the hot path, checks every file of the
-        write before its decision (``prepare``)."""
+        write before its decision (``prepare``). ``audit_checks``: a publish's (design.md D23), the
+        checks of an audit that all passed, recorded with the commit decision in one transaction;
+        a failed one is recorded alone (``judge_audit``) and refuses the publish."""
         started = time.monotonic()
         try:
-            result = self._commit(sink_id, epoch, recovery)
+            result = self._commit(sink_id, epoch, recovery, audit_checks)
         except Exception as exc:
             self._metrics.incr(COMMIT_ERRORS, 1, {"sink_id": sink_id, "error": type(exc).__name__})
             raise
         count_commit(self._metrics, sink_id, result, timedelta(seconds=time.monotonic() - started))
         return result
 
-    def _commit(self, sink_id: str, epoch: int, recovery: bool) -> CommitResult:
+    def _commit(
+        self, sink_id: str, epoch: int, recovery: bool, audit_checks: Sequence[AuditCheck] | None
+    ) -> CommitResult:
         committer = self._committer(sink_id)
         row = require_epoch(self._store, sink_id, epoch)
+        passed = self._passing(row, audit_checks)
+        if passed is not None:
+            row = dataclasses.replace(row, audit=passed)  # decided as judged; recorded with the decision
         lookups = EpochLookups.of(self._store, self._checkpoints, sink_id, epoch, audited=sink_id in self._audited)
         decision = commit_decision(row, lookups).raise_if_refused()
         if decision.action is Action.ALREADY_COMMITTED:
@@ -788,9 +804,12 @@ class TwoPhaseCommitCoordinator:
                 note_error(self._store, row, exc)
                 raise
             try:
-                row = self._store.decide_commit(sink_id, epoch, write_id=row.write_id)
+                row = self._store.decide_commit(sink_id, epoch, write_id=row.write_id, audit=passed)
             except StateConflict:
                 return self._settled_by_other(sink_id, epoch, row.write_id)
+            if passed is not None:
+                self._count_audit(passed, row)
+                self._fault("audit.ran")
             self._fault("commit.decided")
         else:
             # Decided earlier (a resumed commit): nothing prepared, the committer loads and checks afresh.
@@ -867,11 +886,26 @@ class TwoPhaseCommitCoordinator:
         judged = audit.judged(checks)
         record = self._store.record_audit(sink_id, epoch, judged)
         self._fault("audit.ran")
-        tags = {"sink_id": sink_id, "verdict": str(judged.verdict)}
+        self._count_audit(judged, record)
+        return record
+
+    def _passing(self, row: EpochRecord, checks: Sequence[AuditCheck] | None) -> EpochAudit | None:
+        """A publish's audit as its checks judge it, when every one passed and it is the row's write's
+        to judge; a failing verdict is recorded at once and refuses the publish (``AuditNotPassed``)."""
+        audit = row.audit_of_write
+        if checks is None or audit is None or row.status is not EpochStatus.PENDING or row.commit_decided_at:
+            return None
+        judged = audit.judged(checks)
+        if judged.verdict is not AuditVerdict.PASSED:
+            failed = self.judge_audit(row.sink_id, row.epoch, checks, write_id=row.write_id)
+            raise audit_refusal(failed) or AuditNotPassed(f"{row.pre_commit.describe()}: its audit did not pass")
+        return judged
+
+    def _count_audit(self, audit: EpochAudit, record: EpochRecord) -> None:
+        tags = {"sink_id": record.sink_id, "verdict": str(audit.verdict)}
         self._metrics.incr(AUDITS, 1, tags)
         if audit.committed_at is not None:
             self._metrics.timing(AUDIT_DURATION, record.updated_at - audit.committed_at, tags)
-        return record
 
     def reject(self, sink_id: str, epoch: int, *, reason: str) -> AbortResult:
         """Drop an audited write that failed its audit: the epoch becomes Aborted (cause ``rejected``),

@@ -352,8 +352,9 @@ class SinkStateStore(Protocol):
         """Whether this write was ever queued for cleanup (it must then never be persisted)."""
         ...
 
-    def decide_commit(self, sink_id: str, epoch: int, *, write_id: str) -> EpochRecord:
-        """Set ``commit_decided_at`` on the Pending row of this write (idempotent once set)."""
+    def decide_commit(self, sink_id: str, epoch: int, *, write_id: str, audit: EpochAudit | None = None) -> EpochRecord:
+        """Set ``commit_decided_at`` on the Pending row of this write (idempotent once set); with
+        ``audit``, a publish's passed audit is recorded in the same transaction (design.md D23)."""
         ...
 
     def mark_committed(

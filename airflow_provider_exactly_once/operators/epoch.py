@@ -219,7 +219,7 @@ class CommitEpochOperator(_EpochOperator):
 
     def execute(self, context: Context) -> dict[str, Any]:
         with airflow_errors(), self._step(context) as step:
-            result = step.coordinator.commit(self.sink.sink_id, step.epoch)
+            result = self._commit(step)
         record = result.record
         from airflow_provider_exactly_once.core.outcomes import CommitOutcome
 
@@ -243,6 +243,9 @@ class CommitEpochOperator(_EpochOperator):
             "write_id": record.write_id,
             "committed": dict(record.committed or {}),
         }
+
+    def _commit(self, step: _Step) -> CommitResult:
+        return step.coordinator.commit(self.sink.sink_id, step.epoch)
 
     def _announces(self, context: Mapping[str, Any], result: CommitResult) -> bool:
         """Whether the epoch's committed write is news of this run: committed now, or by an earlier try."""
@@ -340,8 +343,8 @@ class AuditChecksOperator(_EpochOperator):
 
 class PublishEpochOperator(CommitEpochOperator):
     """Write, audit, publish, the last step (design.md D23): runs only when every audit task
-    succeeded, records the audit as passed, then commits the epoch to the sink's branch like
-    ``CommitEpochOperator`` (the same decision, marker, retries and asset events: they fire here,
+    succeeded, and commits the epoch to the sink's branch like ``CommitEpochOperator``, recording
+    the audit as passed with the commit decision (the same decision, marker, retries and asset events: they fire here,
     never on the audit commit). A failed audit task records the audit as failed instead
     (``FailureRecorder``), and this task does not run.
 
@@ -352,15 +355,12 @@ class PublishEpochOperator(CommitEpochOperator):
         super().__init__(**kwargs)
         self.audit_task_ids = list(audit_task_ids)
 
-    def execute(self, context: Context) -> dict[str, Any]:
+    def _commit(self, step: _Step) -> CommitResult:
+        """The commit, with the audit's tasks as its passed checks, recorded with the decision."""
         from airflow_provider_exactly_once.core.epochs import AuditCheck
 
-        with airflow_errors(), self._step(context) as step:
-            row = step.store.get(self.sink.sink_id, step.epoch)
-            if row is not None and row.audit_of_write is not None and row.commit_decided_at is None:
-                checks = [AuditCheck(name=task_id, passed=True) for task_id in self.audit_task_ids]
-                step.coordinator.judge_audit(self.sink.sink_id, step.epoch, checks, write_id=row.write_id)
-        return super().execute(context)
+        checks = [AuditCheck(name=task_id, passed=True) for task_id in self.audit_task_ids]
+        return step.coordinator.commit(self.sink.sink_id, step.epoch, audit_checks=checks)
 
 
 class AbortEpochOperator(_EpochOperator):

@@ -502,27 +502,34 @@ class SqlSinkStateStore(SqlCleanupQueue, SqlBatchTransitions):
     def record_audit(self, sink_id: str, epoch: int, audit: EpochAudit) -> EpochRecord:
         """The audit of the Pending write it names, while no commit is decided (design.md D23); its
         event says what changed: committed to the audit branch, or the verdict and failed checks."""
-        epoch, write_id = check_epoch(epoch), check_write_id(audit.write_id)
+        epoch = check_epoch(epoch)
+        with self._db.transaction(f"recording the audit of sink {sink_id!r} epoch {epoch}", write=True) as session:
+            return self._audited(session, sink_id, epoch, audit)
+
+    @staticmethod
+    def _audited(session: Session, sink_id: str, epoch: int, audit: EpochAudit) -> EpochRecord:
+        write_id = check_write_id(audit.write_id)
         if audit.verdict is None:
             event, reason = EpochEvent.AUDIT_COMMITTED, f"on branch {audit.branch}: {dict(audit.snapshots)}"
         elif audit.verdict is AuditVerdict.PASSED:
             event, reason = EpochEvent.AUDIT_PASSED, ", ".join(c.name for c in audit.checks)
         else:
             event, reason = EpochEvent.AUDIT_FAILED, audit.failing()
-        with self._db.transaction(f"recording the audit of sink {sink_id!r} epoch {epoch}", write=True) as session:
-            rows.swap(
-                session,
-                rows.guarded(EpochStatus.PENDING, undecided=True).values(
-                    audit=audit.model_dump_json(), updated_at=db_now()
-                ),
-                rows.key(sink_id, epoch, write_id),
-                f"record the audit of Pending write {write_id} while no commit is decided",
-            )
-            return history.recorded(session, rows.reloaded(session, sink_id, epoch), event, reason=reason or None)
+        rows.swap(
+            session,
+            rows.guarded(EpochStatus.PENDING, undecided=True).values(
+                audit=audit.model_dump_json(), updated_at=db_now()
+            ),
+            rows.key(sink_id, epoch, write_id),
+            f"record the audit of Pending write {write_id} while no commit is decided",
+        )
+        return history.recorded(session, rows.reloaded(session, sink_id, epoch), event, reason=reason or None)
 
-    def decide_commit(self, sink_id: str, epoch: int, *, write_id: str) -> EpochRecord:
+    def decide_commit(self, sink_id: str, epoch: int, *, write_id: str, audit: EpochAudit | None = None) -> EpochRecord:
         epoch, write_id = check_epoch(epoch), check_write_id(write_id)
         with self._db.transaction(f"deciding the commit of sink {sink_id!r} epoch {epoch}", write=True) as session:
+            if audit is not None:  # a publish: the passed audit and the decision land together (D23)
+                self._audited(session, sink_id, epoch, audit)
             decided = rows.updated(session, _decide_statement(), rows.key(sink_id, epoch, write_id))
             if decided is not None:
                 return history.recorded(session, decided, EpochEvent.COMMIT_DECIDED)

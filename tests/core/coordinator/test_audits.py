@@ -191,20 +191,15 @@ def test_a_crash_at_every_step_publishes_exactly_once(
     faults.crash_at(crash)
     try:
         coordinator.commit_audit(sink_id, 6000)
-        coordinator.judge_audit(sink_id, 6000, PASS, write_id=pre.write_id)
-        coordinator.commit(sink_id, 6000)
+        coordinator.commit(sink_id, 6000, audit_checks=PASS)  # the publish task: verdict with the decision
     except SimulatedCrash:
         pass
     finally:
         faults.disarm()
     assert _main(pipeline, "orders") in ([], expected_rows([pre], name))
-    coordinator.commit_audit(sink_id, 6000)  # the retried tasks
-    row = pipeline.store.get(sink_id, 6000)
-    assert row is not None
-    if row.status is EpochStatus.PENDING and row.commit_decided_at is None:
-        coordinator.judge_audit(sink_id, 6000, PASS, write_id=pre.write_id)
-    coordinator.recover(sink_id)
-    coordinator.commit(sink_id, 6000)  # the publish task's retry, whatever recovery did
+    coordinator.recover(sink_id)  # recovery first: it publishes only what the crash left decided
+    coordinator.commit_audit(sink_id, 6000)  # then the retried tasks
+    coordinator.commit(sink_id, 6000, audit_checks=PASS)
     row = pipeline.store.get(sink_id, 6000)
     assert row is not None and row.status is EpochStatus.COMMITTED
     assert _main(pipeline, "orders") == expected_rows([pre], name)
@@ -226,3 +221,15 @@ def test_recovery_publishes_an_audited_epoch_and_names_one_never_audited(pipelin
     assert report.committed == [7000] and report.waiting == [7001]
     row = pipeline.store.get(sink_id, 7001)
     assert row is not None and row.stage == "Pending" and row.status is EpochStatus.PENDING
+
+
+def test_a_publish_whose_checks_failed_records_them_and_is_refused(pipeline: Pipeline, sink_id: str) -> None:
+    coordinator = _audited(pipeline, sink_id, "orders")
+    pre = pipeline.write_iceberg(sink_id, 8000, ["orders"], rows=2)
+    _ready(pipeline, coordinator, pre)
+    coordinator.commit_audit(sink_id, 8000)
+    with pytest.raises(AuditNotPassed, match="no_nulls: 3 null ids"):
+        coordinator.commit(sink_id, 8000, audit_checks=FAIL)
+    row = pipeline.store.get(sink_id, 8000)
+    assert row is not None and row.stage == "Audit failed" and row.commit_decided_at is None
+    assert _main(pipeline, "orders") == []
