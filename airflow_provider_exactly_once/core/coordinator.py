@@ -851,7 +851,7 @@ class TwoPhaseCommitCoordinator:
         try:
             self.prepare(row)  # the sink's checks, and its files there (design.md step 3), before any commit
             snapshots = committer.commit_audit(
-                row.pre_commit, row.created_at, allow_beyond_horizon=self._allow_beyond_horizon
+                row.pre_commit, row.created_at, replaces=row.replaces, allow_beyond_horizon=self._allow_beyond_horizon
             )
         except Exception as exc:
             note_error(self._store, row, exc)

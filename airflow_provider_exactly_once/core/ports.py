@@ -689,10 +689,16 @@ class AuditingCommitter(SinkCommitter, Protocol):
         ...
 
     def commit_audit(
-        self, pre_commit: PreCommit, since: datetime, *, allow_beyond_horizon: bool = False
+        self,
+        pre_commit: PreCommit,
+        since: datetime,
+        *,
+        replaces: ReplacedWrite | None = None,
+        allow_beyond_horizon: bool = False,
     ) -> CommittedTables:
-        """``commit`` of the write onto its audit branch, made from the sink branch's head when it
-        is missing or shows another write; idempotent by the marker on that branch."""
+        """``commit`` of the write (a revision's: replacing ``replaces``) onto its audit branch, made
+        from the sink branch's head when it is missing or shows another write; idempotent by the
+        marker on that branch."""
         ...
 
     def drop_audit(self, pre_commit: PreCommit, since: datetime) -> None:

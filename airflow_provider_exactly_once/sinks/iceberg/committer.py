@@ -299,7 +299,12 @@ class IcebergSinkCommitter:
         return audit_branch_name(pre_commit.sink_id, pre_commit.epoch)
 
     def commit_audit(
-        self, pre_commit: PreCommit, since: datetime, *, allow_beyond_horizon: bool = False
+        self,
+        pre_commit: PreCommit,
+        since: datetime,
+        *,
+        replaces: ReplacedWrite | None = None,
+        allow_beyond_horizon: bool = False,
     ) -> CommittedTables:
         """The write committed onto its audit branch, as the sink's own commit would (marker, retries,
         checks), on a copy of this committer bound to that branch; the branch starts at the sink
@@ -311,7 +316,7 @@ class IcebergSinkCommitter:
             )
         auditing = copy.copy(self)
         auditing.branch = branch
-        return auditing.commit(CommitPlan(pre_commit), since, allow_beyond_horizon=allow_beyond_horizon)
+        return auditing.commit(CommitPlan(pre_commit, replaces), since, allow_beyond_horizon=allow_beyond_horizon)
 
     def _open_audit_branch(
         self, table: Table, pre_commit: PreCommit, branch: str, not_before_ms: int

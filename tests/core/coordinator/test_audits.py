@@ -233,3 +233,31 @@ def test_a_publish_whose_checks_failed_records_them_and_is_refused(pipeline: Pip
     row = pipeline.store.get(sink_id, 8000)
     assert row is not None and row.stage == "Audit failed" and row.commit_decided_at is None
     assert _main(pipeline, "orders") == []
+
+
+def test_a_reprocessed_published_epoch_is_audited_as_a_revision(pipeline: Pipeline, sink_id: str) -> None:
+    """A newer generation of a published epoch (a revision, design.md D11) is audited as what it
+    would leave: the audit branch shows the new write in place of the old, and so does ``main`` once
+    it is published; until then ``main`` keeps the old write."""
+    pipeline.create_table("orders")
+    coordinator = pipeline.coordinator(
+        sink_id, pipeline.iceberg_committer(), audited=[sink_id], on_reprocess={sink_id: "replace"}
+    )
+    name = f"{pipeline.namespace}.orders"
+    first = pipeline.write_iceberg(sink_id, 9000, ["orders"], rows=3)
+    first = first.model_copy(update={"generation": "2024-06-01T00:00:00.000000Z/0000000000"})
+    _ready(pipeline, coordinator, first)
+    coordinator.commit_audit(sink_id, 9000)
+    coordinator.commit(sink_id, 9000, audit_checks=PASS)
+    second = pipeline.write_iceberg(sink_id, 9000, ["orders"], rows=4)
+    second = second.model_copy(update={"generation": "2024-06-02T00:00:00.000000Z/0000000001"})
+    coordinator.persist(second, run_id="scheduled__1", try_number=2)
+    row = coordinator.commit_audit(sink_id, 9000)
+    assert row.audit is not None and row.audit.write_id == second.write_id
+    table = pipeline.catalog.load_table(name)
+    on_branch = sorted(read_branch(table, audit_branch_name(sink_id, 9000), "id, epoch, write_id"))
+    assert on_branch == expected_rows([second], name)
+    assert _main(pipeline, "orders") == expected_rows([first], name)
+    coordinator.commit(sink_id, 9000, audit_checks=PASS)
+    assert _main(pipeline, "orders") == expected_rows([second], name)
+    assert _audit_snapshots(pipeline, "orders") == []
