@@ -456,7 +456,8 @@ def upsert_order_refusal(row: EpochRecord, pending_epochs: Callable[[], Iterable
     return EarlierEpochUndecided(
         f"{row.pre_commit.describe()}: upsert epochs commit in epoch order, and {len(earlier)} earlier epoch(s) of "
         f"the sink are still undecided (Pending): {shown}. Nothing was committed; the commit is retried, and goes "
-        "ahead once they are committed or aborted (eo-sink show SINK EPOCH says why one waits)"
+        "ahead once they are committed or aborted (eo-sink show SINK EPOCH says why one waits; on an audited sink, "
+        "an epoch whose audit failed holds the later ones until it is reprocessed or rejected)"
     )
 
 
