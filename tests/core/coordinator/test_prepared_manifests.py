@@ -24,7 +24,7 @@ from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 from pyiceberg.transforms import IdentityTransform
 from pyiceberg.typedef import Record
-from pyiceberg.types import LongType, NestedField, StringType
+from pyiceberg.types import DoubleType, LongType, NestedField, StringType
 
 from airflow_provider_exactly_once.core.coordinator import TwoPhaseCommitCoordinator
 from airflow_provider_exactly_once.core.data_file_list import DataFiles
@@ -342,8 +342,13 @@ def test_a_manifest_written_in_blocks_holds_what_pyicebergs_writer_writes(tmp_pa
         NestedField(1, "id", LongType(), required=True),
         NestedField(2, "epoch", LongType(), required=False),
         NestedField(3, "payload", StringType(), required=False),
+        NestedField(4, "score", DoubleType(), required=False),
     )
-    spec = PartitionSpec(PartitionField(source_id=2, field_id=1000, transform=IdentityTransform(), name="epoch"))
+    spec = PartitionSpec(  # a long, a string and a double (written by pyiceberg's own writer) partition value
+        PartitionField(source_id=2, field_id=1000, transform=IdentityTransform(), name="epoch"),
+        PartitionField(source_id=3, field_id=1001, transform=IdentityTransform(), name="payload"),
+        PartitionField(source_id=4, field_id=1002, transform=IdentityTransform(), name="score"),
+    )
     entries = []
     for n in range(BLOCK_ENTRIES * 2 + 345):
         values = (n - 1200) * 7919**2, -(2**63) + n, 2**62 + n  # negative, the smallest long, large
@@ -351,7 +356,7 @@ def test_a_manifest_written_in_blocks_holds_what_pyicebergs_writer_writes(tmp_pa
             content=DataFileContent.DATA,
             file_path=f"file:///data/é-{n}.parquet",
             file_format=FileFormat.PARQUET,
-            partition=Record(values[n % 3] if n % 5 else None),
+            partition=Record(values[n % 3] if n % 5 else None, f"ü{n}" if n % 7 else None, n / 3 if n % 2 else None),
             record_count=n + 1,
             file_size_in_bytes=2**33 + n,
             column_sizes={1: n, 2: 127, 3: 128},
