@@ -79,6 +79,11 @@ IMPLIED: Mapping[EpochEvent, Implied] = {
     EpochEvent.ABORTED_UNPERSISTED: Implied(frozenset({ABORTED}), decided=False, revising=False),
     # abort_revision: the replaced write Committed again, ``replaces`` cleared, the decision kept.
     EpochEvent.REVISION_GIVEN_UP: Implied(frozenset({COMMITTED}), decided=None, revising=False),
+    # record_audit (design.md D23): only on a Pending row while no commit is decided; an audit
+    # committed, passed or failed; ``replaces`` is not touched.
+    EpochEvent.AUDIT_COMMITTED: Implied(frozenset({PENDING}), decided=False, revising=None),
+    EpochEvent.AUDIT_PASSED: Implied(frozenset({PENDING}), decided=False, revising=None),
+    EpochEvent.AUDIT_FAILED: Implied(frozenset({PENDING}), decided=False, revising=None),
 }
 #: The events a row starts with: nothing else is recorded before the row exists...
 CREATING = frozenset({EpochEvent.PERSISTED, EpochEvent.ABORTED_UNPERSISTED})

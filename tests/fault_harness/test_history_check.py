@@ -1,7 +1,7 @@
 """The fault harness's row-against-history check (``fault_harness/history_check.py``) on a real
 ``SqlSinkStateStore`` on SQLite: epochs taken through the store's own transitions (a commit, a
 batch commit, an abort, a tombstone, a revision given up and one committed, a decided commit left
-Pending) pass; each change made behind the history's back with raw SQL (a history row deleted, a
+Pending, an audited write published and one whose audit failed) pass; each change made behind the history's back with raw SQL (a history row deleted, a
 status, a write id, a decision or a revision number changed, an event of an epoch without a row) is
 a ``history_row`` anomaly of its epoch. The harness's own runs only ever show the check passing."""
 
@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from airflow_provider_exactly_once.core.epochs import AbortCause, EpochEvent, EpochStatus
+from airflow_provider_exactly_once.core.epochs import AbortCause, AuditCheck, EpochAudit, EpochEvent, EpochStatus
 from airflow_provider_exactly_once.core.ports import CommitMark
 from airflow_provider_exactly_once.store import SqlSinkStateStore
 from fault_harness.checker import Anomaly
@@ -23,9 +23,10 @@ from tests.support.builders import make_pre_commit
 
 SINK = "faults-history"
 #: One epoch per way through the store: committed, batch-committed, aborted, tombstone, a revision
-#: given up, a revision committed, decided but not yet committed, replaced, re-opened.
-COMMITTED, BATCHED, ABORTED, TOMBSTONE, GIVEN_UP, REVISED, DECIDED, REPLACED, REOPENED = (
-    1_735_689_600_000 + n * 3_600_000 for n in range(9)
+#: given up, a revision committed, decided but not yet committed, replaced, re-opened, audited and
+#: published, held by a failed audit (design.md D23).
+COMMITTED, BATCHED, ABORTED, TOMBSTONE, GIVEN_UP, REVISED, DECIDED, REPLACED, REOPENED, PUBLISHED, HELD = (
+    1_735_689_600_000 + n * 3_600_000 for n in range(11)
 )
 TABLES = {"db.events": "1"}
 
@@ -55,6 +56,14 @@ def _revise(store: SqlSinkStateStore, epoch: int, committed_write_id: str) -> st
     pre = make_pre_commit(SINK, epoch)
     store.revisions.open_revision(pre, expected_write_id=committed_write_id, run_id="backfill__1", try_number=1)
     return pre.write_id
+
+
+def _audit(store: SqlSinkStateStore, epoch: int, *, passed: bool) -> str:
+    write_id = _persist(store, epoch)
+    audit = EpochAudit(write_id=write_id, branch=f"eo-audit-{SINK}-{epoch}", snapshots={"db.events": "7"})
+    store.record_audit(SINK, epoch, audit)
+    store.record_audit(SINK, epoch, audit.judged([AuditCheck(name="rows", passed=passed)]))
+    return write_id
 
 
 def _drive(store: SqlSinkStateStore) -> None:
@@ -103,6 +112,9 @@ def _drive(store: SqlSinkStateStore) -> None:
         reason="table db.events re-created",
     )
 
+    _commit(store, PUBLISHED, _audit(store, PUBLISHED, passed=True))
+    _audit(store, HELD, passed=False)
+
 
 def _sql(store: SqlSinkStateStore, statement: str, **params: object) -> None:
     with store.engine.begin() as conn:
@@ -111,7 +123,7 @@ def _sql(store: SqlSinkStateStore, statement: str, **params: object) -> None:
 
 def _anomalies(store: SqlSinkStateStore) -> list[Anomaly]:
     anomalies, checked = check_history_rows(store, SINK)
-    assert checked >= 9
+    assert checked >= 11
     return anomalies
 
 
@@ -131,7 +143,7 @@ def test_every_state_bearing_event_has_an_implied_row() -> None:
 def test_rows_the_store_left_agree_with_their_history(store: SqlSinkStateStore) -> None:
     anomalies, checked = check_history_rows(store, SINK)
     assert anomalies == []
-    assert checked == 9
+    assert checked == 11
 
 
 # Each: the raw SQL done behind the history's back (or the row's), and the epoch whose anomaly it must be.
@@ -186,6 +198,11 @@ TAMPERED = {
     "revision number changed": (
         "update pending_sink_state set revision = 7 where sink_id = :s and epoch = :e",
         REVISED,
+    ),
+    # a failed audit's epoch decided behind its history's back: published although its audit failed
+    "failed audit's epoch decided": (
+        "update pending_sink_state set commit_decided_at = created_at where sink_id = :s and epoch = :e",
+        HELD,
     ),
     "row deleted, its history kept": ("delete from pending_sink_state where sink_id = :s and epoch = :e", BATCHED),
 }
