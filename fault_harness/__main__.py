@@ -50,6 +50,11 @@ def main(argv: list[str] | None = None) -> int:
         help="no upsert pipelines in the random plan: a seed's plan as it was before they were added",
     )
     parser.add_argument(
+        "--no-audits",
+        action="store_true",
+        help="no audited pipelines in the random plan: a seed's plan as it was before they were added",
+    )
+    parser.add_argument(
         "--stack",
         choices=STACKS,
         default="local",
@@ -80,7 +85,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.random:
         seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**31)
         scenarios = random_plan(
-            seed, args.epochs, per_pipeline=args.per_pipeline, stack=args.stack, upserts=not args.no_upserts
+            seed,
+            args.epochs,
+            per_pipeline=args.per_pipeline,
+            stack=args.stack,
+            upserts=not args.no_upserts,
+            audits=not args.no_audits,
         )
     else:
         names = list(known) if "all" in args.scenario else args.scenario
@@ -96,7 +106,8 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"seed {seed}: replay with scripts/faults --random --seed {seed} --epochs {args.epochs} --stack {args.stack}"
             + (f" --per-pipeline {args.per_pipeline}" if args.per_pipeline != 10 else "")
-            + (" --no-upserts" if args.no_upserts else ""),
+            + (" --no-upserts" if args.no_upserts else "")
+            + (" --no-audits" if args.no_audits else ""),
             flush=True,
         )
     timeout = args.timeout or 600 + 40 * sum(s.epochs for s in scenarios)

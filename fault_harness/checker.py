@@ -63,6 +63,19 @@ and across a fan-out's tables (``check_fan_out``), each judged as above on its o
 
 Rows whose ids were never landed (another writer's) are counted, never judged.
 
+and for an audited pipeline (write, audit, publish, design.md D23; ``check_audits``), whose bad hours
+(``audit_failed``) fail their audit: such an hour is judged as one that must never be on ``main``
+(``visible_audit_failed`` for its rows there, ``snapshots`` for a marker on ``main``), and
+
+- ``audit``: a marked snapshot of the sink (a publish) is not on ``main``'s ancestry; a bad hour has
+  no audit branch, or its branch's head is not an audit snapshot of its epoch whose rows of the
+  hour, read by DuckDB, are the hour's input; an hour whose checkpoint did not complete has an
+  audit branch or an audit snapshot (its audit commit ran before its checkpoint completed).
+
+An audit branch or audit snapshot left for a published epoch is a warning, not an anomaly: D23
+leaves the branch of a publish killed after its mark to the publish task's retry (``audit``'s
+``branches_left`` and ``snapshots_left``).
+
 An incremental pipeline's table is judged by ``incremental_checker`` instead, against its upstream
 table (``unsourced``, ``consumed`` are its kinds; it reuses ``check_revisions`` and ``check_files``).
 
@@ -78,12 +91,18 @@ import posixpath
 import time
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
 from pyiceberg.table import Table
 
+from airflow_provider_exactly_once.sinks.iceberg.markers import (
+    AUDIT_BRANCH_KEY,
+    EPOCH_KEY,
+    audit_branch_name,
+    marker_of,
+)
 from airflow_provider_exactly_once.sinks.layout import ICEBERG_WRITE_DIR
 from fault_harness.landed import LandedHour, Row, landed_hours
 from fault_harness.table_reads import (
@@ -92,6 +111,7 @@ from fault_harness.table_reads import (
     Marked,
     Storage,
     local_path,
+    main_ancestry,
     marked_snapshots,
     pyiceberg_rows,
     referenced_files,
@@ -110,6 +130,9 @@ AnomalyKind = Literal[
     "orphan",
     "lost",
     "torn",
+    # An audited pipeline's (``check_audits``): a bad hour's rows on ``main``; its audit branch wrong.
+    "visible_audit_failed",
+    "audit",
     # An upsert pipeline's (``upsert_checker``): an update lost, a delete undone, epochs out of order.
     "lost_update",
     "resurrected",
@@ -163,6 +186,8 @@ class CheckResult:
     incremental: dict[str, Any] = field(default_factory=dict)
     #: A fan-out's reader (``check_fan_out``): its reads, the marked snapshots they saw, the torn states.
     fan_out_reads: dict[str, Any] = field(default_factory=dict)
+    #: An audited pipeline's figures (``check_audits``): epochs published, held, and the warnings.
+    audit: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -182,6 +207,7 @@ class CheckResult:
             "causes_checked": self.causes_checked,
             **({"incremental": self.incremental} if self.incremental else {}),
             **({"fan_out_reads": self.fan_out_reads} if self.fan_out_reads else {}),
+            **({"audit": self.audit} if self.audit else {}),
         }
 
 
@@ -217,6 +243,7 @@ def check(
     commits: Mapping[int, tuple[int, int]] | None = None,
     independent: bool = True,
     storage_options: Mapping[str, Any] | None = None,
+    audit_failed: frozenset[int] | None = None,
 ) -> CheckResult:
     """Judge one sink's table against its landed input (see the module docstring).
 
@@ -225,10 +252,15 @@ def check(
     reprocessing of the committed epoch, a range where the run cannot know (a backfill racing the
     scheduled runs). ``independent``: read the snapshots with DuckDB as well (when installed).
     ``storage_options``: s3fs's options, for a table on S3 (its files listed and read through them).
+    ``audit_failed``: an audited sink's epochs (ms) whose audit fails (``check_audits``); ``None``
+    for a sink that is not audited.
     """
     now = time.time() if now is None else now
     result = CheckResult()
-    hours = landed_hours(landing, history)
+    hours = [
+        replace(h, status="audit_failed") if h.status == "completed" and h.epoch in (audit_failed or ()) else h
+        for h in landed_hours(landing, history)
+    ]
     result.hours = dict(Counter(h.status for h in hours))
     result.relanded_hours = sum(1 for h in hours if h.earlier)
     result.rows_expected = sum(len(h.rows) for h in hours if h.status == "completed")
@@ -244,6 +276,8 @@ def check(
         marked = marked_snapshots(table, sink_id)
         check_markers(marked, hours, by_epoch, commits, result)
         _check_history(table, marked, hours, owner, result, reader)
+        if audit_failed is not None:
+            check_audits(table, sink_id, hours, marked, owner, result, reader)
     finally:
         if reader is not None:
             reader.close()
@@ -381,7 +415,9 @@ def _check_current(
                     )
                 )
         elif shown:
-            kind: AnomalyKind = "visible_failed" if hour.status == "failed" else "visible_unsettled"
+            kind: AnomalyKind = {"failed": "visible_failed", "audit_failed": "visible_audit_failed"}.get(
+                hour.status, "visible_unsettled"
+            )
             result.anomalies.append(Anomaly(kind, hour.epoch, f"{len(shown)} rows of {name} visible"))
 
 
@@ -489,6 +525,84 @@ def _check_history(
     for where, found in sorted(problems.items(), key=lambda p: (p[0] is None, p[0] or 0)):
         more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
         result.anomalies.append(Anomaly("history", where, found[0] + more))
+
+
+def check_audits(
+    table: Table,
+    sink_id: str,
+    hours: list[LandedHour],
+    marked: list[Marked],
+    owner: Mapping[str, LandedHour],
+    result: CheckResult,
+    reader: IndependentReader | None,
+) -> None:
+    """An audited sink's table (design.md D23; ``audit`` in the module docstring): every publish on
+    ``main``'s ancestry; every bad hour held on its audit branch, its audit snapshot holding the
+    hour's input (read by DuckDB, as ``main`` is); no audit of an hour not checkpointed. Counts the
+    published and held epochs, and the audit branches and snapshots left for published ones."""
+    ancestry = main_ancestry(table)
+    for m in marked:
+        if m.snapshot_id not in ancestry:
+            result.anomalies.append(
+                Anomaly("audit", m.epoch, f"marked snapshot {m.snapshot_id} (write {m.write_id}) is not on main")
+            )
+    refs = table.metadata.refs
+    audits: dict[int, list[Marked]] = defaultdict(list)
+    for m in marked_snapshots(table, sink_id, audits=True):
+        audits[m.epoch].append(m)
+    published = {m.epoch for m in marked}
+    branches_left: list[str] = []
+    snapshots_left: list[int] = []
+    for hour in hours:
+        branch = audit_branch_name(sink_id, hour.epoch)
+        ref = refs.get(branch)
+        name = _hour_name(hour)
+        if hour.status in ("failed", "unsettled"):
+            if ref is not None or audits.get(hour.epoch):
+                result.anomalies.append(
+                    Anomaly("audit", hour.epoch, f"{name} ({hour.status}) has an audit branch or audit snapshot")
+                )
+        elif hour.status == "completed" and hour.epoch in published:
+            if ref is not None:
+                branches_left.append(branch)
+            snapshots_left += [m.snapshot_id for m in audits.get(hour.epoch, [])]
+        elif hour.status == "audit_failed":
+            problem = _held_audit(table, branch, ref, hour, owner, reader)
+            if problem:
+                result.anomalies.append(Anomaly("audit", hour.epoch, f"{name}, audit failed: {problem}"))
+    result.audit = {
+        "published": sum(1 for h in hours if h.status == "completed" and h.epoch in published),
+        "held": sum(1 for h in hours if h.status == "audit_failed"),
+        "audit_snapshots": sum(len(found) for found in audits.values()),
+        "branches_left": sorted(branches_left),
+        "snapshots_left": sorted(snapshots_left),
+    }
+
+
+def _held_audit(
+    table: Table,
+    branch: str,
+    ref: Any,
+    hour: LandedHour,
+    owner: Mapping[str, LandedHour],
+    reader: IndependentReader | None,
+) -> str:
+    """What is wrong with a bad hour's audit branch, or "" when its head is the epoch's audit
+    snapshot and shows the hour's input."""
+    if ref is None:
+        return f"no audit branch {branch}"
+    snapshot = table.snapshot_by_id(ref.snapshot_id)
+    marker = None if snapshot is None else marker_of(snapshot)
+    if marker is None or marker.get(AUDIT_BRANCH_KEY) != branch or int(marker[EPOCH_KEY]) != hour.epoch:
+        return f"the head {ref.snapshot_id} of {branch} is no audit snapshot of the epoch"
+    try:
+        rows = reader.rows(table, ref.snapshot_id) if reader is not None else pyiceberg_rows(table, ref.snapshot_id)
+    except Exception as exc:
+        return f"audit snapshot {ref.snapshot_id} cannot be read: {type(exc).__name__}: {exc}"
+    shown = _rows_by_hour(rows, owner).get(hour.epoch, [])
+    if any(hour.versions) and _matching_version(Counter(shown), hour) is None:
+        return f"audit snapshot {ref.snapshot_id} shows {_describe_mismatch(shown, hour)}"
+    return ""
 
 
 def check_files(

@@ -82,6 +82,9 @@ class Pipeline:
     mode: str = "append"
     #: ``Scenario.tables``: more than one, a fan-out (``table_names``).
     tables: int = 1
+    #: ``Scenario.audited`` and ``Scenario.bad_hours``: write, audit, publish, and the hours whose audit fails.
+    audited: bool = False
+    bad_hours: frozenset[int] = frozenset()
     hours: list[dt.datetime] = field(default_factory=list)
     #: Per epoch index: how often a committed epoch was reprocessed for sure (each adds one marked
     #: snapshot, a revision) and how often it may have been (a backfill racing the scheduled runs).
@@ -198,6 +201,8 @@ class Harness:
             "max_active_runs": pipeline.max_active_runs,
             "mode": pipeline.mode,
             "upstream": pipeline.upstream,
+            "audited": pipeline.audited,
+            "bad_epochs": [pipeline.epoch(n) for n in sorted(pipeline.bad_hours)],
         }
         pipelines = self.cluster.root / "pipelines"
         tmp = pipelines / f".{pipeline.dag_id}.tmp"
@@ -452,6 +457,7 @@ class Harness:
             history=pipeline.history,
             commits=pipeline.commits(),
             storage_options=self.cluster.stack.storage_options(),
+            audit_failed=frozenset(pipeline.epoch(n) for n in pipeline.bad_hours) if pipeline.audited else None,
         )
 
     def dispose(self) -> None:

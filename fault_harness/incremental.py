@@ -171,18 +171,23 @@ def _read(path: Any) -> str:
         return ""
 
 
-#: The task that reaches each fault point of an epoch.
-def _task_of(point: str) -> str:
+#: The task that reaches each fault point of an epoch; in an audited pipeline (design.md D23) the
+#: audit commit reaches ``audit.committed`` and the publish the audit's verdict and the commit's points.
+def _task_of(point: str, audited: bool = False) -> str:
     if point == WRITE_POINT:
         return "transform"
-    return "events.persist" if point.startswith("persist.") else "events.commit"
+    if point.startswith("persist."):
+        return "events.persist"
+    if audited:
+        return "events.audit_commit" if point == "audit.committed" else "events.publish"
+    return "events.commit"
 
 
-def kills_fired(rules: Sequence[Rule]) -> Action:
+def kills_fired(rules: Sequence[Rule], *, audited: bool = False) -> Action:
     """Once every run ended: each rule (a kill on try 1) fired, i.e. its task went on to a second
     try, except where the epoch never reached the point: an ``iceberg.*`` point of an epoch whose
     range was empty (an empty write commits no snapshot, so its commit passes no catalog update),
-    noted. Notes the tries."""
+    noted. Notes the tries. ``audited``: the pipeline's commit is an audit commit and a publish."""
 
     def action(ctx: Context) -> None:
         ctx.settled.wait()
@@ -194,7 +199,7 @@ def kills_fired(rules: Sequence[Rule]) -> Action:
             store.dispose()
         fired, unreached, missed = [], [], []
         for rule in rules:
-            task = _task_of(rule.point)
+            task = _task_of(rule.point, audited)
             tries = h.try_numbers(p, rule.epoch).get(task, 0)
             reserved = ranges.get(p.epoch(rule.epoch))
             if tries >= 2:

@@ -27,7 +27,9 @@ class LandedHour:
     epoch: int
     #: The event ids of the hour's latest input.
     ids: tuple[str, ...]
-    status: Literal["completed", "failed", "unsettled"]
+    #: ``audit_failed``: checkpointed, but its audit fails (an audited pipeline's bad hour, set by
+    #: ``checker.check``, never by the landing): it must never be on ``main``.
+    status: Literal["completed", "failed", "unsettled", "audit_failed"]
     #: The hour's latest input, row by row.
     rows: tuple[Row, ...] = ()
     #: Every earlier input of the hour (from the history folder), oldest first.

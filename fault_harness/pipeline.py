@@ -23,6 +23,9 @@ the cluster's DAGs folder. The differences from the example, each for a reason:
   the production stack's, ``stacks``);
 - ``mode="upsert"``: an upsert sink whose light write applies each hour's changes copy-on-write
   (``upsert_pipeline``); the Spark writers apply them as the product's upsert job does;
+- ``audited``: write, audit, publish (design.md D23): the epoch group gets ``audit=`` one
+  ``SqlCheck`` over ``epoch_rows`` (``bad_hours_check``) that fails for the hours the harness lands
+  as bad (``bad_epochs``), so the checker knows which epochs must never be on ``main``;
 - ``mode="incremental"``: a sink reading the upstream Iceberg table ``upstream`` incrementally
   (``IcebergTableInput``, checkpoint ``SnapshotRangeCheckpoint``, one run at a time), its light
   write ``incremental_pipeline.light_incremental_write``, its ``writer="spark"`` the product's
@@ -93,6 +96,20 @@ def light_write(sink_id: str, table_names: list[str], landing: str, conn_id: str
     return value
 
 
+def bad_hours_check(bad_epochs: list[int]) -> Any:
+    """An audited pipeline's check: the epoch's rows whose event time lies in a bad hour (epoch ms of
+    its start). Every row of an hour lies in it, so the check fails for exactly the bad hours, on
+    every try, whatever was killed before it ran."""
+    from airflow_provider_exactly_once.sinks.config import SqlCheck
+
+    hours = ", ".join(str(int(epoch) // 3_600_000) for epoch in bad_epochs) or "-1"
+    return SqlCheck(
+        name="harness_bad_hours",
+        sql=f"select event_id from epoch_rows where floor(epoch(event_time) / 3600) in ({hours})",
+        message="an hour the fault harness landed as bad",
+    )
+
+
 def spark_input(params: dict[str, Any], upsert: bool) -> Any:
     """The Spark writers' input: the hour's JSON lines (an upsert pipeline's with their operation and
     order columns); with ``write_pause_s``, the same rows through ``slow_input``, so that a scenario
@@ -128,7 +145,8 @@ def build(params: dict[str, Any]) -> DAG:
     fan-out), landing, start (ISO hour), epochs,
     writer (light|spark|connect), write_pause_s (``spark_input``), sensor (poke|reschedule|deferrable),
     conn_id, max_active_runs, mode (append|upsert: ``upsert_pipeline``, one run at a time|incremental:
-    ``incremental_pipeline``, one run at a time, reading the table ``upstream``)."""
+    ``incremental_pipeline``, one run at a time, reading the table ``upstream``), audited and
+    bad_epochs (``bad_hours_check``)."""
     dag_id, sink_id, tables, landing = params["dag_id"], params["sink_id"], params["tables"], params["landing"]
     table = tables[0]
     conn_id = params["conn_id"]
@@ -192,5 +210,6 @@ def build(params: dict[str, Any]) -> DAG:
             },
             commit_retries=6,
             commit_retry_delay=dt.timedelta(seconds=2),
+            audit=[bad_hours_check(params.get("bad_epochs", []))] if params.get("audited") else None,
         )
     return dag

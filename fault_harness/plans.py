@@ -85,6 +85,11 @@ class Scenario:
     #: The pipeline's tables: more than one is a fan-out, each epoch the same rows into every table,
     #: committed in one catalog transaction where the catalog takes it (the production stack's does).
     tables: int = 1
+    #: Write, audit, publish (design.md D23): the epoch group gets ``audit=`` a check that fails for
+    #: the ``bad_hours`` (``pipeline.bad_hours_check``), so those epochs must never reach ``main``.
+    audited: bool = False
+    #: An audited pipeline's checkpointed hours whose audit fails: each stays Pending, off ``main``.
+    bad_hours: frozenset[int] = frozenset()
     pipeline: Pipeline | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -107,6 +112,10 @@ class Scenario:
             )
         if self.tables > 1 and (self.mode != "append" or self.writer != "light"):
             raise ValueError(f"scenario {self.name}: a fan-out pipeline is an append with the light writer")
+        if self.audited and (self.mode != "append" or self.tables > 1):
+            raise ValueError(f"scenario {self.name}: an audited pipeline is an append to one table")
+        if self.bad_hours and (not self.audited or self.bad_hours & self.failed_hours):
+            raise ValueError(f"scenario {self.name}: bad hours are an audited pipeline's checkpointed hours")
         if self.write_pause_s and self.writer == "light":
             raise ValueError(f"scenario {self.name}: write_pause_s slows a Spark write; the light writer has none")
 
@@ -118,6 +127,7 @@ def describe_plan(scenarios: Sequence[Scenario]) -> list[dict[str, Any]]:
             "description": s.description,
             "mode": s.mode,
             "tables": s.tables,
+            **({"audited": True, "bad_hours": sorted(s.bad_hours)} if s.audited else {}),
             "epochs": s.epochs,
             "writer": s.writer,
             "write_pause_s": s.write_pause_s,

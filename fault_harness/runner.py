@@ -58,6 +58,8 @@ def run_scenarios(cluster: Cluster, scenarios: Sequence[Scenario], *, timeout: f
                     conn_id=s.conn_id,
                     mode=s.mode,
                     tables=s.tables,
+                    audited=s.audited,
+                    bad_hours=s.bad_hours,
                 ),
                 start_dag=False,
             )
@@ -139,6 +141,7 @@ def run_scenarios(cluster: Cluster, scenarios: Sequence[Scenario], *, timeout: f
                 "description": s.description,
                 "writer": WRITERS[s.writer],
                 "mode": s.mode,
+                **({"audited": True, "bad_hours": sorted(s.bad_hours)} if s.audited else {}),
                 "tables": s.pipeline.table_names,
                 "runs": harness.runs(s.pipeline),
                 "actions": logs[s.name],

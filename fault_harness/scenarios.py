@@ -78,6 +78,17 @@ FAN_OUT_TRANSACTION_POINTS = (
 FAN_OUT_TRANSACTION_RULES = tuple(Rule(n, point) for n, point in enumerate(FAN_OUT_TRANSACTION_POINTS))
 
 
+#: The steps write, audit, publish adds (design.md D23), as an audited pipeline reaches them: the
+#: audit commit after its catalog commit (before its row records it), the publish after it recorded
+#: the audit passed, then the publish's commit: decided, visible on ``main``, marked Committed.
+AUDIT_POINTS = ("audit.committed", "audit.ran", "commit.decided", "commit.visible", "commit.marked")
+AUDIT_KILL_RULES = (
+    *(Rule(n, point) for n, point in enumerate(AUDIT_POINTS)),
+    # A bad hour: its audit commit killed, its audit then failing; it must never reach main.
+    Rule(len(AUDIT_POINTS), "audit.committed"),
+)
+
+
 def incremental_kills(name: str, points: tuple[str, ...], epochs: int) -> Scenario:
     """An incremental pipeline of ``epochs`` epochs, the producer appending to its upstream, each
     epoch's first try killed -9 at ``points[n % len(points)]``; the scenario fails unless every kill fired."""
@@ -342,6 +353,17 @@ def named_scenarios() -> dict[str, Scenario]:
             description="fan-out pipeline (two tables): the REST catalog applies their transactions/commit and the "
             "proxy in front of it drops the response",
         ),
+        Scenario(
+            "audit_kill_points",
+            epochs=len(AUDIT_KILL_RULES),
+            audited=True,
+            bad_hours=frozenset({len(AUDIT_POINTS)}),
+            rules=AUDIT_KILL_RULES,
+            actions=(kills_fired(AUDIT_KILL_RULES, audited=True),),
+            description="audited pipeline (write, audit, publish): each epoch killed -9 at another new step "
+            f"({', '.join(AUDIT_POINTS)}, the last three the publish's commit); hour {len(AUDIT_POINTS)} fails its "
+            "audit (its audit commit killed too): every passed epoch on main once, the failed one never",
+        ),
         incremental_kills("incremental_kills", INCREMENTAL_KILL_POINTS, 50),
         incremental_kills("incremental_kills_short", INCREMENTAL_CI_KILL_POINTS, len(INCREMENTAL_CI_KILL_POINTS)),
         Scenario(
@@ -411,7 +433,7 @@ ABORT_POINTS = (WRITE_POINT, "persist.inserted", "abort.marked", "abort.cleaned"
 
 
 def random_plan(
-    seed: int, epochs: int, *, per_pipeline: int = 10, stack: str = "local", upserts: bool = True
+    seed: int, epochs: int, *, per_pipeline: int = 10, stack: str = "local", upserts: bool = True, audits: bool = True
 ) -> list[Scenario]:
     """Seed -> pipelines of up to ``per_pipeline`` epochs, every epoch faulted: a fault point and
     mode (crash or kill, on the first try, sometimes on the second as well), about one hour in six
@@ -420,7 +442,10 @@ def random_plan(
     some pipelines a reprocessing of committed hours once their runs ended (``_random_reprocess``),
     and on the production stack one fault of its platform per pipeline (``_random_platform_fault``).
     One pipeline in each five is an upsert pipeline (``is_upsert_pipeline``; ``upserts=False``: none,
-    the plans from before upsert pipelines were added), changed by ``_as_upsert``."""
+    the plans from before upsert pipelines were added), changed by ``_as_upsert``. Some others are
+    audited (``is_audited_pipeline``; ``audits=False``: none, the plans from before), changed by
+    ``_as_audited``: bad hours whose audit fails, and a kill or crash at a step of write, audit,
+    publish per checkpointed hour."""
     rng = random.Random(seed)
     scenarios = []
     for n, first in enumerate(range(0, epochs, per_pipeline)):
@@ -439,6 +464,10 @@ def random_plan(
         sensor = rng.choice(("poke", "reschedule", "deferrable"))
         event = rng.choice(("scheduler", "triggerer", "meta_store", "none"))
         when = rng.choice(("transform", "events.persist", "events.commit"))
+        upsert = upserts and is_upsert_pipeline(seed, n)
+        audited = audits and not upsert and is_audited_pipeline(seed, n)
+        if audited and when == "events.commit":  # an audited pipeline commits by its publish
+            when = "events.publish"
         actions: list[Action] = []
         if late:
             actions.append(late_after(rng.uniform(5, 40)))
@@ -448,15 +477,15 @@ def random_plan(
             actions.append(kill_component("triggerer", when_task=when, down_s=rng.uniform(2, 10)))
         elif event == "meta_store":
             actions.append(stop_meta_store(when_task=when, down_s=rng.uniform(3, 15)))
-        upsert = upserts and is_upsert_pipeline(seed, n)
         # The upsert checker's model applies each epoch's changes once; a revision's (the epoch's
-        # changes replaced, every later epoch's kept) is not modelled yet, so an upsert pipeline draws none.
-        again = None if upsert else _random_reprocess(seed, n, count, failed)
+        # changes replaced, every later epoch's kept) is not modelled yet, so an upsert pipeline draws
+        # none; nor does an audited one (a revision is audited again: not in the audit checker yet).
+        again = None if upsert or audited else _random_reprocess(seed, n, count, failed)
         if again is not None:
             actions.append(again)
         conn_id, platform = ICEBERG_CONN_ID, "none"
         if stack == "production":
-            conn_id, platform, fault = _random_platform_fault(seed, n, count, failed)
+            conn_id, platform, fault = _random_platform_fault(seed, n, count, failed, audited=audited)
             if fault is not None:
                 actions.append(fault)
         scenario = Scenario(
@@ -471,7 +500,9 @@ def random_plan(
             description=f"seed {seed} pipeline {n}: {sensor} sensor, event {event} at {when}"
             + ("" if stack != "production" else f", platform fault {platform}"),
         )
-        scenarios.append(_as_upsert(scenario, seed, n) if upsert else scenario)
+        scenarios.append(
+            _as_upsert(scenario, seed, n) if upsert else _as_audited(scenario, seed, n) if audited else scenario
+        )
     return scenarios
 
 
@@ -484,6 +515,47 @@ def is_upsert_pipeline(seed: int, n: int) -> bool:
     of ``UPSERT_EVERY`` consecutive pipelines, which one drawn from a generator of the block's own
     (every other draw of the plan stays what it was before upsert pipelines were added)."""
     return random.Random(f"{seed}-upsert-{n // UPSERT_EVERY}").randrange(UPSERT_EVERY) == n % UPSERT_EVERY
+
+
+#: The share of a random plan's append pipelines that are audited (write, audit, publish), and of an
+#: audited pipeline's checkpointed hours whose audit fails.
+AUDITED_SHARE = 0.4
+BAD_HOUR_SHARE = 0.25
+
+
+def is_audited_pipeline(seed: int, n: int) -> bool:
+    """Whether pipeline ``n`` of seed ``seed``'s random plan is audited (unless it is an upsert
+    pipeline), drawn from a generator of its own, so that every other draw stays what it was."""
+    return random.Random(f"{seed}-audit-{n}").random() < AUDITED_SHARE
+
+
+def _as_audited(scenario: Scenario, seed: int, n: int) -> Scenario:
+    """Pipeline ``n``'s plan as an audited pipeline (design.md D23): the same faults, hours and events,
+    from a generator of its own about one checkpointed hour in four *bad* (its audit fails, so it
+    must never reach ``main``), and on the first try of every checkpointed hour a crash or a kill
+    at one of write, audit, publish's steps (``AUDIT_POINTS``; a bad hour's at ``audit.committed``,
+    the one it reaches), beside the rules it had (those at the commit's points are its publish's)."""
+    rng = random.Random(f"{seed}-audit-pipeline-{n}")
+    checkpointed = [i for i in range(scenario.epochs) if i not in scenario.failed_hours]
+    bad = frozenset(i for i in checkpointed if rng.random() < BAD_HOUR_SHARE)
+    rules = list(scenario.rules)
+    for i in checkpointed:
+        point = "audit.committed" if i in bad else rng.choice(AUDIT_POINTS)
+        rules.append(Rule(i, point, mode=rng.choice(("crash", "kill")), try_number=1))
+    head, _, tail = scenario.description.partition(": ")
+    return Scenario(
+        scenario.name,
+        epochs=scenario.epochs,
+        sensor=scenario.sensor,
+        failed_hours=scenario.failed_hours,
+        late_hours=scenario.late_hours,
+        rules=tuple(rules),
+        actions=scenario.actions,
+        conn_id=scenario.conn_id,
+        audited=True,
+        bad_hours=bad,
+        description=f"{head}: audited, bad hours {sorted(bad)}, {tail}",
+    )
 
 
 def _as_upsert(scenario: Scenario, seed: int, n: int) -> Scenario:
@@ -520,7 +592,9 @@ def _as_upsert(scenario: Scenario, seed: int, n: int) -> Scenario:
     )
 
 
-def _random_platform_fault(seed: int, n: int, count: int, failed: frozenset[int]) -> tuple[str, str, Action | None]:
+def _random_platform_fault(
+    seed: int, n: int, count: int, failed: frozenset[int], *, audited: bool = False
+) -> tuple[str, str, Action | None]:
     """Pipeline ``n``'s fault of the production platform, from its own generator (so the local
     stack's plan of a seed is the same on both stacks): kill -9 of the Celery worker running one of
     its tasks (restarted 3-10 s later), SeaweedFS (REST catalog and S3) killed while one of its
@@ -529,15 +603,18 @@ def _random_platform_fault(seed: int, n: int, count: int, failed: frozenset[int]
 
     The outage stays within what every pipeline's tries outlast (it hits them all: their writes,
     sensors on S3 and commits), beside the plan's own crashes of a try or two: an hour whose tries
-    all met it would be a run given up, not a fault the product must survive."""
+    all met it would be a run given up, not a fault the product must survive. ``audited``: the
+    pipeline commits by its publish (``events.publish``), not ``events.commit``."""
     rng = random.Random(f"{seed}-platform-{n}")
     kind = rng.choice(("celery_worker", "catalog", "drop_response", "none"))
     when = rng.choice(("transform", "events.persist", "events.commit"))
+    commit_task = "events.publish" if audited else "events.commit"
+    when = commit_task if when == "events.commit" else when
     if kind == "celery_worker":
         return ICEBERG_CONN_ID, f"{kind} at {when}", kill_worker_of(when, down_s=rng.uniform(3, 10))
     if kind == "catalog":
         down_s = rng.uniform(10, 20)
-        return ICEBERG_CONN_ID, f"{kind} for {down_s:.0f} s", kill_catalog(when_task="events.commit", down_s=down_s)
+        return ICEBERG_CONN_ID, f"{kind} for {down_s:.0f} s", kill_catalog(when_task=commit_task, down_s=down_s)
     if kind == "drop_response" and len(failed) < count:  # a pipeline that commits nothing has no response to lose
         return PROXIED_ICEBERG_CONN_ID, kind, drop_commit_response()
     return ICEBERG_CONN_ID, "none", None

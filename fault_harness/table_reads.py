@@ -24,6 +24,7 @@ from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Snapshot
 
 from airflow_provider_exactly_once.sinks.iceberg.markers import (
+    AUDIT_BRANCH_KEY,
     EPOCH_KEY,
     REVISION_KEY,
     SINK_ID_KEY,
@@ -112,6 +113,16 @@ class Marked:
         return self.snapshot.snapshot_id
 
 
+def main_ancestry(table: Table) -> set[int]:
+    """The snapshot ids of ``main``'s history: its head, its parent, and so on."""
+    ids: set[int] = set()
+    snapshot = table.current_snapshot()
+    while snapshot is not None and snapshot.snapshot_id not in ids:
+        ids.add(snapshot.snapshot_id)
+        snapshot = None if snapshot.parent_snapshot_id is None else table.snapshot_by_id(snapshot.parent_snapshot_id)
+    return ids
+
+
 def _in_commit_order(table: Table) -> list[Snapshot]:
     indexed = list(enumerate(table.metadata.snapshots))
     indexed.sort(key=lambda p: (p[1].sequence_number or 0, p[0]))
@@ -129,12 +140,16 @@ def added_files(table: Table, snapshot: Snapshot) -> frozenset[str]:
     return frozenset(paths)
 
 
-def marked_snapshots(table: Table, sink_id: str) -> list[Marked]:
-    """The snapshots carrying ``sink_id``'s marker, in commit order."""
+def marked_snapshots(table: Table, sink_id: str, *, audits: bool = False) -> list[Marked]:
+    """The snapshots carrying ``sink_id``'s marker, in commit order: the commits to the sink's branch,
+    or with ``audits`` an audited sink's commits to its audit branches (``AUDIT_BRANCH_KEY``,
+    design.md D23) instead."""
     found = []
     for order, snapshot in enumerate(_in_commit_order(table)):
         marker = marker_of(snapshot)
         if marker is None or marker[SINK_ID_KEY] != sink_id:
+            continue
+        if (AUDIT_BRANCH_KEY in marker) != audits:
             continue
         try:
             revision = int(marker.get(REVISION_KEY, "0"))

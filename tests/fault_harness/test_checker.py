@@ -22,7 +22,7 @@ from pyiceberg.io.pyarrow import parquet_file_to_data_file, schema_to_pyarrow
 from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table
 
-from airflow_provider_exactly_once.sinks.iceberg.markers import marker_properties
+from airflow_provider_exactly_once.sinks.iceberg.markers import audit_branch_name, marker_properties
 from demo.world import hour_dir, land_hour, mark_hour
 from fault_harness.checker import CheckResult, check, check_fan_out
 from fault_harness.harness import EVENT_SCHEMA, reland_hour
@@ -274,3 +274,75 @@ def test_a_metadata_file_no_commit_took_is_an_orphan_once_older_than_the_grace(w
     left.write_bytes(current.read_bytes())
     found = world.result().anomalies
     assert [(a.kind, a.detail.split(" ", 1)[0]) for a in found] == [("orphan", f"metadata/{left.name}")]
+
+
+# -- an audited sink (write, audit, publish, design.md D23) ----------------------------------------------
+
+
+def audit(world: World, hour: dt.datetime, write: tuple[str, list[DataFile]]) -> int:
+    """The write committed to the epoch's audit branch made at main's head, as ``commit_audit`` does;
+    the audit snapshot's id."""
+    branch = audit_branch_name(SINK, epoch_of(hour))
+    head = world.table.metadata.current_snapshot_id
+    assert head is not None
+    world.table.manage_snapshots().create_branch(head, branch).commit()
+    write_id, files = write
+    marker = marker_properties(SINK, epoch_of(hour), write_id, branch=branch)
+    with (
+        world.table.transaction() as tx,
+        tx.update_snapshot(snapshot_properties=marker, branch=branch).fast_append() as snapshot,
+    ):
+        for data_file in files:
+            snapshot.append_data_file(data_file)
+    world.table.refresh()
+    return world.table.metadata.refs[branch].snapshot_id
+
+
+def audited(world: World, *bad: dt.datetime) -> CheckResult:
+    return check(
+        world.table,
+        world.landing,
+        SINK,
+        orphan_grace_s=0,
+        now=time.time() + 5,
+        history=world.history,
+        audit_failed=frozenset(epoch_of(h) for h in bad),
+    )
+
+
+def kinds(result: CheckResult) -> list[tuple[str, int | None]]:
+    return sorted({(a.kind, a.epoch) for a in result.anomalies}, key=str)
+
+
+def test_a_published_epoch_and_a_failed_audit_held_on_its_branch_pass(world: World) -> None:
+    first = world.write(H0)
+    world.commit(H0, first)  # its audit passed and was published, its branch removed
+    audit(world, H1, world.write(H1))  # its audit failed: held on its branch, main untouched
+    result = audited(world, H1)
+    assert kinds(result) == []
+    assert result.hours == {"completed": 1, "audit_failed": 1}
+    assert result.marked_snapshots == 1  # the audit snapshot is no commit to main
+    assert (result.audit["published"], result.audit["held"], result.audit["audit_snapshots"]) == (1, 1, 1)
+    assert result.audit["branches_left"] == []
+
+
+def test_a_failed_audit_on_main_is_an_anomaly(world: World) -> None:
+    world.commit(H0, world.write(H0))
+    write = world.write(H1)
+    audit(world, H1, write)
+    world.commit(H1, write)  # published although its audit failed
+    assert kinds(audited(world, H1)) == [("snapshots", epoch_of(H1)), ("visible_audit_failed", epoch_of(H1))]
+
+
+def test_a_failed_audit_without_its_branch_and_a_branch_left_by_a_publish(world: World) -> None:
+    world.commit(H0, world.write(H0))
+    write = world.write(H1)
+    audit(world, H1, write)
+    world.commit(H1, write)  # published; its audit branch left behind: a warning, not an anomaly
+    result = audited(world)
+    assert kinds(result) == []
+    assert result.audit["branches_left"] == [audit_branch_name(SINK, epoch_of(H1))]
+    assert len(result.audit["snapshots_left"]) == 1
+    # judged as a failed audit instead: not on main, but no audit branch holding it either
+    world.table.manage_snapshots().remove_branch(audit_branch_name(SINK, epoch_of(H1))).commit()
+    assert ("audit", epoch_of(H1)) in kinds(audited(world, H1))

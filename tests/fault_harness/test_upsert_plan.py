@@ -1,7 +1,8 @@
 """Upsert pipelines in the random plans and among the named scenarios (no cluster needed): one
 pipeline in each five is an upsert pipeline, every other pipeline's plan is what it was before
 upsert pipelines were added, and an upsert pipeline keeps its pipeline's faults, runs one epoch at
-a time, is never reprocessed, and pauses the persist of the hour it compacts under."""
+a time, is never reprocessed, and pauses the persist of the hour it compacts under. The plans are
+drawn without audited pipelines (``audits=False``): those are ``test_random_plan``'s."""
 
 from __future__ import annotations
 
@@ -20,8 +21,8 @@ def _compacted(s: Scenario) -> list[int]:
 
 
 def test_one_pipeline_in_each_five_is_an_upsert_pipeline_and_the_others_are_unchanged() -> None:
-    plan = random_plan(SEED, EPOCHS)
-    before = random_plan(SEED, EPOCHS, upserts=False)
+    plan = random_plan(SEED, EPOCHS, audits=False)
+    before = random_plan(SEED, EPOCHS, upserts=False, audits=False)
     assert len(plan) == len(before) == 20
     for block in range(0, len(plan), UPSERT_EVERY):
         assert sum(s.mode == "upsert" for s in plan[block : block + UPSERT_EVERY]) == 1
@@ -29,11 +30,13 @@ def test_one_pipeline_in_each_five_is_an_upsert_pipeline_and_the_others_are_unch
     for s, was in zip(describe_plan(plan), describe_plan(before), strict=True):
         if s["mode"] == "append":
             assert s == was
-    assert random_plan(SEED, EPOCHS, stack="production")[3].mode == plan[3].mode  # the same pipelines on both stacks
+    assert (
+        random_plan(SEED, EPOCHS, stack="production", audits=False)[3].mode == plan[3].mode
+    )  # the same pipelines on both stacks
 
 
 def test_an_upsert_pipeline_keeps_its_faults_runs_one_epoch_at_a_time_and_is_never_reprocessed() -> None:
-    plan, before = random_plan(SEED, EPOCHS), random_plan(SEED, EPOCHS, upserts=False)
+    plan, before = random_plan(SEED, EPOCHS, audits=False), random_plan(SEED, EPOCHS, upserts=False, audits=False)
     upserts = [(s, was) for s, was in zip(plan, before, strict=True) if s.mode == "upsert"]
     assert len(upserts) == 4
     for s, was in upserts:
@@ -58,7 +61,7 @@ def test_an_upsert_pipeline_keeps_its_faults_runs_one_epoch_at_a_time_and_is_nev
 
 
 def test_the_ci_random_run_holds_an_upsert_pipeline_with_a_compaction_beside_a_reprocessing_one() -> None:
-    plan = random_plan(CI_SEED, CI_RANDOM_EPOCHS, per_pipeline=CI_PER_PIPELINE)
+    plan = random_plan(CI_SEED, CI_RANDOM_EPOCHS, per_pipeline=CI_PER_PIPELINE, audits=False)
     assert [s.mode for s in plan] == ["append", "upsert"]
     actions = [describe_plan([s])[0]["actions"] for s in plan]
     assert any(str(a).startswith("reprocess") for a in actions[0]), actions
@@ -86,3 +89,9 @@ def test_an_upsert_scenario_must_run_one_epoch_at_a_time() -> None:
         Scenario("too_short", epochs=2, mode="incremental", max_active_runs=1)
     with pytest.raises(ValueError, match="the light writer has none"):
         Scenario("paused", write_pause_s=0.5)
+    with pytest.raises(ValueError, match="audited pipeline is an append"):
+        Scenario("audited_upsert", mode="upsert", max_active_runs=1, audited=True)
+    with pytest.raises(ValueError, match="bad hours"):
+        Scenario("bad_unaudited", bad_hours=frozenset({0}))
+    with pytest.raises(ValueError, match="bad hours"):
+        Scenario("bad_and_failed", audited=True, bad_hours=frozenset({0}), failed_hours=frozenset({0}))
