@@ -15,8 +15,9 @@ from tests.fault_harness.reports import failures
 pytestmark = pytest.mark.postgres
 
 
-# Minutes under a real scheduler; the project's 600 s default per test would cut them off.
-@pytest.mark.timeout(1500)
+# 26 minutes under a real scheduler on the loaded 2-core machine (load average 40); the
+# project's 600 s default per test would cut them off.
+@pytest.mark.timeout(2400)
 def test_kills_at_every_audit_step_publish_each_passed_epoch_once_and_no_failed_one(fault_cluster: Cluster) -> None:
     scenarios, skipped = scenarios_for("local", ["audit_kill_points"])
     assert not skipped
