@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Sequence
 from typing import Any, TextIO
 
 from airflow_provider_exactly_once.cli.parser import (
@@ -29,7 +30,16 @@ from airflow_provider_exactly_once.core.epochs import EpochStatus
 from airflow_provider_exactly_once.core.errors import ExactlyOnceError, mask_userinfo
 from airflow_provider_exactly_once.defaults import CONFIG_SECTION
 from airflow_provider_exactly_once.operations import SinkOperations, stale_runs
-from airflow_provider_exactly_once.operations.views import EpochView, FailureView, HistoryView, StaleRunView
+from airflow_provider_exactly_once.operations.views import (
+    AUDIT_FAILED,
+    AUDIT_STAGES,
+    EpochView,
+    FailureView,
+    HistoryView,
+    SinkSummary,
+    StaleRunView,
+)
+from airflow_provider_exactly_once.store.queries import MAX_PAGE
 
 
 def _option(section: str, key: str) -> str:
@@ -65,12 +75,15 @@ def status_command(ops: SinkOperations, args: argparse.Namespace, out: TextIO, e
     threshold = stale_runs.threshold_of(_option(CONFIG_SECTION, stale_runs.STALE_RUN_OPTION))
     check = stale_runs.check(ops, threshold, sink_id=args.sink)
     base_url = _base_url() if check.stale else None
+    audits = _awaiting_audit(ops, sinks)
     if args.json:
         print_json(
             out,
             {
                 "sinks": [s.model_dump(mode="json") for s in sinks],
                 **check.model_dump(mode="json", context={"base_url": base_url}),
+                # Only where some epoch waits for its audit: every other status stays as it was.
+                **({"awaiting_audit": [_audit_dict(v) for v in audits]} if audits else {}),
             },
         )
         return EXIT_OK
@@ -93,11 +106,47 @@ def status_command(ops: SinkOperations, args: argparse.Namespace, out: TextIO, e
     ]
     headers = ["sink", "kind", "tables / root", "pending", "committed", "aborted", "reserved", "oldest pending"]
     table(out, rows, [*headers, "clean-ups queued"])
+    if audits:
+        out.write("\n" + _audits_text(audits) + "\n")
     for stale in check.stale:
         out.write("\n" + _stale_text(stale, base_url) + "\n")
     if check.not_checked:
         out.write(f"\nruns not checked: {check.not_checked}\n")
     return EXIT_OK
+
+
+def _awaiting_audit(ops: SinkOperations, sinks: Sequence[SinkSummary]) -> list[EpochView]:
+    """The Pending epochs of ``sinks`` whose audited write waits for its audit (design.md D23): its
+    checks to run (``Auditing``), an operator (``Audit failed``) or its publish (``Audited``)."""
+    found: list[EpochView] = []
+    for sink in sinks:
+        if sink.pending:
+            pending = ops.epochs(sink_id=sink.sink_id, status=EpochStatus.PENDING, limit=MAX_PAGE)
+            found += sorted((v for v in pending if v.audit is not None and v.audit.waiting), key=lambda v: v.epoch)
+    return found
+
+
+def _audit_dict(view: EpochView) -> dict[str, Any]:
+    return {"sink_id": view.sink_id, "epoch": view.epoch, "stage": view.stage}
+
+
+def _audits_text(audits: Sequence[EpochView]) -> str:
+    """Per sink, its epochs waiting for an audit, counted and named by stage."""
+    lines = []
+    for sink_id in dict.fromkeys(v.sink_id for v in audits):
+        ours = [v for v in audits if v.sink_id == sink_id]
+        by_stage = {stage: [v for v in ours if v.stage == stage] for stage in AUDIT_STAGES}
+        counts = ", ".join(f"{len(views)} {stage}" for stage, views in by_stage.items() if views)
+        lines.append(f"sink {sink_id}: {len(ours)} epoch(s) wait for an audit ({counts})")
+        for stage, views in by_stage.items():
+            if views:
+                lines.append(f"  {stage}: " + ", ".join(_epoch(v) for v in views))
+        if by_stage[AUDIT_FAILED]:
+            lines.append(
+                f"  an epoch whose audit failed holds until its run is reprocessed or it is rejected: "
+                f"eo-sink show {sink_id} EPOCH, then eo-sink reject {sink_id} EPOCH --reason ..."
+            )
+    return "\n".join(lines)
 
 
 def _stale_text(stale: StaleRunView, base_url: str | None) -> str:
@@ -127,7 +176,7 @@ def epochs_command(ops: SinkOperations, args: argparse.Namespace, out: TextIO, e
             v.sink_id,
             _epoch(v),
             interval(v.interval_start, v.interval_end),
-            v.status,
+            v.status if v.stage == v.status else f"{v.status} ({v.stage})",
             "decided" if v.commit_decided_at and v.status == EpochStatus.PENDING.value else "",
             f"{v.files} {v.files_state}" if v.status == EpochStatus.ABORTED.value and v.files else v.files,
             v.rows,
@@ -220,13 +269,24 @@ def show_command(ops: SinkOperations, args: argparse.Namespace, out: TextIO, err
             f"position {reservation.position} by run {reservation.run_id or '(unknown)'} at {instant(reservation.reserved_at)}"
         )
         data["range_read_again"] = reservation.read_again
+    audit = view.audit
+    audited: tuple[str, ...] = ()
+    if audit is not None:  # design.md D23: the audit's stage, branch, snapshots and verdict
+        data["stage"] = audit.stage
+        data["audit_branch"] = audit.branch
+        data["audit_snapshots"] = ", ".join(f"{t} -> {s}" for t, s in sorted(audit.snapshots.items()))
+        data["audit_verdict"] = audit.verdict or "not judged yet"
+        audited = ("stage", "audit_branch", "audit_snapshots", "audit_verdict")
     shown = (
-        *("sink_id", "epoch", "data_interval", "status", "unreadable", "write_id", "dag_id", "run_id", "logical_date"),
-        *("try_number", "created_at", "age", "updated_at", "commit_decided_at", "checkpoint", "delivery"),
-        *("files", "files_state", "rows", "bytes", "pending_cleanups", "revision", "replacing_write_id", "error"),
-        *("log", "warning", "consumed", "reserved", "range_read_again"),
+        *("sink_id", "epoch", "data_interval", "status", *audited, "unreadable", "write_id", "dag_id", "run_id"),
+        *("logical_date", "try_number", "created_at", "age", "updated_at", "commit_decided_at", "checkpoint"),
+        *("delivery", "files", "files_state", "rows", "bytes", "pending_cleanups", "revision", "replacing_write_id"),
+        *("error", "log", "warning", "consumed", "reserved", "range_read_again"),
     )
     table(out, [(key, "" if data.get(key) is None else data[key]) for key in shown], ["field", "value"])
+    if audit is not None and audit.failed:
+        out.write("\n")
+        table(out, [(c["name"], c["message"]) for c in audit.failed], ["failed check", "message"])
     out.write("\n")
     table(
         out,

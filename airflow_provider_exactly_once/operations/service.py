@@ -110,14 +110,7 @@ class SinkOperations(SinkReads):
         ``by`` says who aborts (the UI's user): the row keeps ``"<reason> (by <by>)"``, and the cap on
         the reason (``ABORT_REASON_MAX_LENGTH``) is on what the person wrote.
         """
-        if (fault := abort_reason_fault(reason)) is not None:
-            raise InvalidRequest(f"sink {sink_id!r} epoch {epoch}: {fault}")
-        if by is not None:
-            if (control := find_control(by)) is not None:
-                raise InvalidRequest(
-                    f"sink {sink_id!r} epoch {epoch}: who aborts ({by!r}) holds the control character {control}"
-                )
-            reason = f"{reason} (by {by})"
+        reason = _reason_by(sink_id, epoch, reason, by)
         coordinator = self._coordinator(sink_id)
         if self.store.get(sink_id, epoch) is None and (reserved := self.store.input_ranges.range_of(sink_id, epoch)):
             # An incremental epoch whose write never persisted holds the newest range: the next
@@ -147,11 +140,12 @@ class SinkOperations(SinkReads):
             files_deleted=result.files_deleted,
         )
 
-    def reject(self, sink_id: str, epoch: int, *, reason: str, dry_run: bool = False) -> ActionResult:
+    def reject(
+        self, sink_id: str, epoch: int, *, reason: str, by: str | None = None, dry_run: bool = False
+    ) -> ActionResult:
         """Drop an audited write whose audit failed (design.md D23): the epoch becomes Aborted, its
-        audit branch goes and its files are deleted once nothing references them."""
-        if (fault := abort_reason_fault(reason)) is not None:
-            raise InvalidRequest(f"sink {sink_id!r} epoch {epoch}: {fault}")
+        audit branch goes and its files are deleted once nothing references them. ``by`` as for ``abort``."""
+        reason = _reason_by(sink_id, epoch, reason, by)
         coordinator = self._coordinator(sink_id)
         row = self._row(sink_id, epoch)
         audit = row.audit_of_write
@@ -505,6 +499,18 @@ class SinkOperations(SinkReads):
             f"{len(tasks)} queued clean-up(s) would run (write(s) {writes}; up to {files} listed file(s) "
             "plus anything else under their write locations), each only where the sink proves it unreferenced"
         )
+
+
+def _reason_by(sink_id: str, epoch: int, reason: str, by: str | None) -> str:
+    """An abort's (or a reject's) reason as the row keeps it: ``"<reason> (by <by>)"``; the cap on
+    the reason (``ABORT_REASON_MAX_LENGTH``) is on what the person wrote."""
+    if (fault := abort_reason_fault(reason)) is not None:
+        raise InvalidRequest(f"sink {sink_id!r} epoch {epoch}: {fault}")
+    if by is None:
+        return reason
+    if (control := find_control(by)) is not None:
+        raise InvalidRequest(f"sink {sink_id!r} epoch {epoch}: who acts ({by!r}) holds the control character {control}")
+    return f"{reason} (by {by})"
 
 
 def _cleanup_dict(task: CleanupTask) -> dict[str, Any]:

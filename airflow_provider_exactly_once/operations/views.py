@@ -31,7 +31,15 @@ from pydantic import (
     model_serializer,
 )
 
-from airflow_provider_exactly_once.core.epochs import Actor, ActorKind, EpochStatus, HistoryEntry, failed_step, task_of
+from airflow_provider_exactly_once.core.epochs import (
+    Actor,
+    ActorKind,
+    EpochAudit,
+    EpochStatus,
+    HistoryEntry,
+    failed_step,
+    task_of,
+)
 from airflow_provider_exactly_once.core.errors import InvalidPreCommit, mask_userinfo
 from airflow_provider_exactly_once.core.input_ranges import SnapshotRange
 from airflow_provider_exactly_once.core.ports import EpochRecord
@@ -286,6 +294,47 @@ def reading_again(later: Sequence[LaterLink]) -> list[LaterLink]:
     return found
 
 
+#: The stages of an audited Pending epoch (``EpochRecord.stage``, design.md D23): its write waits
+#: for its audit to run, to be settled after it failed, or for its publish.
+AUDITING, AUDIT_FAILED, AUDITED = "Auditing", "Audit failed", "Audited"
+AUDIT_STAGES = (AUDITING, AUDIT_FAILED, AUDITED)
+
+
+class AuditView(View):
+    """An audited sink's write as its audit left it (design.md D23): the stage operators read, the
+    audit branch and each table's audit snapshot, the verdict once the checks ran, and the checks
+    that failed with what they said."""
+
+    #: ``Auditing``, ``Audit failed`` or ``Audited`` while the epoch is Pending; its status once settled.
+    stage: str
+    branch: str
+    #: Per table: the audit snapshot's id, or ``"empty"`` when the write added nothing there.
+    snapshots: dict[str, str]
+    #: ``"passed"``, ``"failed"``, or ``None`` while the checks have not run.
+    verdict: str | None
+    #: The failed checks, each ``{"name": ..., "message": ...}``.
+    failed: tuple[dict[str, str], ...] = ()
+
+    @classmethod
+    def of(cls, audit: EpochAudit, stage: str) -> AuditView:
+        return cls(
+            stage=stage,
+            branch=mask_userinfo(audit.branch),
+            snapshots={mask_userinfo(table): snapshot for table, snapshot in audit.snapshots.items()},
+            verdict=None if audit.verdict is None else audit.verdict.value,
+            failed=tuple(
+                {"name": mask_userinfo(c.name), "message": mask_userinfo(c.message)}
+                for c in audit.checks
+                if not c.passed
+            ),
+        )
+
+    @property
+    def waiting(self) -> bool:
+        """Whether the epoch waits for its audit: to run, to be settled (failed), or for its publish."""
+        return self.stage in AUDIT_STAGES
+
+
 class EpochView(View):
     """One epoch's row, with its write's totals: what an operator needs to judge it."""
 
@@ -337,6 +386,16 @@ class EpochView(View):
     #: The failed task that ``error`` is about (filled for one epoch's detail, and for an epoch
     #: without a row everywhere), with its log once linked.
     cause: FailureView | None = None
+    #: An audited sink's write, once committed to its audit branch (design.md D23): its stage, audit
+    #: snapshots, verdict and failed checks. Kept after the epoch settled, as the record of the
+    #: audit: a published epoch's passed one, a rejected epoch's failed one (their branch is gone
+    #: then). Left out of the JSON for every other epoch, whose form stays as it was.
+    audit: AuditView | None = Field(default=None, exclude_if=lambda value: value is None)
+
+    @property
+    def stage(self) -> str:
+        """The status as operators read it: an audited Pending epoch's stage (``Audit failed``...)."""
+        return self.status if self.audit is None else self.audit.stage
 
     @classmethod
     def unwritten(
@@ -480,6 +539,7 @@ class EpochView(View):
             replacing_write_id=record.kind.replaced_write_id,
             generation=record.pre_commit.generation,
             consumed=consumed,
+            audit=None if (audit := record.audit_of_write) is None else AuditView.of(audit, record.stage),
         )
 
     shown_after = {"files_state": "bytes"}
@@ -750,6 +810,10 @@ class Redaction:
         reservation = view.reservation
         if reservation is not None:
             reservation = reservation.model_copy(update={"run_id": self.text(reservation.run_id)})
+        audit = view.audit
+        if audit is not None:
+            failed = tuple({**c, "message": self.text(c["message"]) or ""} for c in audit.failed)
+            audit = audit.model_copy(update={"failed": failed})
         return view.model_copy(
             update={
                 "error": error,
@@ -758,6 +822,7 @@ class Redaction:
                 "revisions": tuple(self.revision(r) for r in view.revisions),
                 "cause": cause,
                 "reservation": reservation,
+                "audit": audit,
             }
         )
 
