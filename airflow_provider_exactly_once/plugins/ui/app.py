@@ -380,6 +380,19 @@ def create_app(operations: OperationsFactory = default_operations) -> FastAPI:
         return result.model_dump(mode="json")
 
     @app.post(
+        "/api/sinks/{sink_id}/epochs/{epoch}/reject",
+        summary="Drop an audited epoch whose audit failed, and delete its files (design.md D23)",
+        dependencies=action_guards,
+    )
+    def api_reject(user: User, sink_id: str, epoch: int, body: AbortBody) -> dict[str, Any]:
+        sink_id, epoch = _authorize_action(user, sink_id, epoch)
+        with acting(_ui_actor(user)):
+            result = ops.get().reject(
+                sink_id, epoch, reason=body.reason, by=f"{user.get_name()} in the sink-state view", dry_run=body.dry_run
+            )
+        return result.model_dump(mode="json")
+
+    @app.post(
         "/api/sinks/{sink_id}/epochs/{epoch}/commit",
         summary="Retry the commit of a Pending epoch whose checkpoint completed",
         dependencies=action_guards,

@@ -31,6 +31,9 @@ HEIGHT = AXIS + 20
 #: Roughly how wide a character of the 10 px labels is, to keep labels from overlapping.
 CHAR_WIDTH = 6.0
 COLOURS = {"Committed": "#16a34a", "Pending": "#d97706", "Aborted": "#dc2626"}
+#: An audited Pending epoch's status lane, by its stage (design.md D23): one whose audit failed
+#: waits for an operator (reprocess or reject), one auditing or audited for its checks or publish.
+STAGE_COLOURS = {"Audit failed": "#c026d3", "Auditing": "#0891b2", "Audited": "#0891b2"}
 OTHER_COLOUR = "#71717a"
 REVISED = ("#60a5fa", "#1d4ed8")
 WARNED = "#f59e0b"
@@ -83,12 +86,18 @@ def _scale(rows: Sequence[Mapping[str, Any]]) -> float | None:
     return None if not timed else max(timed) or 1.0
 
 
+def _stage(row: Mapping[str, Any]) -> str | None:
+    """An audited Pending epoch's stage (``Auditing``, ``Audit failed``, ``Audited``); else ``None``."""
+    stage = (row.get("audit") or {}).get("stage")
+    return str(stage) if row.get("status") == "Pending" and stage in STAGE_COLOURS else None
+
+
 def _title(row: Mapping[str, Any], start: datetime | None, seconds: float | None) -> str:
     """The column's tooltip: which epoch, what became of it, and why, as the row says."""
     status = str(row.get("status"))
     when = f"{interval_text(start, _when(row.get('interval_end')))} · " if start is not None else ""
     lines = [f"{when}epoch {row.get('epoch')}"]
-    outcome = status
+    outcome = status if (stage := _stage(row)) is None else f"{status} ({stage})"
     if seconds is not None:
         outcome += f" {_duration(seconds)} after its persist" if status == "Committed" else f" for {_duration(seconds)}"
     if revision := int(row.get("revision") or 0):
@@ -96,6 +105,9 @@ def _title(row: Mapping[str, Any], start: datetime | None, seconds: float | None
     lines.append(outcome)
     if error := str(row.get("error") or ""):
         lines.append(f"{'why' if status == 'Aborted' else 'last error'}: {error}")
+    if stage is not None:
+        failed = (row.get("audit") or {}).get("failed") or ()
+        lines += [f"failed check {c.get('name')}: {c.get('message')}".rstrip(": ") for c in failed]
     if warning := str(row.get("warning") or ""):
         lines.append(f"warning: {warning}")
     return "\n".join(lines)
@@ -139,7 +151,11 @@ def _column(left: float, width: float, row: Mapping[str, Any], top: float | None
     else:
         parts.append(_rect(x, base - height, w, height, colour, "bar"))
     data = f' data-epoch="{escape(str(row.get("epoch")))}" data-status="{escape(status)}" data-revision="{revision}"'
-    parts.append(_rect(x, _lane_top("status"), w, LANE_HEIGHT, colour, "mark", data))
+    stage = _stage(row)
+    if stage is not None:
+        data += f' data-stage="{escape(stage)}"'
+    lane_colour = colour if stage is None else STAGE_COLOURS[stage]
+    parts.append(_rect(x, _lane_top("status"), w, LANE_HEIGHT, lane_colour, "mark", data))
     labelled = width >= LABELLED_COLUMN
     if revision:
         shade = REVISED[min(revision, len(REVISED)) - 1]

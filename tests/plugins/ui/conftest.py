@@ -151,6 +151,26 @@ class Shared:
     THEIRS = BASE + HOUR
 
 
+#: Issue 58: an audited sink (write, audit, publish), its epochs at each stage of their audit.
+AUDITED_SINK = "audited"
+AUDITED_TABLE = "audited"
+#: Planted in a failed check's message: shown as text, never as an element.
+CHECK_MARKUP = "<img src=x onerror=alert(2) class=planted>"
+
+
+class Audited:
+    """The epochs of ``AUDITED_SINK``, by the stage of their audit; each written by ``DAG_ID``."""
+
+    PUBLISHED = BASE  # its audit passed, then published: Committed, the audit kept as its record
+    AUDITING = BASE + HOUR  # on its audit branch, its checks not run
+    AUDITED = BASE + 2 * HOUR  # its audit passed, its publish not run
+    FAILED = BASE + 3 * HOUR  # its audit failed: the page offers Reject, and it stays
+    FAILED_API = BASE + 4 * HOUR  # its audit failed: rejected through the API
+    FAILED_BROWSER = BASE + 5 * HOUR  # its audit failed: rejected through the browser
+    #: The failed checks of the epochs whose audit failed.
+    FAILED_CHECKS = (("no_null_ids", f"3 rows break the check {CHECK_MARKUP}"), ("fresh", "newest row 3 days old"))
+
+
 class Epochs:
     """The epochs of ``SINK``, by the role each plays in the tests."""
 
@@ -170,6 +190,8 @@ class UiWorld:
     pipeline: Pipeline
     catalog_conn_id: str
     writes: dict[int, PreCommit] = field(default_factory=dict)
+    #: The writes of ``AUDITED_SINK``'s epochs.
+    audited_writes: dict[int, PreCommit] = field(default_factory=dict)
     password: str = field(default_factory=lambda: f"Planted-{uuid.uuid4().hex}")
     dead_conn_id: str = field(default_factory=lambda: f"eo_ui_dead_{uuid.uuid4().hex[:8]}")
     dead_port: int = 0
@@ -285,7 +307,37 @@ def _build_world(tmp: Path) -> UiWorld:
     _build_hardening_world(world)
     _build_shared_world(world)
     _build_causes_world(world)
+    _build_audited_world(world)
     return world
+
+
+def _build_audited_world(world: UiWorld) -> None:
+    """``AUDITED_SINK`` (issue 58): registered audited as ``exactly_once_epoch(audit=...)`` registers
+    it, its epochs audited by a real coordinator onto audit branches of a real table."""
+    from airflow_provider_exactly_once.core.epochs import AuditCheck
+
+    pipeline, store = world.pipeline, world.pipeline.store
+    pipeline.create_table(AUDITED_TABLE)
+    config = IcebergSinkConfig(
+        AUDITED_SINK, (f"{pipeline.namespace}.{AUDITED_TABLE}",), iceberg_conn_id=world.catalog_conn_id, audited=True
+    )
+    store.registry.register_sink(
+        AUDITED_SINK, config.model_dump(mode="json"), MetaStoreCheckpoint().model_dump(mode="json")
+    )
+    coordinator = pipeline.coordinator(AUDITED_SINK, pipeline.iceberg_committer(), audited=[AUDITED_SINK])
+    passed = [AuditCheck(name="row_count", passed=True)]
+    failed = [*passed, *(AuditCheck(name=n, passed=False, message=m) for n, m in Audited.FAILED_CHECKS)]
+    A = Audited
+    for epoch in (A.PUBLISHED, A.AUDITING, A.AUDITED, A.FAILED, A.FAILED_API, A.FAILED_BROWSER):
+        pre = pipeline.write_iceberg(AUDITED_SINK, epoch, [AUDITED_TABLE])
+        coordinator.persist(pre, run_id=f"scheduled__{epoch}", try_number=1, dag_id=DAG_ID)
+        world.audited_writes[epoch] = pre
+        pipeline.checkpoint(AUDITED_SINK, epoch, CheckpointStatus.COMPLETED)
+        coordinator.commit_audit(AUDITED_SINK, epoch)
+        if epoch != A.AUDITING:
+            checks = failed if epoch in (A.FAILED, A.FAILED_API, A.FAILED_BROWSER) else passed
+            coordinator.judge_audit(AUDITED_SINK, epoch, checks, write_id=pre.write_id)
+    coordinator.commit(AUDITED_SINK, A.PUBLISHED)
 
 
 def _build_causes_world(world: UiWorld) -> None:

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from tests.plugins.ui.conftest import (
+    AUDITED_SINK,
     BASE,
     KEPT_OUT,
     OTHER_SINK,
@@ -26,6 +27,7 @@ from tests.plugins.ui.conftest import (
     REDELIVERED,
     SINK,
     ApiServer,
+    Audited,
     Epochs,
     PictureSink,
 )
@@ -157,6 +159,31 @@ def test_a_viewer_sees_no_action_and_a_refusal_is_shown(browser: Any, api_server
     user.screenshot(path=str(artifacts / "06-abort-refused.png"), full_page=True)
     assert api_server.world.status(Epochs.ABORT_REFUSED) == "Pending"
     user.context.close()
+
+
+def test_a_user_rejects_an_epoch_whose_audit_failed(browser: Any, api_server: ApiServer, artifacts: Path) -> None:
+    """The Reject button and its reason dialog (``ui.js``), as the abort's: the epoch is Aborted,
+    its files gone, and the history says who rejected it and why."""
+    world, epoch = api_server.world, Audited.FAILED_BROWSER
+    page = _log_in(browser, api_server, "user", artifacts)
+    with _screenshot_on_failure(page, artifacts / "failed-user-reject.png"):
+        page.goto(f"{api_server.url}/exactly-once/sinks/{AUDITED_SINK}/epochs/{epoch}")
+        page.locator("#audit-stage").wait_for()
+        assert page.locator("#epoch-stage").inner_text() == "Audit failed"
+        assert "no_null_ids" in page.locator("#audit-failed").inner_text()
+        page.screenshot(path=str(artifacts / "07-epoch-audit-failed.png"), full_page=True)
+        page.locator("#reject-button").click()
+        page.locator("#reject-reason").fill("null ids in the audit; the source is being fixed")
+        page.locator("#reject-confirm").click()
+        page.locator("#epoch-status", has_text="Aborted").wait_for()
+        aborted = page.locator("#history li[data-event='aborted']")
+        aborted.wait_for()
+        assert "by ui user" in aborted.inner_text() and "null ids in the audit" in aborted.inner_text()
+        assert page.locator("#reject-button").count() == 0
+        page.screenshot(path=str(artifacts / "08-epoch-rejected.png"), full_page=True)
+    page.context.close()
+    assert world.status(epoch, AUDITED_SINK) == "Aborted"
+    assert not write_location_exists(world.audited_writes[epoch])
 
 
 def test_the_history_of_a_reprocessed_and_a_redelivered_day(

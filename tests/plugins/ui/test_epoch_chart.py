@@ -235,6 +235,49 @@ def test_a_pending_epoch_is_hollow_amber_and_an_aborted_one_red_to_the_top() -> 
     assert [m.element.get("fill") for m in drawn.marks()] == ["#16a34a", "#16a34a", "#d97706", "#dc2626"]
 
 
+def audit(stage: str, *failed: tuple[str, str]) -> dict[str, Any]:
+    """An audited epoch's ``audit`` as the API shows it (``operations.views.AuditView``)."""
+    verdict = {"Auditing": None, "Audit failed": "failed"}.get(stage, "passed")
+    return {
+        "stage": stage,
+        "branch": "eo-audit-s-1",
+        "snapshots": {"shop.orders": "7"},
+        "verdict": verdict,
+        "failed": [{"name": name, "message": message} for name, message in failed],
+    }
+
+
+def test_an_audited_pending_epochs_status_lane_is_coloured_by_its_stage() -> None:
+    """A failed audit waits for an operator: its lane is neither Pending's amber nor Aborted's red;
+    an epoch auditing or audited has a colour of its own; its tooltip names the stage and the
+    checks that failed. A published epoch keeps its audit and is drawn as any committed one."""
+    drawn = Drawn(
+        [
+            row(MARCH, "Pending", 30),
+            row(MARCH + H, "Pending", 30, audit=audit("Auditing")),
+            row(MARCH + 2 * H, "Pending", 30, audit=audit("Audit failed", ("no_null_ids", "3 <b>rows</b>"))),
+            row(MARCH + 3 * H, "Pending", 30, audit=audit("Audited")),
+            row(MARCH + 4 * H, audit=audit("Committed")),
+            row(MARCH + 5 * H, "Aborted"),
+        ]
+    )
+    marks = drawn.marks()
+    fills = [m.element.get("fill") for m in marks]
+    pending, auditing, failed, audited, committed, aborted = fills
+    assert (pending, committed, aborted) == ("#d97706", "#16a34a", "#dc2626")
+    assert auditing == audited and len({pending, auditing, failed, committed, aborted}) == 5
+    assert [m.element.get("data-stage") for m in marks] == [None, "Auditing", "Audit failed", "Audited", None, None]
+    assert [m.element.get("data-status") for m in marks][:4] == ["Pending"] * 4
+    titles = [drawn.title(m) for m in marks]
+    assert "\nPending for 30 s" in titles[0] and "Pending (Auditing) for 30 s" in titles[1]
+    assert "Pending (Audit failed) for 30 s" in titles[2] and "failed check no_null_ids: 3 <b>rows</b>" in titles[2]
+    assert "Pending (Audited) for 30 s" in titles[3] and "(Committed)" not in titles[4]
+    assert "<b>rows" not in drawn.text  # the check's message is text, never markup
+    # The bars stay as the status has them: a Pending epoch's is hollow amber whatever its stage.
+    bars = sorted(drawn.of_class("bar"), key=lambda s: s.left)
+    assert [b.element.get("stroke") for b in bars[:4]] == ["#d97706"] * 4
+
+
 def test_a_committed_epoch_stands_at_its_commit_decision_not_at_a_later_warning() -> None:
     late = {**row(MARCH, seconds=3000), "commit_decided_at": row(MARCH, seconds=30)["commit_decided_at"]}
     drawn = Drawn([late, row(MARCH + H, seconds=60)])

@@ -36,21 +36,26 @@
     });
   }
 
-  var dialog = document.getElementById("abort-dialog");
+  // Abort and reject ask for a reason in their dialog ("<action>-dialog"), the others for a confirmation.
+  var reasons = { abort: "aborted by hand from the sink-state view", reject: "rejected by hand from the sink-state view" };
   actions.addEventListener("click", function (event) {
     var button = event.target.closest("button[data-action]");
     if (!button) { return; }
     var action = button.getAttribute("data-action");
-    if (action === "abort") {
-      dialog.showModal();
+    if (reasons[action]) {
+      document.getElementById(action + "-dialog").showModal();
       return;
     }
     if (window.confirm(button.getAttribute("data-confirm"))) { post(action, {}); }
   });
-  dialog.addEventListener("close", function () {
-    if (dialog.returnValue !== "confirm") { return; }
-    // One line of text: the view refuses control characters (line breaks included) in a reason.
-    var reason = document.getElementById("abort-reason").value.replace(/[\u0000-\u001f\u007f-\u009f\s]+/g, " ").trim();
-    post("abort", { reason: reason || "aborted by hand from the sink-state view" });
+  Object.keys(reasons).forEach(function (action) {
+    var dialog = document.getElementById(action + "-dialog");
+    if (!dialog) { return; }
+    dialog.addEventListener("close", function () {
+      if (dialog.returnValue !== "confirm") { return; }
+      // One line of text: the view refuses control characters (line breaks included) in a reason.
+      var reason = document.getElementById(action + "-reason").value.replace(/[\u0000-\u001f\u007f-\u009f\s]+/g, " ").trim();
+      post(action, { reason: reason || reasons[action] });
+    });
   });
 })();
