@@ -216,7 +216,11 @@ def _audit_tasks(
     checks = [item for item in items if isinstance(item, (SqlCheck, Mapping))]
     tasks = [_operator_of(item) for item in items if not isinstance(item, (SqlCheck, Mapping))]
     if checks:
-        tasks.append(AuditChecksOperator(task_id="audit_checks", checks=checks, checkpoint=checkpoint, **common))
+        # Retried like the group's other steps: a platform fault must not fail a good audit for good
+        # (a failed check is an AirflowFailException, which no retry repeats).
+        tasks.append(
+            AuditChecksOperator(task_id="audit_checks", checks=checks, checkpoint=checkpoint, **common, **retried)
+        )
     if not tasks:
         raise InvalidSinkConfig(
             "audit: give at least one check or task; an audit that checks nothing publishes everything"

@@ -72,9 +72,9 @@ and for an audited pipeline (write, audit, publish, design.md D23; ``check_audit
   hour, read by DuckDB, are the hour's input; an hour whose checkpoint did not complete has an
   audit branch or an audit snapshot (its audit commit ran before its checkpoint completed).
 
-An audit branch or audit snapshot left for a published epoch is a warning, not an anomaly: D23
-leaves the branch of a publish killed after its mark to the publish task's retry (``audit``'s
-``branches_left`` and ``snapshots_left``).
+An audit branch or audit snapshot left for a published epoch is a warning, not an anomaly: the
+publish retires both in its own transaction (D23), so none is expected, and one left is litter
+nothing reads (``audit``'s ``branches_left`` and ``snapshots_left``).
 
 An incremental pipeline's table is judged by ``incremental_checker`` instead, against its upstream
 table (``unsourced``, ``consumed`` are its kinds; it reuses ``check_revisions`` and ``check_files``).
