@@ -849,10 +849,10 @@ class TwoPhaseCommitCoordinator:
         if decision.action is not Action.COMMIT_AUDIT:
             return row
         try:
-            self.prepare(row)  # the sink's checks, and its files there (design.md step 3), before any commit
-            snapshots = committer.commit_audit(
-                row.pre_commit, row.created_at, replaces=row.replaces, allow_beyond_horizon=self._allow_beyond_horizon
-            )
+            # The sink's checks, and its files there (design.md step 3), before any commit; the plan
+            # then carries the audit commit, as it carries a publish's.
+            plan = self.prepare(row)
+            snapshots = committer.commit_audit(plan, row.created_at, allow_beyond_horizon=self._allow_beyond_horizon)
         except Exception as exc:
             note_error(self._store, row, exc)
             raise

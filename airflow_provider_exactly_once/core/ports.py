@@ -688,17 +688,10 @@ class AuditingCommitter(SinkCommitter, Protocol):
         """The name of the epoch's audit branch (the same in every table of the write)."""
         ...
 
-    def commit_audit(
-        self,
-        pre_commit: PreCommit,
-        since: datetime,
-        *,
-        replaces: ReplacedWrite | None = None,
-        allow_beyond_horizon: bool = False,
-    ) -> CommittedTables:
-        """``commit`` of the write (a revision's: replacing ``replaces``) onto its audit branch, made
-        from the sink branch's head when it is missing or shows another write; idempotent by the
-        marker on that branch."""
+    def commit_audit(self, plan: CommitPlan, since: datetime, *, allow_beyond_horizon: bool = False) -> CommittedTables:
+        """``commit`` of the plan's write (a revision's: replacing ``plan.replaces``) onto its audit
+        branch, made from the sink branch's head when it is missing or shows another write;
+        idempotent by the marker on that branch. A fresh prepared plan is used as ``commit`` uses it."""
         ...
 
     def drop_audit(self, pre_commit: PreCommit, since: datetime) -> None:

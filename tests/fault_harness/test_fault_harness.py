@@ -20,7 +20,7 @@ import pytest
 
 from fault_harness.cluster import Cluster
 from fault_harness.runner import run_scenarios
-from fault_harness.scenarios import named_scenarios, scenarios_for
+from fault_harness.scenarios import AUDIT_POINTS, named_scenarios, scenarios_for
 from tests.fault_harness.reports import failures
 
 pytestmark = pytest.mark.postgres
@@ -29,7 +29,8 @@ pytestmark = pytest.mark.postgres
 #: (``test_fault_harness_random.py``) does not draw (a zombie committer, a foreign writer, a meta-store outage held across commits, a
 #: failed checkpoint beside a completed one, a reprocess backfill, a revision given up, a compaction
 #: between an upsert epoch's write and its commit, kills inside a fan-out's one database transaction
-#: on the SQL catalog with a reader loading its tables throughout). Every named scenario is the long run:
+#: on the SQL catalog with a reader loading its tables throughout, an audited pipeline killed at each step
+#: write, audit, publish adds with one hour failing its audit). Every named scenario is the long run:
 #: ``uv run --frozen pytest -m long tests/fault_harness`` or ``scripts/faults --scenario all``.
 CI_SCENARIOS = [
     "zombie",
@@ -41,6 +42,7 @@ CI_SCENARIOS = [
     "upsert_compaction",
     "incremental_kills_short",
     "fan_out_kill_transaction",
+    "audit_kill_points",
 ]
 
 
@@ -114,6 +116,17 @@ def check_named_results(report: dict[str, Any]) -> dict[str, Any]:
     if "fan_out_kill_transaction" in ran:
         actions = results["fan_out_kill_transaction"]["actions"]
         assert any("kills fired in 4 of 4 epochs" in line for line in actions), actions
+    if "audit_kill_points" in ran:
+        # Write, audit, publish (design.md D23): every passed epoch published once (one marker on
+        # main each), the bad hour held on its audit branch with the only audit snapshot left; the
+        # bad hour's run failed, the others succeeded.
+        audited, points = results["audit_kill_points"], len(AUDIT_POINTS)
+        assert any(f"kills fired in {points + 1} of {points + 1} epochs" in a for a in audited["actions"]), audited
+        assert audited["marked_snapshots"] == points, audited
+        assert audited["hours"] == {"completed": points, "audit_failed": 1}, audited
+        audit = audited["audit"]
+        assert (audit["published"], audit["held"], audit["audit_snapshots"]) == (points, 1, 1), audit
+        assert sorted(audited["runs"].values()) == ["failed"] + ["success"] * points, audited["runs"]
     if "revision_given_up" in ran:
         # A revision given up leaves the first write (checked by the action) and no snapshot.
         given_up = results["revision_given_up"]

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.postgres
 #: of a committed hour, landed anew, its revision crashed before the catalog update) and an upsert
 #: pipeline of 3 hours (a failed hour, a compaction between an epoch's write and its commit); the
 #: scheduler is killed once. Drawn without audited pipelines (``audits=False``, the plan as it was):
-#: CI's audited pipeline is ``test_fault_harness_audit.py``'s, and this seed's would draw its
+#: CI's audited pipeline is ``audit_kill_points`` in ``test_fault_harness.py``, and this seed's would draw its
 #: append pipeline audited, which reprocesses nothing.
 CI_SEED = 20261163
 CI_RANDOM_EPOCHS = 9

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import functools
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -298,25 +299,36 @@ class IcebergSinkCommitter:
     def audit_branch(self, pre_commit: PreCommit) -> str:
         return audit_branch_name(pre_commit.sink_id, pre_commit.epoch)
 
-    def commit_audit(
-        self,
-        pre_commit: PreCommit,
-        since: datetime,
-        *,
-        replaces: ReplacedWrite | None = None,
-        allow_beyond_horizon: bool = False,
-    ) -> CommittedTables:
+    def commit_audit(self, plan: CommitPlan, since: datetime, *, allow_beyond_horizon: bool = False) -> CommittedTables:
         """The write committed onto its audit branch, as the sink's own commit would (marker, retries,
         checks), on a copy of this committer bound to that branch; the branch starts at the sink
-        branch's head, so that the audit reads the table as publishing the write would leave it."""
+        branch's head, so that the audit reads the table as publishing the write would leave it.
+
+        A fresh prepared plan's tables open the branch and then carry the commit, so that the audit
+        commit loads, checks and lists the write's files once, as a plain commit does (its checks,
+        made against the sink branch's head, hold for a branch made at that head)."""
+        pre_commit = plan.pre_commit
         branch, not_before_ms = self.audit_branch(pre_commit), self.not_before_ms(since)
-        for write in pre_commit.tables:
-            self._update_refs(
-                write.table, lambda table: self._open_audit_branch(table, pre_commit, branch, not_before_ms)
-            )
         auditing = copy.copy(self)
         auditing.branch = branch
-        return auditing.commit(CommitPlan(pre_commit, replaces), since, allow_beyond_horizon=allow_beyond_horizon)
+        fresh = plan.fresh_state(self, PREPARED_FRESH_S)
+        on_branch: dict[str, object] = {}
+        for write in pre_commit.tables:
+            ready = fresh.get(write.table)
+            prepared = ready if isinstance(ready, TablePlan) else None
+            table = self._update_refs(
+                write.table,
+                lambda table: self._open_audit_branch(table, pre_commit, branch, not_before_ms),
+                loaded=None if prepared is None else prepared.table,
+            )
+            if prepared is not None:
+                on_branch[write.table] = dataclasses.replace(prepared, table=table)
+        audit_plan = (
+            CommitPlan(pre_commit, plan.replaces, on_branch, plan.prepared_at, auditing)
+            if on_branch
+            else CommitPlan(pre_commit, plan.replaces)
+        )
+        return auditing.commit(audit_plan, since, allow_beyond_horizon=allow_beyond_horizon)
 
     def _open_audit_branch(
         self, table: Table, pre_commit: PreCommit, branch: str, not_before_ms: int
@@ -363,19 +375,25 @@ class IcebergSinkCommitter:
             table = self.load(name)
         return table
 
-    def _update_refs(self, name: str, change: Callable[[Table], ManageSnapshots | None]) -> None:
-        """``change`` of the table's refs, against the table loaded afresh for each of up to eight
-        attempts: a concurrent commit to the table refuses the update, which is then made again."""
+    def _update_refs(
+        self, name: str, change: Callable[[Table], ManageSnapshots | None], *, loaded: Table | None = None
+    ) -> Table:
+        """``change`` of the table's refs, against ``loaded`` first, if given, then against the table
+        loaded afresh for each of up to eight attempts: a concurrent commit to the table refuses the
+        update, which is then made again. Returns the table as the change left it (pyiceberg updates
+        the committed object in place)."""
         for attempt in range(8):
-            manage = change(self.load(name))
+            table = loaded if attempt == 0 and loaded is not None else self.load(name)
+            manage = change(table)
             if manage is None:
-                return
+                return table
             try:
                 manage.commit()
-                return
+                return table
             except CommitFailedException:
                 if attempt == 7:
                     raise
+        raise AssertionError("unreachable")  # the last attempt returns or raises
 
     def missing_files(self, pre_commit: PreCommit) -> Sequence[str]:
         return missing_in_locations(pre_commit, [(write, self.load(write.table)) for write in pre_commit.tables])

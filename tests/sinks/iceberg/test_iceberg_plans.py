@@ -181,3 +181,46 @@ def test_a_revision_replaces_by_files_even_after_the_replaced_marker_expired(cat
     second = simple_write(table, sink_id, epoch=3, start=50)
     committer.commit(committer.prepare(second, replaces=replaced), now())
     assert ids_in(catalog.load_table("ns.t"), "main") == [*range(20, 25), *range(50, 55)]
+
+
+def test_a_fresh_prepared_plan_commits_to_its_audit_branch_without_loading_again(
+    catalog: SqlCatalog, sink_id: str
+) -> None:
+    # Write, audit, publish (design.md D23): the audit commit opens its branch on the table the plan
+    # loaded and commits through it, as a plain commit does; main is untouched.
+    table = create_table(catalog, "t")
+    pc = simple_write(table, sink_id)
+    committer, seen = _counting(catalog)
+
+    plan = committer.prepare(pc)
+    result = committer.commit_audit(plan, now())
+
+    assert seen[FAULT_LOADED] == 1
+    branch = committer.audit_branch(pc)
+    table = catalog.load_table("ns.t")
+    assert ids_in(table, branch) == list(range(5)) and table.metadata.current_snapshot_id is None
+    assert str(table.metadata.snapshot_by_name(branch).snapshot_id) == result["ns.t"]  # type: ignore[union-attr]
+    assert committer.commit_audit(plan, now()) == result  # again: the marker on the branch, nothing added
+
+
+def test_a_prepared_plan_outrun_on_main_opens_its_audit_branch_at_the_head_it_checked(
+    catalog: SqlCatalog, catalog_url: str, warehouse: Path, sink_id: str
+) -> None:
+    table = create_table(catalog, "t")
+    table.append(rows(500, 1))
+    other = SqlCatalog(catalog.name, uri=catalog_url, warehouse=f"file://{warehouse}")
+    pc = simple_write(table, sink_id, count=3)
+    committer, seen = _counting(catalog)
+
+    plan = committer.prepare(pc)
+    other.load_table("ns.t").append(rows(1000, 2))  # after prepare, within the freshness window
+    committer.commit_audit(plan, now())
+
+    # The branch is made at the head the plan's table showed (the catalog applies a ref change to its
+    # current metadata): the audit reads main as the plan checked it, plus the write; main is
+    # untouched, and a publish adds the write on top of main as it is then.
+    assert seen[FAULT_LOADED] == 1
+    table = catalog.load_table("ns.t")
+    assert ids_in(table, committer.audit_branch(pc)) == [0, 1, 2, 500]
+    assert ids_in(table, "main") == [500, 1000, 1001]
+    other.engine.dispose()
