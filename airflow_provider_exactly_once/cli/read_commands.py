@@ -26,13 +26,11 @@ from airflow_provider_exactly_once.cli.parser import (
     short,
     table,
 )
-from airflow_provider_exactly_once.core.epochs import EpochStatus
+from airflow_provider_exactly_once.core.epochs import AuditStage, EpochStatus
 from airflow_provider_exactly_once.core.errors import ExactlyOnceError, mask_userinfo
 from airflow_provider_exactly_once.defaults import CONFIG_SECTION
 from airflow_provider_exactly_once.operations import SinkOperations, stale_runs
 from airflow_provider_exactly_once.operations.views import (
-    AUDIT_FAILED,
-    AUDIT_STAGES,
     EpochView,
     FailureView,
     HistoryView,
@@ -135,13 +133,13 @@ def _audits_text(audits: Sequence[EpochView]) -> str:
     lines = []
     for sink_id in dict.fromkeys(v.sink_id for v in audits):
         ours = [v for v in audits if v.sink_id == sink_id]
-        by_stage = {stage: [v for v in ours if v.stage == stage] for stage in AUDIT_STAGES}
+        by_stage = {stage: [v for v in ours if v.stage == stage] for stage in AuditStage}
         counts = ", ".join(f"{len(views)} {stage}" for stage, views in by_stage.items() if views)
         lines.append(f"sink {sink_id}: {len(ours)} epoch(s) wait for an audit ({counts})")
         for stage, views in by_stage.items():
             if views:
                 lines.append(f"  {stage}: " + ", ".join(_epoch(v) for v in views))
-        if by_stage[AUDIT_FAILED]:
+        if by_stage[AuditStage.AUDIT_FAILED]:
             lines.append(
                 f"  an epoch whose audit failed holds until its run is reprocessed or it is rejected: "
                 f"eo-sink show {sink_id} EPOCH, then eo-sink reject {sink_id} EPOCH --reason ..."

@@ -79,6 +79,15 @@ class AuditVerdict(StrEnum):
     FAILED = "failed"
 
 
+class AuditStage(StrEnum):
+    """An audited Pending epoch's stage, as operators read it (``EpochRecord.stage``, design.md D23):
+    its write waits for its audit to run, to be settled after the audit failed, or for its publish."""
+
+    AUDITING = "Auditing"
+    AUDIT_FAILED = "Audit failed"
+    AUDITED = "Audited"
+
+
 class AuditCheck(BaseModel, frozen=True, extra="forbid"):
     """One check of an audit as it ended: a task or a built-in check, by name, and what it said."""
 

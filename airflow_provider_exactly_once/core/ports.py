@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from airflow_provider_exactly_once.core.epochs import (
     EPOCH_MAX,
     AbortCause,
+    AuditStage,
     AuditVerdict,
     CheckpointStatus,
     EpochAudit,
@@ -208,8 +209,8 @@ class EpochRecord:
         if self.status is not EpochStatus.PENDING or audit is None or self.commit_decided_at is not None:
             return self.status.value
         if audit.verdict is None:
-            return "Auditing"
-        return "Audit failed" if audit.verdict is AuditVerdict.FAILED else "Audited"
+            return AuditStage.AUDITING
+        return AuditStage.AUDIT_FAILED if audit.verdict is AuditVerdict.FAILED else AuditStage.AUDITED
 
     def as_replaced(self) -> ReplacedWrite:
         """This Committed row as a revision replacing it records it."""

@@ -29,7 +29,7 @@ from airflow_provider_exactly_once.core.decisions import (
     recovery_decision,
 )
 from airflow_provider_exactly_once.core.delivery import FILE_SINK, SINGLE_TABLE, EpochDelivery, unknown
-from airflow_provider_exactly_once.core.epochs import EpochStatus, abort_reason_fault, check_epoch
+from airflow_provider_exactly_once.core.epochs import AuditStage, EpochStatus, abort_reason_fault, check_epoch
 from airflow_provider_exactly_once.core.errors import (
     EpochNotFound,
     ExactlyOnceError,
@@ -151,7 +151,7 @@ class SinkOperations(SinkReads):
         audit = row.audit_of_write
         detail = describe_write(row.pre_commit) + (f"; failed checks: {audit.failing()}" if audit else "")
         if dry_run:
-            outcome = "would reject" if row.stage == "Audit failed" else f"refused: the epoch is {row.stage}"
+            outcome = "would reject" if row.stage == AuditStage.AUDIT_FAILED else f"refused: the epoch is {row.stage}"
             return ActionResult(
                 action="reject", sink_id=sink_id, epoch=epoch, dry_run=True, outcome=outcome, detail=detail
             )

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
-from airflow_provider_exactly_once.core.epochs import CheckpointStatus
+from airflow_provider_exactly_once.core.epochs import AuditStage, CheckpointStatus
 from airflow_provider_exactly_once.core.errors import ExactlyOnceError, InvalidSinkConfig, mask_userinfo
 from airflow_provider_exactly_once.defaults import CONFIG_SECTION, DEFAULT_STALE_RUN
 from airflow_provider_exactly_once.operations.views import RESERVED, RunCheck, StaleRunView, interval_start
@@ -204,7 +204,8 @@ def airflow_runs(
 def _settling(reads: SinkReads, candidate: Candidate, run_id: str) -> str:
     """The ``eo-sink`` command that settles the epoch once its run failed: a persisted write whose
     commit was decided or whose checkpoint completed is committed (an abort would be refused
-    without ``--force`` and drop a write nothing is wrong with); any other is aborted."""
+    without ``--force`` and drop a write nothing is wrong with), an audited one rejected when its
+    audit failed; any other is aborted."""
     command = f"eo-sink abort {candidate.sink_id} {candidate.epoch} --reason 'run {run_id} will never finish'"
     if candidate.status == RESERVED:
         return command
@@ -215,6 +216,13 @@ def _settling(reads: SinkReads, candidate: Candidate, run_id: str) -> str:
         return command
     except ExactlyOnceError:  # an unregistered sink: its checkpoint is unknown here
         return command
+    if row is not None and row.commit_decided_at is None and row.audit_of_write is not None:
+        # An audited write (design.md D23): one whose audit failed is rejected, not published; one
+        # whose audit never concluded is audited again by the run's audit tasks, cleared.
+        if row.stage == AuditStage.AUDIT_FAILED:
+            return f"eo-sink reject {candidate.sink_id} {candidate.epoch} --reason 'its audit failed; run {run_id} will never finish'"
+        if row.stage == AuditStage.AUDITING:
+            return f"clear the audit tasks of run {run_id} (Clear on the run's page): the audit runs again on the same snapshot"
     if row is not None and (row.commit_decided_at is not None or completed):
         return f"eo-sink commit {candidate.sink_id} {candidate.epoch}"
     return command

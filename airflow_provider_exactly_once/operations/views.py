@@ -34,6 +34,7 @@ from pydantic import (
 from airflow_provider_exactly_once.core.epochs import (
     Actor,
     ActorKind,
+    AuditStage,
     EpochAudit,
     EpochStatus,
     HistoryEntry,
@@ -294,12 +295,6 @@ def reading_again(later: Sequence[LaterLink]) -> list[LaterLink]:
     return found
 
 
-#: The stages of an audited Pending epoch (``EpochRecord.stage``, design.md D23): its write waits
-#: for its audit to run, to be settled after it failed, or for its publish.
-AUDITING, AUDIT_FAILED, AUDITED = "Auditing", "Audit failed", "Audited"
-AUDIT_STAGES = (AUDITING, AUDIT_FAILED, AUDITED)
-
-
 class AuditView(View):
     """An audited sink's write as its audit left it (design.md D23): the stage operators read, the
     audit branch and each table's audit snapshot, the verdict once the checks ran, and the checks
@@ -332,7 +327,7 @@ class AuditView(View):
     @property
     def waiting(self) -> bool:
         """Whether the epoch waits for its audit: to run, to be settled (failed), or for its publish."""
-        return self.stage in AUDIT_STAGES
+        return self.stage in tuple(AuditStage)
 
 
 class EpochView(View):

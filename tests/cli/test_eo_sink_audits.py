@@ -174,3 +174,23 @@ def test_reject_drops_only_a_write_whose_audit_failed(world: World) -> None:
     code, out, _ = run_main("history", sink_id, str(E2), "--url", url, "--json")
     events = [e["event"] for e in json.loads(out)["history"]]
     assert events[:4] == ["persisted", "audit committed", "audit failed", "aborted"]
+
+
+def test_a_stale_run_of_an_audited_epoch_is_settled_as_its_stage_allows(world: World) -> None:
+    # The command that settles an epoch after its run is failed by hand (operations.stale_runs): an
+    # audit that failed is rejected (its publish would be refused), one that never concluded is
+    # audited again by its run, one that passed is published.
+    from airflow_provider_exactly_once.operations import SinkOperations, stale_runs
+
+    _stages(world)
+    ops, sink_id = SinkOperations(world.pipeline.store), world.sink_id
+
+    def then(epoch: int) -> str:
+        candidate = stale_runs.Candidate(sink_id, epoch, "Pending", "audited", f"scheduled__{epoch}")
+        return stale_runs._settling(ops, candidate, candidate.run_id)
+
+    assert then(E2) == f"eo-sink reject {sink_id} {E2} --reason 'its audit failed; run scheduled__{E2} will never finish'"
+    assert then(E1).startswith(f"clear the audit tasks of run scheduled__{E1}")
+    assert then(E3) == f"eo-sink commit {sink_id} {E3}"
+    code, _, err = run_main("reject", sink_id, str(E2), "--reason", "its audit failed", "--url", world.pipeline.meta_url)
+    assert code == EXIT_OK, err

@@ -14,7 +14,7 @@ from typing import Any
 
 from markupsafe import Markup, escape
 
-from airflow_provider_exactly_once.operations.views import AUDIT_FAILED, AUDITED, AUDITING
+from airflow_provider_exactly_once.core.epochs import AuditStage
 from airflow_provider_exactly_once.runtime.run_epochs import instant_text, interval_text
 
 #: The newest epochs drawn; the page asks the store for as many.
@@ -34,7 +34,7 @@ CHAR_WIDTH = 6.0
 COLOURS = {"Committed": "#16a34a", "Pending": "#d97706", "Aborted": "#dc2626"}
 #: An audited Pending epoch's status lane, by its stage (design.md D23): one whose audit failed
 #: waits for an operator (reprocess or reject), one auditing or audited for its checks or publish.
-STAGE_COLOURS = {AUDIT_FAILED: "#c026d3", AUDITING: "#0891b2", AUDITED: "#0891b2"}
+STAGE_COLOURS = {AuditStage.AUDIT_FAILED: "#c026d3", AuditStage.AUDITING: "#0891b2", AuditStage.AUDITED: "#0891b2"}
 OTHER_COLOUR = "#71717a"
 REVISED = ("#60a5fa", "#1d4ed8")
 WARNED = "#f59e0b"
@@ -155,7 +155,7 @@ def _column(left: float, width: float, row: Mapping[str, Any], top: float | None
     stage = _stage(row)
     if stage is not None:
         data += f' data-stage="{escape(stage)}"'
-    lane_colour = colour if stage is None else STAGE_COLOURS[stage]
+    lane_colour = colour if stage is None else STAGE_COLOURS[AuditStage(stage)]
     parts.append(_rect(x, _lane_top("status"), w, LANE_HEIGHT, lane_colour, "mark", data))
     labelled = width >= LABELLED_COLUMN
     if revision:
