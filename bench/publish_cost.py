@@ -106,11 +106,11 @@ def main() -> None:
             results.append(row)
     name = f"publish_cost_{args.backend}"
     save(name, {"backend": args.backend, "rounds": args.rounds, "tree": tree_named(Path.cwd()), "results": results})
-    files = [r["files"] for r in results]
+    sizes = [r["files"] for r in results]
     plot_cost(
         name,
         f"publish vs commit ({args.backend})",
-        files,
+        sizes,
         [
             ("plain commit", [r["plain_commit_s"] for r in results], "o-"),
             ("publish", [r["publish_s"] for r in results], "s-"),
