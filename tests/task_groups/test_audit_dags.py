@@ -127,14 +127,20 @@ def test_built_in_sql_checks_name_what_failed(world: World) -> None:
     world.mark(epoch, CheckpointStatus.COMPLETED)
     checks = [
         SqlCheck(name="ids_positive", sql="select id from epoch_rows where id < 0"),
-        SqlCheck(name="five_rows", sql="select count(*) from epoch_rows having count(*) <> 5", message="not 5 rows"),
+        SqlCheck(
+            name="five_rows", sql="select count(*) as n from epoch_rows having count(*) <> 5", message="not 5 rows"
+        ),
+        SqlCheck(name="first_id", sql=f"select * from epoch_rows where id = {epoch * 1_000_000}"),
     ]
     dag = audited_dag(world, checks, rows=4)
     dr = run(dag, DAY)
     assert dr.state == "failed" and world.rows() == []
     row = world.pipeline.store.get(world.sink_id, epoch)
     assert row is not None and row.audit is not None and row.stage == "Audit failed"
-    assert "five_rows: not 5 rows: 1 row(s), e.g. (4,)" in row.audit.failing()
+    assert "five_rows: not 5 rows: 1 row(s), e.g. (n=4)" in row.audit.failing()
+    # each value by its column (a select * is otherwise a tuple of unnamed values), strings quoted
+    shown = f"(id={epoch * 1_000_000}, epoch={epoch}, write_id='{world.writes[-1].write_id}')"
+    assert f"first_id: first_id failed: 1 row(s), e.g. {shown}" in row.audit.failing()
     assert "ids_positive" not in row.audit.failing()
 
     passing = audited_dag(world, [SqlCheck(name="ids_positive", sql="select id from epoch_rows where id < 0")])

@@ -45,24 +45,34 @@ def run_checks(
         for check in checks:
             try:
                 views.register_for(check.sql)
-                rows = connection.execute(check.sql).fetchall()
+                result = connection.execute(check.sql)
+                rows = result.fetchall()
+                columns = [column[0] for column in result.description or ()]
             except duckdb.Error as exc:
                 found.append(
                     AuditCheck(name=check.name, passed=False, message=f"the check's query failed: {exc}"[:1500])
                 )
                 continue
-            found.append(_verdict(check, rows))
+            found.append(_verdict(check, columns, rows))
         return found
     finally:
         connection.close()
 
 
-def _verdict(check: SqlCheck, rows: list[tuple[Any, ...]]) -> AuditCheck:
+def _verdict(check: SqlCheck, columns: Sequence[str], rows: list[tuple[Any, ...]]) -> AuditCheck:
     if not rows:
         return AuditCheck(name=check.name, passed=True)
-    shown = "; ".join(repr(row) for row in rows[:SHOWN_ROWS]) + (" ..." if len(rows) > SHOWN_ROWS else "")
+    shown = "; ".join(_shown(columns, row) for row in rows[:SHOWN_ROWS]) + (" ..." if len(rows) > SHOWN_ROWS else "")
     what = check.message or f"{check.name} failed"
     return AuditCheck(name=check.name, passed=False, message=f"{what}: {len(rows)} row(s), e.g. {shown}"[:1500])
+
+
+def _shown(columns: Sequence[str], row: tuple[Any, ...]) -> str:
+    """A failed check's row as its reader needs it: each value by its column's name (a ``select *``
+    over a wide table is otherwise a tuple of unnamed values), a string quoted, a null as ``None``,
+    anything else as it prints (``2024-06-02 08:00:00+00:00``, not the datetime's repr)."""
+    values = (repr(v) if v is None or isinstance(v, (str, bytes)) else str(v) for v in row)
+    return "(" + ", ".join(f"{name}={value}" for name, value in zip(columns, values, strict=True)) + ")"
 
 
 class _Views:
