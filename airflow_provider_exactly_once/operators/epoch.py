@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Collection, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -54,6 +54,7 @@ if TYPE_CHECKING:
     from airflow_provider_exactly_once.core.coordinator import TwoPhaseCommitCoordinator
     from airflow_provider_exactly_once.core.outcomes import CommitResult
     from airflow_provider_exactly_once.core.precommit import PreCommit
+    from airflow_provider_exactly_once.sinks.iceberg.audit_checks import CheckEngine
     from airflow_provider_exactly_once.store import SqlSinkStateStore
 
 
@@ -305,9 +306,11 @@ class AuditEpochOperator(_EpochOperator):
 
 class AuditChecksOperator(_EpochOperator):
     """The built-in audit (design.md D23): ``checks`` (``SqlCheck``: a name, a query returning the
-    rows that break it, a message) run by DuckDB over the epoch's audit snapshot. Fails, naming every
-    failed check with its message and first rows, when any returns a row; the epoch's audit then
-    records them as failed. Needs DuckDB (the ``[audit]`` extra).
+    rows that break it, a message, the engine that runs it) over the epoch's audit snapshot, in
+    order: DuckDB's in the task's memory (the ``[audit]`` extra), Spark's on the Spark Connect server
+    of the checks' ``spark_conn_id`` or on a local session in the task (the ``[spark]`` extra;
+    ``spark/audit_checks.py``). Fails, naming every failed check with its message and first rows,
+    when any returns a row; the epoch's audit then records them as failed.
 
     :return: per check, ``{"name", "passed", "message"}``.
     """
@@ -332,13 +335,34 @@ class AuditChecksOperator(_EpochOperator):
             audit = None if row is None else row.audit_of_write
             if row is None or audit is None:
                 raise AuditNotPassed(f"sink {self.sink.sink_id!r} epoch {step.epoch}: no audit snapshot to check")
-            found = run_checks(iceberg_catalog(self.sink), row.pre_commit, audit, self.checks)
+            found = run_checks(
+                iceberg_catalog(self.sink), row.pre_commit, audit, self.checks, {"spark": self._spark_engine}
+            )
         for check in found:
             self.log.info("check %s: %s %s", check.name, "passed" if check.passed else "FAILED", check.message)
         failed = [c for c in found if not c.passed]
         if failed:
             raise AirflowFailException("; ".join(f"{c.name}: {c.message}" for c in failed))
         return [c.model_dump() for c in found]
+
+    def _spark_engine(self) -> AbstractContextManager[CheckEngine]:
+        """Spark's engine, reached as the write reaches Spark from a task: the checks' connection
+        must be a ``spark_connect`` one; none means a local session in this task's process."""
+        from airflow_provider_exactly_once.extras import require
+
+        require("pyspark", extra="spark", feature="the audit checks of engine='spark'")
+        from airflow_provider_exactly_once.operators.spark_precommit import connect_retry_seconds, connect_url
+        from airflow_provider_exactly_once.spark.audit_checks import spark_engine
+
+        conn_id = next(c.spark_conn_id for c in self.checks if c.engine == "spark")
+        url = None if conn_id is None else connect_url(conn_id)
+        if conn_id is not None and url is None:
+            raise InvalidSinkConfig(
+                f"task {self.task_id}: spark_conn_id {conn_id!r} is not a Spark Connect connection (type "
+                "spark_connect): the Spark checks run in this task, as a client of a Connect server, or on a local "
+                "session when no spark_conn_id is given"
+            )
+        return spark_engine(url, retry_seconds=connect_retry_seconds())
 
 
 class PublishEpochOperator(CommitEpochOperator):

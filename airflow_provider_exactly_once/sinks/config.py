@@ -117,13 +117,26 @@ _FLAT_UPSERT = ("mode", "key", "op_column", "op_values", "order_by")
 _REGISTERED = "registered"
 
 
+#: Who evaluates a ``SqlCheck``, in whose SQL dialect it is written (design.md D23).
+CheckEngine = Literal["duckdb", "spark"]
+
+
 class SqlCheck(BaseModel, frozen=True, extra="forbid"):
     """One built-in audit check: ``sql`` returns the rows that break it; ``message`` says what that
-    means to whoever reads the failed audit (the check's name when not given)."""
+    means to whoever reads the failed audit (the check's name when not given).
+
+    ``engine``: who runs ``sql`` (it is written in that engine's dialect). ``"duckdb"``: DuckDB in
+    the task's memory over pyiceberg's read of the snapshot; ``"spark"``: Spark, for a snapshot
+    too large for one task's memory, through the Spark Connect server of ``spark_conn_id`` (a
+    ``spark_connect`` connection), or a local session in the task when it is not given. The
+    views and the verdict are the same (``sinks/iceberg/audit_checks.py``).
+    """
 
     name: str = Field(min_length=1, max_length=250)
     sql: str = Field(min_length=1)
     message: str = ""
+    engine: CheckEngine = "duckdb"
+    spark_conn_id: str | None = None
 
     @field_validator("name")
     @classmethod
@@ -132,13 +145,27 @@ class SqlCheck(BaseModel, frozen=True, extra="forbid"):
             raise InvalidSinkConfig(f"audit check name {name!r}: use letters, digits, '_', '.' and '-' only")
         return name
 
+    @model_validator(mode="after")
+    def _spark_conn_for_spark(self) -> SqlCheck:
+        if self.spark_conn_id is not None and self.engine != "spark":
+            raise InvalidSinkConfig(
+                f"audit check {self.name!r}: spark_conn_id is for engine='spark'; DuckDB needs no connection"
+            )
+        return self
+
 
 def as_checks(checks: Sequence[SqlCheck | Mapping[str, Any]]) -> list[SqlCheck]:
-    """The checks, validated once when the DAG is parsed; two of one name are refused."""
+    """The checks, validated once when the DAG is parsed; two of one name are refused, and so are
+    Spark checks of different connections (one task runs them all, in one Spark session)."""
     parsed = [c if isinstance(c, SqlCheck) else SqlCheck.model_validate(c) for c in checks]
     names = [c.name for c in parsed]
     if len(set(names)) != len(names):
         raise InvalidSinkConfig(f"audit checks: names must be unique, got {names}")
+    spark = {c.name: c.spark_conn_id for c in parsed if c.engine == "spark"}
+    if len(set(spark.values())) > 1:
+        raise InvalidSinkConfig(
+            f"audit checks: the Spark checks run in one session, give them one spark_conn_id, got {spark}"
+        )
     return parsed
 
 

@@ -189,8 +189,12 @@ def test_a_stale_run_of_an_audited_epoch_is_settled_as_its_stage_allows(world: W
         candidate = stale_runs.Candidate(sink_id, epoch, "Pending", "audited", f"scheduled__{epoch}")
         return stale_runs._settling(ops, candidate, candidate.run_id)
 
-    assert then(E2) == f"eo-sink reject {sink_id} {E2} --reason 'its audit failed; run scheduled__{E2} will never finish'"
+    assert (
+        then(E2) == f"eo-sink reject {sink_id} {E2} --reason 'its audit failed; run scheduled__{E2} will never finish'"
+    )
     assert then(E1).startswith(f"clear the audit tasks of run scheduled__{E1}")
     assert then(E3) == f"eo-sink commit {sink_id} {E3}"
-    code, _, err = run_main("reject", sink_id, str(E2), "--reason", "its audit failed", "--url", world.pipeline.meta_url)
+    code, _, err = run_main(
+        "reject", sink_id, str(E2), "--reason", "its audit failed", "--url", world.pipeline.meta_url
+    )
     assert code == EXIT_OK, err

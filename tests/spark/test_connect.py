@@ -28,8 +28,11 @@ from pyspark.errors import PySparkException
 from airflow_provider_exactly_once.core.errors import InvalidSinkConfig, SchemaMismatch, SparkUnavailable
 from airflow_provider_exactly_once.core.precommit import PreCommit
 from airflow_provider_exactly_once.operators.spark_precommit import connect_settings
+from airflow_provider_exactly_once.sinks.config import SqlCheck
+from airflow_provider_exactly_once.sinks.iceberg.audit_checks import run_checks
 from airflow_provider_exactly_once.sinks.layout import PRE_COMMIT_FILE
 from airflow_provider_exactly_once.spark import writers
+from airflow_provider_exactly_once.spark.audit_checks import spark_engine
 from airflow_provider_exactly_once.spark.connect_write import connect_session, server_lost, write_through_connect
 from airflow_provider_exactly_once.spark.epoch_writer import SESSION_SETTINGS
 from demo.servers import ServerUnavailable, SparkConnectServer
@@ -44,6 +47,7 @@ from tests.spark.conftest import (
     run_in_process,
     sample_rows,
 )
+from tests.spark.test_audit_checks import BAD_VERDICTS, CHECKS, audited, bad_rows, spark_write, with_events
 from tests.spark.test_epoch_writer import (
     check_descriptors_against_files,
     commit_iceberg,
@@ -167,6 +171,27 @@ def test_a_fan_out_and_a_file_sink_through_connect(
     )
     assert files.record_count == 400
     assert all(d.path.startswith(f"{tmp_path}/sink/_staging/{files.write_id}/") for d in files.tables[0].data_files)
+
+
+def test_the_audit_checks_run_on_the_connect_server_as_they_run_on_duckdb(
+    connect_server: SparkConnectServer, remote: Any, tmp_path: Path, catalog: Catalog, catalog_props: dict[str, str]
+) -> None:
+    """``SqlCheck(engine="spark", spark_conn_id=<a spark_connect connection>)``: a Connect session
+    of the checks' own reads the writer's files by field id on the server; the verdicts are
+    DuckDB's, and a query the server refuses fails its check."""
+    with_events(remote, tmp_path, catalog, catalog_props)
+    bad = spark_write(tmp_path, catalog_props, remote, bad_rows())
+    audit = audited(catalog, bad)
+    typo = SqlCheck(name="typo", sql="select idd from epoch_rows")
+    on_duckdb = run_checks(catalog, bad, audit, [*CHECKS, typo])
+    opener = {"spark": lambda: spark_engine(connect_server.url, retry_seconds=30)}
+
+    on_spark = run_checks(
+        catalog, bad, audit, [c.model_copy(update={"engine": "spark"}) for c in [*CHECKS, typo]], opener
+    )
+
+    assert on_spark[:-1] == on_duckdb[:-1] == BAD_VERDICTS
+    assert not on_spark[-1].passed and "UNRESOLVED_COLUMN" in on_spark[-1].message
 
 
 def test_a_refused_write_through_connect_writes_nothing(

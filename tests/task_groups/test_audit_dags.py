@@ -9,6 +9,7 @@ import threading
 import uuid
 from typing import Any
 
+import pytest
 from airflow.providers.standard.operators.python import PythonOperator
 from airflow.sdk import DAG, task
 
@@ -18,7 +19,7 @@ from airflow_provider_exactly_once.core.epochs import (
     EpochStatus,
     epoch_from_interval_start,
 )
-from airflow_provider_exactly_once.sinks.config import SqlCheck
+from airflow_provider_exactly_once.sinks.config import CheckEngine, SqlCheck
 from airflow_provider_exactly_once.task_groups import exactly_once_epoch
 from tests.support.airflow_world import World, clear_and_resume, run, ti_states, xcom
 
@@ -122,15 +123,21 @@ def test_a_failed_check_keeps_main_untouched_and_a_reprocess_publishes_once(worl
     assert row is not None and row.status is EpochStatus.COMMITTED and row.write_id == good
 
 
-def test_built_in_sql_checks_name_what_failed(world: World) -> None:
+@pytest.mark.parametrize("engine", ["duckdb", "spark"])
+def test_built_in_sql_checks_name_what_failed(world: World, engine: CheckEngine) -> None:
+    """Under either engine (Spark: a local session the task starts and stops), the same verdicts."""
     epoch = epoch_from_interval_start(DAY)
     world.mark(epoch, CheckpointStatus.COMPLETED)
+    positive = SqlCheck(name="ids_positive", sql="select id from epoch_rows where id < 0", engine=engine)
     checks = [
-        SqlCheck(name="ids_positive", sql="select id from epoch_rows where id < 0"),
+        positive,
         SqlCheck(
-            name="five_rows", sql="select count(*) as n from epoch_rows having count(*) <> 5", message="not 5 rows"
+            name="five_rows",
+            sql="select count(*) as n from epoch_rows having count(*) <> 5",
+            message="not 5 rows",
+            engine=engine,
         ),
-        SqlCheck(name="first_id", sql=f"select * from epoch_rows where id = {epoch * 1_000_000}"),
+        SqlCheck(name="first_id", sql=f"select * from epoch_rows where id = {epoch * 1_000_000}", engine=engine),
     ]
     dag = audited_dag(world, checks, rows=4)
     dr = run(dag, DAY)
@@ -143,11 +150,14 @@ def test_built_in_sql_checks_name_what_failed(world: World) -> None:
     assert f"first_id: first_id failed: 1 row(s), e.g. {shown}" in row.audit.failing()
     assert "ids_positive" not in row.audit.failing()
 
-    passing = audited_dag(world, [SqlCheck(name="ids_positive", sql="select id from epoch_rows where id < 0")])
+    passing = audited_dag(world, [positive])
     world.pipeline.store.checkpoints.set_checkpoint(world.sink_id, epoch, CheckpointStatus.COMPLETED)
     dr = run(passing, DAY)
     assert dr.state == "success", ti_states(passing.dag_id, dr.run_id)
     assert len(world.rows()) == 5
+    assert xcom(passing.dag_id, dr.run_id, f"{G}.audit_checks") == [
+        {"name": "ids_positive", "passed": True, "message": ""}
+    ]
 
 
 def test_a_fan_out_epoch_is_held_from_both_tables_until_its_reprocess_passes(world: World) -> None:
