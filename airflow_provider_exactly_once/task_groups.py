@@ -106,9 +106,10 @@ def exactly_once_epoch(
     it rewrote (0: never; the run then fails and clearing it writes the epoch again).
     ``audit``: write, audit, publish (design.md D23). The epoch is committed to an audit branch of
     each table (``audit_commit``), the audit runs, and ``publish`` commits it to the sink's branch only
-    when every audit task succeeded. Give ``SqlCheck``s (run by DuckDB over the audit snapshot as one
-    task, ``audit_checks``), your own operators or ``@task`` results, or a callable that receives
-    the audit commit's ``XComArg`` (branch and snapshot ids) and returns them; a mix in a list. An
+    when every audit task succeeded. Give ``SqlCheck``s (run over the audit snapshot as one task,
+    ``audit_checks``, each by its engine: DuckDB, or Spark), your own operators or ``@task``
+    results, or a callable that receives the audit commit's ``XComArg`` (branch and snapshot ids)
+    and returns them; a mix in a list. An
     audited upsert sink gets no ``rewrite_N`` chain: a conflict fails the run, and clearing it writes
     the epoch again.
     Every argument is checked here, when the DAG is parsed; an error names the one at fault.
