@@ -120,10 +120,11 @@ class SparkChecks:
 
     def _frame(self, view: str, part: TableRows) -> DataFrame:
         paths = [task.file.file_path for task in part.tasks]
+        table = ".".join(part.table.name())
         if _by_field_id(part):
-            log.info("view %s: %d file(s) of %s read by Spark, by field id", view, len(paths), part.table.name())
+            log.info("view %s: %d file(s) of %s read by Spark, by field id", view, len(paths), table)
             return read_by_id(self.spark, part.schema, paths)
-        log.info("view %s: %d file(s) of %s read by pyiceberg, into Spark", view, len(paths), part.table.name())
+        log.info("view %s: %d file(s) of %s read by pyiceberg, into Spark", view, len(paths), table)
         return self.spark.createDataFrame(part.to_arrow())
 
 

@@ -138,12 +138,19 @@ def test_a_query_the_engine_refuses_fails_its_check_with_the_engines_error(
     pre = spark_write(tmp_path, catalog_props, spark, rows(list(range(10))))
     checks = [
         SqlCheck(name="typo", sql="select idd from epoch_rows", engine=engine),  # type: ignore[arg-type]
+        # Spark refuses it while running it (on the executors); DuckDB has no such function.
+        SqlCheck(
+            name="asserted",
+            sql="select id from epoch_rows where assert_true(id < 5) is null",
+            engine=engine,  # type: ignore[arg-type]
+        ),
         SqlCheck(name="fine", sql="select id from events where id < 0", engine=engine),  # type: ignore[arg-type]
     ]
-    typo, fine = run_checks(events, pre, audited(events, pre), checks, engines(spark))
+    typo, asserted, fine = run_checks(events, pre, audited(events, pre), checks, engines(spark))
     assert not typo.passed and typo.message.startswith("the check's query failed: ") and "idd" in typo.message
-    if engine == "spark":
-        assert "UNRESOLVED_COLUMN" in typo.message  # Spark's own words, not DuckDB's
+    assert not asserted.passed and asserted.message.startswith("the check's query failed: ")
+    if engine == "spark":  # Spark's own words, not DuckDB's
+        assert "UNRESOLVED_COLUMN" in typo.message and "id < 5" in asserted.message
     assert fine == AuditCheck(name="fine", passed=True)  # the next check still runs
 
 
