@@ -31,8 +31,8 @@ ENGINES = ["duckdb", "spark", "mixed"]
 
 CHECKS = [
     SqlCheck(name="ids_present", sql="select * from epoch_rows where id is null", message="rows without an id"),
-    SqlCheck(name="ten_rows", sql="select count(*) from epoch_rows having count(*) <> 10", message="not 10 rows"),
-    SqlCheck(name="unique_ids", sql="select id, count(*) from events group by id having count(*) > 1 order by id"),
+    SqlCheck(name="ten_rows", sql="select count(*) as n from epoch_rows having count(*) <> 10", message="not 10 rows"),
+    SqlCheck(name="unique_ids", sql="select id, count(*) as n from events group by id having count(*) > 1 order by id"),
     SqlCheck(name="amounts_positive", sql="select id from epoch_rows where amount < 0 order by id"),
 ]
 
@@ -40,16 +40,16 @@ CHECKS = [
 #: ``CHECKS`` on the bad epoch (``bad_rows``) over ``main``'s ids 100 to 105.
 BAD_VERDICTS = [
     AuditCheck(name="ids_present", passed=True),
-    AuditCheck(name="ten_rows", passed=False, message="not 10 rows: 1 row(s), e.g. (9,)"),
+    AuditCheck(name="ten_rows", passed=False, message="not 10 rows: 1 row(s), e.g. (n=9)"),
     AuditCheck(
         name="unique_ids",
         passed=False,
-        message="unique_ids failed: 6 row(s), e.g. (100, 2); (101, 2); (102, 2) ...",
+        message="unique_ids failed: 6 row(s), e.g. (id=100, n=2); (id=101, n=2); (id=102, n=2) ...",
     ),
     AuditCheck(
         name="amounts_positive",
         passed=False,
-        message="amounts_positive failed: 5 row(s), e.g. (98,); (99,); (100,) ...",
+        message="amounts_positive failed: 5 row(s), e.g. (id=98); (id=99); (id=100) ...",
     ),
 ]
 
@@ -89,7 +89,7 @@ def spark_write(
 def audited(catalog: Catalog, pre: PreCommit) -> EpochAudit:
     """The write committed to its audit branch, as ``coordinator.commit_audit`` commits it."""
     committer = IcebergSinkCommitter(catalog)
-    snapshots = dict(committer.commit_audit(pre, SINCE))
+    snapshots = dict(committer.commit_audit(committer.prepare(pre), SINCE))
     return EpochAudit(write_id=pre.write_id, branch=committer.audit_branch(pre), snapshots=snapshots)
 
 
@@ -167,17 +167,17 @@ def test_a_fan_out_epoch_has_each_tables_view_and_its_rows_across_them(
     checks = by(
         engine,
         [
-            SqlCheck(name="all", sql="select count(*), min(id), max(id) from epoch_rows"),
-            SqlCheck(name="events", sql="select count(*), min(id), max(id) from events"),  # main's 6 and the epoch's 4
+            SqlCheck(name="all", sql="select count(*) as n, min(id) as lo, max(id) as hi from epoch_rows"),
+            SqlCheck(name="events", sql="select count(*) as n, min(id) as lo, max(id) as hi from events"),  # main's 6 and the epoch's 4
             SqlCheck(name="high", sql="select id from high order by id"),
             SqlCheck(name="joined", sql="select e.id from events e join high h on e.id = h.id"),
         ],
     )
     found = run_checks(events, pre, audited(events, pre), checks, engines(spark))
     assert [c.message for c in found] == [
-        "all failed: 1 row(s), e.g. (10, 0, 9)",
-        "events failed: 1 row(s), e.g. (10, 0, 105)",
-        "high failed: 6 row(s), e.g. (4,); (5,); (6,) ...",
+        "all failed: 1 row(s), e.g. (n=10, lo=0, hi=9)",
+        "events failed: 1 row(s), e.g. (n=10, lo=0, hi=105)",
+        "high failed: 6 row(s), e.g. (id=4); (id=5); (id=6) ...",
         "",
     ]
 
