@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseOperator
 
 from airflow_provider_exactly_once.checkpoints.config import CheckpointConfig
-from airflow_provider_exactly_once.core.epochs import acting, failure_reason, run_failure
+from airflow_provider_exactly_once.core.epochs import AuditVerdict, acting, failure_reason, run_failure
 from airflow_provider_exactly_once.core.errors import (
     AbortRefused,
     AuditNotPassed,
@@ -304,6 +304,11 @@ class AuditEpochOperator(_EpochOperator):
         }
 
 
+class ChecksFailed(AirflowFailException):
+    """Built-in audit checks failed, and the audit recorded each by name: not retried (the same
+    snapshot would fail them again), and its failure callback adds nothing to the audit."""
+
+
 class AuditChecksOperator(_EpochOperator):
     """The built-in audit (design.md D23): ``checks`` (``SqlCheck``: a name, a query returning the
     rows that break it, a message, the engine that runs it) over the epoch's audit snapshot, in
@@ -338,11 +343,18 @@ class AuditChecksOperator(_EpochOperator):
             found = run_checks(
                 iceberg_catalog(self.sink), row.pre_commit, audit, self.checks, {"spark": self._spark_engine}
             )
-        for check in found:
-            self.log.info("check %s: %s %s", check.name, "passed" if check.passed else "FAILED", check.message)
-        failed = [c for c in found if not c.passed]
-        if failed:
-            raise AirflowFailException("; ".join(f"{c.name}: {c.message}" for c in failed))
+            for check in found:
+                self.log.info("check %s: %s %s", check.name, "passed" if check.passed else "FAILED", check.message)
+            failed = [c for c in found if not c.passed]
+            if failed:
+                # Each check kept on the audit by its own name (the history and eo-sink show list
+                # them one by one), beside what other audit tasks found failed before.
+                names = {c.name for c in found}
+                earlier = (
+                    [c for c in audit.checks if c.name not in names] if audit.verdict is AuditVerdict.FAILED else []
+                )
+                step.coordinator.judge_audit(self.sink.sink_id, step.epoch, [*earlier, *found], write_id=row.write_id)
+                raise ChecksFailed("; ".join(f"{c.name}: {c.message}" for c in failed))
         return [c.model_dump() for c in found]
 
     def _spark_engine(self) -> AbstractContextManager[CheckEngine]:
@@ -519,7 +531,7 @@ class FailureRecorder:
                 try:
                     epoch = epoch_for_context(context, self.sink_id, store.epochs)
                     store.history.record_failure(self.sink_id, epoch, reason, final=not self.retried)
-                    if self.audit and not self.retried:
+                    if self.audit and not self.retried and not isinstance(context.get("exception"), ChecksFailed):
                         _fail_audit(
                             store, self.sink_id, epoch, str(getattr(context.get("ti"), "task_id", "audit")), reason
                         )
@@ -531,7 +543,7 @@ class FailureRecorder:
 
 def _fail_audit(store: SqlSinkStateStore, sink_id: str, epoch: int, task_id: str, reason: str) -> None:
     """The epoch's audit judged failed by one more of its tasks, beside those that failed before."""
-    from airflow_provider_exactly_once.core.epochs import AuditCheck, AuditVerdict
+    from airflow_provider_exactly_once.core.epochs import AuditCheck
 
     row = store.get(sink_id, epoch)
     audit = None if row is None else row.audit_of_write

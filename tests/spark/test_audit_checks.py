@@ -168,7 +168,9 @@ def test_a_fan_out_epoch_has_each_tables_view_and_its_rows_across_them(
         engine,
         [
             SqlCheck(name="all", sql="select count(*) as n, min(id) as lo, max(id) as hi from epoch_rows"),
-            SqlCheck(name="events", sql="select count(*) as n, min(id) as lo, max(id) as hi from events"),  # main's 6 and the epoch's 4
+            SqlCheck(
+                name="events", sql="select count(*) as n, min(id) as lo, max(id) as hi from events"
+            ),  # main's 6 and the epoch's 4
             SqlCheck(name="high", sql="select id from high order by id"),
             SqlCheck(name="joined", sql="select e.id from events e join high h on e.id = h.id"),
         ],
