@@ -354,7 +354,12 @@ class AuditChecksOperator(_EpochOperator):
                     [c for c in audit.checks if c.name not in names] if audit.verdict is AuditVerdict.FAILED else []
                 )
                 step.coordinator.judge_audit(self.sink.sink_id, step.epoch, [*earlier, *found], write_id=row.write_id)
-                raise ChecksFailed("; ".join(f"{c.name}: {c.message}" for c in failed))
+                raise ChecksFailed(
+                    "; ".join(f"{c.name}: {c.message}" for c in failed)
+                    + f". The sink's branch is untouched: fix the input and reprocess this run (its new write is"
+                    f" audited again), or drop the write with eo-sink reject {self.sink.sink_id} {step.epoch}"
+                    " --reason '...'"
+                )
         return [c.model_dump() for c in found]
 
     def _spark_engine(self) -> AbstractContextManager[CheckEngine]:

@@ -149,6 +149,8 @@ def test_built_in_sql_checks_name_what_failed(world: World, engine: CheckEngine)
     shown = f"(id={epoch * 1_000_000}, epoch={epoch}, write_id='{world.writes[-1].write_id}')"
     assert f"first_id: first_id failed: 1 row(s), e.g. {shown}" in row.audit.failing()
     assert "ids_positive" not in row.audit.failing()
+    # the task's error, kept on the epoch, says what to do next
+    assert row.error is not None and f"eo-sink reject {world.sink_id} {epoch}" in row.error, row.error
     # each check kept by its own name, the passed one too, and no entry of the task beside them
     assert [(c.name, c.passed) for c in row.audit.checks] == [
         ("ids_positive", True),
