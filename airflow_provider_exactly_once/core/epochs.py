@@ -122,6 +122,13 @@ class EpochAudit(BaseModel, frozen=True, extra="forbid"):
             update={"verdict": AuditVerdict.PASSED if passed else AuditVerdict.FAILED, "checks": tuple(checks)}
         )
 
+    def failed_by(self, checks: Sequence[AuditCheck]) -> EpochAudit:
+        """This audit judged failed by one of its tasks' ``checks``, beside what its other tasks
+        found failed before (their checks of other names; a passed verdict kept none)."""
+        names = {c.name for c in checks}
+        earlier = [c for c in self.checks if c.name not in names] if self.verdict is AuditVerdict.FAILED else []
+        return self.judged([*earlier, *checks])
+
 
 SINK_ID_MAX_LENGTH = 128
 #: The longest abort reason taken: a sentence or a paragraph, not a log pasted into the row.

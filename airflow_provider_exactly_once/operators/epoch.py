@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseOperator
 
 from airflow_provider_exactly_once.checkpoints.config import CheckpointConfig
-from airflow_provider_exactly_once.core.epochs import AuditVerdict, acting, failure_reason, run_failure
+from airflow_provider_exactly_once.core.epochs import acting, failure_reason, run_failure
 from airflow_provider_exactly_once.core.errors import (
     AbortRefused,
     AuditNotPassed,
@@ -314,7 +314,7 @@ class AuditChecksOperator(_EpochOperator):
     rows that break it, a message, the engine that runs it) over the epoch's audit snapshot, in
     order: DuckDB's in the task's memory (the ``[audit]`` extra), Spark's on the Spark Connect server
     of the checks' ``spark_conn_id`` or on a local session in the task (the ``[spark]`` extra;
-    ``spark/audit_checks.py``). Fails, naming every failed check with its message and first rows,
+    ``spark/check_engine.py``). Fails, naming every failed check with its message and first rows,
     when any returns a row; the epoch's audit then records them as failed.
 
     :return: per check, ``{"name", "passed", "message"}``.
@@ -349,11 +349,8 @@ class AuditChecksOperator(_EpochOperator):
             if failed:
                 # Each check kept on the audit by its own name (the history and eo-sink show list
                 # them one by one), beside what other audit tasks found failed before.
-                names = {c.name for c in found}
-                earlier = (
-                    [c for c in audit.checks if c.name not in names] if audit.verdict is AuditVerdict.FAILED else []
-                )
-                step.coordinator.judge_audit(self.sink.sink_id, step.epoch, [*earlier, *found], write_id=row.write_id)
+                judged = audit.failed_by(found).checks
+                step.coordinator.judge_audit(self.sink.sink_id, step.epoch, judged, write_id=row.write_id)
                 raise ChecksFailed(
                     "; ".join(f"{c.name}: {c.message}" for c in failed)
                     + f". The sink's branch is untouched: fix the input and reprocess this run (its new write is"
@@ -369,7 +366,7 @@ class AuditChecksOperator(_EpochOperator):
 
         require("pyspark", extra="spark", feature="the audit checks of engine='spark'")
         from airflow_provider_exactly_once.operators.spark_precommit import connect_retry_seconds, connect_url
-        from airflow_provider_exactly_once.spark.audit_checks import spark_engine
+        from airflow_provider_exactly_once.spark.check_engine import spark_engine
 
         conn_id = next(c.spark_conn_id for c in self.checks if c.engine == "spark")
         url = None if conn_id is None else connect_url(conn_id)
@@ -554,10 +551,7 @@ def _fail_audit(store: SqlSinkStateStore, sink_id: str, epoch: int, task_id: str
     audit = None if row is None else row.audit_of_write
     if row is None or audit is None or row.commit_decided_at is not None:
         return  # nothing committed to audit (the audit commit failed), or its publish decided
-    earlier = [c for c in audit.checks if c.name != task_id] if audit.verdict is AuditVerdict.FAILED else []
-    store.record_audit(
-        sink_id, epoch, audit.judged([*earlier, AuditCheck(name=task_id, passed=False, message=reason[:1500])])
-    )
+    store.record_audit(sink_id, epoch, audit.failed_by([AuditCheck(name=task_id, passed=False, message=reason[:1500])]))
 
 
 def _described(error: object) -> tuple[str, str]:

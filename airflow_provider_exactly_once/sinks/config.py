@@ -118,7 +118,7 @@ _REGISTERED = "registered"
 
 
 #: Who evaluates a ``SqlCheck``, in whose SQL dialect it is written (design.md D23).
-CheckEngine = Literal["duckdb", "spark"]
+EngineName = Literal["duckdb", "spark"]
 
 
 class SqlCheck(BaseModel, frozen=True, extra="forbid"):
@@ -135,7 +135,7 @@ class SqlCheck(BaseModel, frozen=True, extra="forbid"):
     name: str = Field(min_length=1, max_length=250)
     sql: str = Field(min_length=1)
     message: str = ""
-    engine: CheckEngine = "duckdb"
+    engine: EngineName = "duckdb"
     spark_conn_id: str | None = None
 
     @field_validator("name")

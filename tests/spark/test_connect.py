@@ -32,7 +32,7 @@ from airflow_provider_exactly_once.sinks.config import SqlCheck
 from airflow_provider_exactly_once.sinks.iceberg.audit_checks import run_checks
 from airflow_provider_exactly_once.sinks.layout import PRE_COMMIT_FILE
 from airflow_provider_exactly_once.spark import writers
-from airflow_provider_exactly_once.spark.audit_checks import spark_engine
+from airflow_provider_exactly_once.spark.check_engine import spark_engine
 from airflow_provider_exactly_once.spark.connect_write import connect_session, server_lost, write_through_connect
 from airflow_provider_exactly_once.spark.epoch_writer import SESSION_SETTINGS
 from demo.servers import ServerUnavailable, SparkConnectServer
@@ -47,7 +47,7 @@ from tests.spark.conftest import (
     run_in_process,
     sample_rows,
 )
-from tests.spark.test_audit_checks import BAD_VERDICTS, CHECKS, audited, bad_rows, spark_write, with_events
+from tests.spark.test_check_engine import BAD_VERDICTS, CHECKS, audited, bad_rows, spark_write, with_events
 from tests.spark.test_epoch_writer import (
     check_descriptors_against_files,
     commit_iceberg,

@@ -19,7 +19,7 @@ from airflow_provider_exactly_once.core.epochs import (
     EpochStatus,
     epoch_from_interval_start,
 )
-from airflow_provider_exactly_once.sinks.config import CheckEngine, SqlCheck
+from airflow_provider_exactly_once.sinks.config import EngineName, SqlCheck
 from airflow_provider_exactly_once.task_groups import exactly_once_epoch
 from tests.support.airflow_world import World, clear_and_resume, run, ti_states, xcom
 
@@ -124,7 +124,7 @@ def test_a_failed_check_keeps_main_untouched_and_a_reprocess_publishes_once(worl
 
 
 @pytest.mark.parametrize("engine", ["duckdb", "spark"])
-def test_built_in_sql_checks_name_what_failed(world: World, engine: CheckEngine) -> None:
+def test_built_in_sql_checks_name_what_failed(world: World, engine: EngineName) -> None:
     """Under either engine (Spark: a local session the task starts and stops), the same verdicts."""
     epoch = epoch_from_interval_start(DAY)
     world.mark(epoch, CheckpointStatus.COMPLETED)

@@ -9,7 +9,7 @@ sink's branch as publishing the write would leave it). Which views a query reads
 of which snapshot each holds, is decided here once for every engine (``AuditViews``); an engine
 only reads those files its own way and runs the query (``CheckEngine``). DuckDB's is here: it runs
 in the task's memory over pyiceberg's read, so any catalog and storage the sink writes to will do.
-Spark's is ``spark/audit_checks.py``, a layer up, where the package reaches Spark. A table is read
+Spark's is ``spark/check_engine.py``, a layer up, where the package reaches Spark. A table is read
 only when a check names it, and a query the engine refuses is that check failing, with the engine's
 error as its message: a broken check must not publish an epoch.
 """
@@ -32,8 +32,7 @@ if TYPE_CHECKING:
     from pyiceberg.table import FileScanTask, Table
 
     from airflow_provider_exactly_once.core.precommit import PreCommit
-    from airflow_provider_exactly_once.sinks.config import CheckEngine as EngineName
-    from airflow_provider_exactly_once.sinks.config import SqlCheck
+    from airflow_provider_exactly_once.sinks.config import EngineName, SqlCheck
 
 #: The view of the rows the epoch's write added, in every check.
 EPOCH_ROWS = "epoch_rows"

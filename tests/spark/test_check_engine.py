@@ -22,7 +22,7 @@ from airflow_provider_exactly_once.core.precommit import PreCommit
 from airflow_provider_exactly_once.sinks.config import SqlCheck, as_checks
 from airflow_provider_exactly_once.sinks.iceberg.audit_checks import AuditViews, EngineOpener, run_checks
 from airflow_provider_exactly_once.sinks.iceberg.committer import IcebergSinkCommitter
-from airflow_provider_exactly_once.spark.audit_checks import SparkChecks, spark_engine
+from airflow_provider_exactly_once.spark.check_engine import SparkChecks, spark_engine
 from tests.spark.conftest import INTERVAL_START, job_spec, land, make_table, run_in_process
 from tests.spark.test_epoch_writer import commit_iceberg, files_input, iceberg_target
 

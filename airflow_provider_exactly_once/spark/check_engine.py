@@ -130,13 +130,18 @@ class SparkChecks:
 
 def _by_field_id(part: TableRows) -> bool:
     """Whether Spark's reader by field id serves ``part``: it has files, none on an object store,
-    no delete file, every column of a type Spark has, and every file carries field ids."""
+    no delete file, every column of a type Spark has, and every file carries field ids (read from
+    the footers only where the table's name mapping admits files without)."""
     if not part.tasks or any(is_object_store(t.file.file_path) or t.delete_files for t in part.tasks):
         return False
     try:
         spark_schema(part.schema)
     except SchemaMismatch:
         return False
+    if part.table.metadata.name_mapping() is None:
+        # No reader resolves a file without field ids in a table without a name mapping (pyiceberg
+        # refuses it too, and add_files sets one): every file here carries them, no footer to read.
+        return True
     paths = [t.file.file_path for t in part.tasks]
     with ThreadPoolExecutor(min(_FOOTER_READERS, len(paths))) as pool:
         return all(pool.map(functools.partial(_has_field_ids, part), paths))
